@@ -1,0 +1,9 @@
+//! Compiles `proto/dlock.proto` with protox, a pure-Rust protobuf compiler, so
+//! building needs nothing beyond the Rust toolchain (no system `protoc`).
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/dlock.proto");
+    let descriptors = protox::compile(["proto/dlock.proto"], ["proto"])?;
+    prost_build::Config::new().compile_fds(descriptors)?;
+    Ok(())
+}

@@ -1,0 +1,28 @@
+//! dlock: a distributed lock manager.
+//!
+//! This crate holds what every dlock program shares:
+//!
+//! - [`proto`]: the wire types generated from `proto/dlock.proto`, the contract
+//!   between clients and the server (see `docs/PROTOCOL.md`).
+//! - [`codec`]: the length-prefixed framing those messages travel in.
+//!
+//! The daemon lives in the `dlock-server` crate, the `dlock` command in
+//! `dlock-client`.
+
+pub mod codec;
+
+/// Wire types generated from `proto/dlock.proto`.
+#[allow(missing_docs)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/dlock.rs"));
+}
+
+/// Protocol version this crate speaks and the server answers with.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// Default address of the server: loopback only, so a fresh install is not
+/// reachable from the network until the operator says so.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:7436";
+
+/// Default maximum frame body size in bytes, the original dlock's limit.
+pub const DEFAULT_MAX_FRAME: usize = 16 * 1024;
