@@ -164,7 +164,10 @@ mod tests {
         buf.extend_from_slice(&[0, 0]);
         assert_eq!(codec.decode(&mut buf).unwrap().as_deref(), Some(&b"a"[..]));
         assert_eq!(codec.decode(&mut buf).unwrap().as_deref(), Some(&b""[..]));
-        assert_eq!(codec.decode(&mut buf).unwrap().as_deref(), Some(&b"ccc"[..]));
+        assert_eq!(
+            codec.decode(&mut buf).unwrap().as_deref(),
+            Some(&b"ccc"[..])
+        );
         assert!(codec.decode(&mut buf).unwrap().is_none());
         assert_eq!(buf.len(), 2);
     }
