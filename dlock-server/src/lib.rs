@@ -1,4 +1,24 @@
 //! dlock-server: the dlock lock server.
 //!
-//! - [`table`]: the lock table, a synchronous state machine holding every lock rule.
+//! | module | owns |
+//! |---|---|
+//! | [`server`] | accept loop, connection limit, socket options, shutdown |
+//! | [`connection`] | one client: framing, in-order execution, pipelining limits |
+//! | [`handler`] | validation of one request and its response |
+//! | [`db`] | the shared table behind a mutex, timers, wake-up delivery |
+//! | [`table`] | the lock rules: a synchronous state machine, no I/O |
+//! | [`fence`] | where fencing tokens start so they never go backwards |
+//! | [`auth`] | access tokens |
+//! | [`config`] | flags, defaults and limits |
+
+pub mod auth;
+pub mod config;
+pub mod connection;
+pub mod db;
+pub mod fence;
+pub mod handler;
+pub mod server;
 pub mod table;
+
+pub use config::Config;
+pub use server::run;

@@ -1,1 +1,70 @@
-fn main() {}
+//! `dlock-server`: parse flags, set up logging, bind, serve until a signal.
+
+use anyhow::Context;
+use clap::Parser;
+use dlock_server::Config;
+use std::io::IsTerminal;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> std::process::ExitCode {
+    let config = Config::parse();
+    let filter = match &config.log_level {
+        Some(level) => EnvFilter::try_new(level),
+        None => EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new("info")),
+    };
+    let filter = match filter {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("dlock-server: invalid log filter: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    match serve(config) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dlock-server: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[tokio::main]
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    dlock_server::run(listener, config, shutdown_signal()).await
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

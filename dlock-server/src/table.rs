@@ -113,6 +113,15 @@ pub struct Advanced {
     pub expired_leases: usize,
 }
 
+/// What [`LockTable::disconnect`] did.
+#[derive(Debug, Default)]
+pub struct Disconnected {
+    /// The owner's waiting requests, withdrawn without an answer.
+    pub withdrawn: Vec<ReqId>,
+    /// Other owners' waiters granted as a consequence.
+    pub woken: Vec<Woken>,
+}
+
 /// A snapshot of one key, for Inspect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyView {
@@ -329,23 +338,24 @@ impl LockTable {
     /// Ends everything `owner` has that is tied to its connection: its
     /// waiting requests are withdrawn (never granted) and its keys held
     /// without a lease are released. Leases stay until they expire.
-    pub fn disconnect(&mut self, owner: OwnerId, now: Instant) -> Vec<Woken> {
-        let mut woken = Vec::new();
+    pub fn disconnect(&mut self, owner: OwnerId, now: Instant) -> Disconnected {
+        let mut out = Disconnected::default();
         let Some(state) = self.owners.remove(&owner) else {
-            return woken;
+            return out;
         };
         let mut work = Vec::new();
         for req in state.waiting {
             if let Some(w) = self.waiters.remove(&req) {
                 self.dequeue(req, &w.keys, &mut work);
+                out.withdrawn.push(req);
             }
         }
         for k in state.bound {
             self.release(&k);
             work.push(k);
         }
-        self.pump(work, now, &mut woken);
-        woken
+        self.pump(work, now, &mut out.woken);
+        out
     }
 
     /// The earliest instant at which [`LockTable::advance`] has work to do.

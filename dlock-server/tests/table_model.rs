@@ -286,7 +286,7 @@ impl Harness {
             Op::Disconnect { slot } => {
                 let owner = self.owner(slot);
                 self.generation[slot as usize] += 1;
-                let woken = self.table.disconnect(owner, now);
+                let woken = self.table.disconnect(owner, now).woken;
                 self.model.waiting.retain(|w| w.owner != owner);
                 self.model
                     .holders
@@ -444,9 +444,9 @@ fn overlapping_waiters_do_not_deadlock() {
     let LockResult::Waiting(r2) = t.lock(3, keys(&["b", "a"]), Wait::Forever, None, now) else {
         panic!()
     };
-    let woken = t.disconnect(1, now);
+    let woken = t.disconnect(1, now).woken;
     assert_eq!(woken.iter().map(|w| w.req).collect::<Vec<_>>(), vec![r1]);
-    let woken = t.disconnect(2, now);
+    let woken = t.disconnect(2, now).woken;
     assert_eq!(woken.iter().map(|w| w.req).collect::<Vec<_>>(), vec![r2]);
     t.disconnect(3, now);
     assert_eq!(t.tracked_keys(), 0);

@@ -1,0 +1,146 @@
+//! Server configuration: command-line flags, their defaults and limits.
+
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The dlock lock server.
+///
+/// Holds named locks in memory and serves them over TCP with the dlock v2
+/// protocol (see docs/PROTOCOL.md). Every limit below is per server unless it
+/// says otherwise; a request that hits one gets a status naming it.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "dlock-server", version, about, long_about = None)]
+pub struct Config {
+    /// Address to listen on. Loopback by default; use 0.0.0.0:7436 to serve
+    /// other machines (and set --token-file).
+    #[arg(long, env = "DLOCK_LISTEN", default_value = dlock::DEFAULT_ADDR)]
+    pub listen: SocketAddr,
+
+    /// File of access tokens, one per line ('#' starts a comment). When set,
+    /// every request must carry one of them.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+
+    /// File that keeps fencing tokens increasing even if the wall clock steps
+    /// back across a restart. Without it tokens are derived from the clock.
+    #[arg(long, value_name = "PATH")]
+    pub fence_file: Option<PathBuf>,
+
+    /// Largest request frame body, in bytes.
+    #[arg(long, default_value_t = dlock::DEFAULT_MAX_FRAME, value_parser = frame_size)]
+    pub max_frame: usize,
+
+    /// Most keys in one request.
+    #[arg(long, default_value_t = 256, value_parser = positive)]
+    pub max_keys: usize,
+
+    /// Longest key, in bytes.
+    #[arg(long, default_value_t = 1024, value_parser = positive)]
+    pub max_key_len: usize,
+
+    /// Most client connections at once; further clients get LimitReached.
+    #[arg(long, default_value_t = 10_000, value_parser = positive)]
+    pub max_connections: usize,
+
+    /// Most unanswered requests per connection; the server stops reading the
+    /// connection until it catches up.
+    #[arg(long, default_value_t = 1024, value_parser = positive)]
+    pub max_pipeline: usize,
+
+    /// Most Lock requests waiting at once, over all connections.
+    #[arg(long, default_value_t = 100_000, value_parser = positive)]
+    pub max_waiters: usize,
+
+    /// Most keys held at once, over all connections.
+    #[arg(long, default_value_t = 4_000_000, value_parser = positive)]
+    pub max_held_keys: usize,
+
+    /// Longest lease a Lock or Renew may ask for.
+    #[arg(long, default_value = "30days", value_parser = duration)]
+    pub max_lease: Duration,
+
+    /// Close a connection that sends no complete request for this long.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    pub idle_timeout: Duration,
+
+    /// Close a connection whose responses cannot be written for this long
+    /// (a client that stopped reading).
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub write_timeout: Duration,
+
+    /// TCP keepalive: idle time before the first probe.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub keepalive_time: Duration,
+
+    /// TCP keepalive: time between probes.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub keepalive_interval: Duration,
+
+    /// TCP keepalive: unanswered probes before the connection is dropped.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=255))]
+    pub keepalive_retries: u32,
+
+    /// How long shutdown waits for connections to finish.
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Log filter (e.g. info, debug, dlock_server=trace). Overrides RUST_LOG.
+    #[arg(long)]
+    pub log_level: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        // The flag defaults are the one source of truth for defaults.
+        Config::parse_from(["dlock-server"])
+    }
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Frames must fit a request with a few keys, and their length must fit
+/// the 4-byte prefix with room to spare.
+fn frame_size(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if !(64..=64 * 1024 * 1024).contains(&n) {
+        return Err("must be between 64 and 67108864 bytes".into());
+    }
+    Ok(n)
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 10s, 2h)"))?;
+    if d.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse() {
+        let c = Config::default();
+        assert_eq!(c.listen.to_string(), dlock::DEFAULT_ADDR);
+        assert_eq!(c.max_frame, 16 * 1024);
+        assert_eq!(c.idle_timeout, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert!(Config::try_parse_from(["s", "--max-keys", "0"]).is_err());
+        assert!(Config::try_parse_from(["s", "--idle-timeout", "0s"]).is_err());
+        assert!(Config::try_parse_from(["s", "--idle-timeout", "soon"]).is_err());
+        assert!(Config::try_parse_from(["s", "--max-frame", "1"]).is_err());
+    }
+}

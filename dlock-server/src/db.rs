@@ -1,0 +1,307 @@
+//! The shared lock state: the [`LockTable`] behind a mutex, and the delivery
+//! of its results to the connections waiting for them.
+//!
+//! The mutex is a std one and only synchronous methods touch it, so no guard
+//! ever lives across an `.await`. Wake-ups are collected under the lock and
+//! sent after it is dropped. One timer task sleeps until the table's next
+//! deadline (a lease or a wait limit) and is nudged whenever an operation
+//! creates an earlier one: expiry happens on time, with no periodic sweep.
+
+use crate::fence::FenceFile;
+use crate::table::{Key, LockResult, LockTable, OwnerId, ReqId, TableLimits, Wait, Wake, Woken};
+use dlock::proto::KeyInfo;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::{oneshot, Notify};
+use tokio_util::sync::CancellationToken;
+
+/// A cheap, cloneable handle to the lock state.
+#[derive(Clone, Debug)]
+pub struct Db {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the timer task when a deadline earlier than its target appears.
+    timer: Notify,
+    /// When the table's next fence reaches this, the fence file needs a new
+    /// reservation; `u64::MAX` without a fence file.
+    fence_alarm: AtomicU64,
+    fence_refill: Notify,
+    next_owner: AtomicU64,
+}
+
+#[derive(Debug)]
+struct State {
+    table: LockTable,
+    /// Where to deliver the outcome of each waiting request.
+    pending: HashMap<ReqId, oneshot::Sender<Wake>>,
+    /// Peer address of every connected owner, for Inspect.
+    peers: HashMap<OwnerId, SocketAddr>,
+    /// The deadline the timer task sleeps until.
+    timer_at: Option<Instant>,
+}
+
+/// The answer to a Lock request.
+#[derive(Debug)]
+pub enum LockReply {
+    /// Held under this fencing token.
+    Granted(u64),
+    /// Waiting; the outcome arrives on the receiver.
+    Wait(oneshot::Receiver<Wake>),
+    /// Not waiting, and these keys were unavailable.
+    Busy(Vec<Key>),
+    /// A server-wide limit was reached.
+    LimitReached(&'static str),
+}
+
+/// The current time as the table sees it. Taken from tokio's clock so tests
+/// with paused time control it.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+impl Db {
+    /// A handle to a new, empty table.
+    pub fn new(limits: TableLimits, first_fence: u64) -> Db {
+        Db {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    table: LockTable::new(limits, first_fence),
+                    pending: HashMap::new(),
+                    peers: HashMap::new(),
+                    timer_at: None,
+                }),
+                timer: Notify::new(),
+                fence_alarm: AtomicU64::new(u64::MAX),
+                fence_refill: Notify::new(),
+                next_owner: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock would be a bug in the table; the
+        // state it left is still the best information there is, so keep
+        // serving rather than poisoning every later request.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers a new connection and returns its owner id.
+    pub fn connect(&self, peer: SocketAddr) -> OwnerId {
+        let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed);
+        self.state().peers.insert(owner, peer);
+        owner
+    }
+
+    /// Ends a connection: withdraws its waiting request and releases its
+    /// keys held without a lease.
+    pub fn disconnect(&self, owner: OwnerId) {
+        let mut st = self.state();
+        st.peers.remove(&owner);
+        let out = st.table.disconnect(owner, now());
+        for req in out.withdrawn {
+            st.pending.remove(&req);
+        }
+        self.finish(st, out.woken);
+    }
+
+    /// Asks for `keys`; see [`LockTable::lock`].
+    pub fn lock(
+        &self,
+        owner: OwnerId,
+        keys: Vec<Key>,
+        wait: Wait,
+        lease: Option<Duration>,
+    ) -> LockReply {
+        let mut st = self.state();
+        match st.table.lock(owner, keys, wait, lease, now()) {
+            LockResult::Granted { fence } => {
+                if lease.is_some() {
+                    self.rearm(&mut st);
+                }
+                self.check_fence(&st);
+                LockReply::Granted(fence)
+            }
+            LockResult::Waiting(req) => {
+                let (tx, rx) = oneshot::channel();
+                st.pending.insert(req, tx);
+                if matches!(wait, Wait::Until(_)) {
+                    self.rearm(&mut st);
+                }
+                LockReply::Wait(rx)
+            }
+            LockResult::Busy(keys) => LockReply::Busy(keys),
+            LockResult::LimitReached(what) => LockReply::LimitReached(what),
+        }
+    }
+
+    /// Releases keys; returns the named keys that were not held.
+    pub fn unlock(&self, owner: OwnerId, keys: Vec<Key>, fence: Option<u64>) -> Vec<Key> {
+        let mut st = self.state();
+        let res = st.table.unlock(owner, keys, fence, now());
+        self.finish(st, res.woken);
+        res.not_held
+    }
+
+    /// Moves leases; returns the named keys that were not held.
+    pub fn renew(
+        &self,
+        owner: OwnerId,
+        keys: Vec<Key>,
+        fence: Option<u64>,
+        lease: Duration,
+    ) -> Vec<Key> {
+        let mut st = self.state();
+        let res = st.table.renew(owner, keys, fence, lease, now());
+        self.rearm(&mut st);
+        self.finish(st, res.woken);
+        res.not_held
+    }
+
+    /// Describes `keys` as seen by `owner`.
+    pub fn inspect(&self, owner: OwnerId, keys: &[String]) -> Vec<KeyInfo> {
+        let st = self.state();
+        let now = now();
+        keys.iter()
+            .map(|k| {
+                let view = st.table.inspect(k, now);
+                let (holder, fence) = view.holder.unwrap_or((0, 0));
+                KeyInfo {
+                    key: k.clone(),
+                    fence,
+                    lease_remaining_micro: view
+                        .lease_remaining
+                        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+                    waiters: u32::try_from(view.waiters).unwrap_or(u32::MAX),
+                    held_by_caller: view.holder.is_some() && holder == owner,
+                    holder_addr: st
+                        .peers
+                        .get(&holder)
+                        .map(|a| a.to_string())
+                        .unwrap_or_default(),
+                }
+            })
+            .collect()
+    }
+
+    /// Keys held and requests waiting, for logs and tests.
+    pub fn counts(&self) -> (usize, usize) {
+        let st = self.state();
+        (st.table.held_keys(), st.table.waiting())
+    }
+
+    /// Runs the timer task: expires leases and wait limits on time, until
+    /// `shutdown` is cancelled.
+    pub async fn run_timer(self, shutdown: CancellationToken) {
+        loop {
+            let next = {
+                let mut st = self.state();
+                let next = st.table.next_deadline();
+                st.timer_at = next;
+                next
+            };
+            let sleep_target = next.map(tokio::time::Instant::from_std);
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.shared.timer.notified() => {}
+                _ = async {
+                    if let Some(t) = sleep_target {
+                        tokio::time::sleep_until(t).await
+                    }
+                }, if sleep_target.is_some() => {
+                    let mut st = self.state();
+                    let out = st.table.advance(now());
+                    if out.expired_leases > 0 {
+                        tracing::debug!(keys = out.expired_leases, "leases expired");
+                    }
+                    self.finish(st, out.woken);
+                }
+            }
+        }
+    }
+
+    /// Keeps the fence file's reservation ahead of issued tokens, until
+    /// `shutdown` is cancelled.
+    pub async fn run_fence_keeper(self, mut file: FenceFile, shutdown: CancellationToken) {
+        self.shared
+            .fence_alarm
+            .store(file.refill_at(), Ordering::Relaxed);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.shared.fence_refill.notified() => {}
+            }
+            let next = self.state().table.next_fence();
+            let written = tokio::task::spawn_blocking(move || {
+                let result = file.reserve(next);
+                (file, result)
+            })
+            .await;
+            match written {
+                Ok((f, Ok(()))) => {
+                    file = f;
+                    self.shared
+                        .fence_alarm
+                        .store(file.refill_at(), Ordering::Relaxed);
+                }
+                Ok((f, Err(e))) => {
+                    // Half a reservation is still unused; the alarm stays set
+                    // so the next grant tries again.
+                    file = f;
+                    tracing::error!(error = %e, "cannot extend the fence file reservation");
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "fence file writer failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Wakes the timer task if the table's next deadline is earlier than the
+    /// one it sleeps until.
+    fn rearm(&self, st: &mut State) {
+        let next = st.table.next_deadline();
+        if next.is_some() && (st.timer_at.is_none() || next < st.timer_at) {
+            st.timer_at = next;
+            self.shared.timer.notify_one();
+        }
+    }
+
+    fn check_fence(&self, st: &State) {
+        if st.table.next_fence() >= self.shared.fence_alarm.load(Ordering::Relaxed) {
+            self.shared.fence_refill.notify_one();
+        }
+    }
+
+    /// Delivers wake-ups after releasing the lock, so woken tasks never
+    /// contend with the guard that woke them.
+    fn finish(&self, mut st: MutexGuard<'_, State>, woken: Vec<Woken>) {
+        if woken.is_empty() {
+            return;
+        }
+        let mut sends = Vec::with_capacity(woken.len());
+        for w in woken {
+            if let Some(tx) = st.pending.remove(&w.req) {
+                sends.push((tx, w.wake));
+            }
+        }
+        self.rearm(&mut st);
+        self.check_fence(&st);
+        drop(st);
+        for (tx, wake) in sends {
+            // The receiver is gone only if its connection is closing; its
+            // disconnect releases whatever this grant gave it.
+            let _ = tx.send(wake);
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Where fencing tokens start, so that they never go backwards across restarts.
+//!
+//! Without a fence file the first token of a run is the wall clock in
+//! nanoseconds since the Unix epoch, and tokens count up by one per grant. A
+//! server cannot grant anywhere near one lock per nanosecond, so the tokens of
+//! one run stay below the clock reading at the next start, as long as the
+//! clock does not step backwards across the restart.
+//!
+//! With a fence file the server also persists a ceiling: a value above every
+//! token it may issue before it writes a higher one. A restart starts at or
+//! above the stored ceiling, so tokens increase even if the clock stepped
+//! back. The ceiling is reserved [`RESERVE`] tokens ahead and extended when
+//! half of that is used, so the file is written about once per start.
+
+use anyhow::{bail, Context};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+/// How many tokens one write of the fence file reserves.
+pub const RESERVE: u64 = 1 << 40;
+
+/// The persisted ceiling of issued fencing tokens.
+#[derive(Debug)]
+pub struct FenceFile {
+    path: PathBuf,
+    ceiling: u64,
+}
+
+/// Wall-clock nanoseconds since the Unix epoch; 0 for a clock set before it.
+pub fn unix_nanos(now: SystemTime) -> u64 {
+    now.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Chooses the first token of this run and, with a fence file, reserves
+/// tokens from it on disk before any is issued.
+///
+/// # Errors
+/// The fence file cannot be read, does not hold a number, or cannot be written.
+pub fn start(path: Option<&Path>, now: SystemTime) -> anyhow::Result<(u64, Option<FenceFile>)> {
+    let clock = unix_nanos(now).max(1);
+    let Some(path) = path else {
+        return Ok((clock, None));
+    };
+    let stored = match std::fs::read_to_string(path) {
+        Ok(text) => match text.trim().parse::<u64>() {
+            Ok(v) => v,
+            // Starting over from the clock could hand out old tokens again.
+            Err(_) => bail!(
+                "fence file {} does not hold a number; fix or remove it",
+                path.display()
+            ),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot read fence file {}", path.display()))
+        }
+    };
+    let first = clock.max(stored);
+    let mut file = FenceFile {
+        path: path.to_path_buf(),
+        ceiling: 0,
+    };
+    file.reserve(first)
+        .with_context(|| format!("cannot write fence file {}", path.display()))?;
+    Ok((first, Some(file)))
+}
+
+impl FenceFile {
+    /// The stored ceiling: every token issued so far is below it.
+    pub fn ceiling(&self) -> u64 {
+        self.ceiling
+    }
+
+    /// The token from which [`FenceFile::reserve`] should be called again.
+    pub fn refill_at(&self) -> u64 {
+        self.ceiling.saturating_sub(RESERVE / 2)
+    }
+
+    /// Durably stores a ceiling [`RESERVE`] above `next`, the next token to
+    /// be issued. Written to a temporary file, synced, then renamed, so a
+    /// crash leaves either the old or the new value.
+    ///
+    /// # Errors
+    /// The file or its directory cannot be written or synced.
+    pub fn reserve(&mut self, next: u64) -> std::io::Result<()> {
+        let ceiling = next.saturating_add(RESERVE);
+        let tmp = self.path.with_extension("tmp");
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            writeln!(f, "{ceiling}")?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &self.path)?;
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        self.ceiling = ceiling;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn clock_derived_without_file() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let (first, file) = start(None, now).unwrap();
+        assert_eq!(first, 1_000_000_000_000);
+        assert!(file.is_none());
+    }
+
+    #[test]
+    fn file_survives_clock_stepping_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fence");
+        let t1 = SystemTime::UNIX_EPOCH + Duration::from_secs(2_000);
+        let (first, file) = start(Some(&path), t1).unwrap();
+        let file = file.unwrap();
+        assert!(file.ceiling() > first);
+        // Issue many tokens, then restart with the clock an hour earlier.
+        let issued_last = first + 1_000_000;
+        let t0 = t1 - Duration::from_secs(3_600);
+        let (again, _) = start(Some(&path), t0).unwrap();
+        assert!(again > issued_last);
+        assert!(again >= file.ceiling());
+    }
+
+    #[test]
+    fn garbage_file_refuses_to_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fence");
+        std::fs::write(&path, "not a number").unwrap();
+        let err = start(Some(&path), SystemTime::now()).unwrap_err();
+        assert!(err.to_string().contains("does not hold a number"));
+    }
+
+    #[test]
+    fn refill_point_is_half_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = FenceFile {
+            path: dir.path().join("fence"),
+            ceiling: 0,
+        };
+        f.reserve(10).unwrap();
+        assert_eq!(f.ceiling(), 10 + RESERVE);
+        assert_eq!(f.refill_at(), 10 + RESERVE / 2);
+        let stored: u64 = std::fs::read_to_string(dir.path().join("fence"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(stored, f.ceiling());
+    }
+}

@@ -1,0 +1,250 @@
+//! Turns one decoded request into a response, or into a wait for one.
+//!
+//! Validation happens here, before anything reaches the lock table, so every
+//! bad input gets a status that names what is wrong and has no effect.
+
+use crate::auth::Tokens;
+use crate::config::Config;
+use crate::db::{Db, LockReply};
+use crate::fence::unix_nanos;
+use crate::table::{Key, OwnerId, Wait, Wake};
+use dlock::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
+use std::time::{Duration, SystemTime};
+use tokio::sync::oneshot;
+
+/// What the connection does with a request.
+#[derive(Debug)]
+pub enum Step {
+    /// Answer now.
+    Reply(Response),
+    /// A Lock waits; answer when the receiver yields.
+    Wait {
+        /// The request's id, echoed in the eventual response.
+        request_id: u64,
+        /// Delivers the outcome.
+        rx: oneshot::Receiver<Wake>,
+    },
+}
+
+/// Everything a request needs besides itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx<'a> {
+    /// The lock state.
+    pub db: &'a Db,
+    /// Limits and options.
+    pub config: &'a Config,
+    /// Accepted access tokens.
+    pub tokens: &'a Tokens,
+    /// The connection the request came on.
+    pub owner: OwnerId,
+}
+
+/// A response with the fields every response carries.
+pub fn response(request_id: u64, status: ResponseStatus) -> Response {
+    Response {
+        version: dlock::PROTOCOL_VERSION,
+        request_id,
+        status: status as i32,
+        server_unix_time: i64::try_from(unix_nanos(SystemTime::now())).unwrap_or(i64::MAX),
+        ..Response::default()
+    }
+}
+
+/// A response with a status and an explanation.
+pub fn error(request_id: u64, status: ResponseStatus, text: impl Into<String>) -> Response {
+    let mut r = response(request_id, status);
+    r.error_text = text.into();
+    r
+}
+
+/// The response to a Lock that waited.
+pub fn woken(request_id: u64, wake: Wake) -> Response {
+    match wake {
+        Wake::Granted { fence } => {
+            let mut r = response(request_id, ResponseStatus::Ok);
+            r.fence = fence;
+            r
+        }
+        Wake::TimedOut(keys) => busy(request_id, keys, "wait limit reached; keys still busy"),
+    }
+}
+
+fn busy(request_id: u64, keys: Vec<Key>, text: &str) -> Response {
+    let mut r = error(request_id, ResponseStatus::AcquireTimeout, text);
+    r.keys = keys.iter().map(|k| k.to_string()).collect();
+    r
+}
+
+/// Executes `req` for the connection in `ctx`.
+pub fn execute(ctx: Ctx<'_>, req: Request) -> Step {
+    let id = req.id;
+    match execute_inner(ctx, req) {
+        Ok(step) => step,
+        Err((status, text)) => Step::Reply(error(id, status, text)),
+    }
+}
+
+type Failure = (ResponseStatus, String);
+
+fn execute_inner(ctx: Ctx<'_>, req: Request) -> Result<Step, Failure> {
+    let id = req.id;
+    if req.version != 0 && req.version != dlock::PROTOCOL_VERSION {
+        return Err((
+            ResponseStatus::Version,
+            format!("protocol version {} not supported; use 2", req.version),
+        ));
+    }
+    if !ctx.tokens.allows(&req.access_token) {
+        return Err((
+            ResponseStatus::AccessDenied,
+            "access token missing or not accepted".into(),
+        ));
+    }
+    let Ok(kind) = RequestType::try_from(req.r#type) else {
+        return Err((
+            ResponseStatus::InvalidType,
+            format!("unknown request type {}", req.r#type),
+        ));
+    };
+    let body = req.lock.unwrap_or_default();
+    match kind {
+        RequestType::Invalid => Err((ResponseStatus::InvalidType, "request type not set".into())),
+        RequestType::Ping => Ok(Step::Reply(response(id, ResponseStatus::Ok))),
+        RequestType::Lock => lock(ctx, id, body),
+        RequestType::Unlock => {
+            let fence = fence_of(&body);
+            let keys = checked_keys(ctx.config, body.keys)?;
+            let not_held = ctx.db.unlock(ctx.owner, keys, fence);
+            Ok(Step::Reply(held_result(
+                id,
+                not_held,
+                "not held by this connection or fence",
+            )))
+        }
+        RequestType::Renew => {
+            if body.release_micro == 0 {
+                return Err((
+                    ResponseStatus::InvalidArgument,
+                    "Renew needs release_micro > 0".into(),
+                ));
+            }
+            let lease = lease_of(ctx.config, body.release_micro)?;
+            let fence = fence_of(&body);
+            let keys = checked_keys(ctx.config, body.keys)?;
+            let not_held = ctx.db.renew(ctx.owner, keys, fence, lease);
+            Ok(Step::Reply(held_result(
+                id,
+                not_held,
+                "not held by this connection or fence",
+            )))
+        }
+        RequestType::Inspect => {
+            checked_keys(ctx.config, body.keys.clone())?;
+            let mut r = response(id, ResponseStatus::Ok);
+            r.key_info = ctx.db.inspect(ctx.owner, &body.keys);
+            Ok(Step::Reply(r))
+        }
+    }
+}
+
+fn lock(ctx: Ctx<'_>, id: u64, body: RequestLock) -> Result<Step, Failure> {
+    if body.fence != 0 {
+        return Err((
+            ResponseStatus::InvalidArgument,
+            "fence names an existing lock; it applies to Unlock and Renew only".into(),
+        ));
+    }
+    if body.try_lock && body.wait_micro != 0 {
+        return Err((
+            ResponseStatus::InvalidArgument,
+            "try_lock and wait_micro exclude each other".into(),
+        ));
+    }
+    let lease = match body.release_micro {
+        0 => None,
+        micros => Some(lease_of(ctx.config, micros)?),
+    };
+    let wait = if body.try_lock {
+        Wait::No
+    } else if body.wait_micro == 0 {
+        Wait::Forever
+    } else {
+        // A limit too far to represent is no limit at all.
+        tokio::time::Instant::now()
+            .into_std()
+            .checked_add(Duration::from_micros(body.wait_micro))
+            .map_or(Wait::Forever, Wait::Until)
+    };
+    let keys = checked_keys(ctx.config, body.keys)?;
+    match ctx.db.lock(ctx.owner, keys, wait, lease) {
+        LockReply::Granted(fence) => {
+            let mut r = response(id, ResponseStatus::Ok);
+            r.fence = fence;
+            Ok(Step::Reply(r))
+        }
+        LockReply::Wait(rx) => Ok(Step::Wait { request_id: id, rx }),
+        LockReply::Busy(keys) => Ok(Step::Reply(busy(id, keys, "keys busy"))),
+        LockReply::LimitReached(what) => Err((
+            ResponseStatus::LimitReached,
+            format!("server limit on {what} reached; try again later"),
+        )),
+    }
+}
+
+fn fence_of(body: &RequestLock) -> Option<u64> {
+    (body.fence != 0).then_some(body.fence)
+}
+
+fn lease_of(config: &Config, micros: u64) -> Result<Duration, Failure> {
+    let lease = Duration::from_micros(micros);
+    if lease > config.max_lease {
+        return Err((
+            ResponseStatus::InvalidArgument,
+            format!(
+                "release_micro {micros} exceeds the server's --max-lease of {}",
+                humantime::format_duration(config.max_lease)
+            ),
+        ));
+    }
+    Ok(lease)
+}
+
+fn held_result(id: u64, not_held: Vec<Key>, text: &str) -> Response {
+    if not_held.is_empty() {
+        return response(id, ResponseStatus::Ok);
+    }
+    let mut r = error(id, ResponseStatus::NotHeld, text);
+    r.keys = not_held.iter().map(|k| k.to_string()).collect();
+    r
+}
+
+/// Checks the key list against the limits and converts it for the table.
+fn checked_keys(config: &Config, keys: Vec<String>) -> Result<Vec<Key>, Failure> {
+    if keys.is_empty() {
+        return Err((ResponseStatus::NoKeys, "request names no keys".into()));
+    }
+    if keys.len() > config.max_keys {
+        return Err((
+            ResponseStatus::TooManyKeys,
+            format!(
+                "{} keys in one request; the limit is {}",
+                keys.len(),
+                config.max_keys
+            ),
+        ));
+    }
+    if let Some(i) = keys.iter().position(|k| k.is_empty()) {
+        return Err((ResponseStatus::InvalidKey, format!("key #{i} is empty")));
+    }
+    if let Some(i) = keys.iter().position(|k| k.len() > config.max_key_len) {
+        return Err((
+            ResponseStatus::InvalidKey,
+            format!(
+                "key #{i} is {} bytes long; the limit is {}",
+                keys[i].len(),
+                config.max_key_len
+            ),
+        ));
+    }
+    Ok(keys.into_iter().map(Key::from).collect())
+}

@@ -1,0 +1,160 @@
+//! The accept loop: connection limit, socket options, graceful shutdown.
+
+use crate::auth::Tokens;
+use crate::config::Config;
+use crate::connection;
+use crate::db::Db;
+use crate::fence;
+use crate::table::TableLimits;
+use anyhow::Context;
+use dlock::codec::encode_frame;
+use dlock::proto::ResponseStatus;
+use socket2::{SockRef, TcpKeepalive};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+/// State every connection shares.
+#[derive(Debug)]
+pub struct Shared {
+    /// The lock state.
+    pub db: Db,
+    /// Limits and options.
+    pub config: Config,
+    /// Accepted access tokens.
+    pub tokens: Tokens,
+}
+
+/// Longest pause between accept attempts after errors such as running out of
+/// file descriptors: long enough not to spin a core, short enough to recover
+/// quickly once descriptors free up.
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Serves `listener` until `shutdown` completes, then stops accepting,
+/// answers waiting requests with ShuttingDown, closes every connection and
+/// returns within `--shutdown-timeout`.
+///
+/// # Errors
+/// The token file or fence file named in `config` cannot be used.
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let tokens = match &config.token_file {
+        Some(path) => Tokens::from_file(path)?,
+        None => Tokens::default(),
+    };
+    let (first_fence, fence_file) = fence::start(config.fence_file.as_deref(), SystemTime::now())
+        .context("cannot set up fencing tokens")?;
+    let db = Db::new(
+        TableLimits {
+            max_waiters: config.max_waiters,
+            max_held_keys: config.max_held_keys,
+        },
+        first_fence,
+    );
+    let cancel = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    tracker.spawn(db.clone().run_timer(cancel.clone()));
+    if let Some(file) = fence_file {
+        tracker.spawn(db.clone().run_fence_keeper(file, cancel.clone()));
+    }
+    let limit = Arc::new(Semaphore::new(config.max_connections));
+    let shared = Arc::new(Shared { db, config, tokens });
+    tracing::info!(
+        addr = %listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()),
+        access_tokens = shared.tokens.enabled(),
+        first_fence,
+        "dlock-server listening"
+    );
+
+    tokio::pin!(shutdown);
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => {
+                backoff = Duration::from_millis(5);
+                a
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?backoff, "accept failed");
+                tokio::select! {
+                    _ = &mut shutdown => break,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
+                continue;
+            }
+        };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            reject(&stream, shared.config.max_connections);
+            continue;
+        };
+        configure(&stream, &shared.config);
+        let span = tracing::info_span!("conn", %peer);
+        let shared = shared.clone();
+        let cancel = cancel.clone();
+        tracker.spawn(
+            async move {
+                connection::serve(stream, shared, cancel).await;
+                drop(permit);
+            }
+            .instrument(span),
+        );
+    }
+
+    drop(listener);
+    tracing::info!("shutting down");
+    cancel.cancel();
+    tracker.close();
+    if tokio::time::timeout(shared.config.shutdown_timeout, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the shutdown timeout; leaving them");
+    }
+    Ok(())
+}
+
+/// TCP_NODELAY because every frame is a small request or response that
+/// should leave at once; keepalive so a peer that vanished without a FIN or
+/// RST (power loss, partition) is noticed even while it holds locks quietly.
+/// tokio does not expose keepalive timing, hence socket2.
+fn configure(stream: &TcpStream, config: &Config) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+    }
+    let keepalive = TcpKeepalive::new()
+        .with_time(config.keepalive_time)
+        .with_interval(config.keepalive_interval)
+        .with_retries(config.keepalive_retries);
+    if let Err(e) = SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+        tracing::debug!(error = %e, "cannot set TCP keepalive");
+    }
+}
+
+/// Tells a client over the connection limit why it is turned away. The
+/// socket is fresh, so the short frame fits its send buffer without waiting.
+fn reject(stream: &TcpStream, max: usize) {
+    let mut buf = bytes::BytesMut::new();
+    encode_frame(
+        &crate::handler::error(
+            0,
+            ResponseStatus::LimitReached,
+            format!("too many connections (limit {max}); try again later"),
+        ),
+        &mut buf,
+    );
+    let _ = stream.try_write(&buf);
+    tracing::warn!(limit = max, "connection refused: too many connections");
+}
