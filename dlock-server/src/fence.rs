@@ -10,15 +10,18 @@
 //! token it may issue before it writes a higher one. A restart starts at or
 //! above the stored ceiling, so tokens increase even if the clock stepped
 //! back. The ceiling is reserved [`RESERVE`] tokens ahead and extended when
-//! half of that is used, so the file is written about once per start.
+//! half of that is used, so the file is written at start and then once per
+//! two billion grants.
 
 use anyhow::{bail, Context};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-/// How many tokens one write of the fence file reserves.
-pub const RESERVE: u64 = 1 << 40;
+/// How many tokens one write of the fence file reserves: about 4.3 seconds
+/// of the nanosecond clock, so the stored ceiling stays close to the clock,
+/// and over two billion grants, so the file is rewritten rarely.
+pub const RESERVE: u64 = 1 << 32;
 
 /// The persisted ceiling of issued fencing tokens.
 #[derive(Debug)]

@@ -1,0 +1,244 @@
+//! Shared test helpers: a real server on 127.0.0.1:0 and a raw-frame client.
+#![allow(dead_code)]
+
+use bytes::BytesMut;
+use clap::Parser;
+use dlock::codec::{encode_frame, FrameCodec};
+use dlock::proto::{KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus};
+use dlock_server::Config;
+use futures_util::FutureExt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_util::codec::Decoder;
+
+/// How long any single expected event may take before a test fails. Generous
+/// so a loaded machine does not cause failures; tests never wait this long
+/// when the server behaves.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A server running in this test's runtime.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl TestServer {
+    /// Starts a server with these extra flags.
+    pub async fn start(args: &[&str]) -> TestServer {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local addr");
+        let config =
+            Config::try_parse_from(std::iter::once("dlock-server").chain(args.iter().copied()))
+                .expect("test flags parse");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(dlock_server::run(listener, config, async {
+            let _ = stopped.await;
+        }));
+        TestServer {
+            addr,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Asks the server to shut down and waits for `run` to return.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        tokio::time::timeout(PATIENCE, &mut self.task)
+            .await
+            .expect("server stops in time")
+            .expect("server task did not panic")
+    }
+
+    /// A new raw connection.
+    pub async fn connect(&self) -> Conn {
+        Conn::connect(self.addr).await
+    }
+}
+
+/// A client that speaks raw frames.
+pub struct Conn {
+    pub stream: TcpStream,
+    buf: BytesMut,
+    codec: FrameCodec,
+    next_id: u64,
+}
+
+impl Conn {
+    pub async fn connect(addr: SocketAddr) -> Conn {
+        let stream = TcpStream::connect(addr)
+            .await
+            .expect("connect to test server");
+        stream.set_nodelay(true).expect("nodelay");
+        Conn {
+            stream,
+            buf: BytesMut::new(),
+            // Responses may echo long keys; accept anything reasonable.
+            codec: FrameCodec::new(1 << 24),
+            next_id: 1,
+        }
+    }
+
+    pub fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    pub async fn send(&mut self, req: &Request) {
+        let mut out = BytesMut::new();
+        encode_frame(req, &mut out);
+        self.send_raw(&out).await;
+    }
+
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("write to server");
+    }
+
+    /// The next response, or `None` at end of stream.
+    pub async fn try_recv(&mut self) -> Option<Response> {
+        loop {
+            if let Some(body) = self
+                .codec
+                .decode(&mut self.buf)
+                .expect("valid response frame")
+            {
+                return Some(prost::Message::decode(body).expect("valid Response"));
+            }
+            let n = tokio::time::timeout(PATIENCE, self.stream.read_buf(&mut self.buf))
+                .await
+                .expect("server answers in time")
+                .unwrap_or(0);
+            if n == 0 {
+                assert!(self.buf.is_empty(), "stream ended inside a frame");
+                return None;
+            }
+        }
+    }
+
+    pub async fn recv(&mut self) -> Response {
+        self.try_recv()
+            .await
+            .expect("a response, not end of stream")
+    }
+
+    /// Whether a response is already available without waiting.
+    pub async fn has_response(&mut self) -> bool {
+        let _ = self.stream.read_buf(&mut self.buf).now_or_never();
+        !self.buf.is_empty()
+    }
+
+    /// Asserts the server closes the connection.
+    pub async fn expect_closed(&mut self) {
+        if let Some(r) = self.try_recv().await {
+            panic!("expected close, got {r:?}");
+        }
+    }
+
+    pub async fn call(&mut self, req: Request) -> Response {
+        self.send(&req).await;
+        let r = self.recv().await;
+        assert_eq!(r.request_id, req.id, "response matches request");
+        r
+    }
+
+    pub fn request(&mut self, kind: RequestType, keys: &[&str]) -> Request {
+        let id = self.next_id();
+        request(id, kind, keys)
+    }
+
+    pub async fn ping(&mut self) -> Response {
+        let r = self.request(RequestType::Ping, &[]);
+        self.call(r).await
+    }
+
+    /// Lock with a wait limit in microseconds (0 = forever) and a lease.
+    pub fn lock_request(&mut self, keys: &[&str], wait_micro: u64, release_micro: u64) -> Request {
+        let mut r = self.request(RequestType::Lock, keys);
+        let body = r.lock.get_or_insert_with(RequestLock::default);
+        body.wait_micro = wait_micro;
+        body.release_micro = release_micro;
+        r
+    }
+
+    pub async fn lock(&mut self, keys: &[&str], wait_micro: u64, release_micro: u64) -> Response {
+        let r = self.lock_request(keys, wait_micro, release_micro);
+        self.call(r).await
+    }
+
+    /// Locks keys that must be free; returns the fence.
+    pub async fn must_lock(&mut self, keys: &[&str]) -> u64 {
+        let r = self.try_lock(keys).await;
+        assert_eq!(status(&r), ResponseStatus::Ok, "lock {keys:?}: {r:?}");
+        assert!(r.fence > 0);
+        r.fence
+    }
+
+    pub async fn try_lock(&mut self, keys: &[&str]) -> Response {
+        let mut r = self.lock_request(keys, 0, 0);
+        r.lock.as_mut().map(|l| l.try_lock = true);
+        self.call(r).await
+    }
+
+    pub async fn unlock(&mut self, keys: &[&str]) -> Response {
+        let r = self.request(RequestType::Unlock, keys);
+        self.call(r).await
+    }
+
+    pub async fn inspect(&mut self, key: &str) -> KeyInfo {
+        let r = self.request(RequestType::Inspect, &[key]);
+        let resp = self.call(r).await;
+        assert_eq!(status(&resp), ResponseStatus::Ok);
+        resp.key_info.into_iter().next().expect("one key info")
+    }
+
+    /// Waits until `key` has exactly `n` waiters: the explicit
+    /// synchronisation tests use instead of sleeping.
+    pub async fn await_waiters(&mut self, key: &str, n: u32) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if self.inspect(key).await.waiters == n {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{key} never had {n} waiters"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+pub fn request(id: u64, kind: RequestType, keys: &[&str]) -> Request {
+    Request {
+        version: 2,
+        id,
+        r#type: kind as i32,
+        lock: (!keys.is_empty()).then(|| RequestLock {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            ..RequestLock::default()
+        }),
+        ..Request::default()
+    }
+}
+
+pub fn status(r: &Response) -> ResponseStatus {
+    ResponseStatus::try_from(r.status).expect("known status")
+}
+
+/// Runs `fut` and returns how long it took along with its output.
+pub async fn timed<T>(fut: impl Future<Output = T>) -> (T, Duration) {
+    let start = std::time::Instant::now();
+    let out = fut.await;
+    (out, start.elapsed())
+}
