@@ -9,6 +9,8 @@
 //! The daemon lives in the `dlock-server` crate, the `dlock` command in
 //! `dlock-client`.
 
+#![warn(missing_docs)]
+
 pub mod codec;
 
 /// Wire types generated from `proto/dlock.proto`.

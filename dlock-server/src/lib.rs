@@ -11,6 +11,8 @@
 //! | [`auth`] | access tokens |
 //! | [`config`] | flags, defaults and limits |
 
+#![warn(missing_docs)]
+
 pub mod auth;
 pub mod config;
 pub mod connection;

@@ -186,7 +186,9 @@ impl Conn {
 
     pub async fn try_lock(&mut self, keys: &[&str]) -> Response {
         let mut r = self.lock_request(keys, 0, 0);
-        r.lock.as_mut().map(|l| l.try_lock = true);
+        if let Some(l) = r.lock.as_mut() {
+            l.try_lock = true;
+        }
         self.call(r).await
     }
 

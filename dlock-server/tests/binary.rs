@@ -1,0 +1,129 @@
+//! The `dlock-server` binary itself: signals, exit codes, SIGKILL restarts.
+
+mod common;
+
+use common::{status, Conn};
+use dlock::proto::ResponseStatus;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+
+/// A server process on 127.0.0.1:0; its address is read from its log.
+struct Process {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Process {
+    fn start(extra: &[&str]) -> Process {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+            .args(["--listen", "127.0.0.1:0", "--log-level", "info"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn dlock-server");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let mut lines = BufReader::new(stderr).lines();
+        let addr = loop {
+            let line = lines
+                .next()
+                .expect("server logs its address before exiting")
+                .expect("readable log");
+            if let Some(rest) = line.split("addr=").nth(1) {
+                let addr = rest.split_whitespace().next().unwrap_or_default();
+                break addr.parse().expect("logged address parses");
+            }
+        };
+        // Keep draining the log so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Process { child, addr }
+    }
+
+    fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -{name} failed");
+    }
+
+    fn wait(mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("wait for server")
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn sigterm_answers_waiters_and_exits_zero() {
+    let server = Process::start(&[]);
+    let mut h = Conn::connect(server.addr).await;
+    h.must_lock(&["k"]).await;
+    let mut w = Conn::connect(server.addr).await;
+    let req = w.lock_request(&["k"], 0, 0);
+    w.send(&req).await;
+    h.await_waiters("k", 1).await;
+    server.signal("TERM");
+    let r = w.recv().await;
+    assert_eq!(status(&r), ResponseStatus::ShuttingDown);
+    let code = tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .unwrap();
+    assert_eq!(code.code(), Some(0));
+}
+
+#[tokio::test]
+async fn fencing_tokens_increase_after_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fence");
+    let args = ["--fence-file", file.to_str().unwrap()];
+    let mut last = 0;
+    for _ in 0..3 {
+        let mut server = Process::start(&args);
+        let mut c = Conn::connect(server.addr).await;
+        for key in ["x", "y"] {
+            let f = c.must_lock(&[key]).await;
+            assert!(f > last, "fence {f} not above {last}");
+            last = f;
+        }
+        server.child.kill().expect("SIGKILL");
+        server.child.wait().expect("reap");
+    }
+}
+
+#[test]
+fn unusable_token_file_is_a_clear_startup_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+            "/nonexistent/tokens",
+        ])
+        .output()
+        .expect("run dlock-server");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read token file /nonexistent/tokens"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_flag_is_a_usage_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+        .args(["--idle-timeout", "soon"])
+        .output()
+        .expect("run dlock-server");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--idle-timeout"));
+}
