@@ -32,10 +32,15 @@ use tokio_util::sync::CancellationToken;
 /// a client sends large frames, so idle connections stay small.
 const INITIAL_READ_BUFFER: usize = 512;
 
+/// Parked requests may add up to this many maximum-size frames: enough for
+/// deep pipelines of ordinary requests, while a connection's memory stays a
+/// small multiple of `--max-frame` however large its requests are.
+pub const QUEUED_FRAMES: usize = 4;
+
 /// Something read from the client, in arrival order.
 enum Item {
-    /// A request to execute.
-    Request(Request),
+    /// A request to execute, with the size of its frame.
+    Request(Request, usize),
     /// An answer already known (the body did not decode).
     Reply(Response),
 }
@@ -98,6 +103,8 @@ struct Session<'a> {
     writer: OwnedWriteHalf,
     out: BytesMut,
     queue: VecDeque<Item>,
+    /// Frame bytes of the parked requests in `queue`.
+    queued_bytes: usize,
     waiting: Option<(u64, oneshot::Receiver<Wake>)>,
     config: &'a Config,
     ctx: Ctx<'a>,
@@ -115,6 +122,7 @@ impl<'a> Session<'a> {
             writer,
             out: BytesMut::new(),
             queue: VecDeque::new(),
+            queued_bytes: 0,
             waiting: None,
             config: &shared.config,
             ctx: Ctx {
@@ -128,6 +136,12 @@ impl<'a> Session<'a> {
 
     fn unanswered(&self) -> usize {
         self.queue.len() + usize::from(self.waiting.is_some())
+    }
+
+    /// Whether another request may be read now.
+    fn can_read(&self) -> bool {
+        self.unanswered() < self.config.max_pipeline
+            && self.queued_bytes < QUEUED_FRAMES * self.config.max_frame
     }
 
     async fn run(mut self, shutdown: &CancellationToken) -> End {
@@ -144,7 +158,7 @@ impl<'a> Session<'a> {
             if let Some(end) = closing {
                 return end;
             }
-            let can_read = self.unanswered() < self.config.max_pipeline;
+            let can_read = self.can_read();
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => {
@@ -171,7 +185,7 @@ impl<'a> Session<'a> {
                     closing = self.accept(frame);
                     // Take every frame already buffered before writing, so a
                     // pipelined burst is answered with one write.
-                    while closing.is_none() && self.unanswered() < self.config.max_pipeline {
+                    while closing.is_none() && self.can_read() {
                         match self.reader.next().now_or_never() {
                             Some(frame) => closing = self.accept(frame),
                             None => break,
@@ -198,8 +212,12 @@ impl<'a> Session<'a> {
     fn accept(&mut self, frame: Option<Result<Bytes, FrameError>>) -> Option<End> {
         match frame {
             Some(Ok(body)) => {
+                let size = body.len();
                 let item = match Request::decode(body) {
-                    Ok(req) => Item::Request(req),
+                    Ok(req) => {
+                        self.queued_bytes += size;
+                        Item::Request(req, size)
+                    }
                     Err(e) => Item::Reply(handler::error(
                         0,
                         ResponseStatus::General,
@@ -232,10 +250,13 @@ impl<'a> Session<'a> {
             };
             match item {
                 Item::Reply(r) => encode_frame(&r, &mut self.out),
-                Item::Request(req) => match handler::execute(self.ctx, req) {
-                    Step::Reply(r) => encode_frame(&r, &mut self.out),
-                    Step::Wait { request_id, rx } => self.waiting = Some((request_id, rx)),
-                },
+                Item::Request(req, size) => {
+                    self.queued_bytes -= size;
+                    match handler::execute(self.ctx, req) {
+                        Step::Reply(r) => encode_frame(&r, &mut self.out),
+                        Step::Wait { request_id, rx } => self.waiting = Some((request_id, rx)),
+                    }
+                }
             }
         }
     }
@@ -247,7 +268,7 @@ impl<'a> Session<'a> {
                 .map(|(id, _)| id)
                 .into_iter()
                 .chain(self.queue.drain(..).map(|item| match item {
-                    Item::Request(r) => r.id,
+                    Item::Request(r, _) => r.id,
                     Item::Reply(r) => r.request_id,
                 }));
         let mut out = std::mem::take(&mut self.out);

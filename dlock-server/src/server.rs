@@ -158,3 +158,37 @@ fn reject(stream: &TcpStream, max: usize) {
     let _ = stream.try_write(&buf);
     tracing::warn!(limit = max, "connection refused: too many connections");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[tokio::test]
+    async fn accepted_sockets_get_nodelay_and_configured_keepalive() {
+        let config = Config::parse_from([
+            "dlock-server",
+            "--keepalive-time",
+            "7s",
+            "--keepalive-interval",
+            "3s",
+            "--keepalive-retries",
+            "4",
+        ]);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        configure(&stream, &config);
+        let sock = SockRef::from(&stream);
+        assert!(stream.nodelay().unwrap());
+        assert!(sock.keepalive().unwrap());
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(7));
+        assert_eq!(
+            sock.tcp_keepalive_interval().unwrap(),
+            Duration::from_secs(3)
+        );
+        assert_eq!(sock.tcp_keepalive_retries().unwrap(), 4);
+    }
+}

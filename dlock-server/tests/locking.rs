@@ -205,3 +205,27 @@ async fn pipeline_limit_pauses_reading_without_losing_requests() {
         assert_eq!(w.recv().await.request_id, id);
     }
 }
+
+#[tokio::test]
+async fn large_requests_parked_behind_a_lock_are_all_answered() {
+    let server = TestServer::start(&["--max-frame", "1024", "--max-key-len", "1000"]).await;
+    let mut h = server.connect().await;
+    h.must_lock(&["big"]).await;
+    let mut w = server.connect().await;
+    let lock = w.lock_request(&["big"], 0, 0);
+    w.send(&lock).await;
+    h.await_waiters("big", 1).await;
+    // Far more bytes than the server parks per connection.
+    let long_key = "k".repeat(900);
+    let mut ids = vec![lock.id];
+    for _ in 0..100 {
+        let r = w.request(RequestType::Inspect, &[&long_key]);
+        ids.push(r.id);
+        w.send(&r).await;
+    }
+    h.unlock(&["big"]).await;
+    for id in ids {
+        let r = w.recv().await;
+        assert_eq!((r.request_id, status(&r)), (id, ResponseStatus::Ok));
+    }
+}
