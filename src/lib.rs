@@ -5,13 +5,23 @@
 //! - [`proto`]: the wire types generated from `proto/dlock.proto`, the contract
 //!   between clients and the server (see `docs/PROTOCOL.md`).
 //! - [`codec`]: the length-prefixed framing those messages travel in.
+//! - [`Client`] (`client.rs`), [`LockGuard`] (`guard.rs`), [`Error`]
+//!   (`error.rs`): the client library. One connection serves many tasks;
+//!   requests are pipelined.
 //!
 //! The daemon lives in the `dlock-server` crate, the `dlock` command in
 //! `dlock-client`.
 
 #![warn(missing_docs)]
 
+mod client;
 pub mod codec;
+mod error;
+mod guard;
+
+pub use client::{Client, ClientOptions, LockOptions, Wait};
+pub use error::{Error, Result};
+pub use guard::LockGuard;
 
 /// Wire types generated from `proto/dlock.proto`.
 #[allow(missing_docs)]
@@ -28,3 +38,7 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:7436";
 
 /// Default maximum frame body size in bytes, the original dlock's limit.
 pub const DEFAULT_MAX_FRAME: usize = 16 * 1024;
+
+/// Largest response frame the client accepts. Responses echo keys (Inspect,
+/// busy lists), so this allows for a maximal request's worth and more.
+pub const MAX_RESPONSE_FRAME: usize = 4 * 1024 * 1024;

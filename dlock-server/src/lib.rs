@@ -10,6 +10,7 @@
 //! | [`fence`] | where fencing tokens start so they never go backwards |
 //! | [`auth`] | access tokens |
 //! | [`config`] | flags, defaults and limits |
+//! | [`testing`] | a server on an ephemeral loopback port, for tests |
 
 #![warn(missing_docs)]
 
@@ -21,6 +22,7 @@ pub mod fence;
 pub mod handler;
 pub mod server;
 pub mod table;
+pub mod testing;
 
 pub use config::Config;
 pub use server::run;

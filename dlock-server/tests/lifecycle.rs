@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{status, timed, TestServer};
+use common::{status, timed, Conn, TestServer};
 use dlock::proto::{RequestType, ResponseStatus};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -16,9 +16,9 @@ use tokio::io::AsyncWriteExt;
 #[tokio::test]
 async fn fin_releases_locks_and_hands_them_on() {
     let server = TestServer::start(&[]).await;
-    let mut a = server.connect().await;
+    let mut a = Conn::connect(server.addr).await;
     a.must_lock(&["f"]).await;
-    let mut w = server.connect().await;
+    let mut w = Conn::connect(server.addr).await;
     let req = w.lock_request(&["f"], 0, 0);
     w.send(&req).await;
     a.await_waiters("f", 1).await;
@@ -29,9 +29,9 @@ async fn fin_releases_locks_and_hands_them_on() {
 #[tokio::test]
 async fn rst_releases_locks_and_hands_them_on() {
     let server = TestServer::start(&[]).await;
-    let mut a = server.connect().await;
+    let mut a = Conn::connect(server.addr).await;
     a.must_lock(&["r"]).await;
-    let mut w = server.connect().await;
+    let mut w = Conn::connect(server.addr).await;
     let req = w.lock_request(&["r"], 0, 0);
     w.send(&req).await;
     a.await_waiters("r", 1).await;
@@ -46,12 +46,12 @@ async fn rst_releases_locks_and_hands_them_on() {
 #[tokio::test]
 async fn waiter_that_disconnects_is_removed_and_never_granted() {
     let server = TestServer::start(&[]).await;
-    let mut h = server.connect().await;
+    let mut h = Conn::connect(server.addr).await;
     h.must_lock(&["g"]).await;
-    let mut gone = server.connect().await;
+    let mut gone = Conn::connect(server.addr).await;
     let req = gone.lock_request(&["g"], 0, 0);
     gone.send(&req).await;
-    let mut next = server.connect().await;
+    let mut next = Conn::connect(server.addr).await;
     let req = next.lock_request(&["g"], 0, 0);
     next.send(&req).await;
     h.await_waiters("g", 2).await;
@@ -67,10 +67,10 @@ async fn waiter_that_disconnects_is_removed_and_never_granted() {
 #[tokio::test]
 async fn lease_expires_while_holder_is_connected() {
     let server = TestServer::start(&[]).await;
-    let mut a = server.connect().await;
+    let mut a = Conn::connect(server.addr).await;
     let r = a.lock(&["l"], 0, 200_000).await;
     assert_eq!(status(&r), ResponseStatus::Ok);
-    let mut w = server.connect().await;
+    let mut w = Conn::connect(server.addr).await;
     let (r, took) = timed(w.lock(&["l"], 20_000_000, 0)).await;
     assert_eq!(status(&r), ResponseStatus::Ok);
     assert!(
@@ -87,11 +87,11 @@ async fn lease_expires_while_holder_is_connected() {
 #[tokio::test]
 async fn lease_survives_disconnect_until_it_expires() {
     let server = TestServer::start(&[]).await;
-    let mut a = server.connect().await;
+    let mut a = Conn::connect(server.addr).await;
     let r = a.lock(&["s"], 0, 300_000).await;
     assert_eq!(status(&r), ResponseStatus::Ok);
     drop(a);
-    let mut w = server.connect().await;
+    let mut w = Conn::connect(server.addr).await;
     let (r, took) = timed(w.lock(&["s"], 20_000_000, 0)).await;
     assert_eq!(status(&r), ResponseStatus::Ok);
     assert!(
@@ -103,10 +103,10 @@ async fn lease_survives_disconnect_until_it_expires() {
 #[tokio::test]
 async fn lease_lock_is_renewed_and_unlocked_by_fence_from_another_connection() {
     let server = TestServer::start(&[]).await;
-    let mut a = server.connect().await;
+    let mut a = Conn::connect(server.addr).await;
     let fence = a.lock(&["job"], 0, 10_000_000).await.fence;
     drop(a);
-    let mut b = server.connect().await;
+    let mut b = Conn::connect(server.addr).await;
     let mut renew = b.request(RequestType::Renew, &["job"]);
     renew.lock.as_mut().unwrap().release_micro = 600_000_000;
     renew.lock.as_mut().unwrap().fence = fence;
@@ -127,20 +127,20 @@ async fn lease_lock_is_renewed_and_unlocked_by_fence_from_another_connection() {
     let mut unlock = b.request(RequestType::Unlock, &["job"]);
     unlock.lock.as_mut().unwrap().fence = fence;
     assert_eq!(status(&b.call(unlock).await), ResponseStatus::Ok);
-    server.connect().await.must_lock(&["job"]).await;
+    Conn::connect(server.addr).await.must_lock(&["job"]).await;
 }
 
 #[tokio::test]
 async fn renew_turns_a_connection_lock_into_a_lease() {
     let server = TestServer::start(&[]).await;
-    let mut a = server.connect().await;
+    let mut a = Conn::connect(server.addr).await;
     a.must_lock(&["n"]).await;
     let mut renew = a.request(RequestType::Renew, &["n"]);
     renew.lock.as_mut().unwrap().release_micro = 60_000_000;
     assert_eq!(status(&a.call(renew).await), ResponseStatus::Ok);
     a.stream.shutdown().await.unwrap();
     a.expect_closed().await;
-    let mut b = server.connect().await;
+    let mut b = Conn::connect(server.addr).await;
     assert_eq!(
         status(&b.try_lock(&["n"]).await),
         ResponseStatus::AcquireTimeout
@@ -153,7 +153,7 @@ async fn assert_fences_increase_across_restarts(args: &[&str]) -> u64 {
     let mut last = 0;
     for _ in 0..3 {
         let server = TestServer::start(args).await;
-        let mut c = server.connect().await;
+        let mut c = Conn::connect(server.addr).await;
         for key in ["a", "b", "a"] {
             let f = c.lock(&[key], 0, 0).await.fence;
             assert!(f > last, "fence {f} not above {last}");
@@ -190,9 +190,9 @@ async fn fencing_tokens_increase_across_restarts_with_a_fence_file() {
 #[tokio::test]
 async fn idle_connection_is_closed_and_its_locks_released() {
     let server = TestServer::start(&["--idle-timeout", "300ms"]).await;
-    let mut idle = server.connect().await;
+    let mut idle = Conn::connect(server.addr).await;
     idle.must_lock(&["i"]).await;
-    let mut w = server.connect().await;
+    let mut w = Conn::connect(server.addr).await;
     let req = w.lock_request(&["i"], 0, 0);
     let (_, took) = timed(async {
         w.send(&req).await;
@@ -206,9 +206,9 @@ async fn idle_connection_is_closed_and_its_locks_released() {
 #[tokio::test]
 async fn pings_keep_a_waiting_connection_alive() {
     let server = TestServer::start(&["--idle-timeout", "400ms"]).await;
-    let mut h = server.connect().await;
+    let mut h = Conn::connect(server.addr).await;
     h.must_lock(&["hb"]).await;
-    let mut w = server.connect().await;
+    let mut w = Conn::connect(server.addr).await;
     let lock = w.lock_request(&["hb"], 0, 0);
     w.send(&lock).await;
     // Keep pinging across several idle periods while the Lock waits. The
@@ -239,11 +239,11 @@ async fn pings_keep_a_waiting_connection_alive() {
 #[tokio::test]
 async fn connection_limit_turns_extra_clients_away_with_a_status() {
     let server = TestServer::start(&["--max-connections", "2"]).await;
-    let mut a = server.connect().await;
-    let mut b = server.connect().await;
+    let mut a = Conn::connect(server.addr).await;
+    let mut b = Conn::connect(server.addr).await;
     a.must_lock(&["c"]).await;
     b.ping().await;
-    let mut extra = server.connect().await;
+    let mut extra = Conn::connect(server.addr).await;
     let r = extra.recv().await;
     assert_eq!(status(&r), ResponseStatus::LimitReached);
     assert!(r.error_text.contains("too many connections"));
@@ -253,7 +253,7 @@ async fn connection_limit_turns_extra_clients_away_with_a_status() {
     drop(b);
     let deadline = tokio::time::Instant::now() + common::PATIENCE;
     loop {
-        let mut c = server.connect().await;
+        let mut c = Conn::connect(server.addr).await;
         let r = c.ping().await;
         if status(&r) == ResponseStatus::Ok {
             break;
@@ -266,16 +266,16 @@ async fn connection_limit_turns_extra_clients_away_with_a_status() {
 #[tokio::test]
 async fn waiter_and_held_key_limits_give_limit_reached() {
     let server = TestServer::start(&["--max-waiters", "1", "--max-held-keys", "3"]).await;
-    let mut a = server.connect().await;
+    let mut a = Conn::connect(server.addr).await;
     a.must_lock(&["1", "2"]).await;
     let r = a.try_lock(&["3", "4"]).await;
     assert_eq!(status(&r), ResponseStatus::LimitReached);
     assert!(r.error_text.contains("held keys"));
-    let mut w1 = server.connect().await;
+    let mut w1 = Conn::connect(server.addr).await;
     let req = w1.lock_request(&["1"], 0, 0);
     w1.send(&req).await;
     a.await_waiters("1", 1).await;
-    let mut w2 = server.connect().await;
+    let mut w2 = Conn::connect(server.addr).await;
     let r = w2.lock(&["2"], 0, 0).await;
     assert_eq!(status(&r), ResponseStatus::LimitReached);
     assert!(r.error_text.contains("waiters"));
@@ -284,8 +284,8 @@ async fn waiter_and_held_key_limits_give_limit_reached() {
 #[tokio::test]
 async fn client_that_stops_reading_is_dropped_after_write_timeout() {
     let server = TestServer::start(&["--write-timeout", "200ms"]).await;
-    let mut h = server.connect().await;
-    let mut flood = server.connect().await;
+    let mut h = Conn::connect(server.addr).await;
+    let mut flood = Conn::connect(server.addr).await;
     flood.must_lock(&["w"]).await;
     // Pipeline pings without reading any answer until the server gives up.
     let mut burst = bytes::BytesMut::new();
@@ -316,9 +316,9 @@ async fn client_that_stops_reading_is_dropped_after_write_timeout() {
 #[tokio::test]
 async fn shutdown_answers_waiters_and_stops() {
     let server = TestServer::start(&[]).await;
-    let mut h = server.connect().await;
+    let mut h = Conn::connect(server.addr).await;
     h.must_lock(&["down"]).await;
-    let mut w = server.connect().await;
+    let mut w = Conn::connect(server.addr).await;
     let lock = w.lock_request(&["down"], 0, 0);
     let ping = w.request(RequestType::Ping, &[]);
     w.send(&lock).await;

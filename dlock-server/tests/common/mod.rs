@@ -2,18 +2,14 @@
 #![allow(dead_code)]
 
 use bytes::BytesMut;
-use clap::Parser;
 use dlock::codec::{encode_frame, FrameCodec};
 use dlock::proto::{KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus};
-use dlock_server::Config;
 use futures_util::FutureExt;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
 
 /// How long any single expected event may take before a test fails. Generous
@@ -21,50 +17,8 @@ use tokio_util::codec::Decoder;
 /// when the server behaves.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
-/// A server running in this test's runtime.
-pub struct TestServer {
-    pub addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<anyhow::Result<()>>,
-}
-
-impl TestServer {
-    /// Starts a server with these extra flags.
-    pub async fn start(args: &[&str]) -> TestServer {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
-        let addr = listener.local_addr().expect("local addr");
-        let config =
-            Config::try_parse_from(std::iter::once("dlock-server").chain(args.iter().copied()))
-                .expect("test flags parse");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(dlock_server::run(listener, config, async {
-            let _ = stopped.await;
-        }));
-        TestServer {
-            addr,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    /// Asks the server to shut down and waits for `run` to return.
-    pub async fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        tokio::time::timeout(PATIENCE, &mut self.task)
-            .await
-            .expect("server stops in time")
-            .expect("server task did not panic")
-    }
-
-    /// A new raw connection.
-    pub async fn connect(&self) -> Conn {
-        Conn::connect(self.addr).await
-    }
-}
+#[allow(unused_imports)]
+pub use dlock_server::testing::TestServer;
 
 /// A client that speaks raw frames.
 pub struct Conn {

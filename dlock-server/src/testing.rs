@@ -1,0 +1,71 @@
+//! A server for tests: bound to `127.0.0.1:0`, running in the caller's
+//! runtime, stopped on request. Used by this workspace's integration tests
+//! and available to anyone testing code against dlock.
+
+use crate::Config;
+use clap::Parser;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A running test server.
+#[derive(Debug)]
+pub struct TestServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl TestServer {
+    /// Starts a server with these flags (as on the command line) on an
+    /// ephemeral loopback port.
+    ///
+    /// # Panics
+    /// If the flags do not parse or no loopback port can be bound: both are
+    /// mistakes in the test, not conditions to handle.
+    pub async fn start(args: &[&str]) -> TestServer {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener
+            .local_addr()
+            .expect("local address of a bound listener");
+        let config =
+            Config::try_parse_from(std::iter::once("dlock-server").chain(args.iter().copied()))
+                .expect("test server flags parse");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(crate::run(listener, config, async {
+            let _ = stopped.await;
+        }));
+        TestServer {
+            addr,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// The address as `ip:port`.
+    pub fn addr_string(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Shuts the server down as SIGTERM would and waits for it to finish.
+    ///
+    /// # Errors
+    /// What `run` returned.
+    ///
+    /// # Panics
+    /// If the server does not stop within a minute or its task panicked.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(60), &mut self.task)
+            .await
+            .expect("server stops in time")
+            .expect("server task did not panic")
+    }
+}

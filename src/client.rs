@@ -1,0 +1,645 @@
+//! The client: one TCP connection shared by any number of tasks.
+//!
+//! Requests are pipelined: each call is written as soon as it is made and
+//! matched to its response by position, since the server answers in order.
+//! A writer task and a reader task own the two halves of the socket, so a
+//! slow reader never stalls writes and the other way round. At most
+//! [`ClientOptions::max_in_flight`] requests are unanswered at once; further
+//! calls wait for a slot.
+//!
+//! The writer sends a Ping whenever nothing was written for the heartbeat
+//! interval, so the server never drops a healthy, quiet connection (Pings
+//! behind a waiting Lock still count for the server). When the connection
+//! ends, every pending call fails with [`Error::ConnectionLost`], every later
+//! call fails at once, and [`Client::closed`] resolves: there is no silent
+//! reconnect, because the server released every lock bound to the connection.
+
+use crate::codec::{encode_frame, FrameCodec};
+use crate::error::{Error, Result};
+use crate::guard::LockGuard;
+use crate::proto::{KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus};
+use bytes::BytesMut;
+use futures_util::StreamExt;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// Settings of a [`Client`].
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Give up connecting after this long. Default 5 s.
+    pub connect_timeout: Duration,
+    /// Send a Ping when nothing was written for this long. Default 10 s,
+    /// well under the server's default 60 s idle timeout.
+    pub heartbeat: Duration,
+    /// Most requests unanswered at once. Default 256, under the server's
+    /// default pipeline limit of 1024.
+    pub max_in_flight: usize,
+    /// Access token sent with every request.
+    pub access_token: Option<String>,
+    /// TCP keepalive idle time; probes follow at a third of it and the
+    /// connection is declared dead after three unanswered ones. Unacknowledged
+    /// writes (heartbeats) fail the connection after the same total time.
+    /// Default 10 s.
+    pub keepalive: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            connect_timeout: Duration::from_secs(5),
+            heartbeat: Duration::from_secs(10),
+            max_in_flight: 256,
+            access_token: None,
+            keepalive: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How long a Lock may wait for busy keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Wait {
+    /// Wait as long as it takes (the default).
+    #[default]
+    Forever,
+    /// Wait at most this long.
+    AtMost(Duration),
+    /// Do not wait: fail at once if any key is busy.
+    No,
+}
+
+/// Options of a Lock request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LockOptions {
+    /// How long to wait for busy keys.
+    pub wait: Wait,
+    /// Take the keys as a lease of this length: it outlives the connection
+    /// and expires unless renewed. `None`: held until unlocked or until the
+    /// connection ends.
+    pub lease: Option<Duration>,
+}
+
+impl LockOptions {
+    /// Wait without limit, no lease.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Wait at most `limit`.
+    pub fn wait(mut self, limit: Duration) -> Self {
+        self.wait = Wait::AtMost(limit);
+        self
+    }
+
+    /// Fail at once if busy.
+    pub fn no_wait(mut self) -> Self {
+        self.wait = Wait::No;
+        self
+    }
+
+    /// Take a lease of `lease`.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+}
+
+/// A connection to a dlock server, shared by cloning.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), dlock::Error> {
+/// use dlock::{Client, LockOptions};
+/// use std::time::Duration;
+///
+/// let client = Client::connect("127.0.0.1:7436").await?;
+/// let guard = client
+///     .lock(["reports/daily"], LockOptions::new().wait(Duration::from_secs(30)))
+///     .await?;
+/// println!("holding {:?} with fencing token {}", guard.keys(), guard.fence());
+/// // ... do the work, passing guard.fence() to the storage it protects ...
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    calls: mpsc::Sender<Call>,
+    slots: Arc<Semaphore>,
+    next_id: AtomicU64,
+    lost: watch::Receiver<Option<Arc<str>>>,
+    addr: String,
+}
+
+/// What the writer needs to send one request.
+#[derive(Debug)]
+struct Call {
+    req: Request,
+    reply: Option<oneshot::Sender<Result<Response>>>,
+    /// Held until the response arrives: bounds requests in flight.
+    slot: Option<OwnedSemaphorePermit>,
+}
+
+/// A request written and not yet answered.
+#[derive(Debug)]
+struct Pending {
+    id: u64,
+    reply: Option<oneshot::Sender<Result<Response>>>,
+    /// For Lock: the keys, so a grant nobody waits for any more is released.
+    lock_keys: Option<Vec<String>>,
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+/// The queue of unanswered requests; `None` once the reader has stopped, so
+/// the writer fails calls instead of queueing them for nobody.
+type PendingQueue = Arc<Mutex<Option<VecDeque<Pending>>>>;
+
+impl Client {
+    /// Connects with default options.
+    ///
+    /// # Errors
+    /// [`Error::Connect`] or [`Error::ConnectTimeout`].
+    pub async fn connect(addr: &str) -> Result<Client> {
+        Self::connect_with(addr, ClientOptions::default()).await
+    }
+
+    /// Connects with `options`.
+    ///
+    /// # Errors
+    /// [`Error::Connect`] or [`Error::ConnectTimeout`].
+    pub async fn connect_with(addr: &str, options: ClientOptions) -> Result<Client> {
+        let stream =
+            match tokio::time::timeout(options.connect_timeout, TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(source)) => {
+                    return Err(Error::Connect {
+                        addr: addr.to_string(),
+                        source,
+                    })
+                }
+                Err(_) => {
+                    return Err(Error::ConnectTimeout {
+                        addr: addr.to_string(),
+                        timeout: options.connect_timeout,
+                    })
+                }
+            };
+        configure(&stream, &options);
+        let (rd, wr) = stream.into_split();
+        let (calls, calls_rx) = mpsc::channel(options.max_in_flight.max(1));
+        let (lost_tx, lost) = watch::channel(None);
+        let pending: PendingQueue = Arc::new(Mutex::new(Some(VecDeque::new())));
+        let lost_tx = Arc::new(lost_tx);
+        let token = options.access_token.unwrap_or_default();
+        tokio::spawn(write_loop(
+            wr,
+            calls_rx,
+            pending.clone(),
+            options.heartbeat,
+            token,
+            lost_tx.clone(),
+        ));
+        tokio::spawn(read_loop(rd, pending, calls.downgrade(), lost_tx));
+        Ok(Client {
+            inner: Arc::new(Inner {
+                calls,
+                slots: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
+                next_id: AtomicU64::new(1),
+                lost,
+                addr: addr.to_string(),
+            }),
+        })
+    }
+
+    /// The address this client connected to.
+    pub fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    /// Resolves when the connection has ended, with the reason.
+    pub async fn closed(&self) -> String {
+        let mut lost = self.inner.lost.clone();
+        loop {
+            if let Some(reason) = lost.borrow_and_update().as_ref() {
+                return reason.to_string();
+            }
+            if lost.changed().await.is_err() {
+                return "client stopped".to_string();
+            }
+        }
+    }
+
+    /// Whether the connection has ended.
+    pub fn is_closed(&self) -> bool {
+        self.inner.lost.borrow().is_some()
+    }
+
+    /// Round trip to the server.
+    ///
+    /// # Errors
+    /// Any error of the connection or the server.
+    pub async fn ping(&self) -> Result<Duration> {
+        let start = Instant::now();
+        self.call(RequestType::Ping, RequestLock::default()).await?;
+        Ok(start.elapsed())
+    }
+
+    /// Takes all `keys` at once.
+    ///
+    /// Cancel-safe: if the returned future is dropped while the request
+    /// waits, a later grant is released at once.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] with the busy keys when the wait limit passes (or at
+    /// once with [`Wait::No`]); [`Error::Server`] for invalid keys or a server
+    /// limit; connection errors.
+    pub async fn lock<I, K>(&self, keys: I, options: LockOptions) -> Result<LockGuard>
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
+        let keys: Vec<String> = keys.into_iter().map(Into::into).collect();
+        let mut body = RequestLock {
+            keys: keys.clone(),
+            release_micro: options.lease.map_or(0, micros),
+            ..RequestLock::default()
+        };
+        match options.wait {
+            Wait::Forever => {}
+            // A positive limit below a microsecond still means "wait a little".
+            Wait::AtMost(d) => body.wait_micro = micros(d).max(1),
+            Wait::No => body.try_lock = true,
+        }
+        let sent = Instant::now();
+        let resp = self.call(RequestType::Lock, body).await?;
+        Ok(LockGuard::new(
+            self.clone(),
+            keys,
+            resp.fence,
+            options.lease,
+            sent,
+        ))
+    }
+
+    /// Releases `keys` held under `fence`, whichever connection took them:
+    /// how a restarted process releases a lease it took earlier.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] with the keys not held under `fence`.
+    pub async fn unlock_fence(&self, keys: &[String], fence: u64) -> Result<()> {
+        let body = RequestLock {
+            keys: keys.to_vec(),
+            fence,
+            ..RequestLock::default()
+        };
+        self.call(RequestType::Unlock, body).await.map(drop)
+    }
+
+    /// Sets the lease of `keys` held under `fence` to now + `lease`.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] with the keys not held under `fence`.
+    pub async fn renew_fence(&self, keys: &[String], fence: u64, lease: Duration) -> Result<()> {
+        let body = RequestLock {
+            keys: keys.to_vec(),
+            fence,
+            release_micro: micros(lease).max(1),
+            ..RequestLock::default()
+        };
+        self.call(RequestType::Renew, body).await.map(drop)
+    }
+
+    /// Who holds and who waits for `keys`.
+    ///
+    /// # Errors
+    /// Any error of the connection or the server.
+    pub async fn inspect<I, K>(&self, keys: I) -> Result<Vec<KeyInfo>>
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
+        let body = RequestLock {
+            keys: keys.into_iter().map(Into::into).collect(),
+            ..RequestLock::default()
+        };
+        Ok(self.call(RequestType::Inspect, body).await?.key_info)
+    }
+
+    /// Sends one request and waits for its response, mapping error statuses
+    /// to [`Error`].
+    pub(crate) async fn call(&self, kind: RequestType, body: RequestLock) -> Result<Response> {
+        self.check_open()?;
+        let slot = self
+            .inner
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| self.lost_error())?;
+        let req = self.request(kind, body);
+        let (tx, rx) = oneshot::channel();
+        let call = Call {
+            req,
+            reply: Some(tx),
+            slot: Some(slot),
+        };
+        self.inner
+            .calls
+            .send(call)
+            .await
+            .map_err(|_| self.lost_error())?;
+        let resp = rx.await.map_err(|_| self.lost_error())??;
+        check(resp)
+    }
+
+    /// Sends a request without waiting for its answer; used where waiting is
+    /// impossible (a guard being dropped). Best effort: on a lost connection
+    /// the server has released connection-bound locks anyway.
+    pub(crate) fn send_detached(&self, kind: RequestType, body: RequestLock) {
+        if self.is_closed() {
+            return;
+        }
+        let call = Call {
+            req: self.request(kind, body),
+            reply: None,
+            slot: None,
+        };
+        if let Err(mpsc::error::TrySendError::Full(call)) = self.inner.calls.try_send(call) {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let calls = self.inner.calls.clone();
+                rt.spawn(async move {
+                    let _ = calls.send(call).await;
+                });
+            }
+        }
+    }
+
+    fn request(&self, kind: RequestType, body: RequestLock) -> Request {
+        Request {
+            version: crate::PROTOCOL_VERSION,
+            id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
+            r#type: kind as i32,
+            lock: Some(body),
+            ..Request::default()
+        }
+    }
+
+    fn check_open(&self) -> Result<()> {
+        match self.inner.lost.borrow().as_ref() {
+            Some(reason) => Err(Error::ConnectionLost(reason.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    fn lost_error(&self) -> Error {
+        let reason = self.inner.lost.borrow().as_ref().map(|r| r.to_string());
+        Error::ConnectionLost(reason.unwrap_or_else(|| "connection closed".into()))
+    }
+}
+
+/// Microseconds of `d`, saturating.
+pub(crate) fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Maps a response's status to a result.
+fn check(resp: Response) -> Result<Response> {
+    let status = ResponseStatus::try_from(resp.status)
+        .map_err(|_| Error::Protocol(format!("unknown response status {}", resp.status)))?;
+    match status {
+        ResponseStatus::Ok => Ok(resp),
+        ResponseStatus::AcquireTimeout => Err(Error::Timeout { busy: resp.keys }),
+        ResponseStatus::AccessDenied => Err(Error::AccessDenied(resp.error_text)),
+        ResponseStatus::NotHeld => Err(Error::NotHeld { keys: resp.keys }),
+        status => Err(Error::Server {
+            status,
+            text: resp.error_text,
+        }),
+    }
+}
+
+/// See [`ClientOptions::keepalive`]. tokio exposes neither keepalive timing
+/// nor TCP_USER_TIMEOUT, hence socket2.
+fn configure(stream: &TcpStream, options: &ClientOptions) {
+    let _ = stream.set_nodelay(true);
+    let sock = socket2::SockRef::from(stream);
+    let interval = (options.keepalive / 3).max(Duration::from_secs(1));
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(options.keepalive)
+        .with_interval(interval);
+    #[cfg(any(target_os = "linux", target_os = "macos", target_os = "freebsd"))]
+    let keepalive = keepalive.with_retries(3);
+    let _ = sock.set_tcp_keepalive(&keepalive);
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let _ = sock.set_tcp_user_timeout(Some(options.keepalive + 3 * interval));
+}
+
+fn mark_lost(lost: &watch::Sender<Option<Arc<str>>>, reason: &str) {
+    lost.send_if_modified(|r| {
+        if r.is_none() {
+            *r = Some(Arc::from(reason));
+            true
+        } else {
+            false
+        }
+    });
+}
+
+async fn write_loop(
+    mut wr: OwnedWriteHalf,
+    mut calls: mpsc::Receiver<Call>,
+    pending: PendingQueue,
+    heartbeat: Duration,
+    token: String,
+    lost: Arc<watch::Sender<Option<Arc<str>>>>,
+) {
+    let mut lost_rx = lost.subscribe();
+    let mut out = BytesMut::new();
+    let mut ping_id = u64::MAX;
+    let mut last_write = Instant::now();
+    let mut tick = tokio::time::interval(heartbeat.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let mut batch = Vec::new();
+        tokio::select! {
+            _ = lost_rx.changed() => break,
+            call = calls.recv() => match call {
+                Some(c) => batch.push(c),
+                None => break,
+            },
+            _ = tick.tick() => {
+                if last_write.elapsed() < heartbeat {
+                    continue;
+                }
+                // Heartbeat ids count down from the top so they never meet
+                // the ids of real calls, which count up from 1.
+                ping_id -= 1;
+                let req = Request {
+                    version: crate::PROTOCOL_VERSION,
+                    id: ping_id,
+                    r#type: RequestType::Ping as i32,
+                    ..Request::default()
+                };
+                batch.push(Call { req, reply: None, slot: None });
+            }
+        }
+        while batch.len() < 64 {
+            match calls.try_recv() {
+                Ok(c) => batch.push(c),
+                Err(_) => break,
+            }
+        }
+        {
+            let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(queue) = guard.as_mut() else {
+                drop(guard);
+                fail_calls(batch, "connection closed");
+                break;
+            };
+            for mut call in batch {
+                // Every request, the writer's own heartbeats and releases
+                // included, carries the token.
+                call.req.access_token.clone_from(&token);
+                let lock_keys = (call.req.r#type == RequestType::Lock as i32).then(|| {
+                    call.req
+                        .lock
+                        .as_ref()
+                        .map(|l| l.keys.clone())
+                        .unwrap_or_default()
+                });
+                encode_frame(&call.req, &mut out);
+                queue.push_back(Pending {
+                    id: call.req.id,
+                    reply: call.reply,
+                    lock_keys,
+                    _slot: call.slot,
+                });
+            }
+        }
+        if let Err(e) = wr.write_all(&out).await {
+            mark_lost(&lost, &format!("write failed: {e}"));
+            break;
+        }
+        out.clear();
+        last_write = Instant::now();
+    }
+    calls.close();
+    let mut rest = Vec::new();
+    while let Ok(c) = calls.try_recv() {
+        rest.push(c);
+    }
+    let reason = lost
+        .borrow()
+        .as_ref()
+        .map_or_else(|| "client dropped".to_string(), |r| r.to_string());
+    fail_calls(rest, &reason);
+    let _ = wr.shutdown().await;
+}
+
+fn fail_calls(calls: Vec<Call>, reason: &str) {
+    for c in calls {
+        if let Some(reply) = c.reply {
+            let _ = reply.send(Err(Error::ConnectionLost(reason.to_string())));
+        }
+    }
+}
+
+async fn read_loop(
+    rd: OwnedReadHalf,
+    pending: PendingQueue,
+    calls: mpsc::WeakSender<Call>,
+    lost: Arc<watch::Sender<Option<Arc<str>>>>,
+) {
+    let mut lost_rx = lost.subscribe();
+    let mut reader =
+        tokio_util::codec::FramedRead::new(rd, FrameCodec::new(crate::MAX_RESPONSE_FRAME));
+    let reason = loop {
+        let frame = tokio::select! {
+            _ = lost_rx.changed() => break None,
+            frame = reader.next() => frame,
+        };
+        let body = match frame {
+            Some(Ok(body)) => body,
+            Some(Err(e)) => break Some(format!("read failed: {e}")),
+            None => break Some("server closed the connection".to_string()),
+        };
+        let resp: Response = match prost::Message::decode(body) {
+            Ok(r) => r,
+            Err(e) => break Some(format!("undecodable response: {e}")),
+        };
+        let next = {
+            let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
+            guard.as_mut().and_then(|q| q.pop_front())
+        };
+        let Some(p) = next.filter(|p| p.id == resp.request_id) else {
+            // An answer to nothing: the server turned the connection away
+            // (request_id 0, e.g. too many connections) or broke ordering.
+            break Some(if resp.error_text.is_empty() {
+                format!("unexpected response to request {}", resp.request_id)
+            } else {
+                format!("server: {}", resp.error_text)
+            });
+        };
+        deliver(p, resp, &calls);
+    };
+    if let Some(reason) = reason {
+        mark_lost(&lost, &reason);
+    }
+    let reason = lost
+        .borrow()
+        .as_ref()
+        .map_or_else(|| "connection closed".to_string(), |r| r.to_string());
+    let left = pending.lock().unwrap_or_else(|p| p.into_inner()).take();
+    for p in left.into_iter().flatten() {
+        if let Some(reply) = p.reply {
+            let _ = reply.send(Err(Error::ConnectionLost(reason.clone())));
+        }
+    }
+}
+
+/// Hands a response to its caller. A Lock granted to a caller that stopped
+/// waiting is released at once, so a cancelled `lock` leaks nothing.
+fn deliver(p: Pending, resp: Response, calls: &mpsc::WeakSender<Call>) {
+    let granted_fence = (resp.status == ResponseStatus::Ok as i32).then_some(resp.fence);
+    let undelivered = match p.reply {
+        Some(reply) => reply.send(Ok(resp)).is_err(),
+        None => false,
+    };
+    if !undelivered {
+        return;
+    }
+    if let (Some(keys), Some(fence), Some(calls)) = (p.lock_keys, granted_fence, calls.upgrade()) {
+        let req = Request {
+            version: crate::PROTOCOL_VERSION,
+            // Nobody reads the answer; reusing the grant's id keeps ids unique
+            // among requests in flight.
+            id: p.id,
+            r#type: RequestType::Unlock as i32,
+            lock: Some(RequestLock {
+                keys,
+                fence,
+                ..RequestLock::default()
+            }),
+            ..Request::default()
+        };
+        let call = Call {
+            req,
+            reply: None,
+            slot: None,
+        };
+        if let Err(mpsc::error::TrySendError::Full(call)) = calls.try_send(call) {
+            tokio::spawn(async move {
+                let _ = calls.send(call).await;
+            });
+        }
+    }
+}

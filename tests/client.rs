@@ -1,0 +1,233 @@
+//! The client library against a real server on 127.0.0.1:0.
+
+use dlock::{Client, ClientOptions, Error, LockOptions};
+use dlock_server::testing::TestServer;
+use std::time::Duration;
+
+async fn client(server: &TestServer) -> Client {
+    Client::connect(&server.addr_string())
+        .await
+        .expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_share_one_pipelined_connection() {
+    let server = TestServer::start(&[]).await;
+    let c = client(&server).await;
+    let mut tasks = Vec::new();
+    for t in 0..32 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let key = format!("task-{t}");
+            let mut last = 0;
+            for _ in 0..20 {
+                let g = c
+                    .lock([key.as_str()], LockOptions::new().no_wait())
+                    .await
+                    .expect("own key is free");
+                assert!(g.fence() > last);
+                last = g.fence();
+                c.ping().await.expect("ping");
+                g.unlock().await.expect("unlock");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    // Every task released its key.
+    let info = c
+        .inspect((0..32).map(|t| format!("task-{t}")))
+        .await
+        .unwrap();
+    assert!(info.iter().all(|k| k.fence == 0 && k.waiters == 0));
+}
+
+#[tokio::test]
+async fn dropping_the_guard_releases_the_lock() {
+    let server = TestServer::start(&[]).await;
+    let a = client(&server).await;
+    let b = client(&server).await;
+    let g = a.lock(["d"], LockOptions::new()).await.unwrap();
+    assert!(matches!(
+        b.lock(["d"], LockOptions::new().no_wait()).await,
+        Err(Error::Timeout { .. })
+    ));
+    drop(g);
+    let g = b
+        .lock(["d"], LockOptions::new().wait(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    assert_eq!(g.keys(), ["d"]);
+}
+
+#[tokio::test]
+async fn loss_is_visible_to_guards_and_calls() {
+    let server = TestServer::start(&[]).await;
+    let holder = client(&server).await;
+    let waiter = client(&server).await;
+    let g = holder.lock(["lost"], LockOptions::new()).await.unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.lock(["lost"], LockOptions::new()).await }
+    });
+    // The waiter's request is queued before the server goes away.
+    loop {
+        if holder.inspect(["lost"]).await.unwrap()[0].waiters == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    server.stop().await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(20), g.lost())
+        .await
+        .expect("loss noticed");
+    assert!(!reason.is_empty());
+    assert!(g.is_lost());
+    match waiting.await.unwrap() {
+        Err(Error::Server { status, .. }) => {
+            assert_eq!(status, dlock::proto::ResponseStatus::ShuttingDown)
+        }
+        Err(Error::ConnectionLost(_)) => {}
+        other => panic!("pending lock should fail, got {other:?}"),
+    }
+    waiter.closed().await;
+    assert!(matches!(holder.ping().await, Err(Error::ConnectionLost(_))));
+}
+
+#[tokio::test]
+async fn errors_are_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "t0ken\n").unwrap();
+    let server = TestServer::start(&["--token-file", tokens.to_str().unwrap()]).await;
+
+    let anonymous = client(&server).await;
+    assert!(matches!(
+        anonymous.ping().await,
+        Err(Error::AccessDenied(_))
+    ));
+
+    let options = || ClientOptions {
+        access_token: Some("t0ken".into()),
+        ..ClientOptions::default()
+    };
+    let a = Client::connect_with(&server.addr_string(), options())
+        .await
+        .unwrap();
+    let b = Client::connect_with(&server.addr_string(), options())
+        .await
+        .unwrap();
+    let _held = a.lock(["x"], LockOptions::new()).await.unwrap();
+    match b
+        .lock(
+            ["x", "y"],
+            LockOptions::new().wait(Duration::from_millis(50)),
+        )
+        .await
+    {
+        Err(Error::Timeout { busy }) => assert_eq!(busy, ["x"]),
+        other => panic!("expected timeout, got {other:?}"),
+    }
+    match b.unlock_fence(&["x".to_string()], 1).await {
+        Err(Error::NotHeld { keys }) => assert_eq!(keys, ["x"]),
+        other => panic!("expected not held, got {other:?}"),
+    }
+    match b.lock([""], LockOptions::new()).await {
+        Err(e @ Error::Server { .. }) => {
+            assert_eq!(e.status(), Some(dlock::proto::ResponseStatus::InvalidKey));
+        }
+        other => panic!("expected invalid key, got {other:?}"),
+    }
+
+    // A port with nothing listening.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    match Client::connect(&addr).await {
+        Err(e @ Error::Connect { .. }) => assert!(e.to_string().contains(&addr)),
+        other => panic!("expected connect error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn cancelled_lock_call_leaks_no_lock() {
+    let server = TestServer::start(&[]).await;
+    let a = client(&server).await;
+    let b = client(&server).await;
+    let g = a.lock(["c"], LockOptions::new()).await.unwrap();
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(50), b.lock(["c"], LockOptions::new())).await;
+    assert!(gave_up.is_err(), "b must still be waiting");
+    drop(g);
+    // b's request is granted after a's release and released again at once,
+    // because nobody waits for it any more.
+    let c = client(&server).await;
+    let got = c
+        .lock(["c"], LockOptions::new().wait(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    assert_eq!(got.keys(), ["c"]);
+}
+
+#[tokio::test]
+async fn lease_runs_out_unless_renewed() {
+    let server = TestServer::start(&[]).await;
+    let a = client(&server).await;
+    let mut g = a
+        .lock(["l"], LockOptions::new().lease(Duration::from_millis(200)))
+        .await
+        .unwrap();
+    g.renew(Duration::from_millis(300)).await.unwrap();
+    assert_eq!(g.lease(), Some(Duration::from_millis(300)));
+    let start = std::time::Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(20), g.lost())
+        .await
+        .unwrap();
+    assert_eq!(reason, "lease expired");
+    assert!(start.elapsed() >= Duration::from_millis(250));
+    match g.renew(Duration::from_secs(1)).await {
+        // The server may not have expired it yet at this instant: either way
+        // the guard reported the loss no later than the server's expiry.
+        Ok(()) | Err(Error::NotHeld { .. }) => {}
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn heartbeats_keep_quiet_holders_and_waiters_connected() {
+    let server = TestServer::start(&["--idle-timeout", "300ms"]).await;
+    let fast = || ClientOptions {
+        heartbeat: Duration::from_millis(50),
+        ..ClientOptions::default()
+    };
+    let quiet = Client::connect_with(&server.addr_string(), fast())
+        .await
+        .unwrap();
+    let _g = quiet.lock(["hb"], LockOptions::new()).await.unwrap();
+    // Someone else waits three idle timeouts in vain: neither the quiet
+    // holder nor the waiter was dropped for idleness, because both pinged.
+    let other = Client::connect_with(&server.addr_string(), fast())
+        .await
+        .unwrap();
+    let r = other
+        .lock(["hb"], LockOptions::new().wait(Duration::from_millis(900)))
+        .await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(!quiet.is_closed());
+    // Without heartbeats the server drops a quiet client.
+    let silent = Client::connect_with(
+        &server.addr_string(),
+        ClientOptions {
+            heartbeat: Duration::from_secs(3600),
+            ..ClientOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    silent.ping().await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(20), silent.closed())
+        .await
+        .unwrap();
+    assert!(reason.contains("closed"), "{reason}");
+}
