@@ -67,6 +67,15 @@ impl LockGuard {
         self.client.unlock_fence(&self.keys, self.fence).await
     }
 
+    /// Stops managing the lock without releasing it: dropping the result
+    /// sends nothing. The keys stay held until released by fence
+    /// ([`Client::unlock_fence`]), until the lease ends, or, without a lease,
+    /// until the connection closes. Returns the keys and the fencing token.
+    pub fn into_parts(mut self) -> (Vec<String>, u64) {
+        self.released = true;
+        (std::mem::take(&mut self.keys), self.fence)
+    }
+
     /// Sets the lease to now + `lease`. A lock taken without a lease becomes
     /// a lease: it then survives the connection.
     ///

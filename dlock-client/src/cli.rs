@@ -1,0 +1,218 @@
+//! Command-line interface of `dlock`.
+
+use crate::duration;
+use clap::{Parser, ValueEnum};
+use std::path::PathBuf;
+use std::time::Duration;
+
+const EXAMPLES: &str = "\
+Examples:
+  # Run a cron job on one machine of the fleet at a time:
+  dlock -k reports/daily -- /usr/local/bin/make-report --yesterday
+
+  # Skip this run if another machine is already running it (flock -n):
+  dlock -n -k backup -- backup.sh
+
+  # Same cron line on every machine; the key is derived from the command:
+  */5 * * * * dlock -n --auto-key --hold 4m -- /opt/sync.sh
+
+  # Wait at most 2.5 s, run a shell snippet:
+  dlock -w 2.5s -k deploy/web -c 'git pull && systemctl restart web'
+
+  # Who holds a lock, and is the server up?
+  dlock --inspect -k deploy/web
+  dlock --ping
+
+Environment:
+  DLOCK_SERVER   server address (default 127.0.0.1:7436)
+  DLOCK_TOKEN    access token (or --token-file; never on the command line)
+  The command gets DLOCK_KEYS (keys, comma-separated) and DLOCK_FENCE (fencing token).
+
+Exit codes:
+  the command's own code; 128+N if it died of signal N
+  1    lock busy or wait timed out (change with -E)
+  64   usage error            69  cannot reach the server
+  70   server refused         75  lock lost while the command ran
+  77   access denied          124 --max-time exceeded
+  126  command not executable 127 command not found
+  130/143  interrupted by SIGINT/SIGTERM while waiting for the lock";
+
+/// Run a command while holding a distributed lock: flock(1) for a fleet.
+///
+/// dlock takes all keys at once from a dlock server, runs COMMAND (directly,
+/// no shell; or `-c STRING` through `sh -c`), and releases the keys when it
+/// ends. If the lock is lost while COMMAND runs, dlock stops COMMAND.
+#[derive(Debug, Parser)]
+#[command(name = "dlock", version, about, long_about = None, after_help = EXAMPLES)]
+#[command(
+    override_usage = "dlock [OPTIONS] -k KEY... -- COMMAND [ARGS]...\n       \
+                            dlock [OPTIONS] -k KEY... -c STRING\n       \
+                            dlock --inspect -k KEY...\n       \
+                            dlock --ping"
+)]
+pub struct Args {
+    /// Server address.
+    #[arg(short, long, env = "DLOCK_SERVER", default_value = dlock::DEFAULT_ADDR, value_name = "HOST:PORT")]
+    pub server: String,
+
+    /// Read the access token from this file (first line). DLOCK_TOKEN is
+    /// used when this is not given.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+
+    /// Key to lock; repeat for several keys, taken atomically.
+    #[arg(short, long = "key", value_name = "KEY")]
+    pub keys: Vec<String>,
+
+    /// Derive the key from the command line (after PREFIX, default
+    /// "auto:"), so the same command on every machine shares one lock.
+    #[arg(long, value_name = "PREFIX", num_args = 0..=1, default_missing_value = "auto:")]
+    pub auto_key: Option<String>,
+
+    /// Wait at most this long for the lock (e.g. 30s, 2.5s, 500ms); by
+    /// default dlock waits without limit.
+    #[arg(short, long, value_name = "DURATION", value_parser = duration::parse, conflicts_with = "nonblock")]
+    pub wait: Option<Duration>,
+
+    /// Fail at once if the lock is busy.
+    #[arg(short, long)]
+    pub nonblock: bool,
+
+    /// Run STRING with `sh -c` instead of a command from the arguments.
+    #[arg(short, long, value_name = "STRING", conflicts_with = "command_args")]
+    pub command: Option<String>,
+
+    /// Take the lock as a lease of this length, renewed while the command
+    /// runs, so a short network drop of this machine does not lose it.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_positive)]
+    pub lease: Option<Duration>,
+
+    /// Keep the lock at least this long from when it was taken, even if the
+    /// command ends sooner (the rest becomes a lease; dlock exits at once).
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_positive)]
+    pub hold: Option<Duration>,
+
+    /// Stop the command (SIGTERM, then SIGKILL after --grace) if it runs
+    /// longer than this; exit 124.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_positive)]
+    pub max_time: Option<Duration>,
+
+    /// What to do with the command if the lock is lost while it runs.
+    #[arg(long, value_enum, default_value_t = OnLost::Term, value_name = "ACTION")]
+    pub on_lost: OnLost,
+
+    /// Time between SIGTERM and SIGKILL when dlock stops the command.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::parse)]
+    pub grace: Duration,
+
+    /// Exit code when the lock is busy or the wait times out.
+    #[arg(short = 'E', long, value_name = "CODE", default_value_t = 1)]
+    pub conflict_exit_code: u8,
+
+    /// Give up connecting after this long.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration::parse_positive)]
+    pub connect_timeout: Duration,
+
+    /// Say on stderr what dlock waits for, who holds it, and how long it took.
+    #[arg(short, long)]
+    pub verbose: bool,
+
+    /// Print who holds and who waits for the keys, then exit.
+    #[arg(long, conflicts_with_all = ["command", "command_args", "ping"])]
+    pub inspect: bool,
+
+    /// Check that the server answers, print the round trip, then exit.
+    #[arg(long, conflicts_with_all = ["command", "command_args"])]
+    pub ping: bool,
+
+    /// The command to run, and its arguments.
+    #[arg(trailing_var_arg = true, value_name = "COMMAND")]
+    pub command_args: Vec<String>,
+}
+
+/// Reaction to a lost lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnLost {
+    /// SIGTERM, then SIGKILL after --grace.
+    Term,
+    /// SIGKILL at once.
+    Kill,
+    /// Let the command finish; only report the loss.
+    Ignore,
+}
+
+impl Args {
+    /// The argv of the child: `sh -c STRING` or the trailing arguments.
+    pub fn argv(&self) -> Vec<String> {
+        match &self.command {
+            Some(s) => vec!["sh".into(), "-c".into(), s.clone()],
+            None => self.command_args.clone(),
+        }
+    }
+
+    /// The keys to lock: the `-k` keys plus the derived one.
+    pub fn all_keys(&self) -> Vec<String> {
+        let mut keys = self.keys.clone();
+        if let Some(prefix) = &self.auto_key {
+            keys.push(auto_key(prefix, &self.argv()));
+        }
+        keys
+    }
+}
+
+/// PREFIX followed by the first 128 bits of SHA-256 over the argv joined
+/// with NUL: stable across machines and versions, and the same for the same
+/// command line only.
+pub fn auto_key(prefix: &str, argv: &[String]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for (i, arg) in argv.iter().enumerate() {
+        if i > 0 {
+            hasher.update([0u8]);
+        }
+        hasher.update(arg.as_bytes());
+    }
+    let digest = hasher.finalize();
+    let mut key = prefix.to_string();
+    for b in digest.iter().take(16) {
+        key.push_str(&format!("{b:02x}"));
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn auto_key_is_stable_and_distinguishes_arguments() {
+        let a = auto_key("auto:", &argv(&["backup.sh", "--full"]));
+        assert_eq!(a, auto_key("auto:", &argv(&["backup.sh", "--full"])));
+        assert_ne!(a, auto_key("auto:", &argv(&["backup.sh --full"])));
+        assert_ne!(a, auto_key("auto:", &argv(&["backup.sh", "--fast"])));
+        assert!(a.starts_with("auto:") && a.len() == 5 + 32);
+    }
+
+    #[test]
+    fn parses_flock_like_lines() {
+        let a = Args::try_parse_from([
+            "dlock", "-n", "-k", "a", "-k", "b", "--", "echo", "-n", "hi",
+        ])
+        .unwrap();
+        assert!(a.nonblock);
+        assert_eq!(a.keys, ["a", "b"]);
+        assert_eq!(a.argv(), ["echo", "-n", "hi"]);
+        let a = Args::try_parse_from(["dlock", "--auto-key", "-w", "2.5s", "--", "job"]).unwrap();
+        assert_eq!(a.auto_key.as_deref(), Some("auto:"));
+        assert_eq!(a.wait, Some(Duration::from_millis(2500)));
+        assert_eq!(a.all_keys().len(), 1);
+        let a = Args::try_parse_from(["dlock", "--auto-key=cron/", "-c", "x"]).unwrap();
+        assert!(a.all_keys()[0].starts_with("cron/"));
+        assert!(Args::try_parse_from(["dlock", "-n", "-w", "1s", "-k", "a", "--", "x"]).is_err());
+        assert!(Args::try_parse_from(["dlock", "-k", "a", "-c", "x", "--", "y"]).is_err());
+    }
+}

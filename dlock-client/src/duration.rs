@@ -1,0 +1,106 @@
+//! Durations on the command line: `2.5s`, `500ms`, `1m30s`, `2h`; a bare
+//! number means seconds, as with flock's `-w`.
+
+use std::time::Duration;
+
+/// Parses a duration; see the module documentation for the forms accepted.
+///
+/// # Errors
+/// A message naming what is wrong, for clap to show next to the flag.
+pub fn parse(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration (examples: 30s, 2.5s, 500ms, 1m30s)".into());
+    }
+    if let Ok(secs) = s.parse::<f64>() {
+        return seconds(secs, s);
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("'{s}' needs a unit after its last number (ms, s, m, h, d)"))?;
+        if num_len == 0 {
+            return Err(format!(
+                "'{s}' is not a duration (examples: 30s, 2.5s, 500ms, 1m30s)"
+            ));
+        }
+        let value: f64 = rest[..num_len]
+            .parse()
+            .map_err(|_| format!("'{}' is not a number", &rest[..num_len]))?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let factor = match &rest[..unit_len] {
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" | "sec" => 1.0,
+            "m" | "min" => 60.0,
+            "h" => 3600.0,
+            "d" => 86400.0,
+            unit => {
+                return Err(format!(
+                    "unknown unit '{unit}' in '{s}' (use ms, s, m, h or d)"
+                ))
+            }
+        };
+        total += value * factor;
+        rest = &rest[unit_len..];
+    }
+    seconds(total, s)
+}
+
+fn seconds(secs: f64, original: &str) -> Result<Duration, String> {
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("'{original}' is not a valid duration"));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("'{original}' is too long"))
+}
+
+/// Parses a duration that must be greater than zero.
+///
+/// # Errors
+/// As [`parse`], or when the duration is zero.
+pub fn parse_positive(s: &str) -> Result<Duration, String> {
+    let d = parse(s)?;
+    if d.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepted_forms() {
+        assert_eq!(parse("2.5s"), Ok(Duration::from_millis(2500)));
+        assert_eq!(parse("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse("0"), Ok(Duration::ZERO));
+        assert_eq!(parse("250us"), Ok(Duration::from_micros(250)));
+    }
+
+    #[test]
+    fn rejected_forms() {
+        for bad in [
+            "",
+            "s",
+            "5x",
+            "-1",
+            "1.2.3s",
+            "10 parsecs",
+            "nan",
+            "inf",
+            "1e400",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_positive("0s").is_err());
+    }
+}

@@ -1,0 +1,549 @@
+//! The real `dlock` binary against a real server on 127.0.0.1:0.
+//!
+//! The server runs in this test's runtime; dlock runs as a child process
+//! driven through tokio::process so the server keeps serving meanwhile.
+//! Nothing here sleeps to synchronise: tests wait for events (a waiter
+//! showing up in Inspect, a line on the child's stdout, a process exiting).
+
+use dlock::{Client, LockOptions};
+use dlock_server::testing::TestServer;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Upper bound for anything a test waits for; only reached on failure.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn dlock(server: &TestServer, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    cmd.args(args)
+        .env("DLOCK_SERVER", server.addr_string())
+        .env_remove("DLOCK_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn run(server: &TestServer, args: &[&str]) -> Output {
+    tokio::time::timeout(PATIENCE, dlock(server, args).output())
+        .await
+        .expect("dlock finishes")
+        .expect("dlock runs")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("dlock exits normally")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+async fn client(server: &TestServer) -> Client {
+    Client::connect(&server.addr_string())
+        .await
+        .expect("connect")
+}
+
+/// Waits until `key` has `n` waiters on the server.
+async fn await_waiters(c: &Client, key: &str, n: u32) {
+    let deadline = Instant::now() + PATIENCE;
+    while c.inspect([key]).await.unwrap()[0].waiters != n {
+        assert!(Instant::now() < deadline, "{key} never had {n} waiters");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Waits until the child prints `line` on stdout; returns what it printed.
+async fn await_line(child: &mut Child, line: &str) -> String {
+    let out = child.stdout.as_mut().expect("stdout piped");
+    let mut lines = BufReader::new(out).lines();
+    let mut seen = String::new();
+    let found = tokio::time::timeout(PATIENCE, async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            seen.push_str(&l);
+            seen.push('\n');
+            if l.trim() == line {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(found, Ok(true), "command never printed {line:?}");
+    seen
+}
+
+async fn finish(child: Child) -> Output {
+    tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("dlock finishes")
+        .expect("dlock output")
+}
+
+fn signal(child: &Child, sig: i32) {
+    let pid = child.id().expect("running") as i32;
+    // SAFETY: kill(2) on our own child process.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_code_and_signal_death_pass_through() {
+    let server = TestServer::start(&[]).await;
+    assert_eq!(
+        code(&run(&server, &["-k", "e", "--", "sh", "-c", "exit 7"]).await),
+        7
+    );
+    assert_eq!(
+        code(&run(&server, &["-k", "e", "-c", "kill -9 $$"]).await),
+        128 + 9
+    );
+    assert_eq!(code(&run(&server, &["-k", "e", "--", "true"]).await), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_not_found_and_usage_errors() {
+    let server = TestServer::start(&[]).await;
+    assert_eq!(
+        code(&run(&server, &["-k", "e", "--", "/nonexistent/cmd"]).await),
+        127
+    );
+    let no_key = run(&server, &["--", "true"]).await;
+    assert_eq!(code(&no_key), 64);
+    assert!(stderr(&no_key).contains("-k KEY"));
+    assert_eq!(code(&run(&server, &["-k", "a"]).await), 64);
+    assert_eq!(
+        code(&run(&server, &["-k", "a", "--wiat", "1s", "--", "true"]).await),
+        64
+    );
+    assert_eq!(
+        code(&run(&server, &["-k", "a", "-w", "soon", "--", "true"]).await),
+        64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_lock_gives_conflict_code_with_nonblock_and_wait() {
+    let server = TestServer::start(&[]).await;
+    let holder = client(&server).await;
+    let _g = holder.lock(["busy"], LockOptions::new()).await.unwrap();
+    let o = run(
+        &server,
+        &["-n", "-k", "busy", "--", "touch", "/nonexistent/ran"],
+    )
+    .await;
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).is_empty(), "quiet like flock: {}", stderr(&o));
+    assert_eq!(
+        code(&run(&server, &["-n", "-E", "9", "-k", "busy", "--", "true"]).await),
+        9
+    );
+    let start = Instant::now();
+    let o = run(&server, &["-w", "0.2s", "-k", "busy", "--", "true"]).await;
+    assert_eq!(code(&o), 1);
+    assert!(start.elapsed() >= Duration::from_millis(200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_runs_on_one_key_never_overlap() {
+    let server = TestServer::start(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let script = format!(
+        "echo start $(date +%s%N) >> {0}; sleep 0.2; echo end $(date +%s%N) >> {0}",
+        log.display()
+    );
+    let runs: Vec<_> = (0..3)
+        .map(|_| {
+            dlock(&server, &["-k", "one", "-c", &script])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for r in runs {
+        assert_eq!(code(&finish(r).await), 0);
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let events: Vec<(String, u128)> = text
+        .lines()
+        .map(|l| {
+            let (what, t) = l.split_once(' ').unwrap();
+            (what.to_string(), t.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(events.len(), 6);
+    // Strict alternation start, end, start, end...: no two runs overlapped.
+    for (i, (what, _)) in events.iter().enumerate() {
+        assert_eq!(what, if i % 2 == 0 { "start" } else { "end" }, "{text}");
+    }
+    assert!(events.windows(2).all(|w| w[0].1 <= w[1].1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multiple_keys_are_taken_atomically() {
+    let server = TestServer::start(&[]).await;
+    let holder = client(&server).await;
+    let _g = holder.lock(["k2"], LockOptions::new()).await.unwrap();
+    let o = run(&server, &["-n", "-k", "k1", "-k", "k2", "--", "true"]).await;
+    assert_eq!(code(&o), 1);
+    assert_eq!(
+        holder.inspect(["k1"]).await.unwrap()[0].fence,
+        0,
+        "k1 was not taken alone"
+    );
+    let o = run(
+        &server,
+        &["-k", "k1", "-k", "k3", "--", "sh", "-c", "echo $DLOCK_KEYS"],
+    )
+    .await;
+    assert_eq!(stdout(&o).trim(), "k1,k3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_key_agrees_for_the_same_command() {
+    let server = TestServer::start(&[]).await;
+    let show = ["--auto-key", "--", "sh", "-c", "echo $DLOCK_KEYS"];
+    let a = stdout(&run(&server, &show).await);
+    let b = stdout(&run(&server, &show).await);
+    assert_eq!(a, b);
+    assert!(a.starts_with("auto:"));
+    let other = stdout(
+        &run(
+            &server,
+            &["--auto-key", "--", "sh", "-c", "echo $DLOCK_KEYS "],
+        )
+        .await,
+    );
+    assert_ne!(a, other);
+    let prefixed = stdout(&run(&server, &["--auto-key=cron/", "-c", "echo $DLOCK_KEYS"]).await);
+    assert!(prefixed.starts_with("cron/"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_increases_between_runs() {
+    let server = TestServer::start(&[]).await;
+    let show = ["-k", "f", "-c", "echo $DLOCK_FENCE"];
+    let a: u64 = stdout(&run(&server, &show).await).trim().parse().unwrap();
+    let b: u64 = stdout(&run(&server, &show).await).trim().parse().unwrap();
+    assert!(b > a, "{b} not above {a}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_keeps_the_lock_after_dlock_exits() {
+    let server = TestServer::start(&[]).await;
+    let start = Instant::now();
+    let o = run(&server, &["--hold", "1s", "-k", "cron", "--", "true"]).await;
+    assert_eq!(code(&o), 0);
+    let c = client(&server).await;
+    let info = c.inspect(["cron"]).await.unwrap().remove(0);
+    if start.elapsed() < Duration::from_millis(900) {
+        // dlock exited early and left the rest of the hold as a lease.
+        assert_ne!(info.fence, 0, "still held after dlock exited");
+        assert!(info.lease_remaining_micro > 0);
+    }
+    let g = c
+        .lock(["cron"], LockOptions::new().wait(PATIENCE))
+        .await
+        .unwrap();
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "released only after the hold"
+    );
+    drop(g);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_time_stops_the_command() {
+    let server = TestServer::start(&[]).await;
+    let start = Instant::now();
+    let o = run(
+        &server,
+        &[
+            "--max-time",
+            "200ms",
+            "--grace",
+            "1s",
+            "-k",
+            "m",
+            "--",
+            "sleep",
+            "30",
+        ],
+    )
+    .await;
+    assert_eq!(code(&o), 124);
+    assert!(stderr(&o).contains("--max-time"));
+    assert!(start.elapsed() < Duration::from_secs(25));
+    assert_eq!(
+        client(&server).await.inspect(["m"]).await.unwrap()[0].fence,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_lock_stops_the_command() {
+    let server = TestServer::start(&[]).await;
+    let mut child = dlock(
+        &server,
+        &[
+            "--grace",
+            "1s",
+            "-k",
+            "l",
+            "-c",
+            "echo ready; exec sleep 30",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    await_line(&mut child, "ready").await;
+    let start = Instant::now();
+    server.stop().await.unwrap();
+    let o = finish(child).await;
+    assert_eq!(code(&o), 75);
+    assert!(stderr(&o).contains("lost"), "{}", stderr(&o));
+    assert!(start.elapsed() < Duration::from_secs(25));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_are_forwarded_to_the_command() {
+    let server = TestServer::start(&[]).await;
+    let script = "trap 'echo got-term; exit 3' TERM; echo ready; while :; do sleep 0.05; done";
+    let mut child = dlock(&server, &["-k", "sig", "-c", script])
+        .spawn()
+        .unwrap();
+    await_line(&mut child, "ready").await;
+    signal(&child, libc::SIGTERM);
+    let o = finish(child).await;
+    assert_eq!(code(&o), 3);
+    assert!(stdout(&o).contains("got-term"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupt_while_waiting_does_not_run_the_command() {
+    let server = TestServer::start(&[]).await;
+    let holder = client(&server).await;
+    let _g = holder.lock(["wait"], LockOptions::new()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let child = dlock(
+        &server,
+        &["-k", "wait", "--", "touch", marker.to_str().unwrap()],
+    )
+    .spawn()
+    .unwrap();
+    await_waiters(&holder, "wait", 1).await;
+    signal(&child, libc::SIGINT);
+    let o = finish(child).await;
+    assert_eq!(code(&o), 130);
+    assert!(!marker.exists());
+    await_waiters(&holder, "wait", 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_token_from_env_or_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "letmein\n").unwrap();
+    let server = TestServer::start(&["--token-file", tokens.to_str().unwrap()]).await;
+    let denied = run(&server, &["-k", "t", "--", "true"]).await;
+    assert_eq!(code(&denied), 77);
+    assert!(stderr(&denied).contains("DLOCK_TOKEN"));
+    let o = dlock(&server, &["-k", "t", "--", "true"])
+        .env("DLOCK_TOKEN", "letmein")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(code(&o), 0);
+    let client_token = dir.path().join("client-token");
+    std::fs::write(&client_token, "letmein\n").unwrap();
+    let o = run(
+        &server,
+        &[
+            "--token-file",
+            client_token.to_str().unwrap(),
+            "-k",
+            "t",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(code(&o), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verbose_says_what_it_waits_for_and_who_holds_it() {
+    let server = TestServer::start(&[]).await;
+    let holder = client(&server).await;
+    let g = holder.lock(["v"], LockOptions::new()).await.unwrap();
+    let child = dlock(&server, &["-v", "-k", "v", "--", "true"])
+        .spawn()
+        .unwrap();
+    await_waiters(&holder, "v", 1).await;
+    g.unlock().await.unwrap();
+    let o = finish(child).await;
+    assert_eq!(code(&o), 0);
+    let err = stderr(&o);
+    assert!(err.contains("waiting for v: held by 127.0.0.1:"), "{err}");
+    assert!(err.contains("acquired v"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_is_a_clear_error() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let server = TestServer::start(&[]).await;
+    let o = run(&server, &["--server", &addr, "-k", "x", "--", "true"]).await;
+    assert_eq!(code(&o), 69);
+    let err = stderr(&o);
+    assert!(
+        err.contains(&addr) && err.contains("is dlock-server running"),
+        "{err}"
+    );
+    assert_eq!(
+        code(&run(&server, &["--server", &addr, "--ping"]).await),
+        69
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_and_inspect() {
+    let server = TestServer::start(&[]).await;
+    let o = run(&server, &["--ping"]).await;
+    assert_eq!(code(&o), 0);
+    assert!(stdout(&o).contains(" ok "));
+    let holder = client(&server).await;
+    let g = holder.lock(["shown"], LockOptions::new()).await.unwrap();
+    let o = run(&server, &["--inspect", "-k", "shown", "-k", "free"]).await;
+    assert_eq!(code(&o), 0);
+    let out = stdout(&o);
+    assert!(out.contains(&g.fence().to_string()), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("free ") && l.contains(" free ")),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_renews_and_is_released_at_the_end() {
+    let server = TestServer::start(&[]).await;
+    let probe = client(&server).await;
+    // The command outlives several lease lengths, so only renewals keep it.
+    let mut child = dlock(
+        &server,
+        &[
+            "--lease",
+            "300ms",
+            "-k",
+            "lease",
+            "-c",
+            "echo ready; sleep 1; echo done",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    await_line(&mut child, "ready").await;
+    let o = finish(child).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("done"));
+    let info = probe.inspect(["lease"]).await.unwrap().remove(0);
+    assert_eq!(info.fence, 0, "released at the end, not left to expire");
+}
+
+/// A loopback TCP proxy whose connections can be cut while it keeps
+/// accepting new ones: a brief network drop between dlock and the server.
+struct Proxy {
+    addr: String,
+    cut: tokio::sync::broadcast::Sender<()>,
+}
+
+impl Proxy {
+    async fn start(target: std::net::SocketAddr) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (cut, _) = tokio::sync::broadcast::channel(1);
+        let cuts = cut.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut cut = cuts.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut.recv() => {}
+                    }
+                });
+            }
+        });
+        Proxy { addr, cut }
+    }
+
+    fn cut_all(&self) {
+        let _ = self.cut.send(());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_survives_a_dropped_connection() {
+    let server = TestServer::start(&[]).await;
+    let proxy = Proxy::start(server.addr).await;
+    let probe = client(&server).await;
+    let script = "echo ready; read _; echo done";
+    let mut child = dlock(
+        &server,
+        &[
+            "-v",
+            "--server",
+            &proxy.addr,
+            "--lease",
+            "5s",
+            "-k",
+            "net",
+            "-c",
+            script,
+        ],
+    )
+    .stdin(Stdio::piped())
+    .spawn()
+    .unwrap();
+    await_line(&mut child, "ready").await;
+    let fence = probe.inspect(["net"]).await.unwrap()[0].fence;
+    let mut stderr_lines = BufReader::new(child.stderr.take().expect("stderr piped")).lines();
+    proxy.cut_all();
+    let mut seen = String::new();
+    let renewed = tokio::time::timeout(PATIENCE, async {
+        while let Ok(Some(l)) = stderr_lines.next_line().await {
+            seen.push_str(&l);
+            seen.push('\n');
+            if l.contains("lease renewed by its fencing token") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(renewed, Ok(true), "dlock never reconnected: {seen}");
+    // Still the same grant: the lease was kept, not lost and taken again.
+    assert_eq!(probe.inspect(["net"]).await.unwrap()[0].fence, fence);
+    drop(child.stdin.take());
+    let o = finish(child).await;
+    assert_eq!(code(&o), 0, "{seen}");
+    assert!(stdout(&o).contains("done"));
+    assert_eq!(
+        probe.inspect(["net"]).await.unwrap()[0].fence,
+        0,
+        "released at the end"
+    );
+}
