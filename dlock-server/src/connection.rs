@@ -12,7 +12,7 @@
 use crate::config::Config;
 use crate::handler::{self, Ctx, Step};
 use crate::server::Shared;
-use crate::table::{OwnerId, Wake};
+use crate::table::{OwnerId, Woken};
 use bytes::{Bytes, BytesMut};
 use dlock::codec::{encode_frame, FrameCodec, FrameError};
 use dlock::proto::{Request, Response, ResponseStatus};
@@ -39,9 +39,10 @@ pub const QUEUED_FRAMES: usize = 4;
 
 /// Something read from the client, in arrival order.
 enum Item {
-    /// A request to execute, with the size of its frame.
-    Request(Request, usize),
-    /// An answer already known (the body did not decode).
+    /// A request frame, still encoded: parked bytes cost what they weigh on
+    /// the wire, and a body that does not decode is answered in its turn.
+    Frame(Bytes),
+    /// An answer already known.
     Reply(Response),
 }
 
@@ -105,9 +106,30 @@ struct Session<'a> {
     queue: VecDeque<Item>,
     /// Frame bytes of the parked requests in `queue`.
     queued_bytes: usize,
-    waiting: Option<(u64, oneshot::Receiver<Wake>)>,
+    waiting: Option<(u64, oneshot::Receiver<Woken>)>,
     config: &'a Config,
     ctx: Ctx<'a>,
+}
+
+impl Drop for Session<'_> {
+    /// A Lock granted after the session stopped listening is released, so
+    /// no lease outlives a client that never learned its fencing token.
+    fn drop(&mut self) {
+        if let Some((_, mut rx)) = self.waiting.take() {
+            rx.close();
+            if let Ok(w) = rx.try_recv() {
+                self.ctx.db.release_undelivered(w);
+            }
+        }
+    }
+}
+
+fn undecodable(e: &prost::DecodeError) -> Response {
+    handler::error(
+        0,
+        ResponseStatus::General,
+        format!("request is not a valid protobuf Request: {e}"),
+    )
 }
 
 impl<'a> Session<'a> {
@@ -156,13 +178,22 @@ impl<'a> Session<'a> {
                 return end;
             }
             if let Some(end) = closing {
+                if matches!(end, End::FrameTooLarge) {
+                    // Nothing after the bad length can be read; what came
+                    // before it and still waits is answered, not dropped.
+                    self.abandon(
+                        ResponseStatus::FrameTooLarge,
+                        "not executed: the connection is closing after an oversize frame",
+                    );
+                    let _ = self.flush().await;
+                }
                 return end;
             }
             let can_read = self.can_read();
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => {
-                    self.answer_all_shutting_down();
+                    self.abandon(ResponseStatus::ShuttingDown, "server is shutting down");
                     let _ = self.flush().await;
                     return End::Shutdown;
                 }
@@ -212,19 +243,8 @@ impl<'a> Session<'a> {
     fn accept(&mut self, frame: Option<Result<Bytes, FrameError>>) -> Option<End> {
         match frame {
             Some(Ok(body)) => {
-                let size = body.len();
-                let item = match Request::decode(body) {
-                    Ok(req) => {
-                        self.queued_bytes += size;
-                        Item::Request(req, size)
-                    }
-                    Err(e) => Item::Reply(handler::error(
-                        0,
-                        ResponseStatus::General,
-                        format!("request is not a valid protobuf Request: {e}"),
-                    )),
-                };
-                self.queue.push_back(item);
+                self.queued_bytes += body.len();
+                self.queue.push_back(Item::Frame(body));
                 None
             }
             Some(Err(FrameError::TooLarge { len, max })) => {
@@ -250,35 +270,43 @@ impl<'a> Session<'a> {
             };
             match item {
                 Item::Reply(r) => encode_frame(&r, &mut self.out),
-                Item::Request(req, size) => {
-                    self.queued_bytes -= size;
-                    match handler::execute(self.ctx, req) {
-                        Step::Reply(r) => encode_frame(&r, &mut self.out),
-                        Step::Wait { request_id, rx } => self.waiting = Some((request_id, rx)),
+                Item::Frame(body) => {
+                    self.queued_bytes -= body.len();
+                    match Request::decode(body) {
+                        Ok(req) => match handler::execute(self.ctx, req) {
+                            Step::Reply(r) => encode_frame(&r, &mut self.out),
+                            Step::Wait { request_id, rx } => self.waiting = Some((request_id, rx)),
+                        },
+                        Err(e) => encode_frame(&undecodable(&e), &mut self.out),
                     }
                 }
             }
         }
     }
 
-    fn answer_all_shutting_down(&mut self) {
-        let ids =
-            self.waiting
-                .take()
-                .map(|(id, _)| id)
-                .into_iter()
-                .chain(self.queue.drain(..).map(|item| match item {
-                    Item::Request(r, _) => r.id,
-                    Item::Reply(r) => r.request_id,
-                }));
-        let mut out = std::mem::take(&mut self.out);
-        for id in ids {
-            encode_frame(
-                &handler::error(id, ResponseStatus::ShuttingDown, "server is shutting down"),
-                &mut out,
-            );
+    /// Answers everything still unanswered without executing it: the
+    /// waiting Lock gets its outcome if one already arrived, else `status`;
+    /// parked requests get `status`, bodies that do not decode get General.
+    fn abandon(&mut self, status: ResponseStatus, text: &str) {
+        if let Some((id, mut rx)) = self.waiting.take() {
+            rx.close();
+            let response = match rx.try_recv() {
+                Ok(w) => handler::woken(id, w),
+                Err(_) => handler::error(id, status, text),
+            };
+            encode_frame(&response, &mut self.out);
         }
-        self.out = out;
+        for item in std::mem::take(&mut self.queue) {
+            let response = match item {
+                Item::Reply(r) => r,
+                Item::Frame(body) => match Request::decode(body) {
+                    Ok(req) => handler::error(req.id, status, text),
+                    Err(e) => undecodable(&e),
+                },
+            };
+            encode_frame(&response, &mut self.out);
+        }
+        self.queued_bytes = 0;
     }
 
     async fn flush(&mut self) -> Result<(), End> {

@@ -40,7 +40,7 @@ struct Shared {
 struct State {
     table: LockTable,
     /// Where to deliver the outcome of each waiting request.
-    pending: HashMap<ReqId, oneshot::Sender<Wake>>,
+    pending: HashMap<ReqId, oneshot::Sender<Woken>>,
     /// Peer address of every connected owner, for Inspect.
     peers: HashMap<OwnerId, SocketAddr>,
     /// The deadline the timer task sleeps until.
@@ -53,7 +53,7 @@ pub enum LockReply {
     /// Held under this fencing token.
     Granted(u64),
     /// Waiting; the outcome arrives on the receiver.
-    Wait(oneshot::Receiver<Wake>),
+    Wait(oneshot::Receiver<Woken>),
     /// Not waiting, and these keys were unavailable.
     Busy(Vec<Key>),
     /// A server-wide limit was reached.
@@ -284,24 +284,44 @@ impl Db {
     }
 
     /// Delivers wake-ups after releasing the lock, so woken tasks never
-    /// contend with the guard that woke them.
-    fn finish(&self, mut st: MutexGuard<'_, State>, woken: Vec<Woken>) {
-        if woken.is_empty() {
-            return;
-        }
-        let mut sends = Vec::with_capacity(woken.len());
-        for w in woken {
-            if let Some(tx) = st.pending.remove(&w.req) {
-                sends.push((tx, w.wake));
+    /// contend with the guard that woke them. A grant whose connection is
+    /// already gone is released again at once: a lease given to a departed
+    /// client would otherwise stay held, unknown to anyone, until it expired.
+    fn finish<'a>(&'a self, mut st: MutexGuard<'a, State>, mut woken: Vec<Woken>) {
+        while !woken.is_empty() {
+            let mut sends = Vec::with_capacity(woken.len());
+            for w in woken.drain(..) {
+                if let Some(tx) = st.pending.remove(&w.req) {
+                    sends.push((tx, w));
+                }
+            }
+            self.rearm(&mut st);
+            self.check_fence(&st);
+            drop(st);
+            let mut orphans = Vec::new();
+            for (tx, w) in sends {
+                if let Err(w) = tx.send(w) {
+                    if let Wake::Granted { fence } = w.wake {
+                        orphans.push((w.owner, w.keys, fence));
+                    }
+                }
+            }
+            if orphans.is_empty() {
+                return;
+            }
+            st = self.state();
+            for (owner, keys, fence) in orphans {
+                woken.extend(st.table.unlock(owner, keys, Some(fence), now()).woken);
             }
         }
-        self.rearm(&mut st);
-        self.check_fence(&st);
-        drop(st);
-        for (tx, wake) in sends {
-            // The receiver is gone only if its connection is closing; its
-            // disconnect releases whatever this grant gave it.
-            let _ = tx.send(wake);
+    }
+
+    /// Releases a grant that reached its connection too late to be answered.
+    pub fn release_undelivered(&self, w: Woken) {
+        if let Wake::Granted { fence } = w.wake {
+            let mut st = self.state();
+            let res = st.table.unlock(w.owner, w.keys, Some(fence), now());
+            self.finish(st, res.woken);
         }
     }
 }

@@ -61,6 +61,14 @@ pub fn start(path: Option<&Path>, now: SystemTime) -> anyhow::Result<(u64, Optio
             return Err(e).with_context(|| format!("cannot read fence file {}", path.display()))
         }
     };
+    // Tokens count up by one per grant from here; starting in the lower half
+    // of u64 means they cannot wrap in any real server's lifetime.
+    if stored > u64::MAX / 2 {
+        bail!(
+            "fence file {} holds {stored}, too close to the largest token; fix or remove it",
+            path.display()
+        );
+    }
     let first = clock.max(stored);
     let mut file = FenceFile {
         path: path.to_path_buf(),
@@ -132,6 +140,14 @@ mod tests {
         let (again, _) = start(Some(&path), t0).unwrap();
         assert!(again > issued_last);
         assert!(again >= file.ceiling());
+    }
+
+    #[test]
+    fn value_near_the_top_refuses_to_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fence");
+        std::fs::write(&path, format!("{}\n", u64::MAX - 5)).unwrap();
+        assert!(start(Some(&path), SystemTime::now()).is_err());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::auth::Tokens;
 use crate::config::Config;
 use crate::db::{Db, LockReply};
 use crate::fence::unix_nanos;
-use crate::table::{Key, OwnerId, Wait, Wake};
+use crate::table::{Key, OwnerId, Wait, Wake, Woken};
 use dlock::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
 use std::time::{Duration, SystemTime};
 use tokio::sync::oneshot;
@@ -22,7 +22,7 @@ pub enum Step {
         /// The request's id, echoed in the eventual response.
         request_id: u64,
         /// Delivers the outcome.
-        rx: oneshot::Receiver<Wake>,
+        rx: oneshot::Receiver<Woken>,
     },
 }
 
@@ -58,14 +58,19 @@ pub fn error(request_id: u64, status: ResponseStatus, text: impl Into<String>) -
 }
 
 /// The response to a Lock that waited.
-pub fn woken(request_id: u64, wake: Wake) -> Response {
-    match wake {
+pub fn woken(request_id: u64, woken: Woken) -> Response {
+    match woken.wake {
         Wake::Granted { fence } => {
             let mut r = response(request_id, ResponseStatus::Ok);
             r.fence = fence;
             r
         }
         Wake::TimedOut(keys) => busy(request_id, keys, "wait limit reached; keys still busy"),
+        Wake::LimitReached => error(
+            request_id,
+            ResponseStatus::LimitReached,
+            "server limit on held keys reached while waiting; try again later",
+        ),
     }
 }
 

@@ -12,7 +12,8 @@
 //! the key is free and the waiter is first in that key's queue (or the key is
 //! already held by the waiter's own owner). Because the queues agree on one
 //! order, the earliest waiter is never blocked by a later one: there is no
-//! deadlock between overlapping key sets and no overtaking.
+//! deadlock between overlapping key sets and no overtaking. The one exception
+//! is for an owner that already holds keys: see `free_for_newcomer`.
 //!
 //! Leases and wait limits are kept in two min-heaps keyed by deadline. Entries
 //! are removed lazily (a renewed lease or a granted waiter leaves a stale entry
@@ -22,7 +23,7 @@
 //! heap size), never in the number of keys or connections the table holds.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -81,6 +82,8 @@ pub enum Wake {
     },
     /// The wait limit passed; these keys were still unavailable.
     TimedOut(Vec<Key>),
+    /// Granting it would have exceeded the held-keys limit; it was withdrawn.
+    LimitReached,
 }
 
 /// A waiting request that finished, for the caller to answer.
@@ -90,6 +93,8 @@ pub struct Woken {
     pub req: ReqId,
     /// Its owner.
     pub owner: OwnerId,
+    /// The keys it asked for, without duplicates.
+    pub keys: Vec<Key>,
     /// What happened to it.
     pub wake: Wake,
 }
@@ -143,7 +148,9 @@ struct Hold {
 #[derive(Debug, Default)]
 struct KeyState {
     hold: Option<Hold>,
-    queue: VecDeque<ReqId>,
+    /// Waiting requests. Request ids only grow, so id order is arrival
+    /// order, and removing any waiter costs O(log n).
+    queue: BTreeSet<ReqId>,
 }
 
 #[derive(Debug)]
@@ -214,6 +221,12 @@ impl LockTable {
         self.waiters.len()
     }
 
+    /// Entries in the deadline heaps, live and stale: stays within a small
+    /// multiple of live leases plus waiters. For tests and metrics.
+    pub fn deadline_entries(&self) -> usize {
+        self.leases.len() + self.timeouts.len()
+    }
+
     /// Keys with any state (held or waited for). Free keys have none.
     pub fn tracked_keys(&self) -> usize {
         self.keys.len()
@@ -265,13 +278,14 @@ impl LockTable {
         let req = self.next_req;
         self.next_req += 1;
         for k in &keys {
-            self.keys.entry(k.clone()).or_default().queue.push_back(req);
+            self.keys.entry(k.clone()).or_default().queue.insert(req);
         }
         self.owners.entry(owner).or_default().waiting.push(req);
         if let Some(t) = deadline {
             self.timeouts.push(Reverse((t, req)));
         }
         self.waiters.insert(req, Waiter { owner, keys, lease });
+        self.compact_heaps();
         LockResult::Waiting(req)
     }
 
@@ -355,6 +369,7 @@ impl LockTable {
             work.push(k);
         }
         self.pump(work, now, &mut out.woken);
+        self.compact_heaps();
         out
     }
 
@@ -412,6 +427,7 @@ impl LockTable {
             out.woken.push(Woken {
                 req,
                 owner: w.owner,
+                keys: w.keys,
                 wake: Wake::TimedOut(busy),
             });
             self.pump(work, now, &mut out.woken);
@@ -472,7 +488,7 @@ impl LockTable {
                     return Err(format!("request {r} queued on {k:?} it did not ask for"));
                 }
             }
-            if let Some(front) = s.queue.front() {
+            if let Some(front) = s.queue.first() {
                 if self.grantable(*front) {
                     return Err(format!("request {front} is grantable but waits on {k:?}"));
                 }
@@ -534,15 +550,26 @@ impl LockTable {
     }
 
     /// A new request may take `key` at once: the owner holds it already, or
-    /// it is free and nobody waits for it.
+    /// it is free and everyone waiting for it waits for a key this owner
+    /// holds. The exception keeps a holder that asks for one more key from
+    /// deadlocking with a waiter that wants both: the waiter cannot go before
+    /// the holder releases anyway, and the holder's requests run in order, so
+    /// its release would otherwise be stuck behind its own waiting Lock.
     fn free_for_newcomer(&self, key: &str, owner: OwnerId) -> bool {
         match self.keys.get(key) {
             None => true,
             Some(s) => match &s.hold {
                 Some(h) => h.owner == owner,
-                None => s.queue.is_empty(),
+                None => s.queue.iter().all(|r| self.waits_for_owner(*r, owner)),
             },
         }
+    }
+
+    /// Whether waiting request `req` needs a key that `owner` holds.
+    fn waits_for_owner(&self, req: ReqId, owner: OwnerId) -> bool {
+        self.waiters.get(&req).is_some_and(|w| {
+            w.owner != owner && w.keys.iter().any(|k| self.holder(k) == Some(owner))
+        })
     }
 
     /// A queued request may take `key`: the owner holds it already, or it is
@@ -552,7 +579,7 @@ impl LockTable {
             None => false,
             Some(s) => match &s.hold {
                 Some(h) => h.owner == owner,
-                None => s.queue.front() == Some(&req),
+                None => s.queue.first() == Some(&req),
             },
         }
     }
@@ -624,10 +651,10 @@ impl LockTable {
     fn dequeue(&mut self, req: ReqId, keys: &[Key], work: &mut Vec<Key>) {
         for k in keys {
             if let Some(s) = self.keys.get_mut(k) {
-                if s.queue.front() == Some(&req) {
+                if s.queue.first() == Some(&req) {
                     work.push(k.clone());
                 }
-                remove_from_queue(&mut s.queue, req);
+                s.queue.remove(&req);
                 if s.hold.is_none() && s.queue.is_empty() {
                     self.keys.remove(k);
                 }
@@ -648,7 +675,7 @@ impl LockTable {
                 let Some(state) = self.keys.get(&k) else {
                     continue;
                 };
-                match state.queue.front() {
+                match state.queue.first() {
                     Some(&front) => front,
                     None => {
                         if state.hold.is_none() {
@@ -670,18 +697,36 @@ impl LockTable {
                 o.waiting.retain(|r| *r != req);
                 candidates.extend(o.waiting.iter().rev().copied());
             }
+            let newly_held = w
+                .keys
+                .iter()
+                .filter(|k| self.holder(k) != Some(w.owner))
+                .count();
+            if self.held_keys + newly_held > self.limits.max_held_keys {
+                // Withdrawn like a timeout: the keys it queued on move on.
+                self.dequeue(req, &w.keys, &mut work);
+                self.forget_owner_if_idle(w.owner);
+                woken.push(Woken {
+                    req,
+                    owner: w.owner,
+                    keys: w.keys,
+                    wake: Wake::LimitReached,
+                });
+                continue;
+            }
             for key in &w.keys {
                 if let Some(s) = self.keys.get_mut(key) {
-                    remove_from_queue(&mut s.queue, req);
+                    s.queue.remove(&req);
                 }
             }
             let fence = self.grant(w.owner, &w.keys, w.lease, now);
+            work.extend(w.keys.iter().cloned());
             woken.push(Woken {
                 req,
                 owner: w.owner,
+                keys: w.keys,
                 wake: Wake::Granted { fence },
             });
-            work.extend(w.keys);
         }
     }
 
@@ -718,13 +763,4 @@ fn dedup(mut keys: Vec<Key>) -> Vec<Key> {
     keys.sort_unstable();
     keys.dedup();
     keys
-}
-
-/// Removes `req` from a queue; usually it is first, which costs O(1).
-fn remove_from_queue(queue: &mut VecDeque<ReqId>, req: ReqId) {
-    if queue.front() == Some(&req) {
-        queue.pop_front();
-    } else if let Some(i) = queue.iter().position(|r| *r == req) {
-        queue.remove(i);
-    }
 }

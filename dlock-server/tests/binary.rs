@@ -84,8 +84,15 @@ async fn sigterm_answers_waiters_and_exits_zero() {
 async fn fencing_tokens_increase_after_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("fence");
+    // A ceiling an hour ahead of the clock, as if the clock had stepped back
+    // since the last run: tokens must start above it, not at the clock.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let ahead = now.as_nanos() as u64 + 3_600 * 1_000_000_000;
+    std::fs::write(&file, format!("{ahead}\n")).unwrap();
     let args = ["--fence-file", file.to_str().unwrap()];
-    let mut last = 0;
+    let mut last = ahead - 1;
     for _ in 0..3 {
         let mut server = Process::start(&args);
         let mut c = Conn::connect(server.addr).await;

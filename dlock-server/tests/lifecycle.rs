@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{status, timed, Conn, TestServer};
+use common::{status, Conn, TestServer};
 use dlock::proto::{RequestType, ResponseStatus};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -68,13 +68,17 @@ async fn waiter_that_disconnects_is_removed_and_never_granted() {
 async fn lease_expires_while_holder_is_connected() {
     let server = TestServer::start(&[]).await;
     let mut a = Conn::connect(server.addr).await;
+    let mut w = Conn::connect(server.addr).await;
+    // The stopwatch starts before the grant, so the lease ends no earlier
+    // than 200 ms after it.
+    let start = std::time::Instant::now();
     let r = a.lock(&["l"], 0, 200_000).await;
     assert_eq!(status(&r), ResponseStatus::Ok);
-    let mut w = Conn::connect(server.addr).await;
-    let (r, took) = timed(w.lock(&["l"], 20_000_000, 0)).await;
+    let r = w.lock(&["l"], 20_000_000, 0).await;
     assert_eq!(status(&r), ResponseStatus::Ok);
+    let took = start.elapsed();
     assert!(
-        took >= Duration::from_millis(150),
+        took >= Duration::from_millis(200),
         "granted after {took:?}, before the lease ended"
     );
     let r = a.unlock(&["l"]).await;
@@ -88,14 +92,20 @@ async fn lease_expires_while_holder_is_connected() {
 async fn lease_survives_disconnect_until_it_expires() {
     let server = TestServer::start(&[]).await;
     let mut a = Conn::connect(server.addr).await;
+    let mut w = Conn::connect(server.addr).await;
+    let start = std::time::Instant::now();
     let r = a.lock(&["s"], 0, 300_000).await;
     assert_eq!(status(&r), ResponseStatus::Ok);
     drop(a);
-    let mut w = Conn::connect(server.addr).await;
-    let (r, took) = timed(w.lock(&["s"], 20_000_000, 0)).await;
+    assert_eq!(
+        status(&w.try_lock(&["s"]).await),
+        ResponseStatus::AcquireTimeout
+    );
+    let r = w.lock(&["s"], 20_000_000, 0).await;
     assert_eq!(status(&r), ResponseStatus::Ok);
+    let took = start.elapsed();
     assert!(
-        took >= Duration::from_millis(200),
+        took >= Duration::from_millis(300),
         "granted after {took:?}, before the lease ended"
     );
 }
@@ -191,38 +201,39 @@ async fn fencing_tokens_increase_across_restarts_with_a_fence_file() {
 async fn idle_connection_is_closed_and_its_locks_released() {
     let server = TestServer::start(&["--idle-timeout", "300ms"]).await;
     let mut idle = Conn::connect(server.addr).await;
+    // Measured from before the last request the idle client sends.
+    let start = std::time::Instant::now();
     idle.must_lock(&["i"]).await;
-    let mut w = Conn::connect(server.addr).await;
-    let req = w.lock_request(&["i"], 0, 0);
-    let (_, took) = timed(async {
-        w.send(&req).await;
-        idle.expect_closed().await;
-    })
-    .await;
-    assert!(took >= Duration::from_millis(250), "closed after {took:?}");
-    assert_eq!(status(&w.recv().await), ResponseStatus::Ok);
+    idle.expect_closed().await;
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(300), "closed after {took:?}");
+    // Its lock went with it.
+    let mut other = Conn::connect(server.addr).await;
+    other.must_lock(&["i"]).await;
 }
 
 #[tokio::test]
 async fn pings_keep_a_waiting_connection_alive() {
-    let server = TestServer::start(&["--idle-timeout", "400ms"]).await;
+    // Pings every 100 ms against a 2 s idle timeout: a stall would have to
+    // last most of two seconds to drop the client.
+    let server = TestServer::start(&["--idle-timeout", "2s"]).await;
     let mut h = Conn::connect(server.addr).await;
     h.must_lock(&["hb"]).await;
     let mut w = Conn::connect(server.addr).await;
     let lock = w.lock_request(&["hb"], 0, 0);
     w.send(&lock).await;
-    // Keep pinging across several idle periods while the Lock waits. The
-    // pings are answered only after the Lock, but they count as activity.
+    // Keep pinging for longer than the idle timeout while the Lock waits.
+    // The pings are answered only after the Lock, but they count as activity.
     let mut ids = Vec::new();
+    let mut interval = tokio::time::interval(Duration::from_millis(100));
     let start = std::time::Instant::now();
-    while start.elapsed() < Duration::from_millis(1_200) {
+    while start.elapsed() < Duration::from_millis(2_500) {
+        interval.tick().await;
         let p = w.request(RequestType::Ping, &[]);
         ids.push(p.id);
         w.send(&p).await;
+        // The holder pings too, so it is not dropped either.
         assert_eq!(status(&h.ping().await), ResponseStatus::Ok);
-        let mut interval = tokio::time::interval(Duration::from_millis(100));
-        interval.tick().await;
-        interval.tick().await;
     }
     assert_eq!(
         h.inspect("hb").await.waiters,
@@ -249,15 +260,20 @@ async fn connection_limit_turns_extra_clients_away_with_a_status() {
     assert!(r.error_text.contains("too many connections"));
     extra.expect_closed().await;
     assert_eq!(status(&a.ping().await), ResponseStatus::Ok);
-    // A slot frees when a client leaves.
+    // A slot frees once the server has seen a client leave; until then new
+    // clients keep being turned away with the same status.
     drop(b);
     let deadline = tokio::time::Instant::now() + common::PATIENCE;
     loop {
         let mut c = Conn::connect(server.addr).await;
-        let r = c.ping().await;
-        if status(&r) == ResponseStatus::Ok {
+        let ping = c.request(RequestType::Ping, &[]);
+        c.send(&ping).await;
+        let r = c.recv().await;
+        if r.request_id == ping.id {
+            assert_eq!(status(&r), ResponseStatus::Ok);
             break;
         }
+        assert_eq!(status(&r), ResponseStatus::LimitReached);
         assert!(tokio::time::Instant::now() < deadline, "slot never freed");
         tokio::task::yield_now().await;
     }
@@ -324,7 +340,6 @@ async fn shutdown_answers_waiters_and_stops() {
     w.send(&lock).await;
     w.send(&ping).await;
     h.await_waiters("down", 1).await;
-    let addr = server.addr;
     server.stop().await.unwrap();
     let r = w.recv().await;
     assert_eq!(
@@ -338,8 +353,51 @@ async fn shutdown_answers_waiters_and_stops() {
     );
     w.expect_closed().await;
     h.expect_closed().await;
-    assert!(
-        tokio::net::TcpStream::connect(addr).await.is_err(),
-        "no longer accepting"
+}
+
+#[tokio::test]
+async fn oversize_frame_behind_a_waiting_lock_answers_everything_then_closes() {
+    let server = TestServer::start(&["--max-frame", "1024"]).await;
+    let mut h = Conn::connect(server.addr).await;
+    h.must_lock(&["o"]).await;
+    let mut w = Conn::connect(server.addr).await;
+    let lock = w.lock_request(&["o"], 0, 0);
+    let ping = w.request(RequestType::Ping, &[]);
+    w.send(&lock).await;
+    w.send(&ping).await;
+    h.await_waiters("o", 1).await;
+    w.send_raw(&4096u32.to_be_bytes()).await;
+    let r = w.recv().await;
+    assert_eq!(
+        (r.request_id, status(&r)),
+        (lock.id, ResponseStatus::FrameTooLarge)
     );
+    let r = w.recv().await;
+    assert_eq!(
+        (r.request_id, status(&r)),
+        (ping.id, ResponseStatus::FrameTooLarge)
+    );
+    let r = w.recv().await;
+    assert_eq!(
+        (r.request_id, status(&r)),
+        (0, ResponseStatus::FrameTooLarge)
+    );
+    w.expect_closed().await;
+    // The withdrawn Lock is never granted.
+    h.await_waiters("o", 0).await;
+}
+
+#[tokio::test]
+async fn holder_taking_one_more_key_is_not_deadlocked_by_a_waiter() {
+    let server = TestServer::start(&[]).await;
+    let mut a = Conn::connect(server.addr).await;
+    a.must_lock(&["x"]).await;
+    let mut b = Conn::connect(server.addr).await;
+    let both = b.lock_request(&["x", "y"], 0, 0);
+    b.send(&both).await;
+    a.await_waiters("y", 1).await;
+    // b waits for a's x; a asking for y must not queue behind b.
+    a.must_lock(&["y"]).await;
+    a.unlock(&["x", "y"]).await;
+    assert_eq!(status(&b.recv().await), ResponseStatus::Ok);
 }

@@ -213,19 +213,43 @@ async fn large_requests_parked_behind_a_lock_are_all_answered() {
     h.must_lock(&["big"]).await;
     let mut w = Conn::connect(server.addr).await;
     let lock = w.lock_request(&["big"], 0, 0);
-    w.send(&lock).await;
-    h.await_waiters("big", 1).await;
-    // Far more bytes than the server parks per connection.
+    // Far more bytes than the server parks per connection, written by a
+    // separate task: the server stops reading at its cap, and the writer
+    // must not hold up the holder's unlock below.
     let long_key = "k".repeat(900);
+    let mut burst = bytes::BytesMut::new();
+    dlock::codec::encode_frame(&lock, &mut burst);
     let mut ids = vec![lock.id];
     for _ in 0..100 {
         let r = w.request(RequestType::Inspect, &[&long_key]);
         ids.push(r.id);
-        w.send(&r).await;
+        dlock::codec::encode_frame(&r, &mut burst);
     }
+    let (mut rd, mut wr) = w.stream.into_split();
+    let writer = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        wr.write_all(&burst).await.unwrap();
+        wr
+    });
+    h.await_waiters("big", 1).await;
     h.unlock(&["big"]).await;
+    let mut codec = dlock::codec::FrameCodec::new(1 << 20);
+    let mut buf = bytes::BytesMut::new();
     for id in ids {
-        let r = w.recv().await;
+        let body = loop {
+            use tokio::io::AsyncReadExt;
+            use tokio_util::codec::Decoder;
+            if let Some(body) = codec.decode(&mut buf).unwrap() {
+                break body;
+            }
+            let n = tokio::time::timeout(common::PATIENCE, rd.read_buf(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(n > 0, "server closed the connection");
+        };
+        let r: dlock::proto::Response = prost::Message::decode(body).unwrap();
         assert_eq!((r.request_id, status(&r)), (id, ResponseStatus::Ok));
     }
+    writer.await.unwrap();
 }

@@ -91,11 +91,24 @@ struct Model {
 }
 
 impl Model {
+    /// Whether the waiter at `idx` (or a newcomer, at `waiting.len()`) may
+    /// take `key`. A newcomer may pass waiters that wait for one of its
+    /// owner's keys: they cannot go first anyway.
     fn may_take(&self, idx: usize, key: &Key, owner: OwnerId) -> bool {
+        let newcomer = idx == self.waiting.len();
         match self.holders.get(key) {
             Some(h) => h.owner == owner,
-            None => !self.waiting[..idx].iter().any(|w| w.keys.contains(key)),
+            None => self.waiting[..idx]
+                .iter()
+                .filter(|w| w.keys.contains(key))
+                .all(|w| newcomer && w.owner != owner && self.needs_key_of(w, owner)),
         }
+    }
+
+    fn needs_key_of(&self, w: &Waiting, owner: OwnerId) -> bool {
+        w.keys
+            .iter()
+            .any(|k| self.holders.get(k).is_some_and(|h| h.owner == owner))
     }
 
     fn grant(&mut self, owner: OwnerId, keys: &BTreeSet<Key>, fence: u64, lease: Option<Instant>) {
@@ -308,6 +321,7 @@ impl Harness {
                             fences.insert(w.req, *fence);
                         }
                         Wake::TimedOut(busy) => timed_out.push((w.req, busy.clone())),
+                        Wake::LimitReached => panic!("the model's limits are never reached"),
                     }
                 }
                 // Leases first, then wait limits in deadline order.
@@ -547,6 +561,11 @@ fn renewing_often_keeps_heap_bounded() {
             now + Duration::from_millis(i),
         );
         assert!(res.not_held.is_empty());
+        assert!(
+            t.deadline_entries() <= 2 + 64,
+            "stale deadlines pile up: {}",
+            t.deadline_entries()
+        );
     }
     // Only the newest deadline is live; the stale ones were compacted away.
     let adv = t.advance(now + Duration::from_secs(10));
@@ -554,4 +573,54 @@ fn renewing_often_keeps_heap_bounded() {
     let adv = t.advance(now + Duration::from_secs(20));
     assert_eq!(adv.expired_leases, 1);
     assert_eq!(t.next_deadline(), None);
+}
+
+#[test]
+fn holder_asking_for_one_more_key_passes_a_waiter_blocked_on_it() {
+    let mut t = table();
+    let now = Instant::now();
+    assert!(matches!(
+        t.lock(1, keys(&["x"]), Wait::No, None, now),
+        LockResult::Granted { .. }
+    ));
+    let LockResult::Waiting(both) = t.lock(2, keys(&["x", "y"]), Wait::Forever, None, now) else {
+        panic!("waits for x")
+    };
+    // Strict FIFO would queue owner 1 behind owner 2 on y while owner 2 waits
+    // for owner 1's x: a deadlock. Owner 2 cannot go first anyway.
+    assert!(matches!(
+        t.lock(1, keys(&["y"]), Wait::No, None, now),
+        LockResult::Granted { .. }
+    ));
+    // Someone holding nothing still queues behind the waiter.
+    assert!(matches!(
+        t.lock(3, keys(&["y"]), Wait::No, None, now),
+        LockResult::Busy(_)
+    ));
+    let woken = t.disconnect(1, now).woken;
+    assert_eq!(woken.iter().map(|w| w.req).collect::<Vec<_>>(), vec![both]);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn waiter_that_would_exceed_held_keys_limit_is_withdrawn() {
+    let mut t = LockTable::new(
+        TableLimits {
+            max_waiters: 10,
+            max_held_keys: 2,
+        },
+        1,
+    );
+    let now = Instant::now();
+    assert!(matches!(
+        t.lock(1, keys(&["a"]), Wait::No, None, now),
+        LockResult::Granted { .. }
+    ));
+    let LockResult::Waiting(r) = t.lock(2, keys(&["a", "b", "c"]), Wait::Forever, None, now) else {
+        panic!()
+    };
+    let woken = t.unlock(1, keys(&["a"]), None, now).woken;
+    assert!(matches!(woken.as_slice(), [w] if w.req == r && w.wake == Wake::LimitReached));
+    assert_eq!((t.held_keys(), t.waiting(), t.tracked_keys()), (0, 0, 0));
+    t.check_invariants().unwrap();
 }
