@@ -112,17 +112,27 @@ impl LockOptions {
 
 /// A connection to a dlock server, shared by cloning.
 ///
-/// ```no_run
-/// # async fn demo() -> Result<(), dlock::Error> {
-/// use dlock::{Client, LockOptions};
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock::Error> {
+/// # let server = dlock_server::testing::TestServer::start(&[]).await;
+/// # let addr = server.addr_string(); // "127.0.0.1:7436" for a default server
+/// use dlock::{Client, Error, LockOptions};
 /// use std::time::Duration;
 ///
-/// let client = Client::connect("127.0.0.1:7436").await?;
+/// let client = Client::connect(&addr).await?;
 /// let guard = client
 ///     .lock(["reports/daily"], LockOptions::new().wait(Duration::from_secs(30)))
 ///     .await?;
 /// println!("holding {:?} with fencing token {}", guard.keys(), guard.fence());
-/// // ... do the work, passing guard.fence() to the storage it protects ...
+///
+/// // Another connection finds the key busy.
+/// let other = Client::connect(&addr).await?;
+/// match other.lock(["reports/daily"], LockOptions::new().no_wait()).await {
+///     Err(Error::Timeout { busy }) => assert_eq!(busy, ["reports/daily"]),
+///     other => panic!("expected busy, got {other:?}"),
+/// }
+///
 /// guard.unlock().await?;
 /// # Ok(()) }
 /// ```

@@ -10,6 +10,28 @@ use tokio::time::Instant;
 /// Keys held by this client. Dropping the guard releases them in the
 /// background without blocking; [`LockGuard::unlock`] releases them and
 /// reports the outcome.
+///
+/// Watch for loss while working:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock::Error> {
+/// # let server = dlock_server::testing::TestServer::start(&[]).await;
+/// use dlock::{Client, LockOptions};
+/// use std::time::Duration;
+///
+/// let client = Client::connect(&server.addr_string()).await?;
+/// let mut guard = client
+///     .lock(["jobs/nightly"], LockOptions::new().lease(Duration::from_secs(30)))
+///     .await?;
+/// tokio::select! {
+///     _ = async { /* the work, writing with guard.fence() */ } => {}
+///     reason = guard.lost() => eprintln!("stop: lock lost ({reason})"),
+/// }
+/// guard.renew(Duration::from_secs(60)).await?; // still ours
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct LockGuard {
     client: Client,
