@@ -86,6 +86,11 @@ pub struct Config {
     #[arg(long, default_value = "5s", value_parser = duration)]
     pub shutdown_timeout: Duration,
 
+    /// Worker threads; 0 = one per CPU core. With 1 the server runs on a
+    /// single thread, which wastes no CPU on cross-thread wake-ups.
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+
     /// Log filter (e.g. info, debug, dlock_server=trace). Overrides RUST_LOG.
     #[arg(long)]
     pub log_level: Option<String>,

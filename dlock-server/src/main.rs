@@ -24,6 +24,7 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    raise_fd_limit();
     match serve(config) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -33,12 +34,26 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-#[tokio::main]
-async fn serve(config: Config) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    dlock_server::run(listener, config, shutdown_signal()).await
+fn serve(config: Config) -> anyhow::Result<()> {
+    let runtime = match config.threads {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        0 => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    }
+    .context("cannot start the runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        dlock_server::run(listener, config, shutdown_signal()).await
+    })
 }
 
 /// Completes on SIGINT or SIGTERM.
@@ -66,5 +81,24 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {}
         _ = term => {}
+    }
+}
+
+/// Each connection is a descriptor, and the default soft limit (often 1024)
+/// is far below --max-connections: lift it to the hard limit, as servers do.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write only the local struct.
+    let raised = unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max && {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0
+        }
+    };
+    if raised {
+        tracing::debug!(limit = lim.rlim_cur, "raised the open-file limit");
     }
 }

@@ -1,0 +1,150 @@
+//! Command line of dlock-bench.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::time::Duration;
+
+/// Load generator and benchmark for dlock-compatible servers.
+///
+/// Speaks only the dlock wire protocol, so it can measure any server that
+/// does, including the original one. Every run is bounded by --duration and
+/// optionally --ops, and stops by itself. With --server-pid the server's CPU
+/// time per operation and its memory are read from /proc.
+#[derive(Debug, Parser)]
+#[command(name = "dlock-bench", version, about, long_about = None, after_help = EXAMPLES)]
+pub struct Cli {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(subcommand)]
+    pub workload: Workload,
+}
+
+const EXAMPLES: &str = "\
+Examples:
+  dlock-bench --server-pid $(pidof dlock-server) ping -c 50
+  dlock-bench --duration 5s pipeline --depth 256
+  dlock-bench contended -c 32
+  dlock-bench multikey -c 32 --keys 8 --pool 1000
+  dlock-bench --server-pid $(pidof dlock-server) hold --count 1000000
+  dlock-bench --server-pid $(pidof dlock-server) conns --idle 10000
+  dlock-bench --json --duration 2s ping | jq .ops_per_sec";
+
+/// Options every workload takes.
+#[derive(Debug, Args)]
+pub struct Common {
+    /// Server address (loopback only in this project's scripts).
+    #[arg(long, global = true, default_value = dlock::DEFAULT_ADDR)]
+    pub server: String,
+    /// How long the measured part runs at most.
+    #[arg(long, global = true, default_value = "10s", value_parser = duration)]
+    pub duration: Duration,
+    /// Stop after this many operations, if that comes first.
+    #[arg(long, global = true)]
+    pub ops: Option<u64>,
+    /// Server process id: report its CPU time per operation and memory.
+    #[arg(long, global = true)]
+    pub server_pid: Option<u32>,
+    /// Access token to send with every request.
+    #[arg(
+        long,
+        global = true,
+        env = "DLOCK_TOKEN",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    pub token: String,
+    /// Print the report as JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// What to measure.
+#[derive(Debug, Subcommand)]
+pub enum Workload {
+    /// N connections, one Ping in flight each.
+    Ping {
+        #[arg(short = 'c', long, default_value_t = 50)]
+        connections: usize,
+    },
+    /// N connections, each locking and unlocking its own key (2 round trips per op).
+    LockUnlock {
+        #[arg(short = 'c', long, default_value_t = 50)]
+        connections: usize,
+    },
+    /// Connections with DEPTH requests in flight each.
+    Pipeline {
+        #[arg(short = 'c', long, default_value_t = 1)]
+        connections: usize,
+        #[arg(long, default_value_t = 256)]
+        depth: usize,
+        /// Requests to pipeline: pings, or lock+unlock pairs (one op per pair).
+        #[arg(long, value_enum, default_value_t = PipelineKind::Ping)]
+        kind: PipelineKind,
+    },
+    /// N clients on one key: handoffs/s, handoff latency, FIFO check.
+    Contended {
+        #[arg(short = 'c', long, default_value_t = 32)]
+        connections: usize,
+    },
+    /// N connections locking K random keys of a pool of P; checks exclusivity.
+    Multikey {
+        #[arg(short = 'c', long, default_value_t = 32)]
+        connections: usize,
+        #[arg(long, default_value_t = 8)]
+        keys: usize,
+        #[arg(long, default_value_t = 1000)]
+        pool: usize,
+    },
+    /// Take COUNT keys (16-byte names) as leases, report server memory, release, report again.
+    Hold {
+        #[arg(long, default_value_t = 1_000_000)]
+        count: u64,
+        #[arg(short = 'c', long, default_value_t = 4)]
+        connections: usize,
+        #[arg(long, default_value_t = 128)]
+        depth: usize,
+        /// Leave the keys held (as one-hour leases) instead of releasing
+        /// them, to measure other workloads against a full table.
+        #[arg(long)]
+        keep: bool,
+    },
+    /// Lock-unlock latency of a few clients without and with IDLE idle connections open.
+    Conns {
+        #[arg(long, default_value_t = 10_000)]
+        idle: usize,
+        #[arg(long, default_value_t = 4)]
+        active: usize,
+    },
+    /// Connect, lock, disconnect, repeatedly.
+    Churn {
+        #[arg(short = 'c', long, default_value_t = 8)]
+        connections: usize,
+    },
+}
+
+/// Request mix of the pipeline workload.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum PipelineKind {
+    Ping,
+    LockUnlock,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(
+        s.find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(s.len()),
+    );
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration (e.g. 500ms, 10s, 2m)"))?;
+    let secs = match unit {
+        "ms" => v / 1e3,
+        "" | "s" => v,
+        "m" => v * 60.0,
+        _ => return Err(format!("unknown unit in '{s}' (use ms, s or m)")),
+    };
+    // Runs are bounded: at most an hour.
+    if !(secs > 0.0 && secs <= 3600.0) {
+        return Err("must be between 1ms and 1h".into());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}

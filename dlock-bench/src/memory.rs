@@ -1,0 +1,201 @@
+//! Memory workloads: many held keys, many idle connections.
+
+use crate::conn::Conn;
+use crate::stats::{mib, Control, ProcSample, Recorder, Report};
+use crate::workloads::{lock_unlock, Target};
+use dlock::proto::{RequestType, ResponseStatus};
+use std::collections::VecDeque;
+use std::io;
+use std::time::{Duration, Instant};
+
+/// Lease long enough to outlast any run; the keys are released explicitly.
+const HOLD_LEASE_MICROS: u64 = 3_600_000_000;
+
+/// Key `i` as a 16-byte name, like the bar's "16-byte names".
+fn hold_key(i: u64) -> String {
+    format!("hold/{i:011}")
+}
+
+/// Sends `Lock` (or `Unlock`) for keys `from..to`, `depth` in flight.
+async fn pipelined(
+    c: &mut Conn,
+    kind: RequestType,
+    from: u64,
+    to: u64,
+    depth: usize,
+    rec: &mut Recorder,
+) -> io::Result<()> {
+    let mut in_flight: VecDeque<Instant> = VecDeque::new();
+    let mut next = from;
+    while next < to || !in_flight.is_empty() {
+        while next < to && in_flight.len() < depth {
+            let release = if kind == RequestType::Lock {
+                HOLD_LEASE_MICROS
+            } else {
+                0
+            };
+            let req = c.request(kind, &[hold_key(next)], release);
+            c.push(&req);
+            in_flight.push_back(Instant::now());
+            next += 1;
+        }
+        c.flush().await?;
+        let sent = in_flight.pop_front().unwrap_or_else(Instant::now);
+        if c.recv().await?.status == ResponseStatus::Ok as i32 {
+            rec.ok(sent.elapsed());
+        } else {
+            rec.errors += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Takes `count` keys as leases over `conns` connections, samples the
+/// server, releases them all, samples again.
+pub async fn hold(
+    t: Target,
+    ctl: Control,
+    count: u64,
+    conns: usize,
+    depth: usize,
+    keep: bool,
+    pid: Option<u32>,
+) -> Report {
+    let before = pid.and_then(ProcSample::read);
+    let start = Instant::now();
+    let conns = conns.max(1) as u64;
+    let per = count.div_ceil(conns);
+    let mut tasks = Vec::new();
+    for i in 0..conns {
+        let (t, ctl) = (t.clone(), ctl.clone());
+        let (from, to) = (i * per, ((i + 1) * per).min(count));
+        tasks.push(tokio::spawn(async move {
+            let mut rec = Recorder::default();
+            let mut c = t.connect().await?;
+            // The deadline still bounds the run: stop taking keys at it.
+            let mut end = from;
+            while end < to && Instant::now() < ctl.deadline() {
+                let chunk = (end + 10_000).min(to);
+                pipelined(&mut c, RequestType::Lock, end, chunk, depth, &mut rec).await?;
+                end = chunk;
+            }
+            Ok::<_, io::Error>((c, from, end, rec))
+        }));
+    }
+    let mut held = Vec::new();
+    let mut rec = Recorder::default();
+    for task in tasks {
+        match task.await {
+            Ok(Ok((c, from, to, r))) => {
+                rec.merge(&r);
+                held.push((c, from, to));
+            }
+            Ok(Err(e)) => {
+                rec.errors += 1;
+                eprintln!("dlock-bench: hold worker stopped: {e}");
+            }
+            Err(e) => {
+                rec.errors += 1;
+                eprintln!("dlock-bench: hold worker panicked: {e}");
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    let with_keys = pid.and_then(ProcSample::read);
+    let taken: u64 = held.iter().map(|(_, f, t)| t - f).sum();
+    let mut releases = Vec::new();
+    for (mut c, from, to) in held {
+        if keep {
+            continue;
+        }
+        releases.push(tokio::spawn(async move {
+            let mut rec = Recorder::default();
+            let r = pipelined(&mut c, RequestType::Unlock, from, to, depth, &mut rec).await;
+            (rec, r)
+        }));
+    }
+    for r in releases {
+        if let Ok((_, Err(e))) = r.await {
+            eprintln!("dlock-bench: release failed: {e}");
+        }
+    }
+    let released = pid.and_then(ProcSample::read);
+    let mut report = Report::new("hold", conns as usize, elapsed, &rec, before, with_keys)
+        .with("keys_held", taken);
+    if let (Some(b), Some(h), Some(r)) = (before, with_keys, released) {
+        report = report
+            .with("rss_before_mib", round(mib(b.rss)))
+            .with("rss_held_mib", round(mib(h.rss)))
+            .with("rss_released_mib", round(mib(r.rss)))
+            .with(
+                "bytes_per_key",
+                (h.rss.saturating_sub(b.rss)) / taken.max(1),
+            );
+    }
+    report
+}
+
+/// p99 lock-unlock latency of `active` clients without and with `idle`
+/// idle connections open, and the server's memory with them.
+pub async fn conns(
+    t: Target,
+    duration: Duration,
+    idle: usize,
+    active: usize,
+    pid: Option<u32>,
+) -> Report {
+    let half = duration / 2;
+    let base = lock_unlock(t.clone(), Control::new(half, None), active, "bench/conns").await;
+    let before = pid.and_then(ProcSample::read);
+    let mut open = Vec::with_capacity(idle);
+    let mut failed = 0u64;
+    // Open in batches: a connection storm is not what this measures.
+    for batch in (0..idle).collect::<Vec<_>>().chunks(256) {
+        let mut tasks = Vec::new();
+        for _ in batch {
+            let t = t.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut c = t.connect().await?;
+                let ping = c.request(RequestType::Ping, &[], 0);
+                c.call(&ping).await?;
+                Ok::<_, io::Error>(c)
+            }));
+        }
+        for task in tasks {
+            match task.await {
+                Ok(Ok(c)) => open.push(c),
+                _ => failed += 1,
+            }
+        }
+    }
+    let with_idle = pid.and_then(ProcSample::read);
+    let start = Instant::now();
+    let loaded = lock_unlock(t.clone(), Control::new(half, None), active, "bench/conns").await;
+    let after = pid.and_then(ProcSample::read);
+    let base_p99 = base.hist.value_at_quantile(0.99);
+    let loaded_p99 = loaded.hist.value_at_quantile(0.99);
+    let mut report = Report::new("conns", active, start.elapsed(), &loaded, with_idle, after)
+        .with("idle_connections", open.len() as u64)
+        .with("idle_connect_failures", failed)
+        .with("p99_us_without_idle", base_p99)
+        .with("p99_us_with_idle", loaded_p99)
+        .with(
+            "p99_ratio",
+            round(loaded_p99 as f64 / base_p99.max(1) as f64),
+        );
+    if let (Some(b), Some(w)) = (before, with_idle) {
+        report = report
+            .with("rss_before_idle_mib", round(mib(b.rss)))
+            .with("rss_with_idle_mib", round(mib(w.rss)))
+            .with(
+                "bytes_per_idle_conn",
+                w.rss.saturating_sub(b.rss) / (open.len() as u64).max(1),
+            );
+    }
+    drop(open);
+    report
+}
+
+fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}

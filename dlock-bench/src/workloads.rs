@@ -1,0 +1,209 @@
+//! Throughput and latency workloads: ping, lock-unlock, pipeline, churn.
+
+use crate::conn::Conn;
+use crate::stats::{Control, Recorder};
+use dlock::proto::{RequestType, ResponseStatus};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::time::Instant;
+
+/// Everything a worker needs to reach the server.
+#[derive(Clone)]
+pub struct Target {
+    pub addr: String,
+    pub token: String,
+}
+
+impl Target {
+    pub async fn connect(&self) -> io::Result<Conn> {
+        Conn::connect(&self.addr, &self.token).await
+    }
+}
+
+/// Runs `n` workers to completion and merges their figures. A worker that
+/// fails counts one error and stops; the others go on.
+pub async fn run_workers<F, Fut>(n: usize, worker: F) -> Recorder
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = (Recorder, io::Result<()>)> + Send + 'static,
+{
+    let handles: Vec<_> = (0..n).map(|i| tokio::spawn(worker(i))).collect();
+    let mut total = Recorder::default();
+    for h in handles {
+        match h.await {
+            Ok((rec, result)) => {
+                total.merge(&rec);
+                if let Err(e) = result {
+                    total.errors += 1;
+                    eprintln!("dlock-bench: worker stopped: {e}");
+                }
+            }
+            Err(e) => {
+                total.errors += 1;
+                eprintln!("dlock-bench: worker panicked: {e}");
+            }
+        }
+    }
+    total
+}
+
+fn ok(status: i32) -> bool {
+    status == ResponseStatus::Ok as i32
+}
+
+/// One Ping in flight per connection.
+pub async fn ping(t: Target, ctl: Control, conns: usize) -> Recorder {
+    run_workers(conns, move |_| {
+        let (t, ctl) = (t.clone(), ctl.clone());
+        async move {
+            let mut rec = Recorder::default();
+            let result = async {
+                let mut c = t.connect().await?;
+                while ctl.next() {
+                    let req = c.request(RequestType::Ping, &[], 0);
+                    let start = Instant::now();
+                    let r = c.call(&req).await?;
+                    if ok(r.status) {
+                        rec.ok(start.elapsed());
+                    } else {
+                        rec.errors += 1;
+                    }
+                }
+                Ok(())
+            }
+            .await;
+            (rec, result)
+        }
+    })
+    .await
+}
+
+/// Lock then Unlock of a key of the connection's own, two round trips.
+pub async fn lock_unlock(t: Target, ctl: Control, conns: usize, prefix: &str) -> Recorder {
+    let prefix = prefix.to_string();
+    run_workers(conns, move |i| {
+        let (t, ctl) = (t.clone(), ctl.clone());
+        let key = vec![format!("{prefix}/{i}")];
+        async move {
+            let mut rec = Recorder::default();
+            let result = async {
+                let mut c = t.connect().await?;
+                while ctl.next() {
+                    let start = Instant::now();
+                    let lock = c.request(RequestType::Lock, &key, 0);
+                    let locked = c.call(&lock).await?;
+                    let unlock = c.request(RequestType::Unlock, &key, 0);
+                    let unlocked = c.call(&unlock).await?;
+                    if ok(locked.status) && ok(unlocked.status) {
+                        rec.ok(start.elapsed());
+                    } else {
+                        rec.errors += 1;
+                    }
+                }
+                Ok(())
+            }
+            .await;
+            (rec, result)
+        }
+    })
+    .await
+}
+
+/// `depth` requests (or lock+unlock pairs) in flight per connection; the
+/// latency of each is from its write to its answer.
+pub async fn pipeline(
+    t: Target,
+    ctl: Control,
+    conns: usize,
+    depth: usize,
+    pairs: bool,
+) -> Recorder {
+    run_workers(conns, move |i| {
+        let (t, ctl) = (t.clone(), ctl.clone());
+        let key = vec![format!("bench/pipe/{i}")];
+        async move {
+            let mut rec = Recorder::default();
+            let result = async {
+                let mut c = t.connect().await?;
+                // Send time of each op in flight; a pair's op ends with its Unlock.
+                let mut in_flight: VecDeque<Instant> = VecDeque::with_capacity(depth);
+                let per_op = if pairs { 2 } else { 1 };
+                loop {
+                    while in_flight.len() < depth && ctl.next() {
+                        if pairs {
+                            let lock = c.request(RequestType::Lock, &key, 0);
+                            let unlock = c.request(RequestType::Unlock, &key, 0);
+                            c.push(&lock);
+                            c.push(&unlock);
+                        } else {
+                            let ping = c.request(RequestType::Ping, &[], 0);
+                            c.push(&ping);
+                        }
+                        in_flight.push_back(Instant::now());
+                    }
+                    if in_flight.is_empty() {
+                        return Ok(());
+                    }
+                    c.flush().await?;
+                    // Wait for one answer, then take every answer already
+                    // received, and top the window up in one write: like a
+                    // real pipelining client, not one syscall per request.
+                    let mut answers = vec![c.recv().await?];
+                    while answers.len() < in_flight.len() * per_op {
+                        match c.buffered()? {
+                            Some(r) => answers.push(r),
+                            None => break,
+                        }
+                    }
+                    // A pair whose second answer is not here yet waits for it.
+                    if answers.len() % per_op != 0 {
+                        answers.push(c.recv().await?);
+                    }
+                    for op in answers.chunks(per_op) {
+                        let sent = in_flight.pop_front().unwrap_or_else(Instant::now);
+                        if op.iter().all(|r| ok(r.status)) {
+                            rec.ok(sent.elapsed());
+                        } else {
+                            rec.errors += 1;
+                        }
+                    }
+                }
+            }
+            .await;
+            (rec, result)
+        }
+    })
+    .await
+}
+
+/// Connect, lock a key, disconnect: the server must release it each time.
+pub async fn churn(t: Target, ctl: Control, conns: usize) -> Recorder {
+    run_workers(conns, move |i| {
+        let (t, ctl) = (t.clone(), ctl.clone());
+        let key = vec![format!("bench/churn/{i}")];
+        async move {
+            let mut rec = Recorder::default();
+            let result = async {
+                while ctl.next() {
+                    let start = Instant::now();
+                    let mut c = t.connect().await?;
+                    let lock = c.request(RequestType::Lock, &key, 0);
+                    // Waits if the previous connection's release is still in
+                    // flight: that is part of what churn measures.
+                    let r = c.call(&lock).await?;
+                    drop(c);
+                    if ok(r.status) {
+                        rec.ok(start.elapsed());
+                    } else {
+                        rec.errors += 1;
+                    }
+                }
+                Ok(())
+            }
+            .await;
+            (rec, result)
+        }
+    })
+    .await
+}
