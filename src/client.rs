@@ -519,14 +519,11 @@ async fn write_loop(
                 // Every request, the writer's own heartbeats and releases
                 // included, carries the token.
                 call.req.access_token.clone_from(&token);
-                let lock_keys = (call.req.r#type == RequestType::Lock as i32).then(|| {
-                    call.req
-                        .lock
-                        .as_ref()
-                        .map(|l| l.keys.clone())
-                        .unwrap_or_default()
-                });
                 encode_frame(&call.req, &mut out);
+                // The request is not needed once encoded: keep a Lock's keys
+                // without copying them.
+                let lock_keys = (call.req.r#type == RequestType::Lock as i32)
+                    .then(|| call.req.lock.take().map(|l| l.keys).unwrap_or_default());
                 queue.push_back(Pending {
                     id: call.req.id,
                     reply: call.reply,

@@ -5,6 +5,7 @@
 //! - [`proto`]: the wire types generated from `proto/dlock.proto`, the contract
 //!   between clients and the server (see `docs/PROTOCOL.md`).
 //! - [`codec`]: the length-prefixed framing those messages travel in.
+//! - [`duration`]: how durations are written on every dlock command line.
 //! - [`Client`] (`client.rs`), [`LockGuard`] (`guard.rs`), [`Error`]
 //!   (`error.rs`): the client library. One connection serves many tasks;
 //!   requests are pipelined.
@@ -16,6 +17,7 @@
 
 mod client;
 pub mod codec;
+pub mod duration;
 mod error;
 mod guard;
 

@@ -128,23 +128,11 @@ pub enum PipelineKind {
     LockUnlock,
 }
 
+/// Runs are bounded: at most an hour.
 fn duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.split_at(
-        s.find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(s.len()),
-    );
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a duration (e.g. 500ms, 10s, 2m)"))?;
-    let secs = match unit {
-        "ms" => v / 1e3,
-        "" | "s" => v,
-        "m" => v * 60.0,
-        _ => return Err(format!("unknown unit in '{s}' (use ms, s or m)")),
-    };
-    // Runs are bounded: at most an hour.
-    if !(secs > 0.0 && secs <= 3600.0) {
-        return Err("must be between 1ms and 1h".into());
+    let d = dlock::duration::parse_positive(s)?;
+    if d > Duration::from_secs(3600) {
+        return Err("must be at most 1h".into());
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
 }

@@ -1,7 +1,7 @@
 //! Command-line interface of `dlock`.
 
-use crate::duration;
 use clap::{Parser, ValueEnum};
+use dlock::duration;
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -2,7 +2,6 @@
 
 mod child;
 mod cli;
-mod duration;
 mod exit;
 mod keeper;
 mod run;

@@ -58,24 +58,24 @@ pub struct Config {
     pub max_held_keys: usize,
 
     /// Longest lease a Lock or Renew may ask for.
-    #[arg(long, default_value = "30days", value_parser = duration)]
+    #[arg(long, default_value = "30days", value_parser = dlock::duration::parse_positive)]
     pub max_lease: Duration,
 
     /// Close a connection that sends no complete request for this long.
-    #[arg(long, default_value = "60s", value_parser = duration)]
+    #[arg(long, default_value = "60s", value_parser = dlock::duration::parse_positive)]
     pub idle_timeout: Duration,
 
     /// Close a connection whose responses cannot be written for this long
     /// (a client that stopped reading).
-    #[arg(long, default_value = "10s", value_parser = duration)]
+    #[arg(long, default_value = "10s", value_parser = dlock::duration::parse_positive)]
     pub write_timeout: Duration,
 
     /// TCP keepalive: idle time before the first probe.
-    #[arg(long, default_value = "30s", value_parser = duration)]
+    #[arg(long, default_value = "30s", value_parser = dlock::duration::parse_positive)]
     pub keepalive_time: Duration,
 
     /// TCP keepalive: time between probes.
-    #[arg(long, default_value = "10s", value_parser = duration)]
+    #[arg(long, default_value = "10s", value_parser = dlock::duration::parse_positive)]
     pub keepalive_interval: Duration,
 
     /// TCP keepalive: unanswered probes before the connection is dropped.
@@ -83,7 +83,7 @@ pub struct Config {
     pub keepalive_retries: u32,
 
     /// How long shutdown waits for connections to finish.
-    #[arg(long, default_value = "5s", value_parser = duration)]
+    #[arg(long, default_value = "5s", value_parser = dlock::duration::parse_positive)]
     pub shutdown_timeout: Duration,
 
     /// Worker threads; 0 = one per CPU core. With 1 the server runs on a
@@ -119,14 +119,6 @@ fn frame_size(s: &str) -> Result<usize, String> {
         return Err("must be between 64 and 67108864 bytes".into());
     }
     Ok(n)
-}
-
-fn duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 10s, 2h)"))?;
-    if d.is_zero() {
-        return Err("must be greater than zero".into());
-    }
-    Ok(d)
 }
 
 #[cfg(test)]

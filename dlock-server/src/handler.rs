@@ -144,7 +144,7 @@ fn execute_inner(ctx: Ctx<'_>, req: Request) -> Result<Step, Failure> {
             )))
         }
         RequestType::Inspect => {
-            checked_keys(ctx.config, body.keys.clone())?;
+            validate_keys(ctx.config, &body.keys)?;
             let mut r = response(id, ResponseStatus::Ok);
             r.key_info = ctx.db.inspect(ctx.owner, &body.keys);
             Ok(Step::Reply(r))
@@ -225,6 +225,12 @@ fn held_result(id: u64, not_held: Vec<Key>, text: &str) -> Response {
 
 /// Checks the key list against the limits and converts it for the table.
 fn checked_keys(config: &Config, keys: Vec<String>) -> Result<Vec<Key>, Failure> {
+    validate_keys(config, &keys)?;
+    Ok(keys.into_iter().map(Key::from).collect())
+}
+
+/// Checks the key list against the limits.
+fn validate_keys(config: &Config, keys: &[String]) -> Result<(), Failure> {
     if keys.is_empty() {
         return Err((ResponseStatus::NoKeys, "request names no keys".into()));
     }
@@ -251,5 +257,5 @@ fn checked_keys(config: &Config, keys: Vec<String>) -> Result<Vec<Key>, Failure>
             ),
         ));
     }
-    Ok(keys.into_iter().map(Key::from).collect())
+    Ok(())
 }

@@ -603,6 +603,7 @@ impl LockTable {
         let fence = self.next_fence;
         self.next_fence += 1;
         let deadline = lease.map(|d| now + d);
+        let owner_state = self.owners.entry(owner).or_default();
         for k in keys {
             let state = self.keys.entry(k.clone()).or_default();
             let previous = state.hold.replace(Hold {
@@ -615,7 +616,6 @@ impl LockTable {
                 Some(p) if p.lease.is_some() => self.live_leases -= 1,
                 Some(_) => {}
             }
-            let owner_state = self.owners.entry(owner).or_default();
             match deadline {
                 Some(t) => {
                     owner_state.bound.remove(k);

@@ -1,5 +1,5 @@
-//! Durations on the command line: `2.5s`, `500ms`, `1m30s`, `2h`; a bare
-//! number means seconds, as with flock's `-w`.
+//! Durations on the command lines of every dlock program: `2.5s`, `500ms`,
+//! `1m30s`, `2h`, `30days`; a bare number means seconds, as with flock's `-w`.
 
 use std::time::Duration;
 
@@ -36,10 +36,10 @@ pub fn parse(s: &str) -> Result<Duration, String> {
         let factor = match &rest[..unit_len] {
             "us" | "µs" => 1e-6,
             "ms" => 1e-3,
-            "s" | "sec" => 1.0,
-            "m" | "min" => 60.0,
-            "h" => 3600.0,
-            "d" => 86400.0,
+            "s" | "sec" | "secs" => 1.0,
+            "m" | "min" | "mins" => 60.0,
+            "h" | "hour" | "hours" => 3600.0,
+            "d" | "day" | "days" => 86400.0,
             unit => {
                 return Err(format!(
                     "unknown unit '{unit}' in '{s}' (use ms, s, m, h or d)"
@@ -84,6 +84,7 @@ mod tests {
         assert_eq!(parse("1.5"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse("0"), Ok(Duration::ZERO));
         assert_eq!(parse("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse("30days"), Ok(Duration::from_secs(30 * 86400)));
     }
 
     #[test]
