@@ -9,7 +9,7 @@
 
 use crate::fence::FenceFile;
 use crate::table::{Key, LockResult, LockTable, OwnerId, ReqId, TableLimits, Wait, Wake, Woken};
-use dlock::proto::KeyInfo;
+use dlock::proto::{KeyInfo, ServerStats};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -191,6 +191,16 @@ impl Db {
                 }
             })
             .collect()
+    }
+
+    /// Server-wide counts, for Inspect without keys.
+    pub fn stats(&self) -> ServerStats {
+        let st = self.state();
+        ServerStats {
+            connections: st.peers.len() as u64,
+            held_keys: st.table.held_keys() as u64,
+            waiting_requests: st.table.waiting() as u64,
+        }
     }
 
     /// Keys held and requests waiting, for logs and tests.

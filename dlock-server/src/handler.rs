@@ -144,9 +144,13 @@ fn execute_inner(ctx: Ctx<'_>, req: Request) -> Result<Step, Failure> {
             )))
         }
         RequestType::Inspect => {
-            validate_keys(ctx.config, &body.keys)?;
             let mut r = response(id, ResponseStatus::Ok);
-            r.key_info = ctx.db.inspect(ctx.owner, &body.keys);
+            if body.keys.is_empty() {
+                r.server_stats = Some(ctx.db.stats());
+            } else {
+                validate_keys(ctx.config, &body.keys)?;
+                r.key_info = ctx.db.inspect(ctx.owner, &body.keys);
+            }
             Ok(Step::Reply(r))
         }
     }

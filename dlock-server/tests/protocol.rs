@@ -144,6 +144,9 @@ async fn key_validation_statuses() {
         RequestType::Inspect,
     ] {
         for (keys, expected) in cases {
+            if kind == RequestType::Inspect && keys.is_empty() {
+                continue; // Inspect without keys asks for server stats.
+            }
             let mut req = c.request(kind, keys);
             req.lock
                 .get_or_insert_with(RequestLock::default)
@@ -261,4 +264,23 @@ async fn unlock_and_renew_report_keys_not_held() {
         (status(&r), r.keys),
         (ResponseStatus::NotHeld, vec!["theirs".to_string()])
     );
+}
+
+#[tokio::test]
+async fn inspect_without_keys_reports_server_stats() {
+    let server = TestServer::start(&[]).await;
+    let mut a = Conn::connect(server.addr).await;
+    let s = a.stats().await;
+    assert_eq!((s.connections, s.held_keys, s.waiting_requests), (1, 0, 0));
+    a.must_lock(&["s1", "s2"]).await;
+    let mut w = Conn::connect(server.addr).await;
+    let req = w.lock_request(&["s1"], 0, 0);
+    w.send(&req).await;
+    a.await_waiters("s1", 1).await;
+    let s = a.stats().await;
+    assert_eq!((s.connections, s.held_keys, s.waiting_requests), (2, 2, 1));
+    drop(w);
+    drop(a);
+    let mut c = Conn::connect(server.addr).await;
+    c.await_empty_server().await;
 }

@@ -3,7 +3,9 @@
 
 use bytes::BytesMut;
 use dlock::codec::{encode_frame, FrameCodec};
-use dlock::proto::{KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus};
+use dlock::proto::{
+    KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus, ServerStats,
+};
 use futures_util::FutureExt;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -156,6 +158,31 @@ impl Conn {
         let resp = self.call(r).await;
         assert_eq!(status(&resp), ResponseStatus::Ok);
         resp.key_info.into_iter().next().expect("one key info")
+    }
+
+    /// Server-wide counts: Inspect without keys.
+    pub async fn stats(&mut self) -> ServerStats {
+        let r = self.request(RequestType::Inspect, &[]);
+        let resp = self.call(r).await;
+        assert_eq!(status(&resp), ResponseStatus::Ok);
+        resp.server_stats.expect("Inspect without keys answers stats")
+    }
+
+    /// Waits until the server holds no keys, has no waiters and this is its
+    /// only connection: what every client leaving must lead to.
+    pub async fn await_empty_server(&mut self) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let s = self.stats().await;
+            if s.held_keys == 0 && s.waiting_requests == 0 && s.connections == 1 {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "server never emptied: {s:?}"
+            );
+            tokio::task::yield_now().await;
+        }
     }
 
     /// Waits until `key` has exactly `n` waiters: the explicit
