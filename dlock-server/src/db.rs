@@ -227,16 +227,38 @@ impl Db {
                     if let Some(t) = sleep_target {
                         tokio::time::sleep_until(t).await
                     }
-                }, if sleep_target.is_some() => {
-                    let mut st = self.state();
-                    let out = st.table.advance(now());
-                    if out.expired_leases > 0 {
-                        tracing::debug!(keys = out.expired_leases, "leases expired");
-                    }
-                    self.finish(st, out.woken);
-                }
+                }, if sleep_target.is_some() => self.advance_to(now()),
             }
         }
+    }
+
+    /// Expires the leases and wait limits due by `at` and delivers the
+    /// outcomes. The timer task calls it on time; the fuzz harness calls it
+    /// to move past every deadline.
+    pub fn advance_to(&self, at: Instant) {
+        let mut st = self.state();
+        let out = st.table.advance(at);
+        if out.expired_leases > 0 {
+            tracing::debug!(keys = out.expired_leases, "leases expired");
+        }
+        self.finish(st, out.woken);
+    }
+
+    /// Checks the lock table's invariants; see [`LockTable::check_invariants`].
+    ///
+    /// # Errors
+    /// A description of the first invariant that does not hold.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let st = self.state();
+        st.table.check_invariants()?;
+        if st.pending.len() != st.table.waiting() {
+            return Err(format!(
+                "{} deliveries pending for {} waiting requests",
+                st.pending.len(),
+                st.table.waiting()
+            ));
+        }
+        Ok(())
     }
 
     /// Keeps the fence file's reservation ahead of issued tokens, until

@@ -9,6 +9,7 @@
 //! | [`table`] | the lock rules: a synchronous state machine, no I/O |
 //! | [`fence`] | where fencing tokens start so they never go backwards |
 //! | [`auth`] | access tokens |
+//! | [`fuzzing`] | the request path without sockets, for fuzzing |
 //! | [`config`] | flags, defaults and limits |
 //! | [`testing`] | a server on an ephemeral loopback port, for tests |
 
@@ -19,6 +20,7 @@ pub mod config;
 pub mod connection;
 pub mod db;
 pub mod fence;
+pub mod fuzzing;
 pub mod handler;
 pub mod server;
 pub mod table;

@@ -2,65 +2,10 @@
 
 mod common;
 
+use common::process::Process;
 use common::{status, Conn};
 use dlock::proto::ResponseStatus;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-
-/// A server process on 127.0.0.1:0; its address is read from its log.
-struct Process {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Process {
-    fn start(extra: &[&str]) -> Process {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
-            .args(["--listen", "127.0.0.1:0", "--log-level", "info"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn dlock-server");
-        let stderr = child.stderr.take().expect("stderr piped");
-        let mut lines = BufReader::new(stderr).lines();
-        let addr = loop {
-            let line = lines
-                .next()
-                .expect("server logs its address before exiting")
-                .expect("readable log");
-            if let Some(rest) = line.split("addr=").nth(1) {
-                let addr = rest.split_whitespace().next().unwrap_or_default();
-                break addr.parse().expect("logged address parses");
-            }
-        };
-        // Keep draining the log so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Process { child, addr }
-    }
-
-    fn signal(&self, name: &str) {
-        let ok = Command::new("kill")
-            .args([&format!("-{name}"), &self.child.id().to_string()])
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -{name} failed");
-    }
-
-    fn wait(mut self) -> std::process::ExitStatus {
-        self.child.wait().expect("wait for server")
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use std::process::Command;
 
 #[tokio::test]
 async fn sigterm_answers_waiters_and_exits_zero() {

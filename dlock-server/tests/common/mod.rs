@@ -1,6 +1,8 @@
 //! Shared test helpers: a real server on 127.0.0.1:0 and a raw-frame client.
 #![allow(dead_code)]
 
+pub mod process;
+
 use bytes::BytesMut;
 use dlock::codec::{encode_frame, FrameCodec};
 use dlock::proto::{
@@ -165,7 +167,8 @@ impl Conn {
         let r = self.request(RequestType::Inspect, &[]);
         let resp = self.call(r).await;
         assert_eq!(status(&resp), ResponseStatus::Ok);
-        resp.server_stats.expect("Inspect without keys answers stats")
+        resp.server_stats
+            .expect("Inspect without keys answers stats")
     }
 
     /// Waits until the server holds no keys, has no waiters and this is its

@@ -1,0 +1,175 @@
+//! The real `dlock-server` binary as a child process: for signals, restarts,
+//! resource limits, and the server's own memory and CPU figures.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A server process on 127.0.0.1:0; its address is read from its log.
+pub struct Process {
+    pub child: Child,
+    pub addr: SocketAddr,
+    log: mpsc::Receiver<String>,
+    /// Every log line seen so far, for later searches.
+    seen: Vec<String>,
+}
+
+impl Process {
+    pub fn start(extra: &[&str]) -> Process {
+        Process::start_with_fd_limit(extra, None)
+    }
+
+    /// Starts the server with both its soft and hard open-file limits set
+    /// to `nofile`, so it cannot raise them.
+    pub fn start_with_fd_limit(extra: &[&str], nofile: Option<u64>) -> Process {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock-server"));
+        cmd.args(["--listen", "127.0.0.1:0"]);
+        if !extra.contains(&"--log-level") {
+            cmd.args(["--log-level", "info"]);
+        }
+        cmd.args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(n) = nofile {
+            // SAFETY: setrlimit is async-signal-safe and only reads the
+            // struct on this stack.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+        let mut child = cmd.spawn().expect("spawn dlock-server");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let (tx, log) = mpsc::channel();
+        // Keep draining the log so the server never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut p = Process {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            log,
+            seen: Vec::new(),
+        };
+        let line = p.wait_for_log("addr=");
+        let rest = line.split("addr=").nth(1).unwrap_or_default();
+        let addr = rest.split_whitespace().next().unwrap_or_default();
+        p.addr = addr.parse().expect("logged address parses");
+        p
+    }
+
+    /// Blocks until a log line containing `needle` appears (or has
+    /// appeared) and returns it.
+    pub fn wait_for_log(&mut self, needle: &str) -> String {
+        if let Some(l) = self.seen.iter().find(|l| l.contains(needle)) {
+            return l.clone();
+        }
+        let deadline = Instant::now() + super::PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!("server never logged {needle:?}; log: {:#?}", self.seen),
+            }
+        }
+    }
+
+    /// Every log line so far.
+    pub fn log_lines(&mut self) -> &[String] {
+        while let Ok(line) = self.log.try_recv() {
+            self.seen.push(line);
+        }
+        &self.seen
+    }
+
+    pub fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -{name} failed");
+    }
+
+    pub fn wait(mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("wait for server")
+    }
+
+    /// A `kB` field of /proc/PID/status, in bytes.
+    pub fn status_bytes(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("read /proc status");
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(field))
+            .unwrap_or_else(|| panic!("{field} in /proc status"));
+        let kb: u64 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .expect("a number of kB");
+        kb * 1024
+    }
+
+    /// CPU time (user + system) the server has used so far.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .expect("read /proc stat");
+        // Fields after the parenthesised command name; utime and stime are
+        // the 14th and 15th fields of the whole line.
+        let after = stat.rsplit(')').next().unwrap_or_default();
+        let f: Vec<u64> = after
+            .split_whitespace()
+            .map(|v| v.parse().unwrap_or(0))
+            .collect();
+        // SAFETY: sysconf has no preconditions.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Duration::from_millis((f[11] + f[12]) * 1000 / ticks)
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Lifts this test process's open-file limit to its hard limit, for tests
+/// that open many connections.
+pub fn raise_own_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write only the local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+    lim.rlim_cur
+}

@@ -1,0 +1,105 @@
+//! The fuzz target's harness (`dlock_server::fuzzing::session`) run on
+//! generated scripts in the ordinary test suite, so every `cargo test` does
+//! a bounded piece of the fuzzer's work: raw bytes, and well-formed requests
+//! of every type split at random points across connections.
+
+use dlock::codec::encode_frame;
+use dlock::proto::{Request, RequestLock};
+use proptest::prelude::*;
+
+/// A step of a script, before encoding.
+#[derive(Debug, Clone)]
+enum Step {
+    Bytes(u8, Vec<u8>),
+    Request(u8, Request, usize),
+    Close(u8),
+    Tick,
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    let keys = prop::collection::vec(
+        prop_oneof![
+            8 => "[a-d]",
+            1 => Just(String::new()),
+            1 => "[a-z]{17}",
+        ],
+        0..10,
+    );
+    (
+        prop_oneof![4 => Just(2u32), 1 => 0u32..4],
+        any::<u64>(),
+        prop_oneof![1 => 0i32..7, 1 => any::<i32>()],
+        keys,
+        prop_oneof![3 => Just(0u64), 1 => 1u64..20_000, 1 => any::<u64>()],
+        prop_oneof![3 => Just(0u64), 1 => 1u64..20_000, 1 => any::<u64>()],
+        any::<bool>(),
+        prop_oneof![4 => Just(0u64), 1 => 1u64..100, 1 => any::<u64>()],
+    )
+        .prop_map(
+            |(version, id, kind, keys, wait, lease, try_lock, fence)| Request {
+                version,
+                id,
+                r#type: kind,
+                lock: Some(RequestLock {
+                    wait_micro: wait,
+                    release_micro: lease,
+                    keys,
+                    try_lock,
+                    fence,
+                }),
+                ..Request::default()
+            },
+        )
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        1 => (any::<u8>(), prop::collection::vec(any::<u8>(), 0..64))
+            .prop_map(|(c, b)| Step::Bytes(c, b)),
+        8 => (any::<u8>(), request(), any::<usize>())
+            .prop_map(|(c, r, split)| Step::Request(c, r, split)),
+        1 => any::<u8>().prop_map(Step::Close),
+        1 => Just(Step::Tick),
+    ]
+}
+
+/// Encodes steps in the harness's script format.
+fn script(steps: &[Step]) -> Vec<u8> {
+    fn feed(out: &mut Vec<u8>, conn: u8, bytes: &[u8]) {
+        for chunk in bytes.chunks(255) {
+            out.push(conn & 3);
+            out.push(chunk.len() as u8);
+            out.extend_from_slice(chunk);
+        }
+    }
+    let mut out = Vec::new();
+    for s in steps {
+        match s {
+            Step::Bytes(c, b) => feed(&mut out, *c, b),
+            Step::Request(c, r, split) => {
+                let mut frame = bytes::BytesMut::new();
+                encode_frame(r, &mut frame);
+                let at = split % (frame.len() + 1);
+                feed(&mut out, *c, &frame[..at]);
+                feed(&mut out, *c, &frame[at..]);
+            }
+            Step::Close(c) => out.push((c & 3) | (2 << 2)),
+            Step::Tick => out.push(3 << 2),
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    #[test]
+    fn generated_sessions_keep_every_rule(steps in prop::collection::vec(step(), 0..80)) {
+        dlock_server::fuzzing::session(&script(&steps));
+    }
+
+    #[test]
+    fn raw_bytes_keep_every_rule(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
+        dlock_server::fuzzing::session(&bytes);
+    }
+}

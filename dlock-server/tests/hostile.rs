@@ -1,0 +1,123 @@
+//! Arbitrary bytes and arbitrary well-formed requests against a live server
+//! over TCP: no panic, no hang, every well-formed request answered in order,
+//! and nothing left behind once the clients are gone.
+
+mod common;
+
+use common::{Conn, TestServer, PATIENCE};
+use dlock::proto::{Request, RequestLock, Response};
+use proptest::prelude::*;
+use tokio::io::AsyncWriteExt;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a test runtime")
+}
+
+/// A request of any type whose answer cannot take long: Lock always has a
+/// short wait limit or is a try, and leases are short or over the limit.
+fn request() -> impl Strategy<Value = Request> {
+    let keys = prop::collection::vec(
+        prop_oneof![8 => "[a-e]", 1 => Just(String::new()), 1 => "[a-z]{40}"],
+        0..6,
+    );
+    (
+        prop_oneof![6 => Just(2u32), 1 => any::<u32>()],
+        prop_oneof![1 => 0i32..7, 1 => any::<i32>()],
+        keys,
+        1u64..30_000,
+        prop_oneof![3 => Just(0u64), 2 => 1u64..200_000, 1 => any::<u64>()],
+        any::<bool>(),
+        prop_oneof![4 => Just(0u64), 1 => any::<u64>()],
+        prop_oneof![6 => Just(String::new()), 1 => ".{0,8}"],
+    )
+        .prop_map(
+            |(version, kind, keys, wait, lease, try_lock, fence, token)| Request {
+                version,
+                id: 0,
+                access_token: token,
+                r#type: kind,
+                lock: Some(RequestLock {
+                    wait_micro: if try_lock { 0 } else { wait },
+                    release_micro: lease,
+                    keys,
+                    try_lock,
+                    fence,
+                }),
+            },
+        )
+}
+
+/// Reads responses until the server closes the connection; each must be a
+/// valid frame holding a valid Response.
+async fn drain(conn: &mut Conn) -> Vec<Response> {
+    let mut out = Vec::new();
+    while let Some(r) = conn.try_recv().await {
+        out.push(r);
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn arbitrary_bytes_never_break_the_server(
+        chunks in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..600), 1..8)
+    ) {
+        runtime().block_on(async {
+            let server = TestServer::start(&["--max-frame", "512"]).await;
+            let mut c = Conn::connect(server.addr).await;
+            for chunk in &chunks {
+                // The server may already have closed on an oversize length.
+                if c.stream.write_all(chunk).await.is_err() {
+                    break;
+                }
+            }
+            let _ = c.stream.shutdown().await;
+            drain(&mut c).await;
+            let mut control = Conn::connect(server.addr).await;
+            control.ping().await;
+            control.await_empty_server().await;
+        });
+    }
+
+    #[test]
+    fn every_well_formed_request_is_answered_in_order(
+        batches in prop::collection::vec(prop::collection::vec(request(), 1..24), 1..4)
+    ) {
+        runtime().block_on(async {
+            let server = TestServer::start(&["--max-lease", "1s", "--max-key-len", "32"]).await;
+            let mut conns = Vec::new();
+            for batch in &batches {
+                let mut c = Conn::connect(server.addr).await;
+                let mut ids = Vec::new();
+                let mut frames = bytes::BytesMut::new();
+                for req in batch {
+                    let mut req = req.clone();
+                    req.id = c.next_id();
+                    ids.push(req.id);
+                    dlock::codec::encode_frame(&req, &mut frames);
+                }
+                // All of a connection's requests in one pipelined write.
+                c.send_raw(&frames).await;
+                conns.push((c, ids));
+            }
+            for (c, ids) in &mut conns {
+                for &id in ids.iter() {
+                    let r = tokio::time::timeout(PATIENCE, c.recv()).await.expect("answered");
+                    assert_eq!(r.request_id, id, "answers in request order");
+                    assert!(
+                        r.status == 0 || !r.error_text.is_empty(),
+                        "a failure names its cause: {r:?}"
+                    );
+                }
+            }
+            drop(conns);
+            let mut control = Conn::connect(server.addr).await;
+            control.await_empty_server().await;
+        });
+    }
+}
