@@ -21,6 +21,7 @@ use dlock::proto::{Request, Response, ResponseStatus};
 use prost::Message;
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio_util::codec::Decoder;
@@ -66,7 +67,11 @@ const STEP_TICK: u8 = 3;
 /// When the lock state breaks an invariant, a response is malformed,
 /// fencing tokens go backwards, or the state is not empty at the end.
 pub fn session(script: &[u8]) {
-    let config = Config::try_parse_from(FLAGS).expect("the harness's own flags parse");
+    // Parsed once: flag parsing is not under test, and a fuzzer would
+    // otherwise spend its time exploring it.
+    static CONFIG: OnceLock<Config> = OnceLock::new();
+    let config =
+        CONFIG.get_or_init(|| Config::try_parse_from(FLAGS).expect("the harness's flags parse"));
     let db = Db::new(
         TableLimits {
             max_waiters: config.max_waiters,
@@ -77,7 +82,7 @@ pub fn session(script: &[u8]) {
     let tokens = Tokens::default();
     let mut harness = Harness {
         db: &db,
-        config: &config,
+        config,
         tokens: &tokens,
         last_fence: 0,
     };
