@@ -1,0 +1,50 @@
+//! Command-line options.
+
+use clap::Parser;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Runs honest lock clients and hostile ones against a dlock server and
+/// checks every history: no two holders of a key overlap, fencing tokens
+/// increase, every request is answered, and the server is left empty.
+///
+/// Without --server-bin or --server, a server runs inside this process.
+/// Exits 0 when no violation was seen, 1 otherwise, 2 on bad usage.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "dlock-torture", version)]
+pub struct Args {
+    /// Honest clients locking and writing to the fenced register.
+    #[arg(short = 'c', long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub clients: u32,
+
+    /// Size of the key pool the clients fight over.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub keys: u32,
+
+    /// How long to run the workload (the final checks come after).
+    #[arg(short = 'd', long, default_value = "10s", value_parser = dlock::duration::parse_positive)]
+    pub duration: Duration,
+
+    /// Faults started per second, of every kind in turn.
+    #[arg(long, default_value_t = 5.0)]
+    pub fault_rate: f64,
+
+    /// Seed for every random choice; printed in the summary.
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// Run this dlock-server binary as a child process (its own RSS and
+    /// log are checked) instead of a server inside this process.
+    #[arg(long, value_name = "PATH", conflicts_with = "server")]
+    pub server_bin: Option<PathBuf>,
+
+    /// Test a server that is already running at HOST:PORT; it must use
+    /// --idle-timeout and --write-timeout of at most 2s. RSS is checked
+    /// only with --server-pid; its log is not checked.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub server: Option<String>,
+
+    /// Process id of the --server, for its RSS.
+    #[arg(long, requires = "server")]
+    pub server_pid: Option<u32>,
+}

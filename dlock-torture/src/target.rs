@@ -1,0 +1,206 @@
+//! The server under test: inside this process, a child process, or one
+//! already running elsewhere on loopback.
+
+use anyhow::{bail, Context};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Timeouts short enough that dropped clients are noticed within a run,
+/// and a lease limit the clients stay under.
+pub const SERVER_ARGS: &[&str] = &[
+    "--idle-timeout",
+    "1s",
+    "--write-timeout",
+    "1s",
+    "--max-lease",
+    "10s",
+];
+
+/// The server's idle timeout as set by [`SERVER_ARGS`]; for an external
+/// server, the most the checks allow.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub enum Target {
+    InProcess {
+        addr: SocketAddr,
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+        panics: Arc<AtomicU64>,
+    },
+    Child {
+        addr: SocketAddr,
+        child: Child,
+        panics: Arc<Mutex<Vec<String>>>,
+    },
+    External {
+        addr: SocketAddr,
+        pid: Option<u32>,
+    },
+}
+
+impl Target {
+    /// A server on its own runtime and threads, so the clients' load does
+    /// not share its scheduler.
+    pub fn in_process() -> anyhow::Result<Target> {
+        let panics = Arc::new(AtomicU64::new(0));
+        let seen = panics.clone();
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            seen.fetch_add(1, Ordering::Relaxed);
+            default_hook(info);
+        }));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let config = <dlock_server::Config as clap::Parser>::try_parse_from(
+            std::iter::once("dlock-server").chain(SERVER_ARGS.iter().copied()),
+        )?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("server".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()?;
+                rt.block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener)?;
+                    dlock_server::run(listener, config, async {
+                        let _ = stopped.await;
+                    })
+                    .await
+                })
+            })?;
+        Ok(Target::InProcess {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+            panics,
+        })
+    }
+
+    /// Runs `bin` with [`SERVER_ARGS`] on 127.0.0.1:0 and reads its address
+    /// from its log.
+    pub fn child(bin: &Path) -> anyhow::Result<Target> {
+        let mut child = Command::new(bin)
+            .args(["--listen", "127.0.0.1:0", "--log-level", "info"])
+            .args(SERVER_ARGS)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot run {}", bin.display()))?;
+        let stderr = child.stderr.take().context("server stderr")?;
+        let mut lines = BufReader::new(stderr).lines();
+        let addr = loop {
+            let Some(Ok(line)) = lines.next() else {
+                bail!("{} exited before listening", bin.display());
+            };
+            if let Some(rest) = line.split("addr=").nth(1) {
+                let a = rest.split_whitespace().next().unwrap_or_default();
+                break a
+                    .parse()
+                    .context("the server logged an unreadable address")?;
+            }
+        };
+        let panics = Arc::new(Mutex::new(Vec::new()));
+        let seen = panics.clone();
+        // Drain the log for the whole run, so the server never blocks on a
+        // full pipe, keeping what reports a panic.
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                if line.contains("panicked") {
+                    seen.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+                }
+            }
+        });
+        Ok(Target::Child {
+            addr,
+            child,
+            panics,
+        })
+    }
+
+    pub fn external(addr: &str, pid: Option<u32>) -> anyhow::Result<Target> {
+        let addr: SocketAddr = addr
+            .parse()
+            .with_context(|| format!("--server {addr:?} is not an ip:port"))?;
+        if !addr.ip().is_loopback() {
+            bail!("--server must be a loopback address: the torture run floods it");
+        }
+        Ok(Target::External { addr, pid })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        match self {
+            Target::InProcess { addr, .. }
+            | Target::Child { addr, .. }
+            | Target::External { addr, .. } => *addr,
+        }
+    }
+
+    /// The server's resident set size in bytes, when it can be known (in
+    /// process, it is the whole process's).
+    pub fn rss(&self) -> Option<u64> {
+        let pid = match self {
+            Target::InProcess { .. } => std::process::id(),
+            Target::Child { child, .. } => child.id(),
+            Target::External { pid, .. } => (*pid)?,
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    }
+
+    /// Stops the server as SIGTERM would and returns the problems seen:
+    /// panics, a failed exit.
+    pub async fn stop(self) -> Vec<String> {
+        let mut problems = Vec::new();
+        match self {
+            Target::InProcess {
+                mut stop,
+                mut thread,
+                panics,
+                ..
+            } => {
+                if let Some(s) = stop.take() {
+                    let _ = s.send(());
+                }
+                if let Some(t) = thread.take() {
+                    match tokio::task::spawn_blocking(move || t.join()).await {
+                        Ok(Ok(Ok(()))) => {}
+                        Ok(Ok(Err(e))) => problems.push(format!("server returned an error: {e:#}")),
+                        _ => problems.push("server thread panicked".into()),
+                    }
+                }
+                let n = panics.load(Ordering::Relaxed);
+                if n > 0 {
+                    problems.push(format!("{n} panics in the process"));
+                }
+            }
+            Target::Child {
+                mut child, panics, ..
+            } => {
+                // SAFETY: kill has no memory-safety preconditions; the pid is
+                // our own child, not yet reaped.
+                unsafe {
+                    libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+                }
+                match tokio::task::spawn_blocking(move || child.wait()).await {
+                    Ok(Ok(status)) if status.success() => {}
+                    Ok(Ok(status)) => problems.push(format!("server exited with {status}")),
+                    _ => problems.push("cannot wait for the server".into()),
+                }
+                problems.extend(panics.lock().unwrap_or_else(|p| p.into_inner()).drain(..));
+            }
+            Target::External { .. } => {}
+        }
+        problems
+    }
+}
