@@ -391,7 +391,11 @@ impl Harness {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        // PROPTEST_CASES runs more (docs/RELIABILITY.md).
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn table_agrees_with_model(ops in prop::collection::vec(op(), 1..60)) {
