@@ -7,6 +7,7 @@
 //! | [`handler`] | validation of one request and its response |
 //! | [`db`] | the shared table behind a mutex, timers, wake-up delivery |
 //! | [`table`] | the lock rules: a synchronous state machine, no I/O |
+//! | [`keymap`] | the table's key map, compact at millions of keys |
 //! | [`fence`] | where fencing tokens start so they never go backwards |
 //! | [`auth`] | access tokens |
 //! | [`fuzzing`] | the request path without sockets, for fuzzing |
@@ -22,6 +23,7 @@ pub mod db;
 pub mod fence;
 pub mod fuzzing;
 pub mod handler;
+pub mod keymap;
 pub mod server;
 pub mod table;
 pub mod testing;

@@ -1,0 +1,192 @@
+//! The lock table's map from key names to their state, laid out for
+//! millions of held keys.
+//!
+//! Entries live in a dense vector of slots whose indices never change while
+//! the key exists, and a hash index maps names to slot numbers (4 bytes a
+//! bucket). A `HashMap<Key, State>` would size its buckets for the whole
+//! entry and round up to a power of two, so at a million keys most of its
+//! memory would be empty buckets. Stable slot numbers also let the lease
+//! heap name a key with 4 bytes instead of a pointer to its name.
+
+use crate::table::Key;
+use hashbrown::HashTable;
+use std::hash::BuildHasher;
+
+/// A slot number: where a key's entry lives for as long as the key does.
+pub type Slot = u32;
+
+/// Key names to values; see the module documentation.
+#[derive(Debug)]
+pub struct KeyMap<V> {
+    slots: Vec<Option<(Key, V)>>,
+    /// Empty slots, reused before the vector grows.
+    free: Vec<Slot>,
+    index: HashTable<Slot>,
+    /// SipHash with a random key: names come from clients, so collisions
+    /// must not be something they can choose.
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl<V> Default for KeyMap<V> {
+    fn default() -> Self {
+        KeyMap {
+            slots: Vec::new(),
+            free: Vec::new(),
+            index: HashTable::new(),
+            hasher: Default::default(),
+        }
+    }
+}
+
+impl<V> KeyMap<V> {
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Whether there are no keys.
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    fn find(&self, key: &str) -> Option<Slot> {
+        let hash = self.hasher.hash_one(key);
+        let slots = &self.slots;
+        self.index
+            .find(hash, |&s| {
+                slots
+                    .get(s as usize)
+                    .and_then(|e| e.as_ref())
+                    .is_some_and(|(k, _)| &**k == key)
+            })
+            .copied()
+    }
+
+    /// The slot of `key`, if present.
+    pub fn slot(&self, key: &str) -> Option<Slot> {
+        self.find(key)
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&V> {
+        self.find(key).and_then(|s| self.at(s)).map(|(_, v)| v)
+    }
+
+    /// The value of `key`, mutably.
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut V> {
+        let s = self.find(key)?;
+        self.at_mut(s)
+    }
+
+    /// The entry in `slot`, if one is there.
+    pub fn at(&self, slot: Slot) -> Option<(&Key, &V)> {
+        self.slots
+            .get(slot as usize)
+            .and_then(|e| e.as_ref())
+            .map(|(k, v)| (k, v))
+    }
+
+    /// The value in `slot`, mutably.
+    pub fn at_mut(&mut self, slot: Slot) -> Option<&mut V> {
+        self.slots
+            .get_mut(slot as usize)
+            .and_then(|e| e.as_mut())
+            .map(|(_, v)| v)
+    }
+
+    /// The value of `key`, inserted with `V::default()` if absent, and its
+    /// slot.
+    pub fn get_or_default(&mut self, key: &Key) -> (Slot, &mut V)
+    where
+        V: Default,
+    {
+        let slot = match self.find(key) {
+            Some(s) => s,
+            None => {
+                let slot = match self.free.pop() {
+                    Some(s) => s,
+                    None => {
+                        // The table's limits keep keys far below 2^32.
+                        let s = Slot::try_from(self.slots.len()).unwrap_or(Slot::MAX);
+                        self.slots.push(None);
+                        s
+                    }
+                };
+                self.slots[slot as usize] = Some((key.clone(), V::default()));
+                let hash = self.hasher.hash_one(&**key);
+                let (slots, hasher) = (&self.slots, &self.hasher);
+                self.index.insert_unique(hash, slot, |&s| {
+                    slots[s as usize]
+                        .as_ref()
+                        .map_or(0, |(k, _)| hasher.hash_one(&**k))
+                });
+                slot
+            }
+        };
+        let value = self.slots[slot as usize]
+            .as_mut()
+            .map(|(_, v)| v)
+            .expect("a slot just found or filled holds an entry");
+        (slot, value)
+    }
+
+    /// Removes `key` and frees its slot.
+    pub fn remove(&mut self, key: &str) -> Option<V> {
+        let hash = self.hasher.hash_one(key);
+        let slots = &self.slots;
+        let found = self.index.find_entry(hash, |&s| {
+            slots[s as usize].as_ref().is_some_and(|(k, _)| &**k == key)
+        });
+        let slot = match found {
+            Ok(entry) => entry.remove().0,
+            Err(_) => return None,
+        };
+        let (_, v) = self.slots[slot as usize].take()?;
+        if slot as usize + 1 == self.slots.len() {
+            self.slots.pop();
+        } else {
+            self.free.push(slot);
+        }
+        if self.index.is_empty() {
+            // Give back the memory of a burst once it is over.
+            self.slots = Vec::new();
+            self.free = Vec::new();
+            self.index = HashTable::new();
+        }
+        Some(v)
+    }
+
+    /// Every entry, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&Key, &V)> {
+        self.slots
+            .iter()
+            .filter_map(|e| e.as_ref().map(|(k, v)| (k, v)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_stable_and_reused() {
+        let mut m: KeyMap<u32> = KeyMap::default();
+        let (a, va) = m.get_or_default(&Key::from("a"));
+        *va = 1;
+        let (b, _) = m.get_or_default(&Key::from("b"));
+        let (c, _) = m.get_or_default(&Key::from("c"));
+        assert_eq!(m.get_or_default(&Key::from("a")).0, a);
+        assert_eq!(m.remove("b"), Some(0));
+        assert_eq!(m.slot("c"), Some(c));
+        assert_eq!(m.get("a"), Some(&1));
+        assert!(m.get("b").is_none());
+        assert_eq!(m.get_or_default(&Key::from("d")).0, b, "freed slot reused");
+        assert_eq!(m.len(), 3);
+        assert_eq!(m.iter().count(), 3);
+        for k in ["a", "c", "d"] {
+            assert!(m.remove(k).is_some());
+        }
+        assert!(m.is_empty());
+        assert_eq!(m.remove("a"), None);
+    }
+}
