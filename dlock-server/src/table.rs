@@ -158,6 +158,7 @@ struct KeyState {
 /// and allocated only when someone waits: an empty queue costs 8 bytes, not
 /// the 24 of an inline set, which adds up over millions of held keys.
 #[derive(Debug, Default)]
+#[allow(clippy::box_collection)] // The box is the point: see above.
 struct Queue(Option<Box<BTreeSet<ReqId>>>);
 
 impl Queue {
