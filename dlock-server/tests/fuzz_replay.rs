@@ -3,6 +3,8 @@
 //! a bounded piece of the fuzzer's work: raw bytes, and well-formed requests
 //! of every type split at random points across connections.
 
+mod common;
+
 use dlock::codec::encode_frame;
 use dlock::proto::{Request, RequestLock};
 use proptest::prelude::*;
@@ -90,17 +92,8 @@ fn script(steps: &[Step]) -> Vec<u8> {
     out
 }
 
-/// Cases per property: the default keeps `cargo test` quick; set
-/// PROPTEST_CASES for a longer run (docs/RELIABILITY.md).
-fn common_cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(common_cases(2_000)))]
+    #![proptest_config(ProptestConfig::with_cases(common::proptest_cases(2_000)))]
 
     #[test]
     fn generated_sessions_keep_every_rule(steps in prop::collection::vec(step(), 0..80)) {

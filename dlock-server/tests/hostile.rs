@@ -60,17 +60,8 @@ async fn drain(conn: &mut Conn) -> Vec<Response> {
     out
 }
 
-/// Cases per property: the default keeps `cargo test` quick; set
-/// PROPTEST_CASES for a longer run (docs/RELIABILITY.md).
-fn common_cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(common_cases(48)))]
+    #![proptest_config(ProptestConfig::with_cases(common::proptest_cases(48)))]
 
     #[test]
     fn arbitrary_bytes_never_break_the_server(

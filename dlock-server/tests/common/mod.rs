@@ -222,6 +222,15 @@ pub fn status(r: &Response) -> ResponseStatus {
     ResponseStatus::try_from(r.status).expect("known status")
 }
 
+/// Cases per property test: the default keeps `cargo test` quick; set
+/// PROPTEST_CASES for a longer run (docs/RELIABILITY.md).
+pub fn proptest_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Runs `fut` and returns how long it took along with its output.
 pub async fn timed<T>(fut: impl Future<Output = T>) -> (T, Duration) {
     let start = std::time::Instant::now();
