@@ -115,21 +115,10 @@ impl Drop for Session<'_> {
     /// A Lock granted after the session stopped listening is released, so
     /// no lease outlives a client that never learned its fencing token.
     fn drop(&mut self) {
-        if let Some((_, mut rx)) = self.waiting.take() {
-            rx.close();
-            if let Ok(w) = rx.try_recv() {
-                self.ctx.db.release_undelivered(w);
-            }
+        if let Some((_, rx)) = self.waiting.take() {
+            self.ctx.db.abandon(rx);
         }
     }
-}
-
-fn undecodable(e: &prost::DecodeError) -> Response {
-    handler::error(
-        0,
-        ResponseStatus::General,
-        format!("request is not a valid protobuf Request: {e}"),
-    )
 }
 
 impl<'a> Session<'a> {
@@ -277,7 +266,7 @@ impl<'a> Session<'a> {
                             Step::Reply(r) => encode_frame(&r, &mut self.out),
                             Step::Wait { request_id, rx } => self.waiting = Some((request_id, rx)),
                         },
-                        Err(e) => encode_frame(&undecodable(&e), &mut self.out),
+                        Err(e) => encode_frame(&handler::undecodable(&e), &mut self.out),
                     }
                 }
             }
@@ -301,7 +290,7 @@ impl<'a> Session<'a> {
                 Item::Reply(r) => r,
                 Item::Frame(body) => match Request::decode(body) {
                     Ok(req) => handler::error(req.id, status, text),
-                    Err(e) => undecodable(&e),
+                    Err(e) => handler::undecodable(&e),
                 },
             };
             encode_frame(&response, &mut self.out);

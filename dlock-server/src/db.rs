@@ -203,12 +203,6 @@ impl Db {
         }
     }
 
-    /// Keys held and requests waiting, for logs and tests.
-    pub fn counts(&self) -> (usize, usize) {
-        let st = self.state();
-        (st.table.held_keys(), st.table.waiting())
-    }
-
     /// Runs the timer task: expires leases and wait limits on time, until
     /// `shutdown` is cancelled.
     pub async fn run_timer(self, shutdown: CancellationToken) {
@@ -348,8 +342,15 @@ impl Db {
         }
     }
 
-    /// Releases a grant that reached its connection too late to be answered.
-    pub fn release_undelivered(&self, w: Woken) {
+    /// Stops listening for a waiting Lock's outcome: a grant that already
+    /// arrived unanswered is released, and one that comes later is released
+    /// by `finish`, so no lease outlives a client that never learned its
+    /// fencing token.
+    pub fn abandon(&self, mut rx: oneshot::Receiver<Woken>) {
+        rx.close();
+        let Ok(w) = rx.try_recv() else {
+            return;
+        };
         if let Wake::Granted { fence } = w.wake {
             let mut st = self.state();
             let res = st.table.unlock(w.owner, w.keys, Some(fence), now());

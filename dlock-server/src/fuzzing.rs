@@ -164,11 +164,8 @@ impl Harness<'_> {
     /// Ends a connection the way the server does: an outcome that arrived
     /// unanswered is released, then the connection's state goes.
     fn close(&self, mut c: Sim) {
-        if let Some((_, mut rx)) = c.waiting.take() {
-            rx.close();
-            if let Ok(w) = rx.try_recv() {
-                self.db.release_undelivered(w);
-            }
+        if let Some((_, rx)) = c.waiting.take() {
+            self.db.abandon(rx);
         }
         self.db.disconnect(c.owner);
     }
@@ -215,10 +212,12 @@ impl Harness<'_> {
     }
 
     fn run(&mut self, c: &mut Sim, frame: &[u8]) {
-        let Ok(req) = Request::decode(frame) else {
-            let r = handler::error(0, ResponseStatus::General, "undecodable");
-            self.check(&r);
-            return;
+        let req = match Request::decode(frame) {
+            Ok(req) => req,
+            Err(e) => {
+                self.check(&handler::undecodable(&e));
+                return;
+            }
         };
         let ctx = Ctx {
             db: self.db,

@@ -57,6 +57,15 @@ pub fn error(request_id: u64, status: ResponseStatus, text: impl Into<String>) -
     r
 }
 
+/// The answer to a frame whose body is not a `Request`.
+pub fn undecodable(e: &prost::DecodeError) -> Response {
+    error(
+        0,
+        ResponseStatus::General,
+        format!("request is not a valid protobuf Request: {e}"),
+    )
+}
+
 /// The response to a Lock that waited.
 pub fn woken(request_id: u64, woken: Woken) -> Response {
     match woken.wake {
