@@ -177,11 +177,7 @@ pub async fn multikey(t: Target, ctl: Control, conns: usize, k: usize, pool: usi
                     }
                     let unlock = c.request(RequestType::Unlock, &keys, 0);
                     let r = c.call(&unlock).await?;
-                    if r.status == ResponseStatus::Ok as i32 {
-                        rec.ok(start.elapsed());
-                    } else {
-                        rec.errors += 1;
-                    }
+                    rec.outcome(r.status == ResponseStatus::Ok as i32, start);
                 }
                 Ok(())
             }

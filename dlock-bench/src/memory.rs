@@ -41,11 +41,7 @@ async fn pipelined(
         }
         c.flush().await?;
         let sent = in_flight.pop_front().unwrap_or_else(Instant::now);
-        if c.recv().await?.status == ResponseStatus::Ok as i32 {
-            rec.ok(sent.elapsed());
-        } else {
-            rec.errors += 1;
-        }
+        rec.outcome(c.recv().await?.status == ResponseStatus::Ok as i32, sent);
     }
     Ok(())
 }

@@ -73,6 +73,16 @@ impl Recorder {
         self.hist.saturating_record(micros);
     }
 
+    /// Records one operation started at `started`: its latency when it
+    /// succeeded, an error otherwise.
+    pub fn outcome(&mut self, succeeded: bool, started: std::time::Instant) {
+        if succeeded {
+            self.ok(started.elapsed());
+        } else {
+            self.errors += 1;
+        }
+    }
+
     /// Merges another worker's figures into this one.
     pub fn merge(&mut self, other: &Recorder) {
         self.ops += other.ops;

@@ -64,11 +64,7 @@ pub async fn ping(t: Target, ctl: Control, conns: usize) -> Recorder {
                     let req = c.request(RequestType::Ping, &[], 0);
                     let start = Instant::now();
                     let r = c.call(&req).await?;
-                    if ok(r.status) {
-                        rec.ok(start.elapsed());
-                    } else {
-                        rec.errors += 1;
-                    }
+                    rec.outcome(ok(r.status), start);
                 }
                 Ok(())
             }
@@ -95,11 +91,7 @@ pub async fn lock_unlock(t: Target, ctl: Control, conns: usize, prefix: &str) ->
                     let locked = c.call(&lock).await?;
                     let unlock = c.request(RequestType::Unlock, &key, 0);
                     let unlocked = c.call(&unlock).await?;
-                    if ok(locked.status) && ok(unlocked.status) {
-                        rec.ok(start.elapsed());
-                    } else {
-                        rec.errors += 1;
-                    }
+                    rec.outcome(ok(locked.status) && ok(unlocked.status), start);
                 }
                 Ok(())
             }
@@ -162,11 +154,7 @@ pub async fn pipeline(
                     }
                     for op in answers.chunks(per_op) {
                         let sent = in_flight.pop_front().unwrap_or_else(Instant::now);
-                        if op.iter().all(|r| ok(r.status)) {
-                            rec.ok(sent.elapsed());
-                        } else {
-                            rec.errors += 1;
-                        }
+                        rec.outcome(op.iter().all(|r| ok(r.status)), sent);
                     }
                 }
             }
@@ -193,11 +181,7 @@ pub async fn churn(t: Target, ctl: Control, conns: usize) -> Recorder {
                     // flight: that is part of what churn measures.
                     let r = c.call(&lock).await?;
                     drop(c);
-                    if ok(r.status) {
-                        rec.ok(start.elapsed());
-                    } else {
-                        rec.errors += 1;
-                    }
+                    rec.outcome(ok(r.status), start);
                 }
                 Ok(())
             }
