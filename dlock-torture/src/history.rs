@@ -17,12 +17,18 @@ impl Register {
     /// Writes under `fence`; false when a newer token was already accepted.
     pub fn write(&self, key: &str, fence: u64) -> bool {
         let mut highest = self.highest.lock().unwrap_or_else(|p| p.into_inner());
-        let top = highest.entry(key.to_string()).or_insert(0);
-        if fence < *top {
-            return false;
+        // The pool is small: after the first write of a key, no allocation.
+        match highest.get_mut(key) {
+            Some(top) if fence < *top => false,
+            Some(top) => {
+                *top = fence;
+                true
+            }
+            None => {
+                highest.insert(key.to_string(), fence);
+                true
+            }
         }
-        *top = fence;
-        true
     }
 }
 
