@@ -103,16 +103,13 @@ impl<V> KeyMap<V> {
         let slot = match self.find(key) {
             Some(s) => s,
             None => {
-                let slot = match self.free.pop() {
-                    Some(s) => s,
-                    None => {
-                        // The table's limits keep keys far below 2^32.
-                        let s = Slot::try_from(self.slots.len()).unwrap_or(Slot::MAX);
-                        self.slots.push(None);
-                        s
-                    }
-                };
-                self.slots[slot as usize] = Some((key.clone(), V::default()));
+                let slot = self.free.pop().unwrap_or_else(|| {
+                    self.slots.push(None);
+                    // The table's limits keep keys far below 2^32.
+                    Slot::try_from(self.slots.len() - 1).unwrap_or(Slot::MAX)
+                });
+                // Indexed before it is filled: growing the index rehashes
+                // only the entries already in it.
                 let hash = self.hasher.hash_one(&**key);
                 let (slots, hasher) = (&self.slots, &self.hasher);
                 self.index.insert_unique(hash, slot, |&s| {
@@ -123,10 +120,8 @@ impl<V> KeyMap<V> {
                 slot
             }
         };
-        let value = self.slots[slot as usize]
-            .as_mut()
-            .map(|(_, v)| v)
-            .expect("a slot just found or filled holds an entry");
+        let (_, value) =
+            self.slots[slot as usize].get_or_insert_with(|| (key.clone(), V::default()));
         (slot, value)
     }
 
