@@ -82,24 +82,47 @@ impl Decoder for FrameCodec {
     type Error = FrameError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Bytes>, FrameError> {
-        let Some(prefix) = src.get(..LEN_PREFIX) else {
-            return Ok(None);
-        };
-        let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
-        if len > self.max_frame {
-            return Err(FrameError::TooLarge {
-                len,
-                max: self.max_frame,
-            });
+        match frame_len(src, self.max_frame)? {
+            Some(len) => {
+                src.advance(LEN_PREFIX);
+                Ok(Some(src.split_to(len).freeze()))
+            }
+            None => {
+                if let Some(len) = announced_len(src) {
+                    // Reserve once for the whole frame instead of growing read by read.
+                    src.reserve(LEN_PREFIX + len - src.len());
+                }
+                Ok(None)
+            }
         }
-        if src.len() < LEN_PREFIX + len {
-            // Reserve once for the whole frame instead of growing read by read.
-            src.reserve(LEN_PREFIX + len - src.len());
-            return Ok(None);
-        }
-        src.advance(LEN_PREFIX);
-        Ok(Some(src.split_to(len).freeze()))
     }
+}
+
+fn announced_len(buf: &[u8]) -> Option<usize> {
+    let prefix = buf.get(..LEN_PREFIX)?;
+    Some(u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize)
+}
+
+/// The body length of the frame at the start of `buf`, if all of it is there.
+///
+/// `Ok(None)` means more bytes are needed. Readers that decode in place use
+/// it to walk a buffer without splitting it: the body is
+/// `buf[LEN_PREFIX..LEN_PREFIX + len]`.
+///
+/// # Errors
+/// [`FrameError::TooLarge`] when the announced length exceeds `max_frame`,
+/// as soon as the length prefix is there; the stream cannot be read further.
+pub fn frame_len(buf: &[u8], max_frame: usize) -> Result<Option<usize>, FrameError> {
+    let Some(len) = announced_len(buf) else {
+        return Ok(None);
+    };
+    if len > max_frame {
+        return Err(FrameError::TooLarge {
+            len,
+            max: max_frame,
+        });
+    }
+    Ok((buf.len() >= LEN_PREFIX + len).then_some(len))
 }
 
 impl<M: prost::Message> Encoder<&M> for FrameCodec {
@@ -180,6 +203,18 @@ mod tests {
             Err(FrameError::TooLarge { len: 9, max: 8 }) => {}
             other => panic!("expected TooLarge, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn frame_len_finds_whole_frames_only() {
+        let wire = frame(b"abc");
+        assert_eq!(frame_len(&wire[..3], 8).unwrap(), None);
+        assert_eq!(frame_len(&wire[..6], 8).unwrap(), None);
+        assert_eq!(frame_len(&wire, 8).unwrap(), Some(3));
+        assert!(matches!(
+            frame_len(&wire[..4], 2),
+            Err(FrameError::TooLarge { len: 3, max: 2 })
+        ));
     }
 
     #[test]
