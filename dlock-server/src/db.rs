@@ -12,7 +12,7 @@ use crate::table::{Key, LockResult, LockTable, OwnerId, ReqId, TableLimits, Wait
 use dlock::proto::{KeyInfo, ServerStats};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
@@ -34,6 +34,8 @@ struct Shared {
     fence_alarm: AtomicU64,
     fence_refill: Notify,
     next_owner: AtomicU64,
+    /// Set by [`Db::close`]: the server is stopping.
+    closed: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -58,6 +60,8 @@ pub enum LockReply {
     Busy(Vec<Key>),
     /// A server-wide limit was reached.
     LimitReached(&'static str),
+    /// The server is stopping; nothing changed.
+    ShuttingDown,
 }
 
 /// The current time as the table sees it. Taken from tokio's clock so tests
@@ -81,6 +85,7 @@ impl Db {
                 fence_alarm: AtomicU64::new(u64::MAX),
                 fence_refill: Notify::new(),
                 next_owner: AtomicU64::new(1),
+                closed: AtomicBool::new(false),
             }),
         }
     }
@@ -123,6 +128,11 @@ impl Db {
         lease: Option<Duration>,
     ) -> LockReply {
         let mut st = self.state();
+        // Read under the mutex, which `close` also takes: no Lock can slip
+        // in as a waiter after the waiters were withdrawn.
+        if self.shared.closed.load(Ordering::Relaxed) {
+            return LockReply::ShuttingDown;
+        }
         match st.table.lock(owner, keys, wait, lease, now()) {
             LockResult::Granted { fence } => {
                 if lease.is_some() {
@@ -200,6 +210,20 @@ impl Db {
             connections: st.peers.len() as u64,
             held_keys: st.table.held_keys() as u64,
             waiting_requests: st.table.waiting() as u64,
+        }
+    }
+
+    /// Starts stopping the server: every waiting Lock is withdrawn (its
+    /// delivery is dropped, so its connection answers ShuttingDown) and
+    /// later Locks are refused with ShuttingDown. Called before connections
+    /// close, so the releases of closing holders hand keys to nobody: a
+    /// grant given during shutdown would be useless to its client and tell
+    /// it something false. Outcomes decided before this keep their answer.
+    pub fn close(&self) {
+        let mut st = self.state();
+        self.shared.closed.store(true, Ordering::Relaxed);
+        for req in st.table.withdraw_all() {
+            st.pending.remove(&req);
         }
     }
 
@@ -356,5 +380,68 @@ impl Db {
             let res = st.table.unlock(w.owner, w.keys, Some(fence), now());
             self.finish(st, res.woken);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, SocketAddr};
+    use tokio::sync::oneshot::error::TryRecvError;
+
+    fn db() -> Db {
+        Db::new(
+            TableLimits {
+                max_waiters: 10,
+                max_held_keys: 10,
+            },
+            1,
+        )
+    }
+
+    fn keys(k: &str) -> Vec<Key> {
+        vec![Key::from(k)]
+    }
+
+    #[tokio::test]
+    async fn a_closed_db_hands_released_keys_to_nobody() {
+        let db = db();
+        let peer = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
+        let (a, b) = (db.connect(peer), db.connect(peer));
+        assert!(matches!(
+            db.lock(a, keys("k"), Wait::Forever, None),
+            LockReply::Granted(_)
+        ));
+        let LockReply::Wait(mut rx) = db.lock(b, keys("k"), Wait::Forever, None) else {
+            panic!("b should wait for k");
+        };
+        db.close();
+        // The holder's connection closes as part of the shutdown.
+        db.disconnect(a);
+        assert!(matches!(rx.try_recv(), Err(TryRecvError::Closed)));
+        assert!(matches!(
+            db.lock(b, keys("other"), Wait::Forever, None),
+            LockReply::ShuttingDown
+        ));
+        db.check_invariants().expect("invariants hold");
+        let stats = db.stats();
+        assert_eq!((stats.held_keys, stats.waiting_requests), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn an_outcome_decided_before_close_is_kept() {
+        let db = db();
+        let peer = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
+        let (a, b) = (db.connect(peer), db.connect(peer));
+        db.lock(a, keys("k"), Wait::Forever, None);
+        let LockReply::Wait(mut rx) = db.lock(b, keys("k"), Wait::Forever, None) else {
+            panic!("b should wait for k");
+        };
+        db.disconnect(a);
+        db.close();
+        assert!(matches!(
+            rx.try_recv().map(|w| w.wake),
+            Ok(Wake::Granted { .. })
+        ));
     }
 }

@@ -206,6 +206,10 @@ fn lock(ctx: Ctx<'_>, id: u64, body: RequestLock) -> Result<Step, Failure> {
             ResponseStatus::LimitReached,
             format!("server limit on {what} reached; try again later"),
         )),
+        LockReply::ShuttingDown => Err((
+            ResponseStatus::ShuttingDown,
+            "server is shutting down".into(),
+        )),
     }
 }
 

@@ -115,6 +115,9 @@ pub async fn run(
 
     drop(listener);
     tracing::info!("shutting down");
+    // Before any connection closes: a holder's release must not hand its
+    // keys to a waiter whose connection is about to close too.
+    shared.db.close();
     cancel.cancel();
     tracker.close();
     if tokio::time::timeout(shared.config.shutdown_timeout, tracker.wait())

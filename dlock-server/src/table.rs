@@ -421,6 +421,26 @@ impl LockTable {
         out
     }
 
+    /// Withdraws every waiting request, for a server that is stopping: no
+    /// waiter is granted afterwards, whoever releases what. Returns the
+    /// withdrawn requests.
+    pub fn withdraw_all(&mut self) -> Vec<ReqId> {
+        let reqs: Vec<ReqId> = self.waiters.keys().copied().collect();
+        // Nobody is left to pump keys to.
+        let mut fronts_changed = Vec::new();
+        for &req in &reqs {
+            if let Some(w) = self.waiters.remove(&req) {
+                self.dequeue(req, &w.keys, &mut fronts_changed);
+                if let Some(o) = self.owners.get_mut(&w.owner) {
+                    o.waiting.clear();
+                }
+                self.forget_owner_if_idle(w.owner);
+            }
+        }
+        self.timeouts.clear();
+        reqs
+    }
+
     /// The earliest instant at which [`LockTable::advance`] has work to do.
     pub fn next_deadline(&self) -> Option<Instant> {
         let lease = self.leases.peek().map(|Reverse((t, _, _))| *t);
