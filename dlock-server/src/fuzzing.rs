@@ -4,7 +4,8 @@
 //! [`session`] reads its input as a script for a few simulated connections.
 //! Each step feeds bytes to one connection's frame decoder, ends a
 //! connection, or lets the clock run; every frame then goes through the same
-//! codec, protobuf decoding, validation and lock table as on a socket. After
+//! [`Pipeline`] (framing, parking, protobuf decoding), validation and lock
+//! table as on a socket, and every response is decoded from its bytes. After
 //! every step the lock state's invariants are checked, and at the end, once
 //! every connection has gone and every lease has run out, the server must be
 //! empty. Any broken rule panics: that is how a fuzzer notices.
@@ -12,14 +13,14 @@
 use crate::auth::Tokens;
 use crate::config::Config;
 use crate::db::Db;
-use crate::handler::{self, Ctx, Step};
-use crate::table::{OwnerId, TableLimits, Woken};
-use bytes::{Bytes, BytesMut};
+use crate::handler::Ctx;
+use crate::pipeline::Pipeline;
+use crate::table::{OwnerId, TableLimits};
+use bytes::{Buf, BufMut, BytesMut};
 use clap::Parser;
 use dlock::codec::FrameCodec;
-use dlock::proto::{Request, Response, ResponseStatus};
+use dlock::proto::{Response, ResponseStatus};
 use prost::Message;
-use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -107,7 +108,7 @@ pub fn session(script: &[u8]) {
                 let take = n.min(rest.len().saturating_sub(1));
                 let chunk = rest.get(1..1 + take).unwrap_or_default();
                 rest = rest.get(1 + take..).unwrap_or_default();
-                conn.input.extend_from_slice(chunk);
+                conn.socket.extend_from_slice(chunk);
                 harness.poll(conn);
             }
         }
@@ -140,11 +141,9 @@ struct Harness<'a> {
 /// One simulated connection, as `connection::Session` keeps it.
 struct Sim {
     owner: OwnerId,
-    codec: FrameCodec,
-    input: BytesMut,
-    /// A Lock waiting for its outcome; requests behind it are parked.
-    waiting: Option<(u64, oneshot::Receiver<Woken>)>,
-    parked: VecDeque<Bytes>,
+    pipeline: Pipeline,
+    /// Bytes the client sent that the server has not read yet.
+    socket: BytesMut,
     /// The server would have closed it (a frame over the limit).
     closed: bool,
 }
@@ -153,10 +152,8 @@ impl Harness<'_> {
     fn open(&self) -> Sim {
         Sim {
             owner: self.db.connect(SocketAddr::from((Ipv4Addr::LOCALHOST, 1))),
-            codec: FrameCodec::new(self.config.max_frame),
-            input: BytesMut::new(),
-            waiting: None,
-            parked: VecDeque::new(),
+            pipeline: Pipeline::new(self.config.max_frame, self.config.max_pipeline),
+            socket: BytesMut::new(),
             closed: false,
         }
     }
@@ -164,70 +161,76 @@ impl Harness<'_> {
     /// Ends a connection the way the server does: an outcome that arrived
     /// unanswered is released, then the connection's state goes.
     fn close(&self, mut c: Sim) {
-        if let Some((_, rx)) = c.waiting.take() {
+        if let Some(rx) = c.pipeline.take_waiting() {
             self.db.abandon(rx);
         }
         self.db.disconnect(c.owner);
     }
 
-    /// Runs everything the connection can run now.
+    /// Runs everything the connection can run now, the way
+    /// `connection::Session::run` does.
     fn poll(&mut self, c: &mut Sim) {
         if c.closed {
             return;
         }
-        loop {
-            if let Some((id, rx)) = c.waiting.as_mut() {
-                match rx.try_recv() {
-                    Ok(w) => {
-                        let r = handler::woken(*id, w);
-                        c.waiting = None;
-                        self.check(&r);
-                    }
-                    Err(oneshot::error::TryRecvError::Empty) => {}
-                    Err(oneshot::error::TryRecvError::Closed) => {
-                        panic!("a waiting Lock lost its delivery without an answer")
-                    }
-                }
-            }
-            if c.waiting.is_none() {
-                if let Some(frame) = c.parked.pop_front() {
-                    self.run(c, &frame);
-                    continue;
-                }
-            }
-            if c.parked.len() >= self.config.max_pipeline {
-                return; // The server stops reading here.
-            }
-            match c.codec.decode(&mut c.input) {
-                Ok(Some(frame)) if c.waiting.is_some() => c.parked.push_back(frame),
-                Ok(Some(frame)) => self.run(c, &frame),
-                Ok(None) => return,
-                Err(_) => {
-                    // Over the limit: the server answers and closes.
-                    c.closed = true;
-                    return;
-                }
-            }
-        }
-    }
-
-    fn run(&mut self, c: &mut Sim, frame: &[u8]) {
-        let req = match Request::decode(frame) {
-            Ok(req) => req,
-            Err(e) => {
-                self.check(&handler::undecodable(&e));
-                return;
-            }
-        };
         let ctx = Ctx {
             db: self.db,
             config: self.config,
             tokens: self.tokens,
             owner: c.owner,
         };
-        match handler::execute(ctx, req) {
-            Step::Reply(r) => self.check(&r),
-            Step::Wait { request_id, rx } => c.waiting = Some((request_id, rx)),
+        loop {
+            if let Some(rx) = c.pipeline.waiting() {
+                match rx.try_recv() {
+                    Ok(w) => c.pipeline.answer(Ok(w)),
+                    Err(oneshot::error::TryRecvError::Empty) => {}
+                    Err(oneshot::error::TryRecvError::Closed) => {
+                        panic!("a waiting Lock lost its delivery without an answer")
+                    }
+                }
+            }
+            c.pipeline.execute(ctx);
+            self.check_output(&mut c.pipeline);
+            if c.pipeline.runnable() {
+                continue;
+            }
+            if c.pipeline.broken() {
+                c.pipeline.abandon(ResponseStatus::FrameTooLarge, "closing");
+                self.check_output(&mut c.pipeline);
+                c.closed = true;
+                return;
+            }
+            if c.socket.is_empty() || !c.pipeline.can_read() {
+                return;
+            }
+            let socket = &mut c.socket;
+            let read = c.pipeline.read_with(|buf| {
+                let n = buf.remaining_mut().min(socket.len());
+                buf.put_slice(&socket[..n]);
+                socket.advance(n);
+                Ok(n)
+            });
+            if let Err(e) = read {
+                panic!("a read from memory failed: {e}");
+            }
+        }
+    }
+
+    /// Decodes every response the pipeline wrote and checks it.
+    fn check_output(&mut self, p: &mut Pipeline) {
+        let mut out = BytesMut::from(p.output());
+        p.written();
+        let mut codec = FrameCodec::new(dlock::MAX_RESPONSE_FRAME);
+        loop {
+            match codec.decode(&mut out) {
+                Ok(Some(body)) => match Response::decode(body) {
+                    Ok(r) => self.check(&r),
+                    Err(e) => panic!("the server wrote an undecodable response: {e}"),
+                },
+                Ok(None) if out.is_empty() => return,
+                Ok(None) => panic!("the server wrote half a frame"),
+                Err(e) => panic!("the server wrote a bad frame: {e}"),
+            }
         }
     }
 

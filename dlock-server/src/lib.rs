@@ -3,7 +3,8 @@
 //! | module | owns |
 //! |---|---|
 //! | [`server`] | accept loop, connection limit, socket options, shutdown |
-//! | [`connection`] | one client: framing, in-order execution, pipelining limits |
+//! | [`connection`] | one client: the socket, timeouts, shutdown |
+//! | [`pipeline`] | a connection's requests: framing in place, parking, output |
 //! | [`handler`] | validation of one request and its response |
 //! | [`db`] | the shared table behind a mutex, timers, wake-up delivery |
 //! | [`table`] | the lock rules: a synchronous state machine, no I/O |
@@ -24,6 +25,7 @@ pub mod fence;
 pub mod fuzzing;
 pub mod handler;
 pub mod keymap;
+pub mod pipeline;
 pub mod server;
 pub mod table;
 pub mod testing;

@@ -1,0 +1,557 @@
+//! One connection's requests between its socket and the lock table: the
+//! bytes read and not yet executed, the Lock the connection waits for, and
+//! the encoded responses not yet written.
+//!
+//! Frames are found and decoded in place in the read buffer and executed in
+//! arrival order. When a Lock has to wait, the frames behind it stay in the
+//! buffer, still encoded, until its outcome arrives: parked requests cost
+//! what they weigh on the wire and nothing is copied per frame. Because no
+//! frame keeps a reference into the buffer, it stays uniquely owned and
+//! every read can fill a large, reused region; a pipelined burst is taken in
+//! one or two system calls rather than one per frame.
+//!
+//! It does no I/O and reads no clock. `connection` moves bytes between the
+//! socket and a `Pipeline`; the fuzz harness feeds one directly, so both run
+//! the same code.
+
+use crate::handler::{self, Ctx, Step};
+use crate::table::Woken;
+use bytes::buf::Limit;
+use bytes::{Buf, BufMut, BytesMut};
+use dlock::codec::{encode_frame, frame_len, FrameError, LEN_PREFIX};
+use dlock::proto::{Request, ResponseStatus};
+use prost::Message;
+use std::io;
+use tokio::sync::oneshot;
+
+/// Parked requests may add up to this many maximum-size frames: enough for
+/// deep pipelines of ordinary requests, while a connection's memory stays a
+/// small multiple of `--max-frame` however large its requests are.
+pub const QUEUED_FRAMES: usize = 4;
+
+/// The first read of a burst asks for this much. Idle connections hold no
+/// read buffer at all, so this costs nothing at 10,000 connections.
+const MIN_READ: usize = 4 * 1024;
+
+/// A client that keeps filling whole reads gets reads up to this size: one
+/// system call then takes thousands of small pipelined requests.
+const MAX_READ: usize = 64 * 1024;
+
+/// Execution pauses for a write once this much output waits, so the output
+/// buffer stays bounded however large the answers to a burst are.
+const OUT_HIGH_WATER: usize = 64 * 1024;
+
+/// A connection's input, waiting Lock and output. See the module docs.
+#[derive(Debug)]
+pub struct Pipeline {
+    /// Bytes read and not yet executed: complete frames, possibly followed
+    /// by the start of one more.
+    input: BytesMut,
+    /// `input[..scanned]` is `frames` complete frames whose lengths have
+    /// been checked; these are the requests accepted and not yet answered.
+    scanned: usize,
+    frames: usize,
+    /// A frame length over the limit follows the scanned frames: nothing
+    /// after it can be read.
+    too_large: Option<TooLarge>,
+    /// The Lock that has to wait, by request id, and where its outcome comes.
+    waiting: Option<(u64, oneshot::Receiver<Woken>)>,
+    out: BytesMut,
+    /// Size of the next read; adapts to how fast the client sends.
+    read_size: usize,
+    max_frame: usize,
+    max_pipeline: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TooLarge {
+    len: usize,
+    answered: bool,
+}
+
+/// What one read brought.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    /// Bytes read; 0 means the peer closed its side.
+    pub bytes: usize,
+    /// Whether a whole request (or an oversize frame length) arrived: the
+    /// idle timer counts those, not bytes, so a trickle keeps nobody alive.
+    pub request: bool,
+}
+
+impl Pipeline {
+    /// An empty pipeline for frames of at most `max_frame` bytes and at most
+    /// `max_pipeline` requests accepted and unanswered at once.
+    pub fn new(max_frame: usize, max_pipeline: usize) -> Self {
+        Pipeline {
+            input: BytesMut::new(),
+            scanned: 0,
+            frames: 0,
+            too_large: None,
+            waiting: None,
+            out: BytesMut::new(),
+            read_size: MIN_READ,
+            max_frame,
+            max_pipeline: max_pipeline.max(1),
+        }
+    }
+
+    /// Requests accepted and not answered yet: parked frames and the
+    /// waiting Lock.
+    pub fn unanswered(&self) -> usize {
+        self.frames + usize::from(self.waiting.is_some())
+    }
+
+    /// Whether the connection should read more now. It stops at
+    /// `--max-pipeline` unanswered requests, at the byte limit of parked
+    /// frames, and for good after an oversize frame length.
+    pub fn can_read(&self) -> bool {
+        self.too_large.is_none()
+            && self.unanswered() < self.max_pipeline
+            && self.input.len() < self.input_limit()
+    }
+
+    fn input_limit(&self) -> usize {
+        QUEUED_FRAMES * (self.max_frame + LEN_PREFIX)
+    }
+
+    /// Reads once: `read` gets room in the input buffer (at most what the
+    /// limits leave) and returns how many bytes it put there, as
+    /// `TcpStream::try_read_buf` does.
+    ///
+    /// # Errors
+    /// Whatever `read` returns; the pipeline is unchanged then.
+    pub fn read_with<F>(&mut self, read: F) -> io::Result<Received>
+    where
+        F: FnOnce(&mut Limit<&mut BytesMut>) -> io::Result<usize>,
+    {
+        let room = self.input_limit().saturating_sub(self.input.len());
+        let want = self.read_size.min(room).max(1);
+        self.input.reserve(want);
+        let bytes = read(&mut (&mut self.input).limit(want))?;
+        if bytes == want {
+            // More is probably waiting: take bigger bites.
+            self.read_size = (self.read_size * 2).min(MAX_READ);
+        } else if bytes < self.read_size / 4 {
+            self.read_size = (self.read_size / 2).max(MIN_READ);
+        }
+        let before = (self.frames, self.too_large.is_some());
+        self.scan();
+        Ok(Received {
+            bytes,
+            request: (self.frames, self.too_large.is_some()) != before,
+        })
+    }
+
+    /// Accepts the complete frames after the scanned ones, up to the
+    /// pipeline limit.
+    fn scan(&mut self) {
+        while self.too_large.is_none() && self.unanswered() < self.max_pipeline {
+            match frame_len(&self.input[self.scanned..], self.max_frame) {
+                Ok(Some(len)) => {
+                    self.scanned += LEN_PREFIX + len;
+                    self.frames += 1;
+                }
+                Ok(None) => return,
+                Err(FrameError::TooLarge { len, .. }) => {
+                    self.too_large = Some(TooLarge {
+                        len,
+                        answered: false,
+                    });
+                }
+                Err(FrameError::Io(_)) => return,
+            }
+        }
+    }
+
+    /// Takes the first accepted frame's body out of the input and returns it
+    /// decoded; the caller has checked that there is one.
+    fn pop_request(&mut self) -> Result<Request, prost::DecodeError> {
+        let len = match frame_len(&self.input, self.max_frame) {
+            Ok(Some(len)) => len,
+            // Scanned frames are whole and within the limit.
+            _ => 0,
+        };
+        let decoded = Request::decode(&self.input[LEN_PREFIX..LEN_PREFIX + len]);
+        self.input.advance(LEN_PREFIX + len);
+        self.scanned -= LEN_PREFIX + len;
+        self.frames -= 1;
+        decoded
+    }
+
+    /// Runs accepted requests in order until one has to wait, the output
+    /// reaches its high-water mark (write it, then call again), or none is
+    /// left. An oversize frame is answered once everything before it is.
+    pub fn execute(&mut self, ctx: Ctx<'_>) {
+        while self.waiting.is_none() && self.out.len() < OUT_HIGH_WATER {
+            self.scan();
+            if self.frames == 0 {
+                self.answer_too_large();
+                return;
+            }
+            match self.pop_request() {
+                Ok(req) => match handler::execute(ctx, req) {
+                    Step::Reply(r) => encode_frame(&r, &mut self.out),
+                    Step::Wait { request_id, rx } => self.waiting = Some((request_id, rx)),
+                },
+                Err(e) => encode_frame(&handler::undecodable(&e), &mut self.out),
+            }
+        }
+    }
+
+    /// Whether `execute` stopped with requests it could still run: the
+    /// output reached its high-water mark and must be written first.
+    pub fn runnable(&self) -> bool {
+        self.waiting.is_none() && self.frames > 0
+    }
+
+    /// Whether an oversize frame length arrived: the connection answers what
+    /// came before it and closes.
+    pub fn broken(&self) -> bool {
+        self.too_large.is_some()
+    }
+
+    fn answer_too_large(&mut self) {
+        if let Some(t) = self.too_large.as_mut().filter(|t| !t.answered) {
+            t.answered = true;
+            let r = handler::error(
+                0,
+                ResponseStatus::FrameTooLarge,
+                format!(
+                    "frame of {} bytes exceeds the limit of {} bytes; closing",
+                    t.len, self.max_frame
+                ),
+            );
+            encode_frame(&r, &mut self.out);
+        }
+    }
+
+    /// The waiting Lock's outcome, to await; `None` when nothing waits.
+    pub fn waiting(&mut self) -> Option<&mut oneshot::Receiver<Woken>> {
+        self.waiting.as_mut().map(|(_, rx)| rx)
+    }
+
+    /// Answers the waiting Lock with its outcome; a delivery that was
+    /// dropped means the server is stopping.
+    pub fn answer(&mut self, outcome: Result<Woken, oneshot::error::RecvError>) {
+        if let Some((id, _)) = self.waiting.take() {
+            let response = match outcome {
+                Ok(w) => handler::woken(id, w),
+                Err(_) => {
+                    handler::error(id, ResponseStatus::ShuttingDown, "server is shutting down")
+                }
+            };
+            encode_frame(&response, &mut self.out);
+        }
+    }
+
+    /// Gives up the waiting Lock's delivery without answering it, for the
+    /// connection's end: see `Db::abandon`.
+    pub fn take_waiting(&mut self) -> Option<oneshot::Receiver<Woken>> {
+        self.waiting.take().map(|(_, rx)| rx)
+    }
+
+    /// Answers everything accepted and unanswered without executing it: the
+    /// waiting Lock gets its outcome if one already arrived, else `status`;
+    /// parked requests get `status`, bodies that do not decode get General,
+    /// and an oversize frame gets its FrameTooLarge. Bytes not yet accepted
+    /// are dropped, as if never read.
+    pub fn abandon(&mut self, status: ResponseStatus, text: &str) {
+        if let Some((id, mut rx)) = self.waiting.take() {
+            rx.close();
+            let response = match rx.try_recv() {
+                Ok(w) => handler::woken(id, w),
+                Err(_) => handler::error(id, status, text),
+            };
+            encode_frame(&response, &mut self.out);
+        }
+        while self.frames > 0 {
+            let response = match self.pop_request() {
+                Ok(req) => handler::error(req.id, status, text),
+                Err(e) => handler::undecodable(&e),
+            };
+            encode_frame(&response, &mut self.out);
+        }
+        self.answer_too_large();
+        self.input.clear();
+        self.scanned = 0;
+    }
+
+    /// Encoded responses waiting to be written.
+    pub fn output(&self) -> &[u8] {
+        &self.out
+    }
+
+    /// All of [`Pipeline::output`] has been written.
+    pub fn written(&mut self) {
+        self.out.clear();
+    }
+
+    /// Frees buffers that hold nothing, before the connection waits: an
+    /// idle connection then costs no buffer memory, and the next read or
+    /// answer takes a fresh one (an allocation is cheap next to the system
+    /// call that comes with it).
+    pub fn trim(&mut self) {
+        if self.input.is_empty() && self.input.capacity() > 0 {
+            self.input = BytesMut::new();
+        }
+        if self.out.is_empty() && self.out.capacity() > 0 {
+            self.out = BytesMut::new();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Tokens;
+    use crate::config::Config;
+    use crate::db::Db;
+    use crate::table::TableLimits;
+    use clap::Parser;
+    use dlock::proto::{RequestType, Response};
+    use std::net::{Ipv4Addr, SocketAddr};
+
+    struct Fixture {
+        db: Db,
+        config: Config,
+        tokens: Tokens,
+    }
+
+    impl Fixture {
+        fn new(flags: &[&str]) -> Self {
+            let config = Config::try_parse_from(
+                std::iter::once("dlock-server").chain(flags.iter().copied()),
+            )
+            .expect("flags parse");
+            let db = Db::new(
+                TableLimits {
+                    max_waiters: config.max_waiters,
+                    max_held_keys: config.max_held_keys,
+                },
+                1,
+            );
+            Fixture {
+                db,
+                config,
+                tokens: Tokens::default(),
+            }
+        }
+
+        fn ctx(&self, owner: u64) -> Ctx<'_> {
+            Ctx {
+                db: &self.db,
+                config: &self.config,
+                tokens: &self.tokens,
+                owner,
+            }
+        }
+
+        fn pipeline(&self) -> Pipeline {
+            Pipeline::new(self.config.max_frame, self.config.max_pipeline)
+        }
+    }
+
+    fn request(id: u64, kind: RequestType, keys: &[&str]) -> Request {
+        Request {
+            version: 2,
+            id,
+            r#type: kind as i32,
+            lock: (!keys.is_empty()).then(|| dlock::proto::RequestLock {
+                keys: keys.iter().map(|k| k.to_string()).collect(),
+                ..Default::default()
+            }),
+            ..Request::default()
+        }
+    }
+
+    fn pings(n: u64) -> BytesMut {
+        let mut wire = BytesMut::new();
+        for id in 1..=n {
+            encode_frame(&request(id, RequestType::Ping, &[]), &mut wire);
+        }
+        wire
+    }
+
+    /// Feeds `wire` through reads of whatever size the pipeline offers;
+    /// returns the sizes offered.
+    fn feed(p: &mut Pipeline, wire: &mut BytesMut) -> Vec<usize> {
+        let mut offered = Vec::new();
+        while !wire.is_empty() && p.can_read() {
+            p.read_with(|buf| {
+                offered.push(buf.remaining_mut());
+                let n = buf.remaining_mut().min(wire.len());
+                buf.put_slice(&wire[..n]);
+                wire.advance(n);
+                Ok(n)
+            })
+            .expect("reads from memory do not fail");
+        }
+        offered
+    }
+
+    fn responses(p: &mut Pipeline) -> Vec<Response> {
+        let mut out = BytesMut::from(p.output());
+        p.written();
+        let mut codec = dlock::codec::FrameCodec::new(dlock::MAX_RESPONSE_FRAME);
+        let mut all = Vec::new();
+        while let Some(body) =
+            tokio_util::codec::Decoder::decode(&mut codec, &mut out).expect("frames")
+        {
+            all.push(Response::decode(body).expect("a Response"));
+        }
+        all
+    }
+
+    fn peer() -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 1))
+    }
+
+    /// Reads and runs `wire` to the end; returns the read sizes offered and
+    /// the responses.
+    fn run_all(
+        f: &Fixture,
+        owner: u64,
+        p: &mut Pipeline,
+        wire: &mut BytesMut,
+    ) -> (Vec<usize>, Vec<Response>) {
+        let (mut offered, mut answers) = (Vec::new(), Vec::new());
+        loop {
+            offered.extend(feed(p, wire));
+            p.execute(f.ctx(owner));
+            answers.extend(responses(p));
+            if wire.is_empty() && p.unanswered() == 0 {
+                return (offered, answers);
+            }
+        }
+    }
+
+    #[test]
+    fn a_burst_is_read_in_growing_bites_not_frame_by_frame() {
+        let f = Fixture::new(&["--max-pipeline", "100000"]);
+        let owner = f.db.connect(peer());
+        let mut p = f.pipeline();
+        let mut wire = pings(20_000);
+        let (offered, answers) = run_all(&f, owner, &mut p, &mut wire);
+        let ids: Vec<u64> = answers.iter().map(|r| r.request_id).collect();
+        assert_eq!(ids, (1..=20_000).collect::<Vec<_>>());
+        // About 200 KB: reads start small, grow, never pass the maximum.
+        assert_eq!(offered[0], MIN_READ);
+        assert!(offered.iter().all(|&n| n <= MAX_READ));
+        assert!(
+            offered.iter().any(|&n| n > MIN_READ),
+            "reads grew: {offered:?}"
+        );
+        assert!(
+            offered.len() < 100,
+            "{} reads for 20,000 frames",
+            offered.len()
+        );
+    }
+
+    #[test]
+    fn frames_behind_a_waiting_lock_are_parked_up_to_the_limit_and_answered_in_order() {
+        let f = Fixture::new(&["--max-pipeline", "4"]);
+        let holder = f.db.connect(peer());
+        let mut h = f.pipeline();
+        let mut wire = BytesMut::new();
+        encode_frame(&request(1, RequestType::Lock, &["k"]), &mut wire);
+        let (_, r) = run_all(&f, holder, &mut h, &mut wire);
+        assert_eq!(r[0].status, ResponseStatus::Ok as i32);
+
+        let owner = f.db.connect(peer());
+        let mut p = f.pipeline();
+        let mut wire = BytesMut::new();
+        encode_frame(&request(10, RequestType::Lock, &["k"]), &mut wire);
+        for id in 11..20 {
+            encode_frame(&request(id, RequestType::Ping, &[]), &mut wire);
+        }
+        feed(&mut p, &mut wire);
+        p.execute(f.ctx(owner));
+        feed(&mut p, &mut wire);
+        // The Lock waits and three Pings are parked: the limit of 4 is
+        // reached, and the rest is not accepted.
+        assert_eq!(p.unanswered(), 4);
+        assert!(!p.can_read());
+        assert!(responses(&mut p).is_empty());
+
+        let mut unlock = BytesMut::new();
+        encode_frame(&request(2, RequestType::Unlock, &["k"]), &mut unlock);
+        run_all(&f, holder, &mut h, &mut unlock);
+        let outcome = p.waiting().expect("the Lock waits").try_recv();
+        p.answer(Ok(outcome.expect("granted on the unlock")));
+        let (_, answers) = run_all(&f, owner, &mut p, &mut wire);
+        let ids: Vec<u64> = answers.iter().map(|r| r.request_id).collect();
+        assert_eq!(ids, (10..20).collect::<Vec<_>>());
+        assert_eq!(answers[0].status, ResponseStatus::Ok as i32);
+    }
+
+    #[test]
+    fn output_is_written_in_bounded_pieces() {
+        // Large frames allowed, so 150 KB of requests can be parked at once.
+        let f = Fixture::new(&[
+            "--max-pipeline",
+            "100000",
+            "--max-key-len",
+            "1000",
+            "--max-frame",
+            "65536",
+        ]);
+        let owner = f.db.connect(peer());
+        let mut p = f.pipeline();
+        let key = "k".repeat(1000);
+        let mut wire = BytesMut::new();
+        for id in 1..=150 {
+            encode_frame(&request(id, RequestType::Inspect, &[&key]), &mut wire);
+        }
+        // Each answer echoes the 1000-byte key: 150 KB of output for one
+        // client, written in pieces of about the high-water mark.
+        let (mut largest, mut answered, mut paused) = (0, 0, 0);
+        while !(wire.is_empty() && p.unanswered() == 0) {
+            feed(&mut p, &mut wire);
+            p.execute(f.ctx(owner));
+            largest = largest.max(p.output().len());
+            paused += usize::from(p.runnable());
+            answered += responses(&mut p).len();
+        }
+        assert_eq!(answered, 150);
+        assert!(paused > 0, "execution never paused for the output");
+        assert!(
+            largest < OUT_HIGH_WATER + 2 * 1024,
+            "{largest} bytes of output at once"
+        );
+    }
+
+    #[test]
+    fn an_oversize_length_is_answered_after_the_frames_before_it() {
+        let f = Fixture::new(&["--max-frame", "64"]);
+        let owner = f.db.connect(peer());
+        let mut p = f.pipeline();
+        let mut wire = pings(2);
+        wire.put_u32(65);
+        wire.put_slice(&[0; 10]);
+        feed(&mut p, &mut wire);
+        assert!(p.broken() && !p.can_read());
+        p.execute(f.ctx(owner));
+        let r = responses(&mut p);
+        assert_eq!(r.len(), 3);
+        assert_eq!((r[0].request_id, r[1].request_id), (1, 2));
+        assert_eq!(r[2].status, ResponseStatus::FrameTooLarge as i32);
+        // Answered once, even if the connection abandons what is left.
+        p.abandon(ResponseStatus::ShuttingDown, "bye");
+        assert!(responses(&mut p).is_empty());
+    }
+
+    #[test]
+    fn trim_frees_empty_buffers() {
+        let f = Fixture::new(&[]);
+        let owner = f.db.connect(peer());
+        let mut p = f.pipeline();
+        let mut wire = pings(3);
+        feed(&mut p, &mut wire);
+        p.execute(f.ctx(owner));
+        assert_eq!(responses(&mut p).len(), 3);
+        p.trim();
+        assert_eq!((p.input.capacity(), p.out.capacity()), (0, 0));
+    }
+}
