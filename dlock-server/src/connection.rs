@@ -12,15 +12,20 @@
 
 use crate::config::Config;
 use crate::handler::Ctx;
-use crate::pipeline::Pipeline;
+use crate::pipeline::{Pipeline, Received};
 use crate::server::Shared;
-use crate::table::OwnerId;
+use crate::table::{OwnerId, Woken};
 use dlock::proto::ResponseStatus;
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tokio_util::io::poll_read_buf;
 use tokio_util::sync::CancellationToken;
 
 /// Withdraws the connection's waiters and releases its locks however the
@@ -34,6 +39,14 @@ impl Drop for Registration<'_> {
     fn drop(&mut self) {
         self.shared.db.disconnect(self.owner);
     }
+}
+
+/// What the connection task woke up for, besides shutdown and the idle timer.
+enum Event {
+    /// The waiting Lock's outcome, or its delivery dropped at shutdown.
+    Outcome(Result<Woken, oneshot::error::RecvError>),
+    /// A read finished; 0 bytes means the client closed its side.
+    Read(io::Result<Received>),
 }
 
 /// Why a connection ended, for the log.
@@ -138,7 +151,6 @@ impl<'a> Session<'a> {
             }
             self.pipeline.trim();
             let can_read = self.pipeline.can_read();
-            let waiting = self.pipeline.waiting().is_some();
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => {
@@ -146,24 +158,16 @@ impl<'a> Session<'a> {
                     let _ = self.flush().await;
                     return End::Shutdown;
                 }
-                outcome = async {
-                    match self.pipeline.waiting() {
-                        Some(rx) => rx.await,
-                        None => std::future::pending().await,
-                    }
-                }, if waiting => self.pipeline.answer(outcome),
-                ready = self.stream.readable(), if can_read => {
-                    closing = match ready.and_then(|()| self.read()) {
-                        Ok(Some(true)) => {
+                event = std::future::poll_fn(|cx| self.poll_event(cx, can_read)) => match event {
+                    Event::Outcome(outcome) => self.pipeline.answer(outcome),
+                    Event::Read(Ok(got)) if got.bytes == 0 => closing = Some(End::ClientClosed),
+                    Event::Read(Ok(got)) => {
+                        if got.request {
                             last_frame = Instant::now();
-                            None
                         }
-                        Ok(Some(false)) => None,
-                        Ok(None) => Some(End::ClientClosed),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-                        Err(e) => Some(End::Io(e)),
-                    };
-                }
+                    }
+                    Event::Read(Err(e)) => closing = Some(End::Io(e)),
+                },
                 _ = &mut idle => {
                     if !can_read || last_frame.elapsed() < idle_timeout {
                         // A client held back by --max-pipeline is sending,
@@ -180,12 +184,35 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Reads what the socket has, within the pipeline's limits: `None` at
-    /// end of stream, else whether a whole request arrived.
-    fn read(&mut self) -> io::Result<Option<bool>> {
-        let stream = &self.stream;
-        let got = self.pipeline.read_with(|buf| stream.try_read_buf(buf))?;
-        Ok((got.bytes > 0).then_some(got.request))
+    /// Waits for the waiting Lock's outcome or, when `can_read`, for bytes
+    /// from the client, whichever comes first. Both touch the pipeline, so
+    /// one poll function serves both. Readiness is checked before a buffer
+    /// is reserved, so an idle connection holds none; the read goes through
+    /// `AsyncRead`, which notes a short read as "drained" and so saves the
+    /// read that would only return EAGAIN.
+    fn poll_event(&mut self, cx: &mut Context<'_>, can_read: bool) -> Poll<Event> {
+        if let Some(rx) = self.pipeline.waiting() {
+            if let Poll::Ready(outcome) = Pin::new(rx).poll(cx) {
+                return Poll::Ready(Event::Outcome(outcome));
+            }
+        }
+        if !can_read {
+            return Poll::Pending;
+        }
+        if let Err(e) = ready!(self.stream.poll_read_ready(cx)) {
+            return Poll::Ready(Event::Read(Err(e)));
+        }
+        let stream = Pin::new(&mut self.stream);
+        let read = self
+            .pipeline
+            .read_with(|buf| match poll_read_buf(stream, cx, buf) {
+                Poll::Ready(result) => result,
+                Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+            });
+        match read {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
+            other => Poll::Ready(Event::Read(other)),
+        }
     }
 
     async fn flush(&mut self) -> Result<(), End> {
