@@ -36,6 +36,8 @@ struct Shared {
     next_owner: AtomicU64,
     /// Set by [`Db::close`]: the server is stopping.
     closed: AtomicBool,
+    /// Outcomes handed to waiting connections so far.
+    deliveries: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -86,6 +88,7 @@ impl Db {
                 fence_refill: Notify::new(),
                 next_owner: AtomicU64::new(1),
                 closed: AtomicBool::new(false),
+                deliveries: AtomicU64::new(0),
             }),
         }
     }
@@ -211,6 +214,13 @@ impl Db {
             held_keys: st.table.held_keys() as u64,
             waiting_requests: st.table.waiting() as u64,
         }
+    }
+
+    /// How many outcomes have been handed to waiting connections so far. A
+    /// connection compares it before and after running requests to learn
+    /// whether they woke another connection.
+    pub fn deliveries(&self) -> u64 {
+        self.shared.deliveries.load(Ordering::Relaxed)
     }
 
     /// Starts stopping the server: every waiting Lock is withdrawn (its
@@ -349,6 +359,9 @@ impl Db {
             self.check_fence(&st);
             drop(st);
             let mut orphans = Vec::new();
+            self.shared
+                .deliveries
+                .fetch_add(sends.len() as u64, Ordering::Relaxed);
             for (tx, w) in sends {
                 if let Err(w) = tx.send(w) {
                     if let Wake::Granted { fence } = w.wake {
