@@ -7,7 +7,7 @@
 //! answers on a connection that stays usable, while a bad length breaks the
 //! framing and ends the connection.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
 /// Size of the length prefix in bytes.
@@ -140,18 +140,25 @@ impl<M: prost::Message> Encoder<&M> for FrameCodec {
 /// size, and a server's responses are bounded by the requests it accepted.
 pub fn encode_frame<M: prost::Message>(msg: &M, dst: &mut BytesMut) {
     let len = msg.encoded_len();
-    dst.reserve(LEN_PREFIX + len);
+    let start = dst.len();
+    // Sized once and filled as a plain slice: prost writes varints a byte
+    // at a time, and through BytesMut each byte would be a bounds-checked
+    // copy of its own (a quarter of a pipelining server's time).
+    dst.resize(start + LEN_PREFIX + len, 0);
+    let frame = &mut dst[start..];
     // A protobuf message over 4 GiB cannot be produced from bounded input;
     // saturating keeps this total without a panic path.
-    dst.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-    // Encoding into a buffer with enough reserved capacity cannot fail.
-    let _ = msg.encode(dst);
+    frame[..LEN_PREFIX].copy_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    let mut body = &mut frame[LEN_PREFIX..];
+    // Exactly `len` bytes of room: encoding cannot fail.
+    let _ = msg.encode(&mut body);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::proto::{Request, RequestType};
+    use bytes::BufMut;
     use prost::Message;
 
     fn frame(body: &[u8]) -> Vec<u8> {
