@@ -1,4 +1,4 @@
-//! Turns one decoded request into a response, or into a wait for one.
+//! Turns one decoded request into an encoded response, or into a wait for one.
 //!
 //! Validation happens here, before anything reaches the lock table, so every
 //! bad input gets a status that names what is wrong and has no effect.
@@ -8,13 +8,15 @@ use crate::config::Config;
 use crate::db::{Db, LockReply};
 use crate::fence::unix_nanos;
 use crate::table::{Key, OwnerId, Wait, Wake, Woken};
+use bytes::BytesMut;
+use dlock::codec::encode_frame;
 use dlock::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
 use std::time::{Duration, SystemTime};
 use tokio::sync::oneshot;
 
-/// What the connection does with a request.
+/// What becomes of a request.
 #[derive(Debug)]
-pub enum Step {
+enum Step {
     /// Answer now.
     Reply(Response),
     /// A Lock waits; answer when the receiver yields.
@@ -89,13 +91,22 @@ fn busy(request_id: u64, keys: Vec<Key>, text: &str) -> Response {
     r
 }
 
-/// Executes `req` for the connection in `ctx`.
-pub fn execute(ctx: Ctx<'_>, req: Request) -> Step {
+/// A Lock that has to wait: its request id, echoed in the eventual
+/// response, and where its outcome arrives.
+pub type Waiting = (u64, oneshot::Receiver<Woken>);
+
+/// Executes `req` for the connection in `ctx`: the answer is appended to
+/// `out` as a frame, unless the request is a Lock that has to wait.
+pub fn execute(ctx: Ctx<'_>, req: Request, out: &mut BytesMut) -> Option<Waiting> {
     let id = req.id;
+    // Encoded from where it was built: a Response is 136 bytes, and moving
+    // it out of the Result was a memcpy call per request.
     match execute_inner(ctx, req) {
-        Ok(step) => step,
-        Err((status, text)) => Step::Reply(error(id, status, text)),
+        Ok(Step::Reply(ref r)) => encode_frame(r, out),
+        Ok(Step::Wait { request_id, rx }) => return Some((request_id, rx)),
+        Err((status, text)) => encode_frame(&error(id, status, text), out),
     }
+    None
 }
 
 type Failure = (ResponseStatus, String);

@@ -14,7 +14,7 @@
 //! socket and a `Pipeline`; the fuzz harness feeds one directly, so both run
 //! the same code.
 
-use crate::handler::{self, Ctx, Step};
+use crate::handler::{self, Ctx, Waiting};
 use crate::table::Woken;
 use bytes::buf::Limit;
 use bytes::{Buf, BufMut, BytesMut};
@@ -55,7 +55,7 @@ pub struct Pipeline {
     /// after it can be read.
     too_large: Option<TooLarge>,
     /// The Lock that has to wait, by request id, and where its outcome comes.
-    waiting: Option<(u64, oneshot::Receiver<Woken>)>,
+    waiting: Option<Waiting>,
     out: BytesMut,
     /// Size of the next read; adapts to how fast the client sends.
     read_size: usize,
@@ -190,10 +190,7 @@ impl Pipeline {
                 return;
             }
             match self.pop_request() {
-                Ok(req) => match handler::execute(ctx, req) {
-                    Step::Reply(r) => encode_frame(&r, &mut self.out),
-                    Step::Wait { request_id, rx } => self.waiting = Some((request_id, rx)),
-                },
+                Ok(req) => self.waiting = handler::execute(ctx, req, &mut self.out),
                 Err(e) => encode_frame(&handler::undecodable(&e), &mut self.out),
             }
         }
