@@ -139,6 +139,7 @@ struct Harness<'a> {
 }
 
 /// One simulated connection, as `connection::Session` keeps it.
+#[derive(Debug)]
 struct Sim {
     owner: OwnerId,
     pipeline: Pipeline,
@@ -182,7 +183,7 @@ impl Harness<'_> {
         loop {
             if let Some(rx) = c.pipeline.waiting() {
                 match rx.try_recv() {
-                    Ok(w) => c.pipeline.answer(Ok(w)),
+                    Ok(w) => c.pipeline.answer(w),
                     Err(oneshot::error::TryRecvError::Empty) => {}
                     Err(oneshot::error::TryRecvError::Closed) => {
                         panic!("a waiting Lock lost its delivery without an answer")
@@ -201,6 +202,7 @@ impl Harness<'_> {
                 return;
             }
             if c.socket.is_empty() || !c.pipeline.can_read() {
+                assert!(!c.pipeline.stalled(), "a connection stalled: {c:?}");
                 return;
             }
             let socket = &mut c.socket;
