@@ -174,7 +174,16 @@ impl<'a> Session<'a> {
                     return End::Shutdown;
                 }
                 event = std::future::poll_fn(|cx| self.poll_event(cx, can_read)) => match event {
-                    Event::Outcome(outcome) => self.pipeline.answer(outcome),
+                    Event::Outcome(Ok(outcome)) => self.pipeline.answer(outcome),
+                    Event::Outcome(Err(_)) => {
+                        // Only Db::close drops a delivery: the server is
+                        // stopping, and on another worker the cancellation
+                        // may not have reached this task yet. The requests
+                        // parked behind the Lock must not run now.
+                        self.pipeline.abandon(ResponseStatus::ShuttingDown, "server is shutting down");
+                        let _ = self.flush().await;
+                        return End::Shutdown;
+                    }
                     Event::Read(Ok(got)) if got.bytes == 0 => closing = Some(End::ClientClosed),
                     Event::Read(Ok(got)) => {
                         if got.request {
