@@ -12,7 +12,7 @@ use crate::table::{Key, LockResult, LockTable, OwnerId, ReqId, TableLimits, Wait
 use dlock::proto::{KeyInfo, ServerStats};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
@@ -34,8 +34,6 @@ struct Shared {
     fence_alarm: AtomicU64,
     fence_refill: Notify,
     next_owner: AtomicU64,
-    /// Set by [`Db::close`]: the server is stopping.
-    closed: AtomicBool,
     /// Outcomes handed to waiting connections so far.
     deliveries: AtomicU64,
 }
@@ -49,6 +47,8 @@ struct State {
     peers: HashMap<OwnerId, SocketAddr>,
     /// The deadline the timer task sleeps until.
     timer_at: Option<Instant>,
+    /// Set by [`Db::close`]: the server is stopping.
+    closed: bool,
 }
 
 /// The answer to a Lock request.
@@ -82,12 +82,12 @@ impl Db {
                     pending: HashMap::new(),
                     peers: HashMap::new(),
                     timer_at: None,
+                    closed: false,
                 }),
                 timer: Notify::new(),
                 fence_alarm: AtomicU64::new(u64::MAX),
                 fence_refill: Notify::new(),
                 next_owner: AtomicU64::new(1),
-                closed: AtomicBool::new(false),
                 deliveries: AtomicU64::new(0),
             }),
         }
@@ -131,9 +131,7 @@ impl Db {
         lease: Option<Duration>,
     ) -> LockReply {
         let mut st = self.state();
-        // Read under the mutex, which `close` also takes: no Lock can slip
-        // in as a waiter after the waiters were withdrawn.
-        if self.shared.closed.load(Ordering::Relaxed) {
+        if st.closed {
             return LockReply::ShuttingDown;
         }
         match st.table.lock(owner, keys, wait, lease, now()) {
@@ -231,7 +229,7 @@ impl Db {
     /// it something false. Outcomes decided before this keep their answer.
     pub fn close(&self) {
         let mut st = self.state();
-        self.shared.closed.store(true, Ordering::Relaxed);
+        st.closed = true;
         for req in st.table.withdraw_all() {
             st.pending.remove(&req);
         }
