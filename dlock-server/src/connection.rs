@@ -139,9 +139,9 @@ impl<'a> Session<'a> {
         tokio::pin!(idle);
         let mut closing: Option<End> = None;
         loop {
-            let deliveries = self.ctx.db.deliveries();
+            let deliveries = self.grant_first.then(|| self.ctx.db.deliveries());
             self.pipeline.execute(self.ctx);
-            if self.grant_first && self.ctx.db.deliveries() != deliveries {
+            if deliveries.is_some_and(|d| d != self.ctx.db.deliveries()) {
                 tokio::task::yield_now().await;
             }
             if let Err(end) = self.flush().await {
@@ -154,12 +154,13 @@ impl<'a> Session<'a> {
             if self.pipeline.broken() {
                 // Nothing after the bad length can be read; what came
                 // before it and still waits is answered, not dropped.
-                self.pipeline.abandon(
-                    ResponseStatus::FrameTooLarge,
-                    "not executed: the connection is closing after an oversize frame",
-                );
-                let _ = self.flush().await;
-                return End::FrameTooLarge;
+                return self
+                    .end_with(
+                        ResponseStatus::FrameTooLarge,
+                        "not executed: the connection is closing after an oversize frame",
+                        End::FrameTooLarge,
+                    )
+                    .await;
             }
             if let Some(end) = closing {
                 return end;
@@ -168,11 +169,7 @@ impl<'a> Session<'a> {
             let can_read = self.pipeline.can_read();
             tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => {
-                    self.pipeline.abandon(ResponseStatus::ShuttingDown, "server is shutting down");
-                    let _ = self.flush().await;
-                    return End::Shutdown;
-                }
+                _ = shutdown.cancelled() => return self.end_with_shutdown().await,
                 event = std::future::poll_fn(|cx| self.poll_event(cx, can_read)) => match event {
                     Event::Outcome(Ok(outcome)) => self.pipeline.answer(outcome),
                     Event::Outcome(Err(_)) => {
@@ -180,9 +177,7 @@ impl<'a> Session<'a> {
                         // stopping, and on another worker the cancellation
                         // may not have reached this task yet. The requests
                         // parked behind the Lock must not run now.
-                        self.pipeline.abandon(ResponseStatus::ShuttingDown, "server is shutting down");
-                        let _ = self.flush().await;
-                        return End::Shutdown;
+                        return self.end_with_shutdown().await;
                     }
                     Event::Read(Ok(got)) if got.bytes == 0 => closing = Some(End::ClientClosed),
                     Event::Read(Ok(got)) => {
@@ -237,6 +232,24 @@ impl<'a> Session<'a> {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
             other => Poll::Ready(Event::Read(other)),
         }
+    }
+
+    /// Answers everything unanswered with `status` (see
+    /// [`Pipeline::abandon`]), writes it as far as the client takes it, and
+    /// returns `end` for the log.
+    async fn end_with(&mut self, status: ResponseStatus, text: &str, end: End) -> End {
+        self.pipeline.abandon(status, text);
+        let _ = self.flush().await;
+        end
+    }
+
+    async fn end_with_shutdown(&mut self) -> End {
+        self.end_with(
+            ResponseStatus::ShuttingDown,
+            "server is shutting down",
+            End::Shutdown,
+        )
+        .await
     }
 
     async fn flush(&mut self) -> Result<(), End> {
