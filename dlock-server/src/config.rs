@@ -105,6 +105,31 @@ impl Default for Config {
     }
 }
 
+impl Config {
+    /// How long a connection may send nothing before this server may end
+    /// it: the idle timeout, or sooner the keepalive give-up time (first
+    /// probe, then every unanswered retry). Locks bound to the connection
+    /// are released then, so a client must treat this as its deadline.
+    pub fn session_timeout(&self) -> Duration {
+        let keepalive = self.keepalive_time + self.keepalive_interval * self.keepalive_retries;
+        self.idle_timeout.min(keepalive)
+    }
+
+    /// The limits a client is told in the answer to Hello.
+    pub fn limits(&self) -> dlock::proto::ServerLimits {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        dlock::proto::ServerLimits {
+            session_timeout_micro: micros(self.session_timeout()),
+            max_lease_micro: micros(self.max_lease),
+            max_keys: small(self.max_keys),
+            max_key_len: small(self.max_key_len),
+            max_frame: small(self.max_frame),
+            max_pipeline: small(self.max_pipeline),
+        }
+    }
+}
+
 fn positive(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),
@@ -133,6 +158,16 @@ mod tests {
         assert_eq!(c.listen.to_string(), dlock::DEFAULT_ADDR);
         assert_eq!(c.max_frame, 16 * 1024);
         assert_eq!(c.idle_timeout, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn session_timeout_is_the_sooner_of_idle_and_keepalive() {
+        assert_eq!(Config::default().session_timeout(), Duration::from_secs(60));
+        let c = Config::parse_from(["s", "--keepalive-time", "5s", "--keepalive-interval", "2s"]);
+        // 5 s + 3 retries x 2 s
+        assert_eq!(c.session_timeout(), Duration::from_secs(11));
+        let c = Config::parse_from(["s", "--idle-timeout", "2s"]);
+        assert_eq!(c.limits().session_timeout_micro, 2_000_000);
     }
 
     #[test]

@@ -135,6 +135,11 @@ fn execute_inner(ctx: Ctx<'_>, req: Request) -> Result<Step, Failure> {
     match kind {
         RequestType::Invalid => Err((ResponseStatus::InvalidType, "request type not set".into())),
         RequestType::Ping => Ok(Step::Reply(response(id, ResponseStatus::Ok))),
+        RequestType::Hello => {
+            let mut r = response(id, ResponseStatus::Ok);
+            r.limits = Some(ctx.config.limits());
+            Ok(Step::Reply(r))
+        }
         RequestType::Lock => lock(ctx, id, body),
         RequestType::Unlock => {
             let fence = fence_of(&body);

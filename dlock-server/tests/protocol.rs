@@ -34,6 +34,33 @@ async fn ping_echoes_id_version_and_time() {
 }
 
 #[tokio::test]
+async fn hello_states_the_limits_a_client_must_respect() {
+    let server = TestServer::start(&[
+        "--idle-timeout",
+        "7s",
+        "--max-lease",
+        "1h",
+        "--max-keys",
+        "9",
+        "--max-key-len",
+        "33",
+        "--max-pipeline",
+        "17",
+    ])
+    .await;
+    let mut c = Conn::connect(server.addr).await;
+    let r = c.call(request(5, RequestType::Hello, &[])).await;
+    assert_eq!(status(&r), ResponseStatus::Ok);
+    let limits = r.limits.expect("Hello is answered with limits");
+    assert_eq!(limits.session_timeout_micro, 7_000_000);
+    assert_eq!(limits.max_lease_micro, 3_600_000_000);
+    assert_eq!((limits.max_keys, limits.max_key_len), (9, 33));
+    assert_eq!((limits.max_frame, limits.max_pipeline), (16384, 17));
+    // Other answers stay as small as before.
+    assert!(c.ping().await.limits.is_none());
+}
+
+#[tokio::test]
 async fn frame_split_into_single_bytes() {
     let server = TestServer::start(&[]).await;
     let mut c = Conn::connect(server.addr).await;
