@@ -7,24 +7,31 @@
 //! [`ClientOptions::max_in_flight`] requests are unanswered at once; further
 //! calls wait for a slot.
 //!
-//! The writer sends a Ping whenever nothing was written for the heartbeat
-//! interval, so the server never drops a healthy, quiet connection (Pings
-//! behind a waiting Lock still count for the server). When the connection
-//! ends, every pending call fails with [`Error::ConnectionLost`], every later
-//! call fails at once, and [`Client::closed`] resolves: there is no silent
-//! reconnect, because the server released every lock bound to the connection.
+//! On connecting, the client asks the server for its limits (Hello): above
+//! all its session timeout, after which a quiet connection may be ended and
+//! its locks released. The writer sends a Ping whenever nothing was written
+//! for a quarter of that timeout (or [`ClientOptions::heartbeat`], if
+//! shorter), so the server never drops a healthy, quiet connection (Pings
+//! behind a waiting Lock still count for the server). The reader notes the
+//! send time of every answered request: the basis of each guard's safety
+//! deadline (see [`crate::safety`]). When the connection ends, every pending
+//! call fails with [`Error::ConnectionLost`], every later call fails at once,
+//! and [`Client::closed`] resolves: there is no silent reconnect, because the
+//! server released every lock bound to the connection.
 
 use crate::codec::{encode_frame, FrameCodec};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::limits::Limits;
 use crate::proto::{KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus};
+use crate::safety::{AckClock, DEFAULT_SAFETY_MARGIN};
 use bytes::BytesMut;
 use futures_util::StreamExt;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
@@ -35,8 +42,8 @@ use tokio::time::Instant;
 pub struct ClientOptions {
     /// Give up connecting after this long. Default 5 s.
     pub connect_timeout: Duration,
-    /// Send a Ping when nothing was written for this long. Default 10 s,
-    /// well under the server's default 60 s idle timeout.
+    /// Send a Ping when nothing was written for this long, or for a quarter
+    /// of the server's session timeout if that is shorter. Default 10 s.
     pub heartbeat: Duration,
     /// Most requests unanswered at once. Default 256, under the server's
     /// default pipeline limit of 1024.
@@ -48,6 +55,15 @@ pub struct ClientOptions {
     /// writes (heartbeats) fail the connection after the same total time.
     /// Default 10 s.
     pub keepalive: Duration,
+    /// How long before a held lock's safety deadline it is reported lost
+    /// ([`crate::Lost::Jeopardy`]) when no answer from the server has
+    /// renewed it: the time the holder gets to stop. At most a quarter of
+    /// the lease or session timeout is used. Default 2 s.
+    pub safety_margin: Duration,
+    /// The session timeout assumed for a server that does not state one
+    /// (one that predates Hello). Default 60 s, this server's default idle
+    /// timeout; set it to the old server's idle timeout.
+    pub fallback_session_timeout: Duration,
 }
 
 impl Default for ClientOptions {
@@ -58,6 +74,8 @@ impl Default for ClientOptions {
             max_in_flight: 256,
             access_token: None,
             keepalive: Duration::from_secs(10),
+            safety_margin: DEFAULT_SAFETY_MARGIN,
+            fallback_session_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -148,6 +166,12 @@ struct Inner {
     next_id: AtomicU64,
     lost: watch::Receiver<Option<Arc<str>>>,
     addr: String,
+    /// What the server said in answer to Hello; `None` for an older server.
+    limits: Option<Limits>,
+    /// The server's session timeout, stated or assumed.
+    session_timeout: Duration,
+    safety_margin: Duration,
+    acked: Arc<AckClock>,
 }
 
 /// What the writer needs to send one request.
@@ -163,6 +187,9 @@ struct Call {
 #[derive(Debug)]
 struct Pending {
     id: u64,
+    /// When the request was written: once it is answered, the server has
+    /// seen the connection alive no earlier than this.
+    sent: Instant,
     reply: Option<oneshot::Sender<Result<Response>>>,
     /// For Lock: the keys, so a grant nobody waits for any more is released.
     lock_keys: Option<Vec<String>>,
@@ -187,15 +214,22 @@ impl Client {
     /// # Errors
     /// [`Error::Connect`] or [`Error::ConnectTimeout`].
     pub async fn connect_with(addr: &str, options: ClientOptions) -> Result<Client> {
-        let stream =
-            match tokio::time::timeout(options.connect_timeout, TcpStream::connect(addr)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(source)) => {
-                    return Err(Error::Connect {
-                        addr: addr.to_string(),
-                        source,
-                    })
-                }
+        let token = options.access_token.clone().unwrap_or_default();
+        let handshake = async {
+            let mut stream = TcpStream::connect(addr)
+                .await
+                .map_err(|source| Error::Connect {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            configure(&stream, &options);
+            let sent = Instant::now();
+            let limits = hello(&mut stream, &token).await?;
+            Ok::<_, Error>((stream, sent, limits))
+        };
+        let (stream, hello_sent, limits) =
+            match tokio::time::timeout(options.connect_timeout, handshake).await {
+                Ok(result) => result?,
                 Err(_) => {
                     return Err(Error::ConnectTimeout {
                         addr: addr.to_string(),
@@ -203,22 +237,32 @@ impl Client {
                     })
                 }
             };
-        configure(&stream, &options);
+        let session_timeout =
+            limits.map_or(options.fallback_session_timeout, |l| l.session_timeout);
+        // Four pings per session timeout: one may be lost or late and the
+        // next still arrives with half the timeout to spare.
+        let heartbeat = options.heartbeat.min(session_timeout / 4);
+        let acked = Arc::new(AckClock::new(hello_sent));
         let (rd, wr) = stream.into_split();
         let (calls, calls_rx) = mpsc::channel(options.max_in_flight.max(1));
         let (lost_tx, lost) = watch::channel(None);
         let pending: PendingQueue = Arc::new(Mutex::new(Some(VecDeque::new())));
         let lost_tx = Arc::new(lost_tx);
-        let token = options.access_token.unwrap_or_default();
         tokio::spawn(write_loop(
             wr,
             calls_rx,
             pending.clone(),
-            options.heartbeat,
+            heartbeat,
             token,
             lost_tx.clone(),
         ));
-        tokio::spawn(read_loop(rd, pending, calls.downgrade(), lost_tx));
+        tokio::spawn(read_loop(
+            rd,
+            pending,
+            calls.downgrade(),
+            lost_tx,
+            acked.clone(),
+        ));
         Ok(Client {
             inner: Arc::new(Inner {
                 calls,
@@ -226,8 +270,34 @@ impl Client {
                 next_id: AtomicU64::new(1),
                 lost,
                 addr: addr.to_string(),
+                limits,
+                session_timeout,
+                safety_margin: options.safety_margin,
+                acked,
             }),
         })
+    }
+
+    /// The limits the server stated when this client connected; `None` for
+    /// a server that predates the Hello request.
+    pub fn limits(&self) -> Option<Limits> {
+        self.inner.limits
+    }
+
+    /// How long the server may go without a request from this client
+    /// before it ends the connection and releases its locks without lease:
+    /// as the server stated, or [`ClientOptions::fallback_session_timeout`].
+    pub fn session_timeout(&self) -> Duration {
+        self.inner.session_timeout
+    }
+
+    pub(crate) fn safety_margin(&self) -> Duration {
+        self.inner.safety_margin
+    }
+
+    /// Send time of the latest request the server answered.
+    pub(crate) fn last_acked(&self) -> Instant {
+        self.inner.acked.last()
     }
 
     /// The address this client connected to.
@@ -295,8 +365,32 @@ impl Client {
             self.clone(),
             keys,
             resp.fence,
-            options.lease,
-            sent,
+            options.lease.map(|lease| (sent, lease)),
+        ))
+    }
+
+    /// Takes over a lease held under `fence` (taken by this process on an
+    /// earlier connection, or handed over by another process): renews it to
+    /// `lease` from now and returns a guard for it, whose safety deadline
+    /// counts from this renewal.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] if the keys are not (all) held under `fence`;
+    /// [`Error::Server`] for a lease over the server's maximum; connection
+    /// errors.
+    pub async fn take_over<I, K>(&self, keys: I, fence: u64, lease: Duration) -> Result<LockGuard>
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
+        let keys: Vec<String> = keys.into_iter().map(Into::into).collect();
+        let sent = Instant::now();
+        self.renew_fence(&keys, fence, lease).await?;
+        Ok(LockGuard::new(
+            self.clone(),
+            keys,
+            fence,
+            Some((sent, lease)),
         ))
     }
 
@@ -437,6 +531,45 @@ fn check(resp: Response) -> Result<Response> {
     }
 }
 
+/// Asks the server for its limits on a fresh connection, before the
+/// connection is split between the writer and reader tasks.
+async fn hello(stream: &mut TcpStream, token: &str) -> Result<Option<Limits>> {
+    let req = Request {
+        version: crate::PROTOCOL_VERSION,
+        // Outside the range of call ids (counting up from 1) and heartbeat
+        // ids (counting down below the maximum).
+        id: u64::MAX,
+        access_token: token.to_string(),
+        r#type: RequestType::Hello as i32,
+        ..Request::default()
+    };
+    let mut buf = BytesMut::new();
+    encode_frame(&req, &mut buf);
+    stream.write_all(&buf).await?;
+    buf.clear();
+    let mut codec = FrameCodec::new(crate::MAX_RESPONSE_FRAME);
+    let body = loop {
+        if let Some(body) = tokio_util::codec::Decoder::decode(&mut codec, &mut buf)
+            .map_err(|e| Error::Protocol(format!("bad answer to Hello: {e}")))?
+        {
+            break body;
+        }
+        if stream.read_buf(&mut buf).await? == 0 {
+            return Err(Error::ConnectionLost(
+                "server closed the connection before answering".into(),
+            ));
+        }
+    };
+    let resp: Response = prost::Message::decode(body)
+        .map_err(|e| Error::Protocol(format!("undecodable answer to Hello: {e}")))?;
+    if resp.status == ResponseStatus::InvalidType as i32 {
+        // A server that predates Hello.
+        return Ok(None);
+    }
+    let resp = check(resp)?;
+    Ok(resp.limits.as_ref().map(Limits::from))
+}
+
 /// See [`ClientOptions::keepalive`]. tokio exposes neither keepalive timing
 /// nor TCP_USER_TIMEOUT, hence socket2.
 fn configure(stream: &TcpStream, options: &ClientOptions) {
@@ -508,6 +641,8 @@ async fn write_loop(
                 Err(_) => break,
             }
         }
+        // Stamped before the write, so never later than the server's receipt.
+        let sent = Instant::now();
         {
             let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
             let Some(queue) = guard.as_mut() else {
@@ -526,6 +661,7 @@ async fn write_loop(
                     .then(|| call.req.lock.take().map(|l| l.keys).unwrap_or_default());
                 queue.push_back(Pending {
                     id: call.req.id,
+                    sent,
                     reply: call.reply,
                     lock_keys,
                     _slot: call.slot,
@@ -565,6 +701,7 @@ async fn read_loop(
     pending: PendingQueue,
     calls: mpsc::WeakSender<Call>,
     lost: Arc<watch::Sender<Option<Arc<str>>>>,
+    acked: Arc<AckClock>,
 ) {
     let mut lost_rx = lost.subscribe();
     let mut reader =
@@ -596,6 +733,7 @@ async fn read_loop(
                 format!("server: {}", resp.error_text)
             });
         };
+        acked.record(p.sent);
         deliver(p, resp, &calls);
     };
     if let Some(reason) = reason {

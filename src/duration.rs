@@ -52,6 +52,28 @@ pub fn parse(s: &str) -> Result<Duration, String> {
     seconds(total, s)
 }
 
+/// Writes `d` in the largest unit that states it exactly, in a form
+/// [`parse`] reads back: `30days`, `2h`, `90s`, `1500ms`, `2.5us`.
+pub fn format(d: Duration) -> String {
+    const UNITS: [(u128, &str); 5] = [
+        (86_400_000_000_000, "days"),
+        (3_600_000_000_000, "h"),
+        (60_000_000_000, "m"),
+        (1_000_000_000, "s"),
+        (1_000_000, "ms"),
+    ];
+    let nanos = d.as_nanos();
+    for (unit, name) in UNITS {
+        if nanos >= unit && nanos % unit == 0 {
+            return format!("{}{name}", nanos / unit);
+        }
+    }
+    if nanos >= 1_000_000_000 {
+        return format!("{}s", d.as_secs_f64());
+    }
+    format!("{}us", nanos as f64 / 1e3)
+}
+
 fn seconds(secs: f64, original: &str) -> Result<Duration, String> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("'{original}' is not a valid duration"));
@@ -74,6 +96,21 @@ pub fn parse_positive(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn format_reads_back() {
+        for (d, text) in [
+            (Duration::from_secs(30 * 86_400), "30days"),
+            (Duration::from_secs(7200), "2h"),
+            (Duration::from_secs(90), "90s"),
+            (Duration::from_millis(1500), "1500ms"),
+            (Duration::from_nanos(2500), "2.5us"),
+            (Duration::from_nanos(1_000_000_001), "1.000000001s"),
+        ] {
+            assert_eq!(format(d), text);
+            assert_eq!(parse(text), Ok(d), "{text}");
+        }
+    }
 
     #[test]
     fn accepted_forms() {

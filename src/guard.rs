@@ -1,8 +1,9 @@
-//! [`LockGuard`]: a held lock, its fencing token, and how to tell it is lost.
+//! [`LockGuard`]: a held lock, its fencing token, and when it must be given up.
 
 use crate::client::{micros, Client};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::proto::{RequestLock, RequestType};
+use crate::safety::{self, Lost};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -11,7 +12,13 @@ use tokio::time::Instant;
 /// background without blocking; [`LockGuard::unlock`] releases them and
 /// reports the outcome.
 ///
-/// Watch for loss while working:
+/// Every guard has a *safety deadline* (see [`crate::safety`]): the latest
+/// moment the lock is certainly still held, judged from this side alone.
+/// [`LockGuard::lost`] resolves a safety margin before it unless an answer
+/// from the server moves it on, and at once when the connection of a lock
+/// without a lease ends.
+///
+/// Watch for loss while working, renewing a lease as you go:
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -21,14 +28,13 @@ use tokio::time::Instant;
 /// use std::time::Duration;
 ///
 /// let client = Client::connect(&server.addr_string()).await?;
-/// let mut guard = client
+/// let guard = client
 ///     .lock(["jobs/nightly"], LockOptions::new().lease(Duration::from_secs(30)))
 ///     .await?;
 /// tokio::select! {
 ///     _ = async { /* the work, writing with guard.fence() */ } => {}
-///     reason = guard.lost() => eprintln!("stop: lock lost ({reason})"),
+///     reason = guard.keep_alive() => eprintln!("stop: lock lost ({reason})"),
 /// }
-/// guard.renew(Duration::from_secs(60)).await?; // still ours
 /// guard.unlock().await?;
 /// # Ok(()) }
 /// ```
@@ -37,10 +43,9 @@ pub struct LockGuard {
     client: Client,
     keys: Vec<String>,
     fence: u64,
-    lease: Option<Duration>,
-    /// Local, conservative end of the lease: counted from when the request
-    /// was sent, so never later than the server's.
-    lease_end: watch::Sender<Option<Instant>>,
+    /// For a lease: when the Lock or the latest Renew was sent, and the
+    /// lease it set. `None`: bound to the connection.
+    lease: watch::Sender<Option<(Instant, Duration)>>,
     released: bool,
 }
 
@@ -49,16 +54,13 @@ impl LockGuard {
         client: Client,
         keys: Vec<String>,
         fence: u64,
-        lease: Option<Duration>,
-        sent: Instant,
+        lease: Option<(Instant, Duration)>,
     ) -> Self {
-        let (lease_end, _) = watch::channel(lease.map(|l| sent + l));
         LockGuard {
             client,
             keys,
             fence,
-            lease,
-            lease_end,
+            lease: watch::channel(lease).0,
             released: false,
         }
     }
@@ -76,7 +78,32 @@ impl LockGuard {
 
     /// The lease length, if the lock is a lease.
     pub fn lease(&self) -> Option<Duration> {
-        self.lease
+        self.lease.borrow().map(|(_, lease)| lease)
+    }
+
+    /// The client this guard's lock was taken or taken over on.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The safety deadline: after it the server may hand the lock to
+    /// someone else. For a lease, the send time of the latest successful
+    /// Lock or Renew plus the lease; for a lock bound to the connection, the
+    /// send time of the latest request the server answered plus the
+    /// server's session timeout. Both are shortened by
+    /// [`safety::CLOCK_RATE_BOUND`].
+    pub fn deadline(&self) -> Instant {
+        match *self.lease.borrow() {
+            Some((sent, lease)) => safety::deadline(sent, lease),
+            None => safety::deadline(self.client.last_acked(), self.client.session_timeout()),
+        }
+    }
+
+    /// The safety margin in force for this lock: [`LockGuard::lost`]
+    /// resolves this long before [`LockGuard::deadline`].
+    pub fn margin(&self) -> Duration {
+        let window = self.lease().unwrap_or(self.client.session_timeout());
+        safety::margin(self.client.safety_margin(), window)
     }
 
     /// Releases the keys.
@@ -104,6 +131,12 @@ impl LockGuard {
     /// # Errors
     /// [`crate::Error::NotHeld`] if the keys are no longer held; connection errors.
     pub async fn renew(&mut self, lease: Duration) -> Result<()> {
+        self.renew_shared(lease).await
+    }
+
+    /// Renews through `&self`, so [`LockGuard::keep_alive`] can watch the
+    /// deadline while a renewal is in flight.
+    async fn renew_shared(&self, lease: Duration) -> Result<()> {
         let sent = Instant::now();
         let body = RequestLock {
             keys: self.keys.clone(),
@@ -112,40 +145,90 @@ impl LockGuard {
             ..RequestLock::default()
         };
         self.client.call(RequestType::Renew, body).await?;
-        self.lease = Some(lease);
-        self.lease_end.send_replace(Some(sent + lease));
+        // Renewals may overlap; the deadline only moves forward.
+        self.lease.send_if_modified(|current| {
+            let newer =
+                current.is_none_or(|(s, l)| safety::deadline(s, l) < safety::deadline(sent, lease));
+            if newer {
+                *current = Some((sent, lease));
+            }
+            newer
+        });
         Ok(())
     }
 
-    /// Resolves when the lock can no longer be assumed held, with the reason:
-    /// the connection ended (a lock without a lease is then released by the
-    /// server), or the lease ran out without being renewed.
-    pub async fn lost(&self) -> String {
-        let mut lease_end = self.lease_end.subscribe();
+    /// Resolves when the lock can no longer be assumed held, with the
+    /// reason: the connection of a lock without a lease ended (the server
+    /// released it), or the safety deadline is within the margin
+    /// ([`Lost::Jeopardy`]). Renewals ([`LockGuard::renew`]) and, for a lock
+    /// without a lease, every answer on the connection move the deadline on.
+    pub async fn lost(&self) -> Lost {
+        let mut lease = self.lease.subscribe();
         loop {
-            let end = *lease_end.borrow_and_update();
-            match end {
-                None => return self.client.closed().await,
-                Some(end) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(end) => {
-                            if *lease_end.borrow() == Some(end) {
-                                return "lease expired".to_string();
-                            }
-                        }
-                        _ = lease_end.changed() => {}
+            let is_lease = lease.borrow_and_update().is_some();
+            let deadline = self.deadline();
+            let alarm = deadline.checked_sub(self.margin()).unwrap_or(deadline);
+            if Instant::now() >= alarm {
+                return Lost::Jeopardy {
+                    lease: is_lease,
+                    deadline,
+                };
+            }
+            tokio::select! {
+                // Woken at the alarm, the deadline is computed afresh: an
+                // answer may have moved it on meanwhile.
+                _ = tokio::time::sleep_until(alarm) => {}
+                _ = lease.changed() => {}
+                reason = self.client.closed(), if !is_lease => {
+                    // A renewal that made this a lease may have raced the
+                    // close: a lease survives the connection.
+                    if self.lease.borrow().is_none() {
+                        return Lost::ConnectionLost(reason);
                     }
                 }
             }
         }
     }
 
+    /// Renews a lease at a third of its length until the lock is lost, and
+    /// returns why; for a lock without a lease, the same as
+    /// [`LockGuard::lost`] (the client's pings keep it). A renewal that gets
+    /// no answer does not delay the verdict: the safety deadline is watched
+    /// throughout.
+    ///
+    /// When the connection ends the lease still runs until
+    /// [`LockGuard::deadline`]: [`Lost::ConnectionLost`] is returned so the
+    /// caller can connect again and [`Client::take_over`] the lease in time.
+    pub async fn keep_alive(&self) -> Lost {
+        loop {
+            let Some((sent, lease)) = *self.lease.borrow() else {
+                return self.lost().await;
+            };
+            tokio::select! {
+                lost = self.lost() => return lost,
+                _ = tokio::time::sleep_until(sent + lease / 3) => {}
+            }
+            let renewed = tokio::select! {
+                lost = self.lost() => return lost,
+                r = self.renew_shared(lease) => r,
+            };
+            match renewed {
+                Ok(()) => {}
+                Err(Error::NotHeld { .. }) => return Lost::NotHeld,
+                Err(Error::ConnectionLost(reason)) => return Lost::ConnectionLost(reason),
+                Err(Error::Io(e)) => return Lost::ConnectionLost(e.to_string()),
+                Err(e) => return Lost::RenewRefused(e.to_string()),
+            }
+        }
+    }
+
     /// Whether [`LockGuard::lost`] would resolve at once.
     pub fn is_lost(&self) -> bool {
-        match *self.lease_end.borrow() {
-            None => self.client.is_closed(),
-            Some(end) => Instant::now() >= end,
+        if self.lease.borrow().is_none() && self.client.is_closed() {
+            return true;
         }
+        let deadline = self.deadline();
+        Instant::now() >= deadline.checked_sub(self.margin()).unwrap_or(deadline)
     }
 }
 

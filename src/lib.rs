@@ -9,6 +9,8 @@
 //! - [`Client`] (`client.rs`), [`LockGuard`] (`guard.rs`), [`Error`]
 //!   (`error.rs`): the client library. One connection serves many tasks;
 //!   requests are pipelined.
+//! - [`safety`]: when a held lock must be given up, judged from the client's
+//!   side alone ([`Lost`]); [`Limits`] (`limits.rs`): what the server allows.
 //!
 //! The daemon lives in the `dlock-server` crate, the `dlock` command in
 //! `dlock-client`.
@@ -20,10 +22,14 @@ pub mod codec;
 pub mod duration;
 mod error;
 mod guard;
+mod limits;
+pub mod safety;
 
 pub use client::{Client, ClientOptions, LockOptions, Wait};
 pub use error::{Error, Result};
 pub use guard::LockGuard;
+pub use limits::{LimitError, Limits};
+pub use safety::Lost;
 
 /// Wire types generated from `proto/dlock.proto`.
 #[allow(missing_docs)]

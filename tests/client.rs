@@ -1,6 +1,6 @@
 //! The client library against a real server on 127.0.0.1:0.
 
-use dlock::{Client, ClientOptions, Error, LockOptions};
+use dlock::{Client, ClientOptions, Error, LockOptions, Lost};
 use dlock_server::testing::TestServer;
 use std::time::Duration;
 
@@ -82,7 +82,7 @@ async fn loss_is_visible_to_guards_and_calls() {
     let reason = tokio::time::timeout(Duration::from_secs(20), g.lost())
         .await
         .expect("loss noticed");
-    assert!(!reason.is_empty());
+    assert!(matches!(reason, Lost::ConnectionLost(_)), "{reason}");
     assert!(g.is_lost());
     match waiting.await.unwrap() {
         Err(Error::Server { status, .. }) => {
@@ -102,9 +102,9 @@ async fn errors_are_typed() {
     std::fs::write(&tokens, "t0ken\n").unwrap();
     let server = TestServer::start(&["--token-file", tokens.to_str().unwrap()]).await;
 
-    let anonymous = client(&server).await;
+    // A missing token is found out when connecting (the Hello handshake).
     assert!(matches!(
-        anonymous.ping().await,
+        Client::connect(&server.addr_string()).await,
         Err(Error::AccessDenied(_))
     ));
 
@@ -178,14 +178,20 @@ async fn lease_runs_out_unless_renewed() {
         .lock(["l"], LockOptions::new().lease(Duration::from_millis(200)))
         .await
         .unwrap();
+    // Measured from before the renewal was sent, as the guard counts.
+    let start = std::time::Instant::now();
     g.renew(Duration::from_millis(300)).await.unwrap();
     assert_eq!(g.lease(), Some(Duration::from_millis(300)));
-    let start = std::time::Instant::now();
+    // The margin is a quarter of a short lease: lost at 299.7 - 75 ms.
+    assert_eq!(g.margin(), Duration::from_millis(75));
     let reason = tokio::time::timeout(Duration::from_secs(20), g.lost())
         .await
         .unwrap();
-    assert_eq!(reason, "lease expired");
-    assert!(start.elapsed() >= Duration::from_millis(250));
+    assert!(
+        matches!(reason, Lost::Jeopardy { lease: true, .. }),
+        "{reason}"
+    );
+    assert!(start.elapsed() >= Duration::from_millis(224));
     match g.renew(Duration::from_secs(1)).await {
         // The server may not have expired it yet at this instant: either way
         // the guard reported the loss no later than the server's expiry.
@@ -215,8 +221,12 @@ async fn heartbeats_keep_quiet_holders_and_waiters_connected() {
         .await;
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
     assert!(!quiet.is_closed());
-    // Without heartbeats the server drops a quiet client.
-    let silent = Client::connect_with(
+}
+
+#[tokio::test]
+async fn pings_follow_the_servers_session_timeout_not_the_configured_heartbeat() {
+    let server = TestServer::start(&["--idle-timeout", "1s"]).await;
+    let c = Client::connect_with(
         &server.addr_string(),
         ClientOptions {
             heartbeat: Duration::from_secs(3600),
@@ -225,9 +235,18 @@ async fn heartbeats_keep_quiet_holders_and_waiters_connected() {
     )
     .await
     .unwrap();
-    silent.ping().await.unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(20), silent.closed())
-        .await
-        .unwrap();
-    assert!(reason.contains("closed"), "{reason}");
+    assert_eq!(c.session_timeout(), Duration::from_secs(1));
+    let g = c.lock(["quiet"], LockOptions::new()).await.unwrap();
+    // Another client waits out three session timeouts: the quiet holder
+    // was never dropped, nor did its guard fall into jeopardy.
+    let other = client(&server).await;
+    let r = other
+        .lock(
+            ["quiet"],
+            LockOptions::new().wait(Duration::from_millis(2500)),
+        )
+        .await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(!c.is_closed());
+    assert!(!g.is_lost());
 }

@@ -1,0 +1,135 @@
+//! The client gives a lock up before the server could hand it to someone
+//! else: a frozen network path between holder and server (a forwarder that
+//! stops passing anything, while both sockets stay open) must make the
+//! holder's guard report the loss before a second client is granted the key.
+
+use dlock::{Client, ClientOptions, LockOptions, Lost};
+use dlock_server::testing::proxy::FreezableProxy;
+use dlock_server::testing::TestServer;
+use std::time::Duration;
+use tokio::time::Instant;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Holds `key` through `proxy`, freezes it, and returns when the guard's
+/// loss and a direct client's grant of the same key were seen, asserting the
+/// loss came first.
+async fn loss_precedes_grant(server: &TestServer, options: LockOptions, expect_lease: bool) {
+    let proxy = FreezableProxy::start(server.addr).await;
+    let holder = Client::connect_with(&proxy.addr_string(), ClientOptions::default())
+        .await
+        .unwrap();
+    let guard = holder.lock(["part"], options).await.unwrap();
+    let other = Client::connect(&server.addr_string()).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let g = other.lock(["part"], LockOptions::new()).await;
+        (Instant::now(), g)
+    });
+    proxy.freeze();
+    let (lost, lost_at) = tokio::time::timeout(PATIENCE, async {
+        let lost = guard.keep_alive().await;
+        (lost, Instant::now())
+    })
+    .await
+    .expect("the holder notices in time");
+    let (granted_at, second) = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("the server hands the key on")
+        .unwrap();
+    let second = second.expect("second client gets the key");
+    assert!(second.fence() > guard.fence());
+    assert!(
+        matches!(lost, Lost::Jeopardy { lease, .. } if lease == expect_lease),
+        "{lost}"
+    );
+    assert!(
+        lost_at < granted_at,
+        "holder gave up {:?} after the key was granted again",
+        lost_at - granted_at
+    );
+    // The guard's deadline was not later than the grant either.
+    assert!(guard.deadline() <= granted_at);
+    proxy.thaw();
+}
+
+#[tokio::test]
+async fn frozen_path_loses_a_connection_bound_lock_before_the_server_hands_it_on() {
+    let server = TestServer::start(&["--idle-timeout", "2s"]).await;
+    loss_precedes_grant(&server, LockOptions::new(), false).await;
+}
+
+#[tokio::test]
+async fn frozen_path_loses_a_lease_before_it_runs_out() {
+    let server = TestServer::start(&[]).await;
+    let lease = LockOptions::new().lease(Duration::from_secs(2));
+    loss_precedes_grant(&server, lease, true).await;
+}
+
+#[tokio::test]
+async fn a_kept_lease_outlives_many_lease_lengths() {
+    let server = TestServer::start(&[]).await;
+    let c = Client::connect(&server.addr_string()).await.unwrap();
+    let g = c
+        .lock(
+            ["kept"],
+            LockOptions::new().lease(Duration::from_millis(600)),
+        )
+        .await
+        .unwrap();
+    let first = g.deadline();
+    // Keep it for five lease lengths; the keeper must not report a loss.
+    let kept = tokio::time::timeout(Duration::from_secs(3), g.keep_alive()).await;
+    assert!(
+        kept.is_err(),
+        "lost while kept: {:?}",
+        kept.map(|l| l.to_string())
+    );
+    assert!(g.deadline() > first + Duration::from_secs(2));
+    let info = &c.inspect(["kept"]).await.unwrap()[0];
+    assert_eq!(info.fence, g.fence());
+    g.unlock().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lease_is_taken_over_from_a_new_connection() {
+    let server = TestServer::start(&[]).await;
+    let first = Client::connect(&server.addr_string()).await.unwrap();
+    let (keys, fence) = first
+        .lock(
+            ["handed"],
+            LockOptions::new().lease(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap()
+        .into_parts();
+    drop(first);
+    let second = Client::connect(&server.addr_string()).await.unwrap();
+    let g = second
+        .take_over(keys.clone(), fence, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!((g.keys(), g.fence()), (&keys[..], fence));
+    assert_eq!(g.lease(), Some(Duration::from_secs(10)));
+    assert!(matches!(
+        second
+            .take_over(["handed"], fence + 1, Duration::from_secs(1))
+            .await,
+        Err(dlock::Error::NotHeld { .. })
+    ));
+    g.unlock().await.unwrap();
+}
+
+#[tokio::test]
+async fn limits_are_learnt_when_connecting() {
+    let server = TestServer::start(&["--max-lease", "1h", "--max-keys", "3"]).await;
+    let c = Client::connect(&server.addr_string()).await.unwrap();
+    let limits = c.limits().expect("this server states its limits");
+    assert_eq!(limits.max_lease, Duration::from_secs(3600));
+    assert_eq!(limits.max_keys, 3);
+    assert_eq!(c.session_timeout(), Duration::from_secs(60));
+    let err = limits.check_lease(Duration::from_secs(7200)).unwrap_err();
+    assert_eq!(err.to_string(), "exceeds the server's maximum lease of 1h");
+    let keys: Vec<String> = ["a", "b", "c", "d"].map(String::from).to_vec();
+    assert!(limits.check_keys(&keys).is_err());
+    assert!(limits.check_keys(&keys[..3]).is_ok());
+}
