@@ -23,7 +23,9 @@ use crate::codec::{encode_frame, FrameCodec};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::limits::Limits;
-use crate::proto::{KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus};
+use crate::proto::{
+    KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus, ServerStats,
+};
 use crate::safety::{AckClock, DEFAULT_SAFETY_MARGIN};
 use bytes::BytesMut;
 use futures_util::StreamExt;
@@ -361,12 +363,22 @@ impl Client {
         }
         let sent = Instant::now();
         let resp = self.call(RequestType::Lock, body).await?;
-        Ok(LockGuard::new(
+        let mut guard = LockGuard::new(
             self.clone(),
             keys,
             resp.fence,
             options.lease.map(|lease| (sent, lease)),
-        ))
+        );
+        // The server's lease runs from the grant, but all the client knows
+        // is that the grant came after the request was sent: after a long
+        // wait that bound says little, and the guard would be in jeopardy
+        // at once. A renewal now gives a bound as fresh as the grant.
+        if let Some(lease) = options.lease {
+            if sent.elapsed() >= lease / 3 {
+                guard.renew(lease).await?;
+            }
+        }
+        Ok(guard)
     }
 
     /// Takes over a lease held under `fence` (taken by this process on an
@@ -436,6 +448,18 @@ impl Client {
             ..RequestLock::default()
         };
         Ok(self.call(RequestType::Inspect, body).await?.key_info)
+    }
+
+    /// The server's counts: connections, held keys, waiting requests.
+    ///
+    /// # Errors
+    /// Any error of the connection or the server.
+    pub async fn stats(&self) -> Result<ServerStats> {
+        let resp = self
+            .call(RequestType::Inspect, RequestLock::default())
+            .await?;
+        resp.server_stats
+            .ok_or_else(|| Error::Protocol("Inspect without keys answered no server_stats".into()))
     }
 
     /// Sends one request and waits for its response, mapping error statuses

@@ -206,6 +206,9 @@ impl LockGuard {
             };
             tokio::select! {
                 lost = self.lost() => return lost,
+                // No renewal can get through: say so at once, so the caller
+                // has as much of the lease as possible left to reconnect in.
+                reason = self.client.closed() => return Lost::ConnectionLost(reason),
                 _ = tokio::time::sleep_until(sent + lease / 3) => {}
             }
             let renewed = tokio::select! {

@@ -11,6 +11,7 @@
 //!   requests are pipelined.
 //! - [`safety`]: when a held lock must be given up, judged from the client's
 //!   side alone ([`Lost`]); [`Limits`] (`limits.rs`): what the server allows.
+//! - [`token_file`]: the access-token file format.
 //!
 //! The daemon lives in the `dlock-server` crate, the `dlock` command in
 //! `dlock-client`.
@@ -24,6 +25,7 @@ mod error;
 mod guard;
 mod limits;
 pub mod safety;
+pub mod token_file;
 
 pub use client::{Client, ClientOptions, LockOptions, Wait};
 pub use error::{Error, Result};

@@ -133,3 +133,29 @@ async fn limits_are_learnt_when_connecting() {
     assert!(limits.check_keys(&keys).is_err());
     assert!(limits.check_keys(&keys[..3]).is_ok());
 }
+
+#[tokio::test]
+async fn a_lease_granted_after_a_long_wait_is_not_lost_at_once() {
+    let server = TestServer::start(&[]).await;
+    let holder = Client::connect(&server.addr_string()).await.unwrap();
+    let first = holder.lock(["slow"], LockOptions::new()).await.unwrap();
+    let waiter = Client::connect(&server.addr_string()).await.unwrap();
+    let lease = Duration::from_millis(600);
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock(["slow"], LockOptions::new().lease(lease))
+            .await
+            .map(|g| (g, waiter))
+    });
+    // Wait two lease lengths before releasing, as the waiter sees it.
+    let deadline = Instant::now() + PATIENCE;
+    while holder.inspect(["slow"]).await.unwrap()[0].waiters != 1 {
+        assert!(Instant::now() < deadline);
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(2 * lease).await;
+    first.unlock().await.unwrap();
+    let (g, _waiter) = waiting.await.unwrap().unwrap();
+    assert!(!g.is_lost(), "a fresh grant must not start in jeopardy");
+    assert!(g.deadline() > Instant::now() + lease / 2);
+}

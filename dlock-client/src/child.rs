@@ -1,7 +1,6 @@
 //! The command dlock runs: spawning it, signalling it, reading its fate.
 
 use crate::exit::{self, Failure};
-use std::io::IsTerminal;
 use std::process::{ExitStatus, Stdio};
 use tokio::process::Command;
 
@@ -18,27 +17,68 @@ impl Child {
     /// Starts `argv` with the lock's keys and fencing token in its
     /// environment and dlock's stdin, stdout and stderr.
     ///
-    /// When stdin is not a terminal (cron, scripts) the command gets its own
+    /// With `own_group` (dlock's stdin is not a terminal: cron, scripts) the command gets its own
     /// process group, so stopping it stops everything it started. On a
     /// terminal it stays in the foreground group so it can read the terminal
     /// and receives Ctrl-C and Ctrl-\ directly.
     ///
+    /// The command is SIGKILLed if dlock dies (`PR_SET_PDEATHSIG` on Linux;
+    /// the guardian extends that to its process group), and does not see
+    /// `DLOCK_TOKEN`: the token is dlock's, not the command's.
+    ///
     /// # Errors
     /// Exit code 127 when the command does not exist, 126 when it cannot be run.
-    pub fn spawn(argv: &[String], keys: &[String], fence: u64) -> Result<Child, Failure> {
+    pub fn spawn(
+        argv: &[String],
+        keys: &[String],
+        fence: u64,
+        own_group: bool,
+        guardian: Option<std::os::fd::RawFd>,
+    ) -> Result<Child, Failure> {
         let Some((program, args)) = argv.split_first() else {
             return Err(Failure::new(exit::USAGE, "no command given"));
         };
-        let own_group = !std::io::stdin().is_terminal();
         let mut cmd = Command::new(program);
         cmd.args(args)
             .env("DLOCK_KEYS", keys.join(","))
             .env("DLOCK_FENCE", fence.to_string())
+            .env_remove("DLOCK_TOKEN")
             .stdin(Stdio::inherit())
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit());
         if own_group {
             cmd.process_group(0);
+        }
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: getpid before the fork; in the child only prctl and
+            // getppid run, both async-signal-safe, and no memory is touched.
+            let parent = unsafe { libc::getpid() };
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // dlock died between fork and prctl: the signal will
+                    // never come, so do not start.
+                    if libc::getppid() != parent {
+                        return Err(std::io::Error::other("dlock exited"));
+                    }
+                    Ok(())
+                });
+            }
+        }
+        if let Some(fd) = guardian {
+            // SAFETY: in the child only getpid and write(2) of a stack
+            // buffer run, both async-signal-safe; `fd` is the open pipe to
+            // the guardian, inherited across fork and closed by exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let msg = crate::guardian::target_message(libc::getpid(), own_group);
+                    libc::write(fd, msg.as_ptr().cast(), msg.len());
+                    Ok(())
+                });
+            }
         }
         let child = cmd.spawn().map_err(|e| {
             let code = match e.kind() {
@@ -70,13 +110,19 @@ impl Child {
         self.own_group || !(signal == libc::SIGINT || signal == libc::SIGQUIT)
     }
 
-    /// Sends `signal` to the command (and its process group, if it has one).
+    /// Sends `signal` to the command and everything it started: its process
+    /// group, or, when it shares dlock's group on a terminal, every member
+    /// of that group but dlock itself.
     pub fn signal(&self, signal: i32) {
-        let target = if self.own_group { -self.pid } else { self.pid };
-        // SAFETY: kill(2) has no memory-safety preconditions. The pid is our
-        // own unreaped child (or its group), so it cannot have been reused.
-        unsafe {
-            libc::kill(target, signal);
+        if self.own_group {
+            kill(-self.pid, signal);
+            return;
+        }
+        kill(self.pid, signal);
+        for pid in fellow_group_members() {
+            if pid != self.pid {
+                kill(pid, signal);
+            }
         }
     }
 
@@ -87,6 +133,55 @@ impl Child {
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
         self.child.wait().await
     }
+}
+
+fn kill(target: i32, signal: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions. The pid is our own
+    // unreaped child (or its group, or a member of our own group).
+    unsafe {
+        libc::kill(target, signal);
+    }
+}
+
+/// dlock's descendants in its own process group: what the command started
+/// without leaving the group (Linux: from /proc; empty elsewhere, where only
+/// the command itself is signalled). The rest of the group (a script that
+/// called dlock) is not dlock's to signal.
+fn fellow_group_members() -> Vec<i32> {
+    // SAFETY: getpgrp and getpid cannot fail and touch no memory.
+    let (group, me) = unsafe { (libc::getpgrp(), libc::getpid()) };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    // pid -> (parent, group), from field 4 and 5 of stat, counted after the
+    // command name, which may itself hold spaces and parentheses.
+    let procs: std::collections::HashMap<i32, (i32, i32)> = dir
+        .filter_map(|e| {
+            let pid = e.ok()?.file_name().to_str()?.parse::<i32>().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(1);
+            let parent = fields.next()?.parse().ok()?;
+            let pgrp = fields.next()?.parse().ok()?;
+            Some((pid, (parent, pgrp)))
+        })
+        .collect();
+    let descends = |mut pid: i32| {
+        // Bounded walk: a pid table is finite, and a cycle is impossible
+        // but must not hang dlock.
+        for _ in 0..procs.len() {
+            match procs.get(&pid) {
+                Some(&(parent, _)) if parent == me => return true,
+                Some(&(parent, _)) if parent > 1 => pid = parent,
+                _ => return false,
+            }
+        }
+        false
+    };
+    procs
+        .iter()
+        .filter(|&(&pid, &(_, pgrp))| pgrp == group && pid != me && descends(pid))
+        .map(|(&pid, _)| pid)
+        .collect()
 }
 
 /// The shell convention: the command's code, or 128 + the signal that killed it.

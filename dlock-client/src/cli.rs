@@ -52,11 +52,11 @@ Exit codes:
 )]
 pub struct Args {
     /// Server address.
-    #[arg(short, long, env = "DLOCK_SERVER", default_value = dlock::DEFAULT_ADDR, value_name = "HOST:PORT")]
+    #[arg(short, long, env = "DLOCK_SERVER", default_value = dlock::DEFAULT_ADDR, value_name = "HOST:PORT", value_parser = server_address)]
     pub server: String,
 
-    /// Read the access token from this file (first line). DLOCK_TOKEN is
-    /// used when this is not given.
+    /// Read the access token from this file (the first line that is not
+    /// blank or a '#' comment). DLOCK_TOKEN is used when this is not given.
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
 
@@ -97,13 +97,24 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", value_parser = duration::parse_positive)]
     pub max_time: Option<Duration>,
 
-    /// What to do with the command if the lock is lost while it runs.
+    /// What to do with the command if the lock is lost while it runs, or
+    /// is about to be: dlock gives the lock up before the server could hand
+    /// it to someone else (see "What dlock guarantees" in the README). dlock
+    /// exits 75 after a loss, whatever the action.
     #[arg(long, value_enum, default_value_t = OnLost::Term, value_name = "ACTION")]
     pub on_lost: OnLost,
 
-    /// Time between SIGTERM and SIGKILL when dlock stops the command.
+    /// Time between SIGTERM and SIGKILL when dlock stops the command. When
+    /// the lock is in jeopardy, SIGKILL comes sooner if needed, so the
+    /// command is gone before the server could hand the lock on.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::parse)]
     pub grace: Duration,
+
+    /// Give the lock back (or leave it as a --hold lease) within this long
+    /// after the command ends; if the server does not answer in time, dlock
+    /// says so and exits with the command's code anyway.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration::parse_positive)]
+    pub release_timeout: Duration,
 
     /// Exit code when the lock is busy or the wait times out.
     #[arg(short = 'E', long, value_name = "CODE", default_value_t = 1)]
@@ -117,7 +128,8 @@ pub struct Args {
     #[arg(short, long)]
     pub verbose: bool,
 
-    /// Print who holds and who waits for the keys, then exit.
+    /// Print who holds and who waits for the keys, then exit; without keys,
+    /// print the server's counts.
     #[arg(long, conflicts_with_all = ["command", "command_args", "ping"])]
     pub inspect: bool,
 
@@ -130,6 +142,25 @@ pub struct Args {
     pub command_args: Vec<String>,
 }
 
+/// Checks the form of a server address: HOST:PORT, with an IPv6 host in
+/// brackets. Whether HOST resolves is found out when connecting.
+fn server_address(s: &str) -> Result<String, String> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or("expected HOST:PORT, for example 127.0.0.1:7436")?;
+    let bracketed = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+    if host.is_empty() || bracketed == Some("") {
+        return Err("no host before the port (for example 127.0.0.1:7436)".into());
+    }
+    if bracketed.is_none() && host.contains(':') {
+        return Err("put an IPv6 address in brackets: [::1]:7436".into());
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(s.to_string()),
+        _ => Err(format!("'{port}' is not a port number (1 to 65535)")),
+    }
+}
+
 /// Reaction to a lost lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnLost {
@@ -137,7 +168,7 @@ pub enum OnLost {
     Term,
     /// SIGKILL at once.
     Kill,
-    /// Let the command finish; only report the loss.
+    /// Let the command finish; only report the loss (dlock still exits 75).
     Ignore,
 }
 
@@ -195,6 +226,24 @@ mod tests {
         assert_ne!(a, auto_key("auto:", &argv(&["backup.sh --full"])));
         assert_ne!(a, auto_key("auto:", &argv(&["backup.sh", "--fast"])));
         assert!(a.starts_with("auto:") && a.len() == 5 + 32);
+    }
+
+    #[test]
+    fn server_addresses_are_checked_for_form() {
+        for good in ["127.0.0.1:7436", "locks.internal:1", "[::1]:7436"] {
+            assert_eq!(server_address(good).as_deref(), Ok(good));
+        }
+        for bad in [
+            "nonsense:port",
+            ":99999",
+            ":7436",
+            "host",
+            "::1:7436",
+            "h:0",
+            "[]:1",
+        ] {
+            assert!(server_address(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -3,14 +3,23 @@
 mod child;
 mod cli;
 mod exit;
+mod guardian;
+mod inspect;
 mod keeper;
 mod run;
+mod say;
 mod signals;
 
 use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == guardian::ARG)
+    {
+        return guardian::run();
+    }
     let args = match cli::Args::try_parse() {
         Ok(a) => a,
         Err(e) => {
@@ -29,7 +38,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("dlock: cannot start: {e}");
+            say!("cannot start: {e}");
             return ExitCode::from(exit::SOFTWARE);
         }
     };
@@ -37,7 +46,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
             if !f.message.is_empty() {
-                eprintln!("dlock: {}", f.message);
+                say!("{}", f.message);
             }
             ExitCode::from(f.code)
         }

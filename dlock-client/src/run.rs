@@ -1,11 +1,15 @@
-//! What `dlock` does: take the lock, run the command, watch both.
+//! What `dlock` does: take the lock, run the command, watch both, and end
+//! within a bounded time whatever the server does.
 
 use crate::child::{exit_code, Child};
 use crate::cli::{Args, OnLost};
 use crate::exit::{self, Failure};
+use crate::guardian::Guardian;
 use crate::keeper::{self, Keeper, Reconnect};
-use crate::signals::Signals;
-use dlock::{Client, ClientOptions, Error, LockGuard, LockOptions};
+use crate::say;
+use crate::signals::{self, Signals};
+use dlock::{Client, ClientOptions, Error, LockGuard, LockOptions, Lost};
+use std::io::IsTerminal;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -23,51 +27,56 @@ pub async fn run(args: Args) -> Result<u8, Failure> {
         return ping(&args, options).await;
     }
     let keys = args.all_keys();
+    if args.inspect {
+        return crate::inspect::run(&args, options, keys).await;
+    }
     if keys.is_empty() {
         return Err(Failure::new(
             exit::USAGE,
             "no key given: use -k KEY or --auto-key (see --help)",
         ));
     }
-    if args.inspect {
-        return inspect(&args, options, keys).await;
-    }
     let argv = args.argv();
     if argv.is_empty() {
-        return Err(Failure::new(
-            exit::USAGE,
-            "no command given: put it after -- or use -c STRING (see --help)",
-        ));
+        return Err(no_command(&args));
     }
+    warn_without_separator(&args);
 
-    let mut signals = Signals::install()?;
+    // Without a terminal the command leads a process group of its own, and
+    // job-control stops are dlock's to pass on.
+    let own_group = !std::io::stdin().is_terminal();
+    let mut signals = Signals::install(own_group)?;
     let client = keeper::connect(&args.server, options.clone()).await?;
-    let sent = Instant::now();
+    check_limits(&args, &client, &keys)?;
     let guard = tokio::select! {
         guard = acquire(&args, &client, &keys) => guard?,
-        sig = signals.recv() => {
-            if args.verbose {
-                eprintln!("dlock: interrupted while waiting for the lock; command not run");
-            }
+        sig = interrupt(&mut signals) => {
+            say!("interrupted by {} while waiting for the lock; command not run", signals::name(sig));
             return Ok(128 + sig as u8);
         }
     };
     let acquired = Instant::now();
-    let lease = guard.lease();
-    // From here on the keys are managed by hand: at the end they are either
-    // released or, with --hold, left behind as a lease.
-    let (keys, fence) = guard.into_parts();
+    let fence = guard.fence();
     let reconnect = Reconnect {
         server: args.server.clone(),
-        options,
+        options: options.clone(),
         verbose: args.verbose,
     };
-    let mut keeper = Keeper::start(client, keys.clone(), fence, lease, sent, reconnect.clone());
+    let mut keeper = Keeper::new(guard, reconnect);
 
-    let mut child = match Child::spawn(&argv, &keys, fence) {
+    let enforce = args.on_lost != OnLost::Ignore;
+    let mut guardian = Guardian::start(enforce.then(|| guardian_deadline(keeper.guard())));
+    if guardian.is_none() {
+        say!("warning: cannot start the guardian: if dlock dies, processes the command started are not stopped");
+    }
+    let guardian_fd = guardian.as_ref().map(Guardian::fd);
+    let mut child = match Child::spawn(&argv, &keys, fence, own_group, guardian_fd) {
         Ok(c) => c,
         Err(f) => {
-            let _ = keeper.client().unlock_fence(&keys, fence).await;
+            if let Some(g) = guardian {
+                g.done();
+            }
+            release(&args, &options, keeper.into_guard(), acquired).await;
             return Err(f);
         }
     };
@@ -76,81 +85,164 @@ pub async fn run(args: Args) -> Result<u8, Failure> {
         &mut child,
         &mut keeper,
         &mut signals,
+        guardian.as_mut(),
         acquired,
-        &keys,
     )
     .await;
-    keeper.stop();
+    if let Some(g) = guardian {
+        g.done();
+    }
     let status = outcome
         .status
         .map_err(|e| Failure::new(exit::SOFTWARE, format!("lost track of the command: {e}")))?;
 
     if outcome.lost.is_none() {
-        let client = keeper.final_client(&reconnect).await;
-        release(&args, &client, &keys, fence, acquired).await;
+        release(&args, &options, keeper.into_guard(), acquired).await;
     }
     if outcome.max_time_hit {
         return Ok(exit::MAX_TIME);
     }
-    if outcome.lost.is_some() && args.on_lost != OnLost::Ignore {
+    if outcome.lost.is_some() {
         return Ok(exit::LOCK_LOST);
     }
     Ok(exit_code(status))
 }
 
+/// The next signal that ends a wait for the lock; job-control signals are
+/// not among them (there is no command to stop yet).
+async fn interrupt(signals: &mut Signals) -> i32 {
+    loop {
+        let sig = signals.recv().await;
+        if sig != libc::SIGTSTP && sig != libc::SIGCONT {
+            return sig;
+        }
+    }
+}
+
+fn no_command(args: &Args) -> Failure {
+    let message = match args.auto_key.as_deref() {
+        // `dlock --auto-key /opt/job.sh` reads the command as the PREFIX.
+        Some(prefix) if prefix != "auto:" => format!(
+            "no command given: --auto-key took '{prefix}' as its PREFIX; \
+             put the command after --, as in: dlock --auto-key -- {prefix}"
+        ),
+        _ => "no command given: put it after -- or use -c STRING (see --help)".into(),
+    };
+    Failure::new(exit::USAGE, message)
+}
+
+/// `dlock -k a b` runs `b` with the lock on `a`, which may be a typo for
+/// `-k a -k b`: say so, unless `--` made the intent plain.
+fn warn_without_separator(args: &Args) {
+    if args.command.is_some() || std::env::args_os().any(|a| a == "--") {
+        return;
+    }
+    if let Some(program) = args.command_args.first() {
+        say!(
+            "warning: running '{program}' as the command; put the command after -- \
+             (several keys are given as -k a -k b)"
+        );
+    }
+}
+
+/// Checks what the server would refuse before anything runs, so a job
+/// does not find out after COMMAND ran that its `--hold` was never kept.
+fn check_limits(args: &Args, client: &Client, keys: &[String]) -> Result<(), Failure> {
+    let Some(limits) = client.limits() else {
+        return Ok(());
+    };
+    limits
+        .check_keys(keys)
+        .map_err(|e| Failure::new(exit::USAGE, format!("bad key: {e}")))?;
+    for (flag, value) in [("--hold", args.hold), ("--lease", args.lease)] {
+        if let Some(d) = value {
+            limits.check_lease(d).map_err(|e| {
+                Failure::new(
+                    exit::USAGE,
+                    format!("{flag} {} {e}", dlock::duration::format(d)),
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
 struct Outcome {
     status: std::io::Result<std::process::ExitStatus>,
-    lost: Option<String>,
+    lost: Option<Lost>,
     max_time_hit: bool,
 }
 
-/// Waits for the command while forwarding signals and stopping it when the
-/// lock is lost or --max-time passes.
+/// Waits for the command while forwarding signals, keeping the guardian's
+/// deadline current, and stopping the command when the lock is lost (or
+/// about to be) or --max-time passes.
 async fn supervise(
     args: &Args,
     child: &mut Child,
     keeper: &mut Keeper,
     signals: &mut Signals,
+    mut guardian: Option<&mut Guardian>,
     acquired: Instant,
-    keys: &[String],
 ) -> Outcome {
+    let keys = keeper.guard().keys().join(",");
     let mut lost = None;
     let mut max_time_hit = false;
     let mut kill_at: Option<Instant> = None;
     let max_deadline = args.max_time.map(|d| acquired + d);
+    // With --on-lost ignore there is no deadline to enforce.
+    let enforce = args.on_lost != OnLost::Ignore;
+    let mut tell_guardian = tokio::time::interval(
+        (keeper.guard().margin() / 2).clamp(Duration::from_millis(10), Duration::from_secs(1)),
+    );
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
-            sig = signals.recv() => {
-                if child.should_forward(sig) {
-                    child.signal(sig);
+            _ = tell_guardian.tick() => {
+                if let Some(g) = guardian.as_deref_mut() {
+                    g.deadline(enforce.then(|| guardian_deadline(keeper.guard())));
                 }
             }
+            sig = signals.recv() => match sig {
+                libc::SIGTSTP => {
+                    say!("SIGTSTP: stopping the command; dlock keeps the lock meanwhile (SIGCONT resumes it)");
+                    child.signal(libc::SIGTSTP);
+                }
+                sig if child.should_forward(sig) => child.signal(sig),
+                _ => {}
+            },
             reason = keeper.lost(), if lost.is_none() => {
-                eprintln!("dlock: lock on {} lost ({reason})", keys.join(","));
+                say!("lock on {keys} lost: {reason}");
+                // In jeopardy there is time left: the command must be gone
+                // before the server could hand the lock on, grace or not.
+                let must_be_gone = match &reason {
+                    Lost::Jeopardy { deadline, .. } => Some(*deadline - keeper.guard().margin() / 2),
+                    _ => None,
+                };
                 match args.on_lost {
                     OnLost::Term => {
-                        eprintln!("dlock: stopping the command (SIGTERM, SIGKILL after {:?})", args.grace);
+                        let at = (Instant::now() + args.grace).min(must_be_gone.unwrap_or(Instant::now() + args.grace));
+                        say!("stopping the command (SIGTERM, SIGKILL in {:.1}s)", at.saturating_duration_since(Instant::now()).as_secs_f64());
                         child.signal(libc::SIGTERM);
-                        kill_at.get_or_insert(Instant::now() + args.grace);
+                        kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
                     }
                     OnLost::Kill => {
-                        eprintln!("dlock: killing the command");
+                        say!("killing the command");
                         child.signal(libc::SIGKILL);
                     }
-                    OnLost::Ignore => eprintln!("dlock: --on-lost ignore: the command keeps running"),
+                    OnLost::Ignore => say!("--on-lost ignore: the command keeps running"),
                 }
                 lost = Some(reason);
             }
             _ = sleep_until(max_deadline), if max_deadline.is_some() && !max_time_hit => {
-                eprintln!(
-                    "dlock: --max-time {:?} exceeded; stopping the command (SIGTERM, SIGKILL after {:?})",
-                    args.max_time.unwrap_or_default(),
-                    args.grace
+                say!(
+                    "--max-time {} exceeded; stopping the command (SIGTERM, SIGKILL after {})",
+                    dlock::duration::format(args.max_time.unwrap_or_default()),
+                    dlock::duration::format(args.grace)
                 );
                 max_time_hit = true;
                 child.signal(libc::SIGTERM);
-                kill_at.get_or_insert(Instant::now() + args.grace);
+                let at = Instant::now() + args.grace;
+                kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
             }
             _ = sleep_until(kill_at), if kill_at.is_some() => {
                 child.signal(libc::SIGKILL);
@@ -158,11 +250,29 @@ async fn supervise(
             }
         }
     };
+    // COMMAND may have ended because the lock was lost (its guardian
+    // killed it while dlock was paused): that is a loss, not COMMAND's code.
+    if lost.is_none() && keeper.guard().is_lost() {
+        let guard = keeper.guard();
+        let reason = Lost::Jeopardy {
+            lease: guard.lease().is_some(),
+            deadline: guard.deadline(),
+        };
+        say!("lock on {keys} lost while the command ran: {reason}");
+        lost = Some(reason);
+    }
     Outcome {
         status,
         lost,
         max_time_hit,
     }
+}
+
+/// When the guardian kills COMMAND if dlock has not said otherwise: before
+/// the deadline, since SIGKILL and the exit take time too. dlock itself,
+/// when it can, acts sooner still (at half the margin).
+fn guardian_deadline(guard: &LockGuard) -> Instant {
+    guard.deadline() - guard.margin() / 4
 }
 
 async fn sleep_until(deadline: Option<Instant>) {
@@ -173,30 +283,55 @@ async fn sleep_until(deadline: Option<Instant>) {
 }
 
 /// Releases the keys, or with --hold leaves them as a lease for what is left
-/// of the hold time, so dlock can exit at once.
-async fn release(args: &Args, client: &Client, keys: &[String], fence: u64, acquired: Instant) {
-    let remaining = args
-        .hold
-        .map_or(Duration::ZERO, |h| h.saturating_sub(acquired.elapsed()));
-    if !remaining.is_zero() {
-        match client.renew_fence(keys, fence, remaining).await {
-            Ok(()) => {
-                if args.verbose {
-                    eprintln!(
-                        "dlock: keeping {} for another {remaining:.1?} (--hold)",
-                        keys.join(",")
-                    );
-                }
-                return;
-            }
-            Err(e) => eprintln!("dlock: cannot keep the lock for --hold: {e}"),
+/// of the hold time, so dlock can exit at once. Bounded by
+/// --release-timeout: a server that does not answer cannot hold dlock (and
+/// the cron runs behind it) up.
+async fn release(args: &Args, options: &ClientOptions, guard: LockGuard, acquired: Instant) {
+    let keys = guard.keys().join(",");
+    let lease = guard.lease();
+    let work = async {
+        // A lease outlives its connection: release it from a new one.
+        let mut guard = guard;
+        if lease.is_some() && guard.client().is_closed() {
+            let (keys, fence) = guard.into_parts();
+            let client = Client::connect_with(&args.server, options.clone()).await?;
+            return client.unlock_fence(&keys, fence).await;
         }
+        let remaining = args
+            .hold
+            .map_or(Duration::ZERO, |h| h.saturating_sub(acquired.elapsed()));
+        if !remaining.is_zero() {
+            match guard.renew(remaining).await {
+                Ok(()) => {
+                    if args.verbose {
+                        say!("keeping {keys} for another {remaining:.1?} (--hold)");
+                    }
+                    let _ = guard.into_parts();
+                    return Ok(());
+                }
+                Err(e) => say!("cannot keep the lock for --hold: {e}"),
+            }
+        }
+        guard.unlock().await
+    };
+    match tokio::time::timeout(args.release_timeout, work).await {
+        Ok(Ok(()) | Err(Error::NotHeld { .. })) => {}
+        Ok(Err(e)) => say!("release of {keys} failed: {e}; {}", left_to_server(lease)),
+        Err(_) => say!(
+            "the server did not answer the release of {keys} within {} (--release-timeout); {}",
+            dlock::duration::format(args.release_timeout),
+            left_to_server(lease)
+        ),
     }
-    match client.unlock_fence(keys, fence).await {
-        Ok(()) | Err(Error::NotHeld { .. }) => {}
-        // The connection closing releases a lock without a lease anyway.
-        Err(e) if args.verbose => eprintln!("dlock: release: {e}"),
-        Err(_) => {}
+}
+
+fn left_to_server(lease: Option<Duration>) -> String {
+    match lease {
+        Some(l) => format!(
+            "the lease ends on its own at most {} after its last renewal",
+            dlock::duration::format(l)
+        ),
+        None => "the server releases the lock when the connection closes, as dlock exits".into(),
     }
 }
 
@@ -213,27 +348,20 @@ async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGu
     let start = Instant::now();
     if args.verbose && !args.nonblock {
         // Try first, so the wait can be explained before it starts.
-        match client
-            .lock(keys.to_vec(), LockOptions { ..options }.no_wait())
-            .await
-        {
+        match client.lock(keys.to_vec(), options.no_wait()).await {
             Ok(g) => {
-                eprintln!(
-                    "dlock: acquired {} (fence {}) at once",
-                    keys.join(","),
-                    g.fence()
-                );
+                say!("acquired {} (fence {}) at once", keys.join(","), g.fence());
                 return Ok(g);
             }
-            Err(Error::Timeout { busy }) => describe_wait(client, &busy).await,
+            Err(Error::Timeout { busy }) => describe_holders(client, &busy, "waiting for").await,
             Err(e) => return Err(exit::from_client_error(e, &args.server)),
         }
     }
     match client.lock(keys.to_vec(), options).await {
         Ok(g) => {
             if args.verbose {
-                eprintln!(
-                    "dlock: acquired {} (fence {}) after {:.3}s",
+                say!(
+                    "acquired {} (fence {}) after {:.3}s",
                     keys.join(","),
                     g.fence(),
                     start.elapsed().as_secs_f64()
@@ -243,6 +371,9 @@ async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGu
         }
         Err(Error::Timeout { busy }) => {
             let message = if args.verbose {
+                if args.nonblock {
+                    describe_holders(client, &busy, "busy:").await;
+                }
                 format!(
                     "lock busy: {} (gave up after {:.3}s)",
                     busy.join(","),
@@ -257,9 +388,10 @@ async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGu
     }
 }
 
-async fn describe_wait(client: &Client, busy: &[String]) {
+/// Says who holds each of `busy`, one line per key.
+async fn describe_holders(client: &Client, busy: &[String], what: &str) {
     let Ok(infos) = client.inspect(busy.to_vec()).await else {
-        eprintln!("dlock: waiting for {}", busy.join(","));
+        say!("{what} {}", busy.join(","));
         return;
     };
     for info in infos {
@@ -270,10 +402,7 @@ async fn describe_wait(client: &Client, busy: &[String]) {
         } else {
             format!("held by {} (fence {})", info.holder_addr, info.fence)
         };
-        eprintln!(
-            "dlock: waiting for {}: {holder}, {} waiting",
-            info.key, info.waiters
-        );
+        say!("{what} {:?}: {holder}, {} waiting", info.key, info.waiters);
     }
 }
 
@@ -287,42 +416,8 @@ async fn ping(args: &Args, options: ClientOptions) -> Result<u8, Failure> {
     Ok(0)
 }
 
-async fn inspect(args: &Args, options: ClientOptions, keys: Vec<String>) -> Result<u8, Failure> {
-    let client = keeper::connect(&args.server, options).await?;
-    let infos = client
-        .inspect(keys)
-        .await
-        .map_err(|e| exit::from_client_error(e, &args.server))?;
-    println!(
-        "{:<24} {:<8} {:<22} {:<20} {:>10} {:>7}",
-        "KEY", "STATE", "HOLDER", "FENCE", "LEASE", "WAITERS"
-    );
-    for i in infos {
-        let state = if i.fence == 0 { "free" } else { "held" };
-        let holder = match (i.fence, i.holder_addr.as_str()) {
-            (0, _) => "-",
-            (_, "") => "(disconnected)",
-            (_, addr) => addr,
-        };
-        let fence = if i.fence == 0 {
-            "-".to_string()
-        } else {
-            i.fence.to_string()
-        };
-        let lease = if i.lease_remaining_micro == 0 {
-            "-".to_string()
-        } else {
-            format!("{:.1}s", i.lease_remaining_micro as f64 / 1e6)
-        };
-        println!(
-            "{:<24} {:<8} {:<22} {:<20} {:>10} {:>7}",
-            i.key, state, holder, fence, lease, i.waiters
-        );
-    }
-    Ok(0)
-}
-
-/// The access token: from --token-file (first line), else DLOCK_TOKEN.
+/// The access token: from --token-file (the first token in it), else
+/// DLOCK_TOKEN.
 fn token(args: &Args) -> Result<Option<String>, Failure> {
     if let Some(path) = &args.token_file {
         let text = std::fs::read_to_string(path).map_err(|e| {
@@ -331,17 +426,12 @@ fn token(args: &Args) -> Result<Option<String>, Failure> {
                 format!("cannot read token file {}: {e}", path.display()),
             )
         })?;
-        let token = text
-            .lines()
-            .map(str::trim)
-            .find(|l| !l.is_empty())
-            .unwrap_or_default();
-        if token.is_empty() {
+        let Some(token) = dlock::token_file::tokens(&text).next() else {
             return Err(Failure::new(
                 exit::USAGE,
-                format!("token file {} is empty", path.display()),
+                format!("token file {} holds no token", path.display()),
             ));
-        }
+        };
         return Ok(Some(token.to_string()));
     }
     Ok(std::env::var("DLOCK_TOKEN").ok().filter(|t| !t.is_empty()))

@@ -392,7 +392,10 @@ async fn verbose_says_what_it_waits_for_and_who_holds_it() {
     let o = finish(child).await;
     assert_eq!(code(&o), 0);
     let err = stderr(&o);
-    assert!(err.contains("waiting for v: held by 127.0.0.1:"), "{err}");
+    assert!(
+        err.contains("waiting for \"v\": held by 127.0.0.1:"),
+        "{err}"
+    );
     assert!(err.contains("acquired v"), "{err}");
 }
 
@@ -429,7 +432,7 @@ async fn ping_and_inspect() {
     assert!(out.contains(&g.fence().to_string()), "{out}");
     assert!(
         out.lines()
-            .any(|l| l.starts_with("free ") && l.contains(" free ")),
+            .any(|l| l.starts_with("\"free\" ") && l.contains(" free ")),
         "{out}"
     );
 }

@@ -18,18 +18,14 @@ impl std::fmt::Debug for Tokens {
 }
 
 impl Tokens {
-    /// Reads one token per line; blank lines and lines starting with '#'
-    /// are skipped, surrounding white space is ignored.
+    /// Reads the tokens of a token file ([`dlock::token_file`]).
     ///
     /// # Errors
     /// The file cannot be read or holds no token.
     pub fn from_file(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read token file {}", path.display()))?;
-        let tokens: Vec<Vec<u8>> = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        let tokens: Vec<Vec<u8>> = dlock::token_file::tokens(&text)
             .map(|l| l.as_bytes().to_vec())
             .collect();
         if tokens.is_empty() {

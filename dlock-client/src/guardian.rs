@@ -1,0 +1,238 @@
+//! The guardian: a small process that outlives dlock to stop COMMAND when
+//! dlock cannot.
+//!
+//! COMMAND dies with dlock through `PR_SET_PDEATHSIG`, but the processes it
+//! started do not, and a dlock that is paused (SIGSTOP, Ctrl-Z, a stalled
+//! machine) stops watching the lock's deadline while COMMAND runs on. The
+//! guardian is dlock re-executed (`dlock __dlock_guardian`) in a process
+//! group of its own, started before COMMAND. dlock keeps a pipe to it and
+//! writes short messages: the time by which COMMAND must be gone
+//! (CLOCK_MONOTONIC nanoseconds) whenever it moves, what to kill once COMMAND
+//! exists (its pid, negated for its process group), and [`DONE`] when COMMAND
+//! has ended. The guardian SIGKILLs the
+//! target when the pipe closes without [`DONE`] (dlock died) or when the last
+//! time passes without a newer one (dlock stalled).
+//!
+//! What remains impossible: a process that left COMMAND's group on purpose
+//! (setsid, setpgid) is beyond reach, and a guardian that is itself killed or
+//! stopped protects nothing.
+
+use std::io::Write;
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// First argument that makes `dlock` run as a guardian.
+pub const ARG: &str = "__dlock_guardian";
+
+/// Bytes per message: a tag and a big-endian 64-bit value. Under PIPE_BUF,
+/// so every write is whole or not at all.
+pub const MESSAGE: usize = 9;
+/// Tag: COMMAND has ended; exit without killing anything.
+const DONE: u8 = b'X';
+/// Tag: what to kill (a pid, or a negated process group id).
+const TARGET: u8 = b'T';
+/// Tag: when the target must be gone (CLOCK_MONOTONIC ns; 0 = no deadline).
+const DEADLINE: u8 = b'D';
+
+/// dlock's end of the pipe to its guardian.
+pub struct Guardian {
+    pipe: std::process::ChildStdin,
+    /// Not waited for: a stopped guardian must not hold dlock's exit up.
+    _child: std::process::Child,
+}
+
+impl Guardian {
+    /// Starts a guardian that enforces `deadline` from now on, before
+    /// COMMAND starts, so that no moment of COMMAND's life is unguarded.
+    /// `None` if it cannot be started: dlock then runs without it and says so.
+    pub fn start(deadline: Option<Instant>) -> Option<Guardian> {
+        let exe = if cfg!(target_os = "linux") {
+            // The running binary even if it was replaced on disk meanwhile.
+            std::path::PathBuf::from("/proc/self/exe")
+        } else {
+            std::env::current_exe().ok()?
+        };
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg(ARG)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        // Out of the terminal's reach: Ctrl-C or Ctrl-Z must not stop it.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = cmd.spawn().ok()?;
+        let pipe = child.stdin.take()?;
+        // A stopped guardian must not stop dlock: once the pipe is full,
+        // updates are dropped instead of blocking (8-byte writes are atomic).
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&pipe);
+        // SAFETY: fcntl on a descriptor we own, with flags it accepts.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+        let mut guardian = Guardian {
+            pipe,
+            _child: child,
+        };
+        guardian.deadline(deadline);
+        Some(guardian)
+    }
+
+    /// The pipe to the guardian, for COMMAND to name itself as the target
+    /// before it runs (see [`target_message`]).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.pipe)
+    }
+
+    /// Tells the guardian the lock's current safety deadline; `None`: no
+    /// deadline to enforce (only dlock's death counts).
+    pub fn deadline(&mut self, deadline: Option<Instant>) {
+        let value = deadline.map_or(0, |d| {
+            let left = d.saturating_duration_since(Instant::now());
+            monotonic_nanos()
+                .saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))
+                .max(1)
+        });
+        self.send(DEADLINE, value);
+    }
+
+    fn send(&mut self, tag: u8, value: u64) {
+        let _ = self.pipe.write_all(&message(tag, value));
+    }
+
+    /// COMMAND has ended: the guardian exits without killing anything.
+    pub fn done(mut self) {
+        self.send(DONE, 0);
+    }
+}
+
+fn message(tag: u8, value: u64) -> [u8; MESSAGE] {
+    let mut msg = [tag; MESSAGE];
+    msg[1..].copy_from_slice(&value.to_be_bytes());
+    msg
+}
+
+/// The message naming what to kill: `pid`, with its process group if
+/// `group`. COMMAND writes it itself between fork and exec (no allocation,
+/// so it is safe there): the guardian then knows its target before COMMAND
+/// runs a single instruction of its own, whatever happens to dlock.
+pub fn target_message(pid: i32, group: bool) -> [u8; MESSAGE] {
+    let target = i64::from(if group { -pid } else { pid });
+    message(TARGET, u64::from_be_bytes(target.to_be_bytes()))
+}
+
+/// Runs as the guardian, from `main`, before any argument parsing.
+pub fn run() -> ExitCode {
+    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGHUP, libc::SIGTSTP] {
+        // SAFETY: installing SIG_IGN has no preconditions; the guardian is
+        // single-threaded and installs no other handlers.
+        unsafe {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+    }
+    let mut watch = Watch::default();
+    // The raw descriptor, not `stdin()`: a buffered reader would take
+    // several messages at once and leave them where poll(2) cannot see them.
+    // SAFETY: descriptor 0 is the pipe from dlock, owned by nobody else in
+    // this process, which does nothing but this.
+    let mut pipe = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(0) };
+    let why = watch.run(&mut pipe);
+    if let (Some(why), Some(target)) = (why, watch.target) {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe {
+            libc::kill(target, libc::SIGKILL);
+        }
+        crate::say!("guardian: {why}; killed the command (SIGKILL)");
+    }
+    ExitCode::SUCCESS
+}
+
+/// The guardian's knowledge, from dlock's messages.
+#[derive(Default)]
+struct Watch {
+    /// What to kill: a pid, or a negated process group id.
+    target: Option<i32>,
+    /// CLOCK_MONOTONIC nanoseconds by which the target must be gone.
+    deadline: Option<u64>,
+}
+
+impl Watch {
+    /// Reads messages until [`DONE`] (`None`) or until the target must die
+    /// (`Some(reason)`).
+    fn run(
+        &mut self,
+        input: &mut (impl std::io::Read + std::os::fd::AsRawFd),
+    ) -> Option<&'static str> {
+        let mut msg = [0u8; MESSAGE];
+        let mut have = 0;
+        loop {
+            let timeout_ms = match self.deadline {
+                None => -1,
+                Some(d) => {
+                    let now = monotonic_nanos();
+                    if now >= d {
+                        return Some("dlock did not renew the lock's deadline in time");
+                    }
+                    // Round up, so the wake-up is never before the deadline.
+                    i32::try_from((d - now).div_ceil(1_000_000)).unwrap_or(i32::MAX)
+                }
+            };
+            let mut pfd = libc::pollfd {
+                fd: input.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the duration of the call.
+            let ready = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+            if ready == 0 {
+                continue;
+            }
+            if ready < 0 {
+                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Some("lost track of dlock");
+            }
+            match input.read(&mut msg[have..]) {
+                Ok(0) => return Some("dlock ended without saying the command had"),
+                Ok(n) => have += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return Some("lost track of dlock"),
+            }
+            if have < MESSAGE {
+                continue;
+            }
+            have = 0;
+            let mut value = [0u8; 8];
+            value.copy_from_slice(&msg[1..]);
+            let value = u64::from_be_bytes(value);
+            match msg[0] {
+                DONE => return None,
+                TARGET => {
+                    self.target = i32::try_from(i64::from_be_bytes(value.to_be_bytes()))
+                        .ok()
+                        .filter(|&t| t != 0)
+                }
+                DEADLINE => self.deadline = (value != 0).then_some(value),
+                _ => return Some("dlock sent something unknown"),
+            }
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: one timeline for dlock and its guardian.
+fn monotonic_nanos() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    let d = Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    );
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}

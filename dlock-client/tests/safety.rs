@@ -1,0 +1,210 @@
+//! `dlock` never lets two holders run at once: it stops COMMAND before the
+//! server could hand the lock to someone else, whatever fails (a frozen
+//! network path, a paused or killed dlock), and every exit is bounded.
+//!
+//! The frozen path is a forwarder between dlock and the server that passes
+//! nothing while both sockets stay open. Each test asserts the order of two
+//! events, never wall-clock figures: when a second client is granted the key,
+//! COMMAND is already dead.
+
+mod common;
+
+use common::*;
+use dlock::LockOptions;
+use dlock_server::testing::proxy::FreezableProxy;
+use dlock_server::testing::TestServer;
+use std::process::Stdio;
+
+/// COMMAND that prints its pid and ignores SIGTERM: only the SIGKILL that
+/// dlock sends before the deadline (or its guardian) can stop it.
+const STUBBORN: &str = "trap '' TERM; echo $$; exec sleep 600";
+
+/// Runs `dlock ARGS -k part -c STUBBORN` through a forwarder, freezes it,
+/// and checks COMMAND is dead by the time a direct client gets the key.
+async fn frozen_path_stops_command_first(server: &TestServer, args: &[&str]) {
+    let proxy = FreezableProxy::start(server.addr).await;
+    let mut all = args.to_vec();
+    all.extend(["-k", "part", "-c", STUBBORN]);
+    let mut child = dlock_at(&proxy.addr_string(), &all).spawn().unwrap();
+    let pid: i32 = lines(&mut child, 1).await[0].parse().unwrap();
+    let other = client(&server.addr_string()).await;
+    let waiting = tokio::spawn(async move { other.lock(["part"], LockOptions::new()).await });
+    proxy.freeze();
+    let second = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("the server hands the key on")
+        .unwrap()
+        .expect("granted");
+    assert!(
+        is_dead(pid),
+        "COMMAND still ran when the key was granted to another client"
+    );
+    let o = finish(child).await;
+    assert_eq!(code(&o), 75, "{}", stderr(&o));
+    assert!(stderr(&o).contains("lost"), "{}", stderr(&o));
+    second.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_path_stops_the_command_before_an_idle_server_hands_the_lock_on() {
+    let server = TestServer::start(&["--idle-timeout", "3s"]).await;
+    frozen_path_stops_command_first(&server, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_path_stops_the_command_before_its_lease_runs_out() {
+    let server = TestServer::start(&[]).await;
+    frozen_path_stops_command_first(&server, &["--lease", "3s"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_dlock_cannot_leave_its_command_running() {
+    let server = TestServer::start(&["--idle-timeout", "3s"]).await;
+    let mut child = dlock_at(&server.addr_string(), &["-k", "paused", "-c", STUBBORN])
+        .spawn()
+        .unwrap();
+    let pid: i32 = lines(&mut child, 1).await[0].parse().unwrap();
+    let other = client(&server.addr_string()).await;
+    let waiting = tokio::spawn(async move { other.lock(["paused"], LockOptions::new()).await });
+    // dlock stops pinging; its guardian must act in its place.
+    signal_pid(pid_of(&child), libc::SIGSTOP);
+    let second = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("the server hands the key on")
+        .unwrap()
+        .expect("granted");
+    let dead = is_dead(pid);
+    signal_pid(pid_of(&child), libc::SIGCONT);
+    let o = finish(child).await;
+    assert!(
+        dead,
+        "COMMAND still ran while dlock was paused: {}",
+        stderr(&o)
+    );
+    assert_eq!(code(&o), 75, "{}", stderr(&o));
+    assert!(stderr(&o).contains("guardian"), "{}", stderr(&o));
+    second.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_dlock_kills_the_command_and_its_group() {
+    let server = TestServer::start(&[]).await;
+    let mut child = dlock_at(
+        &server.addr_string(),
+        &["-k", "sigk", "-c", "sleep 600 & echo $!; echo $$; wait"],
+    )
+    .spawn()
+    .unwrap();
+    let pids: Vec<i32> = lines(&mut child, 2)
+        .await
+        .iter()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    signal_pid(pid_of(&child), libc::SIGKILL);
+    for pid in pids {
+        await_state(pid, "dead", |s| matches!(s, None | Some('Z') | Some('X'))).await;
+    }
+    let _ = finish(child).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_release_after_the_command_is_bounded_when_the_server_stops_answering() {
+    let server = TestServer::start(&[]).await;
+    let proxy = FreezableProxy::start(server.addr).await;
+    let mut child = dlock_at(
+        &proxy.addr_string(),
+        &[
+            "--release-timeout",
+            "1s",
+            "-k",
+            "rel",
+            "-c",
+            "echo ready; read _; exit 4",
+        ],
+    )
+    .stdin(Stdio::piped())
+    .spawn()
+    .unwrap();
+    lines(&mut child, 1).await;
+    proxy.freeze();
+    drop(child.stdin.take());
+    let o = finish(child).await;
+    assert_eq!(code(&o), 4, "the command's code: {}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("did not answer the release") && err.contains("when the connection closes"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_beyond_the_servers_maximum_lease_is_refused_before_the_command_runs() {
+    let server = TestServer::start(&[]).await;
+    let o = run_at(
+        &server.addr_string(),
+        &["--hold", "31d", "-k", "h", "-c", "echo ran"],
+    )
+    .await;
+    assert_eq!(code(&o), 64);
+    assert_eq!(stdout(&o), "", "the command must not run");
+    assert!(
+        stderr(&o).contains("--hold 31days exceeds the server's maximum lease of 30days"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run_at(
+        &server.addr_string(),
+        &["--lease", "40days", "-k", "h", "-c", "echo ran"],
+    )
+    .await;
+    assert_eq!(code(&o), 64);
+    let long_key = "k".repeat(2000);
+    let o = run_at(&server.addr_string(), &["-k", &long_key, "-c", "echo ran"]).await;
+    assert_eq!(code(&o), 64);
+    assert!(stderr(&o).contains("at most 1024"), "{}", stderr(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_server_idle_timeout_does_not_kill_a_held_lock() {
+    let server = TestServer::start(&["--idle-timeout", "1s"]).await;
+    // Three idle timeouts of a quiet command.
+    let o = run_at(&server.addr_string(), &["-k", "idle", "--", "sleep", "3"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_lost_ignore_still_exits_75() {
+    let server = TestServer::start(&[]).await;
+    let mut child = dlock_at(
+        &server.addr_string(),
+        &[
+            "--on-lost",
+            "ignore",
+            "-k",
+            "ign",
+            "-c",
+            "echo ready; read _",
+        ],
+    )
+    .stdin(Stdio::piped())
+    .spawn()
+    .unwrap();
+    lines(&mut child, 1).await;
+    let mut err = tokio::io::BufReader::new(child.stderr.take().unwrap());
+    server.stop().await.unwrap();
+    // The command keeps running after the loss, until it ends by itself.
+    let mut line = String::new();
+    tokio::time::timeout(PATIENCE, async {
+        while !line.contains("keeps running") {
+            line.clear();
+            tokio::io::AsyncBufReadExt::read_line(&mut err, &mut line)
+                .await
+                .unwrap();
+        }
+    })
+    .await
+    .expect("dlock reports the loss");
+    drop(child.stdin.take());
+    let o = finish(child).await;
+    assert_eq!(code(&o), 75);
+}

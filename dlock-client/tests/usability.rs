@@ -1,0 +1,134 @@
+//! The smaller promises of `dlock` that users run into: clear usage errors,
+//! tokens, what the command inherits, what is said on stderr.
+
+mod common;
+
+use common::*;
+use dlock::{Client, ClientOptions, LockOptions};
+use dlock_server::testing::TestServer;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_server_addresses_are_usage_errors() {
+    for bad in ["nonsense:port", ":99999", "no-port"] {
+        let o = run_at(bad, &["--ping"]).await;
+        assert_eq!(code(&o), 64, "{bad}: {}", stderr(&o));
+        assert!(stderr(&o).contains("--server"), "{}", stderr(&o));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_file_skips_comments_and_the_command_does_not_see_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let server_tokens = dir.path().join("server");
+    std::fs::write(&server_tokens, "t0ken\n").unwrap();
+    let client_token = dir.path().join("client");
+    std::fs::write(&client_token, "# deploy token\n\n  t0ken\n").unwrap();
+    let server = TestServer::start(&["--token-file", server_tokens.to_str().unwrap()]).await;
+    let path = client_token.to_str().unwrap();
+    let o = run_at(&server.addr_string(), &["--token-file", path, "--ping"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = dlock_at(
+        &server.addr_string(),
+        &["-k", "t", "-c", "echo \"token=${DLOCK_TOKEN-unset}\""],
+    )
+    .env("DLOCK_TOKEN", "t0ken")
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "token=unset");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_without_separator_is_run_with_a_warning() {
+    let server = TestServer::start(&[]).await;
+    let o = run_at(&server.addr_string(), &["-k", "a", "true"]).await;
+    assert_eq!(code(&o), 0);
+    assert!(
+        stderr(&o).contains("warning: running 'true' as the command"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run_at(&server.addr_string(), &["-k", "a", "--", "true"]).await;
+    assert_eq!(stderr(&o), "");
+    let o = run_at(&server.addr_string(), &["--auto-key", "/bin/true"]).await;
+    assert_eq!(code(&o), 64);
+    assert!(
+        stderr(&o).contains("--auto-key took '/bin/true' as its PREFIX"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nonblock_verbose_says_who_holds_the_key() {
+    let server = TestServer::start(&[]).await;
+    let holder = client(&server.addr_string()).await;
+    let _g = holder.lock(["nv"], LockOptions::new()).await.unwrap();
+    let o = run_at(
+        &server.addr_string(),
+        &["-n", "-v", "-k", "nv", "--", "true"],
+    )
+    .await;
+    assert_eq!(code(&o), 1);
+    assert!(
+        stderr(&o).contains("busy: \"nv\": held by 127.0.0.1:"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupted_while_waiting_says_so_without_verbose() {
+    let server = TestServer::start(&[]).await;
+    let holder = client(&server.addr_string()).await;
+    let _g = holder.lock(["iw"], LockOptions::new()).await.unwrap();
+    let child = dlock_at(&server.addr_string(), &["-k", "iw", "--", "true"])
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while holder.inspect(["iw"]).await.unwrap()[0].waiters != 1 {
+        assert!(std::time::Instant::now() < deadline, "dlock never waited");
+        tokio::task::yield_now().await;
+    }
+    signal_pid(pid_of(&child), libc::SIGTERM);
+    let o = finish(child).await;
+    assert_eq!(code(&o), 143);
+    assert_eq!(
+        stderr(&o),
+        "dlock: interrupted by SIGTERM while waiting for the lock; command not run\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_without_keys_prints_the_server_counts() {
+    let server = TestServer::start(&[]).await;
+    let holder = Client::connect_with(&server.addr_string(), ClientOptions::default())
+        .await
+        .unwrap();
+    let _g = holder.lock(["a", "b"], LockOptions::new()).await.unwrap();
+    let o = run_at(&server.addr_string(), &["--inspect"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("held keys    2"), "{}", stdout(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_terminal_sigtstp_stops_the_command_not_dlock() {
+    let server = TestServer::start(&[]).await;
+    let mut child = dlock_at(
+        &server.addr_string(),
+        &["-k", "tstp", "-c", "echo $$; exec sleep 600"],
+    )
+    .spawn()
+    .unwrap();
+    let pid: i32 = lines(&mut child, 1).await[0].parse().unwrap();
+    let dlock = pid_of(&child);
+    signal_pid(dlock, libc::SIGTSTP);
+    await_state(pid, "stopped", |s| s == Some('T')).await;
+    assert_ne!(state(dlock), Some('T'), "dlock itself must keep running");
+    signal_pid(dlock, libc::SIGCONT);
+    await_state(pid, "running again", |s| s == Some('S') || s == Some('R')).await;
+    signal_pid(dlock, libc::SIGTERM);
+    let o = finish(child).await;
+    assert_eq!(code(&o), 143, "{}", stderr(&o));
+}
