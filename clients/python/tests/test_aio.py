@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -291,3 +292,28 @@ def test_connecting_to_nothing_is_a_connect_error(server):
     server.kill()
     with pytest.raises(dlock.ConnectError, match=addr):
         run(dlock.aio.connect(addr))
+
+
+def test_check_reads_the_clock_even_when_the_loop_was_blocked(server):
+    async def body():
+        async with dlock.aio.connect(server.addr) as client:
+            lock = await client.lock("blocked", lease=0.2, renew=False)
+            lock.check()
+            assert 0 < lock.remaining() <= 0.2
+            time.sleep(0.25)  # blocks the loop: no timer can fire, as in a paused process
+            assert not lock.lost.is_set()
+            with pytest.raises(LockLost, match="not renewed"):
+                lock.check()
+            assert lock.lost.is_set()
+
+    run(body())
+
+
+def test_leaving_a_block_whose_lock_was_released_elsewhere_raises_lock_lost(server):
+    async def body():
+        async with dlock.aio.connect(server.addr) as a, dlock.aio.connect(server.addr) as b:
+            with pytest.raises(LockLost, match="not held any more"):
+                async with a.lock("stolen", lease=30) as lock:
+                    await b.unlock("stolen", lock.fence)
+
+    run(body())

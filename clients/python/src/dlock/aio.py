@@ -397,6 +397,13 @@ class Client:
     def _bound_deadline(self) -> float:
         return self._fresh + self.limits.session_timeout * (1 - self._margin)
 
+    def _stale_reason(self) -> str:
+        return (
+            f"no answer from the server to any request sent in the last "
+            f"{self.limits.session_timeout * (1 - self._margin):.3g} s; "
+            f"it may have ended the session (timeout {self.limits.session_timeout:.3g} s)"
+        )
+
     def _check_fresh(self) -> None:
         # Re-armed lazily: answers move _fresh forward without touching the
         # timer, which looks again only when it fires.
@@ -404,11 +411,7 @@ class Client:
         if self._loop.time() < self._bound_deadline():
             self._arm_watchdog()
             return
-        reason = (
-            f"no answer from the server to any request sent in the last "
-            f"{self.limits.session_timeout * (1 - self._margin):.3g} s; "
-            f"it may have ended the session (timeout {self.limits.session_timeout:.3g} s)"
-        )
+        reason = self._stale_reason()
         bound, self._bound = self._bound, set()
         for lock in bound:
             lock._set_lost(reason)

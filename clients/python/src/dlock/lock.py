@@ -23,8 +23,8 @@ class Lock:
 
     Leaving `async with` unlocks. If the block raised, that exception is kept
     and an unlock failure is ignored; if it did not and the lock was lost
-    meanwhile, `LockLost` is raised, since the work was not protected to its
-    end.
+    meanwhile (or the unlock finds it no longer held), `LockLost` is raised,
+    since the work was not protected to its end.
     """
 
     def __init__(
@@ -57,10 +57,30 @@ class Lock:
         state = "lost" if self.lost.is_set() else "released" if self._released else "held"
         return f"<dlock.aio.Lock {list(self.keys)} fence={self.fence} lease={self.lease} {state}>"
 
+    def remaining(self) -> float:
+        """Seconds until the safety deadline: how long the lock may still be
+        relied on without a fresh answer from the server (negative when past)."""
+        return self._deadline() - self._client._loop.time()
+
     def check(self) -> None:
-        """Raises `LockLost` if the lock is lost."""
+        """Raises `LockLost` if the lock is lost or its safety deadline has
+        passed, reading the clock now instead of waiting for the timer (which
+        a paused or busy process runs late)."""
+        if self.lost_reason is None and not self._released and self.remaining() <= 0:
+            self._set_lost(self._past_deadline())
         if self.lost_reason is not None:
             raise LockLost(self.lost_reason)
+
+    def _deadline(self) -> float:
+        margin = self._client._margin
+        if self.lease is not None:
+            return self._lease_sent + self.lease * (1 - margin)
+        return self._client._bound_deadline()
+
+    def _past_deadline(self) -> str:
+        if self.lease is not None:
+            return f"lease of {self.lease:.3g} s not renewed in time"
+        return self._client._stale_reason()
 
     async def unlock(self) -> None:
         """Releases the keys (by fence, so a later grant to someone else is never touched).
@@ -110,13 +130,12 @@ class Lock:
     async def _keep(self) -> None:
         """Renews the lease every third of it; reports it lost when it could run out."""
         loop = asyncio.get_running_loop()
-        margin = self._client._margin
         while True:
             assert self.lease is not None
             now = loop.time()
-            lose_at = self._lease_sent + self.lease * (1 - margin)
+            lose_at = self._deadline()
             if now >= lose_at:
-                self._set_lost(f"lease of {self.lease:.3g} s not renewed in time")
+                self._set_lost(self._past_deadline())
                 return
             renew_at = self._lease_sent + self.lease / 3
             if not self._auto_renew or now < renew_at:
@@ -162,14 +181,19 @@ class Lock:
             except DlockError:
                 pass  # the block's own exception says more
             return
-        if self.lost_reason is not None:
-            reason = self.lost_reason
+        try:
+            self.check()
+        except LockLost:
             try:
                 await self.unlock()
             except DlockError:
-                pass
-            raise LockLost(reason)
-        await self.unlock()
+                pass  # lost already: the server may have released it
+            raise
+        try:
+            await self.unlock()
+        except NotHeld as e:
+            # Lost without this client seeing it before the server did.
+            raise LockLost(f"not held any more when unlocked ({e})") from e
 
     async def __aenter__(self) -> "Lock":
         return self

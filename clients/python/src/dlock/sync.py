@@ -19,7 +19,6 @@ from concurrent.futures import Future
 from typing import Any, Awaitable, List, Optional, TypeVar
 
 from . import aio
-from .errors import LockLost
 from .lock import Lock as _AioLock
 from .types import KeyInfo, Limits, ServerStats
 
@@ -193,11 +192,20 @@ class Lock:
     def lost_reason(self) -> Optional[str]:
         return self._lock.lost_reason
 
+    def remaining(self) -> float:
+        """Seconds until the safety deadline; see `dlock.aio.Lock.remaining`."""
+        return self._client._run(self._remaining())
+
+    async def _remaining(self) -> float:
+        return self._lock.remaining()
+
     def check(self) -> None:
-        """Raises `LockLost` if the lock is lost."""
-        reason = self._lock.lost_reason
-        if reason is not None or self.lost.is_set():
-            raise LockLost(reason or "lost")
+        """Raises `LockLost` if the lock is lost or past its safety deadline,
+        reading the clock now; see `dlock.aio.Lock.check`."""
+        self._client._run(self._check())
+
+    async def _check(self) -> None:
+        self._lock.check()
 
     def unlock(self) -> None:
         """Releases the keys; see `dlock.aio.Lock.unlock`."""
