@@ -317,3 +317,12 @@ def test_leaving_a_block_whose_lock_was_released_elsewhere_raises_lock_lost(serv
                     await b.unlock("stolen", lock.fence)
 
     run(body())
+
+
+def test_a_server_that_accepts_but_never_answers_fails_connect_in_time(server):
+    server.pause()
+    try:
+        with pytest.raises(dlock.ConnectError, match="no answer to Hello"):
+            run(dlock.aio.connect(server.addr, connect_timeout=0.3))
+    finally:
+        server.resume()

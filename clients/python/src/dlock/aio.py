@@ -54,7 +54,7 @@ from google.protobuf.message import DecodeError
 
 from . import _env
 from ._proto import dlock_pb2 as pb
-from .errors import ConnectError, ConnectionLost, DlockError, ProtocolError, ServerError, Status, from_response
+from .errors import ConnectError, ConnectionLost, DlockError, ProtocolError, ServerError, Status, Timeout, from_response
 from .framing import FrameDecoder, encode
 from .lock import Lock
 from .types import DEFAULT_LIMITS, KeyInfo, Limits, ServerStats
@@ -239,8 +239,14 @@ class Client:
             client._fail(protocol.gone)
         try:
             try:
-                resp = await client._call(pb.Hello, None, counted=False)
+                # The connect timeout covers the first answer too: a server
+                # that accepts but never answers (paused, overloaded) is as
+                # unreachable as one that does not accept.
+                resp = await asyncio.wait_for(client._call(pb.Hello, None, counted=False), connect_timeout)
                 client.limits = Limits.from_proto(resp.limits)
+            except asyncio.TimeoutError:
+                await client.close()
+                raise ConnectError(addr, f"no answer to Hello within {connect_timeout} s") from None
             except ServerError as e:
                 if e.status != Status.InvalidType:
                     raise
@@ -290,8 +296,6 @@ class Client:
 
     async def try_lock(self, keys: Keys, *, lease: Optional[float] = None, renew: bool = True) -> Optional[Lock]:
         """Takes `keys` if all are free now; None if any is busy."""
-        from .errors import Timeout
-
         try:
             return await self._acquire(keys, 0, lease, renew)
         except Timeout:
