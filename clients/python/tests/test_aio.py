@@ -326,3 +326,20 @@ def test_a_server_that_accepts_but_never_answers_fails_connect_in_time(server):
             run(dlock.aio.connect(server.addr, connect_timeout=0.3))
     finally:
         server.resume()
+
+
+def test_a_lease_granted_after_a_wait_longer_than_the_lease_is_usable(server):
+    async def body():
+        async with dlock.aio.connect(server.addr) as a, dlock.aio.connect(server.addr) as b:
+            held = await a.lock("slow")
+            waiting = asyncio.ensure_future(b.lock("slow", lease=0.3, renew=False))
+            while (await a.inspect("slow"))[0].waiters != 1:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.4)  # the condition under test: a wait longer than the lease
+            await held.unlock()
+            lock = await waiting
+            lock.check()
+            assert lock.remaining() > 0.2
+            await lock.unlock()
+
+    run(body())

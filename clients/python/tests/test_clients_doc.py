@@ -17,7 +17,10 @@ import pytest
 import dlock
 from conftest import LIMIT, REPO
 
-pytest.importorskip("grpc_tools", reason="grpcio-tools (requirements-dev.txt) generates dlock_pb2.py")
+# grpcio-tools (requirements-dev.txt) generates dlock_pb2.py. Without it the
+# page cannot be checked: skipped on a developer's machine, a failure in CI.
+if not os.environ.get("CI"):
+    pytest.importorskip("grpc_tools", reason="needs grpcio-tools from requirements-dev.txt")
 
 
 @pytest.fixture

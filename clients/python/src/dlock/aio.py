@@ -37,6 +37,10 @@ still holds it for us, which is before the server could give it away:
   Leases are renewed in the background every third of the lease; a lease
   outlives the connection, so losing the connection only stops renewal.
 
+The deadlines count from when requests were *sent*. A Lock that waited long
+is answered long after it was sent, so the client follows its grant with a
+Renew (lease) or a Ping (no lease) to count from now instead.
+
 A lock reported lost stays lost. The check runs on this event loop: a
 process that is paused (SIGSTOP, a long GC, a blocked loop) learns of the
 loss only when it runs again, which is why the protected resource must check
@@ -54,7 +58,18 @@ from google.protobuf.message import DecodeError
 
 from . import _env
 from ._proto import dlock_pb2 as pb
-from .errors import ConnectError, ConnectionLost, DlockError, ProtocolError, ServerError, Status, Timeout, from_response
+from .errors import (
+    ConnectError,
+    ConnectionLost,
+    DlockError,
+    LockLost,
+    NotHeld,
+    ProtocolError,
+    ServerError,
+    Status,
+    Timeout,
+    from_response,
+)
 from .framing import FrameDecoder, encode
 from .lock import Lock
 from .types import DEFAULT_LIMITS, KeyInfo, Limits, ServerStats
@@ -367,6 +382,7 @@ class Client:
         # time, so deadlines counted from it are conservative.
         sent = self._loop.time()
         resp = await self._call(pb.Lock, body, lock_keys=keys)
+        sent = await self._refresh_after_wait(keys, resp.fence, lease, sent)
         lock = Lock(self, tuple(keys), resp.fence, lease, sent, renew)
         for key in keys:
             older = self._holding.get(key)
@@ -382,6 +398,36 @@ class Client:
         else:
             self._leases.add(lock)
         return lock
+
+    async def _refresh_after_wait(self, keys: List[str], fence: int, lease: Optional[float], sent: float) -> float:
+        """One more round trip after a Lock that waited; returns the send time to count from.
+
+        The safety deadline counts from the send time of the Lock, which
+        after a long wait may be about to pass (or past) when the grant
+        arrives, although the server started the lease only at the grant.
+        The answer alone cannot prove when that was, so a lease is renewed
+        and a lock without one pinged, which moves the deadline to now.
+        """
+        now = self._loop.time()
+        if lease is not None:
+            if now - sent <= lease / 3:
+                return sent
+        elif now - self._fresh <= self.limits.session_timeout / 4:
+            return sent
+        try:
+            if lease is not None:
+                await self._call(pb.Renew, pb.RequestLock(keys=keys, fence=fence, release_micro=_micros(lease)))
+                return now
+            await self._call(pb.Ping, None)
+            return sent
+        except NotHeld:
+            raise LockLost(f"the lease of {lease:.3g} s ran out before its grant could be renewed") from None
+        except BaseException:
+            # Cancelled, or the connection failed, between grant and use:
+            # nobody will hold this grant, release it.
+            if self.close_reason is None:
+                self._send(pb.Unlock, pb.RequestLock(keys=keys, fence=fence), None)
+            raise
 
     def _hold_bound(self, lock: Lock) -> None:
         self._bound.add(lock)
