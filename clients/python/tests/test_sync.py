@@ -118,9 +118,9 @@ def test_a_lost_lease_is_seen_and_leaving_raises_lock_lost(server):
 
 def test_a_lease_is_renewed_while_the_script_works(server):
     with dlock.Client(server.addr) as a, dlock.Client(server.addr) as b:
-        with a.lock("long-job", lease=0.3) as lock:
+        with a.lock("long-job", lease=0.6) as lock:
             with pytest.raises(dlock.Timeout):
-                b.lock("long-job", wait=1.0)
+                b.lock("long-job", wait=1.5)
             assert not lock.lost.is_set()
         b.lock("long-job", wait=1.0).unlock()
 
