@@ -93,14 +93,14 @@ def test_a_thousand_requests_in_flight_on_one_connection_are_answered_in_order(s
         async with dlock.aio.connect(server.addr) as client:
             assert client.limits.max_pipeline >= 1000
             peak = 0
-            flush = client._flush
+            flush = client._conn._flush
 
             def counting_flush():
                 nonlocal peak
-                peak = max(peak, len(client._pending))
+                peak = max(peak, len(client._conn._pending))
                 flush()
 
-            client._flush = counting_flush
+            client._conn._flush = counting_flush
             keys = [f"pipe/{i}" for i in range(1000)]
             locks = await asyncio.gather(*(client.lock(k) for k in keys))
             assert peak == 1000, "all 1000 Lock requests were written before any answer"

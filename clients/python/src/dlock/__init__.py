@@ -16,7 +16,7 @@ asyncio, with many tasks on one connection::
         async with client.lock(["a", "b"], lease=60) as lock:
             ...
 
-Layout: `aio` (the asyncio client and its connection), `lock` (an asyncio
+Layout: `aio` (the asyncio client), `connection` (its pipelined connection), `lock` (an asyncio
 `Lock` and its safety deadlines), `sync` (the blocking client, the asyncio
 one on a thread), `framing`, `errors`, `types`, `_proto` (generated).
 """

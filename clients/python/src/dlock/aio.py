@@ -1,17 +1,9 @@
 """The asyncio client: one TCP connection shared by any number of tasks.
 
-Requests are pipelined: every call is framed and queued for writing at once,
-and the frames queued during one turn of the event loop go out in one write.
-The server answers in order, so each answer belongs to the oldest unanswered
-request; an answer out of order ends the connection. At most
-`max_in_flight` requests (default: the server's `max_pipeline`) are
-unanswered at once, which bounds what this client buffers; further calls
-wait for a slot.
-
-On connect the client sends Hello to learn the server's limits (a server
-older than Hello answers InvalidType and the server defaults are assumed).
-It then sends a Ping whenever it has sent nothing for a quarter of the
-session timeout, so the server never ends a healthy, quiet connection.
+Requests are pipelined on one `Connection` (connection.py: framing, answers
+matched in order, Hello on connect, pings at a quarter of the session
+timeout). This module owns the calls and the locks: which are held, and
+when each must be reported lost.
 
 Locks belong to the connection, as in every dlock client: the server grants a
 key that this connection already holds again at once, under a new fencing
@@ -50,33 +42,17 @@ the fencing token (see examples/fencing/).
 from __future__ import annotations
 
 import asyncio
-import collections
-import socket
-from typing import Any, Awaitable, Callable, Deque, Generator, Generic, Iterable, List, Optional, TypeVar, Union
-
-from google.protobuf.message import DecodeError
+from typing import Any, Awaitable, Callable, Generator, Generic, Iterable, List, Optional, TypeVar, Union
 
 from . import _env
 from ._proto import dlock_pb2 as pb
-from .errors import (
-    ConnectError,
-    ConnectionLost,
-    DlockError,
-    LockLost,
-    NotHeld,
-    ProtocolError,
-    ServerError,
-    Status,
-    Timeout,
-    from_response,
-)
-from .framing import FrameDecoder, encode
+from .connection import Connection
+from .errors import LockLost, NotHeld, Timeout
 from .lock import Lock
-from .types import DEFAULT_LIMITS, KeyInfo, Limits, ServerStats
+from .types import KeyInfo, Limits, ServerStats
 
 __all__ = ["Client", "connect"]
 
-PROTOCOL_VERSION = 2
 
 Keys = Union[str, Iterable[str]]
 T = TypeVar("T")
@@ -93,49 +69,6 @@ def _micros(seconds: float) -> int:
     # A positive duration below a microsecond still means "a little", not 0
     # (which means "no limit" for wait and "no lease" for release).
     return max(1, round(seconds * 1_000_000))
-
-
-class _Pending:
-    """A request written and not yet answered."""
-
-    __slots__ = ("id", "rtype", "future", "sent", "counted", "lock_keys")
-
-    def __init__(
-        self,
-        id: int,
-        rtype: int,
-        future: "Optional[asyncio.Future[pb.Response]]",
-        sent: float,
-        counted: bool,
-        lock_keys: Optional[List[str]],
-    ) -> None:
-        self.id = id
-        self.rtype = rtype
-        self.future = future
-        self.sent = sent
-        self.counted = counted
-        # For Lock: the keys, so a grant nobody waits for any more is released.
-        self.lock_keys = lock_keys
-
-
-class _Protocol(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.client: Optional[Client] = None
-        self.early: List[bytes] = []
-        self.gone: Optional[str] = None
-
-    def data_received(self, data: bytes) -> None:
-        if self.client is None:
-            self.early.append(data)
-        else:
-            self.client._on_data(data)
-
-    def connection_lost(self, exc: Optional[Exception]) -> None:
-        reason = f"connection error: {exc}" if exc else "server closed the connection"
-        if self.client is None:
-            self.gone = reason
-        else:
-            self.client._fail(reason)
 
 
 class _AwaitableContext(Generic[T]):
@@ -191,28 +124,10 @@ class Client:
     that connected it; their requests share the connection.
     """
 
-    def __init__(self, addr: str, transport: asyncio.Transport, token: str, margin: float) -> None:
+    def __init__(self, conn: Connection, margin: float) -> None:
+        self._conn = conn
         self._loop = asyncio.get_running_loop()
-        self.addr = addr
-        self._transport = transport
-        self._token = token
-        if not 0 <= margin < 1:
-            raise ValueError(f"margin {margin} must be at least 0 and below 1")
         self._margin = margin
-        self._decoder = FrameDecoder()
-        self._pending: Deque[_Pending] = collections.deque()
-        self._out: List[bytes] = []
-        self._flush_scheduled = False
-        self._next_id = 0
-        self._pings_out = 0
-        self._slots: Optional[asyncio.Semaphore] = None
-        self.limits: Limits = DEFAULT_LIMITS
-        now = self._loop.time()
-        self._last_send = now
-        # Send time of the last answered request: the server was reading this
-        # connection then, so it cannot have ended it (and released its locks)
-        # before fresh + session_timeout.
-        self._fresh = now
         self._bound: "set[Lock]" = set()  # held without a lease
         # Which Lock holds each key. The server keeps one holder per key and
         # connection: a Lock on a key this connection holds is granted at once
@@ -220,11 +135,7 @@ class Client:
         self._holding: "dict[str, Lock]" = {}
         self._leases: "set[Lock]" = set()
         self._watchdog: Optional[asyncio.TimerHandle] = None
-        self._pinger: Optional["asyncio.Task[None]"] = None
-        self._turned_away: Optional[DlockError] = None
-        #: Set when the connection has ended; `close_reason` says why.
-        self.closed = asyncio.Event()
-        self.close_reason: Optional[str] = None
+        conn.on_end = self._on_end
 
     @classmethod
     async def _connect(
@@ -235,49 +146,30 @@ class Client:
         max_in_flight: Optional[int],
         margin: float,
     ) -> "Client":
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin {margin} must be at least 0 and below 1")
         addr, host, port = _env.server_address(server)
-        loop = asyncio.get_running_loop()
-        try:
-            transport, protocol = await asyncio.wait_for(
-                loop.create_connection(_Protocol, host, port), connect_timeout
-            )
-        except asyncio.TimeoutError:
-            raise ConnectError(addr, f"no answer within {connect_timeout} s") from None
-        except OSError as e:
-            raise ConnectError(addr, str(e)) from e
-        _keepalive(transport)
-        client = cls(addr, transport, _env.access_token(token), margin)  # type: ignore[arg-type]
-        protocol.client = client
-        for data in protocol.early:
-            client._on_data(data)
-        if protocol.gone:
-            client._fail(protocol.gone)
-        try:
-            try:
-                # The connect timeout covers the first answer too: a server
-                # that accepts but never answers (paused, overloaded) is as
-                # unreachable as one that does not accept.
-                resp = await asyncio.wait_for(client._call(pb.Hello, None, counted=False), connect_timeout)
-                client.limits = Limits.from_proto(resp.limits)
-            except asyncio.TimeoutError:
-                await client.close()
-                raise ConnectError(addr, f"no answer to Hello within {connect_timeout} s") from None
-            except ServerError as e:
-                if e.status != Status.InvalidType:
-                    raise
-                # A server older than Hello: assume its defaults.
-                client.limits = DEFAULT_LIMITS
-        except ConnectionLost as e:
-            await client.close()
-            if client._turned_away is not None:
-                raise client._turned_away from e
-            raise
-        except BaseException:
-            await client.close()
-            raise
-        client._slots = asyncio.Semaphore(max_in_flight or client.limits.max_pipeline)
-        client._pinger = loop.create_task(client._ping_loop())
-        return client
+        conn = await Connection.open(addr, host, port, _env.access_token(token), connect_timeout, max_in_flight)
+        return cls(conn, margin)
+
+    @property
+    def addr(self) -> str:
+        """The address connected to, as given."""
+        return self._conn.addr
+
+    @property
+    def limits(self) -> Limits:
+        """The server's limits, from its answer to Hello."""
+        return self._conn.limits
+
+    @property
+    def closed(self) -> asyncio.Event:
+        """Set when the connection has ended; `close_reason` says why."""
+        return self._conn.closed
+
+    @property
+    def close_reason(self) -> Optional[str]:
+        return self._conn.close_reason
 
     # -- public calls -------------------------------------------------------
 
@@ -354,7 +246,7 @@ class Client:
         """Ends the connection. The server releases the locks held without a
         lease; leases stop being renewed and are reported lost at once (they
         stay on the server until they run out or are unlocked by fence)."""
-        self._fail("closed by the client", closing=True)
+        self._conn.end("closed by the client", closing=True)
 
     async def __aenter__(self) -> "Client":
         return self
@@ -412,7 +304,7 @@ class Client:
         if lease is not None:
             if now - sent <= lease / 3:
                 return sent
-        elif now - self._fresh <= self.limits.session_timeout / 4:
+        elif now - self._conn.fresh <= self.limits.session_timeout / 4:
             return sent
         try:
             if lease is not None:
@@ -425,8 +317,8 @@ class Client:
         except BaseException:
             # Cancelled, or the connection failed, between grant and use:
             # nobody will hold this grant, release it.
-            if self.close_reason is None:
-                self._send(pb.Unlock, pb.RequestLock(keys=keys, fence=fence), None)
+            if self._conn.close_reason is None:
+                self._conn.send(pb.Unlock, pb.RequestLock(keys=keys, fence=fence), None)
             raise
 
     def _hold_bound(self, lock: Lock) -> None:
@@ -441,11 +333,11 @@ class Client:
                 del self._holding[key]
 
     def _arm_watchdog(self) -> None:
-        if self._watchdog is None and self._bound and self.close_reason is None:
+        if self._watchdog is None and self._bound and self._conn.close_reason is None:
             self._watchdog = self._loop.call_at(self._bound_deadline(), self._check_fresh)
 
     def _bound_deadline(self) -> float:
-        return self._fresh + self.limits.session_timeout * (1 - self._margin)
+        return self._conn.fresh + self.limits.session_timeout * (1 - self._margin)
 
     def _stale_reason(self) -> str:
         return (
@@ -468,135 +360,22 @@ class Client:
 
     # -- requests ---------------------------------------------------------
 
-    async def _call(
+    def _call(
         self,
         rtype: int,
         body: Optional["pb.RequestLock"],
         *,
         counted: bool = True,
         lock_keys: Optional[List[str]] = None,
-    ) -> "pb.Response":
+    ) -> "Awaitable[pb.Response]":
         """Sends one request, waits for its answer; error statuses raise."""
-        if self.close_reason is not None:
-            raise ConnectionLost(self.close_reason)
-        counted = counted and self._slots is not None
-        if counted:
-            assert self._slots is not None
-            await self._slots.acquire()
-            if self.close_reason is not None:
-                self._slots.release()
-                raise ConnectionLost(self.close_reason)
-        future: "asyncio.Future[pb.Response]" = self._loop.create_future()
-        try:
-            self._send(rtype, body, future, counted, lock_keys)
-        except BaseException:
-            if counted:
-                assert self._slots is not None
-                self._slots.release()
-            raise
-        resp = await future
-        if resp.status != Status.Ok:
-            raise from_response(resp)
-        return resp
+        return self._conn.call(rtype, body, counted=counted, lock_keys=lock_keys)
 
-    def _send(
-        self,
-        rtype: int,
-        body: Optional["pb.RequestLock"],
-        future: "Optional[asyncio.Future[pb.Response]]",
-        counted: bool = False,
-        lock_keys: Optional[List[str]] = None,
-    ) -> None:
-        self._next_id += 1
-        req = pb.Request(version=PROTOCOL_VERSION, id=self._next_id, access_token=self._token, type=rtype)  # type: ignore[arg-type]
-        if body is not None:
-            req.lock.CopyFrom(body)
-        frame = encode(req)
-        if len(frame) - 4 > self.limits.max_frame:
-            # The server would answer FrameTooLarge and close the connection,
-            # taking every lock on it along: refuse here instead.
-            raise ServerError(
-                Status.FrameTooLarge,
-                f"request of {len(frame) - 4} bytes is over the server's max_frame of "
-                f"{self.limits.max_frame} (not sent)",
-            )
-        now = self._loop.time()
-        self._pending.append(_Pending(self._next_id, rtype, future, now, counted, lock_keys))
-        self._last_send = now
-        self._out.append(frame)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if self.close_reason is None and self._out:
-            self._transport.write(b"".join(self._out))
-        self._out.clear()
-
-    def _on_data(self, data: bytes) -> None:
-        try:
-            bodies = self._decoder.feed(data)
-        except ProtocolError as e:
-            self._fail(str(e))
-            return
-        for body in bodies:
-            resp = pb.Response()
-            try:
-                resp.ParseFromString(body)
-            except DecodeError as e:
-                self._fail(f"undecodable response: {e}")
-                return
-            if not self._pending or self._pending[0].id != resp.request_id:
-                # An answer to nothing: the server turned the connection away
-                # (request_id 0: too many connections, frame too large) or
-                # broke ordering.
-                head = from_response(resp) if resp.request_id == 0 and resp.status != Status.Ok else None
-                text = resp.error_text or f"unexpected answer to request {resp.request_id}"
-                self._fail(f"server: {text}", head=head)
-                return
-            p = self._pending.popleft()
-            if p.counted and self._slots is not None:
-                self._slots.release()
-            self._fresh = p.sent
-            if p.rtype == pb.Ping and p.future is None:
-                self._pings_out -= 1
-            fut = p.future
-            if fut is None:
-                continue
-            if fut.cancelled():
-                if p.lock_keys is not None and resp.status == Status.Ok:
-                    # The caller stopped waiting: release what it was granted.
-                    self._send(pb.Unlock, pb.RequestLock(keys=p.lock_keys, fence=resp.fence), None)
-                continue
-            fut.set_result(resp)
-
-    def _fail(self, reason: str, *, head: Optional[DlockError] = None, closing: bool = False) -> None:
-        """Ends the connection once; fails what is pending and reports locks lost."""
-        if self.close_reason is not None:
-            return
-        self._flush()  # a close by the client still sends what was queued
-        self.close_reason = reason
-        if closing:
-            self._transport.close()
-        else:
-            self._transport.abort()
-        pending, self._pending = self._pending, collections.deque()
-        for p in pending:
-            if p.counted and self._slots is not None:
-                self._slots.release()
-            if p.future is not None and not p.future.done():
-                p.future.set_exception(head or ConnectionLost(reason))
-                head = None
-        # An answer with request_id 0 that no request took: the server turned
-        # the connection away before reading any; connect() raises it.
-        self._turned_away = head
+    def _on_end(self, reason: str, closing: bool) -> None:
+        """The connection ended: locks without a lease are gone with it."""
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
-        if self._pinger is not None:
-            self._pinger.cancel()
-        self.closed.set()
         bound, self._bound = self._bound, set()
         for lock in bound:
             lock._set_lost(f"connection lost: {reason}")
@@ -604,37 +383,5 @@ class Client:
             leases, self._leases = self._leases, set()
             for lock in leases:
                 lock._set_lost("client closed: the lease is no longer renewed")
-        # Without closing, leases keep their own deadline: they outlive the
+        # Otherwise leases keep their own deadline: they outlive the
         # connection and are reported lost when they could have run out.
-
-    async def _ping_loop(self) -> None:
-        interval = self.limits.session_timeout / 4
-        while self.close_reason is None:
-            due = self._last_send + interval
-            now = self._loop.time()
-            if now < due:
-                await asyncio.sleep(due - now)
-                continue
-            # Pings behind a waiting Lock are read (they keep the session
-            # alive) but not answered until the Lock is; past max_pipeline
-            # unanswered requests the server stops reading anyway.
-            if self._pings_out < self.limits.max_pipeline:
-                self._pings_out += 1
-                self._send(pb.Ping, None, None)
-            else:
-                self._last_send = now
-
-
-def _keepalive(transport: asyncio.BaseTransport) -> None:
-    """TCP keepalive so a silently dead path is noticed while the client is quiet."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        if hasattr(socket, "TCP_KEEPIDLE"):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 10)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 3)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
-    except OSError:
-        pass  # an optimisation; the session-timeout rule does not rely on it

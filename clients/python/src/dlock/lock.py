@@ -108,7 +108,7 @@ class Lock:
         loop = asyncio.get_running_loop()
         sent = loop.time()
         await self._renew_once(lease, sent)
-        if self._client._bound.__contains__(self):
+        if self in self._client._bound:
             self._client._bound.discard(self)
             self._client._leases.add(self)
         if self._keeper is None:
