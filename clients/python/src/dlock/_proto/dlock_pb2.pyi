@@ -1,0 +1,150 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RequestType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    Invalid: _ClassVar[RequestType]
+    Ping: _ClassVar[RequestType]
+    Lock: _ClassVar[RequestType]
+    Unlock: _ClassVar[RequestType]
+    Renew: _ClassVar[RequestType]
+    Inspect: _ClassVar[RequestType]
+    Hello: _ClassVar[RequestType]
+
+class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    Ok: _ClassVar[ResponseStatus]
+    General: _ClassVar[ResponseStatus]
+    Version: _ClassVar[ResponseStatus]
+    InvalidType: _ClassVar[ResponseStatus]
+    AccessDenied: _ClassVar[ResponseStatus]
+    ShuttingDown: _ClassVar[ResponseStatus]
+    LimitReached: _ClassVar[ResponseStatus]
+    FrameTooLarge: _ClassVar[ResponseStatus]
+    TooManyKeys: _ClassVar[ResponseStatus]
+    InvalidKey: _ClassVar[ResponseStatus]
+    NoKeys: _ClassVar[ResponseStatus]
+    InvalidArgument: _ClassVar[ResponseStatus]
+    AcquireTimeout: _ClassVar[ResponseStatus]
+    NotHeld: _ClassVar[ResponseStatus]
+Invalid: RequestType
+Ping: RequestType
+Lock: RequestType
+Unlock: RequestType
+Renew: RequestType
+Inspect: RequestType
+Hello: RequestType
+Ok: ResponseStatus
+General: ResponseStatus
+Version: ResponseStatus
+InvalidType: ResponseStatus
+AccessDenied: ResponseStatus
+ShuttingDown: ResponseStatus
+LimitReached: ResponseStatus
+FrameTooLarge: ResponseStatus
+TooManyKeys: ResponseStatus
+InvalidKey: ResponseStatus
+NoKeys: ResponseStatus
+InvalidArgument: ResponseStatus
+AcquireTimeout: ResponseStatus
+NotHeld: ResponseStatus
+
+class Request(_message.Message):
+    __slots__ = ("version", "id", "access_token", "type", "lock")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    LOCK_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    id: int
+    access_token: str
+    type: RequestType
+    lock: RequestLock
+    def __init__(self, version: _Optional[int] = ..., id: _Optional[int] = ..., access_token: _Optional[str] = ..., type: _Optional[_Union[RequestType, str]] = ..., lock: _Optional[_Union[RequestLock, _Mapping]] = ...) -> None: ...
+
+class RequestLock(_message.Message):
+    __slots__ = ("wait_micro", "release_micro", "keys", "try_lock", "fence")
+    WAIT_MICRO_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_MICRO_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TRY_LOCK_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    wait_micro: int
+    release_micro: int
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    try_lock: bool
+    fence: int
+    def __init__(self, wait_micro: _Optional[int] = ..., release_micro: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., try_lock: bool = ..., fence: _Optional[int] = ...) -> None: ...
+
+class KeyInfo(_message.Message):
+    __slots__ = ("key", "fence", "lease_remaining_micro", "waiters", "held_by_caller", "holder_addr")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_REMAINING_MICRO_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_FIELD_NUMBER: _ClassVar[int]
+    HELD_BY_CALLER_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    fence: int
+    lease_remaining_micro: int
+    waiters: int
+    held_by_caller: bool
+    holder_addr: str
+    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., waiters: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ...) -> None: ...
+
+class Response(_message.Message):
+    __slots__ = ("version", "request_id", "status", "error_text", "keys", "server_unix_time", "fence", "key_info", "server_stats", "limits")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TEXT_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_UNIX_TIME_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    KEY_INFO_FIELD_NUMBER: _ClassVar[int]
+    SERVER_STATS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    request_id: int
+    status: ResponseStatus
+    error_text: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    server_unix_time: int
+    fence: int
+    key_info: _containers.RepeatedCompositeFieldContainer[KeyInfo]
+    server_stats: ServerStats
+    limits: ServerLimits
+    def __init__(self, version: _Optional[int] = ..., request_id: _Optional[int] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., error_text: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., server_unix_time: _Optional[int] = ..., fence: _Optional[int] = ..., key_info: _Optional[_Iterable[_Union[KeyInfo, _Mapping]]] = ..., server_stats: _Optional[_Union[ServerStats, _Mapping]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ...) -> None: ...
+
+class ServerLimits(_message.Message):
+    __slots__ = ("session_timeout_micro", "max_lease_micro", "max_keys", "max_key_len", "max_frame", "max_pipeline")
+    SESSION_TIMEOUT_MICRO_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEASE_MICRO_FIELD_NUMBER: _ClassVar[int]
+    MAX_KEYS_FIELD_NUMBER: _ClassVar[int]
+    MAX_KEY_LEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FRAME_FIELD_NUMBER: _ClassVar[int]
+    MAX_PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    session_timeout_micro: int
+    max_lease_micro: int
+    max_keys: int
+    max_key_len: int
+    max_frame: int
+    max_pipeline: int
+    def __init__(self, session_timeout_micro: _Optional[int] = ..., max_lease_micro: _Optional[int] = ..., max_keys: _Optional[int] = ..., max_key_len: _Optional[int] = ..., max_frame: _Optional[int] = ..., max_pipeline: _Optional[int] = ...) -> None: ...
+
+class ServerStats(_message.Message):
+    __slots__ = ("connections", "held_keys", "waiting_requests")
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    HELD_KEYS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    connections: int
+    held_keys: int
+    waiting_requests: int
+    def __init__(self, connections: _Optional[int] = ..., held_keys: _Optional[int] = ..., waiting_requests: _Optional[int] = ...) -> None: ...

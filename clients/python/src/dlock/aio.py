@@ -1,0 +1,387 @@
+"""The asyncio client: one TCP connection shared by any number of tasks.
+
+Requests are pipelined on one `Connection` (connection.py: framing, answers
+matched in order, Hello on connect, pings at a quarter of the session
+timeout). This module owns the calls and the locks: which are held, and
+when each must be reported lost.
+
+Locks belong to the connection, as in every dlock client: the server grants a
+key that this connection already holds again at once, under a new fencing
+token. Two tasks of one client therefore do not exclude each other on a key;
+when it happens the older `Lock` is reported lost. Tasks (or threads, or
+processes) that must exclude each other use clients of their own.
+
+When the connection ends, every pending call fails with `ConnectionLost`,
+later calls fail at once, and `Client.closed` is set. There is no reconnect:
+the server has released every lock held without a lease.
+
+Client-side safety (the rule of docs/PROTOCOL.md): a lock is reported lost
+(`Lock.lost` is set) as soon as this client can no longer be sure the server
+still holds it for us, which is before the server could give it away:
+
+- held without a lease: when the connection ends, or when no answer has
+  arrived to a request sent within the last `session_timeout × (1 − margin)`
+  (the server may end a connection that it heard nothing from for the
+  session timeout, and an answer to a request proves the server had not when
+  it read that request);
+- a lease: when `lease × (1 − margin)` has passed since the last Lock or
+  Renew that was answered was sent, or when Renew is answered NotHeld.
+  Leases are renewed in the background every third of the lease; a lease
+  outlives the connection, so losing the connection only stops renewal.
+
+The deadlines count from when requests were *sent*. A Lock that waited long
+is answered long after it was sent, so the client follows its grant with a
+Renew (lease) or a Ping (no lease) to count from now instead.
+
+A lock reported lost stays lost. The check runs on this event loop: a
+process that is paused (SIGSTOP, a long GC, a blocked loop) learns of the
+loss only when it runs again, which is why the protected resource must check
+the fencing token (see examples/fencing/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, Generator, Generic, Iterable, List, Optional, TypeVar, Union
+
+from . import _env
+from ._proto import dlock_pb2 as pb
+from .connection import Connection
+from .errors import LockLost, NotHeld, Timeout
+from .lock import Lock
+from .types import KeyInfo, Limits, ServerStats
+
+__all__ = ["Client", "connect"]
+
+
+Keys = Union[str, Iterable[str]]
+T = TypeVar("T")
+
+
+def _keys(keys: Keys) -> List[str]:
+    """One key or several: a bare string is one key, not its characters."""
+    if isinstance(keys, str):
+        return [keys]
+    return list(keys)
+
+
+def _micros(seconds: float) -> int:
+    # A positive duration below a microsecond still means "a little", not 0
+    # (which means "no limit" for wait and "no lease" for release).
+    return max(1, round(seconds * 1_000_000))
+
+
+class _AwaitableContext(Generic[T]):
+    """Both `await x` and `async with x as v`: how connect() and lock() are used."""
+
+    def __init__(self, make: Callable[[], Awaitable[T]], exit: Callable[[T, bool], Awaitable[None]]) -> None:
+        self._make = make
+        self._exit = exit
+        self._value: Optional[T] = None
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._make().__await__()
+
+    async def __aenter__(self) -> T:
+        self._value = await self._make()
+        return self._value
+
+    async def __aexit__(self, et: Any, e: Any, tb: Any) -> None:
+        assert self._value is not None
+        await self._exit(self._value, et is not None)
+
+
+def connect(
+    server: Optional[str] = None,
+    *,
+    token: Optional[str] = None,
+    connect_timeout: float = 5.0,
+    max_in_flight: Optional[int] = None,
+    margin: float = 0.1,
+) -> "_AwaitableContext[Client]":
+    """Connects to `server` (`HOST:PORT`; default: DLOCK_SERVER, else 127.0.0.1:7436).
+
+    `token` defaults to DLOCK_TOKEN. `margin` is the fraction of the session
+    timeout or lease kept in reserve before a lock is reported lost.
+    Use as `client = await connect()` or `async with connect() as client:`.
+
+    Raises `ConnectError` if the connection cannot be made, `AccessDenied`
+    if the server refuses the token, `ValueError` for a malformed address.
+    """
+
+    async def close(client: Client, failed: bool) -> None:
+        await client.close()
+
+    return _AwaitableContext(
+        lambda: Client._connect(server, token, connect_timeout, max_in_flight, margin), close
+    )
+
+
+class Client:
+    """A connection to a dlock server; make one with `connect()`.
+
+    Every method may be called from any number of tasks of the event loop
+    that connected it; their requests share the connection.
+    """
+
+    def __init__(self, conn: Connection, margin: float) -> None:
+        self._conn = conn
+        self._loop = asyncio.get_running_loop()
+        self._margin = margin
+        self._bound: "set[Lock]" = set()  # held without a lease
+        # Which Lock holds each key. The server keeps one holder per key and
+        # connection: a Lock on a key this connection holds is granted at once
+        # under a new fence, and the older Lock is then no longer held.
+        self._holding: "dict[str, Lock]" = {}
+        self._leases: "set[Lock]" = set()
+        self._watchdog: Optional[asyncio.TimerHandle] = None
+        conn.on_end = self._on_end
+
+    @classmethod
+    async def _connect(
+        cls,
+        server: Optional[str],
+        token: Optional[str],
+        connect_timeout: float,
+        max_in_flight: Optional[int],
+        margin: float,
+    ) -> "Client":
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin {margin} must be at least 0 and below 1")
+        addr, host, port = _env.server_address(server)
+        conn = await Connection.open(addr, host, port, _env.access_token(token), connect_timeout, max_in_flight)
+        return cls(conn, margin)
+
+    @property
+    def addr(self) -> str:
+        """The address connected to, as given."""
+        return self._conn.addr
+
+    @property
+    def limits(self) -> Limits:
+        """The server's limits, from its answer to Hello."""
+        return self._conn.limits
+
+    @property
+    def closed(self) -> asyncio.Event:
+        """Set when the connection has ended; `close_reason` says why."""
+        return self._conn.closed
+
+    @property
+    def close_reason(self) -> Optional[str]:
+        return self._conn.close_reason
+
+    # -- public calls -------------------------------------------------------
+
+    def lock(
+        self,
+        keys: Keys,
+        *,
+        wait: Optional[float] = None,
+        lease: Optional[float] = None,
+        renew: bool = True,
+    ) -> "_AwaitableContext[Lock]":
+        """Takes all `keys` at once (one key or an iterable of keys).
+
+        `wait`: seconds to wait for busy keys; None waits without limit, 0
+        fails at once (try-lock). `lease`: seconds; None holds the keys until
+        unlocked or until the connection ends, a number takes a lease that
+        outlives the connection and, with `renew`, is renewed in the
+        background. Use as `lock = await client.lock(...)` or
+        `async with client.lock(...) as lock:` (unlocked on leaving).
+
+        Raises `Timeout` (with the busy keys) when the wait runs out,
+        `ServerError` for invalid keys or a server limit, `ConnectionLost`.
+        Cancel-safe: a grant that arrives after the call was cancelled is
+        released at once.
+        """
+
+        async def unlock(lock: Lock, failed: bool) -> None:
+            await lock._leave(failed)
+
+        return _AwaitableContext(lambda: self._acquire(keys, wait, lease, renew), unlock)
+
+    async def try_lock(self, keys: Keys, *, lease: Optional[float] = None, renew: bool = True) -> Optional[Lock]:
+        """Takes `keys` if all are free now; None if any is busy."""
+        try:
+            return await self._acquire(keys, 0, lease, renew)
+        except Timeout:
+            return None
+
+    async def unlock(self, keys: Keys, fence: int) -> None:
+        """Releases `keys` held under `fence`, whichever connection took them.
+
+        How a restarted process releases a lease it took earlier. Raises
+        `NotHeld` with the keys not held under `fence`.
+        """
+        await self._call(pb.Unlock, pb.RequestLock(keys=_keys(keys), fence=fence))
+
+    async def renew(self, keys: Keys, fence: int, lease: float) -> None:
+        """Sets the lease of `keys` held under `fence` to now + `lease` seconds.
+
+        Raises `NotHeld` with the keys not held under `fence`.
+        """
+        await self._call(pb.Renew, pb.RequestLock(keys=_keys(keys), fence=fence, release_micro=_micros(lease)))
+
+    async def inspect(self, keys: Keys) -> List[KeyInfo]:
+        """Holder, lease and waiters of each of `keys`, in order. Changes nothing."""
+        keys = _keys(keys)
+        if not keys:
+            raise ValueError("inspect needs at least one key; stats() describes the server")
+        resp = await self._call(pb.Inspect, pb.RequestLock(keys=keys))
+        return [KeyInfo.from_proto(k) for k in resp.key_info]
+
+    async def stats(self) -> ServerStats:
+        """Server-wide counts of connections, held keys and waiting requests."""
+        s = (await self._call(pb.Inspect, pb.RequestLock())).server_stats
+        return ServerStats(s.connections, s.held_keys, s.waiting_requests)
+
+    async def ping(self) -> float:
+        """Round trip to the server, in seconds."""
+        start = self._loop.time()
+        await self._call(pb.Ping, None)
+        return self._loop.time() - start
+
+    async def close(self) -> None:
+        """Ends the connection. The server releases the locks held without a
+        lease; leases stop being renewed and are reported lost at once (they
+        stay on the server until they run out or are unlocked by fence)."""
+        self._conn.end("closed by the client", closing=True)
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # -- locks ------------------------------------------------------------
+
+    async def _acquire(self, keys: Keys, wait: Optional[float], lease: Optional[float], renew: bool) -> Lock:
+        keys = _keys(keys)
+        body = pb.RequestLock(keys=keys)
+        if wait is not None:
+            if wait < 0:
+                raise ValueError(f"wait {wait} must not be negative")
+            if wait == 0:
+                body.try_lock = True
+            else:
+                body.wait_micro = _micros(wait)
+        if lease is not None:
+            if lease <= 0:
+                raise ValueError(f"lease {lease} must be positive")
+            body.release_micro = _micros(lease)
+        # Taken before the request is queued: never later than the real send
+        # time, so deadlines counted from it are conservative.
+        sent = self._loop.time()
+        resp = await self._call(pb.Lock, body, lock_keys=keys)
+        sent = await self._refresh_after_wait(keys, resp.fence, lease, sent)
+        lock = Lock(self, tuple(keys), resp.fence, lease, sent, renew)
+        for key in keys:
+            older = self._holding.get(key)
+            self._holding[key] = lock
+            if older is not None:
+                older._set_lost(
+                    f"key {key!r} was granted again to this connection (fence {lock.fence}); "
+                    "locks belong to connections, so tasks that must exclude each other need "
+                    "clients of their own"
+                )
+        if lease is None:
+            self._hold_bound(lock)
+        else:
+            self._leases.add(lock)
+        return lock
+
+    async def _refresh_after_wait(self, keys: List[str], fence: int, lease: Optional[float], sent: float) -> float:
+        """One more round trip after a Lock that waited; returns the send time to count from.
+
+        The safety deadline counts from the send time of the Lock, which
+        after a long wait may be about to pass (or past) when the grant
+        arrives, although the server started the lease only at the grant.
+        The answer alone cannot prove when that was, so a lease is renewed
+        and a lock without one pinged, which moves the deadline to now.
+        """
+        now = self._loop.time()
+        if lease is not None:
+            if now - sent <= lease / 3:
+                return sent
+        elif now - self._conn.fresh <= self.limits.session_timeout / 4:
+            return sent
+        try:
+            if lease is not None:
+                await self._call(pb.Renew, pb.RequestLock(keys=keys, fence=fence, release_micro=_micros(lease)))
+                return now
+            await self._call(pb.Ping, None)
+            return sent
+        except NotHeld:
+            raise LockLost(f"the lease of {lease:.3g} s ran out before its grant could be renewed") from None
+        except BaseException:
+            # Cancelled, or the connection failed, between grant and use:
+            # nobody will hold this grant, release it.
+            if self._conn.close_reason is None:
+                self._conn.send(pb.Unlock, pb.RequestLock(keys=keys, fence=fence), None)
+            raise
+
+    def _hold_bound(self, lock: Lock) -> None:
+        self._bound.add(lock)
+        self._arm_watchdog()
+
+    def _forget(self, lock: Lock) -> None:
+        self._bound.discard(lock)
+        self._leases.discard(lock)
+        for key in lock.keys:
+            if self._holding.get(key) is lock:
+                del self._holding[key]
+
+    def _arm_watchdog(self) -> None:
+        if self._watchdog is None and self._bound and self._conn.close_reason is None:
+            self._watchdog = self._loop.call_at(self._bound_deadline(), self._check_fresh)
+
+    def _bound_deadline(self) -> float:
+        return self._conn.fresh + self.limits.session_timeout * (1 - self._margin)
+
+    def _stale_reason(self) -> str:
+        return (
+            f"no answer from the server to any request sent in the last "
+            f"{self.limits.session_timeout * (1 - self._margin):.3g} s; "
+            f"it may have ended the session (timeout {self.limits.session_timeout:.3g} s)"
+        )
+
+    def _check_fresh(self) -> None:
+        # Re-armed lazily: answers move _fresh forward without touching the
+        # timer, which looks again only when it fires.
+        self._watchdog = None
+        if self._loop.time() < self._bound_deadline():
+            self._arm_watchdog()
+            return
+        reason = self._stale_reason()
+        bound, self._bound = self._bound, set()
+        for lock in bound:
+            lock._set_lost(reason)
+
+    # -- requests ---------------------------------------------------------
+
+    def _call(
+        self,
+        rtype: int,
+        body: Optional["pb.RequestLock"],
+        *,
+        counted: bool = True,
+        lock_keys: Optional[List[str]] = None,
+    ) -> "Awaitable[pb.Response]":
+        """Sends one request, waits for its answer; error statuses raise."""
+        return self._conn.call(rtype, body, counted=counted, lock_keys=lock_keys)
+
+    def _on_end(self, reason: str, closing: bool) -> None:
+        """The connection ended: locks without a lease are gone with it."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        bound, self._bound = self._bound, set()
+        for lock in bound:
+            lock._set_lost(f"connection lost: {reason}")
+        if closing:
+            leases, self._leases = self._leases, set()
+            for lock in leases:
+                lock._set_lost("client closed: the lease is no longer renewed")
+        # Otherwise leases keep their own deadline: they outlive the
+        # connection and are reported lost when they could have run out.

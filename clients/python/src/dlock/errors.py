@@ -1,0 +1,106 @@
+"""Exceptions raised by the dlock client, mirroring the Rust client's `Error`.
+
+Every error that comes from a server answer carries its `status`; the others
+(connection, protocol) carry their cause as `__cause__` where there is one.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional, Sequence
+
+from ._proto import dlock_pb2 as pb
+
+# Built from the generated descriptor so a status added to the .proto needs
+# no edit here.
+Status = enum.IntEnum("Status", dict(pb.ResponseStatus.items()))  # type: ignore[misc]
+Status.__doc__ = "A `ResponseStatus` of proto/dlock.proto."
+
+
+class DlockError(Exception):
+    """Base class of every error of this package."""
+
+    #: The status the server answered with, for errors that come from one.
+    status: Optional[Status] = None
+
+
+class ConnectError(DlockError):
+    """The TCP connection could not be made (the `OSError` is `__cause__`)."""
+
+    def __init__(self, addr: str, reason: str) -> None:
+        super().__init__(f"cannot connect to {addr}: {reason}")
+        self.addr = addr
+
+
+class ConnectionLost(DlockError):
+    """The connection ended; locks held without a lease were released by the server."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"connection to the server lost: {reason}")
+        self.reason = reason
+
+
+class ProtocolError(DlockError):
+    """The server sent something this client cannot understand; the connection is closed."""
+
+
+class Timeout(DlockError):
+    """The wait limit passed, or a try-lock found keys busy. `busy` lists them."""
+
+    status = Status.AcquireTimeout
+
+    def __init__(self, busy: Sequence[str]) -> None:
+        super().__init__(f"lock not acquired: busy keys {list(busy)}")
+        self.busy = list(busy)
+
+
+class AccessDenied(DlockError):
+    """The server wants an access token (DLOCK_TOKEN) that was missing or is not accepted."""
+
+    status = Status.AccessDenied
+
+    def __init__(self, text: str) -> None:
+        super().__init__(f"access denied: {text}")
+        self.text = text
+
+
+class NotHeld(DlockError):
+    """Unlock or Renew named keys not held (any more), e.g. after a lease ran out."""
+
+    status = Status.NotHeld
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        super().__init__(f"keys not held: {list(keys)}")
+        self.keys = list(keys)
+
+
+class ServerError(DlockError):
+    """The server refused the request: bad input, a limit, shutting down."""
+
+    def __init__(self, status: Status, text: str) -> None:
+        super().__init__(f"server answered {status.name}: {text}")
+        self.status = status
+        self.text = text
+
+
+class LockLost(DlockError):
+    """A lock can no longer be assumed held; `reason` says why (see `Lock.lost`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"lock lost: {reason}")
+        self.reason = reason
+
+
+def from_response(resp: "pb.Response") -> DlockError:
+    """The exception for a response whose status is not Ok."""
+    try:
+        status = Status(resp.status)
+    except ValueError:
+        return ProtocolError(f"unknown response status {resp.status}")
+    if status == Status.AcquireTimeout:
+        return Timeout(resp.keys)
+    if status == Status.AccessDenied:
+        return AccessDenied(resp.error_text)
+    if status == Status.NotHeld:
+        return NotHeld(resp.keys)
+    return ServerError(status, resp.error_text)

@@ -1,0 +1,202 @@
+"""`Lock`: keys held by an asyncio client, their fencing token, and their loss."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+
+from ._proto import dlock_pb2 as pb
+from .errors import ConnectionLost, DlockError, LockLost, NotHeld
+
+if TYPE_CHECKING:
+    from .aio import Client
+
+
+class Lock:
+    """Keys held together under one fencing token; returned by `Client.lock`.
+
+    `lost` is an `asyncio.Event` set when the lock can no longer be assumed
+    held (see the client-side safety rule in `dlock.aio`); `lost_reason` then
+    says why. Stop working on the protected resource when it is set, and pass
+    `fence` to the resource so it can refuse a holder that did not notice in
+    time.
+
+    Leaving `async with` unlocks. If the block raised, that exception is kept
+    and an unlock failure is ignored; if it did not and the lock was lost
+    meanwhile (or the unlock finds it no longer held), `LockLost` is raised,
+    since the work was not protected to its end.
+    """
+
+    def __init__(
+        self,
+        client: "Client",
+        keys: Tuple[str, ...],
+        fence: int,
+        lease: Optional[float],
+        sent: float,
+        renew: bool,
+    ) -> None:
+        self._client = client
+        self.keys = keys
+        self.fence = fence
+        #: Lease length in seconds; None for a lock held without a lease.
+        self.lease = lease
+        self.lost = asyncio.Event()
+        self.lost_reason: Optional[str] = None
+        self._released = False
+        # Send time of the last answered Lock/Renew: the lease ends no sooner
+        # than this + lease on the server, which started counting later.
+        self._lease_sent = sent
+        self._auto_renew = renew
+        self._keeper: Optional["asyncio.Task[None]"] = None
+        self._on_lost: List[Callable[[str], None]] = []
+        if lease is not None:
+            self._start_keeper()
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost.is_set() else "released" if self._released else "held"
+        return f"<dlock.aio.Lock {list(self.keys)} fence={self.fence} lease={self.lease} {state}>"
+
+    def remaining(self) -> float:
+        """Seconds until the safety deadline: how long the lock may still be
+        relied on without a fresh answer from the server (negative when past)."""
+        return self._deadline() - self._client._loop.time()
+
+    def check(self) -> None:
+        """Raises `LockLost` if the lock is lost or its safety deadline has
+        passed, reading the clock now instead of waiting for the timer (which
+        a paused or busy process runs late)."""
+        if self.lost_reason is None and not self._released and self.remaining() <= 0:
+            self._set_lost(self._past_deadline())
+        if self.lost_reason is not None:
+            raise LockLost(self.lost_reason)
+
+    def _deadline(self) -> float:
+        margin = self._client._margin
+        if self.lease is not None:
+            return self._lease_sent + self.lease * (1 - margin)
+        return self._client._bound_deadline()
+
+    def _past_deadline(self) -> str:
+        if self.lease is not None:
+            return f"lease of {self.lease:.3g} s not renewed in time"
+        return self._client._stale_reason()
+
+    async def unlock(self) -> None:
+        """Releases the keys (by fence, so a later grant to someone else is never touched).
+
+        Raises `NotHeld` if they were no longer held, e.g. after the lease ran
+        out; `ConnectionLost` if the connection is gone (a lock without a
+        lease is then already released).
+        """
+        if self._released:
+            return
+        self._released = True
+        self._stop()
+        await self._client._call(pb.Unlock, pb.RequestLock(keys=self.keys, fence=self.fence))
+
+    async def renew(self, lease: Optional[float] = None) -> None:
+        """Sets the lease to now + `lease` seconds (default: the lease it has).
+
+        A lock held without a lease becomes a lease: it then outlives the
+        connection, and is renewed in the background if the lock was taken
+        with `renew=True`. Raises `NotHeld` if the keys are no longer held.
+        """
+        lease = lease if lease is not None else self.lease
+        if lease is None or lease <= 0:
+            raise ValueError("renew needs a positive lease for a lock taken without one")
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        await self._renew_once(lease, sent)
+        if self in self._client._bound:
+            self._client._bound.discard(self)
+            self._client._leases.add(self)
+        if self._keeper is None:
+            self._start_keeper()
+
+    async def _renew_once(self, lease: float, sent: float) -> None:
+        from .aio import _micros
+
+        body = pb.RequestLock(keys=self.keys, fence=self.fence, release_micro=_micros(lease))
+        await self._client._call(pb.Renew, body)
+        if sent > self._lease_sent or self.lease != lease:
+            self.lease = lease
+            self._lease_sent = sent
+
+    def _start_keeper(self) -> None:
+        if self.lost_reason is None and not self._released:
+            self._keeper = asyncio.get_running_loop().create_task(self._keep())
+
+    async def _keep(self) -> None:
+        """Renews the lease every third of it; reports it lost when it could run out."""
+        loop = asyncio.get_running_loop()
+        while True:
+            assert self.lease is not None
+            now = loop.time()
+            lose_at = self._deadline()
+            if now >= lose_at:
+                self._set_lost(self._past_deadline())
+                return
+            renew_at = self._lease_sent + self.lease / 3
+            if not self._auto_renew or now < renew_at:
+                await asyncio.sleep((lose_at if not self._auto_renew else renew_at) - now)
+                continue
+            try:
+                await asyncio.wait_for(self._renew_once(self.lease, now), lose_at - now)
+            except NotHeld:
+                self._set_lost("the server no longer holds the lease (NotHeld on renew)")
+                return
+            except asyncio.TimeoutError:
+                self._set_lost(f"lease of {self.lease:.3g} s not renewed in time (no answer)")
+                return
+            except DlockError as e:
+                # The lease outlives the connection: it is lost only when it
+                # could have run out.
+                why = e.reason if isinstance(e, ConnectionLost) else str(e)
+                await asyncio.sleep(max(0.0, lose_at - loop.time()))
+                self._set_lost(f"lease could not be renewed ({why}) and may have run out")
+                return
+
+    def _set_lost(self, reason: str) -> None:
+        if self.lost_reason is not None or self._released:
+            return
+        self.lost_reason = reason
+        self.lost.set()
+        self._stop()
+        for callback in self._on_lost:
+            callback(reason)
+
+    def _stop(self) -> None:
+        self._client._forget(self)
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None and keeper is not asyncio.current_task():
+            keeper.cancel()
+
+    async def _leave(self, failed: bool) -> None:
+        if self._released:
+            return
+        if failed:
+            try:
+                await self.unlock()
+            except DlockError:
+                pass  # the block's own exception says more
+            return
+        try:
+            self.check()
+        except LockLost:
+            try:
+                await self.unlock()
+            except DlockError:
+                pass  # lost already: the server may have released it
+            raise
+        try:
+            await self.unlock()
+        except NotHeld as e:
+            # Lost without this client seeing it before the server did.
+            raise LockLost(f"not held any more when unlocked ({e})") from e
+
+    async def __aenter__(self) -> "Lock":
+        return self
+
+    async def __aexit__(self, et: Any, e: Any, tb: Any) -> None:
+        await self._leave(et is not None)

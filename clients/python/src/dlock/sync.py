@@ -1,0 +1,223 @@
+"""The blocking client, for scripts: the asyncio client run on a thread of its own.
+
+Each `Client` starts one daemon thread with an event loop that owns the
+connection. Calls block the calling thread until their answer; meanwhile
+the loop thread sends pings, renews leases and watches the safety deadlines
+exactly as `dlock.aio` does, so a script that computes for minutes inside
+`with client.lock(...)` keeps its lock. Any number of threads may share one
+client; their requests are pipelined on its connection.
+
+A paused process (SIGSTOP) pauses that thread too: the protected resource
+must still check the fencing token (see examples/fencing/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+from typing import Any, Awaitable, List, Optional, TypeVar
+
+from . import aio
+from .lock import Lock as _AioLock
+from .types import KeyInfo, Limits, ServerStats
+
+__all__ = ["Client", "Lock"]
+
+T = TypeVar("T")
+
+
+class Client:
+    """A connection to a dlock server, for blocking code.
+
+    `Client()` connects to DLOCK_SERVER (else 127.0.0.1:7436) with the token
+    DLOCK_TOKEN; the arguments are those of `dlock.aio.connect`. Raises
+    `ConnectError`, `AccessDenied` or `ValueError` like it. Use as a context
+    manager, or call `close()`.
+    """
+
+    def __init__(
+        self,
+        server: Optional[str] = None,
+        *,
+        token: Optional[str] = None,
+        connect_timeout: float = 5.0,
+        max_in_flight: Optional[int] = None,
+        margin: float = 0.1,
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="dlock-client", daemon=True)
+        self._thread.start()
+        #: Set when the connection has ended; `close_reason` says why.
+        self.closed = threading.Event()
+        try:
+            self._aio: aio.Client = self._run(
+                self._connect(server, token, connect_timeout, max_in_flight, margin)
+            )
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    async def _connect(self, *args: Any) -> aio.Client:
+        client = await aio.Client._connect(*args)
+
+        async def watch() -> None:
+            await client.closed.wait()
+            self.closed.set()
+
+        client._loop.create_task(watch())
+        return client
+
+    @property
+    def addr(self) -> str:
+        return self._aio.addr
+
+    @property
+    def limits(self) -> Limits:
+        return self._aio.limits
+
+    @property
+    def close_reason(self) -> Optional[str]:
+        return self._aio.close_reason
+
+    def lock(
+        self,
+        keys: aio.Keys,
+        *,
+        wait: Optional[float] = None,
+        lease: Optional[float] = None,
+        renew: bool = True,
+    ) -> "Lock":
+        """Takes all `keys` at once; see `dlock.aio.Client.lock`.
+
+        Blocks until granted; use as `with client.lock("jobs/nightly", wait=30) as lock:`.
+        Ctrl-C while waiting withdraws the request.
+        """
+        lock = self._run(self._aio._acquire(keys, wait, lease, renew))
+        return Lock(self, lock, threading.Event())
+
+    def try_lock(self, keys: aio.Keys, *, lease: Optional[float] = None, renew: bool = True) -> "Optional[Lock]":
+        """Takes `keys` if all are free now; None if any is busy."""
+        lock = self._run(self._aio.try_lock(keys, lease=lease, renew=renew))
+        return None if lock is None else Lock(self, lock, threading.Event())
+
+    def unlock(self, keys: aio.Keys, fence: int) -> None:
+        """Releases `keys` held under `fence`, whichever connection took them."""
+        self._run(self._aio.unlock(keys, fence))
+
+    def renew(self, keys: aio.Keys, fence: int, lease: float) -> None:
+        """Sets the lease of `keys` held under `fence` to now + `lease` seconds."""
+        self._run(self._aio.renew(keys, fence, lease))
+
+    def inspect(self, keys: aio.Keys) -> List[KeyInfo]:
+        """Holder, lease and waiters of each of `keys`."""
+        return self._run(self._aio.inspect(keys))
+
+    def stats(self) -> ServerStats:
+        """Server-wide counts."""
+        return self._run(self._aio.stats())
+
+    def ping(self) -> float:
+        """Round trip to the server, in seconds."""
+        return self._run(self._aio.ping())
+
+    def close(self) -> None:
+        """Ends the connection and the client's thread; see `dlock.aio.Client.close`."""
+        if self._thread.is_alive():
+            try:
+                self._run(self._aio.close())
+            finally:
+                self._stop_loop()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _run(self, coro: Awaitable[T]) -> T:
+        future: "Future[T]" = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        try:
+            return future.result()
+        except BaseException:
+            # Interrupted (Ctrl-C) or failed: make sure the call stops too; a
+            # lock granted after this is released by the asyncio client.
+            future.cancel()
+            raise
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+class Lock:
+    """Keys held by a blocking `Client`; the same shape as `dlock.aio.Lock`.
+
+    `lost` is a `threading.Event` set from the client's thread when the lock
+    can no longer be assumed held; `lost_reason` says why. `with` unlocks on
+    leaving, with the same rules as `dlock.aio.Lock`.
+    """
+
+    def __init__(self, client: Client, lock: _AioLock, lost: threading.Event) -> None:
+        self._client = client
+        self._lock = lock
+        self.lost = lost
+        # Registered on the loop thread, where the loss is decided, so none
+        # is missed between the grant and this registration.
+        client._loop.call_soon_threadsafe(self._watch)
+
+    def _watch(self) -> None:
+        if self._lock.lost_reason is not None:
+            self.lost.set()
+        else:
+            self._lock._on_lost.append(lambda reason: self.lost.set())
+
+    def __repr__(self) -> str:
+        return repr(self._lock).replace("dlock.aio.Lock", "dlock.Lock")
+
+    @property
+    def keys(self) -> "tuple[str, ...]":
+        return self._lock.keys
+
+    @property
+    def fence(self) -> int:
+        return self._lock.fence
+
+    @property
+    def lease(self) -> Optional[float]:
+        return self._lock.lease
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        return self._lock.lost_reason
+
+    def remaining(self) -> float:
+        """Seconds until the safety deadline; see `dlock.aio.Lock.remaining`."""
+        return self._client._run(self._remaining())
+
+    async def _remaining(self) -> float:
+        return self._lock.remaining()
+
+    def check(self) -> None:
+        """Raises `LockLost` if the lock is lost or past its safety deadline,
+        reading the clock now; see `dlock.aio.Lock.check`."""
+        self._client._run(self._check())
+
+    async def _check(self) -> None:
+        self._lock.check()
+
+    def unlock(self) -> None:
+        """Releases the keys; see `dlock.aio.Lock.unlock`."""
+        self._client._run(self._lock.unlock())
+
+    def renew(self, lease: Optional[float] = None) -> None:
+        """Sets the lease to now + `lease` seconds; see `dlock.aio.Lock.renew`."""
+        self._client._run(self._lock.renew(lease))
+
+    def __enter__(self) -> "Lock":
+        return self
+
+    def __exit__(self, et: Any, e: Any, tb: Any) -> None:
+        self._client._run(self._lock._leave(et is not None))
+

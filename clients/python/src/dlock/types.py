@@ -1,0 +1,88 @@
+"""Plain values the client returns: server limits, key information, server counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ._proto import dlock_pb2 as pb
+
+
+def _seconds(micro: int) -> float:
+    return micro / 1_000_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the server told in its answer to Hello (`ServerLimits`), in seconds and counts."""
+
+    #: The server may end a connection from which no request arrived for this
+    #: long, releasing its locks without a lease.
+    session_timeout: float
+    max_lease: float
+    max_keys: int
+    max_key_len: int
+    max_frame: int
+    max_pipeline: int
+
+    @classmethod
+    def from_proto(cls, limits: "pb.ServerLimits") -> "Limits":
+        return cls(
+            session_timeout=_seconds(limits.session_timeout_micro),
+            max_lease=_seconds(limits.max_lease_micro),
+            max_keys=limits.max_keys,
+            max_key_len=limits.max_key_len,
+            max_frame=limits.max_frame,
+            max_pipeline=limits.max_pipeline,
+        )
+
+
+#: Assumed for a server older than Hello (it answers InvalidType): the
+#: server's defaults, whose session timeout is the 60 s idle timeout.
+DEFAULT_LIMITS = Limits(
+    session_timeout=60.0,
+    max_lease=30 * 86400.0,
+    max_keys=256,
+    max_key_len=1024,
+    max_frame=16384,
+    max_pipeline=1024,
+)
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """One key as Inspect describes it."""
+
+    key: str
+    #: Fencing token of the holder; 0 when the key is free.
+    fence: int
+    #: Seconds left on the holder's lease; None when free or held without lease.
+    lease_remaining: Optional[float]
+    waiters: int
+    held_by_caller: bool
+    #: `ip:port` of the holder's connection, when it is connected.
+    holder_addr: Optional[str]
+
+    @property
+    def held(self) -> bool:
+        return self.fence != 0
+
+    @classmethod
+    def from_proto(cls, info: "pb.KeyInfo") -> "KeyInfo":
+        return cls(
+            key=info.key,
+            fence=info.fence,
+            lease_remaining=_seconds(info.lease_remaining_micro) if info.lease_remaining_micro else None,
+            waiters=info.waiters,
+            held_by_caller=info.held_by_caller,
+            holder_addr=info.holder_addr or None,
+        )
+
+
+@dataclass(frozen=True)
+class ServerStats:
+    """Server-wide counts: the answer to an Inspect that names no keys."""
+
+    connections: int
+    held_keys: int
+    waiting_requests: int
