@@ -9,6 +9,8 @@ use crate::run::Shared;
 use crate::target::IDLE_TIMEOUT;
 use crate::wire::Wire;
 use dlock::proto::{RequestType, ResponseStatus};
+use dlock::{Client, Error, LockOptions, Lost};
+use dlock_server::testing::proxy::FreezableProxy;
 use socket2::SockRef;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,13 +25,14 @@ const SLACK: Duration = Duration::from_secs(10);
 const STORM: usize = 100;
 
 /// The kinds, in the order the scheduler cycles through them.
-pub const KINDS: [&str; 6] = [
+pub const KINDS: [&str; 7] = [
     "rst while holding",
     "silent while holding",
     "stops reading",
     "half a frame",
     "garbage",
     "connection storm",
+    "frozen path holding",
 ];
 
 pub async fn run(kind: usize, id: u64, sh: Arc<Shared>, seed: u64) {
@@ -42,7 +45,8 @@ pub async fn run(kind: usize, id: u64, sh: Arc<Shared>, seed: u64) {
         2 => stops_reading(id, &sh, &mut rng).await,
         3 => half_frame(&sh).await,
         4 => garbage(&sh, &mut rng).await,
-        _ => storm(&sh, &mut rng).await,
+        5 => storm(&sh, &mut rng).await,
+        _ => frozen_path(id, &sh, &mut rng).await,
     };
     if let Err(what) = outcome {
         sh.report
@@ -226,4 +230,79 @@ async fn storm(sh: &Shared, rng: &mut fastrand::Rng) -> Result<(), String> {
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// Holds keys (with or without a lease) through a forwarder that freezes
+/// while the client writes under its fence: nothing passes, nothing closes.
+/// The client library's own rule must make it stop writing before the
+/// server can hand the keys on; its hold ends when the guard says so, and
+/// the history checks that no later holder started before that.
+async fn frozen_path(id: u64, sh: &Shared, rng: &mut fastrand::Rng) -> Result<(), String> {
+    let proxy = FreezableProxy::start(sh.addr).await;
+    let client = Client::connect(&proxy.addr_string())
+        .await
+        .map_err(|e| format!("connect through the forwarder: {e}"))?;
+    let n = rng.usize(1..=2.min(sh.keys.len()));
+    let keys: Vec<String> = rng.choose_multiple(sh.keys.iter().cloned(), n);
+    let mut options = LockOptions::new().wait(Duration::from_secs(1));
+    if rng.bool() {
+        options = options.lease(Duration::from_millis(rng.u64(1_000..3_000)));
+    }
+    add(&sh.report.ops.requests, 1);
+    let guard = match client.lock(keys.clone(), options).await {
+        Ok(g) => g,
+        Err(Error::Timeout { .. }) => {
+            add(&sh.report.ops.busy, 1);
+            return Ok(());
+        }
+        Err(e) => return Err(format!("Lock: {e}")),
+    };
+    add(&sh.report.ops.grants, 1);
+    let start = Instant::now();
+    let freeze_at = start + Duration::from_millis(rng.u64(0..500));
+    let writer = async {
+        loop {
+            for k in &keys {
+                add(&sh.report.ops.register_writes, 1);
+                if !sh.register.write(k, guard.fence()) {
+                    sh.report.violation(
+                        "register rejected a holder",
+                        format!("frozen-path client {id} key {k:?} fence {}", guard.fence()),
+                    );
+                }
+            }
+            if Instant::now() >= freeze_at {
+                proxy.freeze();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    // The longest a loss may take: a session timeout or lease, and slack.
+    let limit = IDLE_TIMEOUT + guard.lease().unwrap_or_default() + SLACK;
+    let lost = tokio::select! {
+        // Checked first at every wake-up, so no write follows the verdict.
+        biased;
+        lost = guard.keep_alive() => lost,
+        _ = writer => unreachable!("the writer loops until dropped"),
+        _ = tokio::time::sleep(limit) => {
+            return Err(format!("holder behind a frozen path never gave up its lock within {limit:?}"));
+        }
+    };
+    let end = Instant::now();
+    for k in &keys {
+        sh.history.record(Hold {
+            key: k.clone(),
+            fence: guard.fence(),
+            client: id,
+            start: start.into_std(),
+            end: end.into_std(),
+        });
+    }
+    let _ = guard.into_parts();
+    match lost {
+        Lost::Jeopardy { .. } => Ok(()),
+        other => Err(format!(
+            "behind a frozen path the loss should be jeopardy, was: {other}"
+        )),
+    }
 }
