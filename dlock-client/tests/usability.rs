@@ -132,3 +132,48 @@ async fn without_a_terminal_sigtstp_stops_the_command_not_dlock() {
     let o = finish(child).await;
     assert_eq!(code(&o), 143, "{}", stderr(&o));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_terminal_sigterm_reaches_everything_the_command_started() {
+    let server = TestServer::start(&[]).await;
+    // A pseudo-terminal as stdin makes dlock run COMMAND in its own group.
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two descriptors we then own; the null name,
+    // termios and winsize arguments are allowed.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    // SAFETY: both descriptors were just opened and are owned here only.
+    let (_master, slave) = unsafe {
+        use std::os::fd::FromRawFd;
+        (
+            std::fs::File::from_raw_fd(master),
+            std::fs::File::from_raw_fd(slave),
+        )
+    };
+    let mut child = dlock_at(
+        &server.addr_string(),
+        &["-k", "tty", "-c", "sleep 600 & echo $!; echo $$; wait"],
+    )
+    .stdin(slave)
+    .spawn()
+    .unwrap();
+    let pids: Vec<i32> = lines(&mut child, 2)
+        .await
+        .iter()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    signal_pid(pid_of(&child), libc::SIGTERM);
+    for pid in pids {
+        await_state(pid, "dead", |s| matches!(s, None | Some('Z') | Some('X'))).await;
+    }
+    let o = finish(child).await;
+    assert_eq!(code(&o), 128 + libc::SIGTERM, "{}", stderr(&o));
+}
