@@ -490,6 +490,7 @@ impl Db {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
     use std::net::{Ipv4Addr, SocketAddr};
     use tokio::sync::oneshot::error::TryRecvError;
 
@@ -530,6 +531,59 @@ mod tests {
         db.check_invariants().expect("invariants hold");
         let stats = db.stats();
         assert_eq!((stats.held_keys, stats.waiting_requests), (0, 0));
+    }
+
+    fn manual() -> (Db, ManualClock) {
+        let clock = ManualClock::default();
+        let table = LockTable::new(
+            TableLimits {
+                max_waiters: 10,
+                max_held_keys: 10,
+            },
+            1,
+        );
+        let db = Db::from_table(table, Clock::Manual(clock.clone()));
+        db.record_commands();
+        (db, clock)
+    }
+
+    #[test]
+    fn on_a_manual_clock_leases_end_only_when_it_is_moved() {
+        let (db, clock) = manual();
+        let a = db.connect(SocketAddr::from((Ipv4Addr::LOCALHOST, 1)));
+        let lease = Some(Duration::from_secs(1));
+        assert!(matches!(
+            db.lock(a, keys("k"), Wait::No, lease),
+            LockReply::Granted(_)
+        ));
+        assert_eq!(db.next_deadline(), Some(Time::from_micros(1_000_000)));
+        db.advance();
+        assert_eq!(db.stats().held_keys, 1, "nothing due yet");
+        clock.set(Time::from_micros(1_000_000));
+        db.advance();
+        assert_eq!(db.stats().held_keys, 0);
+        let times: Vec<u64> = db.take_log().iter().map(|a| a.at.as_micros()).collect();
+        assert_eq!(times, [0, 0, 1_000_000]);
+    }
+
+    #[test]
+    fn a_grant_nobody_receives_is_released_by_a_command() {
+        let (db, _clock) = manual();
+        let peer = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
+        let (a, b) = (db.connect(peer), db.connect(peer));
+        db.lock(a, keys("k"), Wait::No, Some(Duration::from_secs(5)));
+        let LockReply::Wait(rx) = db.lock(b, keys("k"), Wait::Forever, None) else {
+            panic!("b should wait for k");
+        };
+        drop(rx);
+        assert!(db.unlock(a, keys("k"), None).is_empty());
+        assert_eq!(db.stats().held_keys, 0, "the grant to b was released");
+        let log = db.take_log();
+        assert!(matches!(
+            log.last().map(|a| &a.cmd),
+            Some(Command::Undelivered { .. })
+        ));
+        db.check_invariants().expect("invariants hold");
     }
 
     #[tokio::test]

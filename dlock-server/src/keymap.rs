@@ -242,4 +242,22 @@ mod tests {
         assert!(m.is_empty());
         assert_eq!(m.remove("a"), None);
     }
+
+    #[test]
+    fn parts_rebuild_the_same_slots() {
+        let mut m: KeyMap<u32> = KeyMap::default();
+        for (i, k) in ["a", "b", "c", "d"].into_iter().enumerate() {
+            *m.get_or_default(&Key::from(k)).1 = i as u32;
+        }
+        m.remove("b");
+        m.remove("a");
+        let copy = KeyMap::from_parts(m.slots().to_vec(), m.free_slots().to_vec()).unwrap();
+        assert_eq!(copy.slot("c"), m.slot("c"));
+        assert_eq!(copy.get("d"), Some(&3));
+        assert_eq!(copy.free_slots(), [1, 0], "reused in the same order");
+        let twice = vec![Some((Key::from("x"), 1)), Some((Key::from("x"), 2))];
+        assert!(KeyMap::from_parts(twice, vec![]).is_err());
+        let unlisted = vec![None, Some((Key::from("x"), 1))];
+        assert!(KeyMap::from_parts(unlisted, vec![]).is_err());
+    }
 }
