@@ -126,8 +126,9 @@ impl Db {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Applies `cmd` at the clock's current time: the one place the lock
-    /// state reads a clock, and the one way the table changes.
+    /// Applies `cmd` at the clock's current time: the one place a command's
+    /// time is read, and the one way the table changes. (Inspect reads the
+    /// same clock to say how much of a lease is left; it changes nothing.)
     fn apply(&self, st: &mut State, cmd: Command) -> Output {
         let at = self.shared.clock.now();
         match &mut st.log {
@@ -422,8 +423,7 @@ impl Db {
     /// connection is already gone is released again at once, as a
     /// [`Command::Undelivered`]: a lease given to a departed client would
     /// otherwise stay held, unknown to anyone, until it expired.
-    fn finish<'a>(&'a self, mut st: MutexGuard<'a, State>, out: Output) {
-        let mut out = out;
+    fn finish<'a>(&'a self, mut st: MutexGuard<'a, State>, mut out: Output) {
         loop {
             for req in &out.withdrawn {
                 st.pending.remove(req);
