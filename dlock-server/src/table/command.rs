@@ -74,8 +74,9 @@ pub enum Command {
     /// from now on are handed to nobody. Unlock, Renew and time still work.
     Close,
     /// Time has reached the command's time: leases and wait limits due by
-    /// then expire. The only command that makes time pass; the others only
-    /// read it.
+    /// then expire. The only command that expires anything: the others run
+    /// at their time but leave what fell due before it for the next Advance,
+    /// so expiry happens at the points the caller (or the log) chose.
     Advance,
 }
 
