@@ -178,7 +178,9 @@ async fn lease_runs_out_unless_renewed() {
         .lock(["l"], LockOptions::new().lease(Duration::from_millis(200)))
         .await
         .unwrap();
-    // Measured from before the renewal was sent, as the guard counts.
+    // The guard counts the lease from before the Renew is sent, so the
+    // elapsed time is measured from before it too: a slow round trip must
+    // not make the lease look short.
     let start = std::time::Instant::now();
     g.renew(Duration::from_millis(300)).await.unwrap();
     assert_eq!(g.lease(), Some(Duration::from_millis(300)));

@@ -243,10 +243,16 @@ async fn hold_keeps_the_lock_after_dlock_exits() {
     assert_eq!(code(&o), 0);
     let c = client(&server).await;
     let info = c.inspect(["cron"]).await.unwrap().remove(0);
-    if start.elapsed() < Duration::from_millis(900) {
+    if info.fence != 0 {
         // dlock exited early and left the rest of the hold as a lease.
-        assert_ne!(info.fence, 0, "still held after dlock exited");
-        assert!(info.lease_remaining_micro > 0);
+        assert!(info.lease_remaining_micro > 0, "held, but not as a lease");
+    } else {
+        // Only a machine too slow to inspect within the hold may find the
+        // key free, and then the whole hold has passed.
+        assert!(
+            start.elapsed() >= Duration::from_secs(1),
+            "released before the hold ended"
+        );
     }
     let g = c
         .lock(["cron"], LockOptions::new().wait(PATIENCE))

@@ -1,5 +1,12 @@
-//! The shared lock state: the [`LockTable`] behind a mutex, and the delivery
-//! of its results to the connections waiting for them.
+//! The shared lock state: the [`LockTable`] behind a mutex, the one clock
+//! its commands are stamped with, and the delivery of its outputs to the
+//! connections waiting for them.
+//!
+//! Every change to the table goes through [`LockTable::apply`] as a
+//! [`Command`], including the decisions taken here (releasing a grant whose
+//! connection has gone, stopping), and every command's time comes from one
+//! read of [`Clock`] in `Db::apply`: a log of what was applied replays to the
+//! same table.
 //!
 //! The mutex is a std one and only synchronous methods touch it, so no guard
 //! ever lives across an `.await`. Wake-ups are collected under the lock and
@@ -7,14 +14,18 @@
 //! deadline (a lease or a wait limit) and is nudged whenever an operation
 //! creates an earlier one: expiry happens on time, with no periodic sweep.
 
+use crate::clock::Clock;
 use crate::fence::FenceFile;
-use crate::table::{Key, LockResult, LockTable, OwnerId, ReqId, TableLimits, Wait, Wake, Woken};
+use crate::table::{
+    Command, Key, LockResult, LockTable, Output, OwnerId, Reply, ReqId, Snapshot, TableLimits,
+    Time, Wait, Wake, Woken,
+};
 use dlock::proto::{KeyInfo, ServerStats};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +38,7 @@ pub struct Db {
 #[derive(Debug)]
 struct Shared {
     state: Mutex<State>,
+    clock: Clock,
     /// Wakes the timer task when a deadline earlier than its target appears.
     timer: Notify,
     /// When the table's next fence reaches this, the fence file needs a new
@@ -46,9 +58,20 @@ struct State {
     /// Peer address of every connected owner, for Inspect.
     peers: HashMap<OwnerId, SocketAddr>,
     /// The deadline the timer task sleeps until.
-    timer_at: Option<Instant>,
-    /// Set by [`Db::close`]: the server is stopping.
-    closed: bool,
+    timer_at: Option<Time>,
+    /// Every command applied, when [`Db::record_commands`] asked for it.
+    log: Option<Vec<Applied>>,
+}
+
+/// One command as the table applied it, for replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The command.
+    pub cmd: Command,
+    /// The time it was applied at.
+    pub at: Time,
+    /// What it returned.
+    pub out: Output,
 }
 
 /// The answer to a Lock request.
@@ -66,24 +89,24 @@ pub enum LockReply {
     ShuttingDown,
 }
 
-/// The current time as the table sees it. Taken from tokio's clock so tests
-/// with paused time control it.
-fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
-}
-
 impl Db {
-    /// A handle to a new, empty table.
+    /// A handle to a new, empty table on tokio's clock.
     pub fn new(limits: TableLimits, first_fence: u64) -> Db {
+        Db::from_table(LockTable::new(limits, first_fence), Clock::tokio())
+    }
+
+    /// A handle to `table`, whose commands are stamped by `clock`.
+    pub fn from_table(table: LockTable, clock: Clock) -> Db {
         Db {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
-                    table: LockTable::new(limits, first_fence),
+                    table,
                     pending: HashMap::new(),
                     peers: HashMap::new(),
                     timer_at: None,
-                    closed: false,
+                    log: None,
                 }),
+                clock,
                 timer: Notify::new(),
                 fence_alarm: AtomicU64::new(u64::MAX),
                 fence_refill: Notify::new(),
@@ -103,6 +126,25 @@ impl Db {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Applies `cmd` at the clock's current time: the one place a command's
+    /// time is read, and the one way the table changes. (Inspect reads the
+    /// same clock to say how much of a lease is left; it changes nothing.)
+    fn apply(&self, st: &mut State, cmd: Command) -> Output {
+        let at = self.shared.clock.now();
+        match &mut st.log {
+            None => st.table.apply(cmd, at),
+            Some(log) => {
+                let out = st.table.apply(cmd.clone(), at);
+                log.push(Applied {
+                    cmd,
+                    at,
+                    out: out.clone(),
+                });
+                out
+            }
+        }
+    }
+
     /// Registers a new connection and returns its owner id.
     pub fn connect(&self, peer: SocketAddr) -> OwnerId {
         let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed);
@@ -115,14 +157,11 @@ impl Db {
     pub fn disconnect(&self, owner: OwnerId) {
         let mut st = self.state();
         st.peers.remove(&owner);
-        let out = st.table.disconnect(owner, now());
-        for req in out.withdrawn {
-            st.pending.remove(&req);
-        }
-        self.finish(st, out.woken);
+        let out = self.apply(&mut st, Command::Disconnect { owner });
+        self.finish(st, out);
     }
 
-    /// Asks for `keys`; see [`LockTable::lock`].
+    /// Asks for `keys`; see [`Command::Lock`].
     pub fn lock(
         &self,
         owner: OwnerId,
@@ -131,36 +170,36 @@ impl Db {
         lease: Option<Duration>,
     ) -> LockReply {
         let mut st = self.state();
-        if st.closed {
-            return LockReply::ShuttingDown;
-        }
-        match st.table.lock(owner, keys, wait, lease, now()) {
-            LockResult::Granted { fence } => {
-                if lease.is_some() {
-                    self.rearm(&mut st);
-                }
-                self.check_fence(&st);
-                LockReply::Granted(fence)
-            }
-            LockResult::Waiting(req) => {
+        let mut out = self.apply(
+            &mut st,
+            Command::Lock {
+                owner,
+                keys,
+                wait,
+                lease,
+            },
+        );
+        let reply = match std::mem::take(&mut out.reply) {
+            Reply::Lock(LockResult::Granted { fence }) => LockReply::Granted(fence),
+            Reply::Lock(LockResult::Waiting(req)) => {
                 let (tx, rx) = oneshot::channel();
                 st.pending.insert(req, tx);
-                if matches!(wait, Wait::Until(_)) {
-                    self.rearm(&mut st);
-                }
                 LockReply::Wait(rx)
             }
-            LockResult::Busy(keys) => LockReply::Busy(keys),
-            LockResult::LimitReached(what) => LockReply::LimitReached(what),
-        }
+            Reply::Lock(LockResult::Busy(keys)) => LockReply::Busy(keys),
+            Reply::Lock(LockResult::LimitReached(what)) => LockReply::LimitReached(what),
+            Reply::Lock(LockResult::ShuttingDown) => LockReply::ShuttingDown,
+            other => unreachable!("the table answered a Lock with {other:?}"),
+        };
+        self.finish(st, out);
+        reply
     }
 
     /// Releases keys; returns the named keys that were not held.
     pub fn unlock(&self, owner: OwnerId, keys: Vec<Key>, fence: Option<u64>) -> Vec<Key> {
         let mut st = self.state();
-        let res = st.table.unlock(owner, keys, fence, now());
-        self.finish(st, res.woken);
-        res.not_held
+        let out = self.apply(&mut st, Command::Unlock { owner, keys, fence });
+        self.finish_not_held(st, out)
     }
 
     /// Moves leases; returns the named keys that were not held.
@@ -172,16 +211,29 @@ impl Db {
         lease: Duration,
     ) -> Vec<Key> {
         let mut st = self.state();
-        let res = st.table.renew(owner, keys, fence, lease, now());
-        self.rearm(&mut st);
-        self.finish(st, res.woken);
-        res.not_held
+        let cmd = Command::Renew {
+            owner,
+            keys,
+            fence,
+            lease,
+        };
+        let out = self.apply(&mut st, cmd);
+        self.finish_not_held(st, out)
+    }
+
+    fn finish_not_held<'a>(&'a self, st: MutexGuard<'a, State>, mut out: Output) -> Vec<Key> {
+        let not_held = match std::mem::take(&mut out.reply) {
+            Reply::NotHeld(keys) => keys,
+            other => unreachable!("the table answered an Unlock or Renew with {other:?}"),
+        };
+        self.finish(st, out);
+        not_held
     }
 
     /// Describes `keys` as seen by `owner`.
     pub fn inspect(&self, owner: OwnerId, keys: &[String]) -> Vec<KeyInfo> {
         let st = self.state();
-        let now = now();
+        let now = self.shared.clock.now();
         keys.iter()
             .map(|k| {
                 let view = st.table.inspect(k, now);
@@ -229,10 +281,8 @@ impl Db {
     /// it something false. Outcomes decided before this keep their answer.
     pub fn close(&self) {
         let mut st = self.state();
-        st.closed = true;
-        for req in st.table.withdraw_all() {
-            st.pending.remove(&req);
-        }
+        let out = self.apply(&mut st, Command::Close);
+        self.finish(st, out);
     }
 
     /// Runs the timer task: expires leases and wait limits on time, until
@@ -245,7 +295,7 @@ impl Db {
                 st.timer_at = next;
                 next
             };
-            let sleep_target = next.map(tokio::time::Instant::from_std);
+            let sleep_target = next.and_then(|t| self.shared.clock.instant_of(t));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = self.shared.timer.notified() => {}
@@ -253,21 +303,47 @@ impl Db {
                     if let Some(t) = sleep_target {
                         tokio::time::sleep_until(t).await
                     }
-                }, if sleep_target.is_some() => self.advance_to(now()),
+                }, if sleep_target.is_some() => self.advance(),
             }
         }
     }
 
-    /// Expires the leases and wait limits due by `at` and delivers the
-    /// outcomes. The timer task calls it on time; the fuzz harness calls it
-    /// to move past every deadline.
-    pub fn advance_to(&self, at: Instant) {
+    /// Expires the leases and wait limits due by the clock's time and
+    /// delivers the outcomes. The timer task calls it on time; the fuzz
+    /// harness calls it after moving its manual clock.
+    pub fn advance(&self) {
         let mut st = self.state();
-        let out = st.table.advance(at);
+        let out = self.apply(&mut st, Command::Advance);
         if out.expired_leases > 0 {
             tracing::debug!(keys = out.expired_leases, "leases expired");
         }
-        self.finish(st, out.woken);
+        self.finish(st, out);
+    }
+
+    /// The earliest time at which [`Db::advance`] has work to do.
+    pub fn next_deadline(&self) -> Option<Time> {
+        self.state().table.next_deadline()
+    }
+
+    /// Starts keeping every command applied from now on, for
+    /// [`Db::take_log`]. For the fuzz harness: it replays the log on a
+    /// second table to show that nothing changes the table beside it.
+    pub fn record_commands(&self) {
+        self.state().log.get_or_insert_with(Vec::new);
+    }
+
+    /// The commands applied since [`Db::record_commands`] or the last call.
+    pub fn take_log(&self) -> Vec<Applied> {
+        self.state()
+            .log
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// The table's whole state; see [`LockTable::snapshot`].
+    pub fn snapshot(&self) -> Snapshot {
+        self.state().table.snapshot()
     }
 
     /// Checks the lock table's invariants; see [`LockTable::check_invariants`].
@@ -341,14 +417,19 @@ impl Db {
         }
     }
 
-    /// Delivers wake-ups after releasing the lock, so woken tasks never
-    /// contend with the guard that woke them. A grant whose connection is
-    /// already gone is released again at once: a lease given to a departed
-    /// client would otherwise stay held, unknown to anyone, until it expired.
-    fn finish<'a>(&'a self, mut st: MutexGuard<'a, State>, mut woken: Vec<Woken>) {
-        while !woken.is_empty() {
-            let mut sends = Vec::with_capacity(woken.len());
-            for w in woken.drain(..) {
+    /// Acts on a command's output: forgets the deliveries of withdrawn
+    /// requests, then delivers wake-ups after releasing the lock, so woken
+    /// tasks never contend with the guard that woke them. A grant whose
+    /// connection is already gone is released again at once, as a
+    /// [`Command::Undelivered`]: a lease given to a departed client would
+    /// otherwise stay held, unknown to anyone, until it expired.
+    fn finish<'a>(&'a self, mut st: MutexGuard<'a, State>, mut out: Output) {
+        loop {
+            for req in &out.withdrawn {
+                st.pending.remove(req);
+            }
+            let mut sends = Vec::with_capacity(out.woken.len());
+            for w in out.woken.drain(..) {
                 if let Some(tx) = st.pending.remove(&w.req) {
                     sends.push((tx, w));
                 }
@@ -356,6 +437,9 @@ impl Db {
             self.rearm(&mut st);
             self.check_fence(&st);
             drop(st);
+            if sends.is_empty() {
+                return;
+            }
             let mut orphans = Vec::new();
             self.shared
                 .deliveries
@@ -363,7 +447,7 @@ impl Db {
             for (tx, w) in sends {
                 if let Err(w) = tx.send(w) {
                     if let Wake::Granted { fence } = w.wake {
-                        orphans.push((w.owner, w.keys, fence));
+                        orphans.push((w.keys, fence));
                     }
                 }
             }
@@ -371,8 +455,11 @@ impl Db {
                 return;
             }
             st = self.state();
-            for (owner, keys, fence) in orphans {
-                woken.extend(st.table.unlock(owner, keys, Some(fence), now()).woken);
+            out = Output::default();
+            for (keys, fence) in orphans {
+                let more = self.apply(&mut st, Command::Undelivered { keys, fence });
+                out.woken.extend(more.woken);
+                out.withdrawn.extend(more.withdrawn);
             }
         }
     }
@@ -388,8 +475,14 @@ impl Db {
         };
         if let Wake::Granted { fence } = w.wake {
             let mut st = self.state();
-            let res = st.table.unlock(w.owner, w.keys, Some(fence), now());
-            self.finish(st, res.woken);
+            let out = self.apply(
+                &mut st,
+                Command::Undelivered {
+                    keys: w.keys,
+                    fence,
+                },
+            );
+            self.finish(st, out);
         }
     }
 }
@@ -397,6 +490,7 @@ impl Db {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
     use std::net::{Ipv4Addr, SocketAddr};
     use tokio::sync::oneshot::error::TryRecvError;
 
@@ -437,6 +531,59 @@ mod tests {
         db.check_invariants().expect("invariants hold");
         let stats = db.stats();
         assert_eq!((stats.held_keys, stats.waiting_requests), (0, 0));
+    }
+
+    fn manual() -> (Db, ManualClock) {
+        let clock = ManualClock::default();
+        let table = LockTable::new(
+            TableLimits {
+                max_waiters: 10,
+                max_held_keys: 10,
+            },
+            1,
+        );
+        let db = Db::from_table(table, Clock::Manual(clock.clone()));
+        db.record_commands();
+        (db, clock)
+    }
+
+    #[test]
+    fn on_a_manual_clock_leases_end_only_when_it_is_moved() {
+        let (db, clock) = manual();
+        let a = db.connect(SocketAddr::from((Ipv4Addr::LOCALHOST, 1)));
+        let lease = Some(Duration::from_secs(1));
+        assert!(matches!(
+            db.lock(a, keys("k"), Wait::No, lease),
+            LockReply::Granted(_)
+        ));
+        assert_eq!(db.next_deadline(), Some(Time::from_micros(1_000_000)));
+        db.advance();
+        assert_eq!(db.stats().held_keys, 1, "nothing due yet");
+        clock.set(Time::from_micros(1_000_000));
+        db.advance();
+        assert_eq!(db.stats().held_keys, 0);
+        let times: Vec<u64> = db.take_log().iter().map(|a| a.at.as_micros()).collect();
+        assert_eq!(times, [0, 0, 1_000_000]);
+    }
+
+    #[test]
+    fn a_grant_nobody_receives_is_released_by_a_command() {
+        let (db, _clock) = manual();
+        let peer = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
+        let (a, b) = (db.connect(peer), db.connect(peer));
+        db.lock(a, keys("k"), Wait::No, Some(Duration::from_secs(5)));
+        let LockReply::Wait(rx) = db.lock(b, keys("k"), Wait::Forever, None) else {
+            panic!("b should wait for k");
+        };
+        drop(rx);
+        assert!(db.unlock(a, keys("k"), None).is_empty());
+        assert_eq!(db.stats().held_keys, 0, "the grant to b was released");
+        let log = db.take_log();
+        assert!(matches!(
+            log.last().map(|a| &a.cmd),
+            Some(Command::Undelivered { .. })
+        ));
+        db.check_invariants().expect("invariants hold");
     }
 
     #[tokio::test]

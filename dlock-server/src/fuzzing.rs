@@ -3,19 +3,28 @@
 //!
 //! [`session`] reads its input as a script for a few simulated connections.
 //! Each step feeds bytes to one connection's frame decoder, ends a
-//! connection, or lets the clock run; every frame then goes through the same
-//! [`Pipeline`] (framing, parking, protobuf decoding), validation and lock
-//! table as on a socket, and every response is decoded from its bytes. After
-//! every step the lock state's invariants are checked, and at the end, once
-//! every connection has gone and every lease has run out, the server must be
-//! empty. Any broken rule panics: that is how a fuzzer notices.
+//! connection, or moves the clock to the next deadline; every frame then
+//! goes through the same [`Pipeline`] (framing, parking, protobuf decoding),
+//! validation and lock table as on a socket, and every response is decoded
+//! from its bytes. After every step the lock state's invariants are checked,
+//! and at the end, once every connection has gone and every lease has run
+//! out, the server must be empty. Any broken rule panics: that is how a
+//! fuzzer notices.
+//!
+//! The clock is a [`ManualClock`] that only the script moves, so a run
+//! depends on its input alone and a crash replays exactly. The lock state
+//! records every table command it applies; at the end the log is replayed on
+//! a fresh table, restored from a snapshot halfway, which must return the
+//! same outputs and reach the same state: nothing may change the table
+//! beside its commands, and the table must be deterministic.
 
 use crate::auth::Tokens;
+use crate::clock::{Clock, ManualClock};
 use crate::config::Config;
-use crate::db::Db;
+use crate::db::{Applied, Db};
 use crate::handler::Ctx;
 use crate::pipeline::Pipeline;
-use crate::table::{OwnerId, TableLimits};
+use crate::table::{LockTable, OwnerId, TableLimits};
 use bytes::{Buf, BufMut, BytesMut};
 use clap::Parser;
 use dlock::codec::FrameCodec;
@@ -23,7 +32,7 @@ use dlock::proto::{Response, ResponseStatus};
 use prost::Message;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio_util::codec::Decoder;
 
@@ -62,24 +71,26 @@ const STEP_TICK: u8 = 3;
 /// A script is a sequence of steps. Byte `b` starts a step for connection
 /// `b & 3`; `(b >> 2) & 3` says which: 0 or 1 feeds the next `n` bytes to the
 /// connection (where `n` is the byte after `b`), 2 closes the connection (a
-/// new one takes its place), 3 lets the timer expire what is due.
+/// new one takes its place), 3 moves the clock to the next deadline (a lease
+/// or a wait limit) and lets the timer expire what is due.
 ///
 /// # Panics
 /// When the lock state breaks an invariant, a response is malformed,
-/// fencing tokens go backwards, or the state is not empty at the end.
+/// fencing tokens go backwards, the state is not empty at the end, or a
+/// replay of the table's commands differs from the run.
 pub fn session(script: &[u8]) {
     // Parsed once: flag parsing is not under test, and a fuzzer would
     // otherwise spend its time exploring it.
     static CONFIG: OnceLock<Config> = OnceLock::new();
     let config =
         CONFIG.get_or_init(|| Config::try_parse_from(FLAGS).expect("the harness's flags parse"));
-    let db = Db::new(
-        TableLimits {
-            max_waiters: config.max_waiters,
-            max_held_keys: config.max_held_keys,
-        },
-        1,
-    );
+    let limits = TableLimits {
+        max_waiters: config.max_waiters,
+        max_held_keys: config.max_held_keys,
+    };
+    let clock = ManualClock::default();
+    let db = Db::from_table(LockTable::new(limits, 1), Clock::Manual(clock.clone()));
+    db.record_commands();
     let tokens = Tokens::default();
     let mut harness = Harness {
         db: &db,
@@ -98,7 +109,10 @@ pub fn session(script: &[u8]) {
                 harness.close(old);
             }
             STEP_TICK => {
-                db.advance_to(Instant::now());
+                if let Some(t) = db.next_deadline() {
+                    clock.set(t.max(clock.now()));
+                }
+                db.advance();
                 for c in conns.iter_mut() {
                     harness.poll(c);
                 }
@@ -119,7 +133,12 @@ pub fn session(script: &[u8]) {
     for c in conns {
         harness.close(c);
     }
-    db.advance_to(Instant::now() + MAX_LEASE + Duration::from_secs(1));
+    clock.set(
+        clock
+            .now()
+            .saturating_add(MAX_LEASE + Duration::from_secs(1)),
+    );
+    db.advance();
     if let Err(e) = db.check_invariants() {
         panic!("invariant broken at the end: {e}");
     }
@@ -128,6 +147,30 @@ pub fn session(script: &[u8]) {
         (stats.connections, stats.held_keys, stats.waiting_requests),
         (0, 0, 0),
         "state left behind after every client left and every lease ended"
+    );
+    replay(limits, &db.take_log(), &db);
+}
+
+/// Applies `log` to a fresh table, moving to a table restored from its
+/// snapshot halfway through; every output and the final state must be what
+/// the run produced.
+fn replay(limits: TableLimits, log: &[Applied], db: &Db) {
+    let mut table = LockTable::new(limits, 1);
+    for (i, step) in log.iter().enumerate() {
+        if i == log.len() / 2 {
+            table = LockTable::restore(table.snapshot())
+                .unwrap_or_else(|e| panic!("a snapshot does not restore: {e}"));
+        }
+        let out = table.apply(step.cmd.clone(), step.at);
+        assert_eq!(
+            out, step.out,
+            "replayed command {i} ({:?}) differs",
+            step.cmd
+        );
+    }
+    assert!(
+        table.snapshot() == db.snapshot(),
+        "the replayed table ends in another state"
     );
 }
 

@@ -203,11 +203,8 @@ fn lock(ctx: Ctx<'_>, id: u64, body: RequestLock) -> Result<Step, Failure> {
     } else if body.wait_micro == 0 {
         Wait::Forever
     } else {
-        // A limit too far to represent is no limit at all.
-        tokio::time::Instant::now()
-            .into_std()
-            .checked_add(Duration::from_micros(body.wait_micro))
-            .map_or(Wait::Forever, Wait::Until)
+        // Relative to the command's time, which the lock state reads once.
+        Wait::For(Duration::from_micros(body.wait_micro))
     };
     let keys = checked_keys(ctx.config, body.keys)?;
     match ctx.db.lock(ctx.owner, keys, wait, lease) {

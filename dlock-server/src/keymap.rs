@@ -151,11 +151,69 @@ impl<V> KeyMap<V> {
         Some(v)
     }
 
-    /// Every entry, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = (&Key, &V)> {
-        self.slots
-            .iter()
-            .filter_map(|e| e.as_ref().map(|(k, v)| (k, v)))
+    /// Every entry with its slot, in slot order. Slot order depends only on
+    /// the sequence of inserts and removes, never on hashing, so walking it
+    /// is deterministic.
+    pub fn iter_slots(&self) -> impl Iterator<Item = (Slot, &Key, &V)> {
+        (0..)
+            .zip(&self.slots)
+            .filter_map(|(s, e)| e.as_ref().map(|(k, v)| (s, k, v)))
+    }
+
+    /// Every slot, empty ones included, in slot order.
+    pub fn slots(&self) -> &[Option<(Key, V)>] {
+        &self.slots
+    }
+
+    /// Empty slots, in the reverse of the order they will be reused.
+    pub fn free_slots(&self) -> &[Slot] {
+        &self.free
+    }
+
+    /// The map whose [`KeyMap::slots`] and [`KeyMap::free_slots`] these are,
+    /// with a fresh hash key: slot numbers are kept, so whatever names keys
+    /// by slot stays valid.
+    ///
+    /// # Errors
+    /// A key appears twice, or the free list is not exactly the empty slots.
+    pub fn from_parts(slots: Vec<Option<(Key, V)>>, free: Vec<Slot>) -> Result<Self, String> {
+        if Slot::try_from(slots.len()).is_err() {
+            return Err(format!(
+                "{} slots, more than a slot number can name",
+                slots.len()
+            ));
+        }
+        let mut map = KeyMap {
+            slots,
+            free,
+            ..KeyMap::default()
+        };
+        let mut empty: Vec<Slot> = (0..)
+            .zip(&map.slots)
+            .filter_map(|(s, e)| e.is_none().then_some(s))
+            .collect();
+        let mut listed = map.free.clone();
+        listed.sort_unstable();
+        empty.sort_unstable();
+        if listed != empty {
+            return Err("the free slot list is not the set of empty slots".into());
+        }
+        for slot in 0..map.slots.len() {
+            let Some((key, _)) = &map.slots[slot] else {
+                continue;
+            };
+            if map.find(key).is_some() {
+                return Err(format!("key {key:?} is in two slots"));
+            }
+            let hash = map.hasher.hash_one(&**key);
+            let (slots, hasher) = (&map.slots, &map.hasher);
+            map.index.insert_unique(hash, slot as Slot, |&s| {
+                slots[s as usize]
+                    .as_ref()
+                    .map_or(0, |(k, _)| hasher.hash_one(&**k))
+            });
+        }
+        Ok(map)
     }
 }
 
@@ -177,11 +235,29 @@ mod tests {
         assert!(m.get("b").is_none());
         assert_eq!(m.get_or_default(&Key::from("d")).0, b, "freed slot reused");
         assert_eq!(m.len(), 3);
-        assert_eq!(m.iter().count(), 3);
+        assert_eq!(m.iter_slots().count(), 3);
         for k in ["a", "c", "d"] {
             assert!(m.remove(k).is_some());
         }
         assert!(m.is_empty());
         assert_eq!(m.remove("a"), None);
+    }
+
+    #[test]
+    fn parts_rebuild_the_same_slots() {
+        let mut m: KeyMap<u32> = KeyMap::default();
+        for (i, k) in ["a", "b", "c", "d"].into_iter().enumerate() {
+            *m.get_or_default(&Key::from(k)).1 = i as u32;
+        }
+        m.remove("b");
+        m.remove("a");
+        let copy = KeyMap::from_parts(m.slots().to_vec(), m.free_slots().to_vec()).unwrap();
+        assert_eq!(copy.slot("c"), m.slot("c"));
+        assert_eq!(copy.get("d"), Some(&3));
+        assert_eq!(copy.free_slots(), [1, 0], "reused in the same order");
+        let twice = vec![Some((Key::from("x"), 1)), Some((Key::from("x"), 2))];
+        assert!(KeyMap::from_parts(twice, vec![]).is_err());
+        let unlisted = vec![None, Some((Key::from("x"), 1))];
+        assert!(KeyMap::from_parts(unlisted, vec![]).is_err());
     }
 }

@@ -7,7 +7,8 @@
 //! | [`pipeline`] | a connection's requests: framing in place, parking, output |
 //! | [`handler`] | validation of one request and its response |
 //! | [`db`] | the shared table behind a mutex, timers, wake-up delivery |
-//! | [`table`] | the lock rules: a synchronous state machine, no I/O |
+//! | [`clock`] | the one clock read that stamps the table's commands |
+//! | [`table`] | the lock rules: a deterministic state machine, no I/O, no clock |
 //! | [`keymap`] | the table's key map, compact at millions of keys |
 //! | [`fence`] | where fencing tokens start so they never go backwards |
 //! | [`auth`] | access tokens |
@@ -18,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod connection;
 pub mod db;

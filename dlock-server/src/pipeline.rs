@@ -10,9 +10,11 @@
 //! every read can fill a large, reused region; a pipelined burst is taken in
 //! one or two system calls rather than one per frame.
 //!
-//! It does no I/O and reads no clock. `connection` moves bytes between the
-//! socket and a `Pipeline`; the fuzz harness feeds one directly, so both run
-//! the same code.
+//! It does no I/O. `connection` moves bytes between the socket and a
+//! `Pipeline`; the fuzz harness feeds one directly, so both run the same
+//! code. The only clock read on its path is the wall clock stamped on each
+//! response (`server_unix_time`, in `handler`); the lock table's time is
+//! read once per command in `db`.
 
 use crate::handler::{self, Ctx, Waiting};
 use crate::table::Woken;

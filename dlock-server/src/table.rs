@@ -1,10 +1,32 @@
 //! The lock table: every rule of who holds which key lives here.
 //!
-//! It is a synchronous state machine. It does no I/O, spawns nothing and reads
-//! no clock: time comes in as an argument and what happened (a grant, a wait
-//! timeout, an expired lease) comes out as values for the caller to deliver.
-//! That keeps the server's mutex short, makes the rules testable without a
-//! network, and lets the same table later be driven by a replicated log.
+//! It is a synchronous, deterministic state machine. It does no I/O, spawns
+//! nothing, reads no clock and draws no random numbers. Its input is one
+//! [`Command`] at a time, applied by [`LockTable::apply`] together with the
+//! command's [`Time`]; its output is an [`Output`] of values (a grant, a wait
+//! timeout, an expired lease) for the caller to deliver. That keeps the
+//! server's mutex short, makes the rules testable without a network, and
+//! lets the same table be driven by a replicated log.
+//!
+//! # Determinism contract
+//!
+//! Two tables built by [`LockTable::new`] with the same limits and first
+//! fencing token, or restored from equal [`Snapshot`]s, that are then given
+//! the same commands with the same times, return equal outputs for every
+//! command (the same grants, in the same order, with the same tokens) and
+//! end with equal snapshots, on any machine. To keep it that way:
+//!
+//! - no iteration whose order can reach an output or a snapshot runs over a
+//!   hashed collection: owners, waiters and an owner's keys are B-trees, and
+//!   the key map's hash index is only ever looked up, never walked;
+//! - time is a [`Time`] passed in, never read; wait limits and leases arrive
+//!   as durations from the command's time;
+//! - the deadline heaps order their entries in full (see `deadlines`), and
+//!   key slots, which break ties between leases, are part of the snapshot;
+//! - the first fencing token is part of the initial state, given to
+//!   [`LockTable::new`] or carried by a snapshot.
+//!
+//! # Rules
 //!
 //! Waiting is FIFO per key. A request that cannot be granted at once is
 //! appended to the queue of every key it names, all in one step, so all queues
@@ -15,41 +37,57 @@
 //! deadlock between overlapping key sets and no overtaking. The one exception
 //! is for an owner that already holds keys: see `free_for_newcomer`.
 //!
-//! Leases and wait limits are kept in two min-heaps keyed by deadline. Entries
-//! are removed lazily (a renewed lease or a granted waiter leaves a stale entry
-//! that is skipped when it surfaces) and the heaps are rebuilt when stale
-//! entries outnumber live ones, so they stay proportional to live state. Every
-//! operation costs time in the number of keys it names (plus the log of the
-//! heap size), never in the number of keys or connections the table holds.
+//! Leases and wait limits are kept in two min-heaps keyed by deadline (see
+//! `deadlines`). Most commands cost time in the number of keys they name
+//! plus the log of the heap size, whatever the number of keys or connections
+//! the table holds; Disconnect and Close also touch what the departing owner
+//! (or everyone) had.
 
-use crate::keymap::{KeyMap, Slot};
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet};
+mod command;
+mod deadlines;
+mod grants;
+mod invariants;
+mod queue;
+mod snapshot;
+mod time;
+
+pub use command::{Command, LockResult, Output, Reply, Wake, Woken};
+pub use snapshot::{BadSnapshot, Snapshot};
+pub use time::Time;
+
+use crate::keymap::KeyMap;
+use deadlines::Deadlines;
+use queue::Queue;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A lock name. Shared between the key map, the queues and the heaps.
 pub type Key = Arc<str>;
 
-/// Who holds or waits: one id per client connection, never reused.
+/// Who holds or waits: one id per client connection, chosen by the caller
+/// and never reused. The table needs no command to open an owner: one with
+/// nothing held or waiting has no state.
 pub type OwnerId = u64;
 
-/// A waiting request, as returned by [`LockTable::lock`].
+/// A waiting request, as returned in [`LockResult::Waiting`].
 pub type ReqId = u64;
 
 /// How long a Lock request may wait for busy keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Wait {
     /// Do not wait: answer at once.
     No,
     /// Wait without limit.
     Forever,
-    /// Wait until this instant.
-    Until(Instant),
+    /// Wait this long after the command's time. A limit past the end of the
+    /// timeline is no limit.
+    For(Duration),
 }
 
 /// Server-wide limits the table enforces.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableLimits {
     /// Requests waiting at once, over all connections.
     pub max_waiters: usize,
@@ -57,78 +95,7 @@ pub struct TableLimits {
     pub max_held_keys: usize,
 }
 
-/// What became of a Lock request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LockResult {
-    /// All keys are now held under this fencing token.
-    Granted {
-        /// The fencing token of the grant.
-        fence: u64,
-    },
-    /// The request waits; its outcome comes later as a [`Woken`].
-    Waiting(ReqId),
-    /// `Wait::No` and these keys were not available.
-    Busy(Vec<Key>),
-    /// The named limit would be exceeded; nothing changed.
-    LimitReached(&'static str),
-}
-
-/// The outcome of a request that had to wait.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Wake {
-    /// The request holds its keys under this fencing token.
-    Granted {
-        /// The fencing token of the grant.
-        fence: u64,
-    },
-    /// The wait limit passed; these keys were still unavailable.
-    TimedOut(Vec<Key>),
-    /// Granting it would have exceeded the held-keys limit; it was withdrawn.
-    LimitReached,
-}
-
-/// A waiting request that finished, for the caller to answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Woken {
-    /// The request, as returned in [`LockResult::Waiting`].
-    pub req: ReqId,
-    /// Its owner.
-    pub owner: OwnerId,
-    /// The keys it asked for, without duplicates.
-    pub keys: Vec<Key>,
-    /// What happened to it.
-    pub wake: Wake,
-}
-
-/// The answer to Unlock and Renew: which named keys were not held, and which
-/// waiters a release let in.
-#[derive(Debug, Default)]
-pub struct ReleaseResult {
-    /// Named keys the caller did not hold; all others were acted on.
-    pub not_held: Vec<Key>,
-    /// Waiters granted or timed out as a consequence.
-    pub woken: Vec<Woken>,
-}
-
-/// What [`LockTable::advance`] did.
-#[derive(Debug, Default)]
-pub struct Advanced {
-    /// Waiters granted or timed out.
-    pub woken: Vec<Woken>,
-    /// Number of keys whose lease ran out.
-    pub expired_leases: usize,
-}
-
-/// What [`LockTable::disconnect`] did.
-#[derive(Debug, Default)]
-pub struct Disconnected {
-    /// The owner's waiting requests, withdrawn without an answer.
-    pub withdrawn: Vec<ReqId>,
-    /// Other owners' waiters granted as a consequence.
-    pub woken: Vec<Woken>,
-}
-
-/// A snapshot of one key, for Inspect.
+/// What the table knows of one key, for Inspect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyView {
     /// Holder's owner and fencing token, if the key is held.
@@ -139,95 +106,51 @@ pub struct KeyView {
     pub waiters: usize,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Hold {
     owner: OwnerId,
     fence: u64,
-    lease: Option<Instant>,
+    lease: Option<Time>,
 }
 
 #[derive(Debug, Default)]
 struct KeyState {
     hold: Option<Hold>,
-    /// Waiting requests. Request ids only grow, so id order is arrival
-    /// order, and removing any waiter costs O(log n).
     queue: Queue,
 }
 
-/// A key's waiting requests. Most held keys have none, so the set is boxed
-/// and allocated only when someone waits: an empty queue costs 8 bytes, not
-/// the 24 of an inline set, which adds up over millions of held keys.
-#[derive(Debug, Default)]
-#[allow(clippy::box_collection)] // The box is the point: see above.
-struct Queue(Option<Box<BTreeSet<ReqId>>>);
-
-impl Queue {
-    fn insert(&mut self, req: ReqId) {
-        self.0.get_or_insert_with(Default::default).insert(req);
-    }
-
-    fn remove(&mut self, req: &ReqId) {
-        if let Some(set) = &mut self.0 {
-            set.remove(req);
-            if set.is_empty() {
-                self.0 = None;
-            }
-        }
-    }
-
-    fn first(&self) -> Option<&ReqId> {
-        self.0.as_ref().and_then(|s| s.first())
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_none()
-    }
-
-    fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, |s| s.len())
-    }
-
-    fn contains(&self, req: &ReqId) -> bool {
-        self.0.as_ref().is_some_and(|s| s.contains(req))
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &ReqId> {
-        self.0.iter().flat_map(|s| s.iter())
-    }
-}
-
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Waiter {
     owner: OwnerId,
+    /// Sorted, without duplicates.
     keys: Vec<Key>,
     lease: Option<Duration>,
+    /// When its wait limit passes; its entry in the heap carries the same.
+    deadline: Option<Time>,
 }
 
 /// Per-owner state: what must go when the connection ends.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct OwnerState {
-    /// Keys held without a lease, released on disconnect.
-    bound: HashSet<Key>,
-    /// Requests still waiting.
+    /// Keys held without a lease, released on disconnect in key order.
+    bound: BTreeSet<Key>,
+    /// Requests still waiting, in request order.
     waiting: Vec<ReqId>,
 }
-
-/// Heaps get rebuilt when they hold this many more entries than live ones;
-/// the slack keeps rebuilds rare for small tables.
-const HEAP_SLACK: usize = 64;
 
 /// The lock table. See the module documentation for the rules.
 #[derive(Debug)]
 pub struct LockTable {
     limits: TableLimits,
+    /// The latest command time seen; see [`LockTable::apply`].
+    now: Time,
+    /// Set by [`Command::Close`].
+    closed: bool,
     keys: KeyMap<KeyState>,
-    waiters: HashMap<ReqId, Waiter>,
-    owners: HashMap<OwnerId, OwnerState>,
-    /// (deadline, fence, slot): the fence tells a live lease from a stale
-    /// entry, even after the slot has been reused by another key.
-    leases: BinaryHeap<Reverse<(Instant, u64, Slot)>>,
+    waiters: BTreeMap<ReqId, Waiter>,
+    owners: BTreeMap<OwnerId, OwnerState>,
+    deadlines: Deadlines,
     live_leases: usize,
-    timeouts: BinaryHeap<Reverse<(Instant, ReqId)>>,
     held_keys: usize,
     next_fence: u64,
     next_req: ReqId,
@@ -239,16 +162,53 @@ impl LockTable {
     pub fn new(limits: TableLimits, first_fence: u64) -> Self {
         LockTable {
             limits,
+            now: Time::ZERO,
+            closed: false,
             keys: KeyMap::default(),
-            waiters: HashMap::new(),
-            owners: HashMap::new(),
-            leases: BinaryHeap::new(),
+            waiters: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            deadlines: Deadlines::default(),
             live_leases: 0,
-            timeouts: BinaryHeap::new(),
             held_keys: 0,
             next_fence: first_fence.max(1),
             next_req: 1,
         }
+    }
+
+    /// Applies one command at time `now` and returns what it did.
+    ///
+    /// The table's time never runs back: a command stamped earlier than the
+    /// latest time it has seen runs at that latest time, so a log whose
+    /// stamps come from more than one clock still moves forward.
+    pub fn apply(&mut self, cmd: Command, now: Time) -> Output {
+        let now = now.max(self.now);
+        self.now = now;
+        let mut out = Output::default();
+        match cmd {
+            Command::Lock {
+                owner,
+                keys,
+                wait,
+                lease,
+            } => out.reply = Reply::Lock(self.lock(owner, keys, wait, lease, now)),
+            Command::Unlock { owner, keys, fence } => {
+                out.reply = Reply::NotHeld(self.unlock(owner, keys, fence, now, &mut out.woken));
+            }
+            Command::Renew {
+                owner,
+                keys,
+                fence,
+                lease,
+            } => out.reply = Reply::NotHeld(self.renew(owner, keys, fence, lease, now)),
+            Command::Undelivered { keys, fence } => {
+                // Only the token names the grant; owner 0 is nobody.
+                self.unlock(0, keys, Some(fence), now, &mut out.woken);
+            }
+            Command::Disconnect { owner } => self.disconnect(owner, now, &mut out),
+            Command::Close => out.withdrawn = self.close(),
+            Command::Advance => self.advance(now, &mut out),
+        }
+        out
     }
 
     /// The token the next grant will get; every token issued so far is lower.
@@ -269,7 +229,7 @@ impl LockTable {
     /// Entries in the deadline heaps, live and stale: stays within a small
     /// multiple of live leases plus waiters. For tests and metrics.
     pub fn deadline_entries(&self) -> usize {
-        self.leases.len() + self.timeouts.len()
+        self.deadlines.len()
     }
 
     /// Keys with any state (held or waited for). Free keys have none.
@@ -277,22 +237,36 @@ impl LockTable {
         self.keys.len()
     }
 
-    /// Asks for all of `keys` at once for `owner`.
-    ///
-    /// Duplicate keys are folded. Keys the owner already holds count as
-    /// available, and are re-granted under the new token and lease. `lease`
-    /// of `None` means the keys are held until unlocked or until the owner
-    /// disconnects.
-    pub fn lock(
+    /// The earliest time at which [`Command::Advance`] has work to do.
+    pub fn next_deadline(&self) -> Option<Time> {
+        self.deadlines.next()
+    }
+
+    /// What the table knows of `key` at `now`.
+    pub fn inspect(&self, key: &str, now: Time) -> KeyView {
+        let state = self.keys.get(key);
+        let hold = state.and_then(|s| s.hold.as_ref());
+        KeyView {
+            holder: hold.map(|h| (h.owner, h.fence)),
+            lease_remaining: hold
+                .and_then(|h| h.lease)
+                .map(|t| t.saturating_duration_since(now)),
+            waiters: state.map_or(0, |s| s.queue.len()),
+        }
+    }
+
+    fn lock(
         &mut self,
         owner: OwnerId,
-        mut keys: Vec<Key>,
+        keys: Vec<Key>,
         wait: Wait,
         lease: Option<Duration>,
-        now: Instant,
+        now: Time,
     ) -> LockResult {
-        keys.sort_unstable();
-        keys.dedup();
+        if self.closed {
+            return LockResult::ShuttingDown;
+        }
+        let keys = dedup(keys);
         let unavailable: Vec<Key> = keys
             .iter()
             .filter(|k| !self.free_for_newcomer(k, owner))
@@ -313,9 +287,11 @@ impl LockTable {
         }
         let deadline = match wait {
             Wait::No => return LockResult::Busy(unavailable),
-            Wait::Until(t) if t <= now => return LockResult::Busy(unavailable),
-            Wait::Until(t) => Some(t),
             Wait::Forever => None,
+            Wait::For(d) => match now.checked_add(d) {
+                Some(t) if t <= now => return LockResult::Busy(unavailable),
+                t => t,
+            },
         };
         if self.waiters.len() >= self.limits.max_waiters {
             return LockResult::LimitReached("waiters");
@@ -327,52 +303,58 @@ impl LockTable {
         }
         self.owners.entry(owner).or_default().waiting.push(req);
         if let Some(t) = deadline {
-            self.timeouts.push(Reverse((t, req)));
+            self.deadlines.push_timeout((t, req));
         }
-        self.waiters.insert(req, Waiter { owner, keys, lease });
+        self.waiters.insert(
+            req,
+            Waiter {
+                owner,
+                keys,
+                lease,
+                deadline,
+            },
+        );
         self.compact_heaps();
         LockResult::Waiting(req)
     }
 
-    /// Releases the named keys held by `owner`, or, when `fence` is given,
-    /// held under that token by any owner.
-    pub fn unlock(
+    /// Returns the named keys that were not held.
+    fn unlock(
         &mut self,
         owner: OwnerId,
         keys: Vec<Key>,
         fence: Option<u64>,
-        now: Instant,
-    ) -> ReleaseResult {
-        let mut result = ReleaseResult::default();
+        now: Time,
+        woken: &mut Vec<Woken>,
+    ) -> Vec<Key> {
+        let mut not_held = Vec::new();
         let mut work = Vec::new();
         for k in dedup(keys) {
             if self.is_held_by(&k, owner, fence) {
                 self.release(&k);
                 work.push(k);
             } else {
-                result.not_held.push(k);
+                not_held.push(k);
             }
         }
-        self.pump(work, now, &mut result.woken);
-        result
+        self.pump(work, now, woken);
+        not_held
     }
 
-    /// Sets the lease of the named held keys to `now + lease` (see
-    /// [`LockTable::unlock`] for which keys count as held). A key held without
-    /// a lease becomes a lease and so outlives its connection.
-    pub fn renew(
+    /// Returns the named keys that were not held.
+    fn renew(
         &mut self,
         owner: OwnerId,
         keys: Vec<Key>,
         fence: Option<u64>,
         lease: Duration,
-        now: Instant,
-    ) -> ReleaseResult {
-        let mut result = ReleaseResult::default();
-        let deadline = now + lease;
+        now: Time,
+    ) -> Vec<Key> {
+        let mut not_held = Vec::new();
+        let deadline = now.saturating_add(lease);
         for k in dedup(keys) {
             if !self.is_held_by(&k, owner, fence) {
-                result.not_held.push(k);
+                not_held.push(k);
                 continue;
             }
             let Some(slot) = self.keys.slot(&k) else {
@@ -391,19 +373,15 @@ impl LockTable {
                 }
                 self.forget_owner_if_idle(holder);
             }
-            self.leases.push(Reverse((deadline, fence, slot)));
+            self.deadlines.push_lease((deadline, fence, slot));
         }
         self.compact_heaps();
-        result
+        not_held
     }
 
-    /// Ends everything `owner` has that is tied to its connection: its
-    /// waiting requests are withdrawn (never granted) and its keys held
-    /// without a lease are released. Leases stay until they expire.
-    pub fn disconnect(&mut self, owner: OwnerId, now: Instant) -> Disconnected {
-        let mut out = Disconnected::default();
+    fn disconnect(&mut self, owner: OwnerId, now: Time, out: &mut Output) {
         let Some(state) = self.owners.remove(&owner) else {
-            return out;
+            return;
         };
         let mut work = Vec::new();
         for req in state.waiting {
@@ -418,49 +396,31 @@ impl LockTable {
         }
         self.pump(work, now, &mut out.woken);
         self.compact_heaps();
-        out
     }
 
-    /// Withdraws every waiting request, for a server that is stopping: no
-    /// waiter is granted afterwards, whoever releases what. Returns the
+    /// Withdraws every waiting request and refuses later ones; returns the
     /// withdrawn requests.
-    pub fn withdraw_all(&mut self) -> Vec<ReqId> {
-        let reqs: Vec<ReqId> = self.waiters.keys().copied().collect();
+    fn close(&mut self) -> Vec<ReqId> {
+        self.closed = true;
+        let waiters = std::mem::take(&mut self.waiters);
         // Nobody is left to pump keys to.
         let mut fronts_changed = Vec::new();
-        for &req in &reqs {
-            if let Some(w) = self.waiters.remove(&req) {
-                self.dequeue(req, &w.keys, &mut fronts_changed);
-                if let Some(o) = self.owners.get_mut(&w.owner) {
-                    o.waiting.clear();
-                }
-                self.forget_owner_if_idle(w.owner);
+        for (&req, w) in &waiters {
+            self.dequeue(req, &w.keys, &mut fronts_changed);
+            if let Some(o) = self.owners.get_mut(&w.owner) {
+                o.waiting.clear();
             }
+            self.forget_owner_if_idle(w.owner);
         }
-        self.timeouts.clear();
-        reqs
-    }
-
-    /// The earliest instant at which [`LockTable::advance`] has work to do.
-    pub fn next_deadline(&self) -> Option<Instant> {
-        let lease = self.leases.peek().map(|Reverse((t, _, _))| *t);
-        let timeout = self.timeouts.peek().map(|Reverse((t, _))| *t);
-        match (lease, timeout) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.deadlines.clear_timeouts();
+        waiters.into_keys().collect()
     }
 
     /// Expires the leases and wait limits due at `now`. Leases go first, so a
     /// waiter whose limit falls at the same instant a lease ends gets the key.
-    pub fn advance(&mut self, now: Instant) -> Advanced {
-        let mut out = Advanced::default();
+    fn advance(&mut self, now: Time, out: &mut Output) {
         let mut work = Vec::new();
-        while let Some(Reverse((t, fence, slot))) = self.leases.peek().copied() {
-            if t > now {
-                break;
-            }
-            self.leases.pop();
+        while let Some((t, fence, slot)) = self.deadlines.pop_lease_due(now) {
             let expired = self.keys.at(slot).and_then(|(k, s)| {
                 s.hold
                     .as_ref()
@@ -474,11 +434,7 @@ impl LockTable {
             }
         }
         self.pump(work, now, &mut out.woken);
-        while let Some(Reverse((t, req))) = self.timeouts.peek().copied() {
-            if t > now {
-                break;
-            }
-            self.timeouts.pop();
+        while let Some((_, req)) = self.deadlines.pop_timeout_due(now) {
             let Some(w) = self.waiters.remove(&req) else {
                 continue;
             };
@@ -503,332 +459,11 @@ impl LockTable {
             self.forget_owner_if_idle(w.owner);
         }
         self.compact_heaps();
-        out
-    }
-
-    /// What the table knows of `key` at `now`.
-    pub fn inspect(&self, key: &str, now: Instant) -> KeyView {
-        let state = self.keys.get(key);
-        let hold = state.and_then(|s| s.hold.as_ref());
-        KeyView {
-            holder: hold.map(|h| (h.owner, h.fence)),
-            lease_remaining: hold
-                .and_then(|h| h.lease)
-                .map(|t| t.saturating_duration_since(now)),
-            waiters: state.map_or(0, |s| s.queue.len()),
-        }
-    }
-
-    /// Checks the table's internal invariants; used by tests and the torture
-    /// checker. Returns a description of the first violation found.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let mut held = 0;
-        let mut leases = 0;
-        for (k, s) in self.keys.iter() {
-            if s.hold.is_none() && s.queue.is_empty() {
-                return Err(format!("free key {k:?} still has state"));
-            }
-            if let Some(h) = &s.hold {
-                held += 1;
-                if h.fence >= self.next_fence {
-                    return Err(format!("key {k:?} has fence {} not below next", h.fence));
-                }
-                match h.lease {
-                    Some(_) => leases += 1,
-                    None => {
-                        let bound = self
-                            .owners
-                            .get(&h.owner)
-                            .is_some_and(|o| o.bound.contains(k));
-                        if !bound {
-                            return Err(format!(
-                                "connection-bound key {k:?} missing from its owner"
-                            ));
-                        }
-                    }
-                }
-            }
-            for r in s.queue.iter() {
-                let w = self
-                    .waiters
-                    .get(r)
-                    .ok_or(format!("queue of {k:?} has gone request {r}"))?;
-                if !w.keys.contains(k) {
-                    return Err(format!("request {r} queued on {k:?} it did not ask for"));
-                }
-            }
-            if let Some(front) = s.queue.first() {
-                if self.grantable(*front) {
-                    return Err(format!("request {front} is grantable but waits on {k:?}"));
-                }
-            }
-        }
-        if held != self.held_keys || leases != self.live_leases {
-            return Err(format!(
-                "counters off: held {held} vs {}, leases {leases} vs {}",
-                self.held_keys, self.live_leases
-            ));
-        }
-        for (r, w) in &self.waiters {
-            for k in &w.keys {
-                let queued = self.keys.get(k).is_some_and(|s| s.queue.contains(r));
-                if !queued {
-                    return Err(format!("waiter {r} missing from queue of {k:?}"));
-                }
-            }
-            if !self
-                .owners
-                .get(&w.owner)
-                .is_some_and(|o| o.waiting.contains(r))
-            {
-                return Err(format!("waiter {r} missing from its owner"));
-            }
-        }
-        for (o, st) in &self.owners {
-            if st.bound.is_empty() && st.waiting.is_empty() {
-                return Err(format!("owner {o} has empty state"));
-            }
-            for k in &st.bound {
-                let ok = self
-                    .keys
-                    .get(k)
-                    .and_then(|s| s.hold.as_ref())
-                    .is_some_and(|h| h.owner == *o && h.lease.is_none());
-                if !ok {
-                    return Err(format!("owner {o} lists {k:?} it does not hold"));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn holder(&self, key: &str) -> Option<OwnerId> {
-        self.keys
-            .get(key)
-            .and_then(|s| s.hold.as_ref())
-            .map(|h| h.owner)
-    }
-
-    fn is_held_by(&self, key: &str, owner: OwnerId, fence: Option<u64>) -> bool {
-        let hold = self.keys.get(key).and_then(|s| s.hold.as_ref());
-        match (hold, fence) {
-            (Some(h), Some(f)) => h.fence == f,
-            (Some(h), None) => h.owner == owner,
-            (None, _) => false,
-        }
-    }
-
-    /// A new request may take `key` at once: the owner holds it already, or
-    /// it is free and everyone waiting for it waits for a key this owner
-    /// holds. The exception keeps a holder that asks for one more key from
-    /// deadlocking with a waiter that wants both: the waiter cannot go before
-    /// the holder releases anyway, and the holder's requests run in order, so
-    /// its release would otherwise be stuck behind its own waiting Lock.
-    fn free_for_newcomer(&self, key: &str, owner: OwnerId) -> bool {
-        match self.keys.get(key) {
-            None => true,
-            Some(s) => match &s.hold {
-                Some(h) => h.owner == owner,
-                None => s.queue.iter().all(|r| self.waits_for_owner(*r, owner)),
-            },
-        }
-    }
-
-    /// Whether waiting request `req` needs a key that `owner` holds.
-    fn waits_for_owner(&self, req: ReqId, owner: OwnerId) -> bool {
-        self.waiters.get(&req).is_some_and(|w| {
-            w.owner != owner && w.keys.iter().any(|k| self.holder(k) == Some(owner))
-        })
-    }
-
-    /// A queued request may take `key`: the owner holds it already, or it is
-    /// free and the request is first in line.
-    fn available_to_waiter(&self, key: &str, owner: OwnerId, req: ReqId) -> bool {
-        match self.keys.get(key) {
-            None => false,
-            Some(s) => match &s.hold {
-                Some(h) => h.owner == owner,
-                None => s.queue.first() == Some(&req),
-            },
-        }
-    }
-
-    fn grantable(&self, req: ReqId) -> bool {
-        self.waiters.get(&req).is_some_and(|w| {
-            w.keys
-                .iter()
-                .all(|k| self.available_to_waiter(k, w.owner, req))
-        })
-    }
-
-    /// Gives `keys` to `owner` under a new token.
-    fn grant(
-        &mut self,
-        owner: OwnerId,
-        keys: &[Key],
-        lease: Option<Duration>,
-        now: Instant,
-    ) -> u64 {
-        let fence = self.next_fence;
-        self.next_fence += 1;
-        let deadline = lease.map(|d| now + d);
-        let owner_state = self.owners.entry(owner).or_default();
-        for k in keys {
-            let (slot, state) = self.keys.get_or_default(k);
-            let previous = state.hold.replace(Hold {
-                owner,
-                fence,
-                lease: deadline,
-            });
-            match previous {
-                None => self.held_keys += 1,
-                Some(p) if p.lease.is_some() => self.live_leases -= 1,
-                Some(_) => {}
-            }
-            match deadline {
-                Some(t) => {
-                    owner_state.bound.remove(k);
-                    self.live_leases += 1;
-                    self.leases.push(Reverse((t, fence, slot)));
-                }
-                None => {
-                    owner_state.bound.insert(k.clone());
-                }
-            }
-        }
-        self.forget_owner_if_idle(owner);
-        self.compact_heaps();
-        fence
-    }
-
-    /// Clears the hold on `key`; the caller pumps the key afterwards.
-    fn release(&mut self, key: &Key) {
-        let Some(hold) = self.keys.get_mut(key).and_then(|s| s.hold.take()) else {
-            return;
-        };
-        self.held_keys -= 1;
-        if hold.lease.is_some() {
-            self.live_leases -= 1;
-        } else if let Some(o) = self.owners.get_mut(&hold.owner) {
-            o.bound.remove(key);
-            self.forget_owner_if_idle(hold.owner);
-        }
-    }
-
-    /// Removes a withdrawn request from its queues; keys whose front changed
-    /// go to `work` for pumping.
-    fn dequeue(&mut self, req: ReqId, keys: &[Key], work: &mut Vec<Key>) {
-        for k in keys {
-            if let Some(s) = self.keys.get_mut(k) {
-                if s.queue.first() == Some(&req) {
-                    work.push(k.clone());
-                }
-                s.queue.remove(&req);
-                if s.hold.is_none() && s.queue.is_empty() {
-                    self.keys.remove(k);
-                }
-            }
-        }
-    }
-
-    /// Grants every waiter that became grantable because the keys in `work`
-    /// changed. A waiter is usually first in a queue; the exception is a key
-    /// its own owner holds, so after each grant the owner's other waiting
-    /// requests are checked too.
-    fn pump(&mut self, mut work: Vec<Key>, now: Instant, woken: &mut Vec<Woken>) {
-        let mut candidates: Vec<ReqId> = Vec::new();
-        loop {
-            let req = if let Some(r) = candidates.pop() {
-                r
-            } else if let Some(k) = work.pop() {
-                let Some(state) = self.keys.get(&k) else {
-                    continue;
-                };
-                match state.queue.first() {
-                    Some(&front) => front,
-                    None => {
-                        if state.hold.is_none() {
-                            self.keys.remove(&k);
-                        }
-                        continue;
-                    }
-                }
-            } else {
-                break;
-            };
-            if !self.grantable(req) {
-                continue;
-            }
-            let Some(w) = self.waiters.remove(&req) else {
-                continue;
-            };
-            if let Some(o) = self.owners.get_mut(&w.owner) {
-                o.waiting.retain(|r| *r != req);
-                candidates.extend(o.waiting.iter().rev().copied());
-            }
-            let newly_held = w
-                .keys
-                .iter()
-                .filter(|k| self.holder(k) != Some(w.owner))
-                .count();
-            if self.held_keys + newly_held > self.limits.max_held_keys {
-                // Withdrawn like a timeout: the keys it queued on move on.
-                self.dequeue(req, &w.keys, &mut work);
-                self.forget_owner_if_idle(w.owner);
-                woken.push(Woken {
-                    req,
-                    owner: w.owner,
-                    keys: w.keys,
-                    wake: Wake::LimitReached,
-                });
-                continue;
-            }
-            for key in &w.keys {
-                if let Some(s) = self.keys.get_mut(key) {
-                    s.queue.remove(&req);
-                }
-            }
-            let fence = self.grant(w.owner, &w.keys, w.lease, now);
-            work.extend(w.keys.iter().cloned());
-            woken.push(Woken {
-                req,
-                owner: w.owner,
-                keys: w.keys,
-                wake: Wake::Granted { fence },
-            });
-        }
-    }
-
-    fn forget_owner_if_idle(&mut self, owner: OwnerId) {
-        if self
-            .owners
-            .get(&owner)
-            .is_some_and(|o| o.bound.is_empty() && o.waiting.is_empty())
-        {
-            self.owners.remove(&owner);
-        }
-    }
-
-    /// Rebuilds a heap once stale entries outnumber live ones, so memory
-    /// stays proportional to live leases and waiters.
-    fn compact_heaps(&mut self) {
-        if self.leases.len() > 2 * self.live_leases + HEAP_SLACK {
-            let keys = &self.keys;
-            self.leases.retain(|Reverse((t, f, slot))| {
-                keys.at(*slot)
-                    .and_then(|(_, s)| s.hold.as_ref())
-                    .is_some_and(|h| h.fence == *f && h.lease == Some(*t))
-            });
-        }
-        if self.timeouts.len() > 2 * self.waiters.len() + HEAP_SLACK {
-            let waiters = &self.waiters;
-            self.timeouts
-                .retain(|Reverse((_, r))| waiters.contains_key(r));
-        }
     }
 }
 
 fn dedup(mut keys: Vec<Key>) -> Vec<Key> {
+    // Distinct keys after dedup, so the unstable sort's order is the only one.
     keys.sort_unstable();
     keys.dedup();
     keys

@@ -2,15 +2,20 @@
 //!
 //! The model keeps the rules in their plainest form: a list of waiting
 //! requests in arrival order, and a request may take a key when the key is its
-//! owner's already, or free and wanted by no earlier waiting request. After
-//! every step of a random history the table must agree with the model on who
-//! holds what, who waits, who was granted or timed out, and the table's own
-//! invariants must hold.
+//! owner's already, or free and wanted by no earlier waiting request; when a
+//! change lets several waiters in, the earliest goes first. The model hands
+//! out fencing tokens itself. After every step of a random history the table
+//! must agree with the model on who holds what, who waits, and exactly which
+//! requests were granted or timed out, in which order, under which token;
+//! and the table's own invariants must hold.
 
-use dlock_server::table::{Key, LockResult, LockTable, OwnerId, ReqId, TableLimits, Wait, Wake};
+use dlock_server::table::{
+    Command, Key, LockResult, LockTable, Output, OwnerId, Reply, ReqId, TableLimits, Time, Wait,
+    Wake, Woken,
+};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const KEYS: [&str; 5] = ["a", "b", "c", "d", "e"];
 
@@ -72,7 +77,7 @@ fn op() -> impl Strategy<Value = Op> {
 struct Holder {
     owner: OwnerId,
     fence: u64,
-    lease: Option<Instant>,
+    lease: Option<Time>,
 }
 
 #[derive(Debug, Clone)]
@@ -80,14 +85,21 @@ struct Waiting {
     req: ReqId,
     owner: OwnerId,
     keys: BTreeSet<Key>,
-    deadline: Option<Instant>,
+    deadline: Option<Time>,
     lease: Option<Duration>,
 }
 
-#[derive(Default)]
+/// What the model expects a waiting request to come to, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Event {
+    Granted(ReqId, u64),
+    TimedOut(ReqId, Vec<Key>),
+}
+
 struct Model {
     holders: BTreeMap<Key, Holder>,
     waiting: Vec<Waiting>,
+    next_fence: u64,
 }
 
 impl Model {
@@ -111,17 +123,11 @@ impl Model {
             .any(|k| self.holders.get(k).is_some_and(|h| h.owner == owner))
     }
 
-    fn grant(&mut self, owner: OwnerId, keys: &BTreeSet<Key>, fence: u64, lease: Option<Instant>) {
+    /// Gives `keys` to `owner` under the next token; returns the token.
+    fn grant(&mut self, owner: OwnerId, keys: &BTreeSet<Key>, lease: Option<Time>) -> u64 {
+        let fence = self.next_fence;
+        self.next_fence += 1;
         for k in keys {
-            // Several waiters of one owner may be granted in one step, in an
-            // order the model does not fix; the key carries the newest grant.
-            if self
-                .holders
-                .get(k)
-                .is_some_and(|h| h.owner == owner && h.fence > fence)
-            {
-                continue;
-            }
             self.holders.insert(
                 k.clone(),
                 Holder {
@@ -131,31 +137,93 @@ impl Model {
                 },
             );
         }
+        fence
     }
 
-    /// Grants waiters in arrival order until none can be; returns who was granted.
-    fn settle(&mut self, now: Instant, fences: &BTreeMap<ReqId, u64>) -> BTreeSet<ReqId> {
-        let mut granted = BTreeSet::new();
+    /// Grants the earliest waiter that may go, again and again until none
+    /// can; appends the grants to `events` in order.
+    fn settle(&mut self, now: Time, events: &mut Vec<Event>) {
         while let Some(i) = (0..self.waiting.len()).find(|&i| {
             let w = &self.waiting[i];
             w.keys.iter().all(|k| self.may_take(i, k, w.owner))
         }) {
             let w = self.waiting.remove(i);
-            let fence = fences.get(&w.req).copied().unwrap_or(0);
-            self.grant(w.owner, &w.keys, fence, w.lease.map(|d| now + d));
-            granted.insert(w.req);
+            let fence = self.grant(w.owner, &w.keys, w.lease.map(|d| at(now, d)));
+            events.push(Event::Granted(w.req, fence));
         }
-        granted
     }
+}
+
+fn at(now: Time, d: Duration) -> Time {
+    now.checked_add(d).expect("model times stay small")
+}
+
+/// The table's wake-ups as the model's events. The model's limits are never
+/// reached.
+fn events(woken: &[Woken]) -> Vec<Event> {
+    woken
+        .iter()
+        .map(|w| match &w.wake {
+            Wake::Granted { fence } => Event::Granted(w.req, *fence),
+            Wake::TimedOut(busy) => Event::TimedOut(w.req, busy.clone()),
+            Wake::LimitReached => panic!("the model's limits are never reached"),
+        })
+        .collect()
+}
+
+/// Applies a Lock; it wakes nobody.
+fn lock(
+    t: &mut LockTable,
+    owner: OwnerId,
+    keys: Vec<Key>,
+    wait: Wait,
+    lease: Option<Duration>,
+    now: Time,
+) -> LockResult {
+    let cmd = Command::Lock {
+        owner,
+        keys,
+        wait,
+        lease,
+    };
+    match t.apply(cmd, now) {
+        Output {
+            reply: Reply::Lock(r),
+            woken,
+            withdrawn,
+            expired_leases: 0,
+        } if woken.is_empty() && withdrawn.is_empty() => r,
+        out => panic!("a Lock returned {out:?}"),
+    }
+}
+
+/// Applies an Unlock or Renew; returns the keys not held and the wake-ups.
+fn release(t: &mut LockTable, cmd: Command, now: Time) -> (Vec<Key>, Vec<Woken>) {
+    match t.apply(cmd, now) {
+        Output {
+            reply: Reply::NotHeld(keys),
+            woken,
+            withdrawn,
+            expired_leases: 0,
+        } if withdrawn.is_empty() => (keys, woken),
+        out => panic!("an Unlock or Renew returned {out:?}"),
+    }
+}
+
+fn disconnect(t: &mut LockTable, owner: OwnerId, now: Time) -> Output {
+    t.apply(Command::Disconnect { owner }, now)
+}
+
+fn advance(t: &mut LockTable, now: Time) -> Output {
+    t.apply(Command::Advance, now)
 }
 
 struct Harness {
     table: LockTable,
     model: Model,
-    now: Instant,
+    now: Time,
     generation: [u64; 4],
     fences: Vec<u64>,
-    last_fence: u64,
 }
 
 impl Harness {
@@ -167,29 +235,16 @@ impl Harness {
         Duration::from_secs(n)
     }
 
-    /// Applies the table's wake-ups to the model and checks they are exactly
-    /// what the model predicts.
-    fn check_woken(
-        &mut self,
-        woken: Vec<dlock_server::table::Woken>,
-        expect_granted: impl FnOnce(&mut Model, &BTreeMap<ReqId, u64>) -> BTreeSet<ReqId>,
-    ) {
-        let mut fences = BTreeMap::new();
-        for w in &woken {
-            if let Wake::Granted { fence } = w.wake {
-                assert!(
-                    fence > self.last_fence,
-                    "fence {fence} not above {}",
-                    self.last_fence
-                );
-                self.last_fence = fence;
+    /// Records the tokens the table handed out, for Unlock and Renew by
+    /// fence, and checks them against the model's events.
+    fn check_events(&mut self, woken: &[Woken], expected: Vec<Event>) {
+        let actual = events(woken);
+        assert_eq!(actual, expected, "wake-ups differ from the model's");
+        for e in actual {
+            if let Event::Granted(_, fence) = e {
                 self.fences.push(fence);
-                fences.insert(w.req, fence);
             }
         }
-        let predicted = expect_granted(&mut self.model, &fences);
-        let actual: BTreeSet<ReqId> = fences.keys().copied().collect();
-        assert_eq!(actual, predicted, "granted set differs from the model");
     }
 
     fn step(&mut self, op: &Op) {
@@ -207,20 +262,19 @@ impl Harness {
                 let set: BTreeSet<Key> = keys(&names).into_iter().collect();
                 let wait_mode = match (no_wait, wait) {
                     (true, _) => Wait::No,
-                    (false, Some(t)) => Wait::Until(now + self.tick(t)),
+                    (false, Some(t)) => Wait::For(self.tick(t)),
                     (false, None) => Wait::Forever,
                 };
                 let lease = lease.map(|t| self.tick(t));
                 let immediate = set
                     .iter()
                     .all(|k| self.model.may_take(self.model.waiting.len(), k, owner));
-                match self.table.lock(owner, keys(&names), wait_mode, lease, now) {
+                match lock(&mut self.table, owner, keys(&names), wait_mode, lease, now) {
                     LockResult::Granted { fence } => {
                         assert!(immediate, "granted {names:?} to {owner}, model says wait");
-                        assert!(fence > self.last_fence);
-                        self.last_fence = fence;
+                        let expected = self.model.grant(owner, &set, lease.map(|d| at(now, d)));
+                        assert_eq!(fence, expected, "token of an immediate grant");
                         self.fences.push(fence);
-                        self.model.grant(owner, &set, fence, lease.map(|d| now + d));
                     }
                     LockResult::Waiting(req) => {
                         assert!(!immediate, "request for {names:?} waits, model says grant");
@@ -229,10 +283,7 @@ impl Harness {
                             req,
                             owner,
                             keys: set,
-                            deadline: match wait_mode {
-                                Wait::Until(t) => Some(t),
-                                _ => None,
-                            },
+                            deadline: wait.map(|t| at(now, self.tick(t))),
                             lease,
                         });
                     }
@@ -245,7 +296,7 @@ impl Harness {
                             .collect();
                         assert_eq!(busy, expect);
                     }
-                    LockResult::LimitReached(what) => panic!("limit {what} reached"),
+                    other => panic!("{other:?}"),
                 }
             }
             Op::Unlock {
@@ -256,7 +307,12 @@ impl Harness {
                 let owner = self.owner(slot);
                 let fence = by_fence.and_then(|i| self.fences.get(i).copied());
                 let names: Vec<&str> = ks.iter().map(|i| KEYS[*i]).collect();
-                let res = self.table.unlock(owner, keys(&names), fence, now);
+                let cmd = Command::Unlock {
+                    owner,
+                    keys: keys(&names),
+                    fence,
+                };
+                let (not_held, woken) = release(&mut self.table, cmd, now);
                 let mut expect_not_held = Vec::new();
                 for k in keys(&names).into_iter().collect::<BTreeSet<_>>() {
                     let held = self.model.holders.get(&k).is_some_and(|h| match fence {
@@ -269,8 +325,10 @@ impl Harness {
                         expect_not_held.push(k);
                     }
                 }
-                assert_eq!(res.not_held, expect_not_held);
-                self.check_woken(res.woken, |m, f| m.settle(now, f));
+                assert_eq!(not_held, expect_not_held);
+                let mut expected = Vec::new();
+                self.model.settle(now, &mut expected);
+                self.check_events(&woken, expected);
             }
             Op::Renew {
                 slot,
@@ -281,57 +339,58 @@ impl Harness {
                 let owner = self.owner(slot);
                 let fence = by_fence.and_then(|i| self.fences.get(i).copied());
                 let names: Vec<&str> = ks.iter().map(|i| KEYS[*i]).collect();
-                let res = self
-                    .table
-                    .renew(owner, keys(&names), fence, self.tick(lease), now);
+                let cmd = Command::Renew {
+                    owner,
+                    keys: keys(&names),
+                    fence,
+                    lease: self.tick(lease),
+                };
+                let (not_held, woken) = release(&mut self.table, cmd, now);
                 let mut expect_not_held = Vec::new();
                 for k in keys(&names).into_iter().collect::<BTreeSet<_>>() {
                     match self.model.holders.get_mut(&k) {
                         Some(h) if fence.map_or(h.owner == owner, |f| h.fence == f) => {
-                            h.lease = Some(now + Duration::from_secs(lease));
+                            h.lease = Some(at(now, Duration::from_secs(lease)));
                         }
                         _ => expect_not_held.push(k),
                     }
                 }
-                assert_eq!(res.not_held, expect_not_held);
-                assert!(res.woken.is_empty());
+                assert_eq!(not_held, expect_not_held);
+                assert!(woken.is_empty());
             }
             Op::Disconnect { slot } => {
                 let owner = self.owner(slot);
                 self.generation[slot as usize] += 1;
-                let woken = self.table.disconnect(owner, now).woken;
+                let out = disconnect(&mut self.table, owner, now);
+                let withdrawn: Vec<ReqId> = self
+                    .model
+                    .waiting
+                    .iter()
+                    .filter(|w| w.owner == owner)
+                    .map(|w| w.req)
+                    .collect();
+                assert_eq!(out.withdrawn, withdrawn, "withdrawn requests");
                 self.model.waiting.retain(|w| w.owner != owner);
                 self.model
                     .holders
                     .retain(|_, h| h.owner != owner || h.lease.is_some());
-                self.check_woken(woken, |m, f| m.settle(now, f));
+                let mut expected = Vec::new();
+                self.model.settle(now, &mut expected);
+                self.check_events(&out.woken, expected);
             }
             Op::Advance { ticks } => {
-                self.now += self.tick(ticks);
+                self.now = at(self.now, self.tick(ticks));
                 let now = self.now;
-                let adv = self.table.advance(now);
-                let mut fences = BTreeMap::new();
-                let mut timed_out = Vec::new();
-                for w in &adv.woken {
-                    match &w.wake {
-                        Wake::Granted { fence } => {
-                            assert!(*fence > self.last_fence);
-                            self.last_fence = *fence;
-                            self.fences.push(*fence);
-                            fences.insert(w.req, *fence);
-                        }
-                        Wake::TimedOut(busy) => timed_out.push((w.req, busy.clone())),
-                        Wake::LimitReached => panic!("the model's limits are never reached"),
-                    }
-                }
-                // Leases first, then wait limits in deadline order.
+                let adv = advance(&mut self.table, now);
+                // Leases first, then wait limits in deadline order, each
+                // followed by the grants it lets in.
                 let before = self.model.holders.len();
                 self.model
                     .holders
                     .retain(|_, h| h.lease.is_none_or(|t| t > now));
                 assert_eq!(adv.expired_leases, before - self.model.holders.len());
-                let mut granted = self.model.settle(now, &fences);
-                let mut expected_timeouts = Vec::new();
+                let mut expected = Vec::new();
+                self.model.settle(now, &mut expected);
                 loop {
                     let due = self
                         .model
@@ -349,12 +408,11 @@ impl Harness {
                         .filter(|k| !self.model.may_take(i, k, w.owner))
                         .cloned()
                         .collect();
-                    expected_timeouts.push((w.req, busy));
+                    expected.push(Event::TimedOut(w.req, busy));
                     self.model.waiting.remove(i);
-                    granted.extend(self.model.settle(now, &fences));
+                    self.model.settle(now, &mut expected);
                 }
-                assert_eq!(timed_out, expected_timeouts);
-                assert_eq!(fences.keys().copied().collect::<BTreeSet<_>>(), granted);
+                self.check_events(&adv.woken, expected);
             }
         }
         self.compare();
@@ -374,7 +432,9 @@ impl Harness {
             );
             assert_eq!(
                 view.lease_remaining,
-                model.and_then(|h| h.lease).map(|t| t - self.now),
+                model
+                    .and_then(|h| h.lease)
+                    .map(|t| t.saturating_duration_since(self.now)),
                 "lease of {name}"
             );
             let waiters = self
@@ -387,6 +447,7 @@ impl Harness {
         }
         assert_eq!(self.table.waiting(), self.model.waiting.len());
         assert_eq!(self.table.held_keys(), self.model.holders.len());
+        assert_eq!(self.table.next_fence(), self.model.next_fence);
     }
 }
 
@@ -399,14 +460,16 @@ proptest! {
 
     #[test]
     fn table_agrees_with_model(ops in prop::collection::vec(op(), 1..60)) {
-        let start = Instant::now();
         let mut h = Harness {
             table: LockTable::new(limits(), 100),
-            model: Model::default(),
-            now: start,
+            model: Model {
+                holders: BTreeMap::new(),
+                waiting: Vec::new(),
+                next_fence: 100,
+            },
+            now: Time::from_micros(5_000_000),
             generation: [0; 4],
             fences: Vec::new(),
-            last_fence: 0,
         };
         for op in &ops {
             h.step(op);
@@ -426,62 +489,74 @@ fn table() -> LockTable {
     LockTable::new(limits(), 1)
 }
 
+fn unlock(owner: OwnerId, names: &[&str]) -> Command {
+    Command::Unlock {
+        owner,
+        keys: keys(names),
+        fence: None,
+    }
+}
+
 #[test]
 fn multi_key_request_is_not_starved_by_single_key_stream() {
     let mut t = table();
-    let now = Instant::now();
+    let now = Time::from_micros(1_000_000);
     assert!(matches!(
-        t.lock(1, keys(&["a"]), Wait::Forever, None, now),
+        lock(&mut t, 1, keys(&["a"]), Wait::Forever, None, now),
         LockResult::Granted { .. }
     ));
-    let LockResult::Waiting(multi) = t.lock(2, keys(&["a", "b"]), Wait::Forever, None, now) else {
+    let LockResult::Waiting(multi) = lock(&mut t, 2, keys(&["a", "b"]), Wait::Forever, None, now)
+    else {
         panic!("multi-key request should wait")
     };
     // "b" is free, but the multi-key request queued for it first.
     assert!(matches!(
-        t.lock(3, keys(&["b"]), Wait::Forever, None, now),
+        lock(&mut t, 3, keys(&["b"]), Wait::Forever, None, now),
         LockResult::Waiting(_)
     ));
-    let res = t.unlock(1, keys(&["a"]), None, now);
-    assert_eq!(res.woken.len(), 1);
-    assert_eq!(res.woken[0].req, multi);
+    let (_, woken) = release(&mut t, unlock(1, &["a"]), now);
+    assert_eq!(woken.len(), 1);
+    assert_eq!(woken[0].req, multi);
     t.check_invariants().unwrap();
 }
 
 #[test]
 fn overlapping_waiters_do_not_deadlock() {
     let mut t = table();
-    let now = Instant::now();
+    let now = Time::from_micros(1_000_000);
     assert!(matches!(
-        t.lock(1, keys(&["a", "b"]), Wait::Forever, None, now),
+        lock(&mut t, 1, keys(&["a", "b"]), Wait::Forever, None, now),
         LockResult::Granted { .. }
     ));
-    let LockResult::Waiting(r1) = t.lock(2, keys(&["a", "b"]), Wait::Forever, None, now) else {
+    let LockResult::Waiting(r1) = lock(&mut t, 2, keys(&["a", "b"]), Wait::Forever, None, now)
+    else {
         panic!()
     };
-    let LockResult::Waiting(r2) = t.lock(3, keys(&["b", "a"]), Wait::Forever, None, now) else {
+    let LockResult::Waiting(r2) = lock(&mut t, 3, keys(&["b", "a"]), Wait::Forever, None, now)
+    else {
         panic!()
     };
-    let woken = t.disconnect(1, now).woken;
+    let woken = disconnect(&mut t, 1, now).woken;
     assert_eq!(woken.iter().map(|w| w.req).collect::<Vec<_>>(), vec![r1]);
-    let woken = t.disconnect(2, now).woken;
+    let woken = disconnect(&mut t, 2, now).woken;
     assert_eq!(woken.iter().map(|w| w.req).collect::<Vec<_>>(), vec![r2]);
-    t.disconnect(3, now);
+    disconnect(&mut t, 3, now);
     assert_eq!(t.tracked_keys(), 0);
 }
 
 #[test]
 fn relocking_own_key_succeeds_at_once_with_new_fence() {
     let mut t = table();
-    let now = Instant::now();
-    let LockResult::Granted { fence: f1 } = t.lock(1, keys(&["a"]), Wait::No, None, now) else {
+    let now = Time::from_micros(1_000_000);
+    let LockResult::Granted { fence: f1 } = lock(&mut t, 1, keys(&["a"]), Wait::No, None, now)
+    else {
         panic!()
     };
     assert!(matches!(
-        t.lock(2, keys(&["a"]), Wait::Forever, None, now),
+        lock(&mut t, 2, keys(&["a"]), Wait::Forever, None, now),
         LockResult::Waiting(_)
     ));
-    let LockResult::Granted { fence: f2 } = t.lock(1, keys(&["a", "a"]), Wait::No, None, now)
+    let LockResult::Granted { fence: f2 } = lock(&mut t, 1, keys(&["a", "a"]), Wait::No, None, now)
     else {
         panic!()
     };
@@ -499,21 +574,21 @@ fn limits_are_enforced_without_side_effects() {
         },
         1,
     );
-    let now = Instant::now();
+    let now = Time::from_micros(1_000_000);
     assert_eq!(
-        t.lock(1, keys(&["a", "b", "c"]), Wait::Forever, None, now),
+        lock(&mut t, 1, keys(&["a", "b", "c"]), Wait::Forever, None, now),
         LockResult::LimitReached("held keys")
     );
     assert!(matches!(
-        t.lock(1, keys(&["a", "b"]), Wait::Forever, None, now),
+        lock(&mut t, 1, keys(&["a", "b"]), Wait::Forever, None, now),
         LockResult::Granted { .. }
     ));
     assert!(matches!(
-        t.lock(2, keys(&["a"]), Wait::Forever, None, now),
+        lock(&mut t, 2, keys(&["a"]), Wait::Forever, None, now),
         LockResult::Waiting(_)
     ));
     assert_eq!(
-        t.lock(3, keys(&["b"]), Wait::Forever, None, now),
+        lock(&mut t, 3, keys(&["b"]), Wait::Forever, None, now),
         LockResult::LimitReached("waiters")
     );
     assert_eq!(t.waiting(), 1);
@@ -523,19 +598,18 @@ fn limits_are_enforced_without_side_effects() {
 #[test]
 fn lease_expiry_hands_key_to_waiter_before_its_limit() {
     let mut t = table();
-    let now = Instant::now();
+    let now = Time::from_micros(1_000_000);
     let s = Duration::from_secs(1);
     assert!(matches!(
-        t.lock(1, keys(&["a"]), Wait::No, Some(2 * s), now),
+        lock(&mut t, 1, keys(&["a"]), Wait::No, Some(2 * s), now),
         LockResult::Granted { .. }
     ));
-    let LockResult::Waiting(r) = t.lock(2, keys(&["a"]), Wait::Until(now + 2 * s), None, now)
-    else {
+    let LockResult::Waiting(r) = lock(&mut t, 2, keys(&["a"]), Wait::For(2 * s), None, now) else {
         panic!()
     };
-    assert_eq!(t.next_deadline(), Some(now + 2 * s));
-    assert!(t.advance(now + s).woken.is_empty());
-    let adv = t.advance(now + 2 * s);
+    assert_eq!(t.next_deadline(), Some(at(now, 2 * s)));
+    assert!(advance(&mut t, at(now, s)).woken.is_empty());
+    let adv = advance(&mut t, at(now, 2 * s));
     assert_eq!(adv.expired_leases, 1);
     assert!(
         matches!(adv.woken.as_slice(), [w] if w.req == r && matches!(w.wake, Wake::Granted { .. }))
@@ -545,9 +619,10 @@ fn lease_expiry_hands_key_to_waiter_before_its_limit() {
 #[test]
 fn renewing_often_keeps_heap_bounded() {
     let mut t = table();
-    let now = Instant::now();
+    let now = Time::from_micros(1_000_000);
     assert!(matches!(
-        t.lock(
+        lock(
+            &mut t,
             1,
             keys(&["a"]),
             Wait::No,
@@ -557,14 +632,14 @@ fn renewing_often_keeps_heap_bounded() {
         LockResult::Granted { .. }
     ));
     for i in 0..10_000u64 {
-        let res = t.renew(
-            1,
-            keys(&["a"]),
-            None,
-            Duration::from_secs(10),
-            now + Duration::from_millis(i),
-        );
-        assert!(res.not_held.is_empty());
+        let renew = Command::Renew {
+            owner: 1,
+            keys: keys(&["a"]),
+            fence: None,
+            lease: Duration::from_secs(10),
+        };
+        let (not_held, _) = release(&mut t, renew, at(now, Duration::from_millis(i)));
+        assert!(not_held.is_empty());
         assert!(
             t.deadline_entries() <= 2 + 64,
             "stale deadlines pile up: {}",
@@ -572,9 +647,9 @@ fn renewing_often_keeps_heap_bounded() {
         );
     }
     // Only the newest deadline is live; the stale ones were compacted away.
-    let adv = t.advance(now + Duration::from_secs(10));
+    let adv = advance(&mut t, at(now, Duration::from_secs(10)));
     assert_eq!(adv.expired_leases, 0);
-    let adv = t.advance(now + Duration::from_secs(20));
+    let adv = advance(&mut t, at(now, Duration::from_secs(20)));
     assert_eq!(adv.expired_leases, 1);
     assert_eq!(t.next_deadline(), None);
 }
@@ -582,26 +657,27 @@ fn renewing_often_keeps_heap_bounded() {
 #[test]
 fn holder_asking_for_one_more_key_passes_a_waiter_blocked_on_it() {
     let mut t = table();
-    let now = Instant::now();
+    let now = Time::from_micros(1_000_000);
     assert!(matches!(
-        t.lock(1, keys(&["x"]), Wait::No, None, now),
+        lock(&mut t, 1, keys(&["x"]), Wait::No, None, now),
         LockResult::Granted { .. }
     ));
-    let LockResult::Waiting(both) = t.lock(2, keys(&["x", "y"]), Wait::Forever, None, now) else {
+    let LockResult::Waiting(both) = lock(&mut t, 2, keys(&["x", "y"]), Wait::Forever, None, now)
+    else {
         panic!("waits for x")
     };
     // Strict FIFO would queue owner 1 behind owner 2 on y while owner 2 waits
     // for owner 1's x: a deadlock. Owner 2 cannot go first anyway.
     assert!(matches!(
-        t.lock(1, keys(&["y"]), Wait::No, None, now),
+        lock(&mut t, 1, keys(&["y"]), Wait::No, None, now),
         LockResult::Granted { .. }
     ));
     // Someone holding nothing still queues behind the waiter.
     assert!(matches!(
-        t.lock(3, keys(&["y"]), Wait::No, None, now),
+        lock(&mut t, 3, keys(&["y"]), Wait::No, None, now),
         LockResult::Busy(_)
     ));
-    let woken = t.disconnect(1, now).woken;
+    let woken = disconnect(&mut t, 1, now).woken;
     assert_eq!(woken.iter().map(|w| w.req).collect::<Vec<_>>(), vec![both]);
     t.check_invariants().unwrap();
 }
@@ -615,15 +691,16 @@ fn waiter_that_would_exceed_held_keys_limit_is_withdrawn() {
         },
         1,
     );
-    let now = Instant::now();
+    let now = Time::from_micros(1_000_000);
     assert!(matches!(
-        t.lock(1, keys(&["a"]), Wait::No, None, now),
+        lock(&mut t, 1, keys(&["a"]), Wait::No, None, now),
         LockResult::Granted { .. }
     ));
-    let LockResult::Waiting(r) = t.lock(2, keys(&["a", "b", "c"]), Wait::Forever, None, now) else {
+    let LockResult::Waiting(r) = lock(&mut t, 2, keys(&["a", "b", "c"]), Wait::Forever, None, now)
+    else {
         panic!()
     };
-    let woken = t.unlock(1, keys(&["a"]), None, now).woken;
+    let (_, woken) = release(&mut t, unlock(1, &["a"]), now);
     assert!(matches!(woken.as_slice(), [w] if w.req == r && w.wake == Wake::LimitReached));
     assert_eq!((t.held_keys(), t.waiting(), t.tracked_keys()), (0, 0, 0));
     t.check_invariants().unwrap();

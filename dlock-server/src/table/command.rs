@@ -1,0 +1,155 @@
+//! The table's input and output: one [`Command`] in, one [`Output`] out.
+//!
+//! Everything that changes the table is a command, including the decisions
+//! the server takes on its own (releasing a grant nobody received, stopping),
+//! so a log of `(command, time)` pairs replays to the same state and the
+//! same outputs.
+
+use super::{Key, OwnerId, ReqId, Wait};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// A change to the lock table, applied by [`super::LockTable::apply`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Asks for all of `keys` at once for `owner`.
+    ///
+    /// Duplicate keys are folded. Keys the owner already holds count as
+    /// available, and are re-granted under the new token and lease. `lease`
+    /// of `None` means the keys are held until unlocked or until the owner
+    /// disconnects. Answered with [`Reply::Lock`].
+    Lock {
+        /// Who asks.
+        owner: OwnerId,
+        /// The keys, in any order.
+        keys: Vec<Key>,
+        /// How long it may wait, from the command's time.
+        wait: Wait,
+        /// How long the keys are held once granted, from the grant's time.
+        lease: Option<Duration>,
+    },
+    /// Releases the named keys held by `owner`, or, when `fence` is given,
+    /// held under that token by any owner. Answered with [`Reply::NotHeld`].
+    Unlock {
+        /// Who asks.
+        owner: OwnerId,
+        /// The keys to release.
+        keys: Vec<Key>,
+        /// The token the keys must be held under, if any.
+        fence: Option<u64>,
+    },
+    /// Sets the lease of the named held keys (see [`Command::Unlock`] for
+    /// which count as held) to end `lease` after the command's time. A key
+    /// held without a lease becomes a lease and so outlives its owner's
+    /// connection. Answered with [`Reply::NotHeld`].
+    Renew {
+        /// Who asks.
+        owner: OwnerId,
+        /// The keys whose lease moves.
+        keys: Vec<Key>,
+        /// The token the keys must be held under, if any.
+        fence: Option<u64>,
+        /// The new lease, from the command's time.
+        lease: Duration,
+    },
+    /// A waiting request was granted but its requester will never learn it
+    /// (its connection went away first): the keys are released as by an
+    /// Unlock with the grant's token, so no lease outlives a client that
+    /// never knew it held one.
+    Undelivered {
+        /// The keys of the grant.
+        keys: Vec<Key>,
+        /// The grant's fencing token.
+        fence: u64,
+    },
+    /// `owner`'s connection ended: its waiting requests are withdrawn (never
+    /// granted) and its keys held without a lease are released. Leases stay
+    /// until they expire.
+    Disconnect {
+        /// Whose connection ended.
+        owner: OwnerId,
+    },
+    /// The server is stopping: every waiting request is withdrawn and every
+    /// later Lock is answered [`LockResult::ShuttingDown`], so keys released
+    /// from now on are handed to nobody. Unlock, Renew and time still work.
+    Close,
+    /// Time has reached the command's time: leases and wait limits due by
+    /// then expire. The only command that expires anything: the others run
+    /// at their time but leave what fell due before it for the next Advance,
+    /// so expiry happens at the points the caller (or the log) chose.
+    Advance,
+}
+
+/// What a command did, for the caller to deliver.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// The answer to the command itself.
+    pub reply: Reply,
+    /// Waiting requests that finished as a consequence, in the order they
+    /// were decided: fencing tokens of grants increase along it.
+    pub woken: Vec<Woken>,
+    /// Waiting requests withdrawn without an outcome (Disconnect of their
+    /// owner, Close), in request order.
+    pub withdrawn: Vec<ReqId>,
+    /// Keys whose lease ran out (Advance).
+    pub expired_leases: usize,
+}
+
+/// The part of an [`Output`] that answers the command itself.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// The command has no answer of its own: Undelivered, Disconnect, Close,
+    /// Advance.
+    #[default]
+    None,
+    /// What became of a Lock.
+    Lock(LockResult),
+    /// Unlock and Renew: the named keys that were not held, sorted; all
+    /// others were acted on.
+    NotHeld(Vec<Key>),
+}
+
+/// What became of a Lock request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockResult {
+    /// All keys are now held under this fencing token.
+    Granted {
+        /// The fencing token of the grant.
+        fence: u64,
+    },
+    /// The request waits; its outcome comes later as a [`Woken`].
+    Waiting(ReqId),
+    /// `Wait::No` and these keys were not available.
+    Busy(Vec<Key>),
+    /// The named limit would be exceeded; nothing changed.
+    LimitReached(&'static str),
+    /// The table was closed ([`Command::Close`]); nothing changed.
+    ShuttingDown,
+}
+
+/// The outcome of a request that had to wait.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wake {
+    /// The request holds its keys under this fencing token.
+    Granted {
+        /// The fencing token of the grant.
+        fence: u64,
+    },
+    /// The wait limit passed; these keys were still unavailable.
+    TimedOut(Vec<Key>),
+    /// Granting it would have exceeded the held-keys limit; it was withdrawn.
+    LimitReached,
+}
+
+/// A waiting request that finished, for the caller to answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Woken {
+    /// The request, as returned in [`LockResult::Waiting`].
+    pub req: ReqId,
+    /// Its owner.
+    pub owner: OwnerId,
+    /// The keys it asked for, sorted, without duplicates.
+    pub keys: Vec<Key>,
+    /// What happened to it.
+    pub wake: Wake,
+}

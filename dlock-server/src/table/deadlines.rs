@@ -1,0 +1,118 @@
+//! The table's two deadline heaps: when leases end and when wait limits
+//! pass.
+//!
+//! Entries are removed lazily: a renewed lease or a granted waiter leaves a
+//! stale entry that is skipped when it surfaces, and a heap is rebuilt when
+//! its stale entries outnumber the live ones, so it stays proportional to
+//! live state. Every entry is a tuple ordered in full (a lease by deadline,
+//! then fence, then slot; a wait limit by deadline, then request), so the
+//! order in which entries surface depends only on which entries there are,
+//! not on the heap's layout: a heap rebuilt from a snapshot pops in the same
+//! order as the one it was taken from.
+
+use super::{ReqId, Time};
+use crate::keymap::Slot;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// A lease entry: (deadline, fence, slot). The fence tells a live lease from
+/// a stale entry, even after the slot has been reused by another key.
+pub(super) type LeaseEntry = (Time, u64, Slot);
+
+/// A wait-limit entry: (deadline, request).
+pub(super) type TimeoutEntry = (Time, ReqId);
+
+/// Heaps get rebuilt when they hold this many more entries than live ones;
+/// the slack keeps rebuilds rare for small tables.
+const HEAP_SLACK: usize = 64;
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub(super) struct Deadlines {
+    leases: BinaryHeap<Reverse<LeaseEntry>>,
+    timeouts: BinaryHeap<Reverse<TimeoutEntry>>,
+}
+
+impl Deadlines {
+    /// Heaps holding exactly these entries.
+    pub(super) fn from_entries(leases: Vec<LeaseEntry>, timeouts: Vec<TimeoutEntry>) -> Self {
+        Deadlines {
+            leases: leases.into_iter().map(Reverse).collect(),
+            timeouts: timeouts.into_iter().map(Reverse).collect(),
+        }
+    }
+
+    pub(super) fn push_lease(&mut self, entry: LeaseEntry) {
+        self.leases.push(Reverse(entry));
+    }
+
+    pub(super) fn push_timeout(&mut self, entry: TimeoutEntry) {
+        self.timeouts.push(Reverse(entry));
+    }
+
+    /// Removes and returns the earliest lease entry due at `now`.
+    pub(super) fn pop_lease_due(&mut self, now: Time) -> Option<LeaseEntry> {
+        let &Reverse(entry) = self.leases.peek()?;
+        (entry.0 <= now).then(|| {
+            self.leases.pop();
+            entry
+        })
+    }
+
+    /// Removes and returns the earliest wait-limit entry due at `now`.
+    pub(super) fn pop_timeout_due(&mut self, now: Time) -> Option<TimeoutEntry> {
+        let &Reverse(entry) = self.timeouts.peek()?;
+        (entry.0 <= now).then(|| {
+            self.timeouts.pop();
+            entry
+        })
+    }
+
+    /// The earliest deadline of either kind, stale entries included (an
+    /// early wake-up that finds nothing to do is harmless).
+    pub(super) fn next(&self) -> Option<Time> {
+        let lease = self.leases.peek().map(|Reverse((t, _, _))| *t);
+        let timeout = self.timeouts.peek().map(|Reverse((t, _))| *t);
+        match (lease, timeout) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Entries in both heaps, live and stale.
+    pub(super) fn len(&self) -> usize {
+        self.leases.len() + self.timeouts.len()
+    }
+
+    /// Forgets every wait limit: nobody waits any more.
+    pub(super) fn clear_timeouts(&mut self) {
+        self.timeouts.clear();
+    }
+
+    /// Rebuilds a heap once its stale entries outnumber live ones, so memory
+    /// stays proportional to live leases and waiters. The counts decide when,
+    /// the predicates which entries stay.
+    pub(super) fn compact(
+        &mut self,
+        live_leases: usize,
+        waiters: usize,
+        lease_is_live: impl Fn(&LeaseEntry) -> bool,
+        timeout_is_live: impl Fn(ReqId) -> bool,
+    ) {
+        if self.leases.len() > 2 * live_leases + HEAP_SLACK {
+            self.leases.retain(|Reverse(e)| lease_is_live(e));
+        }
+        if self.timeouts.len() > 2 * waiters + HEAP_SLACK {
+            self.timeouts.retain(|Reverse((_, r))| timeout_is_live(*r));
+        }
+    }
+
+    /// Every entry, sorted: the heaps' contents without their layout.
+    pub(super) fn entries(&self) -> (Vec<LeaseEntry>, Vec<TimeoutEntry>) {
+        let mut leases: Vec<LeaseEntry> = self.leases.iter().map(|Reverse(e)| *e).collect();
+        let mut timeouts: Vec<TimeoutEntry> = self.timeouts.iter().map(|Reverse(e)| *e).collect();
+        leases.sort_unstable();
+        timeouts.sort_unstable();
+        (leases, timeouts)
+    }
+}

@@ -1,0 +1,151 @@
+//! The whole table as plain data, and the table rebuilt from it.
+//!
+//! A [`Snapshot`] is what a replica needs to continue from where the table
+//! stood: a restored table given the same commands returns the same outputs
+//! and reaches the same next snapshot. It therefore keeps what outputs can
+//! depend on, beyond who holds and waits for what: the key slots (holes and
+//! free list included), since lease deadlines name keys by slot and ties
+//! between equal deadlines break by slot; the deadline heaps' entries, stale
+//! ones included, since their number decides when a heap is compacted; the
+//! next fencing token and request id; the latest time seen; the limits; and
+//! whether the table is closed. Every collection is written in a fixed
+//! order, so equal tables give equal snapshots.
+
+use super::deadlines::{Deadlines, LeaseEntry, TimeoutEntry};
+use super::{
+    Hold, Key, KeyState, LockTable, OwnerId, OwnerState, ReqId, TableLimits, Time, Waiter,
+};
+use crate::keymap::{KeyMap, Slot};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The state of a [`LockTable`], serialisable with serde. See the module
+/// documentation for what it keeps and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    limits: TableLimits,
+    now: Time,
+    closed: bool,
+    next_fence: u64,
+    next_req: ReqId,
+    /// Key slots in slot order; `None` for a free slot.
+    slots: Vec<Option<KeySnapshot>>,
+    /// Free slots in the order they will be reused (last first).
+    free_slots: Vec<Slot>,
+    /// Waiting requests in request order.
+    waiters: Vec<(ReqId, Waiter)>,
+    /// Owners with state, in id order.
+    owners: Vec<(OwnerId, OwnerState)>,
+    /// Lease deadline entries, sorted.
+    leases: Vec<LeaseEntry>,
+    /// Wait-limit entries, sorted.
+    timeouts: Vec<TimeoutEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct KeySnapshot {
+    key: Key,
+    hold: Option<Hold>,
+    /// Waiting requests, earliest first.
+    queue: Vec<ReqId>,
+}
+
+/// A snapshot that no table could have produced.
+#[derive(Debug, thiserror::Error)]
+#[error("inconsistent lock table snapshot: {0}")]
+pub struct BadSnapshot(String);
+
+impl LockTable {
+    /// The table's whole state as data.
+    pub fn snapshot(&self) -> Snapshot {
+        let (leases, timeouts) = self.deadlines.entries();
+        Snapshot {
+            limits: self.limits,
+            now: self.now,
+            closed: self.closed,
+            next_fence: self.next_fence,
+            next_req: self.next_req,
+            slots: self
+                .keys
+                .slots()
+                .iter()
+                .map(|e| {
+                    e.as_ref().map(|(key, s)| KeySnapshot {
+                        key: key.clone(),
+                        hold: s.hold.clone(),
+                        queue: s.queue.iter().copied().collect(),
+                    })
+                })
+                .collect(),
+            free_slots: self.keys.free_slots().to_vec(),
+            waiters: self.waiters.iter().map(|(r, w)| (*r, w.clone())).collect(),
+            owners: self.owners.iter().map(|(o, s)| (*o, s.clone())).collect(),
+            leases,
+            timeouts,
+        }
+    }
+
+    /// The table a snapshot was taken of.
+    ///
+    /// # Errors
+    /// The snapshot breaks one of the table's invariants (it was not taken
+    /// from a table, or was damaged on the way); the message names it.
+    pub fn restore(snapshot: Snapshot) -> Result<LockTable, BadSnapshot> {
+        let Snapshot {
+            limits,
+            now,
+            closed,
+            next_fence,
+            next_req,
+            slots,
+            free_slots,
+            waiters,
+            owners,
+            leases,
+            timeouts,
+        } = snapshot;
+        if next_fence == 0 {
+            return Err(BadSnapshot("next fence is 0, which means no token".into()));
+        }
+        let mut held_keys = 0;
+        let mut live_leases = 0;
+        let slots = slots
+            .into_iter()
+            .map(|e| {
+                e.map(|k| {
+                    if let Some(h) = &k.hold {
+                        held_keys += 1;
+                        live_leases += usize::from(h.lease.is_some());
+                    }
+                    let state = KeyState {
+                        hold: k.hold,
+                        queue: k.queue.into_iter().collect(),
+                    };
+                    (k.key, state)
+                })
+            })
+            .collect();
+        let keys = KeyMap::from_parts(slots, free_slots).map_err(BadSnapshot)?;
+        let (waiter_count, owner_count) = (waiters.len(), owners.len());
+        let waiters: BTreeMap<_, _> = waiters.into_iter().collect();
+        let owners: BTreeMap<_, _> = owners.into_iter().collect();
+        if waiters.len() != waiter_count || owners.len() != owner_count {
+            return Err(BadSnapshot("a request or owner is listed twice".into()));
+        }
+        let table = LockTable {
+            limits,
+            now,
+            closed,
+            keys,
+            waiters,
+            owners,
+            deadlines: Deadlines::from_entries(leases, timeouts),
+            live_leases,
+            held_keys,
+            next_fence,
+            next_req,
+        };
+        table.check_invariants().map_err(BadSnapshot)?;
+        Ok(table)
+    }
+}
