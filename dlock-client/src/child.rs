@@ -118,8 +118,11 @@ impl Child {
             kill(-self.pid, signal);
             return;
         }
+        // Found before anyone is signalled: once the command dies, what it
+        // started is reparented and no longer looks like dlock's.
+        let started = fellow_group_members();
         kill(self.pid, signal);
-        for pid in fellow_group_members() {
+        for pid in started {
             if pid != self.pid {
                 kill(pid, signal);
             }
