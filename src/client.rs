@@ -63,8 +63,9 @@ pub struct ClientOptions {
     /// the lease or session timeout is used. Default 2 s.
     pub safety_margin: Duration,
     /// The session timeout assumed for a server that does not state one
-    /// (one that predates Hello). Default 60 s, this server's default idle
-    /// timeout; set it to the old server's idle timeout.
+    /// (one that predates Hello). Default 10 s, this server's default
+    /// session timeout (its write timeout); set it to the least of the old
+    /// server's idle, keepalive and write timeouts.
     pub fallback_session_timeout: Duration,
 }
 
@@ -77,7 +78,7 @@ impl Default for ClientOptions {
             access_token: None,
             keepalive: Duration::from_secs(10),
             safety_margin: DEFAULT_SAFETY_MARGIN,
-            fallback_session_timeout: Duration::from_secs(60),
+            fallback_session_timeout: Duration::from_secs(10),
         }
     }
 }

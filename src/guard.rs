@@ -145,10 +145,11 @@ impl LockGuard {
             ..RequestLock::default()
         };
         self.client.call(RequestType::Renew, body).await?;
-        // Renewals may overlap; the deadline only moves forward.
+        // The server replaces the lease end with each Renew, in the order
+        // sent, so the latest-sent renewal is the one in force, even if it
+        // set a shorter lease than an earlier one.
         self.lease.send_if_modified(|current| {
-            let newer =
-                current.is_none_or(|(s, l)| safety::deadline(s, l) < safety::deadline(sent, lease));
+            let newer = current.is_none_or(|(s, _)| s <= sent);
             if newer {
                 *current = Some((sent, lease));
             }
@@ -162,6 +163,11 @@ impl LockGuard {
     /// released it), or the safety deadline is within the margin
     /// ([`Lost::Jeopardy`]). Renewals ([`LockGuard::renew`]) and, for a lock
     /// without a lease, every answer on the connection move the deadline on.
+    ///
+    /// Answers come in request order, so while a Lock waits on the same
+    /// client no answer arrives: a lock without a lease held meanwhile falls
+    /// into jeopardy once the wait outlasts the session timeout (a false
+    /// alarm, on the safe side). Take independent locks on separate clients.
     pub async fn lost(&self) -> Lost {
         let mut lease = self.lease.subscribe();
         loop {

@@ -72,13 +72,13 @@ async fn a_kept_lease_outlives_many_lease_lengths() {
     let g = c
         .lock(
             ["kept"],
-            LockOptions::new().lease(Duration::from_millis(600)),
+            LockOptions::new().lease(Duration::from_millis(1500)),
         )
         .await
         .unwrap();
     let first = g.deadline();
-    // Keep it for five lease lengths; the keeper must not report a loss.
-    let kept = tokio::time::timeout(Duration::from_secs(3), g.keep_alive()).await;
+    // Keep it for three lease lengths; the keeper must not report a loss.
+    let kept = tokio::time::timeout(Duration::from_millis(4500), g.keep_alive()).await;
     assert!(
         kept.is_err(),
         "lost while kept: {:?}",
@@ -126,7 +126,8 @@ async fn limits_are_learnt_when_connecting() {
     let limits = c.limits().expect("this server states its limits");
     assert_eq!(limits.max_lease, Duration::from_secs(3600));
     assert_eq!(limits.max_keys, 3);
-    assert_eq!(c.session_timeout(), Duration::from_secs(60));
+    // The least of idle (60 s), keepalive (60 s) and write (10 s) timeouts.
+    assert_eq!(c.session_timeout(), Duration::from_secs(10));
     let err = limits.check_lease(Duration::from_secs(7200)).unwrap_err();
     assert_eq!(err.to_string(), "exceeds the server's maximum lease of 1h");
     let keys: Vec<String> = ["a", "b", "c", "d"].map(String::from).to_vec();
@@ -158,4 +159,23 @@ async fn a_lease_granted_after_a_long_wait_is_not_lost_at_once() {
     let (g, _waiter) = waiting.await.unwrap().unwrap();
     assert!(!g.is_lost(), "a fresh grant must not start in jeopardy");
     assert!(g.deadline() > Instant::now() + lease / 2);
+}
+
+#[tokio::test]
+async fn a_renewal_to_a_shorter_lease_moves_the_deadline_back() {
+    let server = TestServer::start(&[]).await;
+    let c = Client::connect(&server.addr_string()).await.unwrap();
+    let mut g = c
+        .lock(
+            ["shorter"],
+            LockOptions::new().lease(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    let before = Instant::now();
+    g.renew(Duration::from_secs(2)).await.unwrap();
+    // The server replaced the 60 s lease with 2 s: so must the guard.
+    assert!(g.deadline() <= before + Duration::from_secs(2) + Duration::from_millis(500));
+    assert_eq!(g.lease(), Some(Duration::from_secs(2)));
+    g.unlock().await.unwrap();
 }

@@ -69,13 +69,18 @@ impl Child {
             }
         }
         if let Some(fd) = guardian {
-            // SAFETY: in the child only getpid and write(2) of a stack
-            // buffer run, both async-signal-safe; `fd` is the open pipe to
-            // the guardian, inherited across fork and closed by exec.
+            // SAFETY: in the child only getpid, signal and write(2) of a
+            // stack buffer run, all async-signal-safe; `fd` is the open pipe
+            // to the guardian, inherited across fork and closed by exec.
+            // A guardian that is gone must not kill COMMAND by SIGPIPE (std
+            // has reset it to the default here): ignored for the write,
+            // restored before exec.
             unsafe {
                 cmd.pre_exec(move || {
                     let msg = crate::guardian::target_message(libc::getpid(), own_group);
+                    libc::signal(libc::SIGPIPE, libc::SIG_IGN);
                     libc::write(fd, msg.as_ptr().cast(), msg.len());
+                    libc::signal(libc::SIGPIPE, libc::SIG_DFL);
                     Ok(())
                 });
             }

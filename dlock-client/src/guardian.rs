@@ -39,14 +39,13 @@ const DEADLINE: u8 = b'D';
 pub struct Guardian {
     pipe: std::process::ChildStdin,
     /// Not waited for: a stopped guardian must not hold dlock's exit up.
-    _child: std::process::Child,
+    child: std::process::Child,
 }
 
 impl Guardian {
-    /// Starts a guardian that enforces `deadline` from now on, before
-    /// COMMAND starts, so that no moment of COMMAND's life is unguarded.
-    /// `None` if it cannot be started: dlock then runs without it and says so.
-    pub fn start(deadline: Option<Instant>) -> Option<Guardian> {
+    /// Starts a guardian. `None` if it cannot be started: dlock then runs
+    /// without it and says so.
+    pub fn start() -> Option<Guardian> {
         let exe = if cfg!(target_os = "linux") {
             // The running binary even if it was replaced on disk meanwhile.
             std::path::PathBuf::from("/proc/self/exe")
@@ -63,19 +62,14 @@ impl Guardian {
         let mut child = cmd.spawn().ok()?;
         let pipe = child.stdin.take()?;
         // A stopped guardian must not stop dlock: once the pipe is full,
-        // updates are dropped instead of blocking (8-byte writes are atomic).
+        // updates are dropped instead of blocking (9-byte writes are atomic).
         let fd = std::os::fd::AsRawFd::as_raw_fd(&pipe);
         // SAFETY: fcntl on a descriptor we own, with flags it accepts.
         unsafe {
             let flags = libc::fcntl(fd, libc::F_GETFL);
             libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
         }
-        let mut guardian = Guardian {
-            pipe,
-            _child: child,
-        };
-        guardian.deadline(deadline);
-        Some(guardian)
+        Some(Guardian { pipe, child })
     }
 
     /// The pipe to the guardian, for COMMAND to name itself as the target
@@ -102,7 +96,12 @@ impl Guardian {
 
     /// COMMAND has ended: the guardian exits without killing anything.
     pub fn done(mut self) {
-        self.send(DONE, 0);
+        if self.pipe.write_all(&message(DONE, 0)).is_err() {
+            // The pipe is full (the guardian is stopped): it would later
+            // kill a target that may no longer be COMMAND's. Being dlock's
+            // own unreaped child, its pid is safe to kill.
+            let _ = self.child.kill();
+        }
     }
 }
 
@@ -154,6 +153,8 @@ struct Watch {
     target: Option<i32>,
     /// CLOCK_MONOTONIC nanoseconds by which the target must be gone.
     deadline: Option<u64>,
+    /// The deadline passed before the target was named.
+    expired: bool,
 }
 
 impl Watch {
@@ -170,11 +171,16 @@ impl Watch {
                 None => -1,
                 Some(d) => {
                     let now = monotonic_nanos();
-                    if now >= d {
+                    if now < d {
+                        // Round up, so the wake-up is never before the deadline.
+                        i32::try_from((d - now).div_ceil(1_000_000)).unwrap_or(i32::MAX)
+                    } else if self.target.is_some() {
                         return Some("dlock did not renew the lock's deadline in time");
+                    } else {
+                        // COMMAND is about to name itself: kill it then.
+                        self.expired = true;
+                        -1
                     }
-                    // Round up, so the wake-up is never before the deadline.
-                    i32::try_from((d - now).div_ceil(1_000_000)).unwrap_or(i32::MAX)
                 }
             };
             let mut pfd = libc::pollfd {
@@ -211,7 +217,10 @@ impl Watch {
                 TARGET => {
                     self.target = i32::try_from(i64::from_be_bytes(value.to_be_bytes()))
                         .ok()
-                        .filter(|&t| t != 0)
+                        .filter(|&t| t != 0);
+                    if self.expired {
+                        return Some("the lock's deadline had passed when the command started");
+                    }
                 }
                 DEADLINE => self.deadline = (value != 0).then_some(value),
                 _ => return Some("dlock sent something unknown"),

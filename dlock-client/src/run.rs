@@ -62,42 +62,40 @@ pub async fn run(args: Args) -> Result<u8, Failure> {
         options: options.clone(),
         verbose: args.verbose,
     };
-    let mut keeper = Keeper::new(guard, reconnect);
-
     let enforce = args.on_lost != OnLost::Ignore;
-    let mut guardian = Guardian::start(enforce.then(|| guardian_deadline(keeper.guard())));
+    // Started before COMMAND, so no moment of COMMAND's life is unguarded.
+    let guardian = Guardian::start();
     if guardian.is_none() {
         say!("warning: cannot start the guardian: if dlock dies, processes the command started are not stopped");
     }
-    let guardian_fd = guardian.as_ref().map(Guardian::fd);
-    let mut child = match Child::spawn(&argv, &keys, fence, own_group, guardian_fd) {
+    let mut keeper = Keeper::new(guard, reconnect, guardian, enforce);
+    if keeper.guard().is_lost() {
+        // A deadline already past leaves COMMAND's first steps unguarded:
+        // do not start it.
+        let _ = keeper.finish().into_parts();
+        return Err(Failure::new(
+            exit::LOCK_LOST,
+            "the lock was lost before the command could start",
+        ));
+    }
+    let mut child = match Child::spawn(&argv, &keys, fence, own_group, keeper.guardian_fd()) {
         Ok(c) => c,
         Err(f) => {
-            if let Some(g) = guardian {
-                g.done();
-            }
-            release(&args, &options, keeper.into_guard(), acquired).await;
+            release(&args, &options, keeper.finish(), acquired).await;
             return Err(f);
         }
     };
-    let outcome = supervise(
-        &args,
-        &mut child,
-        &mut keeper,
-        &mut signals,
-        guardian.as_mut(),
-        acquired,
-    )
-    .await;
-    if let Some(g) = guardian {
-        g.done();
-    }
+    let outcome = supervise(&args, &mut child, &mut keeper, &mut signals, acquired).await;
+    let guard = keeper.finish();
     let status = outcome
         .status
         .map_err(|e| Failure::new(exit::SOFTWARE, format!("lost track of the command: {e}")))?;
 
     if outcome.lost.is_none() {
-        release(&args, &options, keeper.into_guard(), acquired).await;
+        release(&args, &options, guard, acquired).await;
+    } else {
+        // Lost: nothing to release, and the drop must not try.
+        let _ = guard.into_parts();
     }
     if outcome.max_time_hit {
         return Ok(exit::MAX_TIME);
@@ -173,87 +171,89 @@ struct Outcome {
     max_time_hit: bool,
 }
 
-/// Waits for the command while forwarding signals, keeping the guardian's
-/// deadline current, and stopping the command when the lock is lost (or
-/// about to be) or --max-time passes.
+/// Waits for the command while forwarding signals, keeping the lock (and
+/// through the keeper, the guardian's deadline), and stopping the command
+/// when the lock is lost (or about to be) or --max-time passes.
 async fn supervise(
     args: &Args,
     child: &mut Child,
     keeper: &mut Keeper,
     signals: &mut Signals,
-    mut guardian: Option<&mut Guardian>,
     acquired: Instant,
 ) -> Outcome {
-    let keys = keeper.guard().keys().join(",");
+    let (keys, margin) = {
+        let g = keeper.guard();
+        (g.keys().join(","), g.margin())
+    };
     let mut lost = None;
     let mut max_time_hit = false;
     let mut kill_at: Option<Instant> = None;
     let max_deadline = args.max_time.map(|d| acquired + d);
-    // With --on-lost ignore there is no deadline to enforce.
-    let enforce = args.on_lost != OnLost::Ignore;
-    let mut tell_guardian = tokio::time::interval(
-        (keeper.guard().margin() / 2).clamp(Duration::from_millis(10), Duration::from_secs(1)),
-    );
-    let status = loop {
-        tokio::select! {
-            status = child.wait() => break status,
-            _ = tell_guardian.tick() => {
-                if let Some(g) = guardian.as_deref_mut() {
-                    g.deadline(enforce.then(|| guardian_deadline(keeper.guard())));
-                }
-            }
-            sig = signals.recv() => match sig {
-                libc::SIGTSTP => {
-                    say!("SIGTSTP: stopping the command; dlock keeps the lock meanwhile (SIGCONT resumes it)");
-                    child.signal(libc::SIGTSTP);
-                }
-                sig if child.should_forward(sig) => child.signal(sig),
-                _ => {}
-            },
-            reason = keeper.lost(), if lost.is_none() => {
-                say!("lock on {keys} lost: {reason}");
-                // In jeopardy there is time left: the command must be gone
-                // before the server could hand the lock on, grace or not.
-                let must_be_gone = match &reason {
-                    Lost::Jeopardy { deadline, .. } => Some(*deadline - keeper.guard().margin() / 2),
-                    _ => None,
-                };
-                match args.on_lost {
-                    OnLost::Term => {
-                        let at = (Instant::now() + args.grace).min(must_be_gone.unwrap_or(Instant::now() + args.grace));
-                        say!("stopping the command (SIGTERM, SIGKILL in {:.1}s)", at.saturating_duration_since(Instant::now()).as_secs_f64());
-                        child.signal(libc::SIGTERM);
-                        kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
+    let status = {
+        // One future for the whole run: a renewal or reconnection in flight
+        // must not be restarted by a signal or a timer.
+        let watch = keeper.lost();
+        tokio::pin!(watch);
+        loop {
+            tokio::select! {
+                status = child.wait() => break status,
+                sig = signals.recv() => match sig {
+                    libc::SIGTSTP => {
+                        say!("SIGTSTP: stopping the command; dlock keeps the lock meanwhile (SIGCONT resumes it)");
+                        child.signal(libc::SIGTSTP);
                     }
-                    OnLost::Kill => {
-                        say!("killing the command");
-                        child.signal(libc::SIGKILL);
+                    sig if child.should_forward(sig) => child.signal(sig),
+                    _ => {}
+                },
+                reason = &mut watch, if lost.is_none() => {
+                    say!("lock on {keys} lost: {reason}");
+                    // In jeopardy there is time left: the command must be
+                    // gone before the server could hand the lock on, grace
+                    // or not.
+                    let grace_end = Instant::now() + args.grace;
+                    let at = match &reason {
+                        Lost::Jeopardy { deadline, .. } => grace_end.min(*deadline - margin / 2),
+                        _ => grace_end,
+                    };
+                    match args.on_lost {
+                        OnLost::Term => {
+                            say!(
+                                "stopping the command (SIGTERM, SIGKILL in {:.1}s)",
+                                at.saturating_duration_since(Instant::now()).as_secs_f64()
+                            );
+                            child.signal(libc::SIGTERM);
+                            kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
+                        }
+                        OnLost::Kill => {
+                            say!("killing the command");
+                            child.signal(libc::SIGKILL);
+                        }
+                        OnLost::Ignore => say!("--on-lost ignore: the command keeps running"),
                     }
-                    OnLost::Ignore => say!("--on-lost ignore: the command keeps running"),
+                    lost = Some(reason);
                 }
-                lost = Some(reason);
-            }
-            _ = sleep_until(max_deadline), if max_deadline.is_some() && !max_time_hit => {
-                say!(
-                    "--max-time {} exceeded; stopping the command (SIGTERM, SIGKILL after {})",
-                    dlock::duration::format(args.max_time.unwrap_or_default()),
-                    dlock::duration::format(args.grace)
-                );
-                max_time_hit = true;
-                child.signal(libc::SIGTERM);
-                let at = Instant::now() + args.grace;
-                kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
-            }
-            _ = sleep_until(kill_at), if kill_at.is_some() => {
-                child.signal(libc::SIGKILL);
-                kill_at = None;
+                _ = sleep_until(max_deadline), if max_deadline.is_some() && !max_time_hit => {
+                    say!(
+                        "--max-time {} exceeded; stopping the command (SIGTERM, SIGKILL after {})",
+                        dlock::duration::format(args.max_time.unwrap_or_default()),
+                        dlock::duration::format(args.grace)
+                    );
+                    max_time_hit = true;
+                    child.signal(libc::SIGTERM);
+                    let at = Instant::now() + args.grace;
+                    kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
+                }
+                _ = sleep_until(kill_at), if kill_at.is_some() => {
+                    child.signal(libc::SIGKILL);
+                    kill_at = None;
+                }
             }
         }
     };
     // COMMAND may have ended because the lock was lost (its guardian
     // killed it while dlock was paused): that is a loss, not COMMAND's code.
-    if lost.is_none() && keeper.guard().is_lost() {
-        let guard = keeper.guard();
+    let guard = keeper.guard();
+    if lost.is_none() && guard.is_lost() {
         let reason = Lost::Jeopardy {
             lease: guard.lease().is_some(),
             deadline: guard.deadline(),
@@ -266,13 +266,6 @@ async fn supervise(
         lost,
         max_time_hit,
     }
-}
-
-/// When the guardian kills COMMAND if dlock has not said otherwise: before
-/// the deadline, since SIGKILL and the exit take time too. dlock itself,
-/// when it can, acts sooner still (at half the margin).
-fn guardian_deadline(guard: &LockGuard) -> Instant {
-    guard.deadline() - guard.margin() / 4
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -59,7 +59,8 @@ async fn frozen_path_stops_the_command_before_its_lease_runs_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_dlock_cannot_leave_its_command_running() {
-    let server = TestServer::start(&["--idle-timeout", "3s"]).await;
+    // A 1 s margin: the guardian acts a quarter of it before the deadline.
+    let server = TestServer::start(&["--idle-timeout", "4s"]).await;
     let mut child = dlock_at(&server.addr_string(), &["-k", "paused", "-c", STUBBORN])
         .spawn()
         .unwrap();
@@ -166,9 +167,9 @@ async fn a_hold_beyond_the_servers_maximum_lease_is_refused_before_the_command_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_server_idle_timeout_does_not_kill_a_held_lock() {
-    let server = TestServer::start(&["--idle-timeout", "1s"]).await;
-    // Three idle timeouts of a quiet command.
-    let o = run_at(&server.addr_string(), &["-k", "idle", "--", "sleep", "3"]).await;
+    let server = TestServer::start(&["--idle-timeout", "2s"]).await;
+    // Two and a half idle timeouts of a quiet command.
+    let o = run_at(&server.addr_string(), &["-k", "idle", "--", "sleep", "5"]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
 

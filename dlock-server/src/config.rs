@@ -106,13 +106,14 @@ impl Default for Config {
 }
 
 impl Config {
-    /// How long a connection may send nothing before this server may end
-    /// it: the idle timeout, or sooner the keepalive give-up time (first
-    /// probe, then every unanswered retry). Locks bound to the connection
+    /// How long after the last request this server may end a connection:
+    /// the idle timeout, or sooner the keepalive give-up time (first probe,
+    /// then every unanswered retry), or the write timeout (an answer to a
+    /// later request that cannot be written). Locks bound to the connection
     /// are released then, so a client must treat this as its deadline.
     pub fn session_timeout(&self) -> Duration {
         let keepalive = self.keepalive_time + self.keepalive_interval * self.keepalive_retries;
-        self.idle_timeout.min(keepalive)
+        self.idle_timeout.min(keepalive).min(self.write_timeout)
     }
 
     /// The limits a client is told in the answer to Hello.
@@ -161,11 +162,20 @@ mod tests {
     }
 
     #[test]
-    fn session_timeout_is_the_sooner_of_idle_and_keepalive() {
-        assert_eq!(Config::default().session_timeout(), Duration::from_secs(60));
-        let c = Config::parse_from(["s", "--keepalive-time", "5s", "--keepalive-interval", "2s"]);
-        // 5 s + 3 retries x 2 s
-        assert_eq!(c.session_timeout(), Duration::from_secs(11));
+    fn session_timeout_is_the_soonest_way_the_server_ends_a_connection() {
+        // The write timeout, 10 s by default.
+        assert_eq!(Config::default().session_timeout(), Duration::from_secs(10));
+        let c = Config::parse_from([
+            "s",
+            "--keepalive-time",
+            "5s",
+            "--keepalive-interval",
+            "1s",
+            "--write-timeout",
+            "60s",
+        ]);
+        // 5 s + 3 retries x 1 s
+        assert_eq!(c.session_timeout(), Duration::from_secs(8));
         let c = Config::parse_from(["s", "--idle-timeout", "2s"]);
         assert_eq!(c.limits().session_timeout_micro, 2_000_000);
     }
