@@ -124,7 +124,7 @@ impl LockOptions {
         self
     }
 
-    /// Take a lease of `lease`.
+    /// Take a lease of `lease`. A zero lease means no lease, as on the wire.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self
@@ -150,7 +150,7 @@ impl LockOptions {
 /// // Another connection finds the key busy.
 /// let other = Client::connect(&addr).await?;
 /// match other.lock(["reports/daily"], LockOptions::new().no_wait()).await {
-///     Err(Error::Timeout { busy }) => assert_eq!(busy, ["reports/daily"]),
+///     Err(Error::Busy { busy }) => assert_eq!(busy, ["reports/daily"]),
 ///     other => panic!("expected busy, got {other:?}"),
 /// }
 ///
@@ -160,6 +160,39 @@ impl LockOptions {
 #[derive(Clone, Debug)]
 pub struct Client {
     inner: Arc<Inner>,
+    owners: Arc<Owners>,
+}
+
+/// Most connections kept open for later locks once their lock is released.
+const MAX_IDLE_OWNERS: usize = 64;
+
+/// The server counts a connection as one owner: a key it holds is granted
+/// again to the same connection. So every lock is taken on a connection of
+/// its own, and tasks sharing a `Client` exclude each other exactly as
+/// processes do; a Lock that waits also delays nothing else (answers on one
+/// connection come in request order). Connections whose lock is released
+/// are kept for the next lock.
+#[derive(Debug)]
+struct Owners {
+    options: ClientOptions,
+    /// Connections holding nothing, ready for the next lock.
+    idle: Mutex<Vec<Client>>,
+    /// Connections whose lock was handed over with `into_parts` without a
+    /// lease: kept open, since closing them would release the lock.
+    parked: Mutex<Vec<Client>>,
+}
+
+impl Owners {
+    /// Takes back a connection that holds nothing.
+    fn recycle(&self, conn: Client) {
+        if conn.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < MAX_IDLE_OWNERS {
+            idle.push(conn);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -217,6 +250,17 @@ impl Client {
     /// # Errors
     /// [`Error::Connect`] or [`Error::ConnectTimeout`].
     pub async fn connect_with(addr: &str, options: ClientOptions) -> Result<Client> {
+        let owners = Arc::new(Owners {
+            options: options.clone(),
+            idle: Mutex::new(Vec::new()),
+            parked: Mutex::new(Vec::new()),
+        });
+        Self::open(addr, owners).await
+    }
+
+    /// Opens one connection sharing `owners`.
+    async fn open(addr: &str, owners: Arc<Owners>) -> Result<Client> {
+        let options = &owners.options;
         let token = options.access_token.clone().unwrap_or_default();
         let handshake = async {
             let mut stream = TcpStream::connect(addr)
@@ -225,7 +269,7 @@ impl Client {
                     addr: addr.to_string(),
                     source,
                 })?;
-            configure(&stream, &options);
+            configure(&stream, options);
             let sent = Instant::now();
             let limits = hello(&mut stream, &token).await?;
             Ok::<_, Error>((stream, sent, limits))
@@ -278,7 +322,41 @@ impl Client {
                 safety_margin: options.safety_margin,
                 acked,
             }),
+            owners: owners.clone(),
         })
+    }
+
+    /// A connection of its own for one lock: an idle one, or a new one.
+    async fn owner_connection(&self) -> Result<Client> {
+        loop {
+            let idle = self
+                .owners
+                .idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop();
+            match idle {
+                Some(conn) if !conn.is_closed() => return Ok(conn),
+                Some(_) => continue,
+                None => return Self::open(&self.inner.addr, self.owners.clone()).await,
+            }
+        }
+    }
+
+    /// Gives back a lock connection that holds nothing any more.
+    pub(crate) fn recycle(self) {
+        self.owners.clone().recycle(self);
+    }
+
+    /// Keeps a lock connection open as long as the `Client` lives, since
+    /// closing it would release the lock it holds.
+    pub(crate) fn park(self) {
+        let owners = self.owners.clone();
+        owners
+            .parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(self);
     }
 
     /// The limits the server stated when this client connected; `None` for
@@ -336,24 +414,28 @@ impl Client {
         Ok(start.elapsed())
     }
 
-    /// Takes all `keys` at once.
+    /// Takes all `keys` at once, on a connection of the lock's own: tasks
+    /// sharing a `Client` exclude each other as separate processes do (FIFO
+    /// included), and a Lock that waits delays no other call.
     ///
     /// Cancel-safe: if the returned future is dropped while the request
-    /// waits, a later grant is released at once.
+    /// waits, its connection closes and the server withdraws the request.
     ///
     /// # Errors
-    /// [`Error::Timeout`] with the busy keys when the wait limit passes (or at
-    /// once with [`Wait::No`]); [`Error::Server`] for invalid keys or a server
-    /// limit; connection errors.
+    /// [`Error::Timeout`] with the busy keys when the wait limit passes, or
+    /// [`Error::Busy`] at once with [`Wait::No`]; [`Error::Server`] for
+    /// invalid keys or a server limit; connection errors.
     pub async fn lock<I, K>(&self, keys: I, options: LockOptions) -> Result<LockGuard>
     where
         I: IntoIterator<Item = K>,
         K: Into<String>,
     {
         let keys: Vec<String> = keys.into_iter().map(Into::into).collect();
+        // On the wire a zero lease means none; so it does here.
+        let lease = options.lease.filter(|l| !l.is_zero());
         let mut body = RequestLock {
             keys: keys.clone(),
-            release_micro: options.lease.map_or(0, micros),
+            release_micro: lease.map_or(0, micros),
             ..RequestLock::default()
         };
         match options.wait {
@@ -362,19 +444,31 @@ impl Client {
             Wait::AtMost(d) => body.wait_micro = micros(d).max(1),
             Wait::No => body.try_lock = true,
         }
+        let conn = self.owner_connection().await?;
         let sent = Instant::now();
-        let resp = self.call(RequestType::Lock, body).await?;
+        let resp = match conn.call(RequestType::Lock, body).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                // Busy, refused or timed out: the connection holds nothing.
+                conn.recycle();
+                return Err(match e {
+                    Error::Timeout { busy } if options.wait == Wait::No => Error::Busy { busy },
+                    e => e,
+                });
+            }
+        };
         let mut guard = LockGuard::new(
-            self.clone(),
+            conn,
             keys,
             resp.fence,
-            options.lease.map(|lease| (sent, lease)),
+            lease.map(|lease| (sent, lease)),
+            true,
         );
         // The server's lease runs from the grant, but all the client knows
         // is that the grant came after the request was sent: after a long
         // wait that bound says little, and the guard would be in jeopardy
         // at once. A renewal now gives a bound as fresh as the grant.
-        if let Some(lease) = options.lease {
+        if let Some(lease) = lease {
             if sent.elapsed() >= lease / 3 {
                 guard.renew(lease).await?;
             }
@@ -404,6 +498,7 @@ impl Client {
             keys,
             fence,
             Some((sent, lease)),
+            false,
         ))
     }
 
@@ -412,9 +507,13 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::NotHeld`] with the keys not held under `fence`.
-    pub async fn unlock_fence(&self, keys: &[String], fence: u64) -> Result<()> {
+    pub async fn unlock_fence<I, K>(&self, keys: I, fence: u64) -> Result<()>
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
         let body = RequestLock {
-            keys: keys.to_vec(),
+            keys: keys.into_iter().map(Into::into).collect(),
             fence,
             ..RequestLock::default()
         };
@@ -425,9 +524,13 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::NotHeld`] with the keys not held under `fence`.
-    pub async fn renew_fence(&self, keys: &[String], fence: u64, lease: Duration) -> Result<()> {
+    pub async fn renew_fence<I, K>(&self, keys: I, fence: u64, lease: Duration) -> Result<()>
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
         let body = RequestLock {
-            keys: keys.to_vec(),
+            keys: keys.into_iter().map(Into::into).collect(),
             fence,
             release_micro: micros(lease).max(1),
             ..RequestLock::default()

@@ -23,9 +23,15 @@ pub enum Error {
         /// The limit in force.
         timeout: Duration,
     },
-    /// The wait limit passed (or a try-lock found keys busy).
-    #[error("lock not acquired: busy keys {busy:?}")]
+    /// The wait limit passed with keys still busy.
+    #[error("lock not acquired in time: busy keys {busy:?}")]
     Timeout {
+        /// The keys that were not available.
+        busy: Vec<String>,
+    },
+    /// A Lock that was not to wait ([`crate::Wait::No`]) found keys busy.
+    #[error("lock not acquired: busy keys {busy:?}")]
+    Busy {
         /// The keys that were not available.
         busy: Vec<String>,
     },
@@ -62,7 +68,7 @@ impl Error {
     /// The status the server answered with, for errors that come from one.
     pub fn status(&self) -> Option<ResponseStatus> {
         match self {
-            Error::Timeout { .. } => Some(ResponseStatus::AcquireTimeout),
+            Error::Timeout { .. } | Error::Busy { .. } => Some(ResponseStatus::AcquireTimeout),
             Error::AccessDenied(_) => Some(ResponseStatus::AccessDenied),
             Error::NotHeld { .. } => Some(ResponseStatus::NotHeld),
             Error::Server { status, .. } => Some(*status),

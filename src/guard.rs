@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// Keys held by this client. Dropping the guard releases them in the
+/// Keys held by this client, on a connection of their own (see
+/// [`Client::lock`]). Dropping the guard releases them in the
 /// background without blocking; [`LockGuard::unlock`] releases them and
 /// reports the outcome.
 ///
@@ -47,6 +48,9 @@ pub struct LockGuard {
     /// lease it set. `None`: bound to the connection.
     lease: watch::Sender<Option<(Instant, Duration)>>,
     released: bool,
+    /// `client` is a connection of this lock's own, to be given back to
+    /// the `Client` once the lock is released.
+    own_connection: bool,
 }
 
 impl LockGuard {
@@ -55,6 +59,7 @@ impl LockGuard {
         keys: Vec<String>,
         fence: u64,
         lease: Option<(Instant, Duration)>,
+        own_connection: bool,
     ) -> Self {
         LockGuard {
             client,
@@ -62,6 +67,7 @@ impl LockGuard {
             fence,
             lease: watch::channel(lease).0,
             released: false,
+            own_connection,
         }
     }
 
@@ -113,7 +119,13 @@ impl LockGuard {
     /// for example because the lease expired; connection errors.
     pub async fn unlock(mut self) -> Result<()> {
         self.released = true;
-        self.client.unlock_fence(&self.keys, self.fence).await
+        let result = self.client.unlock_fence(&self.keys, self.fence).await;
+        if self.own_connection && matches!(result, Ok(()) | Err(crate::Error::NotHeld { .. })) {
+            // Holds nothing now: fit for the next lock.
+            self.own_connection = false;
+            self.client.clone().recycle();
+        }
+        result
     }
 
     /// Stops managing the lock without releasing it: dropping the result
@@ -122,6 +134,13 @@ impl LockGuard {
     /// until the connection closes. Returns the keys and the fencing token.
     pub fn into_parts(mut self) -> (Vec<String>, u64) {
         self.released = true;
+        if self.own_connection && self.lease.borrow().is_none() {
+            // The lock lives as long as its connection.
+            self.client.clone().park();
+        }
+        // A lease's connection is closed, never reused: the server would
+        // grant its keys again to a later Lock on it.
+        self.own_connection = false;
         (std::mem::take(&mut self.keys), self.fence)
     }
 
@@ -252,5 +271,10 @@ impl Drop for LockGuard {
             ..RequestLock::default()
         };
         self.client.send_detached(RequestType::Unlock, body);
+        if self.own_connection {
+            // The Unlock goes first on the connection: a later Lock on it
+            // finds the keys released.
+            self.client.clone().recycle();
+        }
     }
 }

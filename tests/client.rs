@@ -51,7 +51,7 @@ async fn dropping_the_guard_releases_the_lock() {
     let g = a.lock(["d"], LockOptions::new()).await.unwrap();
     assert!(matches!(
         b.lock(["d"], LockOptions::new().no_wait()).await,
-        Err(Error::Timeout { .. })
+        Err(Error::Busy { .. })
     ));
     drop(g);
     let g = b
@@ -251,4 +251,30 @@ async fn pings_follow_the_servers_session_timeout_not_the_configured_heartbeat()
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
     assert!(!c.is_closed());
     assert!(!g.is_lost());
+}
+
+#[tokio::test]
+async fn a_zero_lease_means_no_lease_and_busy_differs_from_timed_out() {
+    let server = TestServer::start(&[]).await;
+    let c = client(&server).await;
+    let g = c
+        .lock(["z"], LockOptions::new().lease(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(g.lease(), None);
+    assert!(!g.is_lost(), "held, bound to its connection");
+    assert_eq!(c.inspect(["z"]).await.unwrap()[0].lease_remaining_micro, 0);
+    let other = client(&server).await;
+    match other.lock(["z"], LockOptions::new().no_wait()).await {
+        Err(Error::Busy { busy }) => assert_eq!(busy, ["z"]),
+        r => panic!("expected busy, got {r:?}"),
+    }
+    match other
+        .lock(["z"], LockOptions::new().wait(Duration::from_millis(20)))
+        .await
+    {
+        Err(Error::Timeout { busy }) => assert_eq!(busy, ["z"]),
+        r => panic!("expected timed out, got {r:?}"),
+    }
+    g.unlock().await.unwrap();
 }

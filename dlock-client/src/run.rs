@@ -346,7 +346,7 @@ async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGu
                 say!("acquired {} (fence {}) at once", keys.join(","), g.fence());
                 return Ok(g);
             }
-            Err(Error::Timeout { busy }) => describe_holders(client, &busy, "waiting for").await,
+            Err(Error::Busy { busy }) => describe_holders(client, &busy, "waiting for").await,
             Err(e) => return Err(exit::from_client_error(e, &args.server)),
         }
     }
@@ -362,7 +362,7 @@ async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGu
             }
             Ok(g)
         }
-        Err(Error::Timeout { busy }) => {
+        Err(Error::Timeout { busy } | Error::Busy { busy }) => {
             let message = if args.verbose {
                 if args.nonblock {
                     describe_holders(client, &busy, "busy:").await;
