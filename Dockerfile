@@ -4,6 +4,7 @@
 #       --fence-file /var/lib/dlock/fence
 # A token file is mounted and named with --token-file, e.g.
 #   -v /etc/dlock/tokens:/etc/dlock/tokens:ro ... --token-file /etc/dlock/tokens
+# (readable by uid 10001, the user the server runs as).
 # packaging/check.sh checks this file in CI where docker cannot run.
 
 # The toolchain CI uses; the builder and final image share Debian bookworm,
