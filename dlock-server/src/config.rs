@@ -96,6 +96,21 @@ pub struct Config {
     /// Log filter (e.g. info, debug, dlock_server=trace). Overrides RUST_LOG.
     #[arg(long)]
     pub log_level: Option<String>,
+
+    /// Log line format: text for people, json (one object per line) for a
+    /// log collector.
+    #[arg(long, env = "DLOCK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// `tracing`'s human-readable lines.
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `message`, the
+    /// event's fields, and `span` (the connection's `peer`) when in one.
+    Json,
 }
 
 impl Default for Config {
@@ -159,6 +174,7 @@ mod tests {
         assert_eq!(c.listen.to_string(), dlock::DEFAULT_ADDR);
         assert_eq!(c.max_frame, 16 * 1024);
         assert_eq!(c.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.log_format, LogFormat::Text);
     }
 
     #[test]
@@ -186,5 +202,6 @@ mod tests {
         assert!(Config::try_parse_from(["s", "--idle-timeout", "0s"]).is_err());
         assert!(Config::try_parse_from(["s", "--idle-timeout", "soon"]).is_err());
         assert!(Config::try_parse_from(["s", "--max-frame", "1"]).is_err());
+        assert!(Config::try_parse_from(["s", "--log-format", "xml"]).is_err());
     }
 }

@@ -78,13 +78,26 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellatio
     };
     let end = Session::new(stream, &shared, owner).run(&shutdown).await;
     drop(registration);
+    // The server's own decisions to drop a client are worth an operator's
+    // line (one per connection, never per request); a client leaving, a
+    // broken socket or shutdown are routine.
     match end {
+        End::Idle => tracing::info!(
+            reason = "idle",
+            after = %humantime::format_duration(shared.config.idle_timeout),
+            "client dropped"
+        ),
+        End::WriteTimeout => tracing::info!(
+            reason = "write timeout",
+            after = %humantime::format_duration(shared.config.write_timeout),
+            "client dropped: it stopped reading responses"
+        ),
+        End::FrameTooLarge => tracing::info!(
+            reason = "frame too large",
+            max_frame = shared.config.max_frame,
+            "client dropped"
+        ),
         End::Io(e) => tracing::debug!(error = %e, "connection closed"),
-        End::WriteTimeout => {
-            tracing::info!("client stopped reading responses; dropped after write timeout")
-        }
-        End::FrameTooLarge => tracing::info!("frame over the size limit; connection closed"),
-        End::Idle => tracing::debug!("idle timeout; connection closed"),
         other => tracing::debug!(reason = ?other, "connection closed"),
     }
 }

@@ -7,6 +7,7 @@ use crate::auth::Tokens;
 use crate::config::Config;
 use crate::db::{Db, LockReply};
 use crate::fence::unix_nanos;
+use crate::limit_log;
 use crate::table::{Key, OwnerId, Wait, Wake, Woken};
 use bytes::BytesMut;
 use dlock::codec::encode_frame;
@@ -215,10 +216,19 @@ fn lock(ctx: Ctx<'_>, id: u64, body: RequestLock) -> Result<Step, Failure> {
         }
         LockReply::Wait(rx) => Ok(Step::Wait { request_id: id, rx }),
         LockReply::Busy(keys) => Ok(Step::Reply(busy(id, keys, "keys busy"))),
-        LockReply::LimitReached(what) => Err((
-            ResponseStatus::LimitReached,
-            format!("server limit on {what} reached; try again later"),
-        )),
+        LockReply::LimitReached(what) => {
+            match what {
+                "waiters" => limit_log::WAITERS.hit(ctx.config.max_waiters),
+                "held keys" => limit_log::HELD_KEYS.hit(ctx.config.max_held_keys),
+                // A limit added to the table without a throttle here is
+                // still logged, just not paced.
+                other => tracing::warn!(limit = other, "limit reached"),
+            }
+            Err((
+                ResponseStatus::LimitReached,
+                format!("server limit on {what} reached; try again later"),
+            ))
+        }
         LockReply::ShuttingDown => Err((
             ResponseStatus::ShuttingDown,
             "server is shutting down".into(),

@@ -12,6 +12,7 @@
 //! | [`keymap`] | the table's key map, compact at millions of keys |
 //! | [`fence`] | where fencing tokens start so they never go backwards |
 //! | [`auth`] | access tokens |
+//! | [`limit_log`] | log lines for limits reached, paced to one a second |
 //! | [`fuzzing`] | the request path without sockets, for fuzzing |
 //! | [`config`] | flags, defaults and limits |
 //! | [`testing`] | a server on an ephemeral loopback port, for tests |
@@ -27,10 +28,11 @@ pub mod fence;
 pub mod fuzzing;
 pub mod handler;
 pub mod keymap;
+pub mod limit_log;
 pub mod pipeline;
 pub mod server;
 pub mod table;
 pub mod testing;
 
-pub use config::Config;
+pub use config::{Config, LogFormat};
 pub use server::run;

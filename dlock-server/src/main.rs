@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use dlock_server::Config;
+use dlock_server::{Config, LogFormat};
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
@@ -19,11 +19,20 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        // Fields at the top level and only the innermost span (a
+        // connection's peer): flat objects are what log collectors index.
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
     raise_fd_limit();
     match serve(config) {
         Ok(()) => std::process::ExitCode::SUCCESS,

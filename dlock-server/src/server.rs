@@ -67,10 +67,26 @@ pub async fn run(
     }
     let limit = Arc::new(Semaphore::new(config.max_connections));
     let shared = Arc::new(Shared { db, config, tokens });
+    let c = &shared.config;
+    // One line an operator can check the running limits against; `addr` is
+    // also how tests find the ephemeral port.
     tracing::info!(
         addr = %listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()),
+        version = env!("CARGO_PKG_VERSION"),
         access_tokens = shared.tokens.enabled(),
+        fence_file = c.fence_file.is_some(),
         first_fence,
+        max_connections = c.max_connections,
+        max_frame = c.max_frame,
+        max_keys = c.max_keys,
+        max_key_len = c.max_key_len,
+        max_pipeline = c.max_pipeline,
+        max_waiters = c.max_waiters,
+        max_held_keys = c.max_held_keys,
+        max_lease = %humantime::format_duration(c.max_lease),
+        idle_timeout = %humantime::format_duration(c.idle_timeout),
+        write_timeout = %humantime::format_duration(c.write_timeout),
+        threads = c.threads,
         "dlock-server listening"
     );
 
@@ -126,6 +142,7 @@ pub async fn run(
     {
         tracing::warn!("connections still open after the shutdown timeout; leaving them");
     }
+    tracing::info!("dlock-server stopped");
     Ok(())
 }
 
@@ -159,7 +176,7 @@ fn reject(stream: &TcpStream, max: usize) {
         &mut buf,
     );
     let _ = stream.try_write(&buf);
-    tracing::warn!(limit = max, "connection refused: too many connections");
+    crate::limit_log::CONNECTIONS.hit(max);
 }
 
 #[cfg(test)]

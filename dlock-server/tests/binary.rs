@@ -79,3 +79,62 @@ fn bad_flag_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--idle-timeout"));
 }
+
+#[tokio::test]
+async fn json_logs_have_one_parsable_line_per_notable_event_and_none_per_request() {
+    let mut server = Process::start(&["--log-format", "json", "--idle-timeout", "1s"]);
+    let mut c = Conn::connect(server.addr).await;
+    let client = c.stream.local_addr().expect("client address");
+    for _ in 0..5 {
+        assert_eq!(status(&c.ping().await), ResponseStatus::Ok);
+    }
+    // The server closes the quiet connection on its own; waiting for the
+    // log line is the synchronisation, not a sleep. Blocking this runtime
+    // is harmless: the server is another process.
+    let dropped_line = server.wait_for_log("client dropped");
+    c.expect_closed().await;
+    server.signal("TERM");
+    server.wait_for_log("dlock-server stopped");
+    let events: Vec<serde_json::Value> = server
+        .log_lines()
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(dropped_line.starts_with('{'));
+
+    let start: Vec<_> = events
+        .iter()
+        .filter(|e| e["message"] == "dlock-server listening")
+        .collect();
+    assert_eq!(start.len(), 1, "{events:#?}");
+    let start = start[0];
+    assert_eq!(start["level"], "INFO");
+    assert_eq!(start["addr"], server.addr.to_string());
+    assert_eq!(start["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(start["access_tokens"], false);
+    assert_eq!(start["max_connections"], 10_000);
+    assert_eq!(start["max_frame"], 16 * 1024);
+    assert_eq!(start["idle_timeout"], "1s");
+    assert!(start["timestamp"].is_string());
+
+    let dropped: Vec<_> = events
+        .iter()
+        .filter(|e| e["message"] == "client dropped")
+        .collect();
+    assert_eq!(dropped.len(), 1, "{events:#?}");
+    assert_eq!(dropped[0]["reason"], "idle");
+    assert_eq!(dropped[0]["span"]["peer"], client.to_string());
+
+    // Start, the drop, shutting down, stopped: the pings left no line.
+    let messages: Vec<_> = events.iter().map(|e| e["message"].clone()).collect();
+    assert_eq!(
+        messages,
+        [
+            "dlock-server listening",
+            "client dropped",
+            "shutting down",
+            "dlock-server stopped"
+        ],
+        "{events:#?}"
+    );
+}

@@ -68,10 +68,20 @@ impl Process {
             log,
             seen: Vec::new(),
         };
-        let line = p.wait_for_log("addr=");
-        let rest = line.split("addr=").nth(1).unwrap_or_default();
-        let addr = rest.split_whitespace().next().unwrap_or_default();
-        p.addr = addr.parse().expect("logged address parses");
+        let line = p.wait_for_log("dlock-server listening");
+        p.addr = if line.starts_with('{') {
+            // --log-format json
+            let event: serde_json::Value = serde_json::from_str(&line).expect("start line is JSON");
+            event["addr"].as_str().unwrap_or_default().to_owned()
+        } else {
+            let rest = line.split("addr=").nth(1).unwrap_or_default();
+            rest.split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        }
+        .parse()
+        .expect("logged address parses");
         p
     }
 

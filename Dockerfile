@@ -1,0 +1,33 @@
+# dlock-server in a container. Build and run:
+#   docker build -t dlock-server .
+#   docker run -p 7436:7436 -v dlock-state:/var/lib/dlock dlock-server \
+#       --fence-file /var/lib/dlock/fence
+# A token file is mounted and named with --token-file, e.g.
+#   -v /etc/dlock/tokens:/etc/dlock/tokens:ro ... --token-file /etc/dlock/tokens
+# (readable by uid 10001, the user the server runs as).
+# packaging/check.sh checks this file in CI where docker cannot run.
+
+# The toolchain CI uses; the builder and final image share Debian bookworm,
+# so the binary finds the same glibc.
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+# Every workspace member's manifest must be present for cargo to load the
+# workspace, so the whole context goes in (.dockerignore keeps target/ out).
+COPY . .
+RUN cargo build --release --locked -p dlock-server --bin dlock-server
+
+FROM debian:bookworm-slim
+# A fixed non-root uid, so a mounted state volume can be chowned to it.
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin dlock \
+    && mkdir -p /var/lib/dlock \
+    && chown dlock:dlock /var/lib/dlock
+COPY --from=build /src/target/release/dlock-server /usr/local/bin/dlock-server
+USER 10001:10001
+# Set by environment rather than as arguments, so that flags given to
+# `docker run` add to them instead of replacing them (same as --listen
+# 0.0.0.0:7436 --log-format json; either can still be overridden).
+ENV DLOCK_LISTEN=0.0.0.0:7436 \
+    DLOCK_LOG_FORMAT=json
+VOLUME /var/lib/dlock
+EXPOSE 7436
+ENTRYPOINT ["/usr/local/bin/dlock-server"]
