@@ -172,20 +172,24 @@ const MAX_IDLE_OWNERS: usize = 64;
 /// processes do; a Lock that waits also delays nothing else (answers on one
 /// connection come in request order). Connections whose lock is released
 /// are kept for the next lock.
+///
+/// Kept connections are held without their `Client` wrapper: a `Client`
+/// holds the `Owners`, and the cycle would keep every connection open after
+/// the last `Client` is dropped.
 #[derive(Debug)]
 struct Owners {
     options: ClientOptions,
     /// Connections holding nothing, ready for the next lock.
-    idle: Mutex<Vec<Client>>,
+    idle: Mutex<Vec<Arc<Inner>>>,
     /// Connections whose lock was handed over with `into_parts` without a
     /// lease: kept open, since closing them would release the lock.
-    parked: Mutex<Vec<Client>>,
+    parked: Mutex<Vec<Arc<Inner>>>,
 }
 
 impl Owners {
     /// Takes back a connection that holds nothing.
-    fn recycle(&self, conn: Client) {
-        if conn.is_closed() {
+    fn recycle(&self, conn: Arc<Inner>) {
+        if conn.lost.borrow().is_some() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
@@ -336,7 +340,12 @@ impl Client {
                 .unwrap_or_else(|p| p.into_inner())
                 .pop();
             match idle {
-                Some(conn) if !conn.is_closed() => return Ok(conn),
+                Some(inner) if inner.lost.borrow().is_none() => {
+                    return Ok(Client {
+                        inner,
+                        owners: self.owners.clone(),
+                    })
+                }
                 Some(_) => continue,
                 None => return Self::open(&self.inner.addr, self.owners.clone()).await,
             }
@@ -345,18 +354,17 @@ impl Client {
 
     /// Gives back a lock connection that holds nothing any more.
     pub(crate) fn recycle(self) {
-        self.owners.clone().recycle(self);
+        self.owners.recycle(self.inner);
     }
 
     /// Keeps a lock connection open as long as the `Client` lives, since
     /// closing it would release the lock it holds.
     pub(crate) fn park(self) {
-        let owners = self.owners.clone();
-        owners
+        self.owners
             .parked
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(self);
+            .push(self.inner);
     }
 
     /// The limits the server stated when this client connected; `None` for

@@ -163,3 +163,32 @@ async fn an_abandoned_lock_future_leaves_nothing_queued() {
     // The client itself is unharmed.
     c.ping().await.unwrap();
 }
+
+#[tokio::test]
+async fn dropping_the_client_closes_every_connection_it_opened() {
+    let server = TestServer::start(&[]).await;
+    let watcher = Client::connect(&server.addr_string()).await.unwrap();
+    let c = Client::connect(&server.addr_string()).await.unwrap();
+    for key in ["a", "b", "c"] {
+        c.lock([key], LockOptions::new())
+            .await
+            .unwrap()
+            .unlock()
+            .await
+            .unwrap();
+    }
+    let (_keys, _fence) = c
+        .lock(["kept"], LockOptions::new())
+        .await
+        .unwrap()
+        .into_parts();
+    assert!(watcher.stats().await.unwrap().connections > 2);
+    drop(c);
+    // Only the watcher stays (the server closes the rest as they close).
+    let deadline = Instant::now() + PATIENCE;
+    while watcher.stats().await.unwrap().connections != 1 {
+        assert!(Instant::now() < deadline, "connections left open");
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(watcher.inspect(["kept"]).await.unwrap()[0].fence, 0);
+}
