@@ -55,16 +55,13 @@ pub use command::{Command, LockResult, Output, Reply, Wake, Woken};
 pub use snapshot::{BadSnapshot, Snapshot};
 pub use time::Time;
 
+pub use crate::keymap::Key;
 use crate::keymap::KeyMap;
 use deadlines::Deadlines;
 use queue::Queue;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
-
-/// A lock name. Shared between the key map, the queues and the heaps.
-pub type Key = Arc<str>;
 
 /// Who holds or waits: one id per client connection, chosen by the caller
 /// and never reused. The table needs no command to open an owner: one with
