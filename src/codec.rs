@@ -14,9 +14,10 @@ use tokio_util::codec::{Decoder, Encoder};
 pub const LEN_PREFIX: usize = 4;
 
 /// Errors from reading or writing frames.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum FrameError {
     /// The peer announced a frame longer than the limit.
+    #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
     TooLarge {
         /// Announced body length.
         len: usize,
@@ -24,33 +25,8 @@ pub enum FrameError {
         max: usize,
     },
     /// The underlying stream failed.
-    Io(std::io::Error),
-}
-
-impl std::fmt::Display for FrameError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FrameError::TooLarge { len, max } => {
-                write!(f, "frame of {len} bytes exceeds the limit of {max} bytes")
-            }
-            FrameError::Io(e) => write!(f, "i/o error: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for FrameError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            FrameError::Io(e) => Some(e),
-            FrameError::TooLarge { .. } => None,
-        }
-    }
-}
-
-impl From<std::io::Error> for FrameError {
-    fn from(e: std::io::Error) -> Self {
-        FrameError::Io(e)
-    }
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
 }
 
 /// Splits a byte stream into frame bodies and writes protobuf messages as frames.

@@ -207,16 +207,9 @@ fn progress(ctl: Control, duration: Duration) -> Option<tokio::task::JoinHandle<
 }
 
 /// Many connections need many descriptors: lift the soft limit to the hard one.
+/// A failure leaves the limit as it was; a run that needs more descriptors
+/// then reports its connect errors.
 fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
+    // u64::MAX asks for the hard limit (capped where the OS caps it lower).
+    let _ = rlimit::increase_nofile_limit(u64::MAX);
 }

@@ -26,16 +26,13 @@ Examples:
 Environment:
   DLOCK_SERVER   server address (default 127.0.0.1:7436)
   DLOCK_TOKEN    access token (or --token-file; never on the command line)
-  The command gets DLOCK_KEYS (keys, comma-separated) and DLOCK_FENCE (fencing token).
+  The command gets DLOCK_KEYS (keys, comma-separated) and DLOCK_FENCE (fencing token).";
 
-Exit codes:
-  the command's own code; 128+N if it died of signal N
-  1    lock busy or wait timed out (change with -E)
-  64   usage error            69  cannot reach the server
-  70   server refused         75  lock lost while the command ran
-  77   access denied          124 --max-time exceeded
-  126  command not executable 127 command not found
-  130/143  interrupted by SIGINT/SIGTERM while waiting for the lock";
+/// The text after the options in `--help`: examples, then the exit codes
+/// from `exit::TABLE`, so the help cannot disagree with what dlock returns.
+fn after_help() -> String {
+    format!("{EXAMPLES}\n\n{}", crate::exit::help_text())
+}
 
 /// Run a command while holding a distributed lock: flock(1) for a fleet.
 ///
@@ -43,7 +40,7 @@ Exit codes:
 /// no shell; or `-c STRING` through `sh -c`), and releases the keys when it
 /// ends. If the lock is lost while COMMAND runs, dlock stops COMMAND.
 #[derive(Debug, Parser)]
-#[command(name = "dlock", version, about, long_about = None, after_help = EXAMPLES)]
+#[command(name = "dlock", version, about, long_about = None, after_help = after_help())]
 #[command(
     override_usage = "dlock [OPTIONS] -k KEY... -- COMMAND [ARGS]...\n       \
                             dlock [OPTIONS] -k KEY... -c STRING\n       \

@@ -1,18 +1,44 @@
 //! Exit codes of `dlock`, and the error type that carries them.
 //!
-//! | code | meaning |
-//! |---|---|
-//! | child's code | the command ran and exited |
-//! | 128+N | the command died of signal N, or dlock was interrupted by signal N while waiting |
-//! | 1 (`-E`) | the lock was busy (`-n`) or the wait timed out (`-w`) |
-//! | 64 | usage error |
-//! | 69 | cannot reach the server, or the connection was lost before the lock was taken |
-//! | 70 | the server refused the request (invalid key, a limit, shutting down) or broke the protocol |
-//! | 75 | the lock was lost while the command ran; the command was stopped |
-//! | 77 | access denied: token missing or not accepted |
-//! | 124 | `--max-time` exceeded; the command was stopped |
-//! | 126 | the command could not be executed |
-//! | 127 | the command was not found |
+//! [`TABLE`] is the one list of them: `--help` prints it (see `cli.rs`) and a
+//! test checks that README.md's table names the same codes, so the three
+//! cannot drift apart.
+
+/// Every exit code `dlock` documents, as (code, meaning), in the order
+/// `--help` prints them. A code that is not a number names where it comes
+/// from.
+pub const TABLE: &[(&str, &str)] = &[
+    ("N", "the command ran and exited with N"),
+    (
+        "128+N",
+        "the command died of signal N, or dlock was interrupted by signal N while waiting (130 = SIGINT, 143 = SIGTERM)",
+    ),
+    ("1", "lock busy (-n) or wait timed out (-w); change with -E"),
+    ("64", "usage error"),
+    (
+        "69",
+        "cannot reach the server, or the connection was lost before the lock was taken",
+    ),
+    (
+        "70",
+        "the server refused the request (invalid key, a limit, shutting down) or broke the protocol",
+    ),
+    ("75", "the lock was lost while the command ran"),
+    ("77", "access denied: token missing or not accepted"),
+    ("124", "--max-time exceeded; the command was stopped"),
+    ("126", "the command could not be executed"),
+    ("127", "the command was not found"),
+];
+
+/// The "Exit codes" part of `--help`, made from [`TABLE`].
+pub fn help_text() -> String {
+    let width = TABLE.iter().map(|(code, _)| code.len()).max().unwrap_or(0);
+    let mut text = String::from("Exit codes:");
+    for (code, meaning) in TABLE {
+        text.push_str(&format!("\n  {code:<width$}  {meaning}"));
+    }
+    text
+}
 
 /// Bad command line.
 pub const USAGE: u8 = 64;
@@ -70,5 +96,63 @@ pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
             format!("access denied by {server} (set DLOCK_TOKEN or --token-file to a token the server accepts)"),
         ),
         other => Failure::new(SOFTWARE, other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The numbers in a code column: "126 / 127" gives both, "128+N" gives
+    /// 128, "COMMAND's code" none.
+    fn numbers(code: &str) -> Vec<u32> {
+        code.split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse().ok())
+            .collect()
+    }
+
+    #[test]
+    fn every_exit_code_constant_is_in_the_table() {
+        let listed: Vec<u32> = TABLE.iter().flat_map(|(c, _)| numbers(c)).collect();
+        for code in [
+            USAGE,
+            UNAVAILABLE,
+            SOFTWARE,
+            LOCK_LOST,
+            NO_PERMISSION,
+            MAX_TIME,
+            CANNOT_EXECUTE,
+            NOT_FOUND,
+        ] {
+            assert!(listed.contains(&u32::from(code)), "{code} missing");
+        }
+    }
+
+    #[test]
+    fn readme_lists_the_same_exit_codes_as_the_table() {
+        let readme = include_str!("../../README.md");
+        let section = readme
+            .split("### Exit codes")
+            .nth(1)
+            .expect("README.md has an Exit codes section");
+        let mut in_readme: Vec<u32> = section
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .filter_map(|l| l.split('|').nth(1))
+            .flat_map(numbers)
+            .collect();
+        let mut in_table: Vec<u32> = TABLE.iter().flat_map(|(c, _)| numbers(c)).collect();
+        in_readme.sort_unstable();
+        in_table.sort_unstable();
+        assert_eq!(in_readme, in_table);
+    }
+
+    #[test]
+    fn help_text_lists_every_code_of_the_table() {
+        let help = help_text();
+        for (code, meaning) in TABLE {
+            assert!(help.contains(code) && help.contains(meaning), "{code}");
+        }
     }
 }

@@ -18,7 +18,7 @@ use crate::clock::Clock;
 use crate::fence::FenceFile;
 use crate::table::{
     Command, Key, LockResult, LockTable, Output, OwnerId, Reply, ReqId, Snapshot, TableLimits,
-    Time, Wait, Wake, Woken,
+    Time, WaitLimit, WaitOutcome, Woken,
 };
 use dlock::proto::{KeyInfo, ServerStats};
 use std::collections::HashMap;
@@ -166,7 +166,7 @@ impl Db {
         &self,
         owner: OwnerId,
         keys: Vec<Key>,
-        wait: Wait,
+        wait: WaitLimit,
         lease: Option<Duration>,
     ) -> LockReply {
         let mut st = self.state();
@@ -448,7 +448,7 @@ impl Db {
                 .fetch_add(sends.len() as u64, Ordering::Relaxed);
             for (tx, w) in sends {
                 if let Err(w) = tx.send(w) {
-                    if let Wake::Granted { fence } = w.wake {
+                    if let WaitOutcome::Granted { fence } = w.wake {
                         orphans.push((w.keys, fence));
                     }
                 }
@@ -475,7 +475,7 @@ impl Db {
         let Ok(w) = rx.try_recv() else {
             return;
         };
-        if let Wake::Granted { fence } = w.wake {
+        if let WaitOutcome::Granted { fence } = w.wake {
             let mut st = self.state();
             let out = self.apply(
                 &mut st,
@@ -516,10 +516,10 @@ mod tests {
         let peer = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
         let (a, b) = (db.connect(peer), db.connect(peer));
         assert!(matches!(
-            db.lock(a, keys("k"), Wait::Forever, None),
+            db.lock(a, keys("k"), WaitLimit::Forever, None),
             LockReply::Granted(_)
         ));
-        let LockReply::Wait(mut rx) = db.lock(b, keys("k"), Wait::Forever, None) else {
+        let LockReply::Wait(mut rx) = db.lock(b, keys("k"), WaitLimit::Forever, None) else {
             panic!("b should wait for k");
         };
         db.close();
@@ -527,7 +527,7 @@ mod tests {
         db.disconnect(a);
         assert!(matches!(rx.try_recv(), Err(TryRecvError::Closed)));
         assert!(matches!(
-            db.lock(b, keys("other"), Wait::Forever, None),
+            db.lock(b, keys("other"), WaitLimit::Forever, None),
             LockReply::ShuttingDown
         ));
         db.check_invariants().expect("invariants hold");
@@ -555,7 +555,7 @@ mod tests {
         let a = db.connect(SocketAddr::from((Ipv4Addr::LOCALHOST, 1)));
         let lease = Some(Duration::from_secs(1));
         assert!(matches!(
-            db.lock(a, keys("k"), Wait::No, lease),
+            db.lock(a, keys("k"), WaitLimit::No, lease),
             LockReply::Granted(_)
         ));
         assert_eq!(db.next_deadline(), Some(Time::from_micros(1_000_000)));
@@ -573,8 +573,8 @@ mod tests {
         let (db, _clock) = manual();
         let peer = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
         let (a, b) = (db.connect(peer), db.connect(peer));
-        db.lock(a, keys("k"), Wait::No, Some(Duration::from_secs(5)));
-        let LockReply::Wait(rx) = db.lock(b, keys("k"), Wait::Forever, None) else {
+        db.lock(a, keys("k"), WaitLimit::No, Some(Duration::from_secs(5)));
+        let LockReply::Wait(rx) = db.lock(b, keys("k"), WaitLimit::Forever, None) else {
             panic!("b should wait for k");
         };
         drop(rx);
@@ -593,15 +593,15 @@ mod tests {
         let db = db();
         let peer = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
         let (a, b) = (db.connect(peer), db.connect(peer));
-        db.lock(a, keys("k"), Wait::Forever, None);
-        let LockReply::Wait(mut rx) = db.lock(b, keys("k"), Wait::Forever, None) else {
+        db.lock(a, keys("k"), WaitLimit::Forever, None);
+        let LockReply::Wait(mut rx) = db.lock(b, keys("k"), WaitLimit::Forever, None) else {
             panic!("b should wait for k");
         };
         db.disconnect(a);
         db.close();
         assert!(matches!(
             rx.try_recv().map(|w| w.wake),
-            Ok(Wake::Granted { .. })
+            Ok(WaitOutcome::Granted { .. })
         ));
     }
 }

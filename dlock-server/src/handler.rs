@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::db::{Db, LockReply};
 use crate::fence::unix_nanos;
 use crate::limit_log;
-use crate::table::{Key, OwnerId, Wait, Wake, Woken};
+use crate::table::{Key, OwnerId, WaitLimit, WaitOutcome, Woken};
 use bytes::BytesMut;
 use dlock::codec::encode_frame;
 use dlock::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
@@ -72,13 +72,15 @@ pub fn undecodable(e: &prost::DecodeError) -> Response {
 /// The response to a Lock that waited.
 pub fn woken(request_id: u64, woken: Woken) -> Response {
     match woken.wake {
-        Wake::Granted { fence } => {
+        WaitOutcome::Granted { fence } => {
             let mut r = response(request_id, ResponseStatus::Ok);
             r.fence = fence;
             r
         }
-        Wake::TimedOut(keys) => busy(request_id, keys, "wait limit reached; keys still busy"),
-        Wake::LimitReached => error(
+        WaitOutcome::TimedOut(keys) => {
+            busy(request_id, keys, "wait limit reached; keys still busy")
+        }
+        WaitOutcome::LimitReached => error(
             request_id,
             ResponseStatus::LimitReached,
             "server limit on held keys reached while waiting; try again later",
@@ -110,9 +112,11 @@ pub fn execute(ctx: Ctx<'_>, req: Request, out: &mut BytesMut) -> Option<Waiting
     None
 }
 
-type Failure = (ResponseStatus, String);
+/// Why a request is answered with an error: the status and its error_text.
+/// Named apart from dlock-client's `exit::Failure`, which ends the CLI.
+type Refusal = (ResponseStatus, String);
 
-fn execute_inner(ctx: Ctx<'_>, req: Request) -> Result<Step, Failure> {
+fn execute_inner(ctx: Ctx<'_>, req: Request) -> Result<Step, Refusal> {
     let id = req.id;
     if req.version != 0 && req.version != dlock::PROTOCOL_VERSION {
         return Err((
@@ -182,7 +186,7 @@ fn execute_inner(ctx: Ctx<'_>, req: Request) -> Result<Step, Failure> {
     }
 }
 
-fn lock(ctx: Ctx<'_>, id: u64, body: RequestLock) -> Result<Step, Failure> {
+fn lock(ctx: Ctx<'_>, id: u64, body: RequestLock) -> Result<Step, Refusal> {
     if body.fence != 0 {
         return Err((
             ResponseStatus::InvalidArgument,
@@ -200,12 +204,12 @@ fn lock(ctx: Ctx<'_>, id: u64, body: RequestLock) -> Result<Step, Failure> {
         micros => Some(lease_of(ctx.config, micros)?),
     };
     let wait = if body.try_lock {
-        Wait::No
+        WaitLimit::No
     } else if body.wait_micro == 0 {
-        Wait::Forever
+        WaitLimit::Forever
     } else {
         // Relative to the command's time, which the lock state reads once.
-        Wait::For(Duration::from_micros(body.wait_micro))
+        WaitLimit::For(Duration::from_micros(body.wait_micro))
     };
     let keys = checked_keys(ctx.config, body.keys)?;
     match ctx.db.lock(ctx.owner, keys, wait, lease) {
@@ -240,7 +244,7 @@ fn fence_of(body: &RequestLock) -> Option<u64> {
     (body.fence != 0).then_some(body.fence)
 }
 
-fn lease_of(config: &Config, micros: u64) -> Result<Duration, Failure> {
+fn lease_of(config: &Config, micros: u64) -> Result<Duration, Refusal> {
     let lease = Duration::from_micros(micros);
     if lease > config.max_lease {
         return Err((
@@ -264,13 +268,13 @@ fn held_result(id: u64, not_held: Vec<Key>, text: &str) -> Response {
 }
 
 /// Checks the key list against the limits and converts it for the table.
-fn checked_keys(config: &Config, keys: Vec<String>) -> Result<Vec<Key>, Failure> {
+fn checked_keys(config: &Config, keys: Vec<String>) -> Result<Vec<Key>, Refusal> {
     validate_keys(config, &keys)?;
     Ok(keys.into_iter().map(Key::from).collect())
 }
 
 /// Checks the key list against the limits.
-fn validate_keys(config: &Config, keys: &[String]) -> Result<(), Failure> {
+fn validate_keys(config: &Config, keys: &[String]) -> Result<(), Refusal> {
     if keys.is_empty() {
         return Err((ResponseStatus::NoKeys, "request names no keys".into()));
     }

@@ -8,9 +8,14 @@
 //! memory would be empty buckets. Stable slot numbers also let the lease
 //! heap name a key with 4 bytes instead of a pointer to its name.
 
-use crate::table::Key;
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
+use std::sync::Arc;
+
+/// A lock name. Shared between the key map, the queues and the heaps; it
+/// lives here, with the map that owns the names, so the table depends on the
+/// map and not both ways.
+pub type Key = Arc<str>;
 
 /// A slot number: where a key's entry lives for as long as the key does.
 pub type Slot = u32;
@@ -105,8 +110,11 @@ impl<V> KeyMap<V> {
             None => {
                 let slot = self.free.pop().unwrap_or_else(|| {
                     self.slots.push(None);
-                    // The table's limits keep keys far below 2^32.
-                    Slot::try_from(self.slots.len() - 1).unwrap_or(Slot::MAX)
+                    // Slot::MAX would alias a live entry and corrupt the
+                    // table, so running out of slot numbers must stop here.
+                    Slot::try_from(self.slots.len() - 1).expect(
+                        "the table's limits on held keys and waiters keep slots far below 2^32",
+                    )
                 });
                 // Indexed before it is filled: growing the index rehashes
                 // only the entries already in it.

@@ -95,19 +95,11 @@ async fn shutdown_signal() {
 
 /// Each connection is a descriptor, and the default soft limit (often 1024)
 /// is far below --max-connections: lift it to the hard limit, as servers do.
+/// A failure leaves the limit as it was: the server still runs, with fewer
+/// connections.
 fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit read and write only the local struct.
-    let raised = unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max && {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0
-        }
-    };
-    if raised {
-        tracing::debug!(limit = lim.rlim_cur, "raised the open-file limit");
+    // u64::MAX asks for the hard limit (capped where the OS caps it lower).
+    if let Ok(limit) = rlimit::increase_nofile_limit(u64::MAX) {
+        tracing::debug!(limit, "open-file limit");
     }
 }

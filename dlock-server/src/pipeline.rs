@@ -181,11 +181,13 @@ impl Pipeline {
     /// Takes the first accepted frame's body out of the input and returns it
     /// decoded; the caller has checked that there is one.
     fn pop_request(&mut self) -> Result<Request, prost::DecodeError> {
-        let len = match frame_len(&self.input, self.max_frame) {
-            Ok(Some(len)) => len,
-            // Scanned frames are whole and within the limit.
-            _ => 0,
-        };
+        // `frames` counts only frames that scanning found whole and within
+        // the limit, so anything else here is a bug in the scan: decoding a
+        // made-up length instead would answer a request nobody sent.
+        let len = frame_len(&self.input, self.max_frame)
+            .ok()
+            .flatten()
+            .expect("pop_request is called only when scanning accepted a whole frame");
         let decoded = Request::decode(&self.input[LEN_PREFIX..LEN_PREFIX + len]);
         self.input.advance(LEN_PREFIX + len);
         self.scanned -= LEN_PREFIX + len;

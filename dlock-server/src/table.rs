@@ -51,20 +51,17 @@ mod queue;
 mod snapshot;
 mod time;
 
-pub use command::{Command, LockResult, Output, Reply, Wake, Woken};
+pub use command::{Command, LockResult, Output, Reply, WaitOutcome, Woken};
 pub use snapshot::{BadSnapshot, Snapshot};
 pub use time::Time;
 
+pub use crate::keymap::Key;
 use crate::keymap::KeyMap;
 use deadlines::Deadlines;
 use queue::Queue;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
-
-/// A lock name. Shared between the key map, the queues and the heaps.
-pub type Key = Arc<str>;
 
 /// Who holds or waits: one id per client connection, chosen by the caller
 /// and never reused. The table needs no command to open an owner: one with
@@ -76,7 +73,7 @@ pub type ReqId = u64;
 
 /// How long a Lock request may wait for busy keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Wait {
+pub enum WaitLimit {
     /// Do not wait: answer at once.
     No,
     /// Wait without limit.
@@ -259,7 +256,7 @@ impl LockTable {
         &mut self,
         owner: OwnerId,
         keys: Vec<Key>,
-        wait: Wait,
+        wait: WaitLimit,
         lease: Option<Duration>,
         now: Time,
     ) -> LockResult {
@@ -286,9 +283,9 @@ impl LockTable {
             return LockResult::Granted { fence };
         }
         let deadline = match wait {
-            Wait::No => return LockResult::Busy(unavailable),
-            Wait::Forever => None,
-            Wait::For(d) => match now.checked_add(d) {
+            WaitLimit::No => return LockResult::Busy(unavailable),
+            WaitLimit::Forever => None,
+            WaitLimit::For(d) => match now.checked_add(d) {
                 Some(t) if t <= now => return LockResult::Busy(unavailable),
                 t => t,
             },
@@ -453,7 +450,7 @@ impl LockTable {
                 req,
                 owner: w.owner,
                 keys: w.keys,
-                wake: Wake::TimedOut(busy),
+                wake: WaitOutcome::TimedOut(busy),
             });
             self.pump(work, now, &mut out.woken);
             self.forget_owner_if_idle(w.owner);

@@ -4,7 +4,8 @@
 //! determinism contract in `dlock_server::table`).
 
 use dlock_server::table::{
-    Command, Key, LockResult, LockTable, Output, Reply, Snapshot, TableLimits, Time, Wait, Wake,
+    Command, Key, LockResult, LockTable, Output, Reply, Snapshot, TableLimits, Time, WaitLimit,
+    WaitOutcome,
 };
 use proptest::prelude::*;
 use std::time::Duration;
@@ -33,11 +34,11 @@ fn command() -> impl Strategy<Value = Command> {
     // Tokens start at 1 and the streams are short: most of these were issued.
     let fence = 1u64..40;
     let wait = prop_oneof![
-        Just(Wait::No),
-        Just(Wait::Forever),
-        millis(3_000).prop_map(Wait::For),
-        Just(Wait::For(Duration::ZERO)),
-        Just(Wait::For(Duration::MAX)),
+        Just(WaitLimit::No),
+        Just(WaitLimit::Forever),
+        millis(3_000).prop_map(WaitLimit::For),
+        Just(WaitLimit::For(Duration::ZERO)),
+        Just(WaitLimit::For(Duration::MAX)),
     ];
     prop_oneof![
         6 => (owner.clone(), keys(), wait, prop::option::of(millis(4_000)))
@@ -122,7 +123,7 @@ proptest! {
     }
 }
 
-fn lock(t: &mut LockTable, owner: u64, names: &[&str], wait: Wait) -> LockResult {
+fn lock(t: &mut LockTable, owner: u64, names: &[&str], wait: WaitLimit) -> LockResult {
     let cmd = Command::Lock {
         owner,
         keys: names.iter().map(|k| Key::from(*k)).collect(),
@@ -145,14 +146,14 @@ fn a_disconnect_hands_tokens_to_waiters_the_same_way_every_time() {
     for _ in 0..50 {
         let mut t = LockTable::new(limits_for(names.len()), 1);
         assert!(matches!(
-            lock(&mut t, 1, &names, Wait::No),
+            lock(&mut t, 1, &names, WaitLimit::No),
             LockResult::Granted { .. }
         ));
         // Waiters arrive in the reverse of key order, one key each.
         for (i, k) in names.iter().rev().enumerate() {
             let owner = 10 + i as u64;
             assert!(matches!(
-                lock(&mut t, owner, &[k], Wait::Forever),
+                lock(&mut t, owner, &[k], WaitLimit::Forever),
                 LockResult::Waiting(_)
             ));
         }
@@ -161,7 +162,7 @@ fn a_disconnect_hands_tokens_to_waiters_the_same_way_every_time() {
             .woken
             .iter()
             .map(|w| match w.wake {
-                Wake::Granted { fence } => (w.owner, fence),
+                WaitOutcome::Granted { fence } => (w.owner, fence),
                 ref other => panic!("{other:?}"),
             })
             .collect();
@@ -189,7 +190,7 @@ fn a_snapshot_keeps_stale_deadlines_and_the_time() {
     let cmd = Command::Lock {
         owner: 1,
         keys: vec![Key::from("a"), Key::from("b")],
-        wait: Wait::No,
+        wait: WaitLimit::No,
         lease: Some(lease),
     };
     t.apply(cmd, Time::from_micros(1));
@@ -219,8 +220,8 @@ fn a_snapshot_keeps_stale_deadlines_and_the_time() {
 #[test]
 fn a_damaged_snapshot_is_refused() {
     let mut t = LockTable::new(limits(), 1);
-    lock(&mut t, 1, &["a"], Wait::No);
-    lock(&mut t, 2, &["a"], Wait::Forever);
+    lock(&mut t, 1, &["a"], WaitLimit::No);
+    lock(&mut t, 2, &["a"], WaitLimit::Forever);
     let good = serde_json::to_value(t.snapshot()).unwrap();
     let mut no_owner = good.clone();
     no_owner["owners"] = serde_json::json!([]);

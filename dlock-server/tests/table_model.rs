@@ -10,8 +10,8 @@
 //! and the table's own invariants must hold.
 
 use dlock_server::table::{
-    Command, Key, LockResult, LockTable, Output, OwnerId, Reply, ReqId, TableLimits, Time, Wait,
-    Wake, Woken,
+    Command, Key, LockResult, LockTable, Output, OwnerId, Reply, ReqId, TableLimits, Time,
+    WaitLimit, WaitOutcome, Woken,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -164,9 +164,9 @@ fn events(woken: &[Woken]) -> Vec<Event> {
     woken
         .iter()
         .map(|w| match &w.wake {
-            Wake::Granted { fence } => Event::Granted(w.req, *fence),
-            Wake::TimedOut(busy) => Event::TimedOut(w.req, busy.clone()),
-            Wake::LimitReached => panic!("the model's limits are never reached"),
+            WaitOutcome::Granted { fence } => Event::Granted(w.req, *fence),
+            WaitOutcome::TimedOut(busy) => Event::TimedOut(w.req, busy.clone()),
+            WaitOutcome::LimitReached => panic!("the model's limits are never reached"),
         })
         .collect()
 }
@@ -176,7 +176,7 @@ fn lock(
     t: &mut LockTable,
     owner: OwnerId,
     keys: Vec<Key>,
-    wait: Wait,
+    wait: WaitLimit,
     lease: Option<Duration>,
     now: Time,
 ) -> LockResult {
@@ -261,9 +261,9 @@ impl Harness {
                 let names: Vec<&str> = ks.iter().map(|i| KEYS[*i]).collect();
                 let set: BTreeSet<Key> = keys(&names).into_iter().collect();
                 let wait_mode = match (no_wait, wait) {
-                    (true, _) => Wait::No,
-                    (false, Some(t)) => Wait::For(self.tick(t)),
-                    (false, None) => Wait::Forever,
+                    (true, _) => WaitLimit::No,
+                    (false, Some(t)) => WaitLimit::For(self.tick(t)),
+                    (false, None) => WaitLimit::Forever,
                 };
                 let lease = lease.map(|t| self.tick(t));
                 let immediate = set
@@ -502,16 +502,17 @@ fn multi_key_request_is_not_starved_by_single_key_stream() {
     let mut t = table();
     let now = Time::from_micros(1_000_000);
     assert!(matches!(
-        lock(&mut t, 1, keys(&["a"]), Wait::Forever, None, now),
+        lock(&mut t, 1, keys(&["a"]), WaitLimit::Forever, None, now),
         LockResult::Granted { .. }
     ));
-    let LockResult::Waiting(multi) = lock(&mut t, 2, keys(&["a", "b"]), Wait::Forever, None, now)
+    let LockResult::Waiting(multi) =
+        lock(&mut t, 2, keys(&["a", "b"]), WaitLimit::Forever, None, now)
     else {
         panic!("multi-key request should wait")
     };
     // "b" is free, but the multi-key request queued for it first.
     assert!(matches!(
-        lock(&mut t, 3, keys(&["b"]), Wait::Forever, None, now),
+        lock(&mut t, 3, keys(&["b"]), WaitLimit::Forever, None, now),
         LockResult::Waiting(_)
     ));
     let (_, woken) = release(&mut t, unlock(1, &["a"]), now);
@@ -525,14 +526,14 @@ fn overlapping_waiters_do_not_deadlock() {
     let mut t = table();
     let now = Time::from_micros(1_000_000);
     assert!(matches!(
-        lock(&mut t, 1, keys(&["a", "b"]), Wait::Forever, None, now),
+        lock(&mut t, 1, keys(&["a", "b"]), WaitLimit::Forever, None, now),
         LockResult::Granted { .. }
     ));
-    let LockResult::Waiting(r1) = lock(&mut t, 2, keys(&["a", "b"]), Wait::Forever, None, now)
+    let LockResult::Waiting(r1) = lock(&mut t, 2, keys(&["a", "b"]), WaitLimit::Forever, None, now)
     else {
         panic!()
     };
-    let LockResult::Waiting(r2) = lock(&mut t, 3, keys(&["b", "a"]), Wait::Forever, None, now)
+    let LockResult::Waiting(r2) = lock(&mut t, 3, keys(&["b", "a"]), WaitLimit::Forever, None, now)
     else {
         panic!()
     };
@@ -548,15 +549,16 @@ fn overlapping_waiters_do_not_deadlock() {
 fn relocking_own_key_succeeds_at_once_with_new_fence() {
     let mut t = table();
     let now = Time::from_micros(1_000_000);
-    let LockResult::Granted { fence: f1 } = lock(&mut t, 1, keys(&["a"]), Wait::No, None, now)
+    let LockResult::Granted { fence: f1 } = lock(&mut t, 1, keys(&["a"]), WaitLimit::No, None, now)
     else {
         panic!()
     };
     assert!(matches!(
-        lock(&mut t, 2, keys(&["a"]), Wait::Forever, None, now),
+        lock(&mut t, 2, keys(&["a"]), WaitLimit::Forever, None, now),
         LockResult::Waiting(_)
     ));
-    let LockResult::Granted { fence: f2 } = lock(&mut t, 1, keys(&["a", "a"]), Wait::No, None, now)
+    let LockResult::Granted { fence: f2 } =
+        lock(&mut t, 1, keys(&["a", "a"]), WaitLimit::No, None, now)
     else {
         panic!()
     };
@@ -576,19 +578,26 @@ fn limits_are_enforced_without_side_effects() {
     );
     let now = Time::from_micros(1_000_000);
     assert_eq!(
-        lock(&mut t, 1, keys(&["a", "b", "c"]), Wait::Forever, None, now),
+        lock(
+            &mut t,
+            1,
+            keys(&["a", "b", "c"]),
+            WaitLimit::Forever,
+            None,
+            now
+        ),
         LockResult::LimitReached("held keys")
     );
     assert!(matches!(
-        lock(&mut t, 1, keys(&["a", "b"]), Wait::Forever, None, now),
+        lock(&mut t, 1, keys(&["a", "b"]), WaitLimit::Forever, None, now),
         LockResult::Granted { .. }
     ));
     assert!(matches!(
-        lock(&mut t, 2, keys(&["a"]), Wait::Forever, None, now),
+        lock(&mut t, 2, keys(&["a"]), WaitLimit::Forever, None, now),
         LockResult::Waiting(_)
     ));
     assert_eq!(
-        lock(&mut t, 3, keys(&["b"]), Wait::Forever, None, now),
+        lock(&mut t, 3, keys(&["b"]), WaitLimit::Forever, None, now),
         LockResult::LimitReached("waiters")
     );
     assert_eq!(t.waiting(), 1);
@@ -601,10 +610,11 @@ fn lease_expiry_hands_key_to_waiter_before_its_limit() {
     let now = Time::from_micros(1_000_000);
     let s = Duration::from_secs(1);
     assert!(matches!(
-        lock(&mut t, 1, keys(&["a"]), Wait::No, Some(2 * s), now),
+        lock(&mut t, 1, keys(&["a"]), WaitLimit::No, Some(2 * s), now),
         LockResult::Granted { .. }
     ));
-    let LockResult::Waiting(r) = lock(&mut t, 2, keys(&["a"]), Wait::For(2 * s), None, now) else {
+    let LockResult::Waiting(r) = lock(&mut t, 2, keys(&["a"]), WaitLimit::For(2 * s), None, now)
+    else {
         panic!()
     };
     assert_eq!(t.next_deadline(), Some(at(now, 2 * s)));
@@ -612,7 +622,7 @@ fn lease_expiry_hands_key_to_waiter_before_its_limit() {
     let adv = advance(&mut t, at(now, 2 * s));
     assert_eq!(adv.expired_leases, 1);
     assert!(
-        matches!(adv.woken.as_slice(), [w] if w.req == r && matches!(w.wake, Wake::Granted { .. }))
+        matches!(adv.woken.as_slice(), [w] if w.req == r && matches!(w.wake, WaitOutcome::Granted { .. }))
     );
 }
 
@@ -625,7 +635,7 @@ fn renewing_often_keeps_heap_bounded() {
             &mut t,
             1,
             keys(&["a"]),
-            Wait::No,
+            WaitLimit::No,
             Some(Duration::from_secs(10)),
             now
         ),
@@ -659,22 +669,23 @@ fn holder_asking_for_one_more_key_passes_a_waiter_blocked_on_it() {
     let mut t = table();
     let now = Time::from_micros(1_000_000);
     assert!(matches!(
-        lock(&mut t, 1, keys(&["x"]), Wait::No, None, now),
+        lock(&mut t, 1, keys(&["x"]), WaitLimit::No, None, now),
         LockResult::Granted { .. }
     ));
-    let LockResult::Waiting(both) = lock(&mut t, 2, keys(&["x", "y"]), Wait::Forever, None, now)
+    let LockResult::Waiting(both) =
+        lock(&mut t, 2, keys(&["x", "y"]), WaitLimit::Forever, None, now)
     else {
         panic!("waits for x")
     };
     // Strict FIFO would queue owner 1 behind owner 2 on y while owner 2 waits
     // for owner 1's x: a deadlock. Owner 2 cannot go first anyway.
     assert!(matches!(
-        lock(&mut t, 1, keys(&["y"]), Wait::No, None, now),
+        lock(&mut t, 1, keys(&["y"]), WaitLimit::No, None, now),
         LockResult::Granted { .. }
     ));
     // Someone holding nothing still queues behind the waiter.
     assert!(matches!(
-        lock(&mut t, 3, keys(&["y"]), Wait::No, None, now),
+        lock(&mut t, 3, keys(&["y"]), WaitLimit::No, None, now),
         LockResult::Busy(_)
     ));
     let woken = disconnect(&mut t, 1, now).woken;
@@ -693,15 +704,21 @@ fn waiter_that_would_exceed_held_keys_limit_is_withdrawn() {
     );
     let now = Time::from_micros(1_000_000);
     assert!(matches!(
-        lock(&mut t, 1, keys(&["a"]), Wait::No, None, now),
+        lock(&mut t, 1, keys(&["a"]), WaitLimit::No, None, now),
         LockResult::Granted { .. }
     ));
-    let LockResult::Waiting(r) = lock(&mut t, 2, keys(&["a", "b", "c"]), Wait::Forever, None, now)
-    else {
+    let LockResult::Waiting(r) = lock(
+        &mut t,
+        2,
+        keys(&["a", "b", "c"]),
+        WaitLimit::Forever,
+        None,
+        now,
+    ) else {
         panic!()
     };
     let (_, woken) = release(&mut t, unlock(1, &["a"]), now);
-    assert!(matches!(woken.as_slice(), [w] if w.req == r && w.wake == Wake::LimitReached));
+    assert!(matches!(woken.as_slice(), [w] if w.req == r && w.wake == WaitOutcome::LimitReached));
     assert_eq!((t.held_keys(), t.waiting(), t.tracked_keys()), (0, 0, 0));
     t.check_invariants().unwrap();
 }

@@ -5,7 +5,7 @@
 use crate::history::Hold;
 use crate::honest::status;
 use crate::report::add;
-use crate::run::Shared;
+use crate::run::Workload;
 use crate::target::IDLE_TIMEOUT;
 use crate::wire::Wire;
 use dlock::proto::{RequestType, ResponseStatus};
@@ -35,7 +35,7 @@ pub const KINDS: [&str; 7] = [
     "frozen path holding",
 ];
 
-pub async fn run(kind: usize, id: u64, sh: Arc<Shared>, seed: u64) {
+pub async fn run(kind: usize, id: u64, sh: Arc<Workload>, seed: u64) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let name = KINDS[kind % KINDS.len()];
     sh.report.fault(name);
@@ -59,7 +59,7 @@ pub async fn run(kind: usize, id: u64, sh: Arc<Shared>, seed: u64) {
 async fn take(
     id: u64,
     w: &mut Wire,
-    sh: &Shared,
+    sh: &Workload,
     rng: &mut fastrand::Rng,
 ) -> Result<Option<(Vec<String>, u64)>, String> {
     let n = rng.usize(1..=2.min(sh.keys.len()));
@@ -100,7 +100,7 @@ async fn take(
 }
 
 /// Holds keys, then resets the connection: the server must release them.
-async fn rst(id: u64, sh: &Shared, rng: &mut fastrand::Rng) -> Result<(), String> {
+async fn rst(id: u64, sh: &Workload, rng: &mut fastrand::Rng) -> Result<(), String> {
     let mut w = Wire::connect(sh.addr).await.map_err(|e| e.to_string())?;
     take(id, &mut w, sh, rng).await?;
     if rng.bool() {
@@ -118,7 +118,7 @@ async fn rst(id: u64, sh: &Shared, rng: &mut fastrand::Rng) -> Result<(), String
 /// Holds keys, then sends nothing: the server must drop the connection
 /// after its idle timeout. A write with the old token afterwards is stale
 /// and, once someone else has written, rejected.
-async fn silent(id: u64, sh: &Shared, rng: &mut fastrand::Rng) -> Result<(), String> {
+async fn silent(id: u64, sh: &Workload, rng: &mut fastrand::Rng) -> Result<(), String> {
     let mut w = Wire::connect(sh.addr).await.map_err(|e| e.to_string())?;
     let held = take(id, &mut w, sh, rng).await?;
     if !w.await_close(IDLE_TIMEOUT + SLACK).await {
@@ -140,7 +140,7 @@ async fn silent(id: u64, sh: &Shared, rng: &mut fastrand::Rng) -> Result<(), Str
 /// Holds a key, then pipelines Inspects of many keys without reading the
 /// answers, which are larger than the requests: once the socket buffers
 /// are full the server must drop it after its write timeout.
-async fn stops_reading(id: u64, sh: &Shared, rng: &mut fastrand::Rng) -> Result<(), String> {
+async fn stops_reading(id: u64, sh: &Workload, rng: &mut fastrand::Rng) -> Result<(), String> {
     let mut w = Wire::connect(sh.addr).await.map_err(|e| e.to_string())?;
     take(id, &mut w, sh, rng).await?;
     let keys: Vec<String> = (0..64).map(|i| format!("unread-{i}")).collect();
@@ -167,7 +167,7 @@ async fn stops_reading(id: u64, sh: &Shared, rng: &mut fastrand::Rng) -> Result<
 }
 
 /// Two bytes of a length prefix, then nothing.
-async fn half_frame(sh: &Shared) -> Result<(), String> {
+async fn half_frame(sh: &Workload) -> Result<(), String> {
     let mut w = Wire::connect(sh.addr).await.map_err(|e| e.to_string())?;
     w.stream
         .write_all(&[0, 0])
@@ -181,7 +181,7 @@ async fn half_frame(sh: &Shared) -> Result<(), String> {
 }
 
 /// Random bytes, sometimes behind a plausible length prefix.
-async fn garbage(sh: &Shared, rng: &mut fastrand::Rng) -> Result<(), String> {
+async fn garbage(sh: &Workload, rng: &mut fastrand::Rng) -> Result<(), String> {
     let mut w = Wire::connect(sh.addr).await.map_err(|e| e.to_string())?;
     let len = rng.usize(1..2_000);
     let mut bytes: Vec<u8> = std::iter::repeat_with(|| rng.u8(..)).take(len).collect();
@@ -199,7 +199,7 @@ async fn garbage(sh: &Shared, rng: &mut fastrand::Rng) -> Result<(), String> {
 }
 
 /// Many connections at once; half ping, all leave, some by reset.
-async fn storm(sh: &Shared, rng: &mut fastrand::Rng) -> Result<(), String> {
+async fn storm(sh: &Workload, rng: &mut fastrand::Rng) -> Result<(), String> {
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..STORM {
         let addr = sh.addr;
@@ -237,7 +237,7 @@ async fn storm(sh: &Shared, rng: &mut fastrand::Rng) -> Result<(), String> {
 /// The client library's own rule must make it stop writing before the
 /// server can hand the keys on; its hold ends when the guard says so, and
 /// the history checks that no later holder started before that.
-async fn frozen_path(id: u64, sh: &Shared, rng: &mut fastrand::Rng) -> Result<(), String> {
+async fn frozen_path(id: u64, sh: &Workload, rng: &mut fastrand::Rng) -> Result<(), String> {
     let proxy = FreezableProxy::start(sh.addr).await;
     let client = Client::connect(&proxy.addr_string())
         .await

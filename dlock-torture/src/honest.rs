@@ -4,7 +4,7 @@
 
 use crate::history::Hold;
 use crate::report::add;
-use crate::run::Shared;
+use crate::run::Workload;
 use crate::wire::{CallError, Wire};
 use dlock::proto::{RequestType, Response, ResponseStatus};
 use std::sync::Arc;
@@ -22,7 +22,7 @@ const FOREVER_PATIENCE: Duration = Duration::from_secs(60);
 /// which starts before the server's.
 const LEASE_MARGIN: Duration = Duration::from_millis(100);
 
-pub async fn run(client: u64, sh: Arc<Shared>, seed: u64) {
+pub async fn run(client: u64, sh: Arc<Workload>, seed: u64) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut wire = None;
     while Instant::now() < sh.stop_at {
@@ -63,7 +63,7 @@ enum Next {
 async fn round(
     client: u64,
     w: &mut Wire,
-    sh: &Shared,
+    sh: &Workload,
     rng: &mut fastrand::Rng,
 ) -> Result<Next, CallError> {
     let n = rng.usize(1..=4.min(sh.keys.len()));
@@ -160,7 +160,7 @@ async fn round(
 async fn release(
     client: u64,
     w: &mut Wire,
-    sh: &Shared,
+    sh: &Workload,
     keys: &[String],
     valid_until: Option<Instant>,
 ) -> Result<Next, CallError> {
@@ -181,7 +181,7 @@ async fn release(
 
 /// Writes under `fence` to every key; the register must accept, since the
 /// client holds the keys.
-fn write_all(client: u64, sh: &Shared, keys: &[String], fence: u64) {
+fn write_all(client: u64, sh: &Workload, keys: &[String], fence: u64) {
     for k in keys {
         add(&sh.report.ops.register_writes, 1);
         if !sh.register.write(k, fence) {

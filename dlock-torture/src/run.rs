@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// What every client task shares.
-pub struct Shared {
+/// What every client task of a run shares: the target, the keys, and the
+/// records the checker reads. Named apart from the server's `Shared`.
+pub struct Workload {
     pub addr: SocketAddr,
     pub keys: Vec<String>,
     pub register: Register,
@@ -42,7 +43,7 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
         (None, None) => Target::in_process()?,
     };
     let began = std::time::Instant::now();
-    let sh = Arc::new(Shared {
+    let sh = Arc::new(Workload {
         addr: target.addr(),
         keys: (0..args.keys).map(|i| format!("key-{i}")).collect(),
         register: Register::default(),
@@ -124,7 +125,7 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
 
 /// Starts faults at `rate` per second, cycling through the kinds, until the
 /// run's deadline; waits for those in progress to finish.
-async fn schedule_faults(sh: Arc<Shared>, rate: f64, seed: u64) {
+async fn schedule_faults(sh: Arc<Workload>, rate: f64, seed: u64) {
     if rate <= 0.0 {
         return;
     }
@@ -155,7 +156,7 @@ async fn schedule_faults(sh: Arc<Shared>, rate: f64, seed: u64) {
 
 /// Polls the server's stats until it holds nothing, has no waiters and
 /// only the control connection; a violation if that takes too long.
-async fn await_empty(control: &mut Wire, sh: &Shared) -> Option<ServerStats> {
+async fn await_empty(control: &mut Wire, sh: &Workload) -> Option<ServerStats> {
     let deadline = Instant::now() + DRAIN + IDLE_TIMEOUT;
     let mut last = None;
     while Instant::now() < deadline {

@@ -5,7 +5,7 @@
 //! so a log of `(command, time)` pairs replays to the same state and the
 //! same outputs.
 
-use super::{Key, OwnerId, ReqId, Wait};
+use super::{Key, OwnerId, ReqId, WaitLimit};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ pub enum Command {
         /// The keys, in any order.
         keys: Vec<Key>,
         /// How long it may wait, from the command's time.
-        wait: Wait,
+        wait: WaitLimit,
         /// How long the keys are held once granted, from the grant's time.
         lease: Option<Duration>,
     },
@@ -119,7 +119,7 @@ pub enum LockResult {
     },
     /// The request waits; its outcome comes later as a [`Woken`].
     Waiting(ReqId),
-    /// `Wait::No` and these keys were not available.
+    /// `WaitLimit::No` and these keys were not available.
     Busy(Vec<Key>),
     /// The named limit would be exceeded; nothing changed.
     LimitReached(&'static str),
@@ -129,7 +129,7 @@ pub enum LockResult {
 
 /// The outcome of a request that had to wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Wake {
+pub enum WaitOutcome {
     /// The request holds its keys under this fencing token.
     Granted {
         /// The fencing token of the grant.
@@ -151,5 +151,5 @@ pub struct Woken {
     /// The keys it asked for, sorted, without duplicates.
     pub keys: Vec<Key>,
     /// What happened to it.
-    pub wake: Wake,
+    pub wake: WaitOutcome,
 }

@@ -1,7 +1,7 @@
 //! Who may take a key, and handing keys on: the availability rules, the
 //! grant itself, and the pump that grants waiters when keys change.
 
-use super::{Hold, Key, LockTable, OwnerId, ReqId, Time, Wake, Woken};
+use super::{Hold, Key, LockTable, OwnerId, ReqId, Time, WaitOutcome, Woken};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
@@ -185,7 +185,7 @@ impl LockTable {
                     req,
                     owner: w.owner,
                     keys: w.keys,
-                    wake: Wake::LimitReached,
+                    wake: WaitOutcome::LimitReached,
                 });
                 continue;
             }
@@ -200,7 +200,7 @@ impl LockTable {
                 req,
                 owner: w.owner,
                 keys: w.keys,
-                wake: Wake::Granted { fence },
+                wake: WaitOutcome::Granted { fence },
             });
         }
     }

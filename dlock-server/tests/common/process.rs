@@ -35,20 +35,10 @@ impl Process {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         if let Some(n) = nofile {
-            // SAFETY: setrlimit is async-signal-safe and only reads the
-            // struct on this stack.
+            // SAFETY: rlimit::setrlimit is one setrlimit(2) call, which is
+            // async-signal-safe; it allocates nothing, also on error.
             unsafe {
-                cmd.pre_exec(move || {
-                    let lim = libc::rlimit {
-                        rlim_cur: n,
-                        rlim_max: n,
-                    };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                });
+                cmd.pre_exec(move || rlimit::setrlimit(rlimit::Resource::NOFILE, n, n));
             }
         }
         let mut child = cmd.spawn().expect("spawn dlock-server");
@@ -169,17 +159,10 @@ impl Drop for Process {
 
 /// Lifts this test process's open-file limit to its hard limit, for tests
 /// that open many connections.
+/// Returns the soft limit in force afterwards (0 if it cannot be read).
 pub fn raise_own_fd_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit read and write only the local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-    lim.rlim_cur
+    // u64::MAX asks for the hard limit, as dlock-server's own start does.
+    rlimit::increase_nofile_limit(u64::MAX)
+        .or_else(|_| rlimit::getrlimit(rlimit::Resource::NOFILE).map(|(soft, _)| soft))
+        .unwrap_or(0)
 }
