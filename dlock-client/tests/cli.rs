@@ -5,6 +5,9 @@
 //! Nothing here sleeps to synchronise: tests wait for events (a waiter
 //! showing up in Inspect, a line on the child's stdout, a process exiting).
 
+mod common;
+
+use common::{code, finish, stderr, stdout, PATIENCE};
 use dlock::{Client, LockOptions};
 use dlock_server::testing::TestServer;
 use std::process::{Output, Stdio};
@@ -12,38 +15,12 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-/// Upper bound for anything a test waits for; only reached on failure.
-const PATIENCE: Duration = Duration::from_secs(30);
-
 fn dlock(server: &TestServer, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    cmd.args(args)
-        .env("DLOCK_SERVER", server.addr_string())
-        .env_remove("DLOCK_TOKEN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    cmd
+    common::dlock_at(&server.addr_string(), args)
 }
 
 async fn run(server: &TestServer, args: &[&str]) -> Output {
-    tokio::time::timeout(PATIENCE, dlock(server, args).output())
-        .await
-        .expect("dlock finishes")
-        .expect("dlock runs")
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().expect("dlock exits normally")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    common::run_at(&server.addr_string(), args).await
 }
 
 async fn client(server: &TestServer) -> Client {
@@ -79,13 +56,6 @@ async fn await_line(child: &mut Child, line: &str) -> String {
     .await;
     assert_eq!(found, Ok(true), "command never printed {line:?}");
     seen
-}
-
-async fn finish(child: Child) -> Output {
-    tokio::time::timeout(PATIENCE, child.wait_with_output())
-        .await
-        .expect("dlock finishes")
-        .expect("dlock output")
 }
 
 fn signal(child: &Child, sig: i32) {

@@ -90,21 +90,9 @@ async fn a_paused_dlock_cannot_leave_its_command_running() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_dlock_kills_the_command_and_its_group() {
     let server = TestServer::start(&[]).await;
-    let mut child = dlock_at(
-        &server.addr_string(),
-        &["-k", "sigk", "-c", "sleep 600 & echo $!; echo $$; wait"],
-    )
-    .spawn()
-    .unwrap();
-    let pids: Vec<i32> = lines(&mut child, 2)
-        .await
-        .iter()
-        .map(|l| l.parse().unwrap())
-        .collect();
+    let (child, pids) = with_background_child(&server.addr_string(), "sigk", Stdio::null()).await;
     signal_pid(pid_of(&child), libc::SIGKILL);
-    for pid in pids {
-        await_state(pid, "dead", |s| matches!(s, None | Some('Z') | Some('X'))).await;
-    }
+    await_all_dead(&pids).await;
     let _ = finish(child).await;
 }
 

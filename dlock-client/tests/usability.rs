@@ -158,22 +158,9 @@ async fn on_a_terminal_sigterm_reaches_everything_the_command_started() {
             std::fs::File::from_raw_fd(slave),
         )
     };
-    let mut child = dlock_at(
-        &server.addr_string(),
-        &["-k", "tty", "-c", "sleep 600 & echo $!; echo $$; wait"],
-    )
-    .stdin(slave)
-    .spawn()
-    .unwrap();
-    let pids: Vec<i32> = lines(&mut child, 2)
-        .await
-        .iter()
-        .map(|l| l.parse().unwrap())
-        .collect();
+    let (child, pids) = with_background_child(&server.addr_string(), "tty", slave.into()).await;
     signal_pid(pid_of(&child), libc::SIGTERM);
-    for pid in pids {
-        await_state(pid, "dead", |s| matches!(s, None | Some('Z') | Some('X'))).await;
-    }
+    await_all_dead(&pids).await;
     let o = finish(child).await;
     assert_eq!(code(&o), 128 + libc::SIGTERM, "{}", stderr(&o));
 }

@@ -107,3 +107,28 @@ pub async fn await_state(pid: i32, what: &str, ok: impl Fn(Option<char>) -> bool
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// Waits until every one of `pids` has ended.
+pub async fn await_all_dead(pids: &[i32]) {
+    for &pid in pids {
+        await_state(pid, "dead", |s| matches!(s, None | Some('Z') | Some('X'))).await;
+    }
+}
+
+/// Runs `sh -c SCRIPT` under dlock on `key`, where SCRIPT starts a
+/// background child and prints its pid, then its own: returns dlock and both.
+pub async fn with_background_child(server: &str, key: &str, stdin: Stdio) -> (Child, Vec<i32>) {
+    let mut child = dlock_at(
+        server,
+        &["-k", key, "-c", "sleep 600 & echo $!; echo $$; wait"],
+    )
+    .stdin(stdin)
+    .spawn()
+    .expect("dlock runs");
+    let pids = lines(&mut child, 2)
+        .await
+        .iter()
+        .map(|l| l.parse().expect("a pid"))
+        .collect();
+    (child, pids)
+}
