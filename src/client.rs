@@ -134,12 +134,15 @@ impl LockOptions {
 /// A connection to a dlock server, shared by cloning.
 ///
 /// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), dlock::Error> {
-/// # let server = dlock_server::testing::TestServer::start(&[]).await;
-/// # let addr = server.addr_string(); // "127.0.0.1:7436" for a default server
 /// use dlock::{Client, Error, LockOptions};
 /// use std::time::Duration;
+///
+/// #[tokio::main(flavor = "current_thread")]
+/// async fn main() -> Result<(), dlock::Error> {
+/// // A real server on a free loopback port, for this example; in production
+/// // the address is your dlock-server's (default "127.0.0.1:7436").
+/// let server = dlock_server::testing::TestServer::start(&[]).await;
+/// let addr = server.addr_string();
 ///
 /// let client = Client::connect(&addr).await?;
 /// let guard = client
@@ -155,7 +158,8 @@ impl LockOptions {
 /// }
 ///
 /// guard.unlock().await?;
-/// # Ok(()) }
+/// Ok(())
+/// }
 /// ```
 #[derive(Clone, Debug)]
 pub struct Client {

@@ -22,12 +22,14 @@ use tokio::time::Instant;
 /// Watch for loss while working, renewing a lease as you go:
 ///
 /// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), dlock::Error> {
-/// # let server = dlock_server::testing::TestServer::start(&[]).await;
 /// use dlock::{Client, LockOptions};
 /// use std::time::Duration;
 ///
+/// #[tokio::main(flavor = "current_thread")]
+/// async fn main() -> Result<(), dlock::Error> {
+/// // A real server on a free loopback port, for this example; in production
+/// // the address is your dlock-server's (default "127.0.0.1:7436").
+/// let server = dlock_server::testing::TestServer::start(&[]).await;
 /// let client = Client::connect(&server.addr_string()).await?;
 /// let guard = client
 ///     .lock(["jobs/nightly"], LockOptions::new().lease(Duration::from_secs(30)))
@@ -37,7 +39,8 @@ use tokio::time::Instant;
 ///     reason = guard.keep_alive() => eprintln!("stop: lock lost ({reason})"),
 /// }
 /// guard.unlock().await?;
-/// # Ok(()) }
+/// Ok(())
+/// }
 /// ```
 #[derive(Debug)]
 pub struct LockGuard {
