@@ -193,7 +193,7 @@ struct Owners {
 impl Owners {
     /// Takes back a connection that holds nothing.
     fn recycle(&self, conn: Arc<Inner>) {
-        if conn.lost.borrow().is_some() {
+        if conn.is_closed() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
@@ -214,8 +214,13 @@ struct Inner {
     limits: Option<Limits>,
     /// The server's session timeout, stated or assumed.
     session_timeout: Duration,
-    safety_margin: Duration,
     acked: Arc<AckClock>,
+}
+
+impl Inner {
+    fn is_closed(&self) -> bool {
+        self.lost.borrow().is_some()
+    }
 }
 
 /// What the writer needs to send one request.
@@ -327,7 +332,6 @@ impl Client {
                 addr: addr.to_string(),
                 limits,
                 session_timeout,
-                safety_margin: options.safety_margin,
                 acked,
             }),
             owners: owners.clone(),
@@ -344,7 +348,7 @@ impl Client {
                 .unwrap_or_else(|p| p.into_inner())
                 .pop();
             match idle {
-                Some(inner) if inner.lost.borrow().is_none() => {
+                Some(inner) if !inner.is_closed() => {
                     return Ok(Client {
                         inner,
                         owners: self.owners.clone(),
@@ -385,7 +389,7 @@ impl Client {
     }
 
     pub(crate) fn safety_margin(&self) -> Duration {
-        self.inner.safety_margin
+        self.owners.options.safety_margin
     }
 
     /// Send time of the latest request the server answered.
@@ -413,7 +417,7 @@ impl Client {
 
     /// Whether the connection has ended.
     pub fn is_closed(&self) -> bool {
-        self.inner.lost.borrow().is_some()
+        self.inner.is_closed()
     }
 
     /// Round trip to the server.
@@ -456,6 +460,9 @@ impl Client {
             Wait::AtMost(d) => body.wait_micro = micros(d).max(1),
             Wait::No => body.try_lock = true,
         }
+        // A Client whose connection is gone stays gone, for locks too:
+        // there is no silent reconnect.
+        self.check_open()?;
         let conn = self.owner_connection().await?;
         let sent = Instant::now();
         let resp = match conn.call(RequestType::Lock, body).await {

@@ -93,6 +93,10 @@ async fn loss_is_visible_to_guards_and_calls() {
     }
     waiter.closed().await;
     assert!(matches!(holder.ping().await, Err(Error::ConnectionLost(_))));
+    assert!(matches!(
+        holder.lock(["again"], LockOptions::new()).await,
+        Err(Error::ConnectionLost(_))
+    ));
 }
 
 #[tokio::test]
