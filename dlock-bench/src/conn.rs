@@ -49,6 +49,7 @@ impl Conn {
                 release_micro,
                 ..RequestLock::default()
             }),
+            ..Request::default()
         }
     }
 

@@ -49,6 +49,10 @@ pub struct Config {
     #[arg(long, default_value_t = 1024, value_parser = positive)]
     pub max_pipeline: usize,
 
+    /// Most sessions (OpenSession) one connection may have open at once.
+    #[arg(long, default_value_t = 256, value_parser = positive)]
+    pub max_sessions: usize,
+
     /// Most Lock requests waiting at once, over all connections.
     #[arg(long, default_value_t = 100_000, value_parser = positive)]
     pub max_waiters: usize,

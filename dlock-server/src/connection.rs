@@ -12,9 +12,10 @@
 
 use crate::config::Config;
 use crate::handler::Ctx;
-use crate::pipeline::{Pipeline, Received};
-use crate::server::Shared;
-use crate::table::{OwnerId, Woken};
+use crate::owners::Owners;
+use crate::pipeline::{Next, Pipeline, Received};
+use crate::shared::Shared;
+use crate::table::Woken;
 use dlock::proto::ResponseStatus;
 use std::future::Future;
 use std::io;
@@ -27,19 +28,6 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::io::poll_read_buf;
 use tokio_util::sync::CancellationToken;
-
-/// Withdraws the connection's waiters and releases its locks however the
-/// connection task ends, error paths and panics included.
-struct Registration<'a> {
-    shared: &'a Shared,
-    owner: OwnerId,
-}
-
-impl Drop for Registration<'_> {
-    fn drop(&mut self) {
-        self.shared.db.disconnect(self.owner);
-    }
-}
 
 /// What the connection task woke up for, besides shutdown and the idle timer.
 enum Event {
@@ -70,14 +58,14 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellatio
             return;
         }
     };
-    let owner = shared.db.connect(peer);
-    tracing::debug!(owner, "connection opened");
-    let registration = Registration {
-        shared: &shared,
-        owner,
-    };
-    let end = Session::new(stream, &shared, owner).run(&shutdown).await;
-    drop(registration);
+    // Declared before the session, so it is dropped after it: the session's
+    // waiting Lock is abandoned before the connection's owners end.
+    let mut owners = Owners::connect(&shared.db, peer, shared.config.max_sessions);
+    tracing::debug!(owner = owners.own(), "connection opened");
+    let end = Session::new(stream, &shared, &mut owners)
+        .run(&shutdown)
+        .await;
+    drop(owners);
     // The server's own decisions to drop a client are worth an operator's
     // line (one per connection, never per request); a client leaving, a
     // broken socket or shutdown are routine.
@@ -123,25 +111,20 @@ impl Drop for Session<'_> {
     /// no lease outlives a client that never learned its fencing token.
     fn drop(&mut self) {
         if let Some(rx) = self.pipeline.take_waiting() {
-            self.ctx.db.abandon(rx);
+            self.ctx.shared.db.abandon(rx);
         }
     }
 }
 
 impl<'a> Session<'a> {
-    fn new(stream: TcpStream, shared: &'a Shared, owner: OwnerId) -> Self {
+    fn new(stream: TcpStream, shared: &'a Shared, owners: &'a mut Owners) -> Self {
         Session {
             stream,
             pipeline: Pipeline::new(shared.config.max_frame, shared.config.max_pipeline),
             grant_first: tokio::runtime::Handle::current().runtime_flavor()
                 == tokio::runtime::RuntimeFlavor::CurrentThread,
             config: &shared.config,
-            ctx: Ctx {
-                db: &shared.db,
-                config: &shared.config,
-                tokens: &shared.tokens,
-                owner,
-            },
+            ctx: Ctx { shared, owners },
         }
     }
 
@@ -152,28 +135,27 @@ impl<'a> Session<'a> {
         tokio::pin!(idle);
         let mut closing: Option<End> = None;
         loop {
-            let deliveries = self.grant_first.then(|| self.ctx.db.deliveries());
-            self.pipeline.execute(self.ctx);
-            if deliveries.is_some_and(|d| d != self.ctx.db.deliveries()) {
+            let db = &self.ctx.shared.db;
+            let deliveries = self.grant_first.then(|| db.deliveries());
+            self.pipeline.execute(&mut self.ctx);
+            if deliveries.is_some_and(|d| d != self.ctx.shared.db.deliveries()) {
                 tokio::task::yield_now().await;
             }
             if let Err(end) = self.flush().await {
                 return end;
             }
-            if self.pipeline.runnable() {
-                // Paused to write a large output; go on before reading more.
-                continue;
-            }
-            if self.pipeline.broken() {
-                // Nothing after the bad length can be read; what came
-                // before it and still waits is answered, not dropped.
-                return self
-                    .end_with(
-                        ResponseStatus::FrameTooLarge,
-                        "not executed: the connection is closing after an oversize frame",
-                        End::FrameTooLarge,
-                    )
-                    .await;
+            match self.pipeline.next_step() {
+                Next::Execute => continue,
+                Next::Close => {
+                    return self
+                        .end_with(
+                            ResponseStatus::FrameTooLarge,
+                            "not executed: the connection is closing after an oversize frame",
+                            End::FrameTooLarge,
+                        )
+                        .await;
+                }
+                Next::Wait => {}
             }
             if let Some(end) = closing {
                 return end;

@@ -55,8 +55,11 @@ struct State {
     table: LockTable,
     /// Where to deliver the outcome of each waiting request.
     pending: HashMap<ReqId, oneshot::Sender<Woken>>,
-    /// Peer address of every connected owner, for Inspect.
+    /// Peer address of every connected owner (connections and their
+    /// sessions), for Inspect.
     peers: HashMap<OwnerId, SocketAddr>,
+    /// Connections open, for Inspect.
+    connections: usize,
     /// The deadline the timer task sleeps until.
     timer_at: Option<Time>,
     /// Every command applied, when [`Db::record_commands`] asked for it.
@@ -103,6 +106,7 @@ impl Db {
                     table,
                     pending: HashMap::new(),
                     peers: HashMap::new(),
+                    connections: 0,
                     timer_at: None,
                     log: None,
                 }),
@@ -147,8 +151,8 @@ impl Db {
 
     /// Registers a new connection and returns its owner id.
     pub fn connect(&self, peer: SocketAddr) -> OwnerId {
-        let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed);
-        self.state().peers.insert(owner, peer);
+        let owner = self.open_session(peer);
+        self.state().connections += 1;
         owner
     }
 
@@ -156,6 +160,24 @@ impl Db {
     /// keys held without a lease.
     pub fn disconnect(&self, owner: OwnerId) {
         let mut st = self.state();
+        st.connections = st.connections.saturating_sub(1);
+        self.end_owner(st, owner);
+    }
+
+    /// Registers a new owner (a session) on a connection from `peer`; owner
+    /// ids are never reused.
+    pub fn open_session(&self, peer: SocketAddr) -> OwnerId {
+        let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed);
+        self.state().peers.insert(owner, peer);
+        owner
+    }
+
+    /// Ends a session as [`Db::disconnect`] ends a connection.
+    pub fn close_session(&self, owner: OwnerId) {
+        self.end_owner(self.state(), owner);
+    }
+
+    fn end_owner(&self, mut st: MutexGuard<'_, State>, owner: OwnerId) {
         st.peers.remove(&owner);
         let out = self.apply(&mut st, Command::Disconnect { owner });
         self.finish(st, out);
@@ -260,7 +282,7 @@ impl Db {
     pub fn stats(&self) -> ServerStats {
         let st = self.state();
         ServerStats {
-            connections: st.peers.len() as u64,
+            connections: st.connections as u64,
             held_keys: st.table.held_keys() as u64,
             waiting_requests: st.table.waiting() as u64,
         }

@@ -23,8 +23,10 @@ use crate::clock::{Clock, ManualClock};
 use crate::config::Config;
 use crate::db::{Applied, Db};
 use crate::handler::Ctx;
-use crate::pipeline::Pipeline;
-use crate::table::{LockTable, OwnerId, TableLimits};
+use crate::owners::Owners;
+use crate::pipeline::{Next, Pipeline};
+use crate::shared::Shared;
+use crate::table::{LockTable, TableLimits};
 use bytes::{Buf, BufMut, BytesMut};
 use clap::Parser;
 use dlock::codec::FrameCodec;
@@ -84,18 +86,13 @@ pub fn session(script: &[u8]) {
     static CONFIG: OnceLock<Config> = OnceLock::new();
     let config =
         CONFIG.get_or_init(|| Config::try_parse_from(FLAGS).expect("the harness's flags parse"));
-    let limits = TableLimits {
-        max_waiters: config.max_waiters,
-        max_held_keys: config.max_held_keys,
-    };
+    let limits = Shared::table_limits(config);
     let clock = ManualClock::default();
     let db = Db::from_table(LockTable::new(limits, 1), Clock::Manual(clock.clone()));
     db.record_commands();
-    let tokens = Tokens::default();
+    let shared = Shared::new(db.clone(), config.clone(), Tokens::default());
     let mut harness = Harness {
-        db: &db,
-        config,
-        tokens: &tokens,
+        shared: &shared,
         last_fence: 0,
     };
     let mut conns: Vec<Sim> = (0..CONNECTIONS).map(|_| harness.open()).collect();
@@ -175,16 +172,14 @@ fn replay(limits: TableLimits, log: &[Applied], db: &Db) {
 }
 
 struct Harness<'a> {
-    db: &'a Db,
-    config: &'a Config,
-    tokens: &'a Tokens,
+    shared: &'a Shared,
     last_fence: u64,
 }
 
 /// One simulated connection, as `connection::Session` keeps it.
 #[derive(Debug)]
 struct Sim {
-    owner: OwnerId,
+    owners: Owners,
     pipeline: Pipeline,
     /// Bytes the client sent that the server has not read yet.
     socket: BytesMut,
@@ -194,9 +189,14 @@ struct Sim {
 
 impl Harness<'_> {
     fn open(&self) -> Sim {
+        let config = &self.shared.config;
         Sim {
-            owner: self.db.connect(SocketAddr::from((Ipv4Addr::LOCALHOST, 1))),
-            pipeline: Pipeline::new(self.config.max_frame, self.config.max_pipeline),
+            owners: Owners::connect(
+                &self.shared.db,
+                SocketAddr::from((Ipv4Addr::LOCALHOST, 1)),
+                config.max_sessions,
+            ),
+            pipeline: Pipeline::new(config.max_frame, config.max_pipeline),
             socket: BytesMut::new(),
             closed: false,
         }
@@ -206,9 +206,9 @@ impl Harness<'_> {
     /// unanswered is released, then the connection's state goes.
     fn close(&self, mut c: Sim) {
         if let Some(rx) = c.pipeline.take_waiting() {
-            self.db.abandon(rx);
+            self.shared.db.abandon(rx);
         }
-        self.db.disconnect(c.owner);
+        drop(c.owners);
     }
 
     /// Runs everything the connection can run now, the way
@@ -217,12 +217,6 @@ impl Harness<'_> {
         if c.closed {
             return;
         }
-        let ctx = Ctx {
-            db: self.db,
-            config: self.config,
-            tokens: self.tokens,
-            owner: c.owner,
-        };
         loop {
             if let Some(rx) = c.pipeline.waiting() {
                 match rx.try_recv() {
@@ -233,16 +227,20 @@ impl Harness<'_> {
                     }
                 }
             }
-            c.pipeline.execute(ctx);
+            c.pipeline.execute(&mut Ctx {
+                shared: self.shared,
+                owners: &mut c.owners,
+            });
             self.check_output(&mut c.pipeline);
-            if c.pipeline.runnable() {
-                continue;
-            }
-            if c.pipeline.broken() {
-                c.pipeline.abandon(ResponseStatus::FrameTooLarge, "closing");
-                self.check_output(&mut c.pipeline);
-                c.closed = true;
-                return;
+            match c.pipeline.next_step() {
+                Next::Execute => continue,
+                Next::Close => {
+                    c.pipeline.abandon(ResponseStatus::FrameTooLarge, "closing");
+                    self.check_output(&mut c.pipeline);
+                    c.closed = true;
+                    return;
+                }
+                Next::Wait => {}
             }
             if c.socket.is_empty() || !c.pipeline.can_read() {
                 assert!(!c.pipeline.stalled(), "a connection stalled: {c:?}");

@@ -3,11 +3,12 @@
 //! Validation happens here, before anything reaches the lock table, so every
 //! bad input gets a status that names what is wrong and has no effect.
 
-use crate::auth::Tokens;
 use crate::config::Config;
-use crate::db::{Db, LockReply};
+use crate::db::LockReply;
 use crate::fence::unix_nanos;
 use crate::limit_log;
+use crate::owners::{Owners, TooManySessions};
+use crate::shared::Shared;
 use crate::table::{Key, OwnerId, WaitLimit, WaitOutcome, Woken};
 use bytes::BytesMut;
 use dlock::codec::encode_frame;
@@ -29,17 +30,34 @@ enum Step {
     },
 }
 
-/// Everything a request needs besides itself.
-#[derive(Debug, Clone, Copy)]
+/// Everything a request needs besides itself: the server's shared state
+/// and the owners of the connection it came on.
+#[derive(Debug)]
 pub struct Ctx<'a> {
-    /// The lock state.
-    pub db: &'a Db,
-    /// Limits and options.
-    pub config: &'a Config,
-    /// Accepted access tokens.
-    pub tokens: &'a Tokens,
-    /// The connection the request came on.
-    pub owner: OwnerId,
+    /// The server's shared state.
+    pub shared: &'a Shared,
+    /// The connection's owners: its own and its sessions.
+    pub owners: &'a mut Owners,
+}
+
+/// Why a request is answered with an error: the status and the text that
+/// explains it. Named apart from dlock-client's `exit::Failure`, which ends
+/// the CLI.
+#[derive(Debug)]
+pub struct Refusal {
+    /// The response's status.
+    pub status: ResponseStatus,
+    /// The response's error_text.
+    pub text: String,
+}
+
+impl Refusal {
+    fn new(status: ResponseStatus, text: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            text: text.into(),
+        }
+    }
 }
 
 /// A response with the fields every response carries.
@@ -100,108 +118,155 @@ pub type Waiting = (u64, oneshot::Receiver<Woken>);
 
 /// Executes `req` for the connection in `ctx`: the answer is appended to
 /// `out` as a frame, unless the request is a Lock that has to wait.
-pub fn execute(ctx: Ctx<'_>, req: Request, out: &mut BytesMut) -> Option<Waiting> {
+pub fn execute(ctx: &mut Ctx<'_>, req: Request, out: &mut BytesMut) -> Option<Waiting> {
     let id = req.id;
     // Encoded from where it was built: a Response is 136 bytes, and moving
     // it out of the Result was a memcpy call per request.
     match execute_inner(ctx, req) {
         Ok(Step::Reply(ref r)) => encode_frame(r, out),
         Ok(Step::Wait { request_id, rx }) => return Some((request_id, rx)),
-        Err((status, text)) => encode_frame(&error(id, status, text), out),
+        Err(refusal) => encode_frame(&error(id, refusal.status, refusal.text), out),
     }
     None
 }
 
-/// Why a request is answered with an error: the status and its error_text.
-/// Named apart from dlock-client's `exit::Failure`, which ends the CLI.
-type Refusal = (ResponseStatus, String);
-
-fn execute_inner(ctx: Ctx<'_>, req: Request) -> Result<Step, Refusal> {
+fn execute_inner(ctx: &mut Ctx<'_>, req: Request) -> Result<Step, Refusal> {
     let id = req.id;
+    let config = &ctx.shared.config;
     if req.version != 0 && req.version != dlock::PROTOCOL_VERSION {
-        return Err((
+        return Err(Refusal::new(
             ResponseStatus::Version,
             format!("protocol version {} not supported; use 2", req.version),
         ));
     }
-    if !ctx.tokens.allows(&req.access_token) {
-        return Err((
+    if !ctx.shared.tokens.allows(&req.access_token) {
+        return Err(Refusal::new(
             ResponseStatus::AccessDenied,
-            "access token missing or not accepted".into(),
+            "access token missing or not accepted",
         ));
     }
     let Ok(kind) = RequestType::try_from(req.r#type) else {
-        return Err((
+        return Err(Refusal::new(
             ResponseStatus::InvalidType,
             format!("unknown request type {}", req.r#type),
         ));
     };
+    if kind == RequestType::OpenSession {
+        return open_session(ctx, id, req.session);
+    }
+    let Some(owner) = ctx.owners.resolve(req.session) else {
+        return Err(unknown_session(req.session));
+    };
+    let db = &ctx.shared.db;
     let body = req.lock.unwrap_or_default();
     match kind {
-        RequestType::Invalid => Err((ResponseStatus::InvalidType, "request type not set".into())),
+        RequestType::Invalid => Err(Refusal::new(
+            ResponseStatus::InvalidType,
+            "request type not set",
+        )),
         RequestType::Ping => Ok(Step::Reply(response(id, ResponseStatus::Ok))),
         RequestType::Hello => {
             let mut r = response(id, ResponseStatus::Ok);
-            r.limits = Some(ctx.config.limits());
+            r.limits = Some(config.limits());
             Ok(Step::Reply(r))
         }
-        RequestType::Lock => lock(ctx, id, body),
+        RequestType::Lock => lock(ctx.shared, owner, id, body),
         RequestType::Unlock => {
             let fence = fence_of(&body);
-            let keys = checked_keys(ctx.config, body.keys)?;
-            let not_held = ctx.db.unlock(ctx.owner, keys, fence);
-            Ok(Step::Reply(held_result(
-                id,
-                not_held,
-                "not held by this connection or fence",
-            )))
+            let keys = checked_keys(config, body.keys)?;
+            let not_held = db.unlock(owner, keys, fence);
+            Ok(Step::Reply(held_result(id, not_held, NOT_HELD)))
         }
         RequestType::Renew => {
             if body.release_micro == 0 {
-                return Err((
+                return Err(Refusal::new(
                     ResponseStatus::InvalidArgument,
-                    "Renew needs release_micro > 0".into(),
+                    "Renew needs release_micro > 0",
                 ));
             }
-            let lease = lease_of(ctx.config, body.release_micro)?;
+            let lease = lease_of(config, body.release_micro)?;
             let fence = fence_of(&body);
-            let keys = checked_keys(ctx.config, body.keys)?;
-            let not_held = ctx.db.renew(ctx.owner, keys, fence, lease);
-            Ok(Step::Reply(held_result(
-                id,
-                not_held,
-                "not held by this connection or fence",
-            )))
+            let keys = checked_keys(config, body.keys)?;
+            let not_held = db.renew(owner, keys, fence, lease);
+            Ok(Step::Reply(held_result(id, not_held, NOT_HELD)))
         }
         RequestType::Inspect => {
             let mut r = response(id, ResponseStatus::Ok);
             if body.keys.is_empty() {
-                r.server_stats = Some(ctx.db.stats());
+                r.server_stats = Some(db.stats());
             } else {
-                validate_keys(ctx.config, &body.keys)?;
-                r.key_info = ctx.db.inspect(ctx.owner, &body.keys);
+                validate_keys(config, &body.keys)?;
+                r.key_info = db.inspect(owner, &body.keys);
             }
             Ok(Step::Reply(r))
+        }
+        RequestType::OpenSession => unreachable!("answered above"),
+        RequestType::CloseSession => {
+            if req.session == 0 {
+                return Err(Refusal::new(
+                    ResponseStatus::InvalidArgument,
+                    "CloseSession needs a session; the connection's own ends with the connection",
+                ));
+            }
+            ctx.owners.close(owner);
+            Ok(Step::Reply(response(id, ResponseStatus::Ok)))
         }
     }
 }
 
-fn lock(ctx: Ctx<'_>, id: u64, body: RequestLock) -> Result<Step, Refusal> {
+const NOT_HELD: &str = "not held by this session or fence";
+
+fn unknown_session(session: u64) -> Refusal {
+    Refusal::new(
+        ResponseStatus::UnknownSession,
+        format!("session {session} is not open on this connection"),
+    )
+}
+
+/// OpenSession: a new owner on this connection. On a single server a
+/// session ends with its connection, so there is none to resume.
+fn open_session(ctx: &mut Ctx<'_>, id: u64, resume: u64) -> Result<Step, Refusal> {
+    if resume != 0 {
+        return Err(Refusal::new(
+            ResponseStatus::UnknownSession,
+            format!(
+                "session {resume} cannot be resumed: on a single server a session ends with its connection"
+            ),
+        ));
+    }
+    match ctx.owners.open() {
+        Ok(session) => {
+            let mut r = response(id, ResponseStatus::Ok);
+            r.session = session;
+            Ok(Step::Reply(r))
+        }
+        Err(TooManySessions) => Err(Refusal::new(
+            ResponseStatus::LimitReached,
+            format!(
+                "this connection has --max-sessions {} sessions open; close one first",
+                ctx.shared.config.max_sessions
+            ),
+        )),
+    }
+}
+
+fn lock(shared: &Shared, owner: OwnerId, id: u64, body: RequestLock) -> Result<Step, Refusal> {
+    let config = &shared.config;
     if body.fence != 0 {
-        return Err((
+        return Err(Refusal::new(
             ResponseStatus::InvalidArgument,
-            "fence names an existing lock; it applies to Unlock and Renew only".into(),
+            "fence names an existing lock; it applies to Unlock and Renew only",
         ));
     }
     if body.try_lock && body.wait_micro != 0 {
-        return Err((
+        return Err(Refusal::new(
             ResponseStatus::InvalidArgument,
-            "try_lock and wait_micro exclude each other".into(),
+            "try_lock and wait_micro exclude each other",
         ));
     }
     let lease = match body.release_micro {
         0 => None,
-        micros => Some(lease_of(ctx.config, micros)?),
+        micros => Some(lease_of(config, micros)?),
     };
     let wait = if body.try_lock {
         WaitLimit::No
@@ -211,8 +276,8 @@ fn lock(ctx: Ctx<'_>, id: u64, body: RequestLock) -> Result<Step, Refusal> {
         // Relative to the command's time, which the lock state reads once.
         WaitLimit::For(Duration::from_micros(body.wait_micro))
     };
-    let keys = checked_keys(ctx.config, body.keys)?;
-    match ctx.db.lock(ctx.owner, keys, wait, lease) {
+    let keys = checked_keys(config, body.keys)?;
+    match shared.db.lock(owner, keys, wait, lease) {
         LockReply::Granted(fence) => {
             let mut r = response(id, ResponseStatus::Ok);
             r.fence = fence;
@@ -222,20 +287,20 @@ fn lock(ctx: Ctx<'_>, id: u64, body: RequestLock) -> Result<Step, Refusal> {
         LockReply::Busy(keys) => Ok(Step::Reply(busy(id, keys, "keys busy"))),
         LockReply::LimitReached(what) => {
             match what {
-                "waiters" => limit_log::WAITERS.hit(ctx.config.max_waiters),
-                "held keys" => limit_log::HELD_KEYS.hit(ctx.config.max_held_keys),
+                "waiters" => limit_log::WAITERS.hit(config.max_waiters),
+                "held keys" => limit_log::HELD_KEYS.hit(config.max_held_keys),
                 // A limit added to the table without a throttle here is
                 // still logged, just not paced.
                 other => tracing::warn!(limit = other, "limit reached"),
             }
-            Err((
+            Err(Refusal::new(
                 ResponseStatus::LimitReached,
                 format!("server limit on {what} reached; try again later"),
             ))
         }
-        LockReply::ShuttingDown => Err((
+        LockReply::ShuttingDown => Err(Refusal::new(
             ResponseStatus::ShuttingDown,
-            "server is shutting down".into(),
+            "server is shutting down",
         )),
     }
 }
@@ -247,7 +312,7 @@ fn fence_of(body: &RequestLock) -> Option<u64> {
 fn lease_of(config: &Config, micros: u64) -> Result<Duration, Refusal> {
     let lease = Duration::from_micros(micros);
     if lease > config.max_lease {
-        return Err((
+        return Err(Refusal::new(
             ResponseStatus::InvalidArgument,
             format!(
                 "release_micro {micros} exceeds the server's --max-lease of {}",
@@ -276,10 +341,13 @@ fn checked_keys(config: &Config, keys: Vec<String>) -> Result<Vec<Key>, Refusal>
 /// Checks the key list against the limits.
 fn validate_keys(config: &Config, keys: &[String]) -> Result<(), Refusal> {
     if keys.is_empty() {
-        return Err((ResponseStatus::NoKeys, "request names no keys".into()));
+        return Err(Refusal::new(
+            ResponseStatus::NoKeys,
+            "request names no keys",
+        ));
     }
     if keys.len() > config.max_keys {
-        return Err((
+        return Err(Refusal::new(
             ResponseStatus::TooManyKeys,
             format!(
                 "{} keys in one request; the limit is {}",
@@ -289,10 +357,13 @@ fn validate_keys(config: &Config, keys: &[String]) -> Result<(), Refusal> {
         ));
     }
     if let Some(i) = keys.iter().position(|k| k.is_empty()) {
-        return Err((ResponseStatus::InvalidKey, format!("key #{i} is empty")));
+        return Err(Refusal::new(
+            ResponseStatus::InvalidKey,
+            format!("key #{i} is empty"),
+        ));
     }
     if let Some(i) = keys.iter().position(|k| k.len() > config.max_key_len) {
-        return Err((
+        return Err(Refusal::new(
             ResponseStatus::InvalidKey,
             format!(
                 "key #{i} is {} bytes long; the limit is {}",

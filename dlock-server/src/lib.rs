@@ -5,6 +5,8 @@
 //! | [`server`] | accept loop, connection limit, socket options, shutdown |
 //! | [`connection`] | one client: the socket, timeouts, shutdown |
 //! | [`pipeline`] | a connection's requests: framing in place, parking, output |
+//! | [`shared`] | what every connection shares: lock state, config, tokens |
+//! | [`owners`] | the owners a connection acts for: its own and its sessions |
 //! | [`handler`] | validation of one request and its response |
 //! | [`db`] | the shared table behind a mutex, timers, wake-up delivery |
 //! | [`clock`] | the one clock read that stamps the table's commands |
@@ -29,8 +31,10 @@ pub mod fuzzing;
 pub mod handler;
 pub mod keymap;
 pub mod limit_log;
+pub mod owners;
 pub mod pipeline;
 pub mod server;
+pub mod shared;
 pub mod table;
 pub mod testing;
 

@@ -43,6 +43,19 @@ const MAX_READ: usize = 64 * 1024;
 /// buffer stays bounded however large the answers to a burst are.
 const OUT_HIGH_WATER: usize = 64 * 1024;
 
+/// What a pipeline's driver does next; see [`Pipeline::next_step`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Paused to write a large output: execute again before reading more.
+    Execute,
+    /// An oversize frame length arrived: nothing after it can be read, so
+    /// answer what is accepted (see [`Pipeline::abandon`]) and close.
+    Close,
+    /// Wait for the waiting Lock's outcome or for more bytes (when
+    /// [`Pipeline::can_read`]).
+    Wait,
+}
+
 /// A connection's input, waiting Lock and output. See the module docs.
 #[derive(Debug)]
 pub struct Pipeline {
@@ -198,7 +211,7 @@ impl Pipeline {
     /// Runs accepted requests in order until one has to wait, the output
     /// reaches its high-water mark (write it, then call again), or none is
     /// left. An oversize frame is answered once everything before it is.
-    pub fn execute(&mut self, ctx: Ctx<'_>) {
+    pub fn execute(&mut self, ctx: &mut Ctx<'_>) {
         loop {
             // Before every way out, so `runnable` sees every frame that can
             // be accepted: with --max-pipeline 1 the next frame is accepted
@@ -215,6 +228,19 @@ impl Pipeline {
                 Ok(req) => self.waiting = handler::execute(ctx, req, &mut self.out),
                 Err(e) => encode_frame(&handler::undecodable(&e), &mut self.out),
             }
+        }
+    }
+
+    /// What the driver of this pipeline (a connection, or the fuzz harness)
+    /// does once it has called `execute` and written the output: the one
+    /// decision both make the same way.
+    pub fn next_step(&self) -> Next {
+        if self.runnable() {
+            Next::Execute
+        } else if self.broken() {
+            Next::Close
+        } else {
+            Next::Wait
         }
     }
 
@@ -339,15 +365,15 @@ mod tests {
     use crate::auth::Tokens;
     use crate::config::Config;
     use crate::db::Db;
-    use crate::table::TableLimits;
+    use crate::owners::Owners;
+    use crate::shared::Shared;
     use clap::Parser;
     use dlock::proto::{RequestType, Response};
     use std::net::{Ipv4Addr, SocketAddr};
 
     struct Fixture {
-        db: Db,
+        shared: Shared,
         config: Config,
-        tokens: Tokens,
     }
 
     impl Fixture {
@@ -356,26 +382,21 @@ mod tests {
                 std::iter::once("dlock-server").chain(flags.iter().copied()),
             )
             .expect("flags parse");
-            let db = Db::new(
-                TableLimits {
-                    max_waiters: config.max_waiters,
-                    max_held_keys: config.max_held_keys,
-                },
-                1,
-            );
+            let db = Db::new(Shared::table_limits(&config), 1);
             Fixture {
-                db,
+                shared: Shared::new(db, config.clone(), Tokens::default()),
                 config,
-                tokens: Tokens::default(),
             }
         }
 
-        fn ctx(&self, owner: u64) -> Ctx<'_> {
+        fn connect(&self) -> Owners {
+            Owners::connect(&self.shared.db, peer(), self.config.max_sessions)
+        }
+
+        fn ctx<'a>(&'a self, owners: &'a mut Owners) -> Ctx<'a> {
             Ctx {
-                db: &self.db,
-                config: &self.config,
-                tokens: &self.tokens,
-                owner,
+                shared: &self.shared,
+                owners,
             }
         }
 
@@ -443,14 +464,14 @@ mod tests {
     /// the responses.
     fn run_all(
         f: &Fixture,
-        owner: u64,
+        owner: &mut Owners,
         p: &mut Pipeline,
         wire: &mut BytesMut,
     ) -> (Vec<usize>, Vec<Response>) {
         let (mut offered, mut answers) = (Vec::new(), Vec::new());
         loop {
             offered.extend(feed(p, wire));
-            p.execute(f.ctx(owner));
+            p.execute(&mut f.ctx(owner));
             answers.extend(responses(p));
             if wire.is_empty() && p.unanswered() == 0 {
                 return (offered, answers);
@@ -461,10 +482,10 @@ mod tests {
     #[test]
     fn a_burst_is_read_in_growing_bites_not_frame_by_frame() {
         let f = Fixture::new(&["--max-pipeline", "100000"]);
-        let owner = f.db.connect(peer());
+        let mut owner = f.connect();
         let mut p = f.pipeline();
         let mut wire = pings(20_000);
-        let (offered, answers) = run_all(&f, owner, &mut p, &mut wire);
+        let (offered, answers) = run_all(&f, &mut owner, &mut p, &mut wire);
         let ids: Vec<u64> = answers.iter().map(|r| r.request_id).collect();
         assert_eq!(ids, (1..=20_000).collect::<Vec<_>>());
         // About 200 KB: reads start small, grow, never pass the maximum.
@@ -484,14 +505,14 @@ mod tests {
     #[test]
     fn frames_behind_a_waiting_lock_are_parked_up_to_the_limit_and_answered_in_order() {
         let f = Fixture::new(&["--max-pipeline", "4"]);
-        let holder = f.db.connect(peer());
+        let mut holder = f.connect();
         let mut h = f.pipeline();
         let mut wire = BytesMut::new();
         encode_frame(&request(1, RequestType::Lock, &["k"]), &mut wire);
-        let (_, r) = run_all(&f, holder, &mut h, &mut wire);
+        let (_, r) = run_all(&f, &mut holder, &mut h, &mut wire);
         assert_eq!(r[0].status, ResponseStatus::Ok as i32);
 
-        let owner = f.db.connect(peer());
+        let mut owner = f.connect();
         let mut p = f.pipeline();
         let mut wire = BytesMut::new();
         encode_frame(&request(10, RequestType::Lock, &["k"]), &mut wire);
@@ -499,7 +520,7 @@ mod tests {
             encode_frame(&request(id, RequestType::Ping, &[]), &mut wire);
         }
         feed(&mut p, &mut wire);
-        p.execute(f.ctx(owner));
+        p.execute(&mut f.ctx(&mut owner));
         feed(&mut p, &mut wire);
         // The Lock waits and three Pings are parked: the limit of 4 is
         // reached, and the rest is not accepted.
@@ -509,10 +530,10 @@ mod tests {
 
         let mut unlock = BytesMut::new();
         encode_frame(&request(2, RequestType::Unlock, &["k"]), &mut unlock);
-        run_all(&f, holder, &mut h, &mut unlock);
+        run_all(&f, &mut holder, &mut h, &mut unlock);
         let outcome = p.waiting().expect("the Lock waits").try_recv();
         p.answer(outcome.expect("granted on the unlock"));
-        let (_, answers) = run_all(&f, owner, &mut p, &mut wire);
+        let (_, answers) = run_all(&f, &mut owner, &mut p, &mut wire);
         let ids: Vec<u64> = answers.iter().map(|r| r.request_id).collect();
         assert_eq!(ids, (10..20).collect::<Vec<_>>());
         assert_eq!(answers[0].status, ResponseStatus::Ok as i32);
@@ -529,7 +550,7 @@ mod tests {
             "--max-frame",
             "65536",
         ]);
-        let owner = f.db.connect(peer());
+        let mut owner = f.connect();
         let mut p = f.pipeline();
         let key = "k".repeat(1000);
         let mut wire = BytesMut::new();
@@ -541,7 +562,7 @@ mod tests {
         let (mut largest, mut answered, mut paused) = (0, 0, 0);
         while !(wire.is_empty() && p.unanswered() == 0) {
             feed(&mut p, &mut wire);
-            p.execute(f.ctx(owner));
+            p.execute(&mut f.ctx(&mut owner));
             largest = largest.max(p.output().len());
             paused += usize::from(p.runnable());
             answered += responses(&mut p).len();
@@ -557,16 +578,16 @@ mod tests {
     #[test]
     fn a_pipeline_limit_of_one_still_answers_everything() {
         let f = Fixture::new(&["--max-pipeline", "1"]);
-        let holder = f.db.connect(peer());
+        let mut holder = f.connect();
         let mut h = f.pipeline();
         let mut wire = BytesMut::new();
         encode_frame(&request(1, RequestType::Lock, &["k"]), &mut wire);
-        run_all(&f, holder, &mut h, &mut wire);
+        run_all(&f, &mut holder, &mut h, &mut wire);
         // An Inspect naming the held key 256 times: about 0.8 KB asking for
         // 5 KB of answer. 36 of them arrive in reads of 4, 8 and then about
         // 16 KB (reads grow while they fill up), and the answers to the last
         // read's 21 requests pass the output limit with requests left over.
-        let owner = f.db.connect(peer());
+        let mut owner = f.connect();
         let mut p = f.pipeline();
         let keys = vec!["k"; 256];
         let mut wire = BytesMut::new();
@@ -578,7 +599,7 @@ mod tests {
         // read; with nothing left to read it would wait for the client, so
         // everything sent must have been answered by then.
         for _ in 0..10_000 {
-            p.execute(f.ctx(owner));
+            p.execute(&mut f.ctx(&mut owner));
             answered += responses(&mut p).len();
             if p.runnable() {
                 continue;
@@ -604,13 +625,13 @@ mod tests {
     #[test]
     fn trim_keeps_a_partial_frame_but_not_the_large_read_around_it() {
         let f = Fixture::new(&[]);
-        let owner = f.db.connect(peer());
+        let mut owner = f.connect();
         let mut p = f.pipeline();
         let mut wire = pings(3_000);
         wire.put_slice(&[0, 0, 0, 9, 1, 2]);
         while !wire.is_empty() {
             feed(&mut p, &mut wire);
-            p.execute(f.ctx(owner));
+            p.execute(&mut f.ctx(&mut owner));
             responses(&mut p);
         }
         assert_eq!(p.input.len(), 6);
@@ -622,14 +643,14 @@ mod tests {
     #[test]
     fn an_oversize_length_is_answered_after_the_frames_before_it() {
         let f = Fixture::new(&["--max-frame", "64"]);
-        let owner = f.db.connect(peer());
+        let mut owner = f.connect();
         let mut p = f.pipeline();
         let mut wire = pings(2);
         wire.put_u32(65);
         wire.put_slice(&[0; 10]);
         feed(&mut p, &mut wire);
         assert!(p.broken() && !p.can_read());
-        p.execute(f.ctx(owner));
+        p.execute(&mut f.ctx(&mut owner));
         let r = responses(&mut p);
         assert_eq!(r.len(), 3);
         assert_eq!((r[0].request_id, r[1].request_id), (1, 2));
@@ -642,11 +663,11 @@ mod tests {
     #[test]
     fn trim_frees_empty_buffers() {
         let f = Fixture::new(&[]);
-        let owner = f.db.connect(peer());
+        let mut owner = f.connect();
         let mut p = f.pipeline();
         let mut wire = pings(3);
         feed(&mut p, &mut wire);
-        p.execute(f.ctx(owner));
+        p.execute(&mut f.ctx(&mut owner));
         assert_eq!(responses(&mut p).len(), 3);
         p.trim();
         assert_eq!((p.input.capacity(), p.out.capacity()), (0, 0));

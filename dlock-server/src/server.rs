@@ -5,7 +5,7 @@ use crate::config::Config;
 use crate::connection;
 use crate::db::Db;
 use crate::fence;
-use crate::table::TableLimits;
+use crate::shared::Shared;
 use anyhow::Context;
 use dlock::codec::encode_frame;
 use dlock::proto::ResponseStatus;
@@ -18,17 +18,6 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
-
-/// State every connection shares.
-#[derive(Debug)]
-pub struct Shared {
-    /// The lock state.
-    pub db: Db,
-    /// Limits and options.
-    pub config: Config,
-    /// Accepted access tokens.
-    pub tokens: Tokens,
-}
 
 /// Longest pause between accept attempts after errors such as running out of
 /// file descriptors: long enough not to spin a core, short enough to recover
@@ -52,13 +41,7 @@ pub async fn run(
     };
     let (first_fence, fence_file) = fence::start(config.fence_file.as_deref(), SystemTime::now())
         .context("cannot set up fencing tokens")?;
-    let db = Db::new(
-        TableLimits {
-            max_waiters: config.max_waiters,
-            max_held_keys: config.max_held_keys,
-        },
-        first_fence,
-    );
+    let db = Db::new(Shared::table_limits(&config), first_fence);
     let cancel = CancellationToken::new();
     let tracker = TaskTracker::new();
     tracker.spawn(db.clone().run_timer(cancel.clone()));
@@ -66,7 +49,7 @@ pub async fn run(
         tracker.spawn(db.clone().run_fence_keeper(file, cancel.clone()));
     }
     let limit = Arc::new(Semaphore::new(config.max_connections));
-    let shared = Arc::new(Shared { db, config, tokens });
+    let shared = Arc::new(Shared::new(db, config, tokens));
     let c = &shared.config;
     // One line an operator can check the running limits against; `addr` is
     // also how tests find the ephemeral port.

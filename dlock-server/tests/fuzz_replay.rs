@@ -30,18 +30,21 @@ fn request() -> impl Strategy<Value = Request> {
     (
         prop_oneof![4 => Just(2u32), 1 => 0u32..4],
         any::<u64>(),
-        prop_oneof![1 => 0i32..7, 1 => any::<i32>()],
+        prop_oneof![1 => 0i32..9, 1 => any::<i32>()],
         keys,
         prop_oneof![3 => Just(0u64), 1 => 1u64..20_000, 1 => any::<u64>()],
         prop_oneof![3 => Just(0u64), 1 => 1u64..20_000, 1 => any::<u64>()],
         any::<bool>(),
         prop_oneof![4 => Just(0u64), 1 => 1u64..100, 1 => any::<u64>()],
+        // Owner ids in the harness are small: these hit its open sessions.
+        prop_oneof![4 => Just(0u64), 1 => 1u64..16],
     )
         .prop_map(
-            |(version, id, kind, keys, wait, lease, try_lock, fence)| Request {
+            |(version, id, kind, keys, wait, lease, try_lock, fence, session)| Request {
                 version,
                 id,
                 r#type: kind,
+                session,
                 lock: Some(RequestLock {
                     wait_micro: wait,
                     release_micro: lease,

@@ -25,7 +25,7 @@ fn request() -> impl Strategy<Value = Request> {
     );
     (
         prop_oneof![6 => Just(2u32), 1 => any::<u32>()],
-        prop_oneof![1 => 0i32..7, 1 => any::<i32>()],
+        prop_oneof![1 => 0i32..9, 1 => any::<i32>()],
         keys,
         1u64..30_000,
         prop_oneof![3 => Just(0u64), 2 => 1u64..200_000, 1 => any::<u64>()],
@@ -39,6 +39,8 @@ fn request() -> impl Strategy<Value = Request> {
                 id: 0,
                 access_token: token,
                 r#type: kind,
+                session: 0,
+                session_ttl_micro: 0,
                 lock: Some(RequestLock {
                     wait_micro: if try_lock { 0 } else { wait },
                     release_micro: lease,

@@ -16,6 +16,7 @@ import pytest
 
 import dlock.aio
 from dlock import AccessDenied, NotHeld, ServerError, Status, Timeout
+from dlock.errors import from_response
 from dlock._proto import dlock_pb2 as pb
 from dlock.framing import FrameDecoder, encode
 from conftest import LIMIT, run
@@ -199,6 +200,24 @@ def test_not_held(server):
             assert e.value.status == Status.NotHeld and e.value.keys == ["a", "b"]
 
     run(body())
+
+
+@covers(Status.UnknownSession)
+def test_unknown_session_for_a_session_not_opened_here(server):
+    lock = pb.Request(version=2, id=3, type=pb.Lock, session=987654321, lock=pb.RequestLock(keys=["k"], try_lock=True))
+    (resp,) = raw_exchange(server.addr, encode(lock), 1)
+    assert (resp.status, resp.request_id) == (Status.UnknownSession, 3)
+    assert "987654321" in resp.error_text
+
+
+@covers(Status.NotLeader)
+@covers(Status.Unavailable)
+def test_cluster_statuses_become_server_errors_that_keep_their_text():
+    # A single server never sends these; the cluster tests send them for real.
+    for status in (Status.NotLeader, Status.Unavailable):
+        resp = pb.Response(version=2, request_id=1, status=int(status), error_text="why", leader_addr="127.0.0.1:7437")
+        err = from_response(resp)
+        assert isinstance(err, ServerError) and err.status == status and "why" in str(err)
 
 
 def test_every_status_of_the_proto_has_a_test():

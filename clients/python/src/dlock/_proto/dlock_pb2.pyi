@@ -16,6 +16,8 @@ class RequestType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     Renew: _ClassVar[RequestType]
     Inspect: _ClassVar[RequestType]
     Hello: _ClassVar[RequestType]
+    OpenSession: _ClassVar[RequestType]
+    CloseSession: _ClassVar[RequestType]
 
 class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -27,12 +29,15 @@ class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ShuttingDown: _ClassVar[ResponseStatus]
     LimitReached: _ClassVar[ResponseStatus]
     FrameTooLarge: _ClassVar[ResponseStatus]
+    NotLeader: _ClassVar[ResponseStatus]
+    Unavailable: _ClassVar[ResponseStatus]
     TooManyKeys: _ClassVar[ResponseStatus]
     InvalidKey: _ClassVar[ResponseStatus]
     NoKeys: _ClassVar[ResponseStatus]
     InvalidArgument: _ClassVar[ResponseStatus]
     AcquireTimeout: _ClassVar[ResponseStatus]
     NotHeld: _ClassVar[ResponseStatus]
+    UnknownSession: _ClassVar[ResponseStatus]
 Invalid: RequestType
 Ping: RequestType
 Lock: RequestType
@@ -40,6 +45,8 @@ Unlock: RequestType
 Renew: RequestType
 Inspect: RequestType
 Hello: RequestType
+OpenSession: RequestType
+CloseSession: RequestType
 Ok: ResponseStatus
 General: ResponseStatus
 Version: ResponseStatus
@@ -48,26 +55,33 @@ AccessDenied: ResponseStatus
 ShuttingDown: ResponseStatus
 LimitReached: ResponseStatus
 FrameTooLarge: ResponseStatus
+NotLeader: ResponseStatus
+Unavailable: ResponseStatus
 TooManyKeys: ResponseStatus
 InvalidKey: ResponseStatus
 NoKeys: ResponseStatus
 InvalidArgument: ResponseStatus
 AcquireTimeout: ResponseStatus
 NotHeld: ResponseStatus
+UnknownSession: ResponseStatus
 
 class Request(_message.Message):
-    __slots__ = ("version", "id", "access_token", "type", "lock")
+    __slots__ = ("version", "id", "access_token", "type", "session", "session_ttl_micro", "lock")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     ACCESS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TTL_MICRO_FIELD_NUMBER: _ClassVar[int]
     LOCK_FIELD_NUMBER: _ClassVar[int]
     version: int
     id: int
     access_token: str
     type: RequestType
+    session: int
+    session_ttl_micro: int
     lock: RequestLock
-    def __init__(self, version: _Optional[int] = ..., id: _Optional[int] = ..., access_token: _Optional[str] = ..., type: _Optional[_Union[RequestType, str]] = ..., lock: _Optional[_Union[RequestLock, _Mapping]] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., id: _Optional[int] = ..., access_token: _Optional[str] = ..., type: _Optional[_Union[RequestType, str]] = ..., session: _Optional[int] = ..., session_ttl_micro: _Optional[int] = ..., lock: _Optional[_Union[RequestLock, _Mapping]] = ...) -> None: ...
 
 class RequestLock(_message.Message):
     __slots__ = ("wait_micro", "release_micro", "keys", "try_lock", "fence")
@@ -100,7 +114,7 @@ class KeyInfo(_message.Message):
     def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., waiters: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("version", "request_id", "status", "error_text", "keys", "server_unix_time", "fence", "key_info", "server_stats", "limits")
+    __slots__ = ("version", "request_id", "status", "error_text", "keys", "server_unix_time", "fence", "key_info", "server_stats", "limits", "session", "session_ttl_micro", "leader_addr")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +125,9 @@ class Response(_message.Message):
     KEY_INFO_FIELD_NUMBER: _ClassVar[int]
     SERVER_STATS_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TTL_MICRO_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDR_FIELD_NUMBER: _ClassVar[int]
     version: int
     request_id: int
     status: ResponseStatus
@@ -121,7 +138,10 @@ class Response(_message.Message):
     key_info: _containers.RepeatedCompositeFieldContainer[KeyInfo]
     server_stats: ServerStats
     limits: ServerLimits
-    def __init__(self, version: _Optional[int] = ..., request_id: _Optional[int] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., error_text: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., server_unix_time: _Optional[int] = ..., fence: _Optional[int] = ..., key_info: _Optional[_Iterable[_Union[KeyInfo, _Mapping]]] = ..., server_stats: _Optional[_Union[ServerStats, _Mapping]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ...) -> None: ...
+    session: int
+    session_ttl_micro: int
+    leader_addr: str
+    def __init__(self, version: _Optional[int] = ..., request_id: _Optional[int] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., error_text: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., server_unix_time: _Optional[int] = ..., fence: _Optional[int] = ..., key_info: _Optional[_Iterable[_Union[KeyInfo, _Mapping]]] = ..., server_stats: _Optional[_Union[ServerStats, _Mapping]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., session: _Optional[int] = ..., session_ttl_micro: _Optional[int] = ..., leader_addr: _Optional[str] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("session_timeout_micro", "max_lease_micro", "max_keys", "max_key_len", "max_frame", "max_pipeline")

@@ -1,0 +1,187 @@
+//! Sessions: several owners on one connection (OpenSession, Request.session),
+//! each holding and waiting apart from the others as separate connections do.
+
+mod common;
+
+use common::{status, Conn, TestServer};
+use dlock::proto::{Request, RequestType, Response, ResponseStatus};
+
+fn in_session(mut req: Request, session: u64) -> Request {
+    req.session = session;
+    req
+}
+
+async fn call_in(c: &mut Conn, kind: RequestType, keys: &[&str], session: u64) -> Response {
+    let req = c.request(kind, keys);
+    c.call(in_session(req, session)).await
+}
+
+async fn open_session(c: &mut Conn) -> u64 {
+    let req = c.request(RequestType::OpenSession, &[]);
+    let r = c.call(req).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    assert_ne!(r.session, 0, "a session id");
+    assert_eq!(
+        r.session_ttl_micro, 0,
+        "a single server ties sessions to the connection"
+    );
+    r.session
+}
+
+async fn try_lock_in(c: &mut Conn, session: u64, keys: &[&str]) -> Response {
+    let mut req = c.lock_request(keys, 0, 0);
+    if let Some(l) = req.lock.as_mut() {
+        l.try_lock = true;
+    }
+    c.call(in_session(req, session)).await
+}
+
+async fn unlock_in(c: &mut Conn, session: u64, keys: &[&str]) -> Response {
+    let req = c.request(RequestType::Unlock, keys);
+    c.call(in_session(req, session)).await
+}
+
+#[tokio::test]
+async fn sessions_of_one_connection_exclude_each_other() {
+    let server = TestServer::start(&[]).await;
+    let mut c = Conn::connect(server.addr).await;
+    let (a, b) = (open_session(&mut c).await, open_session(&mut c).await);
+    assert_ne!(a, b);
+
+    let held = try_lock_in(&mut c, a, &["k"]).await;
+    assert_eq!(status(&held), ResponseStatus::Ok);
+    // The connection's own owner re-takes what it holds; another session
+    // of the same connection is just another client.
+    let r = try_lock_in(&mut c, b, &["k"]).await;
+    assert_eq!(status(&r), ResponseStatus::AcquireTimeout, "{r:?}");
+    assert_eq!(r.keys, ["k"]);
+    let r = try_lock_in(&mut c, 0, &["k"]).await;
+    assert_eq!(status(&r), ResponseStatus::AcquireTimeout, "{r:?}");
+
+    // Releasing in one session never releases another's key.
+    let r = unlock_in(&mut c, b, &["k"]).await;
+    assert_eq!(status(&r), ResponseStatus::NotHeld, "{r:?}");
+    let r = call_in(&mut c, RequestType::Inspect, &["k"], a).await;
+    assert!(
+        r.key_info[0].held_by_caller,
+        "Inspect answers for the session: {r:?}"
+    );
+    assert_eq!(r.key_info[0].fence, held.fence);
+    let r = call_in(&mut c, RequestType::Inspect, &["k"], b).await;
+    assert!(!r.key_info[0].held_by_caller);
+
+    let r = unlock_in(&mut c, a, &["k"]).await;
+    assert_eq!(status(&r), ResponseStatus::Ok);
+    let r = try_lock_in(&mut c, b, &["k"]).await;
+    assert_eq!(status(&r), ResponseStatus::Ok);
+    assert!(r.fence > held.fence);
+    server.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_session_waits_in_fifo_order_with_other_connections() {
+    let server = TestServer::start(&[]).await;
+    let mut holder = Conn::connect(server.addr).await;
+    let mut first = Conn::connect(server.addr).await;
+    let mut c = Conn::connect(server.addr).await;
+    let mut observer = Conn::connect(server.addr).await;
+    let session = open_session(&mut c).await;
+
+    let fence = holder.must_lock(&["k"]).await;
+    let req = first.lock_request(&["k"], 0, 0);
+    first.send(&req).await;
+    observer.await_waiters("k", 1).await;
+    let req = in_session(c.lock_request(&["k"], 0, 0), session);
+    let second_id = req.id;
+    c.send(&req).await;
+    observer.await_waiters("k", 2).await;
+
+    assert_eq!(status(&holder.unlock(&["k"]).await), ResponseStatus::Ok);
+    let r = first.recv().await;
+    assert_eq!(
+        status(&r),
+        ResponseStatus::Ok,
+        "the earlier waiter first: {r:?}"
+    );
+    assert!(r.fence > fence);
+    assert!(!c.has_response().await, "the session still waits");
+    assert_eq!(status(&first.unlock(&["k"]).await), ResponseStatus::Ok);
+    let r = c.recv().await;
+    assert_eq!((r.request_id, status(&r)), (second_id, ResponseStatus::Ok));
+    let info = observer.inspect("k").await;
+    assert_eq!(info.fence, r.fence, "the session holds it");
+    server.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn closing_a_session_or_the_connection_releases_its_keys() {
+    let server = TestServer::start(&[]).await;
+    let mut c = Conn::connect(server.addr).await;
+    let mut other = Conn::connect(server.addr).await;
+    let (a, b) = (open_session(&mut c).await, open_session(&mut c).await);
+    assert_eq!(
+        status(&try_lock_in(&mut c, a, &["x"]).await),
+        ResponseStatus::Ok
+    );
+    assert_eq!(
+        status(&try_lock_in(&mut c, b, &["y"]).await),
+        ResponseStatus::Ok
+    );
+
+    let r = call_in(&mut c, RequestType::CloseSession, &[], a).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    assert_eq!(status(&other.try_lock(&["x"]).await), ResponseStatus::Ok);
+    assert_eq!(
+        status(&other.try_lock(&["y"]).await),
+        ResponseStatus::AcquireTimeout
+    );
+    // A closed session is gone: nothing it names acts.
+    let r = try_lock_in(&mut c, a, &["z"]).await;
+    assert_eq!(status(&r), ResponseStatus::UnknownSession, "{r:?}");
+    assert!(r.error_text.contains(&a.to_string()), "{}", r.error_text);
+
+    drop(c);
+    let r = other.lock(&["y"], 20_000_000, 0).await;
+    assert_eq!(
+        status(&r),
+        ResponseStatus::Ok,
+        "disconnect ends every session: {r:?}"
+    );
+    assert_eq!(status(&other.unlock(&["x", "y"]).await), ResponseStatus::Ok);
+    other.await_empty_server().await;
+    server.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn sessions_are_checked_and_limited() {
+    let server = TestServer::start(&["--max-sessions", "2"]).await;
+    let mut c = Conn::connect(server.addr).await;
+    let mut other = Conn::connect(server.addr).await;
+    let theirs = open_session(&mut other).await;
+
+    // Another connection's session, a made-up one: refused, nothing done.
+    for session in [theirs, u64::MAX] {
+        let r = try_lock_in(&mut c, session, &["k"]).await;
+        assert_eq!(status(&r), ResponseStatus::UnknownSession, "{r:?}");
+    }
+    assert_eq!(other.inspect("k").await.fence, 0);
+
+    open_session(&mut c).await;
+    open_session(&mut c).await;
+    let r = call_in(&mut c, RequestType::OpenSession, &[], 0).await;
+    assert_eq!(status(&r), ResponseStatus::LimitReached, "{r:?}");
+    assert!(
+        r.error_text.contains("--max-sessions 2"),
+        "{}",
+        r.error_text
+    );
+
+    // A single server has nothing to resume, and the connection's own
+    // owner is not a session to close.
+    let r = call_in(&mut c, RequestType::OpenSession, &[], theirs).await;
+    assert_eq!(status(&r), ResponseStatus::UnknownSession, "{r:?}");
+    let r = call_in(&mut c, RequestType::CloseSession, &[], 0).await;
+    assert_eq!(status(&r), ResponseStatus::InvalidArgument, "{r:?}");
+    assert_eq!(status(&c.ping().await), ResponseStatus::Ok);
+    server.stop().await.expect("clean stop");
+}
