@@ -48,6 +48,7 @@ mod deadlines;
 mod grants;
 mod invariants;
 mod queue;
+mod sessions;
 mod snapshot;
 mod time;
 
@@ -60,6 +61,7 @@ use crate::keymap::KeyMap;
 use deadlines::Deadlines;
 use queue::Queue;
 use serde::{Deserialize, Serialize};
+use sessions::Sessions;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -151,6 +153,7 @@ pub struct LockTable {
     held_keys: usize,
     next_fence: u64,
     next_req: ReqId,
+    sessions: Sessions,
 }
 
 impl LockTable {
@@ -169,6 +172,17 @@ impl LockTable {
             held_keys: 0,
             next_fence: first_fence.max(1),
             next_req: 1,
+            sessions: Sessions::default(),
+        }
+    }
+
+    /// An empty table whose owners are sessions with a TTL (see
+    /// `sessions`): the table of a cluster, where an owner must outlive the
+    /// connection that opened it.
+    pub fn with_sessions(limits: TableLimits, first_fence: u64) -> Self {
+        LockTable {
+            sessions: Sessions::required(),
+            ..LockTable::new(limits, first_fence)
         }
     }
 
@@ -181,6 +195,12 @@ impl LockTable {
         let now = now.max(self.now);
         self.now = now;
         let mut out = Output::default();
+        if let Some(owner) = cmd.owner() {
+            if !self.sessions.admit(owner, now) {
+                out.reply = Reply::UnknownSession;
+                return out;
+            }
+        }
         match cmd {
             Command::Lock {
                 owner,
@@ -201,7 +221,21 @@ impl LockTable {
                 // Only the token names the grant; owner 0 is nobody.
                 self.unlock(0, keys, Some(fence), now, &mut out.woken);
             }
-            Command::Disconnect { owner } => self.disconnect(owner, now, &mut out),
+            Command::Disconnect { owner } => {
+                self.sessions.end(owner);
+                self.disconnect(owner, now, &mut out);
+            }
+            Command::OpenSession { ttl } if self.sessions.required => {
+                let id = self.sessions.open(ttl, now);
+                out.reply = Reply::Session { id, ttl };
+            }
+            Command::OpenSession { .. } => out.reply = Reply::UnknownSession,
+            Command::KeepAlive { owner } => {
+                out.reply = match self.sessions.keep_alive(owner, now) {
+                    Some(ttl) => Reply::Session { id: owner, ttl },
+                    None => Reply::UnknownSession,
+                };
+            }
             Command::Close => out.withdrawn = self.close(),
             Command::Advance => self.advance(now, &mut out),
         }
@@ -236,7 +270,20 @@ impl LockTable {
 
     /// The earliest time at which [`Command::Advance`] has work to do.
     pub fn next_deadline(&self) -> Option<Time> {
-        self.deadlines.next()
+        match (self.deadlines.next(), self.sessions.next_expiry()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Sessions open (a table made by [`LockTable::with_sessions`]).
+    pub fn sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Whether `owner` is an open session.
+    pub fn session_open(&self, owner: OwnerId) -> bool {
+        self.sessions.is_open(owner)
     }
 
     /// What the table knows of `key` at `now`.
@@ -431,6 +478,12 @@ impl LockTable {
             }
         }
         self.pump(work, now, &mut out.woken);
+        // After leases, before wait limits: a session that ran out is as
+        // gone as a closed connection, and its keys go to waiters in order.
+        while let Some(owner) = self.sessions.pop_expired(now) {
+            self.disconnect(owner, now, out);
+            out.ended_sessions.push(owner);
+        }
         while let Some((_, req)) = self.deadlines.pop_timeout_due(now) {
             let Some(w) = self.waiters.remove(&req) else {
                 continue;

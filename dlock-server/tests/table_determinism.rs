@@ -48,8 +48,11 @@ fn command() -> impl Strategy<Value = Command> {
         2 => (owner.clone(), keys(), prop::option::of(fence.clone()), millis(4_000))
             .prop_map(|(owner, keys, fence, lease)| Command::Renew { owner, keys, fence, lease }),
         1 => (keys(), fence).prop_map(|(keys, fence)| Command::Undelivered { keys, fence }),
-        2 => owner.prop_map(|owner| Command::Disconnect { owner }),
+        2 => owner.clone().prop_map(|owner| Command::Disconnect { owner }),
         3 => Just(Command::Advance),
+        // Meaningful to a table with sessions, refused by one without.
+        1 => millis(5_000).prop_map(|ttl| Command::OpenSession { ttl }),
+        1 => owner.prop_map(|owner| Command::KeepAlive { owner }),
     ]
 }
 
@@ -94,9 +97,13 @@ proptest! {
     fn same_commands_give_same_outputs_and_state(
         stream in stream(),
         cut in any::<prop::sample::Index>(),
+        sessions in any::<bool>(),
     ) {
-        let mut a = LockTable::new(limits(), 1);
-        let mut b = LockTable::new(limits(), 1);
+        // A cluster's table (owners are sessions with a TTL) or a single
+        // server's (owners are connections).
+        let new = if sessions { LockTable::with_sessions } else { LockTable::new };
+        let mut a = new(limits(), 1);
+        let mut b = new(limits(), 1);
         let cut = cut.index(stream.len());
         let mut c = None;
         for (i, (cmd, at)) in stream.iter().enumerate() {

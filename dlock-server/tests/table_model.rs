@@ -192,7 +192,8 @@ fn lock(
             woken,
             withdrawn,
             expired_leases: 0,
-        } if woken.is_empty() && withdrawn.is_empty() => r,
+            ended_sessions,
+        } if woken.is_empty() && withdrawn.is_empty() && ended_sessions.is_empty() => r,
         out => panic!("a Lock returned {out:?}"),
     }
 }
@@ -205,7 +206,8 @@ fn release(t: &mut LockTable, cmd: Command, now: Time) -> (Vec<Key>, Vec<Woken>)
             woken,
             withdrawn,
             expired_leases: 0,
-        } if withdrawn.is_empty() => (keys, woken),
+            ended_sessions,
+        } if withdrawn.is_empty() && ended_sessions.is_empty() => (keys, woken),
         out => panic!("an Unlock or Renew returned {out:?}"),
     }
 }

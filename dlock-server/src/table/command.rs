@@ -69,6 +69,20 @@ pub enum Command {
         /// Whose connection ended.
         owner: OwnerId,
     },
+    /// Opens a session that ends `ttl` after the command's time unless a
+    /// command naming it comes first (a table with sessions only: see
+    /// `sessions`). Answered with [`Reply::Session`].
+    OpenSession {
+        /// How long the session lives without a command naming it.
+        ttl: Duration,
+    },
+    /// Keeps `owner`'s session alive for another TTL from the command's
+    /// time. Answered with [`Reply::Session`], or
+    /// [`Reply::UnknownSession`] when it ended.
+    KeepAlive {
+        /// The session.
+        owner: OwnerId,
+    },
     /// The server is stopping: every waiting request is withdrawn and every
     /// later Lock is answered [`LockResult::ShuttingDown`], so keys released
     /// from now on are handed to nobody. Unlock, Renew and time still work.
@@ -78,6 +92,24 @@ pub enum Command {
     /// at their time but leave what fell due before it for the next Advance,
     /// so expiry happens at the points the caller (or the log) chose.
     Advance,
+}
+
+impl Command {
+    /// The owner the command acts for, when it names one that must be an
+    /// open session in a table with sessions.
+    pub fn owner(&self) -> Option<OwnerId> {
+        match self {
+            Command::Lock { owner, .. }
+            | Command::Unlock { owner, .. }
+            | Command::Renew { owner, .. } => Some(*owner),
+            Command::Undelivered { .. }
+            | Command::Disconnect { .. }
+            | Command::OpenSession { .. }
+            | Command::KeepAlive { .. }
+            | Command::Close
+            | Command::Advance => None,
+        }
+    }
 }
 
 /// What a command did, for the caller to deliver.
@@ -93,6 +125,8 @@ pub struct Output {
     pub withdrawn: Vec<ReqId>,
     /// Keys whose lease ran out (Advance).
     pub expired_leases: usize,
+    /// Sessions whose TTL ran out (Advance), ended as by Disconnect.
+    pub ended_sessions: Vec<OwnerId>,
 }
 
 /// The part of an [`Output`] that answers the command itself.
@@ -107,6 +141,17 @@ pub enum Reply {
     /// Unlock and Renew: the named keys that were not held, sorted; all
     /// others were acted on.
     NotHeld(Vec<Key>),
+    /// OpenSession and KeepAlive: the session and its TTL.
+    Session {
+        /// The session's id, its owner id in every later command.
+        id: OwnerId,
+        /// How long it lives without a command naming it.
+        ttl: Duration,
+    },
+    /// A table with sessions: the command named an owner that is not an
+    /// open session (or it was OpenSession on a table without sessions).
+    /// Nothing changed.
+    UnknownSession,
 }
 
 /// What became of a Lock request.

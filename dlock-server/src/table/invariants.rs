@@ -12,6 +12,12 @@ impl LockTable {
     /// # Errors
     /// The first invariant that does not hold.
     pub fn check_invariants(&self) -> Result<(), String> {
+        self.sessions.check()?;
+        if self.sessions.required {
+            if let Some(o) = self.owners.keys().find(|o| !self.sessions.is_open(**o)) {
+                return Err(format!("owner {o} has state but no open session"));
+            }
+        }
         let (lease_entries, timeout_entries) = self.deadlines.entries();
         let lease_entries: BTreeSet<_> = lease_entries.into_iter().collect();
         let timeout_entries: BTreeSet<_> = timeout_entries.into_iter().collect();

@@ -12,6 +12,7 @@
 //! order, so equal tables give equal snapshots.
 
 use super::deadlines::{Deadlines, LeaseEntry, TimeoutEntry};
+use super::sessions::Sessions;
 use super::{
     Hold, Key, KeyState, LockTable, OwnerId, OwnerState, ReqId, TableLimits, Time, Waiter,
 };
@@ -40,6 +41,9 @@ pub struct Snapshot {
     leases: Vec<LeaseEntry>,
     /// Wait-limit entries, sorted.
     timeouts: Vec<TimeoutEntry>,
+    /// Sessions, when the table has them.
+    #[serde(default)]
+    sessions: Sessions,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +86,7 @@ impl LockTable {
             owners: self.owners.iter().map(|(o, s)| (*o, s.clone())).collect(),
             leases,
             timeouts,
+            sessions: self.sessions.clone(),
         }
     }
 
@@ -103,6 +108,7 @@ impl LockTable {
             owners,
             leases,
             timeouts,
+            sessions,
         } = snapshot;
         if next_fence == 0 {
             return Err(BadSnapshot("next fence is 0, which means no token".into()));
@@ -144,6 +150,7 @@ impl LockTable {
             held_keys,
             next_fence,
             next_req,
+            sessions,
         };
         table.check_invariants().map_err(BadSnapshot)?;
         Ok(table)
