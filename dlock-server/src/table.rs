@@ -51,7 +51,7 @@ mod queue;
 mod snapshot;
 mod time;
 
-pub use command::{Command, LockResult, Output, Reply, WaitOutcome, Woken};
+pub use command::{Command, LimitName, LockResult, Output, Reply, WaitOutcome, Woken};
 pub use snapshot::{BadSnapshot, Snapshot};
 pub use time::Time;
 
