@@ -10,6 +10,7 @@
 //! | [`handler`] | validation of one request and its response |
 //! | [`db`] | the shared table behind a mutex, timers, wake-up delivery |
 //! | [`clock`] | the one clock read that stamps the table's commands |
+//! | [`cluster`] | the table replicated on openraft: log, snapshots, peers |
 //! | [`table`] | the lock rules: a deterministic state machine, no I/O, no clock |
 //! | [`keymap`] | the table's key map, compact at millions of keys |
 //! | [`fence`] | where fencing tokens start so they never go backwards |
@@ -23,6 +24,7 @@
 
 pub mod auth;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod connection;
 pub mod db;

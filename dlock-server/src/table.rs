@@ -52,7 +52,7 @@ mod sessions;
 mod snapshot;
 mod time;
 
-pub use command::{Command, LockResult, Output, Reply, WaitOutcome, Woken};
+pub use command::{Command, LimitName, LockResult, Output, Reply, WaitOutcome, Woken};
 pub use snapshot::{BadSnapshot, Snapshot};
 pub use time::Time;
 

@@ -6,7 +6,7 @@
 //! same outputs.
 
 use super::{Key, OwnerId, ReqId, WaitLimit};
-use serde::{Deserialize, Serialize};
+use serde::{de::Error as _, Deserialize, Deserializer, Serialize};
 use std::time::Duration;
 
 /// A change to the lock table, applied by [`super::LockTable::apply`].
@@ -113,7 +113,10 @@ impl Command {
 }
 
 /// What a command did, for the caller to deliver.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+///
+/// Serialisable so that a replicated log's apply step can hand it back as
+/// the answer to the command it came from.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Output {
     /// The answer to the command itself.
     pub reply: Reply,
@@ -130,7 +133,7 @@ pub struct Output {
 }
 
 /// The part of an [`Output`] that answers the command itself.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     /// The command has no answer of its own: Undelivered, Disconnect, Close,
     /// Advance.
@@ -155,7 +158,7 @@ pub enum Reply {
 }
 
 /// What became of a Lock request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LockResult {
     /// All keys are now held under this fencing token.
     Granted {
@@ -167,13 +170,13 @@ pub enum LockResult {
     /// `WaitLimit::No` and these keys were not available.
     Busy(Vec<Key>),
     /// The named limit would be exceeded; nothing changed.
-    LimitReached(&'static str),
+    LimitReached(#[serde(deserialize_with = "limit_name")] LimitName),
     /// The table was closed ([`Command::Close`]); nothing changed.
     ShuttingDown,
 }
 
 /// The outcome of a request that had to wait.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WaitOutcome {
     /// The request holds its keys under this fencing token.
     Granted {
@@ -187,7 +190,7 @@ pub enum WaitOutcome {
 }
 
 /// A waiting request that finished, for the caller to answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Woken {
     /// The request, as returned in [`LockResult::Waiting`].
     pub req: ReqId,
@@ -197,4 +200,62 @@ pub struct Woken {
     pub keys: Vec<Key>,
     /// What happened to it.
     pub wake: WaitOutcome,
+}
+
+/// The name of a limit in [`LockResult::LimitReached`]. An alias, so that
+/// serde's derive does not take the field for a string borrowed from the
+/// input (it does so for a literal `&str`), which would keep outputs from
+/// being decoded into owned values; `limit_name` decodes it instead.
+pub type LimitName = &'static str;
+
+/// Every name [`LockResult::LimitReached`] carries (see `LockTable::lock`).
+/// A `&'static str` cannot be borrowed from the bytes being decoded, so a
+/// decoded name is matched back to one of these.
+const LIMIT_NAMES: [&str; 2] = ["held keys", "waiters"];
+
+fn limit_name<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+    let name = String::deserialize(d)?;
+    LIMIT_NAMES
+        .into_iter()
+        .find(|n| *n == name)
+        .ok_or_else(|| D::Error::custom(format!("unknown limit {name:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{LockTable, TableLimits};
+
+    #[test]
+    fn every_limit_the_table_names_survives_a_serde_round_trip() {
+        // One of each limit, straight from the table, so a new limit name
+        // that LIMIT_NAMES does not know fails here.
+        let mut table = LockTable::new(
+            TableLimits {
+                max_waiters: 0,
+                max_held_keys: 1,
+            },
+            1,
+        );
+        let lock = |owner, key: &str| Command::Lock {
+            owner,
+            keys: vec![key.into()],
+            wait: super::super::WaitLimit::Forever,
+            lease: None,
+        };
+        let at = crate::table::Time::ZERO;
+        table.apply(lock(1, "a"), at);
+        let outputs = [table.apply(lock(2, "b"), at), table.apply(lock(2, "a"), at)];
+        for out in outputs {
+            assert!(matches!(
+                out.reply,
+                Reply::Lock(LockResult::LimitReached(_))
+            ));
+            let json = serde_json::to_string(&out).expect("encodes");
+            let back: Output = serde_json::from_str(&json).expect("decodes");
+            assert_eq!(back, out);
+        }
+        let bad = r#"{"reply":{"Lock":{"LimitReached":"gremlins"}},"woken":[],"withdrawn":[],"expired_leases":0}"#;
+        assert!(serde_json::from_str::<Output>(bad).is_err());
+    }
 }

@@ -1,0 +1,612 @@
+//! The consensus engine of a dlock cluster: the lock table replicated on
+//! openraft, its log and vote durable in redb, and a TCP transport between
+//! nodes.
+//!
+//! The client-facing server sees one handle, [`Cluster`]: on the leader it
+//! [proposes](Cluster::propose) table commands and gets each one's
+//! [`Output`] once it is committed and applied; on every node an
+//! [`ApplySink`] sees every applied command with its output, in log order;
+//! [`Cluster::read`] reads the applied table. It never learns how
+//! replication works, and the table never learns that it is replicated.
+//!
+//! # Design
+//!
+//! | file | owns |
+//! |---|---|
+//! | `cluster.rs` | start, the handle, proposing, reads, membership changes |
+//! | `types` | openraft's type configuration: [`Member`], the stamped command |
+//! | `log_store` | the Raft log and vote in redb |
+//! | `machine` | the state machine: the table, applied entries, snapshots |
+//! | `snapshot_file` | the latest snapshot on disk, replaced atomically |
+//! | `leader_clock` | cluster time: how a leader stamps commands |
+//! | `timer` | the leader proposing `Advance` when leases fall due |
+//! | `wire` | peer frames and messages, limits |
+//! | `peer_client` | dialling peers: openraft's network traits, a pool |
+//! | `peer_server` | the peer port: hello check, RPCs into openraft |
+//! | `status` | [`ClusterStatus`] |
+//! | `error` | [`ClusterError`] |
+//!
+//! openraft does elections, log replication, commitment, membership
+//! changes (joint consensus), snapshots and log compaction; this module
+//! only implements its storage, state machine and network traits.
+//!
+//! # Durability
+//!
+//! A command is answered only after openraft commits it: its entry is on a
+//! majority of nodes, and each of them reported the entry flushed only after
+//! a redb commit with `Durability::Immediate` (an fsync). Votes are saved the
+//! same way before they are sent. The table itself lives in memory; a
+//! snapshot of it is written (and fsynced, then renamed into place) every
+//! [`SNAPSHOT_EVERY`] entries, after which openraft purges the log it covers
+//! but the last [`LOG_KEPT_AFTER_SNAPSHOT`], so the disk holds at most one
+//! snapshot and a bounded log. On start the table is restored from the
+//! snapshot and the log after it is applied again up to the last committed
+//! entry; the [`ApplySink`] sees those entries again.
+//!
+//! # Time
+//!
+//! Each command carries the cluster time it was stamped with by the leader
+//! that proposed it, and every node applies it at that time, so leases and
+//! wait limits expire at the same point of the log everywhere. A new leader
+//! starts its clock at the latest time its state machine has applied (never
+//! earlier than anything applied) and advances it by its own monotonic
+//! clock; stamps never go backwards. Cluster time stands still between two
+//! leaders, so a leader change extends every lease and wait by at least the
+//! gap since the old leader's last command, which is at least the election
+//! timeout. That is the safe direction: a lease never ends earlier than the
+//! client that holds it can compute. Clocks need not be synchronised; their
+//! rates are assumed to differ by a bounded amount, which clients' safety
+//! margins cover. While leader, the cluster proposes `Command::Advance` itself
+//! whenever the table's next deadline is due by cluster time (see `timer`).
+//!
+//! # Transport
+//!
+//! Each node listens on its own peer port. Frames are a 4-byte big-endian
+//! length and a serde_json message (snapshot chunk bytes travel raw); a
+//! connection opens with a hello that carries the cluster id and both node
+//! ids, and anything else (garbage, an oversized frame, the client protocol,
+//! another cluster) is closed with a log line. One connection per peer is
+//! reused for replication, with TCP keepalive and openraft's per-RPC
+//! timeouts; a failed connection is dialled again on the next RPC.
+//!
+//! # Membership
+//!
+//! A node whose data directory is fresh initialises the cluster with
+//! [`ClusterConfig::initial_members`] when that list contains it (every
+//! initial node must be given the same list), or alone when the list is
+//! empty. A fresh node not in a non-empty list waits, as a learner, to be
+//! added by the leader with [`Cluster::add_node`]. Later starts read the
+//! membership from the data directory and ignore the list.
+
+mod error;
+mod leader_clock;
+mod log_store;
+mod machine;
+mod peer_client;
+mod peer_server;
+mod snapshot_file;
+mod status;
+mod timer;
+mod types;
+mod wire;
+
+pub use error::ClusterError;
+pub use status::{ClusterStatus, MemberStatus, Role};
+pub use types::{Member, NodeId};
+
+use crate::table::{Command, LockTable, Output, TableLimits, Time};
+use anyhow::Context;
+use leader_clock::LeaderClock;
+use log_store::LogStore;
+use machine::StateMachine;
+use openraft::error::{CheckIsLeaderError, ClientWriteError, Fatal, InitializeError, RaftError};
+use openraft::{ChangeMembers, ServerState, SnapshotPolicy};
+use peer_client::Network;
+use peer_server::PeerServer;
+use snapshot_file::SnapshotFile;
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use types::{Raft, Stamped};
+
+/// How long [`Cluster::propose`] and [`Cluster::read_index`] wait for a
+/// quorum before answering [`ClusterError::Unavailable`].
+pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`Cluster::add_node`] waits for the new node to catch up, and
+/// each membership change to commit.
+pub const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
+/// A snapshot is taken after this many log entries since the last one.
+pub const SNAPSHOT_EVERY: u64 = 10_000;
+/// Entries kept in the log after a snapshot, so that a follower a little
+/// behind catches up from the log rather than by a whole snapshot.
+pub const LOG_KEPT_AFTER_SNAPSHOT: u64 = 1_000;
+/// A snapshot may take this long to send and install (a large table).
+const SNAPSHOT_INSTALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Called on every node for every applied command with its output, in log
+/// order, synchronously inside apply: the next entry is applied only after
+/// it returns, so it must not block. It runs without any lock of the
+/// cluster held and may call [`Cluster::read`]. It also sees the entries
+/// re-applied when a node starts; it does not see what a snapshot installed
+/// from the leader covers.
+pub type ApplySink = Arc<dyn Fn(&Command, &Output) + Send + Sync>;
+
+/// How to start one node.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// This node's id, unique in the cluster and never reused.
+    pub node_id: u64,
+    /// Every peer hello carries it; a node with another is refused.
+    pub cluster_id: String,
+    /// Where the log, vote and snapshot live; created if missing.
+    pub data_dir: PathBuf,
+    /// Advertised to clients in NotLeader answers.
+    pub client_addr: String,
+    /// Advertised to peers.
+    pub peer_addr: String,
+    /// Used only when `data_dir` is fresh: see the module documentation.
+    /// Empty, or only this node, makes a cluster of one.
+    pub initial_members: BTreeMap<u64, Member>,
+    /// How often the leader sends heartbeats (about 100 ms).
+    pub heartbeat: Duration,
+    /// A follower that hears no leader for a random time in this range
+    /// starts an election (about 500..1000 ms).
+    pub election_timeout: (Duration, Duration),
+    /// The table's limits, for a fresh table.
+    pub limits: TableLimits,
+    /// The table's first fencing token, for a fresh table.
+    pub first_fence: u64,
+}
+
+/// A cheap handle to a running node.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: NodeId,
+    raft: Raft,
+    machine: Arc<machine::Shared>,
+    clock: LeaderClock,
+    /// The last committed index plus one (0: none), from the log store.
+    committed: Arc<AtomicU64>,
+    /// Cancelled when the node starts stopping, for any reason.
+    stop: CancellationToken,
+    /// Cancelled when the node has stopped.
+    stopped: CancellationToken,
+    /// Serialises [`Cluster::shutdown`] calls.
+    shutting_down: tokio::sync::Mutex<()>,
+    tasks: TaskTracker,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Cluster {
+    /// Starts this node: opens (or creates) its data directory, restores the
+    /// table, starts openraft, the peer port on `peer_listener` and the
+    /// leader's timer, and initialises the cluster if the directory is fresh
+    /// (see the module documentation). The node stops when `shutdown` is
+    /// cancelled, [`Cluster::shutdown`] is called, or on a fatal storage
+    /// error.
+    ///
+    /// # Errors
+    /// The data directory cannot be created or read (or is in use by
+    /// another process), its contents do not decode, the timing is invalid
+    /// (heartbeat not below the election timeout), or openraft fails to
+    /// start.
+    pub async fn start(
+        cfg: ClusterConfig,
+        peer_listener: TcpListener,
+        sink: ApplySink,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Cluster> {
+        let dir = cfg.data_dir.clone();
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+        let log = LogStore::open(&dir)
+            .with_context(|| format!("cannot open {}", dir.join("raft.redb").display()))?;
+        let (file, found) = SnapshotFile::open(&dir)
+            .with_context(|| format!("cannot read the snapshot in {}", dir.display()))?;
+        let fresh = found.is_none() && log.is_fresh().context("cannot read raft.redb")?;
+        let state_machine = StateMachine::open(file, found, cfg.limits, cfg.first_fence, sink)
+            .with_context(|| format!("cannot restore the snapshot in {}", dir.display()))?;
+        let machine = state_machine.shared();
+        let committed = log.committed_index();
+
+        let config = openraft::Config {
+            cluster_name: cfg.cluster_id.clone(),
+            heartbeat_interval: millis(cfg.heartbeat),
+            election_timeout_min: millis(cfg.election_timeout.0),
+            election_timeout_max: millis(cfg.election_timeout.1),
+            install_snapshot_timeout: millis(SNAPSHOT_INSTALL_TIMEOUT),
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
+            snapshot_max_chunk_size: wire::SNAPSHOT_CHUNK as u64,
+            max_in_snapshot_log_to_keep: LOG_KEPT_AFTER_SNAPSHOT,
+            ..Default::default()
+        }
+        .validate()
+        .context("invalid cluster timing")?;
+        let network = Network::new(cfg.node_id, &cfg.cluster_id);
+        let raft = Raft::new(cfg.node_id, Arc::new(config), network, log, state_machine)
+            .await
+            .context("cannot start the consensus engine")?;
+
+        if fresh {
+            let me = Member {
+                client_addr: cfg.client_addr.clone(),
+                peer_addr: cfg.peer_addr.clone(),
+            };
+            let members = if cfg.initial_members.is_empty() {
+                Some(BTreeMap::from([(cfg.node_id, me)]))
+            } else if cfg.initial_members.contains_key(&cfg.node_id) {
+                // As given, whatever this node's own addresses: every
+                // initial node must write the same first entry.
+                Some(cfg.initial_members.clone())
+            } else {
+                tracing::info!(
+                    node = cfg.node_id,
+                    "fresh node outside the initial members: waiting to be added"
+                );
+                None
+            };
+            if let Some(members) = members {
+                match raft.initialize(members).await {
+                    Ok(()) => tracing::info!(node = cfg.node_id, "cluster initialised"),
+                    Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+                    Err(e) => return Err(e).context("cannot initialise the cluster"),
+                }
+            }
+        }
+
+        let stop = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let cluster = Cluster {
+            inner: Arc::new(Inner {
+                id: cfg.node_id,
+                raft: raft.clone(),
+                machine,
+                clock: LeaderClock::default(),
+                committed,
+                stop: stop.clone(),
+                stopped: CancellationToken::new(),
+                shutting_down: tokio::sync::Mutex::new(()),
+                tasks: tasks.clone(),
+            }),
+        };
+        let server = PeerServer {
+            raft: raft.clone(),
+            local: cfg.node_id,
+            cluster_id: cfg.cluster_id.as_str().into(),
+        };
+        tasks.spawn(server.run(peer_listener, stop.clone(), tasks.clone()));
+        tasks.spawn(timer::run(cluster.clone(), stop.clone()));
+        // Not tracked: it calls shutdown, which waits for the tracked tasks.
+        tokio::spawn(cluster.clone().supervise(shutdown));
+        tracing::info!(node = cfg.node_id, data_dir = %dir.display(), fresh, "cluster node started");
+        Ok(cluster)
+    }
+
+    /// Stops the node when asked to from outside, or when openraft stops on
+    /// its own (a fatal storage error): logs why, then shuts down cleanly.
+    async fn supervise(self, shutdown: CancellationToken) {
+        let mut metrics = self.inner.raft.metrics();
+        let fatal = loop {
+            let state = metrics.borrow_and_update().running_state.clone();
+            if let Err(fatal) = state {
+                break Some(fatal);
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break None,
+                _ = self.inner.stop.cancelled() => return,
+                r = metrics.changed() => if r.is_err() { break Some(Fatal::Stopped) },
+            }
+        };
+        if let Some(fatal) = fatal {
+            if !self.inner.stop.is_cancelled() {
+                tracing::error!(node = self.inner.id, error = %fatal, "the consensus engine stopped; this node stops serving");
+            }
+        }
+        self.shutdown().await;
+    }
+
+    /// The term this node leads, or why it cannot take a write.
+    fn leading_term(&self) -> Result<u64, ClusterError> {
+        if self.inner.stop.is_cancelled() {
+            return Err(ClusterError::Unavailable(
+                "this node is shutting down".into(),
+            ));
+        }
+        let server = self.inner.raft.server_metrics();
+        let m = server.borrow();
+        if m.state == ServerState::Leader {
+            return Ok(m.vote.leader_id.term);
+        }
+        let leader = m.current_leader.and_then(|id| {
+            m.membership_config
+                .membership()
+                .get_node(&id)
+                .map(|node| (id, node.clone()))
+        });
+        Err(ClusterError::NotLeader { leader })
+    }
+
+    /// Stamps `cmd` with the leader's cluster time, replicates it, and waits
+    /// until it is committed and applied on this node; returns the command's
+    /// own output (which the [`ApplySink`] saw too).
+    ///
+    /// # Errors
+    /// [`ClusterError::NotLeader`] when this node is not the leader, or its
+    /// entry was overwritten by a new leader's log (the command was not
+    /// applied); [`ClusterError::Unavailable`] when it was not committed
+    /// within [`COMMIT_TIMEOUT`] (it may still be committed later) or the
+    /// node is stopping; [`ClusterError::Fatal`] when the engine stopped.
+    pub async fn propose(&self, cmd: Command) -> Result<Output, ClusterError> {
+        let term = self.leading_term()?;
+        let applied = self.inner.machine.lock().at;
+        let at = self.inner.clock.now(term, applied);
+        let write = self.inner.raft.client_write(Stamped { at, cmd });
+        match self.bounded(COMMIT_TIMEOUT, write).await? {
+            Ok(response) => Ok(response.data),
+            Err(e) => Err(self.write_error(e)),
+        }
+    }
+
+    /// A linearizable read barrier (openraft's read index): confirms with a
+    /// quorum that this node is still the leader and waits until its table
+    /// has applied everything committed before the call. After `Ok`,
+    /// [`Cluster::read`] sees every write committed before this call.
+    ///
+    /// # Errors
+    /// As [`Cluster::propose`].
+    pub async fn read_index(&self) -> Result<(), ClusterError> {
+        self.leading_term()?;
+        let check = self.inner.raft.ensure_linearizable();
+        match self.bounded(COMMIT_TIMEOUT, check).await? {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(ClusterError::NotLeader {
+                    leader: f.leader_id.zip(f.leader_node),
+                })
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q))) => {
+                Err(ClusterError::Unavailable(q.to_string()))
+            }
+            Err(RaftError::Fatal(f)) => Err(self.fatal(f)),
+        }
+    }
+
+    /// Runs `f` on the applied table and the current cluster time (the
+    /// leader's clock on the leader; elsewhere the latest applied time).
+    /// Applying waits while `f` runs: keep it short.
+    pub fn read<R>(&self, f: impl FnOnce(&LockTable, Time) -> R) -> R {
+        let term = self.leading_term().ok();
+        let st = self.inner.machine.lock();
+        let now = match term {
+            Some(term) => self.inner.clock.now(term, st.at),
+            None => st.at,
+        };
+        f(&st.table, now)
+    }
+
+    /// The leader this node knows of, with its addresses.
+    pub fn leader(&self) -> Option<(u64, Member)> {
+        let server = self.inner.raft.server_metrics();
+        let m = server.borrow();
+        let id = m.current_leader?;
+        let node = m.membership_config.membership().get_node(&id)?.clone();
+        Some((id, node))
+    }
+
+    /// Whether this node is the leader, as far as it knows.
+    pub fn is_leader(&self) -> bool {
+        self.inner.raft.server_metrics().borrow().state == ServerState::Leader
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Every member and this node's view of the cluster.
+    pub fn status(&self) -> ClusterStatus {
+        let committed = self.inner.committed.load(Ordering::Relaxed).checked_sub(1);
+        ClusterStatus::from_metrics(&self.inner.raft.metrics().borrow(), committed)
+    }
+
+    /// Waits until `cond` holds for this node's [`ClusterStatus`], checking
+    /// it whenever openraft's metrics change; returns the status that
+    /// passed. For start-up (waiting for a leader) and tests.
+    ///
+    /// # Errors
+    /// [`ClusterError::Unavailable`] naming `what` when `timeout` passes
+    /// first or the node stops.
+    pub async fn wait_until(
+        &self,
+        timeout: Duration,
+        what: &str,
+        cond: impl Fn(&ClusterStatus) -> bool + Send + Sync,
+    ) -> Result<ClusterStatus, ClusterError> {
+        let committed = self.inner.committed.clone();
+        let status = |m: &openraft::RaftMetrics<NodeId, Member>| {
+            let c = committed.load(Ordering::Relaxed).checked_sub(1);
+            ClusterStatus::from_metrics(m, c)
+        };
+        let m = self
+            .inner
+            .raft
+            .wait(Some(timeout))
+            .metrics(|m| cond(&status(m)), what)
+            .await
+            .map_err(|e| ClusterError::Unavailable(format!("waiting for {what}: {e}")))?;
+        Ok(status(&m))
+    }
+
+    /// Adds node `id` at `member`'s addresses: first as a learner, waiting
+    /// until it has caught up with the log, then as a voter. The node must
+    /// be running with a fresh data directory and the same cluster id.
+    ///
+    /// # Errors
+    /// [`ClusterError::NotLeader`] off the leader;
+    /// [`ClusterError::Unavailable`] when the node did not catch up within
+    /// [`MEMBERSHIP_TIMEOUT`] (it stays a learner; removing it undoes that);
+    /// [`ClusterError::Refused`] when another membership change is running.
+    pub async fn add_node(&self, id: u64, member: Member) -> Result<(), ClusterError> {
+        self.leading_term()?;
+        let learner = self.inner.raft.add_learner(id, member, true);
+        self.bounded(MEMBERSHIP_TIMEOUT, learner)
+            .await?
+            .map_err(|e| self.write_error(e))?;
+        tracing::info!(node = id, "new node caught up; making it a voter");
+        self.change(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
+            .await
+    }
+
+    /// Removes node `id` from the cluster (voter or learner). Removing the
+    /// leader itself makes it step down once the change is committed.
+    ///
+    /// # Errors
+    /// As [`Cluster::add_node`]; [`ClusterError::Refused`] when it would
+    /// leave no voter.
+    pub async fn remove_node(&self, id: u64) -> Result<(), ClusterError> {
+        self.leading_term()?;
+        let (voter, known) = {
+            let server = self.inner.raft.server_metrics();
+            let m = server.borrow();
+            let membership = m.membership_config.membership();
+            let voter = membership.voter_ids().any(|v| v == id);
+            (voter, membership.get_node(&id).is_some())
+        };
+        let ids = BTreeSet::from([id]);
+        match (voter, known) {
+            (true, _) => self.change(ChangeMembers::RemoveVoters(ids)).await,
+            (false, true) => self.change(ChangeMembers::RemoveNodes(ids)).await,
+            (false, false) => Ok(()),
+        }
+    }
+
+    async fn change(&self, change: ChangeMembers<NodeId, Member>) -> Result<(), ClusterError> {
+        // retain = false: a removed voter leaves the membership entirely
+        // rather than staying on as a learner.
+        let write = self.inner.raft.change_membership(change, false);
+        self.bounded(MEMBERSHIP_TIMEOUT, write)
+            .await?
+            .map(|_| ())
+            .map_err(|e| self.write_error(e))
+    }
+
+    /// Takes a snapshot now and purges the log it covers (beyond what the
+    /// snapshot policy would keep); returns the last index it covers. For
+    /// backups and tests; snapshots are otherwise taken every
+    /// [`SNAPSHOT_EVERY`] entries. The purge itself may finish later, when no
+    /// replication still reads the entries.
+    ///
+    /// # Errors
+    /// [`ClusterError::Unavailable`] if the snapshot was not written within
+    /// [`COMMIT_TIMEOUT`] or the node is stopping; [`ClusterError::Fatal`].
+    pub async fn snapshot(&self) -> Result<Option<u64>, ClusterError> {
+        let applied = self
+            .inner
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map(|l| l.index);
+        let Some(applied) = applied else {
+            return Ok(None);
+        };
+        self.inner
+            .raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|f| self.fatal(f))?;
+        let m = self
+            .inner
+            .raft
+            .wait(Some(COMMIT_TIMEOUT))
+            .metrics(
+                |m| m.snapshot.is_some_and(|s| s.index >= applied),
+                "snapshot taken",
+            )
+            .await
+            .map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+        let covered = m.snapshot.map(|s| s.index);
+        if let Some(upto) = covered {
+            self.inner
+                .raft
+                .trigger()
+                .purge_log(upto)
+                .await
+                .map_err(|f| self.fatal(f))?;
+        }
+        Ok(covered)
+    }
+
+    /// Stops this node: the peer port, the timer and openraft, waiting for
+    /// them. Pending proposals fail with [`ClusterError::Unavailable`]. The
+    /// data directory can be opened again once this returns. Calling it
+    /// again does nothing.
+    pub async fn shutdown(&self) {
+        self.inner.stop.cancel();
+        let _one_at_a_time = self.inner.shutting_down.lock().await;
+        if self.inner.stopped.is_cancelled() {
+            return;
+        }
+        if let Err(e) = self.inner.raft.shutdown().await {
+            tracing::warn!(error = %e, "consensus engine did not stop cleanly");
+        }
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        self.inner.stopped.cancel();
+        tracing::info!(node = self.inner.id, "cluster node stopped");
+    }
+
+    /// Resolves once the node has stopped, after [`Cluster::shutdown`] or a
+    /// fatal storage error. The server should stop serving then.
+    pub async fn stopped(&self) {
+        self.inner.stopped.cancelled().await
+    }
+
+    /// Runs `fut` for at most `limit`, or until the node starts stopping.
+    async fn bounded<T>(
+        &self,
+        limit: Duration,
+        fut: impl Future<Output = T>,
+    ) -> Result<T, ClusterError> {
+        tokio::select! {
+            r = tokio::time::timeout(limit, fut) => r.map_err(|_| ClusterError::Unavailable(format!(
+                "no quorum within {limit:?}; the outcome is unknown"
+            ))),
+            _ = self.inner.stop.cancelled() => Err(ClusterError::Unavailable("this node is shutting down".into())),
+        }
+    }
+
+    fn write_error(&self, e: RaftError<NodeId, ClientWriteError<NodeId, Member>>) -> ClusterError {
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ClusterError::NotLeader {
+                leader: f.leader_id.zip(f.leader_node),
+            },
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+                ClusterError::Refused(e.to_string())
+            }
+            RaftError::Fatal(f) => self.fatal(f),
+        }
+    }
+
+    fn fatal(&self, f: Fatal<NodeId>) -> ClusterError {
+        if self.inner.stop.is_cancelled() && f == Fatal::Stopped {
+            ClusterError::Unavailable("this node is shutting down".into())
+        } else {
+            ClusterError::Fatal(Box::new(f))
+        }
+    }
+}

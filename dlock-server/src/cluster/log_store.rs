@@ -1,0 +1,345 @@
+//! The Raft log and vote, durable in one redb file (`raft.redb`).
+//!
+//! Two tables: `log` maps an entry's index to the entry (serde_json), and
+//! `meta` holds the vote, the id of the last purged entry and the last
+//! committed id. Every change to the log or the vote is one redb write
+//! transaction committed with [`Durability::Immediate`], which returns only
+//! after the file is fsynced; openraft is told an append is flushed (its
+//! `LogFlushed` callback) only after that commit, and counts this node
+//! towards a majority only then. So an acknowledged write is on the disk
+//! of a majority of nodes.
+//!
+//! redb is synchronous: writes run on tokio's blocking pool, one at a time
+//! because openraft calls the store from a single task and awaits each
+//! call, which keeps the order of votes, appends and truncations that Raft
+//! needs. Reads (replication streams read entries concurrently with
+//! appends) use redb read transactions, which see the last committed state
+//! and never block a writer.
+
+use super::types::{Entry, LogId, NodeId, TypeConfig, Vote};
+use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{ErrorSubject, ErrorVerb, RaftLogId, StorageError, StorageIOError};
+use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, TableDefinition};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const VOTE: &str = "vote";
+const PURGED: &str = "purged";
+const COMMITTED: &str = "committed";
+
+/// The log store is small (entries up to the next snapshot, 10,000 by
+/// default): redb's default 1 GiB page cache would be mostly empty.
+const CACHE_BYTES: usize = 64 << 20;
+
+/// What can go wrong in the file, before openraft's error types wrap it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DiskError {
+    /// redb failed (I/O, a damaged file, the file open twice). Boxed:
+    /// redb's error is large and this one travels in every `Result`.
+    #[error("raft log database: {0}")]
+    Redb(#[source] Box<redb::Error>),
+    /// A stored record did not decode: the file was damaged or written by
+    /// an incompatible version.
+    #[error("raft log record does not decode: {0}")]
+    Decode(#[from] serde_json::Error),
+    /// The blocking write task did not finish (the runtime is stopping).
+    #[error("raft log writer task: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+impl DiskError {
+    fn storage(self, subject: ErrorSubject<NodeId>, verb: ErrorVerb) -> StorageError<NodeId> {
+        StorageIOError::new(subject, verb, &self).into()
+    }
+}
+
+fn redb<E: Into<redb::Error>>(e: E) -> DiskError {
+    DiskError::Redb(Box::new(e.into()))
+}
+
+/// The Raft log and vote. openraft owns the one `LogStore` and drops it
+/// when it stops, which closes the file: the [`LogReader`]s it hands to
+/// replication tasks hold it weakly, because those tasks may outlive the
+/// engine briefly (asleep in a backoff), and the data directory must be
+/// reusable as soon as the engine has stopped.
+pub(crate) struct LogStore {
+    db: Arc<Database>,
+    /// The last committed index this node knows of, plus one (0: none),
+    /// for status reports; openraft's metrics do not carry it.
+    committed: Arc<AtomicU64>,
+}
+
+impl LogStore {
+    /// Opens (or creates) `raft.redb` in `dir`.
+    ///
+    /// # Errors
+    /// The file cannot be opened or created (it is open in another process,
+    /// is damaged, or the directory is not writable).
+    pub(crate) fn open(dir: &Path) -> Result<LogStore, DiskError> {
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            // The format redb 3 reads, so a later upgrade of redb (which
+            // needs a newer Rust than the workspace's minimum) keeps the file.
+            .create_with_file_format_v3(true)
+            .create(dir.join("raft.redb"))
+            .map_err(redb)?;
+        let txn = db.begin_write().map_err(redb)?;
+        {
+            txn.open_table(LOG).map_err(redb)?;
+            txn.open_table(META).map_err(redb)?;
+        }
+        txn.commit().map_err(redb)?;
+        let store = LogStore {
+            db: Arc::new(db),
+            committed: Arc::new(AtomicU64::new(0)),
+        };
+        let committed: Option<LogId> = store.meta(COMMITTED)?;
+        store.note_committed(committed.as_ref());
+        Ok(store)
+    }
+
+    /// Whether nothing was ever written: no vote, no entry, nothing purged.
+    /// A fresh node is the only kind that may be initialised.
+    pub(crate) fn is_fresh(&self) -> Result<bool, DiskError> {
+        let vote: Option<Vote> = self.meta(VOTE)?;
+        let purged: Option<LogId> = self.meta(PURGED)?;
+        let txn = self.db.begin_read().map_err(redb)?;
+        let log = txn.open_table(LOG).map_err(redb)?;
+        Ok(vote.is_none() && purged.is_none() && log.is_empty().map_err(redb)?)
+    }
+
+    /// The handle to the last committed index, shared with status reports.
+    pub(crate) fn committed_index(&self) -> Arc<AtomicU64> {
+        self.committed.clone()
+    }
+
+    fn note_committed(&self, id: Option<&LogId>) {
+        let v = id.map_or(0, |id| id.index.saturating_add(1));
+        self.committed.store(v, Ordering::Relaxed);
+    }
+
+    fn meta<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, DiskError> {
+        let txn = self.db.begin_read().map_err(redb)?;
+        let table = txn.open_table(META).map_err(redb)?;
+        let Some(v) = table.get(key).map_err(redb)? else {
+            return Ok(None);
+        };
+        Ok(Some(serde_json::from_slice(v.value())?))
+    }
+
+    fn last_entry(&self) -> Result<Option<Entry>, DiskError> {
+        let txn = self.db.begin_read().map_err(redb)?;
+        let table = txn.open_table(LOG).map_err(redb)?;
+        let Some((_, v)) = table.last().map_err(redb)? else {
+            return Ok(None);
+        };
+        Ok(Some(serde_json::from_slice(v.value())?))
+    }
+
+    /// Runs one write transaction on the blocking pool and waits for its
+    /// commit (and so its fsync, for [`Durability::Immediate`]).
+    async fn write<F>(&self, durability: Durability, f: F) -> Result<(), DiskError>
+    where
+        F: FnOnce(&redb::WriteTransaction) -> Result<(), DiskError> + Send + 'static,
+    {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut txn = db.begin_write().map_err(redb)?;
+            txn.set_durability(durability);
+            f(&txn)?;
+            txn.commit().map_err(redb)
+        })
+        .await?
+    }
+
+    async fn put_meta<T: Serialize>(
+        &self,
+        key: &'static str,
+        value: &T,
+        durability: Durability,
+    ) -> Result<(), DiskError> {
+        let bytes = serde_json::to_vec(value)?;
+        self.write(durability, move |txn| {
+            txn.open_table(META)
+                .map_err(redb)?
+                .insert(key, bytes.as_slice())
+                .map_err(redb)?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+fn entries<R: RangeBounds<u64>>(db: &Database, range: R) -> Result<Vec<Entry>, DiskError> {
+    let bounds: (Bound<u64>, Bound<u64>) =
+        (range.start_bound().cloned(), range.end_bound().cloned());
+    let txn = db.begin_read().map_err(redb)?;
+    let table = txn.open_table(LOG).map_err(redb)?;
+    let mut out = Vec::new();
+    for item in table.range(bounds).map_err(redb)? {
+        let (_, v) = item.map_err(redb)?;
+        out.push(serde_json::from_slice(v.value())?);
+    }
+    Ok(out)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError<NodeId>> {
+        entries(&self.db, range).map_err(|e| e.storage(ErrorSubject::Logs, ErrorVerb::Read))
+    }
+}
+
+/// Reads entries for a replication task while the engine runs.
+pub(crate) struct LogReader {
+    db: Weak<Database>,
+}
+
+impl RaftLogReader<TypeConfig> for LogReader {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError<NodeId>> {
+        let Some(db) = self.db.upgrade() else {
+            let e = std::io::Error::other("the raft log is closed: the engine has stopped");
+            return Err(StorageIOError::read_logs(&e).into());
+        };
+        entries(&db, range).map_err(|e| e.storage(ErrorSubject::Logs, ErrorVerb::Read))
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogReader;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+        let read = || -> Result<_, DiskError> {
+            let purged: Option<LogId> = self.meta(PURGED)?;
+            let last = self.last_entry()?.map(|e| *e.get_log_id());
+            Ok(LogState {
+                last_purged_log_id: purged,
+                last_log_id: last.or(purged),
+            })
+        };
+        read().map_err(|e| e.storage(ErrorSubject::Logs, ErrorVerb::Read))
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        LogReader {
+            db: Arc::downgrade(&self.db),
+        }
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError<NodeId>> {
+        self.put_meta(VOTE, vote, Durability::Immediate)
+            .await
+            .map_err(|e| e.storage(ErrorSubject::Vote, ErrorVerb::Write))
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError<NodeId>> {
+        self.meta(VOTE)
+            .map_err(|e| e.storage(ErrorSubject::Vote, ErrorVerb::Read))
+    }
+
+    /// Kept so that a restarted node applies what it knows was committed at
+    /// once, instead of waiting for a leader to tell it again. Not fsynced on
+    /// its own: the next append's commit carries it, and losing it only
+    /// delays that re-apply.
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId>,
+    ) -> Result<(), StorageError<NodeId>> {
+        self.note_committed(committed.as_ref());
+        self.put_meta(COMMITTED, &committed, Durability::None)
+            .await
+            .map_err(|e| e.storage(ErrorSubject::Store, ErrorVerb::Write))
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError<NodeId>> {
+        let committed: Option<Option<LogId>> = self
+            .meta(COMMITTED)
+            .map_err(|e| e.storage(ErrorSubject::Store, ErrorVerb::Read))?;
+        Ok(committed.flatten())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let encoded = entries
+            .into_iter()
+            .map(|e| Ok((e.get_log_id().index, serde_json::to_vec(&e)?)))
+            .collect::<Result<Vec<_>, DiskError>>();
+        let written = match encoded {
+            Ok(encoded) => {
+                self.write(Durability::Immediate, move |txn| {
+                    let mut log = txn.open_table(LOG).map_err(redb)?;
+                    for (index, bytes) in &encoded {
+                        log.insert(*index, bytes.as_slice()).map_err(redb)?;
+                    }
+                    Ok(())
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        match written {
+            Ok(()) => {
+                // Only now is the append on disk.
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                Err(e.storage(ErrorSubject::Logs, ErrorVerb::Write))
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<NodeId>> {
+        let from = log_id.index;
+        self.write(Durability::Immediate, move |txn| {
+            let mut log = txn.open_table(LOG).map_err(redb)?;
+            for item in log.extract_from_if(from.., |_, _| true).map_err(redb)? {
+                item.map_err(redb)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| e.storage(ErrorSubject::Logs, ErrorVerb::Delete))
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError<NodeId>> {
+        let upto = log_id.index;
+        let purged = serde_json::to_vec(&log_id)
+            .map_err(|e| DiskError::from(e).storage(ErrorSubject::Logs, ErrorVerb::Delete))?;
+        // The purged id and the deletion commit together, so the log never
+        // appears to start later than the record of what was purged.
+        self.write(Durability::Immediate, move |txn| {
+            txn.open_table(META)
+                .map_err(redb)?
+                .insert(PURGED, purged.as_slice())
+                .map_err(redb)?;
+            let mut log = txn.open_table(LOG).map_err(redb)?;
+            for item in log.extract_from_if(..=upto, |_, _| true).map_err(redb)? {
+                item.map_err(redb)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| e.storage(ErrorSubject::Logs, ErrorVerb::Delete))
+    }
+}

@@ -1,0 +1,326 @@
+//! The replicated state machine: the lock table, driven by committed log
+//! entries, and its snapshots.
+//!
+//! Applying an entry is `table.apply(cmd, at)` with the leader's stamp,
+//! then the [`ApplySink`] call: no clock is read and nothing but the entry
+//! decides the outcome, so every node computes the same outputs. Beside the
+//! table the machine keeps what openraft needs to resume from it (the last
+//! applied log id and membership) and the latest applied cluster time,
+//! which a new leader starts its clock from (see `clock`).
+//!
+//! The machine lives in memory. It is made durable by snapshots (the
+//! `snapshot` file, see `snapshot_file`) plus the log after them: on start
+//! the table is restored from the snapshot and openraft re-applies the log
+//! up to the last committed entry, calling the sink for each of those
+//! entries again.
+
+use super::snapshot_file::{SnapshotFile, Stored};
+use super::types::{Entry, LogId, NodeId, SnapshotMeta, Stamped, StoredMembership, TypeConfig};
+use super::ApplySink;
+use crate::table::{self, LockTable, Output, TableLimits, Time};
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, StorageError, StorageIOError,
+};
+use serde::{Deserialize, Serialize};
+use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::Notify;
+
+/// The applied state, behind [`Shared::state`].
+#[derive(Debug)]
+pub(crate) struct Applied {
+    /// The lock table.
+    pub(crate) table: LockTable,
+    /// The last entry applied (or covered by the installed snapshot).
+    pub(crate) last_applied: Option<LogId>,
+    /// The latest membership applied.
+    pub(crate) membership: StoredMembership,
+    /// The latest command time applied: the table's clock.
+    pub(crate) at: Time,
+    /// The deadline the timer task sleeps until, to know when a newly
+    /// applied entry makes an earlier one (see [`Shared::deadline_moved`]).
+    pub(crate) timer_at: Option<Time>,
+}
+
+/// What the state machine, the snapshot builder and the cluster handle share.
+pub(crate) struct Shared {
+    state: Mutex<Applied>,
+    sink: ApplySink,
+    /// Wakes the timer task when the table's next deadline moved earlier
+    /// than the one it sleeps until, or the table was replaced.
+    pub(crate) deadline_moved: Notify,
+    /// Tells snapshots built from the same state apart.
+    snapshot_seq: AtomicU64,
+}
+
+impl Shared {
+    /// The applied state. Hold the guard briefly and never across an
+    /// `.await`: applying waits for it.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Applied> {
+        // A panic while holding the lock would be a bug in the table; what
+        // it left is still the best information there is.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A snapshot's data: the whole applied state. Serialised with serde_json;
+/// this is what the `snapshot` file holds after its metadata line and what
+/// a lagging peer is sent.
+#[derive(Serialize, Deserialize)]
+struct Image {
+    table: table::Snapshot,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    at: Time,
+}
+
+/// openraft's state machine: the table plus its snapshot file.
+pub(crate) struct StateMachine {
+    shared: Arc<Shared>,
+    file: SnapshotFile,
+}
+
+/// Why a snapshot could not be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SnapshotError {
+    /// Reading or writing the file failed.
+    #[error("snapshot file: {0}")]
+    Io(#[from] std::io::Error),
+    /// The data does not decode.
+    #[error("snapshot data does not decode: {0}")]
+    Decode(#[from] serde_json::Error),
+    /// The table inside is inconsistent.
+    #[error(transparent)]
+    Table(#[from] table::BadSnapshot),
+    /// The blocking task did not finish (the runtime is stopping).
+    #[error("snapshot task: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+fn decode(data: &[u8]) -> Result<(LockTable, Time), SnapshotError> {
+    let image: Image = serde_json::from_slice(data)?;
+    Ok((LockTable::restore(image.table)?, image.at))
+}
+
+impl StateMachine {
+    /// The state machine of the data directory `file` belongs to: restored
+    /// from its snapshot, or a new table with `limits` and `first_fence`.
+    ///
+    /// # Errors
+    /// The snapshot on disk cannot be read or restored.
+    pub(crate) fn open(
+        file: SnapshotFile,
+        found: Option<Stored>,
+        limits: TableLimits,
+        first_fence: u64,
+        sink: ApplySink,
+    ) -> Result<StateMachine, SnapshotError> {
+        let applied = match found {
+            Some((meta, data)) => {
+                let (table, at) = decode(&data)?;
+                Applied {
+                    table,
+                    last_applied: meta.last_log_id,
+                    membership: meta.last_membership,
+                    at,
+                    timer_at: None,
+                }
+            }
+            None => Applied {
+                table: LockTable::new(limits, first_fence),
+                last_applied: None,
+                membership: StoredMembership::default(),
+                at: Time::ZERO,
+                timer_at: None,
+            },
+        };
+        Ok(StateMachine {
+            shared: Arc::new(Shared {
+                state: Mutex::new(applied),
+                sink,
+                deadline_moved: Notify::new(),
+                snapshot_seq: AtomicU64::new(0),
+            }),
+            file,
+        })
+    }
+
+    /// The state shared with the cluster handle.
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+}
+
+/// Wakes the timer task if the table's next deadline is now earlier than
+/// the one it sleeps until.
+fn rearm(shared: &Shared, st: &mut Applied) {
+    let next = st.table.next_deadline();
+    if next.is_some() && (st.timer_at.is_none() || next < st.timer_at) {
+        st.timer_at = next;
+        shared.deadline_moved.notify_one();
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = Builder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId>, StoredMembership), StorageError<NodeId>> {
+        let st = self.shared.lock();
+        Ok((st.last_applied, st.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Output>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let mut outputs = Vec::new();
+        for entry in entries {
+            let mut st = self.shared.lock();
+            st.last_applied = Some(entry.log_id);
+            match entry.payload {
+                EntryPayload::Blank => outputs.push(Output::default()),
+                EntryPayload::Membership(m) => {
+                    st.membership = StoredMembership::new(Some(entry.log_id), m);
+                    outputs.push(Output::default());
+                }
+                EntryPayload::Normal(Stamped { at, cmd }) => {
+                    let out = st.table.apply(cmd.clone(), at);
+                    st.at = st.at.max(at);
+                    rearm(&self.shared, &mut st);
+                    // The sink runs without the lock, so it may read the
+                    // table; applying waits for it, which keeps log order.
+                    drop(st);
+                    (self.shared.sink)(&cmd, &out);
+                    outputs.push(out);
+                }
+            }
+        }
+        Ok(outputs)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Builder {
+        Builder {
+            shared: self.shared.clone(),
+            file: self.file.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let data = snapshot.into_inner();
+        let file = self.file.clone();
+        let owned_meta = meta.clone();
+        // Decoding a large table and fsyncing the file are blocking work.
+        let restored = tokio::task::spawn_blocking(move || {
+            let (table, at) = decode(&data)?;
+            file.write(&owned_meta, &data)?;
+            Ok::<_, SnapshotError>((table, at))
+        })
+        .await
+        .map_err(SnapshotError::from)
+        .and_then(|r| r);
+        let (table, at) = restored.map_err(|e| {
+            StorageIOError::new(
+                ErrorSubject::Snapshot(Some(meta.signature())),
+                ErrorVerb::Write,
+                &e,
+            )
+        })?;
+        let mut st = self.shared.lock();
+        st.table = table;
+        st.last_applied = meta.last_log_id;
+        st.membership = meta.last_membership.clone();
+        st.at = st.at.max(at);
+        st.timer_at = None;
+        drop(st);
+        tracing::info!(snapshot = %meta, "installed a snapshot from the leader");
+        self.shared.deadline_moved.notify_one();
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let file = self.file.clone();
+        let found = tokio::task::spawn_blocking(move || file.read())
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r)
+            .map_err(|e| StorageIOError::new(ErrorSubject::Snapshot(None), ErrorVerb::Read, &e))?;
+        Ok(found.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        }))
+    }
+}
+
+/// Builds a snapshot of the applied state at the moment it is called.
+pub(crate) struct Builder {
+    shared: Arc<Shared>,
+    file: SnapshotFile,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for Builder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        // The copy is taken under the lock, so the table and the log id it
+        // is stamped with agree; encoding and writing happen outside it.
+        let (image, meta) = {
+            let st = self.shared.lock();
+            let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
+            let id = match st.last_applied {
+                Some(l) => format!("{}-{}-{seq}", l.leader_id.term, l.index),
+                None => format!("0-0-{seq}"),
+            };
+            let image = Image {
+                table: st.table.snapshot(),
+                last_applied: st.last_applied,
+                membership: st.membership.clone(),
+                at: st.at,
+            };
+            let meta = SnapshotMeta {
+                last_log_id: st.last_applied,
+                last_membership: st.membership.clone(),
+                snapshot_id: id,
+            };
+            (image, meta)
+        };
+        let file = self.file.clone();
+        let owned_meta = meta.clone();
+        // openraft purges the log this snapshot covers once this returns:
+        // the file must be on disk by then.
+        let written = tokio::task::spawn_blocking(move || {
+            let data = serde_json::to_vec(&image)?;
+            file.write(&owned_meta, &data)?;
+            Ok::<_, SnapshotError>(data)
+        })
+        .await
+        .map_err(SnapshotError::from)
+        .and_then(|r| r);
+        let data = written.map_err(|e| {
+            StorageIOError::new(
+                ErrorSubject::Snapshot(Some(meta.signature())),
+                ErrorVerb::Write,
+                &e,
+            )
+        })?;
+        tracing::info!(snapshot = %meta, bytes = data.len(), "snapshot written");
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}

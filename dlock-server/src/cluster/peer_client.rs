@@ -1,0 +1,283 @@
+//! The dialling side of the peer transport: openraft's network traits.
+//!
+//! openraft asks for a client per target (one per replication stream, one
+//! per election round); all of them draw connections from one pool per
+//! target, so a replication stream keeps one connection for as long as it
+//! runs and votes reuse an idle one. A connection goes back to the pool only
+//! after a complete request/reply exchange; one that failed, or whose RPC
+//! openraft abandoned on its own timeout, is dropped, and the next RPC dials
+//! again. A pooled connection may have been closed by the other side while
+//! idle, so an RPC that fails on one is tried once more on a fresh one
+//! (Raft RPCs are safe to repeat).
+
+use super::types::{Member, NodeId, TypeConfig};
+use super::wire::{self, Conn, Hello, HelloReply, Reply, Request, WireError, PROTOCOL};
+use bytes::Bytes;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
+    Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::RPCTypes;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Idle connections kept per target; more are closed when returned.
+const IDLE_PER_TARGET: usize = 4;
+/// An idle connection older than this is not reused: the other side closes
+/// connections idle for [`wire::IDLE_TIMEOUT`], and reusing one it is about
+/// to close costs a retry.
+const MAX_IDLE: Duration = Duration::from_secs(60);
+
+type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, Member, RaftError<NodeId, E>>;
+
+/// openraft's network factory: makes [`PeerClient`]s that share a pool.
+#[derive(Clone)]
+pub(crate) struct Network {
+    local: NodeId,
+    cluster_id: Arc<str>,
+    pool: Arc<Pool>,
+}
+
+impl Network {
+    /// The network of node `local` in cluster `cluster_id`.
+    pub(crate) fn new(local: NodeId, cluster_id: &str) -> Network {
+        Network {
+            local,
+            cluster_id: cluster_id.into(),
+            pool: Arc::default(),
+        }
+    }
+}
+
+/// Idle connections by target id and address, each with when it was
+/// returned.
+type Idle = HashMap<(NodeId, String), Vec<(Instant, Conn)>>;
+
+#[derive(Default)]
+struct Pool {
+    idle: Mutex<Idle>,
+}
+
+impl Pool {
+    fn lock(&self) -> MutexGuard<'_, Idle> {
+        // Only connections, valid whatever a panicking holder did.
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(&self, key: &(NodeId, String)) -> Option<Conn> {
+        let mut idle = self.lock();
+        let conns = idle.get_mut(key)?;
+        while let Some((since, conn)) = conns.pop() {
+            if since.elapsed() < MAX_IDLE {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    fn put(&self, key: (NodeId, String), conn: Conn) {
+        let mut idle = self.lock();
+        let conns = idle.entry(key).or_default();
+        if conns.len() < IDLE_PER_TARGET {
+            conns.push((Instant::now(), conn));
+        }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerClient {
+        PeerClient {
+            net: self.clone(),
+            target,
+            addr: node.peer_addr.clone(),
+        }
+    }
+}
+
+/// openraft's client for one target node.
+pub(crate) struct PeerClient {
+    net: Network,
+    target: NodeId,
+    addr: String,
+}
+
+/// How an exchange failed, before it becomes openraft's error.
+enum Failure {
+    Wire(WireError),
+    Timeout,
+}
+
+impl PeerClient {
+    async fn connect(&self) -> Result<Conn, WireError> {
+        let stream = TcpStream::connect(&self.addr).await?;
+        let mut conn = wire::frame(stream);
+        let hello = Hello {
+            protocol: PROTOCOL.to_owned(),
+            cluster_id: self.net.cluster_id.to_string(),
+            from: self.net.local,
+            to: self.target,
+        };
+        wire::send(&mut conn, &hello).await?;
+        match wire::recv(&mut conn).await? {
+            HelloReply::Welcome => {
+                wire::established(&mut conn);
+                Ok(conn)
+            }
+            HelloReply::Refused(why) => Err(WireError::Refused(why)),
+        }
+    }
+
+    /// Sends `request` (and the raw frame `raw` after it) and returns the
+    /// reply, all within `ttl`.
+    async fn call(
+        &self,
+        request: &Request,
+        raw: Option<Bytes>,
+        ttl: Duration,
+    ) -> Result<Reply, Failure> {
+        let deadline = Instant::now() + ttl;
+        let encoded =
+            Bytes::from(serde_json::to_vec(request).map_err(|e| Failure::Wire(e.into()))?);
+        if encoded.len() > wire::MAX_FRAME {
+            return Err(Failure::Wire(WireError::TooLarge(encoded.len())));
+        }
+        let key = (self.target, self.addr.clone());
+        let mut pooled = self.net.pool.take(&key);
+        loop {
+            let was_pooled = pooled.is_some();
+            let exchange = async {
+                let mut conn = match pooled.take() {
+                    Some(c) => c,
+                    None => self.connect().await?,
+                };
+                wire::send_raw(&mut conn, encoded.clone()).await?;
+                if let Some(raw) = &raw {
+                    wire::send_raw(&mut conn, raw.clone()).await?;
+                }
+                let reply: Reply = wire::recv(&mut conn).await?;
+                Ok::<_, WireError>((conn, reply))
+            };
+            match tokio::time::timeout_at(deadline, exchange).await {
+                Err(_) => return Err(Failure::Timeout),
+                Ok(Ok((conn, reply))) => {
+                    self.net.pool.put(key, conn);
+                    return Ok(reply);
+                }
+                Ok(Err(e)) if was_pooled && !matches!(e, WireError::Refused(_)) => {
+                    tracing::debug!(target_node = self.target, error = %e, "pooled peer connection failed; dialling again");
+                }
+                Ok(Err(e)) => return Err(Failure::Wire(e)),
+            }
+        }
+    }
+
+    fn error<E: std::error::Error>(
+        &self,
+        f: Failure,
+        action: RPCTypes,
+        ttl: Duration,
+    ) -> RpcError<E> {
+        match f {
+            Failure::Timeout => RPCError::Timeout(Timeout {
+                action,
+                id: self.net.local,
+                target: self.target,
+                timeout: ttl,
+            }),
+            Failure::Wire(WireError::TooLarge(_)) => {
+                RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(0))
+            }
+            Failure::Wire(e @ WireError::Refused(_)) => {
+                // A configuration error (wrong cluster id or address), not
+                // a passing fault: say so at warn. openraft's backoff paces
+                // the retries, and so this line.
+                tracing::warn!(target_node = self.target, addr = %self.addr, error = %e, "peer refused this node");
+                RPCError::Unreachable(Unreachable::new(&e))
+            }
+            Failure::Wire(e @ WireError::Io(_)) => RPCError::Unreachable(Unreachable::new(&e)),
+            Failure::Wire(e) => RPCError::Network(NetworkError::new(&e)),
+        }
+    }
+
+    fn mismatch<E: std::error::Error>(&self, reply: &Reply) -> RpcError<E> {
+        let e = std::io::Error::other(format!(
+            "peer answered with the wrong kind of reply: {reply:?}"
+        ));
+        RPCError::Network(NetworkError::new(&e))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
+        let ttl = option.hard_ttl();
+        let entries = rpc.entries.len() as u64;
+        match self.call(&Request::Append(rpc), None, ttl).await {
+            Ok(Reply::Append(Ok(r))) => Ok(r),
+            Ok(Reply::Append(Err(e))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(other) => Err(self.mismatch(&other)),
+            Err(Failure::Wire(WireError::TooLarge(_))) => Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(entries / 2),
+            )),
+            Err(f) => Err(self.error(f, RPCTypes::AppendEntries, ttl)),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RpcError<InstallSnapshotError>> {
+        let ttl = option.hard_ttl();
+        let InstallSnapshotRequest {
+            vote,
+            meta,
+            offset,
+            data,
+            done,
+        } = rpc;
+        let request = Request::Snapshot {
+            vote,
+            meta,
+            offset,
+            done,
+        };
+        match self.call(&request, Some(Bytes::from(data)), ttl).await {
+            Ok(Reply::Snapshot(Ok(r))) => Ok(r),
+            Ok(Reply::Snapshot(Err(e))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(other) => Err(self.mismatch(&other)),
+            Err(f) => Err(self.error(f, RPCTypes::InstallSnapshot, ttl)),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcError> {
+        let ttl = option.hard_ttl();
+        match self.call(&Request::Vote(rpc), None, ttl).await {
+            Ok(Reply::Vote(Ok(r))) => Ok(r),
+            Ok(Reply::Vote(Err(e))) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+            Ok(other) => Err(self.mismatch(&other)),
+            Err(f) => Err(self.error(f, RPCTypes::Vote, ttl)),
+        }
+    }
+}

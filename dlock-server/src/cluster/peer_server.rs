@@ -1,0 +1,179 @@
+//! The listening side of the peer transport: accepts connections from the
+//! other nodes and hands their RPCs to openraft.
+//!
+//! Whatever arrives that is not a well-formed hello from a node of this
+//! cluster (garbage, an oversized first frame, a dlock client that dialled
+//! the wrong port, a node with another cluster id, a hello meant for
+//! another node id) closes that connection with one log line; nothing else
+//! changes. The number of connections is capped, and a connection must say
+//! hello within [`wire::HELLO_TIMEOUT`], so idle sockets cannot pile up.
+
+use super::types::{NodeId, Raft};
+use super::wire::{self, Conn, Hello, HelloReply, Reply, Request, WireError, PROTOCOL};
+use openraft::raft::InstallSnapshotRequest;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Peer connections served at once. A 5-node cluster uses about one per
+/// peer for replication plus a few pooled for votes.
+const MAX_CONNECTIONS: usize = 128;
+
+/// What every connection task needs.
+#[derive(Clone)]
+pub(crate) struct PeerServer {
+    pub(crate) raft: Raft,
+    pub(crate) local: NodeId,
+    pub(crate) cluster_id: Arc<str>,
+}
+
+impl PeerServer {
+    /// Accepts peer connections until `stop` is cancelled; connection tasks
+    /// run on `tasks` and end with `stop` too.
+    pub(crate) async fn run(
+        self,
+        listener: TcpListener,
+        stop: CancellationToken,
+        tasks: TaskTracker,
+    ) {
+        let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        loop {
+            // Taken before accepting, so a full server leaves new
+            // connections in the kernel's backlog rather than accepting and
+            // dropping them.
+            let permit = tokio::select! {
+                _ = stop.cancelled() => return,
+                p = limit.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
+            let (stream, addr) = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = listener.accept() => match r {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // Out of file descriptors and the like: pause rather
+                        // than spin, then try again.
+                        tracing::warn!(error = %e, "cannot accept a peer connection");
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                        }
+                    }
+                },
+            };
+            let server = self.clone();
+            let stop = stop.clone();
+            tasks.spawn(async move {
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = server.serve(wire::frame(stream), addr) => {}
+                }
+                drop(permit);
+            });
+        }
+    }
+
+    async fn serve(&self, mut conn: Conn, addr: SocketAddr) {
+        let from = match self.welcome(&mut conn).await {
+            Ok(from) => from,
+            Err(why) => {
+                tracing::warn!(peer = %addr, reason = %why, "peer connection refused");
+                return;
+            }
+        };
+        wire::established(&mut conn);
+        tracing::debug!(peer = %addr, node = from, "peer connected");
+        if let Err(e) = self.requests(&mut conn).await {
+            match e {
+                WireError::Closed => {
+                    tracing::debug!(peer = %addr, node = from, "peer closed the connection")
+                }
+                e => {
+                    tracing::info!(peer = %addr, node = from, error = %e, "peer connection closed")
+                }
+            }
+        }
+    }
+
+    /// Reads and checks the hello; returns the peer's node id.
+    async fn welcome(&self, conn: &mut Conn) -> Result<NodeId, String> {
+        let hello: Hello = match tokio::time::timeout(wire::HELLO_TIMEOUT, wire::recv(conn)).await {
+            Err(_) => return Err("no hello in time".into()),
+            Ok(Err(WireError::Decode(e))) => {
+                return Err(format!(
+                    "first frame is not a peer hello ({e}): another protocol?"
+                ))
+            }
+            Ok(Err(e)) => return Err(format!("bad first frame: {e}")),
+            Ok(Ok(h)) => h,
+        };
+        let refusal = if hello.protocol != PROTOCOL {
+            Some(format!(
+                "protocol {:?}, expected {PROTOCOL:?}",
+                hello.protocol
+            ))
+        } else if *hello.cluster_id != *self.cluster_id {
+            Some(format!(
+                "cluster id {:?} from node {}, this node is in {:?}",
+                hello.cluster_id, hello.from, self.cluster_id
+            ))
+        } else if hello.to != self.local {
+            Some(format!(
+                "node {} dialled node {} but reached node {}",
+                hello.from, hello.to, self.local
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = refusal {
+            // Best effort: the dialler logs the reason too.
+            let _ = wire::send(conn, &HelloReply::Refused(why.clone())).await;
+            return Err(why);
+        }
+        wire::send(conn, &HelloReply::Welcome)
+            .await
+            .map_err(|e| format!("cannot answer the hello: {e}"))?;
+        Ok(hello.from)
+    }
+
+    async fn requests(&self, conn: &mut Conn) -> Result<(), WireError> {
+        loop {
+            let request: Request = tokio::time::timeout(wire::IDLE_TIMEOUT, wire::recv(conn))
+                .await
+                .map_err(|_| WireError::Timeout)??;
+            let reply = match request {
+                Request::Append(rpc) => Reply::Append(self.raft.append_entries(rpc).await),
+                Request::Vote(rpc) => Reply::Vote(self.raft.vote(rpc).await),
+                Request::Snapshot {
+                    vote,
+                    meta,
+                    offset,
+                    done,
+                } => {
+                    let data = wire::recv_raw(conn).await?;
+                    let end = offset.saturating_add(data.len() as u64);
+                    if end > wire::MAX_SNAPSHOT {
+                        return Err(WireError::TooLarge(
+                            usize::try_from(end).unwrap_or(usize::MAX),
+                        ));
+                    }
+                    let rpc = InstallSnapshotRequest {
+                        vote,
+                        meta,
+                        offset,
+                        data: data.to_vec(),
+                        done,
+                    };
+                    Reply::Snapshot(self.raft.install_snapshot(rpc).await)
+                }
+            };
+            wire::send(conn, &reply).await?;
+        }
+    }
+}

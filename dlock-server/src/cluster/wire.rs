@@ -1,0 +1,184 @@
+//! The peer protocol: frames and messages between cluster nodes.
+//!
+//! A frame is a 4-byte big-endian length and that many bytes, as in the
+//! client protocol. Message frames hold serde_json. A connection opens with
+//! the dialling node's [`Hello`] (protocol name, cluster id, its own id and
+//! the id it means to reach), answered by a [`HelloReply`]; after a welcome
+//! it carries [`Request`] / [`Reply`] pairs, one at a time. A snapshot chunk
+//! request is followed by one raw frame with the chunk's bytes (JSON would
+//! triple their size).
+//!
+//! Limits: the hello frame may be at most [`HELLO_MAX_FRAME`] bytes, so a
+//! client of the client protocol, an HTTP request or random bytes at the
+//! peer port are refused on their first length; later frames at most
+//! [`MAX_FRAME`]. Snapshot chunks are [`SNAPSHOT_CHUNK`] bytes, well under it.
+
+use super::types::{NodeId, SnapshotMeta, TypeConfig, Vote};
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use openraft::error::{InstallSnapshotError, RaftError};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotResponse, VoteRequest, VoteResponse,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use socket2::{SockRef, TcpKeepalive};
+use std::io;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+
+/// Names the protocol and its version in every hello.
+pub(crate) const PROTOCOL: &str = "dlock-peer/1";
+/// Largest hello frame: a cluster id and two numbers.
+pub(crate) const HELLO_MAX_FRAME: usize = 4 << 10;
+/// Largest frame after the hello. Append requests are bounded by openraft's
+/// `max_payload_entries` and the client limits on keys per request, far
+/// below it; a request that would be larger is split by openraft.
+pub(crate) const MAX_FRAME: usize = 64 << 20;
+/// Snapshot chunk size: large enough that a 100 MB snapshot is 25 round
+/// trips, small enough to stay far below [`MAX_FRAME`].
+pub(crate) const SNAPSHOT_CHUNK: usize = 4 << 20;
+/// A peer that connects and says nothing is dropped after this.
+pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// An established connection with no request for this long is closed;
+/// heartbeats keep the leader's connections far busier.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// A snapshot being received may not grow beyond this.
+pub(crate) const MAX_SNAPSHOT: u64 = 4 << 30;
+
+/// The first frame on a peer connection.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Hello {
+    /// Always [`PROTOCOL`].
+    pub(crate) protocol: String,
+    /// The dialler's cluster id; must equal the listener's.
+    pub(crate) cluster_id: String,
+    /// The dialler's node id.
+    pub(crate) from: NodeId,
+    /// The node id the dialler means to reach.
+    pub(crate) to: NodeId,
+}
+
+/// The answer to a [`Hello`].
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum HelloReply {
+    /// Requests may follow.
+    Welcome,
+    /// The connection is closed after this.
+    Refused(String),
+}
+
+/// One Raft RPC.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Request {
+    /// Entries to append, or a heartbeat.
+    Append(AppendEntriesRequest<TypeConfig>),
+    /// A candidate asks for a vote.
+    Vote(VoteRequest<NodeId>),
+    /// A snapshot chunk; its bytes follow in a raw frame.
+    Snapshot {
+        /// The leader's vote.
+        vote: Vote,
+        /// Which snapshot.
+        meta: SnapshotMeta,
+        /// Where in the snapshot the chunk starts.
+        offset: u64,
+        /// Whether it is the last chunk.
+        done: bool,
+    },
+}
+
+/// The answer to a [`Request`], of the same kind.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Reply {
+    /// To [`Request::Append`].
+    Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    /// To [`Request::Vote`].
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    /// To [`Request::Snapshot`].
+    Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+}
+
+/// Why a peer connection failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WireError {
+    /// The socket failed, or a frame was longer than allowed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The other side closed the connection.
+    #[error("connection closed by the peer")]
+    Closed,
+    /// A frame did not hold the expected message.
+    #[error("undecodable message: {0}")]
+    Decode(#[from] serde_json::Error),
+    /// A message to send is larger than [`MAX_FRAME`].
+    #[error("message of {0} bytes exceeds the {MAX_FRAME}-byte frame limit")]
+    TooLarge(usize),
+    /// The other side refused the hello.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// Nothing came back in time.
+    #[error("timed out")]
+    Timeout,
+}
+
+/// A framed peer connection.
+pub(crate) type Conn = Framed<TcpStream, LengthDelimitedCodec>;
+
+/// Frames `stream` for the hello exchange (small frame limit) and sets its
+/// socket options: no Nagle delay (a heartbeat must not wait for an ACK)
+/// and keepalive, so a peer that vanished without a FIN is noticed even on
+/// an idle connection. tokio does not expose keepalive timing, hence socket2.
+pub(crate) fn frame(stream: TcpStream) -> Conn {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "cannot set TCP_NODELAY on a peer connection");
+    }
+    let keepalive = TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(2))
+        .with_retries(3);
+    if let Err(e) = SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
+        tracing::debug!(error = %e, "cannot set TCP keepalive on a peer connection");
+    }
+    let codec = LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .big_endian()
+        .max_frame_length(HELLO_MAX_FRAME)
+        .new_codec();
+    Framed::new(stream, codec)
+}
+
+/// Raises the frame limit once the hello exchange is done.
+pub(crate) fn established(conn: &mut Conn) {
+    conn.codec_mut().set_max_frame_length(MAX_FRAME);
+}
+
+/// Sends one message frame.
+pub(crate) async fn send<T: Serialize>(conn: &mut Conn, msg: &T) -> Result<(), WireError> {
+    let bytes = serde_json::to_vec(msg)?;
+    send_raw(conn, bytes.into()).await
+}
+
+/// Sends one raw frame.
+pub(crate) async fn send_raw(conn: &mut Conn, bytes: Bytes) -> Result<(), WireError> {
+    if bytes.len() > conn.codec().max_frame_length() {
+        return Err(WireError::TooLarge(bytes.len()));
+    }
+    conn.send(bytes).await?;
+    Ok(())
+}
+
+/// Receives one raw frame.
+pub(crate) async fn recv_raw(conn: &mut Conn) -> Result<Bytes, WireError> {
+    match conn.next().await {
+        Some(frame) => Ok(frame?.freeze()),
+        None => Err(WireError::Closed),
+    }
+}
+
+/// Receives one message frame.
+pub(crate) async fn recv<T: DeserializeOwned>(conn: &mut Conn) -> Result<T, WireError> {
+    let frame = recv_raw(conn).await?;
+    Ok(serde_json::from_slice(&frame)?)
+}

@@ -1,0 +1,638 @@
+//! The consensus engine on its own: nodes of a cluster in one process, over
+//! real TCP on loopback, each with a data directory of its own. Every wait is
+//! on the engine's metrics (through `Cluster::wait_until`) with a generous
+//! limit; nothing sleeps and hopes.
+
+use dlock_server::cluster::{ApplySink, Cluster, ClusterConfig, ClusterError, Member, Role};
+use dlock_server::table::{Command, LockResult, Output, OwnerId, Reply, TableLimits, WaitLimit};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Limit on every wait: far beyond what an election or a commit takes, so
+/// only a real failure reaches it on a loaded machine.
+const PATIENCE: Duration = Duration::from_secs(30);
+const CLUSTER_ID: &str = "engine-test";
+
+type Seen = Arc<Mutex<Vec<(Command, Output)>>>;
+
+/// A node's fixed identity: its data directory and its peer port, kept open
+/// across restarts so a restarted node is found where it was.
+struct Spec {
+    dir: PathBuf,
+    listener: std::net::TcpListener,
+    member: Member,
+}
+
+/// A running node and what its apply sink has seen.
+struct Node {
+    id: u64,
+    cluster: Cluster,
+    seen: Seen,
+}
+
+impl Node {
+    fn seen(&self) -> Vec<(Command, Output)> {
+        self.seen.lock().expect("sink lock").clone()
+    }
+
+    fn holder(&self, key: &str) -> Option<(OwnerId, u64)> {
+        self.cluster.read(|t, now| t.inspect(key, now).holder)
+    }
+
+    async fn applied_at_least(&self, index: Option<u64>) {
+        self.cluster
+            .wait_until(PATIENCE, "applied", |s| s.last_applied_index >= index)
+            .await
+            .unwrap_or_else(|e| panic!("node {} did not catch up: {e}", self.id));
+    }
+
+    async fn shutdown(self) {
+        self.cluster.shutdown().await;
+    }
+}
+
+struct Harness {
+    _tmp: TempDir,
+    specs: BTreeMap<u64, Spec>,
+}
+
+impl Harness {
+    fn new(ids: &[u64]) -> Harness {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let specs = ids
+            .iter()
+            .map(|&id| {
+                let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+                listener.set_nonblocking(true).expect("nonblocking");
+                let peer_addr = listener.local_addr().expect("addr").to_string();
+                let spec = Spec {
+                    dir: tmp.path().join(format!("node-{id}")),
+                    listener,
+                    member: Member {
+                        client_addr: format!("client-of-{id}:7000"),
+                        peer_addr,
+                    },
+                };
+                (id, spec)
+            })
+            .collect();
+        Harness { _tmp: tmp, specs }
+    }
+
+    fn members(&self, ids: &[u64]) -> BTreeMap<u64, Member> {
+        ids.iter()
+            .map(|id| (*id, self.specs[id].member.clone()))
+            .collect()
+    }
+
+    fn peer_addr(&self, id: u64) -> String {
+        self.specs[&id].member.peer_addr.clone()
+    }
+
+    async fn start(&self, id: u64, initial: BTreeMap<u64, Member>) -> Node {
+        let spec = &self.specs[&id];
+        let listener = TcpListener::from_std(spec.listener.try_clone().expect("dup listener"))
+            .expect("tokio listener");
+        let seen = Seen::default();
+        let sink: ApplySink = {
+            let seen = seen.clone();
+            Arc::new(move |cmd: &Command, out: &Output| {
+                seen.lock()
+                    .expect("sink lock")
+                    .push((cmd.clone(), out.clone()));
+            })
+        };
+        let cfg = ClusterConfig {
+            node_id: id,
+            cluster_id: CLUSTER_ID.into(),
+            data_dir: spec.dir.clone(),
+            client_addr: spec.member.client_addr.clone(),
+            peer_addr: spec.member.peer_addr.clone(),
+            initial_members: initial,
+            heartbeat: Duration::from_millis(100),
+            election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
+            limits: TableLimits {
+                max_waiters: 1000,
+                max_held_keys: 100_000,
+            },
+            first_fence: 1,
+        };
+        let cluster = Cluster::start(cfg, listener, sink, CancellationToken::new())
+            .await
+            .unwrap_or_else(|e| panic!("node {id} did not start: {e:#}"));
+        Node { id, cluster, seen }
+    }
+
+    async fn start_all(&self, ids: &[u64]) -> Vec<Node> {
+        let mut nodes = Vec::new();
+        for id in ids {
+            nodes.push(self.start(*id, self.members(ids)).await);
+        }
+        nodes
+    }
+}
+
+/// Waits until the nodes agree on a leader among them that knows it leads,
+/// and returns its position in `nodes`.
+async fn leader(nodes: &[Node]) -> usize {
+    let ids: Vec<u64> = nodes.iter().map(|n| n.id).collect();
+    let status = nodes[0]
+        .cluster
+        .wait_until(PATIENCE, "a leader among the live nodes", |s| {
+            s.leader.is_some_and(|l| ids.contains(&l))
+        })
+        .await
+        .expect("a leader is elected");
+    let id = status.leader.expect("checked");
+    let at = ids.iter().position(|i| *i == id).expect("among the nodes");
+    nodes[at]
+        .cluster
+        .wait_until(PATIENCE, "leadership", |s| s.role == Role::Leader)
+        .await
+        .expect("the leader knows it");
+    at
+}
+
+/// Proposes on the leader, looking for it again if leadership moved before
+/// the command was taken (NotLeader: never applied, so safe to repeat).
+async fn propose(nodes: &[Node], cmd: Command) -> Output {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let at = leader(nodes).await;
+        match nodes[at].cluster.propose(cmd.clone()).await {
+            Ok(out) => return out,
+            Err(ClusterError::NotLeader { .. }) if tokio::time::Instant::now() < deadline => {}
+            Err(e) => panic!("proposing {cmd:?}: {e}"),
+        }
+    }
+}
+
+fn lock(owner: OwnerId, key: &str, lease: Option<Duration>) -> Command {
+    Command::Lock {
+        owner,
+        keys: vec![key.into()],
+        wait: WaitLimit::No,
+        lease,
+    }
+}
+
+fn unlock(owner: OwnerId, key: &str) -> Command {
+    Command::Unlock {
+        owner,
+        keys: vec![key.into()],
+        fence: None,
+    }
+}
+
+fn granted(out: &Output) -> u64 {
+    match out.reply {
+        Reply::Lock(LockResult::Granted { fence }) => fence,
+        ref other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+fn last_applied(node: &Node) -> Option<u64> {
+    node.cluster.status().last_applied_index
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_elect_a_leader_and_every_sink_sees_the_same_commands() {
+    let h = Harness::new(&[1, 2, 3]);
+    let nodes = h.start_all(&[1, 2, 3]).await;
+    let at = leader(&nodes).await;
+    let leader_node = &nodes[at];
+
+    let out = leader_node
+        .cluster
+        .propose(lock(7, "a", None))
+        .await
+        .expect("lock");
+    let fence = granted(&out);
+    let out = leader_node
+        .cluster
+        .propose(lock(8, "a", None))
+        .await
+        .expect("busy lock");
+    assert_eq!(out.reply, Reply::Lock(LockResult::Busy(vec!["a".into()])));
+    let out = leader_node
+        .cluster
+        .propose(unlock(7, "a"))
+        .await
+        .expect("unlock");
+    assert_eq!(out.reply, Reply::NotHeld(vec![]));
+    let out = leader_node
+        .cluster
+        .propose(lock(8, "a", Some(Duration::from_secs(60))))
+        .await
+        .expect("lock again");
+    assert!(granted(&out) > fence, "fences increase");
+
+    // A follower refuses, naming the leader and its client address.
+    let follower = &nodes[(at + 1) % 3];
+    match follower.cluster.propose(lock(9, "b", None)).await {
+        Err(ClusterError::NotLeader {
+            leader: Some((id, member)),
+        }) => {
+            assert_eq!(id, leader_node.id);
+            assert_eq!(member, h.specs[&id].member);
+        }
+        other => panic!("a follower answered {other:?}"),
+    }
+    assert!(!follower.cluster.is_leader());
+    assert_eq!(follower.cluster.leader().map(|l| l.0), Some(leader_node.id));
+    assert!(matches!(
+        follower.cluster.read_index().await,
+        Err(ClusterError::NotLeader { .. })
+    ));
+
+    // The leader's read barrier, then every node applies the same commands
+    // with the same outputs in the same order.
+    leader_node.cluster.read_index().await.expect("read index");
+    assert_eq!(leader_node.holder("a").map(|h| h.0), Some(8));
+    let target = last_applied(leader_node);
+    for n in &nodes {
+        n.applied_at_least(target).await;
+    }
+    let expected = leader_node.seen();
+    assert_eq!(expected.len(), 4, "the four proposals, nothing else");
+    for n in &nodes {
+        assert_eq!(n.seen(), expected, "node {} saw another sequence", n.id);
+        assert_eq!(n.holder("a").map(|h| h.0), Some(8));
+    }
+
+    let status = leader_node.cluster.status();
+    assert_eq!(status.role, Role::Leader);
+    assert_eq!(status.members.len(), 3);
+    assert!(status.members.iter().all(|m| m.voter));
+    assert!(status.committed_index >= target);
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_keeps_every_held_key_and_issues_higher_fences() {
+    let h = Harness::new(&[1, 2, 3]);
+    let mut nodes = h.start_all(&[1, 2, 3]).await;
+    let bound = granted(&propose(&nodes, lock(1, "bound", None)).await);
+    let leased = granted(&propose(&nodes, lock(2, "leased", Some(Duration::from_secs(60)))).await);
+
+    let at = leader(&nodes).await;
+    let old = nodes.remove(at);
+    let old_id = old.id;
+    old.shutdown().await;
+
+    let at = leader(&nodes).await;
+    assert_ne!(nodes[at].id, old_id);
+    nodes[at].cluster.read_index().await.expect("read index");
+    assert_eq!(nodes[at].holder("bound"), Some((1, bound)));
+    assert_eq!(nodes[at].holder("leased"), Some((2, leased)));
+    let lease_left = nodes[at]
+        .cluster
+        .read(|t, now| t.inspect("leased", now).lease_remaining)
+        .expect("a lease");
+    assert!(
+        lease_left > Duration::from_secs(50),
+        "the lease ran on: {lease_left:?}"
+    );
+
+    let out = propose(&nodes, lock(3, "bound", None)).await;
+    assert_eq!(
+        out.reply,
+        Reply::Lock(LockResult::Busy(vec!["bound".into()]))
+    );
+    let fresh = granted(&propose(&nodes, lock(3, "fresh", None)).await);
+    assert!(
+        fresh > leased && leased > bound,
+        "fences {bound} {leased} {fresh}"
+    );
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_cluster_restarts_from_its_data_dirs_with_keys_and_fences() {
+    let h = Harness::new(&[1, 2, 3]);
+    let nodes = h.start_all(&[1, 2, 3]).await;
+    let bound = granted(&propose(&nodes, lock(1, "bound", None)).await);
+    let leased = granted(&propose(&nodes, lock(2, "leased", Some(Duration::from_secs(60)))).await);
+    for n in nodes {
+        n.shutdown().await;
+    }
+
+    // The initial member list is ignored now: the data dirs hold the membership.
+    let mut nodes = Vec::new();
+    for id in [1, 2, 3] {
+        nodes.push(h.start(id, BTreeMap::new()).await);
+    }
+    let at = leader(&nodes).await;
+    nodes[at].cluster.read_index().await.expect("read index");
+    assert_eq!(nodes[at].holder("bound"), Some((1, bound)));
+    assert_eq!(nodes[at].holder("leased"), Some((2, leased)));
+    let fresh = granted(&propose(&nodes, lock(3, "fresh", None)).await);
+    assert!(fresh > leased, "fences go on from {leased}: {fresh}");
+    assert_eq!(nodes[at].cluster.status().members.len(), 3);
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_cluster_serves_and_survives_restart() {
+    let h = Harness::new(&[1]);
+    let node = h.start(1, BTreeMap::new()).await;
+    let nodes = vec![node];
+    let fence = granted(&propose(&nodes, lock(1, "k", Some(Duration::from_secs(60)))).await);
+    let status = nodes[0].cluster.status();
+    assert_eq!(status.role, Role::Leader);
+    assert_eq!(status.members.len(), 1);
+    assert_eq!(status.members[0].peer_addr, h.peer_addr(1));
+    for n in nodes {
+        n.shutdown().await;
+    }
+
+    let nodes = vec![h.start(1, BTreeMap::new()).await];
+    leader(&nodes).await;
+    // Applied again from the log on start, before any new write.
+    assert_eq!(nodes[0].holder("k"), Some((1, fence)));
+    assert!(
+        nodes[0]
+            .seen()
+            .iter()
+            .any(|(cmd, _)| *cmd == lock(1, "k", Some(Duration::from_secs(60)))),
+        "the sink sees re-applied entries"
+    );
+    let next = granted(&propose(&nodes, lock(2, "other", None)).await);
+    assert!(next > fence);
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_join_and_leave_while_commands_flow() {
+    let h = Harness::new(&[1, 2, 3, 4]);
+    let mut nodes = h.start_all(&[1, 2, 3]).await;
+    // Fresh, and not among the initial members: it waits to be added.
+    let joiner = h.start(4, h.members(&[1, 2, 3])).await;
+    let status = joiner.cluster.status();
+    assert!(
+        status.members.is_empty() && status.role != Role::Leader,
+        "{status:?}"
+    );
+
+    let at = leader(&nodes).await;
+    let lead = nodes[at].cluster.clone();
+    let stop = CancellationToken::new();
+    let proposer = {
+        let lead = lead.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut done = 0u64;
+            while !stop.is_cancelled() {
+                let key = format!("k{}", done % 5);
+                let out = lead.propose(lock(done, &key, None)).await?;
+                granted(&out);
+                lead.propose(unlock(done, &key)).await?;
+                done += 1;
+            }
+            Ok::<_, ClusterError>(done)
+        })
+    };
+
+    lead.add_node(4, h.specs[&4].member.clone())
+        .await
+        .expect("add node 4");
+    let removed = nodes[(at + 1) % 3].id;
+    lead.remove_node(removed).await.expect("remove a follower");
+    let status = lead
+        .wait_until(PATIENCE, "membership 4 in, one out", |s| {
+            s.members.iter().any(|m| m.id == 4 && m.voter)
+                && s.members.iter().all(|m| m.id != removed)
+        })
+        .await
+        .expect("membership changed");
+    assert_eq!(status.members.len(), 3);
+    let gone = nodes.remove((at + 1) % 3);
+    gone.shutdown().await;
+
+    // Still committing with the new majority, then stop and compare.
+    let before = last_applied(&joiner);
+    joiner
+        .cluster
+        .wait_until(PATIENCE, "more entries", |s| s.last_applied_index > before)
+        .await
+        .expect("the new voter keeps applying");
+    stop.cancel();
+    let done = proposer
+        .await
+        .expect("proposer task")
+        .expect("every proposal succeeded");
+    assert!(done > 0);
+    let target = lead.status().last_applied_index;
+    joiner.applied_at_least(target).await;
+    let leader_node = nodes
+        .iter()
+        .find(|n| n.id == lead.node_id())
+        .expect("leader");
+    assert_eq!(
+        joiner.seen(),
+        leader_node.seen(),
+        "the new node applied the whole log"
+    );
+    assert_eq!(
+        joiner.cluster.read(|t, _| t.snapshot()),
+        lead.read(|t, _| t.snapshot())
+    );
+    joiner.shutdown().await;
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// Reads one frame of the peer protocol; `None` when the connection closed.
+fn read_frame(s: &mut std::net::TcpStream) -> Option<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).ok()?;
+    let mut body = vec![0; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body).ok()?;
+    Some(body)
+}
+
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut f = (body.len() as u32).to_be_bytes().to_vec();
+    f.extend_from_slice(body);
+    f
+}
+
+fn closed(s: &mut std::net::TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(s.read(&mut buf), Ok(0) | Err(_))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_strangers_at_the_peer_port_are_refused_and_the_cluster_keeps_working() {
+    let h = Harness::new(&[1, 2, 3]);
+    let nodes = h.start_all(&[1, 2, 3]).await;
+    let at = leader(&nodes).await;
+    let follower = &nodes[(at + 1) % 3];
+    let addr = h.peer_addr(follower.id);
+    let follower_id = follower.id;
+
+    let strangers = tokio::task::spawn_blocking(move || {
+        let connect = || {
+            let s = std::net::TcpStream::connect(&addr).expect("connect");
+            s.set_read_timeout(Some(PATIENCE)).expect("timeout");
+            s
+        };
+        // Text where a length should be: 1.2 GB, over the hello limit.
+        let mut s = connect();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("write");
+        assert!(closed(&mut s), "HTTP is refused");
+        // A length at the limit of u32.
+        let mut s = connect();
+        s.write_all(&[0xff; 4]).expect("write");
+        assert!(closed(&mut s), "an oversized frame is refused");
+        // A frame of the right size that is not a hello.
+        let mut s = connect();
+        s.write_all(&frame(b"\x08\x01\x10\x06 not json"))
+            .expect("write");
+        assert!(closed(&mut s), "a non-hello frame is refused");
+        // Another cluster: told why, then closed.
+        let mut s = connect();
+        let hello = format!(
+            r#"{{"protocol":"dlock-peer/1","cluster_id":"other","from":9,"to":{follower_id}}}"#
+        );
+        s.write_all(&frame(hello.as_bytes())).expect("write");
+        let reply = read_frame(&mut s).expect("a refusal");
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(
+            reply.contains("Refused") && reply.contains("other"),
+            "{reply}"
+        );
+        assert!(closed(&mut s), "closed after the refusal");
+        // The right cluster, the wrong node.
+        let mut s = connect();
+        let hello = format!(
+            r#"{{"protocol":"dlock-peer/1","cluster_id":"{CLUSTER_ID}","from":9,"to":77}}"#
+        );
+        s.write_all(&frame(hello.as_bytes())).expect("write");
+        let reply = read_frame(&mut s).expect("a refusal");
+        assert!(String::from_utf8_lossy(&reply).contains("Refused"));
+        // Welcomed, then garbage instead of a request.
+        let mut s = connect();
+        let hello = format!(
+            r#"{{"protocol":"dlock-peer/1","cluster_id":"{CLUSTER_ID}","from":9,"to":{follower_id}}}"#
+        );
+        s.write_all(&frame(hello.as_bytes())).expect("write");
+        let reply = read_frame(&mut s).expect("a welcome");
+        assert_eq!(reply, b"\"Welcome\"");
+        s.write_all(&frame(b"{\"Nonsense\":1}")).expect("write");
+        assert!(closed(&mut s), "a bad request closes the connection");
+    });
+    strangers.await.expect("stranger checks");
+
+    // A dlock client dialling the peer port by mistake gets an error, not a hang.
+    let client = tokio::time::timeout(PATIENCE, dlock::Client::connect(&h.peer_addr(follower_id)))
+        .await
+        .expect("the client is answered in time");
+    assert!(
+        client.is_err(),
+        "the peer port does not speak the client protocol"
+    );
+
+    // The follower attacked still replicates.
+    let out = propose(&nodes, lock(1, "after", None)).await;
+    granted(&out);
+    let target = last_applied(&nodes[leader(&nodes).await]);
+    for n in &nodes {
+        n.applied_at_least(target).await;
+        assert_eq!(n.holder("after").map(|h| h.0), Some(1));
+    }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_missed_purged_entries_catches_up_from_a_snapshot() {
+    let h = Harness::new(&[1, 2, 3]);
+    let mut nodes = h.start_all(&[1, 2, 3]).await;
+    granted(&propose(&nodes, lock(1, "early", None)).await);
+    let at = leader(&nodes).await;
+    let lagger = nodes.remove((at + 1) % 3);
+    let lagger_id = lagger.id;
+    lagger.shutdown().await;
+
+    for i in 0..20u64 {
+        granted(
+            &propose(
+                &nodes,
+                lock(100 + i, &format!("k{i}"), Some(Duration::from_secs(600))),
+            )
+            .await,
+        );
+    }
+    let at = leader(&nodes).await;
+    let lead = nodes[at].cluster.clone();
+    let covered = lead
+        .snapshot()
+        .await
+        .expect("snapshot")
+        .expect("something applied");
+    let status = lead
+        .wait_until(PATIENCE, "log purged", |s| s.purged_index >= Some(covered))
+        .await
+        .expect("the log is purged");
+    assert!(status.snapshot_index >= Some(covered));
+    let on_disk = std::fs::metadata(h.specs[&lead.node_id()].dir.join("snapshot"))
+        .expect("snapshot file")
+        .len();
+    assert!(on_disk > 0);
+
+    // Its next entry is gone from the leader's log: only a snapshot helps.
+    let lagger = h.start(lagger_id, BTreeMap::new()).await;
+    let status = lagger
+        .cluster
+        .wait_until(PATIENCE, "snapshot installed", |s| {
+            s.snapshot_index >= Some(covered)
+        })
+        .await
+        .expect("the lagging node installs the snapshot");
+    assert!(status.last_applied_index >= Some(covered));
+    assert_eq!(lagger.holder("k19").map(|h| h.0), Some(119));
+    assert_eq!(lagger.holder("early").map(|h| h.0), Some(1));
+    // The sink saw no entry the snapshot covered.
+    assert!(lagger.seen().iter().all(|(cmd, _)| !matches!(
+        cmd,
+        Command::Lock {
+            owner: 100..=119,
+            ..
+        }
+    )));
+
+    // And follows the log again from there.
+    granted(&propose(&nodes, lock(5, "later", None)).await);
+    let target = lead.status().last_applied_index;
+    lagger.applied_at_least(target).await;
+    assert_eq!(
+        lagger.cluster.read(|t, _| t.snapshot()),
+        lead.read(|t, _| t.snapshot())
+    );
+    assert!(lagger
+        .seen()
+        .iter()
+        .any(|(cmd, _)| *cmd == lock(5, "later", None)));
+    lagger.shutdown().await;
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
