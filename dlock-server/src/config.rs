@@ -105,6 +105,93 @@ pub struct Config {
     /// log collector.
     #[arg(long, env = "DLOCK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Keep the lock table durable in this directory, replicated by Raft
+    /// (docs/CLUSTER.md). Alone: one durable node that keeps leases, holders
+    /// and fences across restarts. Without it the server keeps everything
+    /// in memory, as a single process.
+    #[arg(long, value_name = "DIR", help_heading = "Cluster")]
+    pub data_dir: Option<PathBuf>,
+
+    /// This node's id in the cluster: unique, never reused.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Cluster")]
+    pub node_id: u64,
+
+    /// Address the other nodes connect to (the peer port). Needed when the
+    /// cluster has more than one node; a cluster of one listens on an
+    /// ephemeral loopback port.
+    #[arg(long, value_name = "ADDR", help_heading = "Cluster")]
+    pub peer_listen: Option<SocketAddr>,
+
+    /// Client address other nodes give clients in NotLeader answers
+    /// (default: --listen's address).
+    #[arg(long, value_name = "ADDR", help_heading = "Cluster")]
+    pub advertise_client: Option<String>,
+
+    /// Peer address other nodes dial (default: --peer-listen's address).
+    #[arg(long, value_name = "ADDR", help_heading = "Cluster")]
+    pub advertise_peer: Option<String>,
+
+    /// The members on first start, as ID=CLIENT_ADDR@PEER_ADDR,... (every
+    /// initial node gets the same list). Read from the data directory on
+    /// later starts, and ignored then.
+    #[arg(long, value_name = "LIST", value_parser = parse_members, help_heading = "Cluster")]
+    pub initial_cluster: Option<Members>,
+
+    /// Name every node of one cluster shares; a peer with another is refused.
+    #[arg(long, default_value = "dlock", help_heading = "Cluster")]
+    pub cluster_id: String,
+
+    /// TTL of a session whose client names none: how long its locks without
+    /// a lease outlive a broken connection.
+    #[arg(long, default_value = "10s", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
+    pub session_ttl: Duration,
+
+    /// Longest TTL a client may ask for in OpenSession.
+    #[arg(long, default_value = "5min", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
+    pub max_session_ttl: Duration,
+
+    /// How often the leader sends heartbeats.
+    #[arg(long, default_value = "100ms", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
+    pub heartbeat: Duration,
+
+    /// A follower that hears no leader for a random time between this and
+    /// twice this starts an election.
+    #[arg(long, default_value = "500ms", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
+    pub election_timeout: Duration,
+}
+
+/// The initial members of a cluster: id, client address, peer address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Members(pub Vec<(u64, String, String)>);
+
+fn parse_members(s: &str) -> Result<Members, String> {
+    let mut out: Vec<(u64, String, String)> = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (id, addrs) = item
+            .split_once('=')
+            .ok_or_else(|| format!("{item:?} is not ID=CLIENT_ADDR@PEER_ADDR"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("{id:?} in {item:?} is not a node id (1 or more)"))?;
+        let (client, peer) = addrs
+            .split_once('@')
+            .ok_or_else(|| format!("{item:?} is not ID=CLIENT_ADDR@PEER_ADDR"))?;
+        if client.is_empty() || peer.is_empty() {
+            return Err(format!("{item:?} has an empty address"));
+        }
+        if out.iter().any(|(other, _, _)| *other == id) {
+            return Err(format!("node id {id} is listed twice"));
+        }
+        out.push((id, client.to_string(), peer.to_string()));
+    }
+    if out.is_empty() {
+        return Err("no members listed".into());
+    }
+    Ok(Members(out))
 }
 
 /// How log lines are written to stderr.
@@ -198,6 +285,27 @@ mod tests {
         assert_eq!(c.session_timeout(), Duration::from_secs(8));
         let c = Config::parse_from(["s", "--idle-timeout", "2s"]);
         assert_eq!(c.limits().session_timeout_micro, 2_000_000);
+    }
+
+    #[test]
+    fn initial_cluster_lists_parse_and_bad_ones_are_refused() {
+        let c = Config::parse_from([
+            "s",
+            "--initial-cluster",
+            "1=127.0.0.1:7001@127.0.0.1:8001, 2=127.0.0.1:7002@127.0.0.1:8002",
+        ]);
+        let m = c.initial_cluster.expect("parsed");
+        assert_eq!(m.0.len(), 2);
+        assert_eq!(
+            m.0[1],
+            (2, "127.0.0.1:7002".into(), "127.0.0.1:8002".into())
+        );
+        for bad in ["", "1=a", "x=a@b", "0=a@b", "1=a@b,1=c@d", "1=@b"] {
+            assert!(
+                Config::try_parse_from(["s", "--initial-cluster", bad]).is_err(),
+                "{bad:?} accepted"
+            );
+        }
     }
 
     #[test]

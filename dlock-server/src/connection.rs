@@ -13,26 +13,25 @@
 use crate::config::Config;
 use crate::handler::Ctx;
 use crate::owners::Owners;
+use crate::pending::{Arrived, Dropped, Pending};
 use crate::pipeline::{Next, Pipeline, Received};
+use crate::replicated::ConnSessions;
 use crate::shared::Shared;
-use crate::table::Woken;
 use dlock::proto::ResponseStatus;
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::io::poll_read_buf;
 use tokio_util::sync::CancellationToken;
 
 /// What the connection task woke up for, besides shutdown and the idle timer.
 enum Event {
-    /// The waiting Lock's outcome, or its delivery dropped at shutdown.
-    Outcome(Result<Woken, oneshot::error::RecvError>),
+    /// The pending request's answer, or its delivery dropped at shutdown.
+    Outcome(Result<Arrived, Dropped>),
     /// A read finished; 0 bytes means the client closed its side.
     Read(io::Result<Received>),
 }
@@ -61,11 +60,18 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellatio
     // Declared before the session, so it is dropped after it: the session's
     // waiting Lock is abandoned before the connection's owners end.
     let mut owners = Owners::connect(&shared.db, peer, shared.config.max_sessions);
+    let remote = shared
+        .cluster
+        .as_ref()
+        .map(|_| Arc::new(ConnSessions::default()));
     tracing::debug!(owner = owners.own(), "connection opened");
-    let end = Session::new(stream, &shared, &mut owners)
+    let end = Session::new(stream, &shared, &mut owners, remote.as_ref())
         .run(&shutdown)
         .await;
     drop(owners);
+    if let (Some(node), Some(remote)) = (&shared.cluster, &remote) {
+        node.connection_ended(remote, matches!(end, End::ClientClosed));
+    }
     // The server's own decisions to drop a client are worth an operator's
     // line (one per connection, never per request); a client leaving, a
     // broken socket or shutdown are routine.
@@ -110,21 +116,30 @@ impl Drop for Session<'_> {
     /// A Lock granted after the session stopped listening is released, so
     /// no lease outlives a client that never learned its fencing token.
     fn drop(&mut self) {
-        if let Some(rx) = self.pipeline.take_waiting() {
+        if let Some(Pending::Table(rx)) = self.pipeline.take_waiting() {
             self.ctx.shared.db.abandon(rx);
         }
     }
 }
 
 impl<'a> Session<'a> {
-    fn new(stream: TcpStream, shared: &'a Shared, owners: &'a mut Owners) -> Self {
+    fn new(
+        stream: TcpStream,
+        shared: &'a Shared,
+        owners: &'a mut Owners,
+        remote: Option<&'a Arc<ConnSessions>>,
+    ) -> Self {
         Session {
             stream,
             pipeline: Pipeline::new(shared.config.max_frame, shared.config.max_pipeline),
             grant_first: tokio::runtime::Handle::current().runtime_flavor()
                 == tokio::runtime::RuntimeFlavor::CurrentThread,
             config: &shared.config,
-            ctx: Ctx { shared, owners },
+            ctx: Ctx {
+                shared,
+                owners,
+                remote,
+            },
         }
     }
 
@@ -205,8 +220,8 @@ impl<'a> Session<'a> {
     /// `AsyncRead`, which notes a short read as "drained" and so saves the
     /// read that would only return EAGAIN.
     fn poll_event(&mut self, cx: &mut Context<'_>, can_read: bool) -> Poll<Event> {
-        if let Some(rx) = self.pipeline.waiting() {
-            if let Poll::Ready(outcome) = Pin::new(rx).poll(cx) {
+        if let Some(pending) = self.pipeline.waiting() {
+            if let Poll::Ready(outcome) = pending.poll_arrived(cx) {
                 return Poll::Ready(Event::Outcome(outcome));
             }
         }

@@ -24,6 +24,7 @@ use crate::config::Config;
 use crate::db::{Applied, Db};
 use crate::handler::Ctx;
 use crate::owners::Owners;
+use crate::pending::{Dropped, Pending};
 use crate::pipeline::{Next, Pipeline};
 use crate::shared::Shared;
 use crate::table::{LockTable, TableLimits};
@@ -35,7 +36,6 @@ use prost::Message;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::OnceLock;
 use std::time::Duration;
-use tokio::sync::oneshot;
 use tokio_util::codec::Decoder;
 
 /// Simulated connections; the low bits of each step's first byte pick one.
@@ -205,7 +205,7 @@ impl Harness<'_> {
     /// Ends a connection the way the server does: an outcome that arrived
     /// unanswered is released, then the connection's state goes.
     fn close(&self, mut c: Sim) {
-        if let Some(rx) = c.pipeline.take_waiting() {
+        if let Some(Pending::Table(rx)) = c.pipeline.take_waiting() {
             self.shared.db.abandon(rx);
         }
         drop(c.owners);
@@ -218,18 +218,17 @@ impl Harness<'_> {
             return;
         }
         loop {
-            if let Some(rx) = c.pipeline.waiting() {
-                match rx.try_recv() {
-                    Ok(w) => c.pipeline.answer(w),
-                    Err(oneshot::error::TryRecvError::Empty) => {}
-                    Err(oneshot::error::TryRecvError::Closed) => {
-                        panic!("a waiting Lock lost its delivery without an answer")
-                    }
+            if let Some(pending) = c.pipeline.waiting() {
+                match pending.try_take() {
+                    Ok(Some(arrived)) => c.pipeline.answer(arrived),
+                    Ok(None) => {}
+                    Err(Dropped) => panic!("a waiting Lock lost its delivery without an answer"),
                 }
             }
             c.pipeline.execute(&mut Ctx {
                 shared: self.shared,
                 owners: &mut c.owners,
+                remote: None,
             });
             self.check_output(&mut c.pipeline);
             match c.pipeline.next_step() {

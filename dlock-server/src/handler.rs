@@ -8,11 +8,14 @@ use crate::db::LockReply;
 use crate::fence::unix_nanos;
 use crate::limit_log;
 use crate::owners::{Owners, TooManySessions};
+use crate::pending::Pending;
+use crate::replicated::ConnSessions;
 use crate::shared::Shared;
-use crate::table::{Key, OwnerId, WaitLimit, WaitOutcome, Woken};
+use crate::table::{Key, LockResult, OwnerId, ReqId, WaitLimit, WaitOutcome, Woken};
 use bytes::BytesMut;
 use dlock::codec::encode_frame;
 use dlock::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::sync::oneshot;
 
@@ -28,6 +31,8 @@ enum Step {
         /// Delivers the outcome.
         rx: oneshot::Receiver<Woken>,
     },
+    /// Answer with what arrives (a cluster node's replicated requests).
+    Later(Pending),
 }
 
 /// Everything a request needs besides itself: the server's shared state
@@ -38,6 +43,8 @@ pub struct Ctx<'a> {
     pub shared: &'a Shared,
     /// The connection's owners: its own and its sessions.
     pub owners: &'a mut Owners,
+    /// On a cluster node: the sessions this connection opened.
+    pub remote: Option<&'a Arc<ConnSessions>>,
 }
 
 /// Why a request is answered with an error: the status and the text that
@@ -52,7 +59,7 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn new(status: ResponseStatus, text: impl Into<String>) -> Refusal {
+    pub(crate) fn new(status: ResponseStatus, text: impl Into<String>) -> Refusal {
         Refusal {
             status,
             text: text.into(),
@@ -112,9 +119,9 @@ fn busy(request_id: u64, keys: Vec<Key>, text: &str) -> Response {
     r
 }
 
-/// A Lock that has to wait: its request id, echoed in the eventual
-/// response, and where its outcome arrives.
-pub type Waiting = (u64, oneshot::Receiver<Woken>);
+/// A request answered later: its id, echoed in the eventual response, and
+/// where its answer arrives.
+pub type Waiting = (u64, Pending);
 
 /// Executes `req` for the connection in `ctx`: the answer is appended to
 /// `out` as a frame, unless the request is a Lock that has to wait.
@@ -124,8 +131,9 @@ pub fn execute(ctx: &mut Ctx<'_>, req: Request, out: &mut BytesMut) -> Option<Wa
     // it out of the Result was a memcpy call per request.
     match execute_inner(ctx, req) {
         Ok(Step::Reply(ref r)) => encode_frame(r, out),
-        Ok(Step::Wait { request_id, rx }) => return Some((request_id, rx)),
-        Err(refusal) => encode_frame(&error(id, refusal.status, refusal.text), out),
+        Ok(Step::Wait { request_id, rx }) => return Some((request_id, Pending::Table(rx))),
+        Ok(Step::Later(pending)) => return Some((id, pending)),
+        Err(refusal) => encode_frame(&refused(id, refusal), out),
     }
     None
 }
@@ -151,6 +159,10 @@ fn execute_inner(ctx: &mut Ctx<'_>, req: Request) -> Result<Step, Refusal> {
             format!("unknown request type {}", req.r#type),
         ));
     };
+    if let (Some(node), Some(conn)) = (&ctx.shared.cluster, ctx.remote) {
+        let connections = ctx.shared.db.stats().connections;
+        return Ok(Step::Later(node.execute(conn, req, kind, connections)));
+    }
     if kind == RequestType::OpenSession {
         return open_session(ctx, id, req.session);
     }
@@ -175,20 +187,14 @@ fn execute_inner(ctx: &mut Ctx<'_>, req: Request) -> Result<Step, Refusal> {
             let fence = fence_of(&body);
             let keys = checked_keys(config, body.keys)?;
             let not_held = db.unlock(owner, keys, fence);
-            Ok(Step::Reply(held_result(id, not_held, NOT_HELD)))
+            Ok(Step::Reply(held_result(id, not_held)))
         }
         RequestType::Renew => {
-            if body.release_micro == 0 {
-                return Err(Refusal::new(
-                    ResponseStatus::InvalidArgument,
-                    "Renew needs release_micro > 0",
-                ));
-            }
-            let lease = lease_of(config, body.release_micro)?;
+            let lease = renew_lease(config, body.release_micro)?;
             let fence = fence_of(&body);
             let keys = checked_keys(config, body.keys)?;
             let not_held = db.renew(owner, keys, fence, lease);
-            Ok(Step::Reply(held_result(id, not_held, NOT_HELD)))
+            Ok(Step::Reply(held_result(id, not_held)))
         }
         RequestType::Inspect => {
             let mut r = response(id, ResponseStatus::Ok);
@@ -252,6 +258,21 @@ fn open_session(ctx: &mut Ctx<'_>, id: u64, resume: u64) -> Result<Step, Refusal
 
 fn lock(shared: &Shared, owner: OwnerId, id: u64, body: RequestLock) -> Result<Step, Refusal> {
     let config = &shared.config;
+    let (keys, wait, lease) = lock_args(config, body)?;
+    match shared.db.lock(owner, keys, wait, lease) {
+        LockReply::Granted(fence) => Ok(Step::Reply(granted(id, fence))),
+        LockReply::Wait(rx) => Ok(Step::Wait { request_id: id, rx }),
+        LockReply::Busy(keys) => Ok(Step::Reply(busy(id, keys, "keys busy"))),
+        LockReply::LimitReached(what) => Err(limit_reached(config, what)),
+        LockReply::ShuttingDown => Err(shutting_down()),
+    }
+}
+
+/// A Lock's arguments, checked: its keys, how long it may wait, its lease.
+pub(crate) fn lock_args(
+    config: &Config,
+    body: RequestLock,
+) -> Result<(Vec<Key>, WaitLimit, Option<Duration>), Refusal> {
     if body.fence != 0 {
         return Err(Refusal::new(
             ResponseStatus::InvalidArgument,
@@ -276,33 +297,59 @@ fn lock(shared: &Shared, owner: OwnerId, id: u64, body: RequestLock) -> Result<S
         // Relative to the command's time, which the lock state reads once.
         WaitLimit::For(Duration::from_micros(body.wait_micro))
     };
-    let keys = checked_keys(config, body.keys)?;
-    match shared.db.lock(owner, keys, wait, lease) {
-        LockReply::Granted(fence) => {
-            let mut r = response(id, ResponseStatus::Ok);
-            r.fence = fence;
-            Ok(Step::Reply(r))
-        }
-        LockReply::Wait(rx) => Ok(Step::Wait { request_id: id, rx }),
-        LockReply::Busy(keys) => Ok(Step::Reply(busy(id, keys, "keys busy"))),
-        LockReply::LimitReached(what) => {
-            match what {
-                "waiters" => limit_log::WAITERS.hit(config.max_waiters),
-                "held keys" => limit_log::HELD_KEYS.hit(config.max_held_keys),
-                // A limit added to the table without a throttle here is
-                // still logged, just not paced.
-                other => tracing::warn!(limit = other, "limit reached"),
-            }
-            Err(Refusal::new(
-                ResponseStatus::LimitReached,
-                format!("server limit on {what} reached; try again later"),
-            ))
-        }
-        LockReply::ShuttingDown => Err(Refusal::new(
-            ResponseStatus::ShuttingDown,
-            "server is shutting down",
-        )),
+    Ok((checked_keys(config, body.keys)?, wait, lease))
+}
+
+/// The answer to a Lock the table decided at once; the request to wait
+/// for when it waits.
+pub(crate) fn lock_result(config: &Config, id: u64, result: LockResult) -> Result<Response, ReqId> {
+    Ok(match result {
+        LockResult::Granted { fence } => granted(id, fence),
+        LockResult::Waiting(req) => return Err(req),
+        LockResult::Busy(keys) => busy(id, keys, "keys busy"),
+        LockResult::LimitReached(what) => refused(id, limit_reached(config, what)),
+        LockResult::ShuttingDown => refused(id, shutting_down()),
+    })
+}
+
+fn granted(id: u64, fence: u64) -> Response {
+    let mut r = response(id, ResponseStatus::Ok);
+    r.fence = fence;
+    r
+}
+
+fn limit_reached(config: &Config, what: &str) -> Refusal {
+    match what {
+        "waiters" => limit_log::WAITERS.hit(config.max_waiters),
+        "held keys" => limit_log::HELD_KEYS.hit(config.max_held_keys),
+        // A limit added to the table without a throttle here is still
+        // logged, just not paced.
+        other => tracing::warn!(limit = other, "limit reached"),
     }
+    Refusal::new(
+        ResponseStatus::LimitReached,
+        format!("server limit on {what} reached; try again later"),
+    )
+}
+
+fn shutting_down() -> Refusal {
+    Refusal::new(ResponseStatus::ShuttingDown, "server is shutting down")
+}
+
+/// The response that refuses request `id`.
+pub fn refused(id: u64, r: Refusal) -> Response {
+    error(id, r.status, r.text)
+}
+
+/// A Renew's lease, checked.
+pub(crate) fn renew_lease(config: &Config, micros: u64) -> Result<Duration, Refusal> {
+    if micros == 0 {
+        return Err(Refusal::new(
+            ResponseStatus::InvalidArgument,
+            "Renew needs release_micro > 0",
+        ));
+    }
+    lease_of(config, micros)
 }
 
 fn fence_of(body: &RequestLock) -> Option<u64> {
@@ -323,23 +370,23 @@ fn lease_of(config: &Config, micros: u64) -> Result<Duration, Refusal> {
     Ok(lease)
 }
 
-fn held_result(id: u64, not_held: Vec<Key>, text: &str) -> Response {
+pub(crate) fn held_result(id: u64, not_held: Vec<Key>) -> Response {
     if not_held.is_empty() {
         return response(id, ResponseStatus::Ok);
     }
-    let mut r = error(id, ResponseStatus::NotHeld, text);
+    let mut r = error(id, ResponseStatus::NotHeld, NOT_HELD);
     r.keys = not_held.iter().map(|k| k.to_string()).collect();
     r
 }
 
 /// Checks the key list against the limits and converts it for the table.
-fn checked_keys(config: &Config, keys: Vec<String>) -> Result<Vec<Key>, Refusal> {
+pub(crate) fn checked_keys(config: &Config, keys: Vec<String>) -> Result<Vec<Key>, Refusal> {
     validate_keys(config, &keys)?;
     Ok(keys.into_iter().map(Key::from).collect())
 }
 
 /// Checks the key list against the limits.
-fn validate_keys(config: &Config, keys: &[String]) -> Result<(), Refusal> {
+pub(crate) fn validate_keys(config: &Config, keys: &[String]) -> Result<(), Refusal> {
     if keys.is_empty() {
         return Err(Refusal::new(
             ResponseStatus::NoKeys,

@@ -4,12 +4,14 @@
 //! |---|---|
 //! | [`server`] | accept loop, connection limit, socket options, shutdown |
 //! | [`connection`] | one client: the socket, timeouts, shutdown |
+//! | [`pending`] | a request answered later: a waiting Lock, a replicated command |
 //! | [`pipeline`] | a connection's requests: framing in place, parking, output |
 //! | [`shared`] | what every connection shares: lock state, config, tokens |
 //! | [`owners`] | the owners a connection acts for: its own and its sessions |
 //! | [`handler`] | validation of one request and its response |
 //! | [`db`] | the shared table behind a mutex, timers, wake-up delivery |
 //! | [`clock`] | the one clock read that stamps the table's commands |
+//! | [`replicated`] | a cluster node's answers to clients: sessions, proposals |
 //! | [`cluster`] | the table replicated on openraft: log, snapshots, peers |
 //! | [`table`] | the lock rules: a deterministic state machine, no I/O, no clock |
 //! | [`keymap`] | the table's key map, compact at millions of keys |
@@ -34,7 +36,9 @@ pub mod handler;
 pub mod keymap;
 pub mod limit_log;
 pub mod owners;
+pub mod pending;
 pub mod pipeline;
+pub mod replicated;
 pub mod server;
 pub mod shared;
 pub mod table;

@@ -6,11 +6,17 @@ use dlock_server::{Config, LogFormat};
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
+/// openraft logs every election step and vote at info: an operator wants
+/// dlock's own lines and openraft's warnings.
+const DEFAULT_LOG_FILTER: &str = "info,openraft=warn";
+
 fn main() -> std::process::ExitCode {
     let config = Config::parse();
     let filter = match &config.log_level {
         Some(level) => EnvFilter::try_new(level),
-        None => EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new("info")),
+        None => {
+            EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new(DEFAULT_LOG_FILTER))
+        }
     };
     let filter = match filter {
         Ok(f) => f,

@@ -17,14 +17,13 @@
 //! read once per command in `db`.
 
 use crate::handler::{self, Ctx, Waiting};
-use crate::table::Woken;
+use crate::pending::{Arrived, Dropped, Pending};
 use bytes::buf::Limit;
 use bytes::{Buf, BufMut, BytesMut};
 use dlock::codec::{encode_frame, frame_len, FrameError, LEN_PREFIX};
 use dlock::proto::{Request, ResponseStatus};
 use prost::Message;
 use std::io;
-use tokio::sync::oneshot;
 
 /// Parked requests may add up to this many maximum-size frames: enough for
 /// deep pipelines of ordinary requests, while a connection's memory stays a
@@ -287,22 +286,22 @@ impl Pipeline {
         }
     }
 
-    /// The waiting Lock's outcome, to await; `None` when nothing waits.
-    pub fn waiting(&mut self) -> Option<&mut oneshot::Receiver<Woken>> {
-        self.waiting.as_mut().map(|(_, rx)| rx)
+    /// The pending request's answer, to await; `None` when nothing waits.
+    pub fn waiting(&mut self) -> Option<&mut Pending> {
+        self.waiting.as_mut().map(|(_, p)| p)
     }
 
-    /// Answers the waiting Lock with its outcome.
-    pub fn answer(&mut self, outcome: Woken) {
+    /// Answers the pending request with what arrived for it.
+    pub fn answer(&mut self, arrived: Arrived) {
         if let Some((id, _)) = self.waiting.take() {
-            encode_frame(&handler::woken(id, outcome), &mut self.out);
+            encode_frame(&arrived.into_response(id), &mut self.out);
         }
     }
 
-    /// Gives up the waiting Lock's delivery without answering it, for the
+    /// Gives up the pending request without answering it, for the
     /// connection's end: see `Db::abandon`.
-    pub fn take_waiting(&mut self) -> Option<oneshot::Receiver<Woken>> {
-        self.waiting.take().map(|(_, rx)| rx)
+    pub fn take_waiting(&mut self) -> Option<Pending> {
+        self.waiting.take().map(|(_, p)| p)
     }
 
     /// Answers everything accepted and unanswered without executing it: the
@@ -311,11 +310,11 @@ impl Pipeline {
     /// and an oversize frame gets its FrameTooLarge. Bytes not yet accepted
     /// are dropped, as if never read.
     pub fn abandon(&mut self, status: ResponseStatus, text: &str) {
-        if let Some((id, mut rx)) = self.waiting.take() {
-            rx.close();
-            let response = match rx.try_recv() {
-                Ok(w) => handler::woken(id, w),
-                Err(_) => handler::error(id, status, text),
+        if let Some((id, mut pending)) = self.waiting.take() {
+            pending.close();
+            let response = match pending.try_take() {
+                Ok(Some(arrived)) => arrived.into_response(id),
+                Ok(None) | Err(Dropped) => handler::error(id, status, text),
             };
             encode_frame(&response, &mut self.out);
         }
@@ -397,6 +396,7 @@ mod tests {
             Ctx {
                 shared: &self.shared,
                 owners,
+                remote: None,
             }
         }
 
@@ -531,8 +531,8 @@ mod tests {
         let mut unlock = BytesMut::new();
         encode_frame(&request(2, RequestType::Unlock, &["k"]), &mut unlock);
         run_all(&f, &mut holder, &mut h, &mut unlock);
-        let outcome = p.waiting().expect("the Lock waits").try_recv();
-        p.answer(outcome.expect("granted on the unlock"));
+        let outcome = p.waiting().expect("the Lock waits").try_take();
+        p.answer(outcome.ok().flatten().expect("granted on the unlock"));
         let (_, answers) = run_all(&f, &mut owner, &mut p, &mut wire);
         let ids: Vec<u64> = answers.iter().map(|r| r.request_id).collect();
         assert_eq!(ids, (10..20).collect::<Vec<_>>());

@@ -5,6 +5,7 @@ use crate::config::Config;
 use crate::connection;
 use crate::db::Db;
 use crate::fence;
+use crate::replicated;
 use crate::shared::Shared;
 use anyhow::Context;
 use dlock::codec::encode_frame;
@@ -49,7 +50,19 @@ pub async fn run(
         tracker.spawn(db.clone().run_fence_keeper(file, cancel.clone()));
     }
     let limit = Arc::new(Semaphore::new(config.max_connections));
-    let shared = Arc::new(Shared::new(db, config, tokens));
+    let node = match config.data_dir {
+        None => None,
+        Some(_) => {
+            let addr = listener.local_addr()?;
+            let stop = CancellationToken::new();
+            Some(replicated::start(&config, addr, stop).await?)
+        }
+    };
+    let mut shared = Shared::new(db, config, tokens);
+    if let Some(node) = &node {
+        shared = shared.with_cluster(node.clone());
+    }
+    let shared = Arc::new(shared);
     let c = &shared.config;
     // One line an operator can check the running limits against; `addr` is
     // also how tests find the ephemeral port.
@@ -70,6 +83,8 @@ pub async fn run(
         idle_timeout = %humantime::format_duration(c.idle_timeout),
         write_timeout = %humantime::format_duration(c.write_timeout),
         threads = c.threads,
+        node_id = node.as_ref().map(|n| n.cluster().node_id()),
+        data_dir = c.data_dir.as_ref().map(|d| d.display().to_string()),
         "dlock-server listening"
     );
 
@@ -115,7 +130,8 @@ pub async fn run(
     drop(listener);
     tracing::info!("shutting down");
     // Before any connection closes: a holder's release must not hand its
-    // keys to a waiter whose connection is about to close too.
+    // keys to a waiter whose connection is about to close too. (A cluster
+    // node keeps its sessions' waits: their clients resume them elsewhere.)
     shared.db.close();
     cancel.cancel();
     tracker.close();
@@ -124,6 +140,9 @@ pub async fn run(
         .is_err()
     {
         tracing::warn!("connections still open after the shutdown timeout; leaving them");
+    }
+    if let Some(node) = &node {
+        node.cluster().shutdown().await;
     }
     tracing::info!("dlock-server stopped");
     Ok(())

@@ -6,7 +6,9 @@
 use crate::auth::Tokens;
 use crate::config::Config;
 use crate::db::Db;
+use crate::replicated::Replicated;
 use crate::table::TableLimits;
+use std::sync::Arc;
 
 /// State every connection shares.
 #[derive(Debug)]
@@ -17,12 +19,26 @@ pub struct Shared {
     pub config: Config,
     /// Accepted access tokens.
     pub tokens: Tokens,
+    /// On a cluster node: where requests that need the table go. The `db`
+    /// then only counts connections.
+    pub cluster: Option<Arc<Replicated>>,
 }
 
 impl Shared {
     /// A server's shared state around `db`.
     pub fn new(db: Db, config: Config, tokens: Tokens) -> Shared {
-        Shared { db, config, tokens }
+        Shared {
+            db,
+            config,
+            tokens,
+            cluster: None,
+        }
+    }
+
+    /// The shared state of a cluster node.
+    pub fn with_cluster(mut self, node: Arc<Replicated>) -> Shared {
+        self.cluster = Some(node);
+        self
     }
 
     /// The table limits `config` sets.

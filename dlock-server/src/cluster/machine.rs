@@ -129,7 +129,7 @@ impl StateMachine {
                 }
             }
             None => Applied {
-                table: LockTable::new(limits, first_fence),
+                table: LockTable::with_sessions(limits, first_fence),
                 last_applied: None,
                 membership: StoredMembership::default(),
                 at: Time::ZERO,

@@ -26,7 +26,9 @@ impl Process {
     /// to `nofile`, so it cannot raise them.
     pub fn start_with_fd_limit(extra: &[&str], nofile: Option<u64>) -> Process {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock-server"));
-        cmd.args(["--listen", "127.0.0.1:0"]);
+        if !extra.contains(&"--listen") {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
         if !extra.contains(&"--log-level") {
             cmd.args(["--log-level", "info"]);
         }

@@ -1,0 +1,673 @@
+//! How a cluster node answers clients: every request that reads or changes
+//! the lock table goes through the replicated log ([`Cluster`]), and owners
+//! are sessions that outlive a connection for their TTL.
+//!
+//! The single server answers from its table at once; a cluster node must
+//! wait for a command to be committed, so each request that needs the
+//! table is answered by a task, and the connection's pipeline waits for
+//! that answer as it waits for a Lock (answers stay in request order).
+//!
+//! Sessions. A client that opens one (OpenSession) names it in later
+//! requests; an older client that never does gets one opened for it on its
+//! first request that needs one, the connection's *implicit* session. A
+//! clean end of the connection (the client closes it) ends its sessions at
+//! once, as a disconnect does on a single server; any other end (a broken
+//! path, this node stopping) leaves them to their TTL, so the client can
+//! resume them through the new leader (OpenSession naming the session) and
+//! find its locks and its place in every queue.
+//!
+//! Waiting Locks. The table decides a waiting request's outcome in a later
+//! command (a release, a lease or wait limit running out). Every node sees
+//! every outcome through the apply sink; only the node where the session is
+//! attached (the leader its client talks to) delivers it. An outcome can
+//! be applied before the task that proposed the Lock has registered for
+//! it, so [`Attached`] keeps it until then. An outcome for a session whose
+//! connection has gone is dropped: the table keeps the grant for the
+//! session, and a client that resumes it and asks again is re-granted the
+//! keys it holds at once.
+
+use crate::cluster::{ApplySink, Cluster, ClusterConfig, ClusterError, Member};
+use crate::config::Config;
+use crate::handler::{self, Refusal};
+use crate::pending::Pending;
+use crate::shared::Shared;
+use crate::table::{Command, Output, OwnerId, Reply, ReqId, Woken};
+use anyhow::{bail, Context};
+use dlock::proto::{KeyInfo, Request, RequestType, Response, ResponseStatus, ServerStats};
+use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+/// A cluster node's client-facing side: the cluster, the sessions attached
+/// here, and the options that shape sessions.
+pub struct Replicated {
+    cluster: Cluster,
+    attached: Arc<Attached>,
+    config: Config,
+}
+
+impl std::fmt::Debug for Replicated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replicated")
+            .field("node", &self.cluster.node_id())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The sessions whose clients talk to this node, and the outcomes of their
+/// waiting Locks on the way to them.
+#[derive(Debug, Default)]
+pub struct Attached {
+    sessions: Mutex<HashMap<OwnerId, Waits>>,
+}
+
+/// One attached session's waiting Locks, by request.
+#[derive(Debug, Default)]
+struct Waits(HashMap<ReqId, Slot>);
+
+#[derive(Debug)]
+enum Slot {
+    /// The proposing task waits for the outcome here.
+    Registered(oneshot::Sender<Woken>),
+    /// The outcome was applied before the task registered.
+    Early(Woken),
+}
+
+impl Attached {
+    fn lock(&self) -> MutexGuard<'_, HashMap<OwnerId, Waits>> {
+        // The map is consistent after every statement; a panic elsewhere
+        // must not stop delivery.
+        self.sessions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The apply sink: called on every node for every applied command, in
+    /// log order. Delivers outcomes to sessions attached here.
+    pub fn applied(&self, cmd: &Command, out: &Output) {
+        tracing::trace!(?cmd, reply = ?out.reply, woken = out.woken.len(), "applied");
+        if out.woken.is_empty()
+            && out.withdrawn.is_empty()
+            && out.ended_sessions.is_empty()
+            && !matches!(cmd, Command::Disconnect { .. })
+        {
+            return;
+        }
+        let mut sessions = self.lock();
+        if sessions.is_empty() {
+            return;
+        }
+        for w in &out.woken {
+            if let Some(waits) = sessions.get_mut(&w.owner) {
+                match waits.0.remove(&w.req) {
+                    Some(Slot::Registered(tx)) => {
+                        // The task may be gone with its connection; the
+                        // grant stays the session's either way.
+                        let _ = tx.send(w.clone());
+                    }
+                    Some(Slot::Early(_)) | None => {
+                        waits.0.insert(w.req, Slot::Early(w.clone()));
+                    }
+                }
+            }
+        }
+        for req in &out.withdrawn {
+            for waits in sessions.values_mut() {
+                if waits.0.remove(req).is_some() {
+                    break;
+                }
+            }
+        }
+        for s in &out.ended_sessions {
+            sessions.remove(s);
+        }
+        if let Command::Disconnect { owner } = cmd {
+            sessions.remove(owner);
+        }
+    }
+
+    fn attach(&self, session: OwnerId) {
+        self.lock().entry(session).or_default();
+    }
+
+    /// Stops delivering to `session` here; its waiting tasks end.
+    fn detach(&self, session: OwnerId) {
+        self.lock().remove(&session);
+    }
+
+    /// Where the outcome of `req`, a waiting Lock of `session`, arrives;
+    /// `None` when the session is no longer attached here (it ended).
+    fn register(&self, session: OwnerId, req: ReqId) -> Option<oneshot::Receiver<Woken>> {
+        let mut sessions = self.lock();
+        let waits = sessions.get_mut(&session)?;
+        let (tx, rx) = oneshot::channel();
+        match waits.0.remove(&req) {
+            Some(Slot::Early(w)) => {
+                let _ = tx.send(w);
+            }
+            Some(Slot::Registered(_)) | None => {
+                waits.0.insert(req, Slot::Registered(tx));
+            }
+        }
+        Some(rx)
+    }
+}
+
+/// The sessions one client connection opened on this node.
+#[derive(Debug, Default)]
+pub struct ConnSessions {
+    inner: Mutex<ConnState>,
+}
+
+#[derive(Debug, Default)]
+struct ConnState {
+    /// Opened for a client that names no session.
+    implicit: Option<OwnerId>,
+    /// Opened or resumed with OpenSession.
+    named: Vec<OwnerId>,
+}
+
+impl ConnSessions {
+    fn state(&self) -> MutexGuard<'_, ConnState> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn all(&self) -> Vec<OwnerId> {
+        let st = self.state();
+        st.implicit.iter().chain(&st.named).copied().collect()
+    }
+}
+
+/// A response refusing the request: the status, its text, and for
+/// NotLeader the leader's address.
+type Refused = Box<Response>;
+
+fn refused(id: u64, r: Refusal) -> Refused {
+    Box::new(handler::refused(id, r))
+}
+
+fn cluster_error(id: u64, e: ClusterError) -> Refused {
+    let mut r = match &e {
+        ClusterError::NotLeader { leader } => {
+            let mut r = handler::error(id, ResponseStatus::NotLeader, e.to_string());
+            if let Some((_, m)) = leader {
+                r.leader_addr = m.client_addr.clone();
+            }
+            r
+        }
+        ClusterError::Unavailable(_) | ClusterError::Refused(_) => {
+            handler::error(id, ResponseStatus::Unavailable, e.to_string())
+        }
+        ClusterError::Fatal(_) => handler::error(id, ResponseStatus::ShuttingDown, e.to_string()),
+    };
+    r.request_id = id;
+    Box::new(r)
+}
+
+impl Replicated {
+    /// The client side of `cluster`, whose apply sink is `attached`'s.
+    pub fn new(cluster: Cluster, attached: Arc<Attached>, config: Config) -> Replicated {
+        Replicated {
+            cluster,
+            attached,
+            config,
+        }
+    }
+
+    /// The cluster.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// Answers `req` (already checked for version, token and type) in a
+    /// task; `connections` is this node's count for Inspect's stats.
+    pub fn execute(
+        self: &Arc<Self>,
+        conn: &Arc<ConnSessions>,
+        req: Request,
+        kind: RequestType,
+        connections: u64,
+    ) -> Pending {
+        let (tx, rx) = oneshot::channel();
+        let node = self.clone();
+        let conn = conn.clone();
+        // One task per connection at a time: the pipeline runs nothing else
+        // until this one is answered.
+        tokio::spawn(async move {
+            let id = req.id;
+            let r = match node.answer(&conn, req, kind, connections).await {
+                Ok(r) => r,
+                Err(r) => *r,
+            };
+            debug_assert_eq!(r.request_id, id);
+            let _ = tx.send(r);
+        });
+        Pending::Answer(rx)
+    }
+
+    /// The end of a client connection: a clean one (`clean`: the client
+    /// closed it) ends its sessions now; any other leaves them to their TTL.
+    pub fn connection_ended(self: &Arc<Self>, conn: &ConnSessions, clean: bool) {
+        let sessions = conn.all();
+        for &s in &sessions {
+            self.attached.detach(s);
+        }
+        if !clean || sessions.is_empty() {
+            return;
+        }
+        let node = self.clone();
+        tokio::spawn(async move {
+            for owner in sessions {
+                if let Err(e) = node.cluster.propose(Command::Disconnect { owner }).await {
+                    // Its TTL ends it instead.
+                    tracing::debug!(session = owner, error = %e, "session not ended at once");
+                }
+            }
+        });
+    }
+
+    async fn propose(&self, id: u64, cmd: Command) -> Result<Output, Refused> {
+        self.cluster
+            .propose(cmd)
+            .await
+            .map_err(|e| cluster_error(id, e))
+    }
+
+    async fn answer(
+        &self,
+        conn: &ConnSessions,
+        req: Request,
+        kind: RequestType,
+        connections: u64,
+    ) -> Result<Response, Refused> {
+        let id = req.id;
+        let config = &self.config;
+        let body = req.lock.clone().unwrap_or_default();
+        match kind {
+            RequestType::Ping => {
+                self.keep_alive(conn).await;
+                Ok(handler::response(id, ResponseStatus::Ok))
+            }
+            RequestType::Hello => {
+                let mut r = handler::response(id, ResponseStatus::Ok);
+                let mut limits = config.limits();
+                // A lock bound to a session lives a TTL after the last
+                // request that named it, however the connection ends.
+                limits.session_timeout_micro = micros(config.session_ttl);
+                r.limits = Some(limits);
+                Ok(r)
+            }
+            RequestType::OpenSession => self.open_session(conn, id, &req).await,
+            RequestType::CloseSession => {
+                if req.session == 0 {
+                    return Err(refused(
+                        id,
+                        Refusal::new(
+                            ResponseStatus::InvalidArgument,
+                            "CloseSession needs a session; the connection's own ends with the connection",
+                        ),
+                    ));
+                }
+                let owner = self.named(conn, id, req.session)?;
+                self.propose(id, Command::Disconnect { owner }).await?;
+                conn.state().named.retain(|&s| s != owner);
+                self.attached.detach(owner);
+                Ok(handler::response(id, ResponseStatus::Ok))
+            }
+            RequestType::Lock => {
+                let (keys, wait, lease) =
+                    handler::lock_args(config, body).map_err(|r| refused(id, r))?;
+                let owner = self.owner(conn, id, req.session).await?;
+                let cmd = Command::Lock {
+                    owner,
+                    keys,
+                    wait,
+                    lease,
+                };
+                let out = self.propose(id, cmd).await?;
+                self.lock_reply(conn, id, owner, out.reply).await
+            }
+            RequestType::Unlock | RequestType::Renew => {
+                let fence = (body.fence != 0).then_some(body.fence);
+                let lease = if kind == RequestType::Renew {
+                    Some(
+                        handler::renew_lease(config, body.release_micro)
+                            .map_err(|r| refused(id, r))?,
+                    )
+                } else {
+                    None
+                };
+                let keys = handler::checked_keys(config, body.keys).map_err(|r| refused(id, r))?;
+                let owner = self.owner(conn, id, req.session).await?;
+                let cmd = match lease {
+                    Some(lease) => Command::Renew {
+                        owner,
+                        keys,
+                        fence,
+                        lease,
+                    },
+                    None => Command::Unlock { owner, keys, fence },
+                };
+                let out = self.propose(id, cmd).await?;
+                match out.reply {
+                    Reply::NotHeld(not_held) => Ok(handler::held_result(id, not_held)),
+                    other => Err(self.unexpected(conn, id, owner, other)),
+                }
+            }
+            RequestType::Inspect => {
+                let owner = match req.session {
+                    0 => conn.state().implicit,
+                    s => Some(self.named(conn, id, s)?),
+                };
+                if !body.keys.is_empty() {
+                    handler::validate_keys(config, &body.keys).map_err(|r| refused(id, r))?;
+                }
+                self.cluster
+                    .read_index()
+                    .await
+                    .map_err(|e| cluster_error(id, e))?;
+                let mut r = handler::response(id, ResponseStatus::Ok);
+                self.cluster.read(|table, now| {
+                    if body.keys.is_empty() {
+                        r.server_stats = Some(ServerStats {
+                            connections,
+                            held_keys: table.held_keys() as u64,
+                            waiting_requests: table.waiting() as u64,
+                        });
+                    } else {
+                        r.key_info = body
+                            .keys
+                            .iter()
+                            .map(|k| {
+                                let view = table.inspect(k, now);
+                                let (holder, fence) = view.holder.unwrap_or((0, 0));
+                                KeyInfo {
+                                    key: k.clone(),
+                                    fence,
+                                    lease_remaining_micro: view.lease_remaining.map_or(0, micros),
+                                    waiters: u32::try_from(view.waiters).unwrap_or(u32::MAX),
+                                    held_by_caller: view.holder.is_some() && Some(holder) == owner,
+                                    // Which connection a session came
+                                    // from is this node's knowledge only.
+                                    holder_addr: String::new(),
+                                }
+                            })
+                            .collect();
+                    }
+                });
+                Ok(r)
+            }
+            RequestType::Invalid => Err(refused(
+                id,
+                Refusal::new(ResponseStatus::InvalidType, "request type not set"),
+            )),
+        }
+    }
+
+    /// Pings keep this connection's sessions alive, on the leader; a
+    /// follower just answers (the client will find the leader on its next
+    /// request).
+    async fn keep_alive(&self, conn: &ConnSessions) {
+        if !self.cluster.is_leader() {
+            return;
+        }
+        for owner in conn.all() {
+            match self.cluster.propose(Command::KeepAlive { owner }).await {
+                Ok(Output {
+                    reply: Reply::UnknownSession,
+                    ..
+                }) => self.forget(conn, owner),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(session = owner, error = %e, "keepalive not committed");
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn open_session(
+        &self,
+        conn: &ConnSessions,
+        id: u64,
+        req: &Request,
+    ) -> Result<Response, Refused> {
+        if conn.state().named.len() >= self.config.max_sessions {
+            return Err(refused(
+                id,
+                Refusal::new(
+                    ResponseStatus::LimitReached,
+                    format!(
+                        "this connection has --max-sessions {} sessions open; close one first",
+                        self.config.max_sessions
+                    ),
+                ),
+            ));
+        }
+        let cmd = if req.session != 0 {
+            Command::KeepAlive { owner: req.session }
+        } else {
+            let ttl = match req.session_ttl_micro {
+                0 => self.config.session_ttl,
+                m => Duration::from_micros(m),
+            };
+            if ttl > self.config.max_session_ttl {
+                return Err(refused(
+                    id,
+                    Refusal::new(
+                        ResponseStatus::InvalidArgument,
+                        format!(
+                            "session_ttl_micro {} exceeds the server's --max-session-ttl of {}",
+                            req.session_ttl_micro,
+                            humantime::format_duration(self.config.max_session_ttl)
+                        ),
+                    ),
+                ));
+            }
+            Command::OpenSession { ttl }
+        };
+        match self.propose(id, cmd).await?.reply {
+            Reply::Session { id: session, ttl } => {
+                self.attached.attach(session);
+                let mut st = conn.state();
+                if !st.named.contains(&session) {
+                    st.named.push(session);
+                }
+                let mut r = handler::response(id, ResponseStatus::Ok);
+                r.session = session;
+                r.session_ttl_micro = micros(ttl);
+                Ok(r)
+            }
+            Reply::UnknownSession => Err(refused(id, unknown_session(req.session))),
+            other => Err(Box::new(handler::error(
+                id,
+                ResponseStatus::General,
+                format!("internal error: OpenSession answered {other:?}"),
+            ))),
+        }
+    }
+
+    /// The session a request acts for: a named one of this connection, or
+    /// the connection's implicit session, opened now if need be.
+    async fn owner(&self, conn: &ConnSessions, id: u64, session: u64) -> Result<OwnerId, Refused> {
+        if session != 0 {
+            return self.named(conn, id, session);
+        }
+        if let Some(s) = conn.state().implicit {
+            return Ok(s);
+        }
+        let cmd = Command::OpenSession {
+            ttl: self.config.session_ttl,
+        };
+        match self.propose(id, cmd).await?.reply {
+            Reply::Session { id: s, .. } => {
+                self.attached.attach(s);
+                conn.state().implicit = Some(s);
+                Ok(s)
+            }
+            other => Err(Box::new(handler::error(
+                id,
+                ResponseStatus::General,
+                format!("internal error: OpenSession answered {other:?}"),
+            ))),
+        }
+    }
+
+    fn named(&self, conn: &ConnSessions, id: u64, session: u64) -> Result<OwnerId, Refused> {
+        if conn.state().named.contains(&session) {
+            Ok(session)
+        } else {
+            Err(refused(id, unknown_session(session)))
+        }
+    }
+
+    /// A session the table no longer knows: it ended (TTL, another
+    /// connection closed it).
+    fn forget(&self, conn: &ConnSessions, owner: OwnerId) {
+        let mut st = conn.state();
+        st.named.retain(|&s| s != owner);
+        if st.implicit == Some(owner) {
+            st.implicit = None;
+        }
+        drop(st);
+        self.attached.detach(owner);
+    }
+
+    fn unexpected(&self, conn: &ConnSessions, id: u64, owner: OwnerId, reply: Reply) -> Refused {
+        if reply == Reply::UnknownSession {
+            self.forget(conn, owner);
+            return refused(id, unknown_session(owner));
+        }
+        Box::new(handler::error(
+            id,
+            ResponseStatus::General,
+            format!("internal error: unexpected table reply {reply:?}"),
+        ))
+    }
+
+    async fn lock_reply(
+        &self,
+        conn: &ConnSessions,
+        id: u64,
+        owner: OwnerId,
+        reply: Reply,
+    ) -> Result<Response, Refused> {
+        let result = match reply {
+            Reply::Lock(result) => result,
+            other => return Err(self.unexpected(conn, id, owner, other)),
+        };
+        let waiting = match handler::lock_result(&self.config, id, result) {
+            Ok(r) => return Ok(r),
+            Err(req) => req,
+        };
+        let Some(rx) = self.attached.register(owner, waiting) else {
+            return Err(refused(id, unknown_session(owner)));
+        };
+        match rx.await {
+            Ok(w) => Ok(handler::woken(id, w)),
+            // Detached: the session ended, or its connection went (then
+            // nobody reads this answer).
+            Err(_) => Err(refused(
+                id,
+                Refusal::new(
+                    ResponseStatus::UnknownSession,
+                    "the session ended while the Lock waited",
+                ),
+            )),
+        }
+    }
+}
+
+fn unknown_session(session: u64) -> Refusal {
+    Refusal::new(
+        ResponseStatus::UnknownSession,
+        format!("session {session} is not open on this connection or has ended"),
+    )
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The first fencing token of every cluster's table.
+pub const CLUSTER_FIRST_FENCE: u64 = 1;
+
+/// Starts this server's cluster node from `config` (`--data-dir` and the
+/// cluster flags); clients reach this server at `client_addr`.
+///
+/// # Errors
+/// The flags do not describe a node (a cluster of several without
+/// `--peer-listen`, this node missing from `--initial-cluster`), the peer
+/// port cannot be bound, or the node cannot start (see [`Cluster::start`]).
+pub async fn start(
+    config: &Config,
+    client_addr: SocketAddr,
+    stop: CancellationToken,
+) -> anyhow::Result<Arc<Replicated>> {
+    let data_dir = config
+        .data_dir
+        .clone()
+        .context("a cluster node needs --data-dir")?;
+    let members: BTreeMap<u64, Member> = config
+        .initial_cluster
+        .iter()
+        .flat_map(|m| &m.0)
+        .map(|(id, client, peer)| {
+            let member = Member {
+                client_addr: client.clone(),
+                peer_addr: peer.clone(),
+            };
+            (*id, member)
+        })
+        .collect();
+    if !members.is_empty() && !members.contains_key(&config.node_id) {
+        tracing::info!(
+            node_id = config.node_id,
+            "not in --initial-cluster: waiting to be added by the leader"
+        );
+    }
+    let peer_listen = match config.peer_listen {
+        Some(a) => a,
+        None if members.len() <= 1 => SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        None => bail!("a cluster of several nodes needs --peer-listen"),
+    };
+    let peers = TcpListener::bind(peer_listen)
+        .await
+        .with_context(|| format!("cannot listen for peers on {peer_listen}"))?;
+    let peer_addr = match &config.advertise_peer {
+        Some(a) => a.clone(),
+        None => peers.local_addr()?.to_string(),
+    };
+    let client = config
+        .advertise_client
+        .clone()
+        .unwrap_or_else(|| client_addr.to_string());
+    let cfg = ClusterConfig {
+        node_id: config.node_id,
+        cluster_id: config.cluster_id.clone(),
+        data_dir,
+        client_addr: client,
+        peer_addr,
+        initial_members: members,
+        heartbeat: config.heartbeat,
+        election_timeout: (config.election_timeout, config.election_timeout * 2),
+        limits: Shared::table_limits(config),
+        // Part of the table's initial state, from which every node (and
+        // every start, until the first snapshot) replays the log: it must
+        // be the same everywhere, so not the clock-derived one a single
+        // server starts from. Fences then increase through the log.
+        first_fence: CLUSTER_FIRST_FENCE,
+    };
+    let attached = Arc::new(Attached::default());
+    let sink_to = attached.clone();
+    let sink: ApplySink = Arc::new(move |cmd, out| sink_to.applied(cmd, out));
+    let cluster = Cluster::start(cfg, peers, sink, stop).await?;
+    Ok(Arc::new(Replicated::new(cluster, attached, config.clone())))
+}

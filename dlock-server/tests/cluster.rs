@@ -1,0 +1,440 @@
+//! A cluster of real `dlock-server` processes on loopback (issue 12): a
+//! leader serves, followers redirect, and every acknowledged lock survives
+//! the leader's SIGKILL, a paused leader, and the whole cluster's restart.
+//! Faults come from the test: SIGKILL, SIGSTOP/SIGCONT, an RST.
+
+mod common;
+
+use common::process::Process;
+use common::{status, Conn, PATIENCE};
+use dlock::proto::{Request, RequestType, Response, ResponseStatus};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// One cluster at a time: three processes each are load enough, and a
+/// starved heartbeat would move leadership under a test.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A node of a test cluster: fixed addresses, a data dir, maybe a process.
+struct Node {
+    id: u64,
+    client: SocketAddr,
+    peer: SocketAddr,
+    dir: PathBuf,
+    process: Option<Process>,
+}
+
+struct Cluster {
+    nodes: Vec<Node>,
+    members: String,
+    _dirs: tempfile::TempDir,
+}
+
+/// A loopback port nobody listens on now. The node binds it a moment
+/// later; nothing else on a test machine races for ephemeral ports that
+/// fast.
+fn free_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("its address")
+}
+
+impl Cluster {
+    fn new(n: u64) -> Cluster {
+        let dirs = tempfile::tempdir().expect("temp dir");
+        let nodes: Vec<Node> = (1..=n)
+            .map(|id| Node {
+                id,
+                client: free_port(),
+                peer: free_port(),
+                dir: dirs.path().join(format!("node{id}")),
+                process: None,
+            })
+            .collect();
+        let members = nodes
+            .iter()
+            .map(|n| format!("{}={}@{}", n.id, n.client, n.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = Cluster {
+            nodes,
+            members,
+            _dirs: dirs,
+        };
+        for i in 0..c.nodes.len() {
+            c.start(i);
+        }
+        c
+    }
+
+    fn start(&mut self, i: usize) {
+        let n = &self.nodes[i];
+        let (id, client, peer) = (n.id.to_string(), n.client.to_string(), n.peer.to_string());
+        let dir = n.dir.display().to_string();
+        let p = Process::start(&[
+            "--listen",
+            &client,
+            "--data-dir",
+            &dir,
+            "--node-id",
+            &id,
+            "--peer-listen",
+            &peer,
+            "--initial-cluster",
+            &self.members,
+            // Generous for a loaded 2-core machine running other tests: a
+            // leader must not lose office to a slow heartbeat mid-test.
+            "--heartbeat",
+            "100ms",
+            "--election-timeout",
+            "1s",
+        ]);
+        self.nodes[i].process = Some(p);
+    }
+
+    fn signal(&self, i: usize, name: &str) {
+        self.nodes[i]
+            .process
+            .as_ref()
+            .expect("running")
+            .signal(name);
+    }
+
+    fn kill(&mut self, i: usize) {
+        self.signal(i, "KILL");
+        if let Some(p) = self.nodes[i].process.take() {
+            p.wait();
+        }
+    }
+
+    /// The leader, once it is settled: it answers an Inspect (only a
+    /// leader with a quorum does) and every other running node (but
+    /// `except`) names it in NotLeader. Panics after PATIENCE.
+    async fn leader(&self, except: Option<usize>) -> usize {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let answers = self.ask_all(except).await;
+            let leaders: Vec<usize> = answers
+                .iter()
+                .filter(|(_, r)| status(r) == ResponseStatus::Ok)
+                .map(|(i, _)| *i)
+                .collect();
+            if let [l] = leaders[..] {
+                let named = self.nodes[l].client.to_string();
+                let settled = answers.iter().all(|(i, r)| {
+                    *i == l || (status(r) == ResponseStatus::NotLeader && r.leader_addr == named)
+                });
+                if settled {
+                    return l;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no settled leader within {PATIENCE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every running node's answer to an Inspect without keys; a node that
+    /// does not answer within a second is left out.
+    async fn ask_all(&self, except: Option<usize>) -> Vec<(usize, Response)> {
+        let mut out = Vec::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            if Some(i) == except || n.process.is_none() {
+                continue;
+            }
+            let Ok(Ok(stream)) = tokio::time::timeout(
+                Duration::from_secs(1),
+                tokio::net::TcpStream::connect(n.client),
+            )
+            .await
+            else {
+                continue;
+            };
+            drop(stream);
+            let mut c = Conn::connect(n.client).await;
+            let req = c.request(RequestType::Inspect, &[]);
+            c.send(&req).await;
+            if let Ok(Some(r)) = tokio::time::timeout(Duration::from_secs(2), c.try_recv()).await {
+                out.push((i, r));
+            }
+        }
+        out
+    }
+
+    async fn conn(&self, i: usize) -> Conn {
+        Conn::connect(self.nodes[i].client).await
+    }
+}
+
+fn in_session(mut req: Request, session: u64) -> Request {
+    req.session = session;
+    req
+}
+
+async fn call(c: &mut Conn, kind: RequestType, keys: &[&str], session: u64) -> Response {
+    let req = c.request(kind, keys);
+    c.call(in_session(req, session)).await
+}
+
+/// Opens a session (`resume` 0) or resumes one; returns its id.
+async fn session(c: &mut Conn, resume: u64, ttl: Duration) -> Response {
+    let mut req = c.request(RequestType::OpenSession, &[]);
+    req.session = resume;
+    req.session_ttl_micro = ttl.as_micros() as u64;
+    c.call(req).await
+}
+
+async fn open(c: &mut Conn) -> u64 {
+    let r = session(c, 0, Duration::ZERO).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    assert_eq!(r.session_ttl_micro, 10_000_000, "the default TTL");
+    r.session
+}
+
+fn lock_req(c: &mut Conn, key: &str, session: u64, lease: Duration, try_lock: bool) -> Request {
+    let mut req = c.lock_request(&[key], 0, lease.as_micros() as u64);
+    if let Some(l) = req.lock.as_mut() {
+        l.try_lock = try_lock;
+    }
+    in_session(req, session)
+}
+
+async fn must_lock(c: &mut Conn, key: &str, session: u64, lease: Duration) -> u64 {
+    let req = lock_req(c, key, session, lease, true);
+    let r = c.call(req).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "lock {key}: {r:?}");
+    r.fence
+}
+
+async fn inspect(c: &mut Conn, key: &str, session: u64) -> dlock::proto::KeyInfo {
+    let r = call(c, RequestType::Inspect, &[key], session).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    r.key_info.into_iter().next().expect("one key")
+}
+
+async fn await_waiters(c: &mut Conn, key: &str, n: u32) {
+    let deadline = Instant::now() + PATIENCE;
+    while inspect(c, key, 0).await.waiters != n {
+        assert!(Instant::now() < deadline, "{key} never had {n} waiters");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_serves_and_followers_name_it() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::new(3);
+    let l = cluster.leader(None).await;
+    let f = (l + 1) % 3;
+    let mut follower = cluster.conn(f).await;
+    // A follower learns who leads from the leader's first heartbeat.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let r = follower.try_lock(&["k"]).await;
+        assert_eq!(status(&r), ResponseStatus::NotLeader, "{r:?}");
+        if !r.leader_addr.is_empty() {
+            assert_eq!(r.leader_addr, cluster.nodes[l].client.to_string());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the follower never named the leader"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        status(&follower.ping().await),
+        ResponseStatus::Ok,
+        "any node answers a ping"
+    );
+
+    // Locks, leases and a queue through the leader, in sessions.
+    let (mut a, mut b) = (cluster.conn(l).await, cluster.conn(l).await);
+    let (sa, sb) = (open(&mut a).await, open(&mut b).await);
+    let f1 = must_lock(&mut a, "k", sa, Duration::ZERO).await;
+    let f2 = must_lock(&mut a, "leased", sa, Duration::from_secs(60)).await;
+    assert!(f2 > f1);
+    let wait = lock_req(&mut b, "k", sb, Duration::ZERO, false);
+    b.send(&wait).await;
+    await_waiters(&mut a, "k", 1).await;
+    let info = inspect(&mut a, "k", sa).await;
+    assert!(info.held_by_caller && info.fence == f1, "{info:?}");
+    let r = call(&mut a, RequestType::Unlock, &["k"], sa).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let granted = b.recv().await;
+    assert_eq!(
+        (granted.request_id, status(&granted)),
+        (wait.id, ResponseStatus::Ok)
+    );
+    assert!(granted.fence > f2, "fences increase");
+    let leased = inspect(&mut b, "leased", sb).await;
+    assert!(leased.lease_remaining_micro > 50_000_000, "{leased:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_loses_no_acknowledged_lock_and_no_place_in_line() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::new(3);
+    let l = cluster.leader(None).await;
+    let mut a = cluster.conn(l).await;
+    let sa = open(&mut a).await;
+    let bound = must_lock(&mut a, "bound", sa, Duration::ZERO).await;
+    let leased = must_lock(&mut a, "leased", sa, Duration::from_secs(60)).await;
+    // Two waiters in order, each in its own session.
+    let (mut b, mut c) = (cluster.conn(l).await, cluster.conn(l).await);
+    let (sb, sc) = (open(&mut b).await, open(&mut c).await);
+    let wait_b = lock_req(&mut b, "bound", sb, Duration::ZERO, false);
+    b.send(&wait_b).await;
+    await_waiters(&mut a, "bound", 1).await;
+    let wait_c = lock_req(&mut c, "bound", sc, Duration::ZERO, false);
+    c.send(&wait_c).await;
+    await_waiters(&mut a, "bound", 2).await;
+
+    let killed = Instant::now();
+    cluster.kill(l);
+    let l2 = cluster.leader(Some(l)).await;
+    println!(
+        "new leader serving {:?} after the SIGKILL",
+        killed.elapsed()
+    );
+
+    // Each client resumes its session on the new leader.
+    let mut a = cluster.conn(l2).await;
+    for (conn, s) in [(&mut a, sa)] {
+        let r = session(conn, s, Duration::ZERO).await;
+        assert_eq!((status(&r), r.session), (ResponseStatus::Ok, s), "{r:?}");
+    }
+    let info = inspect(&mut a, "bound", sa).await;
+    assert!(info.held_by_caller && info.fence == bound, "{info:?}");
+    assert_eq!(info.waiters, 2, "both waits kept their place");
+    let info = inspect(&mut a, "leased", sa).await;
+    assert!(info.held_by_caller && info.fence == leased, "{info:?}");
+
+    let (mut b, mut c) = (cluster.conn(l2).await, cluster.conn(l2).await);
+    assert_eq!(
+        status(&session(&mut b, sb, Duration::ZERO).await),
+        ResponseStatus::Ok
+    );
+    assert_eq!(
+        status(&session(&mut c, sc, Duration::ZERO).await),
+        ResponseStatus::Ok
+    );
+    // The answers to the waits were lost with the old connections: each
+    // client asks again; a session that holds a key is granted it again.
+    let again_c = lock_req(&mut c, "bound", sc, Duration::ZERO, false);
+    c.send(&again_c).await;
+    let again_b = lock_req(&mut b, "bound", sb, Duration::ZERO, false);
+    b.send(&again_b).await;
+    await_waiters(&mut a, "bound", 4).await;
+
+    let r = call(&mut a, RequestType::Unlock, &["bound"], sa).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let got_b = b.recv().await;
+    assert_eq!(
+        (got_b.request_id, status(&got_b)),
+        (again_b.id, ResponseStatus::Ok)
+    );
+    assert!(
+        got_b.fence > leased,
+        "fences keep increasing across the failover"
+    );
+    assert!(!c.has_response().await, "c still waits behind b");
+    let r = call(&mut b, RequestType::Unlock, &["bound"], sb).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let got_c = c.recv().await;
+    assert_eq!(
+        (got_c.request_id, status(&got_c)),
+        (again_c.id, ResponseStatus::Ok)
+    );
+    assert!(got_c.fence > got_b.fence);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_grants_nothing_once_replaced() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::new(3);
+    let l = cluster.leader(None).await;
+    let mut stale = cluster.conn(l).await;
+    let s = open(&mut stale).await;
+    cluster.signal(l, "STOP");
+    let l2 = cluster.leader(Some(l)).await;
+    let mut fresh = cluster.conn(l2).await;
+    let sf = open(&mut fresh).await;
+    let fence = must_lock(&mut fresh, "k", sf, Duration::ZERO).await;
+
+    // Awake, the old leader still believes it leads until it hears the
+    // new term: whatever it answers, it must not be a grant.
+    cluster.signal(l, "CONT");
+    let req = lock_req(&mut stale, "k", s, Duration::ZERO, true);
+    let r = stale.call(req).await;
+    assert_ne!(status(&r), ResponseStatus::Ok, "two holders: {r:?}");
+    let info = inspect(&mut fresh, "k", sf).await;
+    assert!(info.held_by_caller && info.fence == fence, "{info:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_cluster_restarts_with_its_leases_and_fences() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::new(3);
+    let l = cluster.leader(None).await;
+    let mut a = cluster.conn(l).await;
+    let s = open(&mut a).await;
+    let leased = must_lock(&mut a, "leased", s, Duration::from_secs(60)).await;
+    drop(a);
+    for i in 0..3 {
+        cluster.kill(i);
+    }
+    for i in 0..3 {
+        cluster.start(i);
+    }
+    let l = cluster.leader(None).await;
+    let mut b = cluster.conn(l).await;
+    let sb = open(&mut b).await;
+    let info = inspect(&mut b, "leased", sb).await;
+    assert_eq!(info.fence, leased, "{info:?}");
+    assert!(
+        info.lease_remaining_micro > 0 && info.lease_remaining_micro <= 60_000_000,
+        "{info:?}"
+    );
+    let r = b.try_lock(&["leased"]).await;
+    assert_eq!(status(&r), ResponseStatus::AcquireTimeout, "{r:?}");
+    assert!(must_lock(&mut b, "other", sb, Duration::ZERO).await > leased);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_outlives_a_broken_connection_for_its_ttl_only() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::new(3);
+    let l = cluster.leader(None).await;
+    let mut a = cluster.conn(l).await;
+    let r = session(&mut a, 0, Duration::from_secs(1)).await;
+    assert_eq!(r.session_ttl_micro, 1_000_000);
+    let s = r.session;
+    must_lock(&mut a, "k", s, Duration::ZERO).await;
+    // An RST, not a FIN: the path broke, the client did not leave.
+    socket2::SockRef::from(&a.stream)
+        .set_linger(Some(Duration::ZERO))
+        .expect("linger 0");
+    drop(a);
+    let mut b = cluster.conn(l).await;
+    let sb = open(&mut b).await;
+    let info = inspect(&mut b, "k", sb).await;
+    assert_ne!(info.fence, 0, "still held within the TTL");
+    let deadline = Instant::now() + PATIENCE;
+    while inspect(&mut b, "k", sb).await.fence != 0 {
+        assert!(Instant::now() < deadline, "the session never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = session(&mut b, s, Duration::ZERO).await;
+    assert_eq!(status(&r), ResponseStatus::UnknownSession, "{r:?}");
+
+    // A clean close ends a session at once.
+    let mut c = cluster.conn(l).await;
+    let sc = open(&mut c).await;
+    must_lock(&mut c, "clean", sc, Duration::ZERO).await;
+    drop(c);
+    let r = b.lock(&["clean"], 20_000_000, 0).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+}
