@@ -2,14 +2,15 @@
 
 mod checks;
 mod cli;
-mod conn;
 mod memory;
+mod rng;
 mod stats;
 mod workloads;
 
 use clap::Parser;
 use cli::{Cli, PipelineKind, Workload};
-use stats::{Control, ProcSample, Report};
+use dlock::proc_sample::ProcSample;
+use stats::{Control, Report};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Conn, TestServer, PATIENCE};
+use common::{TestClient, TestServer, PATIENCE};
 use dlock::proto::{Request, RequestLock, Response};
 use proptest::prelude::*;
 use tokio::io::AsyncWriteExt;
@@ -52,7 +52,7 @@ fn request() -> impl Strategy<Value = Request> {
 
 /// Reads responses until the server closes the connection; each must be a
 /// valid frame holding a valid Response.
-async fn drain(conn: &mut Conn) -> Vec<Response> {
+async fn drain(conn: &mut TestClient) -> Vec<Response> {
     let mut out = Vec::new();
     while let Some(r) = conn.try_recv().await {
         out.push(r);
@@ -69,16 +69,16 @@ proptest! {
     ) {
         runtime().block_on(async {
             let server = TestServer::start(&["--max-frame", "512"]).await;
-            let mut c = Conn::connect(server.addr).await;
+            let mut c = TestClient::connect(server.addr).await;
             for chunk in &chunks {
                 // The server may already have closed on an oversize length.
-                if c.stream.write_all(chunk).await.is_err() {
+                if c.raw.send_bytes(chunk).await.is_err() {
                     break;
                 }
             }
-            let _ = c.stream.shutdown().await;
+            let _ = c.stream().shutdown().await;
             drain(&mut c).await;
-            let mut control = Conn::connect(server.addr).await;
+            let mut control = TestClient::connect(server.addr).await;
             control.ping().await;
             control.await_empty_server().await;
         });
@@ -92,7 +92,7 @@ proptest! {
             let server = TestServer::start(&["--max-lease", "1s", "--max-key-len", "32"]).await;
             let mut conns = Vec::new();
             for batch in &batches {
-                let mut c = Conn::connect(server.addr).await;
+                let mut c = TestClient::connect(server.addr).await;
                 let mut ids = Vec::new();
                 let mut frames = bytes::BytesMut::new();
                 for req in batch {
@@ -116,7 +116,7 @@ proptest! {
                 }
             }
             drop(conns);
-            let mut control = Conn::connect(server.addr).await;
+            let mut control = TestClient::connect(server.addr).await;
             control.await_empty_server().await;
         });
     }
