@@ -19,8 +19,8 @@
 //! and [`Client::closed`] resolves: there is no silent reconnect, because the
 //! server released every lock bound to the connection.
 
-use crate::codec::{encode_frame, FrameCodec};
-use crate::error::{Error, Result};
+use crate::codec::{encode_frame, FrameCodec, FrameError};
+use crate::error::{Disconnect, Error, Result};
 use crate::guard::LockGuard;
 use crate::limits::Limits;
 use crate::proto::{
@@ -208,7 +208,7 @@ struct Inner {
     calls: mpsc::Sender<Call>,
     slots: Arc<Semaphore>,
     next_id: AtomicU64,
-    lost: watch::Receiver<Option<Arc<str>>>,
+    lost: watch::Receiver<Option<Disconnect>>,
     addr: String,
     /// What the server said in answer to Hello; `None` for an older server.
     limits: Option<Limits>,
@@ -403,14 +403,14 @@ impl Client {
     }
 
     /// Resolves when the connection has ended, with the reason.
-    pub async fn closed(&self) -> String {
+    pub async fn closed(&self) -> Disconnect {
         let mut lost = self.inner.lost.clone();
         loop {
             if let Some(reason) = lost.borrow_and_update().as_ref() {
-                return reason.to_string();
+                return reason.clone();
             }
             if lost.changed().await.is_err() {
-                return "client stopped".to_string();
+                return Disconnect::Dropped;
             }
         }
     }
@@ -646,14 +646,14 @@ impl Client {
 
     fn check_open(&self) -> Result<()> {
         match self.inner.lost.borrow().as_ref() {
-            Some(reason) => Err(Error::ConnectionLost(reason.to_string())),
+            Some(reason) => Err(Error::ConnectionLost(reason.clone())),
             None => Ok(()),
         }
     }
 
     fn lost_error(&self) -> Error {
-        let reason = self.inner.lost.borrow().as_ref().map(|r| r.to_string());
-        Error::ConnectionLost(reason.unwrap_or_else(|| "connection closed".into()))
+        let reason = self.inner.lost.borrow().clone();
+        Error::ConnectionLost(reason.unwrap_or(Disconnect::Closed))
     }
 }
 
@@ -692,7 +692,10 @@ async fn hello(stream: &mut TcpStream, token: &str) -> Result<Option<Limits>> {
     };
     let mut buf = BytesMut::new();
     encode_frame(&req, &mut buf);
-    stream.write_all(&buf).await?;
+    stream
+        .write_all(&buf)
+        .await
+        .map_err(|e| Disconnect::Write(Arc::new(e)))?;
     buf.clear();
     let mut codec = FrameCodec::new(crate::MAX_RESPONSE_FRAME);
     let body = loop {
@@ -701,10 +704,9 @@ async fn hello(stream: &mut TcpStream, token: &str) -> Result<Option<Limits>> {
         {
             break body;
         }
-        if stream.read_buf(&mut buf).await? == 0 {
-            return Err(Error::ConnectionLost(
-                "server closed the connection before answering".into(),
-            ));
+        let read = stream.read_buf(&mut buf).await;
+        if read.map_err(|e| Disconnect::Read(Arc::new(e)))? == 0 {
+            return Err(Disconnect::Closed.into());
         }
     };
     let resp: Response = prost::Message::decode(body)
@@ -733,10 +735,10 @@ fn configure(stream: &TcpStream, options: &ClientOptions) {
     let _ = sock.set_tcp_user_timeout(Some(options.keepalive + 3 * interval));
 }
 
-fn mark_lost(lost: &watch::Sender<Option<Arc<str>>>, reason: &str) {
+fn mark_lost(lost: &watch::Sender<Option<Disconnect>>, reason: Disconnect) {
     lost.send_if_modified(|r| {
         if r.is_none() {
-            *r = Some(Arc::from(reason));
+            *r = Some(reason);
             true
         } else {
             false
@@ -750,7 +752,7 @@ async fn write_loop(
     pending: PendingQueue,
     heartbeat: Duration,
     token: String,
-    lost: Arc<watch::Sender<Option<Arc<str>>>>,
+    lost: Arc<watch::Sender<Option<Disconnect>>>,
 ) {
     let mut lost_rx = lost.subscribe();
     let mut out = BytesMut::new();
@@ -794,7 +796,8 @@ async fn write_loop(
             let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
             let Some(queue) = guard.as_mut() else {
                 drop(guard);
-                fail_calls(batch, "connection closed");
+                let reason = lost.borrow().clone().unwrap_or(Disconnect::Closed);
+                fail_calls(batch, &reason);
                 break;
             };
             for mut call in batch {
@@ -816,7 +819,7 @@ async fn write_loop(
             }
         }
         if let Err(e) = wr.write_all(&out).await {
-            mark_lost(&lost, &format!("write failed: {e}"));
+            mark_lost(&lost, Disconnect::Write(Arc::new(e)));
             break;
         }
         out.clear();
@@ -827,18 +830,15 @@ async fn write_loop(
     while let Ok(c) = calls.try_recv() {
         rest.push(c);
     }
-    let reason = lost
-        .borrow()
-        .as_ref()
-        .map_or_else(|| "client dropped".to_string(), |r| r.to_string());
+    let reason = lost.borrow().clone().unwrap_or(Disconnect::Dropped);
     fail_calls(rest, &reason);
     let _ = wr.shutdown().await;
 }
 
-fn fail_calls(calls: Vec<Call>, reason: &str) {
+fn fail_calls(calls: Vec<Call>, reason: &Disconnect) {
     for c in calls {
         if let Some(reply) = c.reply {
-            let _ = reply.send(Err(Error::ConnectionLost(reason.to_string())));
+            let _ = reply.send(Err(Error::ConnectionLost(reason.clone())));
         }
     }
 }
@@ -847,7 +847,7 @@ async fn read_loop(
     rd: OwnedReadHalf,
     pending: PendingQueue,
     calls: mpsc::WeakSender<Call>,
-    lost: Arc<watch::Sender<Option<Arc<str>>>>,
+    lost: Arc<watch::Sender<Option<Disconnect>>>,
     acked: Arc<AckClock>,
 ) {
     let mut lost_rx = lost.subscribe();
@@ -860,12 +860,15 @@ async fn read_loop(
         };
         let body = match frame {
             Some(Ok(body)) => body,
-            Some(Err(e)) => break Some(format!("read failed: {e}")),
-            None => break Some("server closed the connection".to_string()),
+            Some(Err(FrameError::Io(e))) => break Some(Disconnect::Read(Arc::new(e))),
+            Some(Err(FrameError::TooLarge { len, max })) => {
+                break Some(Disconnect::FrameTooLarge { len, max })
+            }
+            None => break Some(Disconnect::Closed),
         };
         let resp: Response = match prost::Message::decode(body) {
             Ok(r) => r,
-            Err(e) => break Some(format!("undecodable response: {e}")),
+            Err(e) => break Some(Disconnect::Undecodable(e)),
         };
         let next = {
             let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
@@ -875,21 +878,20 @@ async fn read_loop(
             // An answer to nothing: the server turned the connection away
             // (request_id 0, e.g. too many connections) or broke ordering.
             break Some(if resp.error_text.is_empty() {
-                format!("unexpected response to request {}", resp.request_id)
+                Disconnect::UnexpectedAnswer {
+                    request_id: resp.request_id,
+                }
             } else {
-                format!("server: {}", resp.error_text)
+                Disconnect::TurnedAway(resp.error_text)
             });
         };
         acked.record(p.sent);
         deliver(p, resp, &calls);
     };
     if let Some(reason) = reason {
-        mark_lost(&lost, &reason);
+        mark_lost(&lost, reason);
     }
-    let reason = lost
-        .borrow()
-        .as_ref()
-        .map_or_else(|| "connection closed".to_string(), |r| r.to_string());
+    let reason = lost.borrow().clone().unwrap_or(Disconnect::Closed);
     let left = pending.lock().unwrap_or_else(|p| p.into_inner()).take();
     for p in left.into_iter().flatten() {
         if let Some(reply) = p.reply {

@@ -247,7 +247,6 @@ impl LockGuard {
                 Ok(()) => {}
                 Err(Error::NotHeld { .. }) => return Lost::NotHeld,
                 Err(Error::ConnectionLost(reason)) => return Lost::ConnectionLost(reason),
-                Err(Error::Io(e)) => return Lost::ConnectionLost(e.to_string()),
                 Err(e) => return Lost::RenewRefused(e.to_string()),
             }
         }
