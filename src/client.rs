@@ -141,7 +141,7 @@ impl LockOptions {
 /// async fn main() -> Result<(), dlock::Error> {
 /// // A real server on a free loopback port, for this example; in production
 /// // the address is your dlock-server's (default "127.0.0.1:7436").
-/// let server = dlock_server::testing::TestServer::start(&[]).await;
+/// let server = dlock_server::testing::TestServer::start(dlock_server::Config::default()).await;
 /// let addr = server.addr_string();
 ///
 /// let client = Client::connect(&addr).await?;

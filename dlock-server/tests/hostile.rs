@@ -6,7 +6,9 @@ mod common;
 
 use common::{TestClient, TestServer, PATIENCE};
 use dlock::proto::{Request, RequestLock, Response};
+use dlock_server::Config;
 use proptest::prelude::*;
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -68,7 +70,7 @@ proptest! {
         chunks in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..600), 1..8)
     ) {
         runtime().block_on(async {
-            let server = TestServer::start(&["--max-frame", "512"]).await;
+            let server = TestServer::start(Config {max_frame: 512, ..Config::default() }).await;
             let mut c = TestClient::connect(server.addr).await;
             for chunk in &chunks {
                 // The server may already have closed on an oversize length.
@@ -89,7 +91,7 @@ proptest! {
         batches in prop::collection::vec(prop::collection::vec(request(), 1..24), 1..4)
     ) {
         runtime().block_on(async {
-            let server = TestServer::start(&["--max-lease", "1s", "--max-key-len", "32"]).await;
+            let server = TestServer::start(Config {max_lease: Duration::from_secs(1), max_key_len: 32, ..Config::default() }).await;
             let mut conns = Vec::new();
             for batch in &batches {
                 let mut c = TestClient::connect(server.addr).await;

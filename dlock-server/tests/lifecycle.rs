@@ -10,12 +10,13 @@ mod common;
 
 use common::{status, TestClient, TestServer};
 use dlock::proto::{RequestType, ResponseStatus};
+use dlock_server::Config;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
 #[tokio::test]
 async fn fin_releases_locks_and_hands_them_on() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["f"]).await;
     let mut w = TestClient::connect(server.addr).await;
@@ -28,7 +29,7 @@ async fn fin_releases_locks_and_hands_them_on() {
 
 #[tokio::test]
 async fn rst_releases_locks_and_hands_them_on() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["r"]).await;
     let mut w = TestClient::connect(server.addr).await;
@@ -45,7 +46,7 @@ async fn rst_releases_locks_and_hands_them_on() {
 
 #[tokio::test]
 async fn waiter_that_disconnects_is_removed_and_never_granted() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["g"]).await;
     let mut gone = TestClient::connect(server.addr).await;
@@ -66,7 +67,7 @@ async fn waiter_that_disconnects_is_removed_and_never_granted() {
 
 #[tokio::test]
 async fn lease_expires_while_holder_is_connected() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut a = TestClient::connect(server.addr).await;
     let mut w = TestClient::connect(server.addr).await;
     // The stopwatch starts before the grant, so the lease ends no earlier
@@ -90,7 +91,7 @@ async fn lease_expires_while_holder_is_connected() {
 
 #[tokio::test]
 async fn lease_survives_disconnect_until_it_expires() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut a = TestClient::connect(server.addr).await;
     let mut w = TestClient::connect(server.addr).await;
     let start = std::time::Instant::now();
@@ -112,7 +113,7 @@ async fn lease_survives_disconnect_until_it_expires() {
 
 #[tokio::test]
 async fn lease_lock_is_renewed_and_unlocked_by_fence_from_another_connection() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut a = TestClient::connect(server.addr).await;
     let fence = a.lock(&["job"], 0, 10_000_000).await.fence;
     drop(a);
@@ -145,7 +146,7 @@ async fn lease_lock_is_renewed_and_unlocked_by_fence_from_another_connection() {
 
 #[tokio::test]
 async fn renew_turns_a_connection_lock_into_a_lease() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["n"]).await;
     let mut renew = a.request(RequestType::Renew, &["n"]);
@@ -160,12 +161,12 @@ async fn renew_turns_a_connection_lock_into_a_lease() {
     );
 }
 
-/// Restarts a server three times with `args`; every token must be above
+/// Restarts a server three times with `config`; every token must be above
 /// every earlier one.
-async fn assert_fences_increase_across_restarts(args: &[&str]) -> u64 {
+async fn assert_fences_increase_across_restarts(config: Config) -> u64 {
     let mut last = 0;
     for _ in 0..3 {
-        let server = TestServer::start(args).await;
+        let server = TestServer::start(config.clone()).await;
         let mut c = TestClient::connect(server.addr).await;
         for key in ["a", "b", "a"] {
             let f = c.lock(&[key], 0, 0).await.fence;
@@ -179,16 +180,18 @@ async fn assert_fences_increase_across_restarts(args: &[&str]) -> u64 {
 
 #[tokio::test]
 async fn fencing_tokens_increase_across_restarts_from_the_clock() {
-    assert_fences_increase_across_restarts(&[]).await;
+    assert_fences_increase_across_restarts(Config::default()).await;
 }
 
 #[tokio::test]
 async fn fencing_tokens_increase_across_restarts_with_a_fence_file() {
     let dir = tempfile::tempdir().unwrap();
     let fence_file = dir.path().join("fence");
-    let last =
-        assert_fences_increase_across_restarts(&["--fence-file", fence_file.to_str().unwrap()])
-            .await;
+    let last = assert_fences_increase_across_restarts(Config {
+        fence_file: Some(fence_file.clone()),
+        ..Config::default()
+    })
+    .await;
     let stored: u64 = std::fs::read_to_string(&fence_file)
         .unwrap()
         .trim()
@@ -202,7 +205,11 @@ async fn fencing_tokens_increase_across_restarts_with_a_fence_file() {
 
 #[tokio::test]
 async fn idle_connection_is_closed_and_its_locks_released() {
-    let server = TestServer::start(&["--idle-timeout", "300ms"]).await;
+    let server = TestServer::start(Config {
+        idle_timeout: Duration::from_millis(300),
+        ..Config::default()
+    })
+    .await;
     let mut idle = TestClient::connect(server.addr).await;
     // Measured from before the last request the idle client sends.
     let start = std::time::Instant::now();
@@ -219,7 +226,11 @@ async fn idle_connection_is_closed_and_its_locks_released() {
 async fn pings_keep_a_waiting_connection_alive() {
     // Pings every 100 ms against a 2 s idle timeout: a stall would have to
     // last most of two seconds to drop the client.
-    let server = TestServer::start(&["--idle-timeout", "2s"]).await;
+    let server = TestServer::start(Config {
+        idle_timeout: Duration::from_secs(2),
+        ..Config::default()
+    })
+    .await;
     let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["hb"]).await;
     let mut w = TestClient::connect(server.addr).await;
@@ -252,7 +263,11 @@ async fn pings_keep_a_waiting_connection_alive() {
 
 #[tokio::test]
 async fn connection_limit_turns_extra_clients_away_with_a_status() {
-    let server = TestServer::start(&["--max-connections", "2"]).await;
+    let server = TestServer::start(Config {
+        max_connections: 2,
+        ..Config::default()
+    })
+    .await;
     let mut a = TestClient::connect(server.addr).await;
     let mut b = TestClient::connect(server.addr).await;
     a.must_lock(&["c"]).await;
@@ -284,7 +299,12 @@ async fn connection_limit_turns_extra_clients_away_with_a_status() {
 
 #[tokio::test]
 async fn waiter_and_held_key_limits_give_limit_reached() {
-    let server = TestServer::start(&["--max-waiters", "1", "--max-held-keys", "3"]).await;
+    let server = TestServer::start(Config {
+        max_waiters: 1,
+        max_held_keys: 3,
+        ..Config::default()
+    })
+    .await;
     let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["1", "2"]).await;
     let r = a.try_lock(&["3", "4"]).await;
@@ -302,7 +322,11 @@ async fn waiter_and_held_key_limits_give_limit_reached() {
 
 #[tokio::test]
 async fn client_that_stops_reading_is_dropped_after_write_timeout() {
-    let server = TestServer::start(&["--write-timeout", "200ms"]).await;
+    let server = TestServer::start(Config {
+        write_timeout: Duration::from_millis(200),
+        ..Config::default()
+    })
+    .await;
     let mut h = TestClient::connect(server.addr).await;
     let mut flood = TestClient::connect(server.addr).await;
     flood.must_lock(&["w"]).await;
@@ -334,7 +358,7 @@ async fn client_that_stops_reading_is_dropped_after_write_timeout() {
 
 #[tokio::test]
 async fn shutdown_answers_waiters_and_stops() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["down"]).await;
     let mut w = TestClient::connect(server.addr).await;
@@ -360,7 +384,11 @@ async fn shutdown_answers_waiters_and_stops() {
 
 #[tokio::test]
 async fn oversize_frame_behind_a_waiting_lock_answers_everything_then_closes() {
-    let server = TestServer::start(&["--max-frame", "1024"]).await;
+    let server = TestServer::start(Config {
+        max_frame: 1024,
+        ..Config::default()
+    })
+    .await;
     let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["o"]).await;
     let mut w = TestClient::connect(server.addr).await;
@@ -392,7 +420,7 @@ async fn oversize_frame_behind_a_waiting_lock_answers_everything_then_closes() {
 
 #[tokio::test]
 async fn holder_taking_one_more_key_is_not_deadlocked_by_a_waiter() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["x"]).await;
     let mut b = TestClient::connect(server.addr).await;

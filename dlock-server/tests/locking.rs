@@ -5,11 +5,12 @@ mod common;
 
 use common::{status, timed, TestClient, TestServer};
 use dlock::proto::{RequestType, ResponseStatus};
+use dlock_server::Config;
 use std::time::Duration;
 
 #[tokio::test]
 async fn multi_key_lock_is_all_or_nothing() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["k2"]).await;
     let mut b = TestClient::connect(server.addr).await;
@@ -23,7 +24,7 @@ async fn multi_key_lock_is_all_or_nothing() {
 
 #[tokio::test]
 async fn duplicate_keys_are_folded_and_relock_is_granted() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut a = TestClient::connect(server.addr).await;
     let f1 = a.must_lock(&["d", "d", "d"]).await;
     // dlock compatibility: the holder locking again succeeds at once.
@@ -35,7 +36,7 @@ async fn duplicate_keys_are_folded_and_relock_is_granted() {
 
 #[tokio::test]
 async fn waiters_are_granted_in_fifo_order() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut holder = TestClient::connect(server.addr).await;
     holder.must_lock(&["q"]).await;
     let mut waiters = Vec::new();
@@ -63,7 +64,7 @@ async fn waiters_are_granted_in_fifo_order() {
 
 #[tokio::test]
 async fn single_key_requests_do_not_overtake_a_multi_key_waiter() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["a"]).await;
     let mut multi = TestClient::connect(server.addr).await;
@@ -89,7 +90,7 @@ async fn single_key_requests_do_not_overtake_a_multi_key_waiter() {
 
 #[tokio::test]
 async fn overlapping_key_sets_do_not_deadlock() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["x", "y", "z"]).await;
     let sets: [&[&str]; 4] = [&["x", "y"], &["y", "x"], &["z", "x"], &["y", "z"]];
@@ -124,7 +125,7 @@ async fn overlapping_key_sets_do_not_deadlock() {
 
 #[tokio::test]
 async fn wait_limit_reports_busy_keys() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["busy"]).await;
     let mut w = TestClient::connect(server.addr).await;
@@ -143,7 +144,7 @@ async fn wait_limit_reports_busy_keys() {
 
 #[tokio::test]
 async fn wait_zero_waits_without_limit_and_try_lock_not_at_all() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["k"]).await;
     let mut t = TestClient::connect(server.addr).await;
@@ -161,7 +162,7 @@ async fn wait_zero_waits_without_limit_and_try_lock_not_at_all() {
 
 #[tokio::test]
 async fn requests_behind_a_waiting_lock_run_after_it_in_order() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["p"]).await;
     let mut w = TestClient::connect(server.addr).await;
@@ -187,7 +188,11 @@ async fn requests_behind_a_waiting_lock_run_after_it_in_order() {
 
 #[tokio::test]
 async fn pipeline_limit_pauses_reading_without_losing_requests() {
-    let server = TestServer::start(&["--max-pipeline", "4"]).await;
+    let server = TestServer::start(Config {
+        max_pipeline: 4,
+        ..Config::default()
+    })
+    .await;
     let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["pl"]).await;
     let mut w = TestClient::connect(server.addr).await;
@@ -208,7 +213,12 @@ async fn pipeline_limit_pauses_reading_without_losing_requests() {
 
 #[tokio::test]
 async fn large_requests_parked_behind_a_lock_are_all_answered() {
-    let server = TestServer::start(&["--max-frame", "1024", "--max-key-len", "1000"]).await;
+    let server = TestServer::start(Config {
+        max_frame: 1024,
+        max_key_len: 1000,
+        ..Config::default()
+    })
+    .await;
     let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["big"]).await;
     let mut w = TestClient::connect(server.addr).await;

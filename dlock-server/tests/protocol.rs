@@ -6,7 +6,8 @@ use bytes::BytesMut;
 use common::{request, status, TestClient, TestServer};
 use dlock::codec::encode_frame;
 use dlock::proto::{Request, RequestLock, RequestType, ResponseStatus};
-use std::time::{SystemTime, UNIX_EPOCH};
+use dlock_server::Config;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 fn frame(req: &Request) -> Vec<u8> {
     let mut b = BytesMut::new();
@@ -16,7 +17,7 @@ fn frame(req: &Request) -> Vec<u8> {
 
 #[tokio::test]
 async fn ping_echoes_id_version_and_time() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut c = TestClient::connect(server.addr).await;
     let mut req = request(42, RequestType::Ping, &[]);
     req.version = 0; // proto3 clients that omit the version are accepted
@@ -35,18 +36,14 @@ async fn ping_echoes_id_version_and_time() {
 
 #[tokio::test]
 async fn hello_states_the_limits_a_client_must_respect() {
-    let server = TestServer::start(&[
-        "--idle-timeout",
-        "7s",
-        "--max-lease",
-        "1h",
-        "--max-keys",
-        "9",
-        "--max-key-len",
-        "33",
-        "--max-pipeline",
-        "17",
-    ])
+    let server = TestServer::start(Config {
+        idle_timeout: Duration::from_secs(7),
+        max_lease: Duration::from_secs(3600),
+        max_keys: 9,
+        max_key_len: 33,
+        max_pipeline: 17,
+        ..Config::default()
+    })
     .await;
     let mut c = TestClient::connect(server.addr).await;
     let r = c.call(request(5, RequestType::Hello, &[])).await;
@@ -62,7 +59,7 @@ async fn hello_states_the_limits_a_client_must_respect() {
 
 #[tokio::test]
 async fn frame_split_into_single_bytes() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut c = TestClient::connect(server.addr).await;
     for b in frame(&request(1, RequestType::Ping, &[])) {
         c.send_raw(&[b]).await;
@@ -73,7 +70,7 @@ async fn frame_split_into_single_bytes() {
 
 #[tokio::test]
 async fn many_frames_in_one_write_answered_in_order() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut c = TestClient::connect(server.addr).await;
     // Far more than the original server's 4 KB read buffer in one burst.
     let mut burst = Vec::new();
@@ -95,7 +92,11 @@ async fn many_frames_in_one_write_answered_in_order() {
 
 #[tokio::test]
 async fn oversize_length_gets_status_then_close() {
-    let server = TestServer::start(&["--max-frame", "1024"]).await;
+    let server = TestServer::start(Config {
+        max_frame: 1024,
+        ..Config::default()
+    })
+    .await;
     let mut c = TestClient::connect(server.addr).await;
     let mut bytes = frame(&request(1, RequestType::Ping, &[]));
     bytes.extend_from_slice(&1025u32.to_be_bytes());
@@ -118,7 +119,7 @@ async fn oversize_length_gets_status_then_close() {
 
 #[tokio::test]
 async fn garbage_body_gets_general_and_connection_survives() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut c = TestClient::connect(server.addr).await;
     let garbage = [0xffu8, 0xff, 0xff, 0xff, 0x0f, 0x07];
     let mut bytes = (garbage.len() as u32).to_be_bytes().to_vec();
@@ -132,7 +133,7 @@ async fn garbage_body_gets_general_and_connection_survives() {
 
 #[tokio::test]
 async fn unknown_and_unset_types_are_invalid() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut c = TestClient::connect(server.addr).await;
     let mut req = request(1, RequestType::Ping, &[]);
     req.r#type = 99;
@@ -143,7 +144,7 @@ async fn unknown_and_unset_types_are_invalid() {
 
 #[tokio::test]
 async fn wrong_version_has_no_effect() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut c = TestClient::connect(server.addr).await;
     let mut req = request(1, RequestType::Lock, &["v"]);
     req.version = 3;
@@ -156,7 +157,12 @@ async fn wrong_version_has_no_effect() {
 
 #[tokio::test]
 async fn key_validation_statuses() {
-    let server = TestServer::start(&["--max-keys", "3", "--max-key-len", "8"]).await;
+    let server = TestServer::start(Config {
+        max_keys: 3,
+        max_key_len: 8,
+        ..Config::default()
+    })
+    .await;
     let mut c = TestClient::connect(server.addr).await;
     let cases: [(&[&str], ResponseStatus); 4] = [
         (&[], ResponseStatus::NoKeys),
@@ -192,7 +198,11 @@ async fn key_validation_statuses() {
 
 #[tokio::test]
 async fn contradictory_or_out_of_range_options_are_invalid_arguments() {
-    let server = TestServer::start(&["--max-lease", "1h"]).await;
+    let server = TestServer::start(Config {
+        max_lease: Duration::from_secs(3600),
+        ..Config::default()
+    })
+    .await;
     let mut c = TestClient::connect(server.addr).await;
     let mut try_and_wait = c.lock_request(&["k"], 1_000, 0);
     try_and_wait.lock.as_mut().unwrap().try_lock = true;
@@ -214,7 +224,7 @@ async fn contradictory_or_out_of_range_options_are_invalid_arguments() {
 
 #[tokio::test]
 async fn huge_wait_means_no_limit_not_a_crash() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut holder = TestClient::connect(server.addr).await;
     holder.must_lock(&["k"]).await;
     let mut w = TestClient::connect(server.addr).await;
@@ -230,7 +240,11 @@ async fn access_tokens_required_when_configured() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens");
     std::fs::write(&path, "s3cret\nother\n").unwrap();
-    let server = TestServer::start(&["--token-file", path.to_str().unwrap()]).await;
+    let server = TestServer::start(Config {
+        token_file: Some(path.to_path_buf()),
+        ..Config::default()
+    })
+    .await;
     let mut c = TestClient::connect(server.addr).await;
     let r = c.ping().await;
     assert_eq!(status(&r), ResponseStatus::AccessDenied);
@@ -250,7 +264,7 @@ async fn access_tokens_required_when_configured() {
 
 #[tokio::test]
 async fn inspect_reports_holder_lease_and_waiters() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut a = TestClient::connect(server.addr).await;
     let r = a.lock(&["i"], 0, 60_000_000).await;
     let mut b = TestClient::connect(server.addr).await;
@@ -276,7 +290,7 @@ async fn inspect_reports_holder_lease_and_waiters() {
 
 #[tokio::test]
 async fn unlock_and_renew_report_keys_not_held() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["mine"]).await;
     let mut b = TestClient::connect(server.addr).await;
@@ -298,7 +312,7 @@ async fn unlock_and_renew_report_keys_not_held() {
 
 #[tokio::test]
 async fn inspect_without_keys_reports_server_stats() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut a = TestClient::connect(server.addr).await;
     let s = a.stats().await;
     assert_eq!((s.connections, s.held_keys, s.waiting_requests), (1, 0, 0));
