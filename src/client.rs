@@ -746,6 +746,11 @@ fn mark_lost(lost: &watch::Sender<Option<Disconnect>>, reason: Disconnect) {
     });
 }
 
+/// Most calls encoded into one write.
+const MAX_BATCH: usize = 64;
+
+/// The writer task: waits for a call (or a heartbeat's turn), writes it with
+/// every call queued behind it, and on the way out fails what is left.
 async fn write_loop(
     mut wr: OwnedWriteHalf,
     mut calls: mpsc::Receiver<Call>,
@@ -761,62 +766,24 @@ async fn write_loop(
     let mut tick = tokio::time::interval(heartbeat.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let mut batch = Vec::new();
-        tokio::select! {
+        let first = tokio::select! {
             _ = lost_rx.changed() => break,
             call = calls.recv() => match call {
-                Some(c) => batch.push(c),
+                Some(c) => c,
                 None => break,
             },
             _ = tick.tick() => {
                 if last_write.elapsed() < heartbeat {
                     continue;
                 }
-                // Heartbeat ids count down from the top so they never meet
-                // the ids of real calls, which count up from 1.
-                ping_id -= 1;
-                let req = Request {
-                    version: crate::PROTOCOL_VERSION,
-                    id: ping_id,
-                    r#type: RequestType::Ping as i32,
-                    ..Request::default()
-                };
-                batch.push(Call { req, reply: None, slot: None });
+                heartbeat_call(&mut ping_id)
             }
-        }
-        while batch.len() < 64 {
-            match calls.try_recv() {
-                Ok(c) => batch.push(c),
-                Err(_) => break,
-            }
-        }
-        // Stamped before the write, so never later than the server's receipt.
-        let sent = Instant::now();
-        {
-            let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(queue) = guard.as_mut() else {
-                drop(guard);
-                let reason = lost.borrow().clone().unwrap_or(Disconnect::Closed);
-                fail_calls(batch, &reason);
-                break;
-            };
-            for mut call in batch {
-                // Every request, the writer's own heartbeats and releases
-                // included, carries the token.
-                call.req.access_token.clone_from(&token);
-                encode_frame(&call.req, &mut out);
-                // The request is not needed once encoded: keep a Lock's keys
-                // without copying them.
-                let lock_keys = (call.req.r#type == RequestType::Lock as i32)
-                    .then(|| call.req.lock.take().map(|l| l.keys).unwrap_or_default());
-                queue.push_back(Pending {
-                    id: call.req.id,
-                    sent,
-                    reply: call.reply,
-                    lock_keys,
-                    _slot: call.slot,
-                });
-            }
+        };
+        let batch = with_queued_calls(first, &mut calls);
+        if let Err(batch) = encode_batch(batch, &pending, &token, &mut out) {
+            let reason = lost.borrow().clone().unwrap_or(Disconnect::Closed);
+            fail_calls(batch, &reason);
+            break;
         }
         if let Err(e) = wr.write_all(&out).await {
             mark_lost(&lost, Disconnect::Write(Arc::new(e)));
@@ -825,6 +792,78 @@ async fn write_loop(
         out.clear();
         last_write = Instant::now();
     }
+    fail_unsent_calls(calls, &lost);
+    let _ = wr.shutdown().await;
+}
+
+/// A Ping of the writer's own. Heartbeat ids count down from the top so
+/// they never meet the ids of real calls, which count up from 1.
+fn heartbeat_call(ping_id: &mut u64) -> Call {
+    *ping_id -= 1;
+    let req = Request {
+        version: crate::PROTOCOL_VERSION,
+        id: *ping_id,
+        r#type: RequestType::Ping as i32,
+        ..Request::default()
+    };
+    Call {
+        req,
+        reply: None,
+        slot: None,
+    }
+}
+
+/// `first` and the calls already waiting behind it, up to [`MAX_BATCH`]:
+/// one write for many calls under load, no waiting for more when idle.
+fn with_queued_calls(first: Call, calls: &mut mpsc::Receiver<Call>) -> Vec<Call> {
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match calls.try_recv() {
+            Ok(c) => batch.push(c),
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+/// Encodes `batch` into `out` and queues each call for its answer, in
+/// order. Gives the batch back if the reader has stopped: nobody would
+/// answer it.
+fn encode_batch(
+    batch: Vec<Call>,
+    pending: &PendingQueue,
+    token: &str,
+    out: &mut BytesMut,
+) -> std::result::Result<(), Vec<Call>> {
+    // Stamped before the write, so never later than the server's receipt.
+    let sent = Instant::now();
+    let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(queue) = guard.as_mut() else {
+        return Err(batch);
+    };
+    for mut call in batch {
+        // Every request, the writer's own heartbeats and releases
+        // included, carries the token.
+        call.req.access_token = token.to_owned();
+        encode_frame(&call.req, out);
+        // The request is not needed once encoded: keep a Lock's keys
+        // without copying them.
+        let lock_keys = (call.req.r#type == RequestType::Lock as i32)
+            .then(|| call.req.lock.take().map(|l| l.keys).unwrap_or_default());
+        queue.push_back(Pending {
+            id: call.req.id,
+            sent,
+            reply: call.reply,
+            lock_keys,
+            _slot: call.slot,
+        });
+    }
+    Ok(())
+}
+
+/// Closes the call queue and fails every call still in it with the reason
+/// the connection ended.
+fn fail_unsent_calls(mut calls: mpsc::Receiver<Call>, lost: &watch::Sender<Option<Disconnect>>) {
     calls.close();
     let mut rest = Vec::new();
     while let Ok(c) = calls.try_recv() {
@@ -832,7 +871,6 @@ async fn write_loop(
     }
     let reason = lost.borrow().clone().unwrap_or(Disconnect::Dropped);
     fail_calls(rest, &reason);
-    let _ = wr.shutdown().await;
 }
 
 fn fail_calls(calls: Vec<Call>, reason: &Disconnect) {
