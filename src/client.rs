@@ -85,7 +85,7 @@ impl Default for ClientOptions {
 
 /// How long a Lock may wait for busy keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Wait {
+pub enum LockWait {
     /// Wait as long as it takes (the default).
     #[default]
     Forever,
@@ -99,7 +99,7 @@ pub enum Wait {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LockOptions {
     /// How long to wait for busy keys.
-    pub wait: Wait,
+    pub wait: LockWait,
     /// Take the keys as a lease of this length: it outlives the connection
     /// and expires unless renewed. `None`: held until unlocked or until the
     /// connection ends.
@@ -114,13 +114,13 @@ impl LockOptions {
 
     /// Wait at most `limit`.
     pub fn wait(mut self, limit: Duration) -> Self {
-        self.wait = Wait::AtMost(limit);
+        self.wait = LockWait::AtMost(limit);
         self
     }
 
     /// Fail at once if busy.
     pub fn no_wait(mut self) -> Self {
-        self.wait = Wait::No;
+        self.wait = LockWait::No;
         self
     }
 
@@ -439,7 +439,7 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::Timeout`] with the busy keys when the wait limit passes, or
-    /// [`Error::Busy`] at once with [`Wait::No`]; [`Error::Server`] for
+    /// [`Error::Busy`] at once with [`LockWait::No`]; [`Error::Server`] for
     /// invalid keys or a server limit; connection errors.
     pub async fn lock<I, K>(&self, keys: I, options: LockOptions) -> Result<LockGuard>
     where
@@ -455,10 +455,10 @@ impl Client {
             ..RequestLock::default()
         };
         match options.wait {
-            Wait::Forever => {}
+            LockWait::Forever => {}
             // A positive limit below a microsecond still means "wait a little".
-            Wait::AtMost(d) => body.wait_micro = micros(d).max(1),
-            Wait::No => body.try_lock = true,
+            LockWait::AtMost(d) => body.wait_micro = micros(d).max(1),
+            LockWait::No => body.try_lock = true,
         }
         // A Client whose connection is gone stays gone, for locks too:
         // there is no silent reconnect.
@@ -471,7 +471,7 @@ impl Client {
                 // Busy, refused or timed out: the connection holds nothing.
                 conn.recycle();
                 return Err(match e {
-                    Error::Timeout { busy } if options.wait == Wait::No => Error::Busy { busy },
+                    Error::Timeout { busy } if options.wait == LockWait::No => Error::Busy { busy },
                     e => e,
                 });
             }

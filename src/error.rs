@@ -32,7 +32,7 @@ pub enum Error {
         /// The keys that were not available.
         busy: Vec<String>,
     },
-    /// A Lock that was not to wait ([`crate::Wait::No`]) found keys busy.
+    /// A Lock that was not to wait ([`crate::LockWait::No`]) found keys busy.
     #[error("lock not acquired: busy keys {busy:?}")]
     Busy {
         /// The keys that were not available.

@@ -35,7 +35,7 @@ pub mod raw;
 pub mod safety;
 pub mod token_file;
 
-pub use client::{Client, ClientOptions, LockOptions, Wait};
+pub use client::{Client, ClientOptions, LockOptions, LockWait};
 pub use error::{Disconnect, Error, Result};
 pub use guard::LockGuard;
 pub use limits::{LimitError, Limits};

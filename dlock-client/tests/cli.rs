@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{code, finish, stderr, stdout, PATIENCE};
+use common::{code, stderr, stdout, wait_output, PATIENCE};
 use dlock::{Client, LockOptions};
 use dlock_server::testing::TestServer;
 use dlock_server::Config;
@@ -139,7 +139,7 @@ async fn concurrent_runs_on_one_key_never_overlap() {
         })
         .collect();
     for r in runs {
-        assert_eq!(code(&finish(r).await), 0);
+        assert_eq!(code(&wait_output(r).await), 0);
     }
     let text = std::fs::read_to_string(&log).unwrap();
     let events: Vec<(String, u128)> = text
@@ -283,7 +283,7 @@ async fn lost_lock_stops_the_command() {
     await_line(&mut child, "ready").await;
     let start = Instant::now();
     server.stop().await.unwrap();
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 75);
     assert!(stderr(&o).contains("lost"), "{}", stderr(&o));
     assert!(start.elapsed() < Duration::from_secs(25));
@@ -298,7 +298,7 @@ async fn signals_are_forwarded_to_the_command() {
         .unwrap();
     await_line(&mut child, "ready").await;
     signal(&child, libc::SIGTERM);
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 3);
     assert!(stdout(&o).contains("got-term"));
 }
@@ -318,7 +318,7 @@ async fn interrupt_while_waiting_does_not_run_the_command() {
     .unwrap();
     await_waiters(&holder, "wait", 1).await;
     signal(&child, libc::SIGINT);
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 130);
     assert!(!marker.exists());
     await_waiters(&holder, "wait", 0).await;
@@ -370,7 +370,7 @@ async fn verbose_says_what_it_waits_for_and_who_holds_it() {
         .unwrap();
     await_waiters(&holder, "v", 1).await;
     g.unlock().await.unwrap();
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 0);
     let err = stderr(&o);
     assert!(
@@ -437,7 +437,7 @@ async fn lease_mode_renews_and_is_released_at_the_end() {
     .spawn()
     .unwrap();
     await_line(&mut child, "ready").await;
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(stdout(&o).contains("done"));
     let info = probe.inspect(["lease"]).await.unwrap().remove(0);
@@ -522,7 +522,7 @@ async fn lease_mode_survives_a_dropped_connection() {
     // Still the same grant: the lease was kept, not lost and taken again.
     assert_eq!(probe.inspect(["net"]).await.unwrap()[0].fence, fence);
     drop(child.stdin.take());
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 0, "{seen}");
     assert!(stdout(&o).contains("done"));
     assert_eq!(

@@ -41,7 +41,7 @@ async fn frozen_path_stops_command_first(server: &TestServer, args: &[&str]) {
         is_dead(pid),
         "COMMAND still ran when the key was granted to another client"
     );
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 75, "{}", stderr(&o));
     assert!(stderr(&o).contains("lost"), "{}", stderr(&o));
     second.unlock().await.unwrap();
@@ -86,7 +86,7 @@ async fn a_paused_dlock_cannot_leave_its_command_running() {
         .expect("granted");
     let dead = is_dead(pid);
     signal_pid(pid_of(&child), libc::SIGCONT);
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert!(
         dead,
         "COMMAND still ran while dlock was paused: {}",
@@ -103,7 +103,7 @@ async fn kill_9_of_dlock_kills_the_command_and_its_group() {
     let (child, pids) = with_background_child(&server.addr_string(), "sigk", Stdio::null()).await;
     signal_pid(pid_of(&child), libc::SIGKILL);
     await_all_dead(&pids).await;
-    let _ = finish(child).await;
+    let _ = wait_output(child).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,7 +127,7 @@ async fn the_release_after_the_command_is_bounded_when_the_server_stops_answerin
     lines(&mut child, 1).await;
     proxy.freeze();
     drop(child.stdin.take());
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 4, "the command's code: {}", stderr(&o));
     let err = stderr(&o);
     assert!(
@@ -208,6 +208,6 @@ async fn on_lost_ignore_still_exits_75() {
     .await
     .expect("dlock reports the loss");
     drop(child.stdin.take());
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 75);
 }

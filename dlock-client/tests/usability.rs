@@ -97,7 +97,7 @@ async fn interrupted_while_waiting_says_so_without_verbose() {
         tokio::task::yield_now().await;
     }
     signal_pid(pid_of(&child), libc::SIGTERM);
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 143);
     assert_eq!(
         stderr(&o),
@@ -134,7 +134,7 @@ async fn without_a_terminal_sigtstp_stops_the_command_not_dlock() {
     signal_pid(dlock, libc::SIGCONT);
     await_state(pid, "running again", |s| s == Some('S') || s == Some('R')).await;
     signal_pid(dlock, libc::SIGTERM);
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 143, "{}", stderr(&o));
 }
 
@@ -166,6 +166,6 @@ async fn on_a_terminal_sigterm_reaches_everything_the_command_started() {
     let (child, pids) = with_background_child(&server.addr_string(), "tty", slave.into()).await;
     signal_pid(pid_of(&child), libc::SIGTERM);
     await_all_dead(&pids).await;
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 128 + libc::SIGTERM, "{}", stderr(&o));
 }

@@ -334,7 +334,7 @@ impl LockTable {
                 not_held.push(k);
             }
         }
-        self.pump(work, now, woken);
+        self.grant_waiters(work, now, woken);
         not_held
     }
 
@@ -391,7 +391,7 @@ impl LockTable {
             self.release(&k);
             work.push(k);
         }
-        self.pump(work, now, &mut out.woken);
+        self.grant_waiters(work, now, &mut out.woken);
         self.compact_heaps();
     }
 
@@ -400,7 +400,7 @@ impl LockTable {
     fn close(&mut self) -> Vec<ReqId> {
         self.closed = true;
         let waiters = std::mem::take(&mut self.waiters);
-        // Nobody is left to pump keys to.
+        // Nobody is left to grant keys to.
         let mut fronts_changed = Vec::new();
         for (&req, w) in &waiters {
             self.dequeue(req, &w.keys, &mut fronts_changed);
@@ -430,7 +430,7 @@ impl LockTable {
                 out.expired_leases += 1;
             }
         }
-        self.pump(work, now, &mut out.woken);
+        self.grant_waiters(work, now, &mut out.woken);
         while let Some((_, req)) = self.deadlines.pop_timeout_due(now) {
             let Some(w) = self.waiters.remove(&req) else {
                 continue;
@@ -452,7 +452,7 @@ impl LockTable {
                 keys: w.keys,
                 wake: WaitOutcome::TimedOut(busy),
             });
-            self.pump(work, now, &mut out.woken);
+            self.grant_waiters(work, now, &mut out.woken);
             self.forget_owner_if_idle(w.owner);
         }
         self.compact_heaps();
