@@ -1,7 +1,9 @@
 //! A server for tests: bound to `127.0.0.1:0`, running in the caller's
 //! runtime, stopped on request. Used by this workspace's integration tests
-//! and available to anyone testing code against dlock. [`proxy`] puts a
-//! forwarder the test can freeze between a client and the server.
+//! and available to anyone testing code against dlock, with the feature
+//! `testing` (a dev-dependency's feature, so the shipped server has none of
+//! it). [`proxy`] puts a forwarder the test can freeze between a client and
+//! the server.
 
 pub mod proxy;
 
