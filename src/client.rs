@@ -19,8 +19,8 @@
 //! and [`Client::closed`] resolves: there is no silent reconnect, because the
 //! server released every lock bound to the connection.
 
-use crate::codec::{encode_frame, FrameCodec};
-use crate::error::{Error, Result};
+use crate::codec::{encode_frame, FrameCodec, FrameError};
+use crate::error::{Disconnect, Error, Result};
 use crate::guard::LockGuard;
 use crate::limits::Limits;
 use crate::proto::{
@@ -85,7 +85,7 @@ impl Default for ClientOptions {
 
 /// How long a Lock may wait for busy keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Wait {
+pub enum LockWait {
     /// Wait as long as it takes (the default).
     #[default]
     Forever,
@@ -99,7 +99,7 @@ pub enum Wait {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LockOptions {
     /// How long to wait for busy keys.
-    pub wait: Wait,
+    pub wait: LockWait,
     /// Take the keys as a lease of this length: it outlives the connection
     /// and expires unless renewed. `None`: held until unlocked or until the
     /// connection ends.
@@ -114,13 +114,13 @@ impl LockOptions {
 
     /// Wait at most `limit`.
     pub fn wait(mut self, limit: Duration) -> Self {
-        self.wait = Wait::AtMost(limit);
+        self.wait = LockWait::AtMost(limit);
         self
     }
 
     /// Fail at once if busy.
     pub fn no_wait(mut self) -> Self {
-        self.wait = Wait::No;
+        self.wait = LockWait::No;
         self
     }
 
@@ -141,7 +141,7 @@ impl LockOptions {
 /// async fn main() -> Result<(), dlock::Error> {
 /// // A real server on a free loopback port, for this example; in production
 /// // the address is your dlock-server's (default "127.0.0.1:7436").
-/// let server = dlock_server::testing::TestServer::start(&[]).await;
+/// let server = dlock_server::testing::TestServer::start(dlock_server::Config::default()).await;
 /// let addr = server.addr_string();
 ///
 /// let client = Client::connect(&addr).await?;
@@ -208,7 +208,7 @@ struct Inner {
     calls: mpsc::Sender<Call>,
     slots: Arc<Semaphore>,
     next_id: AtomicU64,
-    lost: watch::Receiver<Option<Arc<str>>>,
+    lost: watch::Receiver<Option<Disconnect>>,
     addr: String,
     /// What the server said in answer to Hello; `None` for an older server.
     limits: Option<Limits>,
@@ -403,14 +403,14 @@ impl Client {
     }
 
     /// Resolves when the connection has ended, with the reason.
-    pub async fn closed(&self) -> String {
+    pub async fn closed(&self) -> Disconnect {
         let mut lost = self.inner.lost.clone();
         loop {
             if let Some(reason) = lost.borrow_and_update().as_ref() {
-                return reason.to_string();
+                return reason.clone();
             }
             if lost.changed().await.is_err() {
-                return "client stopped".to_string();
+                return Disconnect::Dropped;
             }
         }
     }
@@ -439,7 +439,7 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::Timeout`] with the busy keys when the wait limit passes, or
-    /// [`Error::Busy`] at once with [`Wait::No`]; [`Error::Server`] for
+    /// [`Error::Busy`] at once with [`LockWait::No`]; [`Error::Server`] for
     /// invalid keys or a server limit; connection errors.
     pub async fn lock<I, K>(&self, keys: I, options: LockOptions) -> Result<LockGuard>
     where
@@ -455,10 +455,10 @@ impl Client {
             ..RequestLock::default()
         };
         match options.wait {
-            Wait::Forever => {}
+            LockWait::Forever => {}
             // A positive limit below a microsecond still means "wait a little".
-            Wait::AtMost(d) => body.wait_micro = micros(d).max(1),
-            Wait::No => body.try_lock = true,
+            LockWait::AtMost(d) => body.wait_micro = micros(d).max(1),
+            LockWait::No => body.try_lock = true,
         }
         // A Client whose connection is gone stays gone, for locks too:
         // there is no silent reconnect.
@@ -471,7 +471,7 @@ impl Client {
                 // Busy, refused or timed out: the connection holds nothing.
                 conn.recycle();
                 return Err(match e {
-                    Error::Timeout { busy } if options.wait == Wait::No => Error::Busy { busy },
+                    Error::Timeout { busy } if options.wait == LockWait::No => Error::Busy { busy },
                     e => e,
                 });
             }
@@ -646,14 +646,14 @@ impl Client {
 
     fn check_open(&self) -> Result<()> {
         match self.inner.lost.borrow().as_ref() {
-            Some(reason) => Err(Error::ConnectionLost(reason.to_string())),
+            Some(reason) => Err(Error::ConnectionLost(reason.clone())),
             None => Ok(()),
         }
     }
 
     fn lost_error(&self) -> Error {
-        let reason = self.inner.lost.borrow().as_ref().map(|r| r.to_string());
-        Error::ConnectionLost(reason.unwrap_or_else(|| "connection closed".into()))
+        let reason = self.inner.lost.borrow().clone();
+        Error::ConnectionLost(reason.unwrap_or(Disconnect::Closed))
     }
 }
 
@@ -692,7 +692,10 @@ async fn hello(stream: &mut TcpStream, token: &str) -> Result<Option<Limits>> {
     };
     let mut buf = BytesMut::new();
     encode_frame(&req, &mut buf);
-    stream.write_all(&buf).await?;
+    stream
+        .write_all(&buf)
+        .await
+        .map_err(|e| Disconnect::Write(Arc::new(e)))?;
     buf.clear();
     let mut codec = FrameCodec::new(crate::MAX_RESPONSE_FRAME);
     let body = loop {
@@ -701,10 +704,9 @@ async fn hello(stream: &mut TcpStream, token: &str) -> Result<Option<Limits>> {
         {
             break body;
         }
-        if stream.read_buf(&mut buf).await? == 0 {
-            return Err(Error::ConnectionLost(
-                "server closed the connection before answering".into(),
-            ));
+        let read = stream.read_buf(&mut buf).await;
+        if read.map_err(|e| Disconnect::Read(Arc::new(e)))? == 0 {
+            return Err(Disconnect::Closed.into());
         }
     };
     let resp: Response = prost::Message::decode(body)
@@ -733,10 +735,10 @@ fn configure(stream: &TcpStream, options: &ClientOptions) {
     let _ = sock.set_tcp_user_timeout(Some(options.keepalive + 3 * interval));
 }
 
-fn mark_lost(lost: &watch::Sender<Option<Arc<str>>>, reason: &str) {
+fn mark_lost(lost: &watch::Sender<Option<Disconnect>>, reason: Disconnect) {
     lost.send_if_modified(|r| {
         if r.is_none() {
-            *r = Some(Arc::from(reason));
+            *r = Some(reason);
             true
         } else {
             false
@@ -744,13 +746,18 @@ fn mark_lost(lost: &watch::Sender<Option<Arc<str>>>, reason: &str) {
     });
 }
 
+/// Most calls encoded into one write.
+const MAX_BATCH: usize = 64;
+
+/// The writer task: waits for a call (or a heartbeat's turn), writes it with
+/// every call queued behind it, and on the way out fails what is left.
 async fn write_loop(
     mut wr: OwnedWriteHalf,
     mut calls: mpsc::Receiver<Call>,
     pending: PendingQueue,
     heartbeat: Duration,
     token: String,
-    lost: Arc<watch::Sender<Option<Arc<str>>>>,
+    lost: Arc<watch::Sender<Option<Disconnect>>>,
 ) {
     let mut lost_rx = lost.subscribe();
     let mut out = BytesMut::new();
@@ -759,86 +766,117 @@ async fn write_loop(
     let mut tick = tokio::time::interval(heartbeat.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let mut batch = Vec::new();
-        tokio::select! {
+        let first = tokio::select! {
             _ = lost_rx.changed() => break,
             call = calls.recv() => match call {
-                Some(c) => batch.push(c),
+                Some(c) => c,
                 None => break,
             },
             _ = tick.tick() => {
                 if last_write.elapsed() < heartbeat {
                     continue;
                 }
-                // Heartbeat ids count down from the top so they never meet
-                // the ids of real calls, which count up from 1.
-                ping_id -= 1;
-                let req = Request {
-                    version: crate::PROTOCOL_VERSION,
-                    id: ping_id,
-                    r#type: RequestType::Ping as i32,
-                    ..Request::default()
-                };
-                batch.push(Call { req, reply: None, slot: None });
+                heartbeat_call(&mut ping_id)
             }
-        }
-        while batch.len() < 64 {
-            match calls.try_recv() {
-                Ok(c) => batch.push(c),
-                Err(_) => break,
-            }
-        }
-        // Stamped before the write, so never later than the server's receipt.
-        let sent = Instant::now();
-        {
-            let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(queue) = guard.as_mut() else {
-                drop(guard);
-                fail_calls(batch, "connection closed");
-                break;
-            };
-            for mut call in batch {
-                // Every request, the writer's own heartbeats and releases
-                // included, carries the token.
-                call.req.access_token.clone_from(&token);
-                encode_frame(&call.req, &mut out);
-                // The request is not needed once encoded: keep a Lock's keys
-                // without copying them.
-                let lock_keys = (call.req.r#type == RequestType::Lock as i32)
-                    .then(|| call.req.lock.take().map(|l| l.keys).unwrap_or_default());
-                queue.push_back(Pending {
-                    id: call.req.id,
-                    sent,
-                    reply: call.reply,
-                    lock_keys,
-                    _slot: call.slot,
-                });
-            }
+        };
+        let batch = with_queued_calls(first, &mut calls);
+        if let Err(batch) = encode_batch(batch, &pending, &token, &mut out) {
+            let reason = lost.borrow().clone().unwrap_or(Disconnect::Closed);
+            fail_calls(batch, &reason);
+            break;
         }
         if let Err(e) = wr.write_all(&out).await {
-            mark_lost(&lost, &format!("write failed: {e}"));
+            mark_lost(&lost, Disconnect::Write(Arc::new(e)));
             break;
         }
         out.clear();
         last_write = Instant::now();
     }
+    fail_unsent_calls(calls, &lost);
+    let _ = wr.shutdown().await;
+}
+
+/// A Ping of the writer's own. Heartbeat ids count down from the top so
+/// they never meet the ids of real calls, which count up from 1.
+fn heartbeat_call(ping_id: &mut u64) -> Call {
+    *ping_id -= 1;
+    let req = Request {
+        version: crate::PROTOCOL_VERSION,
+        id: *ping_id,
+        r#type: RequestType::Ping as i32,
+        ..Request::default()
+    };
+    Call {
+        req,
+        reply: None,
+        slot: None,
+    }
+}
+
+/// `first` and the calls already waiting behind it, up to [`MAX_BATCH`]:
+/// one write for many calls under load, no waiting for more when idle.
+fn with_queued_calls(first: Call, calls: &mut mpsc::Receiver<Call>) -> Vec<Call> {
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match calls.try_recv() {
+            Ok(c) => batch.push(c),
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+/// Encodes `batch` into `out` and queues each call for its answer, in
+/// order. Gives the batch back if the reader has stopped: nobody would
+/// answer it.
+fn encode_batch(
+    batch: Vec<Call>,
+    pending: &PendingQueue,
+    token: &str,
+    out: &mut BytesMut,
+) -> std::result::Result<(), Vec<Call>> {
+    // Stamped before the write, so never later than the server's receipt.
+    let sent = Instant::now();
+    let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(queue) = guard.as_mut() else {
+        return Err(batch);
+    };
+    for mut call in batch {
+        // Every request, the writer's own heartbeats and releases
+        // included, carries the token.
+        call.req.access_token = token.to_owned();
+        encode_frame(&call.req, out);
+        // The request is not needed once encoded: keep a Lock's keys
+        // without copying them.
+        let lock_keys = (call.req.r#type == RequestType::Lock as i32)
+            .then(|| call.req.lock.take().map(|l| l.keys).unwrap_or_default());
+        queue.push_back(Pending {
+            id: call.req.id,
+            sent,
+            reply: call.reply,
+            lock_keys,
+            _slot: call.slot,
+        });
+    }
+    Ok(())
+}
+
+/// Closes the call queue and fails every call still in it with the reason
+/// the connection ended.
+fn fail_unsent_calls(mut calls: mpsc::Receiver<Call>, lost: &watch::Sender<Option<Disconnect>>) {
     calls.close();
     let mut rest = Vec::new();
     while let Ok(c) = calls.try_recv() {
         rest.push(c);
     }
-    let reason = lost
-        .borrow()
-        .as_ref()
-        .map_or_else(|| "client dropped".to_string(), |r| r.to_string());
+    let reason = lost.borrow().clone().unwrap_or(Disconnect::Dropped);
     fail_calls(rest, &reason);
-    let _ = wr.shutdown().await;
 }
 
-fn fail_calls(calls: Vec<Call>, reason: &str) {
+fn fail_calls(calls: Vec<Call>, reason: &Disconnect) {
     for c in calls {
         if let Some(reply) = c.reply {
-            let _ = reply.send(Err(Error::ConnectionLost(reason.to_string())));
+            let _ = reply.send(Err(Error::ConnectionLost(reason.clone())));
         }
     }
 }
@@ -847,7 +885,7 @@ async fn read_loop(
     rd: OwnedReadHalf,
     pending: PendingQueue,
     calls: mpsc::WeakSender<Call>,
-    lost: Arc<watch::Sender<Option<Arc<str>>>>,
+    lost: Arc<watch::Sender<Option<Disconnect>>>,
     acked: Arc<AckClock>,
 ) {
     let mut lost_rx = lost.subscribe();
@@ -860,12 +898,15 @@ async fn read_loop(
         };
         let body = match frame {
             Some(Ok(body)) => body,
-            Some(Err(e)) => break Some(format!("read failed: {e}")),
-            None => break Some("server closed the connection".to_string()),
+            Some(Err(FrameError::Io(e))) => break Some(Disconnect::Read(Arc::new(e))),
+            Some(Err(FrameError::TooLarge { len, max })) => {
+                break Some(Disconnect::FrameTooLarge { len, max })
+            }
+            None => break Some(Disconnect::Closed),
         };
         let resp: Response = match prost::Message::decode(body) {
             Ok(r) => r,
-            Err(e) => break Some(format!("undecodable response: {e}")),
+            Err(e) => break Some(Disconnect::Undecodable(e)),
         };
         let next = {
             let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
@@ -875,21 +916,20 @@ async fn read_loop(
             // An answer to nothing: the server turned the connection away
             // (request_id 0, e.g. too many connections) or broke ordering.
             break Some(if resp.error_text.is_empty() {
-                format!("unexpected response to request {}", resp.request_id)
+                Disconnect::UnexpectedAnswer {
+                    request_id: resp.request_id,
+                }
             } else {
-                format!("server: {}", resp.error_text)
+                Disconnect::TurnedAway(resp.error_text)
             });
         };
         acked.record(p.sent);
         deliver(p, resp, &calls);
     };
     if let Some(reason) = reason {
-        mark_lost(&lost, &reason);
+        mark_lost(&lost, reason);
     }
-    let reason = lost
-        .borrow()
-        .as_ref()
-        .map_or_else(|| "connection closed".to_string(), |r| r.to_string());
+    let reason = lost.borrow().clone().unwrap_or(Disconnect::Closed);
     let left = pending.lock().unwrap_or_else(|p| p.into_inner()).take();
     for p in left.into_iter().flatten() {
         if let Some(reply) = p.reply {

@@ -1,6 +1,9 @@
 //! Errors of the client library.
 
 use crate::proto::ResponseStatus;
+use std::fmt;
+use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What can go wrong talking to a dlock server.
@@ -29,7 +32,7 @@ pub enum Error {
         /// The keys that were not available.
         busy: Vec<String>,
     },
-    /// A Lock that was not to wait ([`crate::Wait::No`]) found keys busy.
+    /// A Lock that was not to wait ([`crate::LockWait::No`]) found keys busy.
     #[error("lock not acquired: busy keys {busy:?}")]
     Busy {
         /// The keys that were not available.
@@ -56,12 +59,101 @@ pub enum Error {
     /// The server sent something this client does not understand.
     #[error("protocol error: {0}")]
     Protocol(String),
-    /// Reading or writing the connection failed.
-    #[error("i/o error: {0}")]
-    Io(#[from] std::io::Error),
     /// The connection is gone; locks bound to it are released by the server.
-    #[error("connection to the server lost: {0}")]
-    ConnectionLost(String),
+    /// Its [`source`](std::error::Error::source) is the I/O or decoding
+    /// error that ended it, if one did.
+    #[error(transparent)]
+    ConnectionLost(#[from] Disconnect),
+}
+
+/// Why a connection to the server ended: the reason every call on it fails
+/// with ([`Error::ConnectionLost`]) and every guard on it reports
+/// ([`crate::Lost::ConnectionLost`]). Cheap to clone: all calls pending on
+/// a connection share one.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Disconnect {
+    /// Writing to the connection failed.
+    Write(Arc<io::Error>),
+    /// Reading from the connection failed.
+    Read(Arc<io::Error>),
+    /// The server closed the connection.
+    Closed,
+    /// The server sent a frame over this client's limit
+    /// ([`crate::MAX_RESPONSE_FRAME`]); the stream cannot be followed.
+    FrameTooLarge {
+        /// The announced length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The server sent a frame that is not a Response.
+    Undecodable(prost::DecodeError),
+    /// The server turned the connection away, saying why (request id 0:
+    /// too many connections, shutting down).
+    TurnedAway(String),
+    /// The server answered a request that was not the next one due.
+    UnexpectedAnswer {
+        /// The request id answered.
+        request_id: u64,
+    },
+    /// Every handle on the connection was dropped.
+    Dropped,
+}
+
+impl Disconnect {
+    /// What happened, without the prefix "connection to the server lost"
+    /// and without the text of the underlying error (see
+    /// [`source`](std::error::Error::source)).
+    pub fn reason(&self) -> impl fmt::Display + '_ {
+        Reason(self)
+    }
+
+    /// The I/O error that ended the connection, if one did.
+    pub fn io_error(&self) -> Option<&io::Error> {
+        match self {
+            Disconnect::Write(e) | Disconnect::Read(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+struct Reason<'a>(&'a Disconnect);
+
+impl fmt::Display for Reason<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Disconnect::Write(_) => write!(f, "write failed"),
+            Disconnect::Read(_) => write!(f, "read failed"),
+            Disconnect::Closed => write!(f, "the server closed the connection"),
+            Disconnect::FrameTooLarge { len, max } => write!(
+                f,
+                "response frame of {len} bytes exceeds the limit of {max} bytes"
+            ),
+            Disconnect::Undecodable(_) => write!(f, "undecodable response"),
+            Disconnect::TurnedAway(text) => write!(f, "turned away by the server: {text}"),
+            Disconnect::UnexpectedAnswer { request_id } => {
+                write!(f, "unexpected response to request {request_id}")
+            }
+            Disconnect::Dropped => write!(f, "the client was dropped"),
+        }
+    }
+}
+
+impl fmt::Display for Disconnect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "connection to the server lost: {}", self.reason())
+    }
+}
+
+impl std::error::Error for Disconnect {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Disconnect::Write(e) | Disconnect::Read(e) => Some(&**e),
+            Disconnect::Undecodable(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 impl Error {
@@ -79,3 +171,37 @@ impl Error {
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn a_lost_connection_says_why_and_keeps_the_io_error_as_its_source() {
+        let io = io::Error::new(io::ErrorKind::BrokenPipe, "pipe gone");
+        let e = Error::from(Disconnect::Write(Arc::new(io)));
+        assert_eq!(e.to_string(), "connection to the server lost: write failed");
+        let source = e.source().expect("the io error");
+        let io = source.downcast_ref::<io::Error>().expect("an io::Error");
+        assert_eq!(io.kind(), io::ErrorKind::BrokenPipe);
+        let Error::ConnectionLost(lost) = e else {
+            unreachable!("built above")
+        };
+        assert_eq!(lost.reason().to_string(), "write failed");
+        assert_eq!(
+            lost.io_error().map(io::Error::kind),
+            Some(io::ErrorKind::BrokenPipe)
+        );
+    }
+
+    #[test]
+    fn a_close_by_the_server_has_no_source() {
+        let e = Error::from(Disconnect::Closed);
+        assert_eq!(
+            e.to_string(),
+            "connection to the server lost: the server closed the connection"
+        );
+        assert!(e.source().is_none());
+    }
+}

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 /// async fn main() -> Result<(), dlock::Error> {
 /// // A real server on a free loopback port, for this example; in production
 /// // the address is your dlock-server's (default "127.0.0.1:7436").
-/// let server = dlock_server::testing::TestServer::start(&[]).await;
+/// let server = dlock_server::testing::TestServer::start(dlock_server::Config::default()).await;
 /// let client = Client::connect(&server.addr_string()).await?;
 /// let guard = client
 ///     .lock(["jobs/nightly"], LockOptions::new().lease(Duration::from_secs(30)))
@@ -247,7 +247,6 @@ impl LockGuard {
                 Ok(()) => {}
                 Err(Error::NotHeld { .. }) => return Lost::NotHeld,
                 Err(Error::ConnectionLost(reason)) => return Lost::ConnectionLost(reason),
-                Err(Error::Io(e)) => return Lost::ConnectionLost(e.to_string()),
                 Err(e) => return Lost::RenewRefused(e.to_string()),
             }
         }

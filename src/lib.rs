@@ -12,6 +12,10 @@
 //! - [`safety`]: when a held lock must be given up, judged from the client's
 //!   side alone ([`Lost`]); [`Limits`] (`limits.rs`): what the server allows.
 //! - [`token_file`]: the access-token file format.
+//! - `raw` (feature `raw`): a client that speaks raw frames, for tests,
+//!   `dlock-bench` and `dlock-torture`.
+//! - `proc_sample` (feature `proc-sample`): CPU time and memory of a process
+//!   from /proc, for the same tools.
 //!
 //! The daemon lives in the `dlock-server` crate, the `dlock` command in
 //! `dlock-client`.
@@ -24,11 +28,15 @@ pub mod duration;
 mod error;
 mod guard;
 mod limits;
+#[cfg(feature = "proc-sample")]
+pub mod proc_sample;
+#[cfg(feature = "raw")]
+pub mod raw;
 pub mod safety;
 pub mod token_file;
 
-pub use client::{Client, ClientOptions, LockOptions, Wait};
-pub use error::{Error, Result};
+pub use client::{Client, ClientOptions, LockOptions, LockWait};
+pub use error::{Disconnect, Error, Result};
 pub use guard::LockGuard;
 pub use limits::{LimitError, Limits};
 pub use safety::Lost;

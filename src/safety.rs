@@ -48,13 +48,13 @@ pub fn margin(configured: Duration, window: Duration) -> Duration {
 }
 
 /// Why a lock can no longer be assumed held.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Lost {
     /// The connection ended. A lock without a lease was released by the
     /// server; a lease still runs until its deadline (see
     /// [`crate::LockGuard::deadline`]) and can be taken over from a new
     /// connection with [`crate::Client::take_over`].
-    ConnectionLost(String),
+    ConnectionLost(crate::Disconnect),
     /// No answer from the server proves the lock held much longer: its
     /// deadline is within the safety margin. Stop using it now; the server
     /// may hand it on after `deadline`.
@@ -74,7 +74,7 @@ pub enum Lost {
 impl std::fmt::Display for Lost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Lost::ConnectionLost(reason) => write!(f, "connection lost: {reason}"),
+            Lost::ConnectionLost(reason) => write!(f, "{reason}"),
             Lost::Jeopardy { lease, deadline } => {
                 let left = deadline.saturating_duration_since(Instant::now());
                 let what = if *lease {

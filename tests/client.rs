@@ -2,6 +2,7 @@
 
 use dlock::{Client, ClientOptions, Error, LockOptions, Lost};
 use dlock_server::testing::TestServer;
+use dlock_server::Config;
 use std::time::Duration;
 
 async fn client(server: &TestServer) -> Client {
@@ -12,7 +13,7 @@ async fn client(server: &TestServer) -> Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_tasks_share_one_pipelined_connection() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let c = client(&server).await;
     let mut tasks = Vec::new();
     for t in 0..32 {
@@ -45,7 +46,7 @@ async fn many_tasks_share_one_pipelined_connection() {
 
 #[tokio::test]
 async fn dropping_the_guard_releases_the_lock() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let a = client(&server).await;
     let b = client(&server).await;
     let g = a.lock(["d"], LockOptions::new()).await.unwrap();
@@ -63,7 +64,7 @@ async fn dropping_the_guard_releases_the_lock() {
 
 #[tokio::test]
 async fn loss_is_visible_to_guards_and_calls() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let holder = client(&server).await;
     let waiter = client(&server).await;
     let g = holder.lock(["lost"], LockOptions::new()).await.unwrap();
@@ -104,7 +105,11 @@ async fn errors_are_typed() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, "t0ken\n").unwrap();
-    let server = TestServer::start(&["--token-file", tokens.to_str().unwrap()]).await;
+    let server = TestServer::start(Config {
+        token_file: Some(tokens.to_path_buf()),
+        ..Config::default()
+    })
+    .await;
 
     // A missing token is found out when connecting (the Hello handshake).
     assert!(matches!(
@@ -156,7 +161,7 @@ async fn errors_are_typed() {
 
 #[tokio::test]
 async fn cancelled_lock_call_leaks_no_lock() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let a = client(&server).await;
     let b = client(&server).await;
     let g = a.lock(["c"], LockOptions::new()).await.unwrap();
@@ -176,7 +181,7 @@ async fn cancelled_lock_call_leaks_no_lock() {
 
 #[tokio::test]
 async fn lease_runs_out_unless_renewed() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let a = client(&server).await;
     let mut g = a
         .lock(["l"], LockOptions::new().lease(Duration::from_millis(200)))
@@ -208,7 +213,11 @@ async fn lease_runs_out_unless_renewed() {
 
 #[tokio::test]
 async fn heartbeats_keep_quiet_holders_and_waiters_connected() {
-    let server = TestServer::start(&["--idle-timeout", "300ms"]).await;
+    let server = TestServer::start(Config {
+        idle_timeout: Duration::from_millis(300),
+        ..Config::default()
+    })
+    .await;
     let fast = || ClientOptions {
         heartbeat: Duration::from_millis(50),
         ..ClientOptions::default()
@@ -231,7 +240,11 @@ async fn heartbeats_keep_quiet_holders_and_waiters_connected() {
 
 #[tokio::test]
 async fn pings_follow_the_servers_session_timeout_not_the_configured_heartbeat() {
-    let server = TestServer::start(&["--idle-timeout", "1s"]).await;
+    let server = TestServer::start(Config {
+        idle_timeout: Duration::from_secs(1),
+        ..Config::default()
+    })
+    .await;
     let c = Client::connect_with(
         &server.addr_string(),
         ClientOptions {
@@ -259,7 +272,7 @@ async fn pings_follow_the_servers_session_timeout_not_the_configured_heartbeat()
 
 #[tokio::test]
 async fn a_zero_lease_means_no_lease_and_busy_differs_from_timed_out() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let c = client(&server).await;
     let g = c
         .lock(["z"], LockOptions::new().lease(Duration::ZERO))

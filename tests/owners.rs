@@ -3,6 +3,7 @@
 
 use dlock::{Client, LockOptions};
 use dlock_server::testing::TestServer;
+use dlock_server::Config;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,7 +44,7 @@ async fn waiters(c: &Client, key: &str, n: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_sharing_a_client_never_hold_a_key_together() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let c = Client::connect(&server.addr_string()).await.unwrap();
     let register = Arc::new(Register::default());
     let mut tasks = Vec::new();
@@ -78,7 +79,7 @@ async fn tasks_sharing_a_client_never_hold_a_key_together() {
 
 #[tokio::test]
 async fn a_second_task_of_one_client_queues_in_fifo_order() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let c = Client::connect(&server.addr_string()).await.unwrap();
     let first = c.lock(["fifo"], LockOptions::new()).await.unwrap();
     let second = tokio::spawn({
@@ -110,7 +111,7 @@ async fn a_second_task_of_one_client_queues_in_fifo_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_lock_delays_no_ping_unlock_or_other_lock() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let other = Client::connect(&server.addr_string()).await.unwrap();
     let hot = other.lock(["hot"], LockOptions::new()).await.unwrap();
     let c = Client::connect(&server.addr_string()).await.unwrap();
@@ -149,7 +150,7 @@ async fn a_waiting_lock_delays_no_ping_unlock_or_other_lock() {
 
 #[tokio::test]
 async fn an_abandoned_lock_future_leaves_nothing_queued() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let other = Client::connect(&server.addr_string()).await.unwrap();
     let _hot = other.lock(["gone"], LockOptions::new()).await.unwrap();
     let c = Client::connect(&server.addr_string()).await.unwrap();
@@ -166,7 +167,7 @@ async fn an_abandoned_lock_future_leaves_nothing_queued() {
 
 #[tokio::test]
 async fn dropping_the_client_closes_every_connection_it_opened() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let watcher = Client::connect(&server.addr_string()).await.unwrap();
     let c = Client::connect(&server.addr_string()).await.unwrap();
     for key in ["a", "b", "c"] {

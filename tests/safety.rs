@@ -6,6 +6,7 @@
 use dlock::{Client, ClientOptions, LockOptions, Lost};
 use dlock_server::testing::proxy::FreezableProxy;
 use dlock_server::testing::TestServer;
+use dlock_server::Config;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -54,20 +55,24 @@ async fn loss_precedes_grant(server: &TestServer, options: LockOptions, expect_l
 
 #[tokio::test]
 async fn frozen_path_loses_a_connection_bound_lock_before_the_server_hands_it_on() {
-    let server = TestServer::start(&["--idle-timeout", "2s"]).await;
+    let server = TestServer::start(Config {
+        idle_timeout: Duration::from_secs(2),
+        ..Config::default()
+    })
+    .await;
     loss_precedes_grant(&server, LockOptions::new(), false).await;
 }
 
 #[tokio::test]
 async fn frozen_path_loses_a_lease_before_it_runs_out() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let lease = LockOptions::new().lease(Duration::from_secs(2));
     loss_precedes_grant(&server, lease, true).await;
 }
 
 #[tokio::test]
 async fn a_kept_lease_outlives_many_lease_lengths() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let c = Client::connect(&server.addr_string()).await.unwrap();
     let g = c
         .lock(
@@ -92,7 +97,7 @@ async fn a_kept_lease_outlives_many_lease_lengths() {
 
 #[tokio::test]
 async fn a_lease_is_taken_over_from_a_new_connection() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let first = Client::connect(&server.addr_string()).await.unwrap();
     let (keys, fence) = first
         .lock(
@@ -121,7 +126,12 @@ async fn a_lease_is_taken_over_from_a_new_connection() {
 
 #[tokio::test]
 async fn limits_are_learnt_when_connecting() {
-    let server = TestServer::start(&["--max-lease", "1h", "--max-keys", "3"]).await;
+    let server = TestServer::start(Config {
+        max_lease: Duration::from_secs(3600),
+        max_keys: 3,
+        ..Config::default()
+    })
+    .await;
     let c = Client::connect(&server.addr_string()).await.unwrap();
     let limits = c.limits().expect("this server states its limits");
     assert_eq!(limits.max_lease, Duration::from_secs(3600));
@@ -137,7 +147,7 @@ async fn limits_are_learnt_when_connecting() {
 
 #[tokio::test]
 async fn a_lease_granted_after_a_long_wait_is_not_lost_at_once() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let holder = Client::connect(&server.addr_string()).await.unwrap();
     let first = holder.lock(["slow"], LockOptions::new()).await.unwrap();
     let waiter = Client::connect(&server.addr_string()).await.unwrap();
@@ -163,7 +173,7 @@ async fn a_lease_granted_after_a_long_wait_is_not_lost_at_once() {
 
 #[tokio::test]
 async fn a_renewal_to_a_shorter_lease_moves_the_deadline_back() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let c = Client::connect(&server.addr_string()).await.unwrap();
     let mut g = c
         .lock(

@@ -2,7 +2,7 @@
 //! (hand-off rate, hand-off latency, FIFO order) and overlapping multi-key
 //! locks (nobody ever sees a key held twice).
 
-use crate::conn::Rng;
+use crate::rng::Rng;
 use crate::stats::{Control, Recorder};
 use crate::workloads::{run_workers, Target};
 use dlock::proto::{RequestType, ResponseStatus};
@@ -48,8 +48,8 @@ pub async fn contended(t: Target, ctl: Control, conns: usize) -> Contended {
             let result = async {
                 let mut c = t.connect().await?;
                 let mut lock_sent = Instant::now();
-                let lock = c.request(RequestType::Lock, &key, 0);
-                c.push(&lock);
+                let lock = c.request(RequestType::Lock, &key);
+                c.queue(&lock);
                 c.flush().await?;
                 loop {
                     let r = c.recv().await?;
@@ -59,11 +59,11 @@ pub async fn contended(t: Target, ctl: Control, conns: usize) -> Contended {
                         return Ok(());
                     }
                     let more = ctl.next();
-                    let unlock = c.request(RequestType::Unlock, &key, 0);
-                    c.push(&unlock);
+                    let unlock = c.request(RequestType::Unlock, &key);
+                    c.queue(&unlock);
                     if more {
-                        let lock = c.request(RequestType::Lock, &key, 0);
-                        c.push(&lock);
+                        let lock = c.request(RequestType::Lock, &key);
+                        c.queue(&lock);
                     }
                     let released = Instant::now();
                     c.flush().await?;
@@ -148,7 +148,7 @@ pub async fn multikey(t: Target, ctl: Control, conns: usize, k: usize, pool: usi
                     let keys: Vec<String> =
                         picked.iter().map(|i| format!("bench/mk/{i}")).collect();
                     let start = Instant::now();
-                    let lock = c.request(RequestType::Lock, &keys, 0);
+                    let lock = c.request(RequestType::Lock, &keys);
                     let r = c.call(&lock).await?;
                     if r.status != ResponseStatus::Ok as i32 {
                         rec.errors += 1;
@@ -175,7 +175,7 @@ pub async fn multikey(t: Target, ctl: Control, conns: usize, k: usize, pool: usi
                             }
                         }
                     }
-                    let unlock = c.request(RequestType::Unlock, &keys, 0);
+                    let unlock = c.request(RequestType::Unlock, &keys);
                     let r = c.call(&unlock).await?;
                     rec.outcome(r.status == ResponseStatus::Ok as i32, start);
                 }

@@ -2,14 +2,15 @@
 
 mod checks;
 mod cli;
-mod conn;
 mod memory;
+mod rng;
 mod stats;
 mod workloads;
 
 use clap::Parser;
 use cli::{Cli, PipelineKind, Workload};
-use stats::{Control, ProcSample, Report};
+use dlock::proc_sample::ProcSample;
+use stats::{Control, Report};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -44,101 +45,105 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Setup, the workload, then the report: the progress line stops either way.
 async fn run(cli: Cli) -> Report {
-    let c = cli.common;
+    let c = &cli.common;
     let target = Target {
         addr: c.server.clone(),
         token: c.token.clone(),
     };
     let ctl = Control::new(c.duration, c.ops);
     let progress = progress(ctl.clone(), c.duration);
-    let pid = c.server_pid;
-    let before = pid.and_then(ProcSample::read);
-    let start = Instant::now();
-    let report = match cli.workload {
+    let server = ServerWatch::start(c.server_pid);
+    let report = measure(cli.workload, target, ctl, c.duration, &server).await;
+    if let Some(p) = progress {
+        p.abort();
+    }
+    report
+}
+
+/// The server's process, sampled at the start of a run and again when a
+/// workload reports.
+struct ServerWatch {
+    pid: Option<u32>,
+    before: Option<ProcSample>,
+    start: Instant,
+}
+
+impl ServerWatch {
+    fn start(pid: Option<u32>) -> ServerWatch {
+        ServerWatch {
+            pid,
+            before: pid.and_then(ProcSample::read),
+            start: Instant::now(),
+        }
+    }
+
+    /// The report of a throughput workload: its figures, the time since
+    /// the start and the server's use of CPU and memory meanwhile.
+    fn report(&self, name: &str, connections: usize, rec: &stats::Recorder) -> Report {
+        let after = self.pid.and_then(ProcSample::read);
+        Report::new(
+            name,
+            connections,
+            self.start.elapsed(),
+            rec,
+            self.before,
+            after,
+        )
+    }
+}
+
+/// Runs one workload to its end and reports it.
+async fn measure(
+    workload: Workload,
+    target: Target,
+    ctl: Control,
+    duration: Duration,
+    server: &ServerWatch,
+) -> Report {
+    match workload {
         Workload::Ping { connections } => {
             let rec = workloads::ping(target, ctl, connections).await;
-            Report::new(
-                "ping",
-                connections,
-                start.elapsed(),
-                &rec,
-                before,
-                pid.and_then(ProcSample::read),
-            )
+            server.report("ping", connections, &rec)
         }
         Workload::LockUnlock { connections } => {
             let rec = workloads::lock_unlock(target, ctl, connections, "bench/lu").await;
-            Report::new(
-                "lock-unlock",
-                connections,
-                start.elapsed(),
-                &rec,
-                before,
-                pid.and_then(ProcSample::read),
-            )
+            server.report("lock-unlock", connections, &rec)
         }
         Workload::Pipeline {
             connections,
             depth,
             kind,
         } => {
-            let rec = workloads::pipeline(
-                target,
-                ctl,
-                connections,
-                depth.max(1),
-                kind == PipelineKind::LockUnlock,
-            )
-            .await;
-            let name = if kind == PipelineKind::Ping {
-                "pipeline-ping"
-            } else {
+            let pairs = kind == PipelineKind::LockUnlock;
+            let rec = workloads::pipeline(target, ctl, connections, depth.max(1), pairs).await;
+            let name = if pairs {
                 "pipeline-lock-unlock"
+            } else {
+                "pipeline-ping"
             };
-            Report::new(
-                name,
-                connections,
-                start.elapsed(),
-                &rec,
-                before,
-                pid.and_then(ProcSample::read),
-            )
-            .with("depth", depth as u64)
+            server
+                .report(name, connections, &rec)
+                .with("depth", depth as u64)
         }
         Workload::Churn { connections } => {
             let rec = workloads::churn(target, ctl, connections).await;
-            Report::new(
-                "churn",
-                connections,
-                start.elapsed(),
-                &rec,
-                before,
-                pid.and_then(ProcSample::read),
-            )
+            server.report("churn", connections, &rec)
         }
         Workload::Contended { connections } => {
             let out = checks::contended(target, ctl, connections).await;
-            let elapsed = start.elapsed();
+            let report = server.report("contended", connections, &out.rec);
             let h = stats::Latency::of(&out.handoff_latency);
-            Report::new(
-                "contended",
-                connections,
-                elapsed,
-                &out.rec,
-                before,
-                pid.and_then(ProcSample::read),
-            )
-            .with("handoffs", out.handoffs)
-            .with(
-                "handoffs_per_sec",
-                (out.handoffs as f64 / elapsed.as_secs_f64()).round(),
-            )
-            .with("handoff_p50_us", h.p50_us)
-            .with("handoff_p99_us", h.p99_us)
-            .with("handoff_max_us", h.max_us)
-            .with("fifo_violations", out.fifo_violations)
-            .with("fifo_margin_us", checks::FIFO_MARGIN.as_micros() as u64)
+            let handoffs_per_sec = out.handoffs as f64 / report.duration_s.max(1e-9);
+            report
+                .with("handoffs", out.handoffs)
+                .with("handoffs_per_sec", handoffs_per_sec.round())
+                .with("handoff_p50_us", h.p50_us)
+                .with("handoff_p99_us", h.p99_us)
+                .with("handoff_max_us", h.max_us)
+                .with("fifo_violations", out.fifo_violations)
+                .with("fifo_margin_us", checks::FIFO_MARGIN.as_micros() as u64)
         }
         Workload::Multikey {
             connections,
@@ -146,17 +151,11 @@ async fn run(cli: Cli) -> Report {
             pool,
         } => {
             let out = checks::multikey(target, ctl, connections, keys, pool).await;
-            let mut r = Report::new(
-                "multikey",
-                connections,
-                start.elapsed(),
-                &out.rec,
-                before,
-                pid.and_then(ProcSample::read),
-            )
-            .with("keys_per_op", keys as u64)
-            .with("pool", pool as u64)
-            .with("violations", out.violations);
+            let mut r = server
+                .report("multikey", connections, &out.rec)
+                .with("keys_per_op", keys as u64)
+                .with("pool", pool as u64)
+                .with("violations", out.violations);
             r.errors += out.violations;
             r
         }
@@ -165,15 +164,22 @@ async fn run(cli: Cli) -> Report {
             connections,
             depth,
             keep,
-        } => memory::hold(target, ctl, count, connections, depth.max(1), keep, pid).await,
-        Workload::Conns { idle, active } => {
-            memory::conns(target, c.duration, idle, active.max(1), pid).await
+        } => {
+            memory::hold(
+                target,
+                ctl,
+                count,
+                connections,
+                depth.max(1),
+                keep,
+                server.pid,
+            )
+            .await
         }
-    };
-    if let Some(p) = progress {
-        p.abort();
+        Workload::Conns { idle, active } => {
+            memory::conns(target, duration, idle, active.max(1), server.pid).await
+        }
     }
-    report
 }
 
 /// A progress line on a terminal (stderr), nothing when piped.

@@ -1,9 +1,10 @@
 //! Memory workloads: many held keys, many idle connections.
 
-use crate::conn::Conn;
-use crate::stats::{mib, Control, ProcSample, Recorder, Report};
+use crate::stats::{mib, Control, Recorder, Report};
 use crate::workloads::{lock_unlock, Target};
+use dlock::proc_sample::ProcSample;
 use dlock::proto::{RequestType, ResponseStatus};
+use dlock::raw::RawClient;
 use std::collections::VecDeque;
 use std::io;
 use std::time::{Duration, Instant};
@@ -18,7 +19,7 @@ fn hold_key(i: u64) -> String {
 
 /// Sends `Lock` (or `Unlock`) for keys `from..to`, `depth` in flight.
 async fn pipelined(
-    c: &mut Conn,
+    c: &mut RawClient,
     kind: RequestType,
     from: u64,
     to: u64,
@@ -29,13 +30,11 @@ async fn pipelined(
     let mut next = from;
     while next < to || !in_flight.is_empty() {
         while next < to && in_flight.len() < depth {
-            let release = if kind == RequestType::Lock {
-                HOLD_LEASE_MICROS
-            } else {
-                0
-            };
-            let req = c.request(kind, &[hold_key(next)], release);
-            c.push(&req);
+            let mut req = c.request(kind, &[hold_key(next)]);
+            if let (RequestType::Lock, Some(lock)) = (kind, req.lock.as_mut()) {
+                lock.release_micro = HOLD_LEASE_MICROS;
+            }
+            c.queue(&req);
             in_flight.push_back(Instant::now());
             next += 1;
         }
@@ -152,7 +151,7 @@ pub async fn conns(
             let t = t.clone();
             tasks.push(tokio::spawn(async move {
                 let mut c = t.connect().await?;
-                let ping = c.request(RequestType::Ping, &[], 0);
+                let ping = c.request(RequestType::Ping, &[]);
                 c.call(&ping).await?;
                 Ok::<_, io::Error>(c)
             }));

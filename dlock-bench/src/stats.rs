@@ -1,6 +1,7 @@
 //! Measurements: latency histograms, run control, the server's CPU and
-//! memory from /proc, and the report.
+//! memory from /proc (`dlock::proc_sample`), and the report.
 
+use dlock::proc_sample::ProcSample;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -114,47 +115,6 @@ impl Latency {
             p999_us: hist.value_at_quantile(0.999),
             max_us: hist.max(),
         }
-    }
-}
-
-/// CPU time and memory of a process, from /proc.
-#[derive(Debug, Clone, Copy)]
-pub struct ProcSample {
-    /// User + system CPU time.
-    pub cpu: Duration,
-    /// Resident set size now, bytes.
-    pub rss: u64,
-    /// Peak resident set size, bytes.
-    pub hwm: u64,
-}
-
-impl ProcSample {
-    /// Reads /proc/PID; `None` if the process is gone or /proc is absent.
-    pub fn read(pid: u32) -> Option<ProcSample> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Fields after the command name, which may contain spaces.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let utime: u64 = fields.get(11)?.parse().ok()?;
-        let stime: u64 = fields.get(12)?.parse().ok()?;
-        // SAFETY: sysconf has no preconditions.
-        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        let ticks = u64::try_from(ticks).ok().filter(|t| *t > 0)?;
-        let cpu = Duration::from_nanos((utime + stime) * 1_000_000_000 / ticks);
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let kib = |name: &str| -> Option<u64> {
-            let line = status.lines().find(|l| l.starts_with(name))?;
-            line.split_whitespace()
-                .nth(1)?
-                .parse::<u64>()
-                .ok()
-                .map(|k| k * 1024)
-        };
-        Some(ProcSample {
-            cpu,
-            rss: kib("VmRSS:")?,
-            hwm: kib("VmHWM:")?,
-        })
     }
 }
 

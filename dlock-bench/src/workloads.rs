@@ -1,8 +1,8 @@
 //! Throughput and latency workloads: ping, lock-unlock, pipeline, churn.
 
-use crate::conn::Conn;
 use crate::stats::{Control, Recorder};
 use dlock::proto::{RequestType, ResponseStatus};
+use dlock::raw::RawClient;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
@@ -16,8 +16,10 @@ pub struct Target {
 }
 
 impl Target {
-    pub async fn connect(&self) -> io::Result<Conn> {
-        Conn::connect(&self.addr, &self.token).await
+    pub async fn connect(&self) -> io::Result<RawClient> {
+        Ok(RawClient::connect(&self.addr)
+            .await?
+            .with_token(self.token.as_str()))
     }
 }
 
@@ -61,7 +63,7 @@ pub async fn ping(t: Target, ctl: Control, conns: usize) -> Recorder {
             let result = async {
                 let mut c = t.connect().await?;
                 while ctl.next() {
-                    let req = c.request(RequestType::Ping, &[], 0);
+                    let req = c.request(RequestType::Ping, &[]);
                     let start = Instant::now();
                     let r = c.call(&req).await?;
                     rec.outcome(ok(r.status), start);
@@ -87,9 +89,9 @@ pub async fn lock_unlock(t: Target, ctl: Control, conns: usize, prefix: &str) ->
                 let mut c = t.connect().await?;
                 while ctl.next() {
                     let start = Instant::now();
-                    let lock = c.request(RequestType::Lock, &key, 0);
+                    let lock = c.request(RequestType::Lock, &key);
                     let locked = c.call(&lock).await?;
-                    let unlock = c.request(RequestType::Unlock, &key, 0);
+                    let unlock = c.request(RequestType::Unlock, &key);
                     let unlocked = c.call(&unlock).await?;
                     rec.outcome(ok(locked.status) && ok(unlocked.status), start);
                 }
@@ -124,13 +126,13 @@ pub async fn pipeline(
                 loop {
                     while in_flight.len() < depth && ctl.next() {
                         if pairs {
-                            let lock = c.request(RequestType::Lock, &key, 0);
-                            let unlock = c.request(RequestType::Unlock, &key, 0);
-                            c.push(&lock);
-                            c.push(&unlock);
+                            let lock = c.request(RequestType::Lock, &key);
+                            let unlock = c.request(RequestType::Unlock, &key);
+                            c.queue(&lock);
+                            c.queue(&unlock);
                         } else {
-                            let ping = c.request(RequestType::Ping, &[], 0);
-                            c.push(&ping);
+                            let ping = c.request(RequestType::Ping, &[]);
+                            c.queue(&ping);
                         }
                         in_flight.push_back(Instant::now());
                     }
@@ -176,7 +178,7 @@ pub async fn churn(t: Target, ctl: Control, conns: usize) -> Recorder {
                 while ctl.next() {
                     let start = Instant::now();
                     let mut c = t.connect().await?;
-                    let lock = c.request(RequestType::Lock, &key, 0);
+                    let lock = c.request(RequestType::Lock, &key);
                     // Waits if the previous connection's release is still in
                     // flight: that is part of what churn measures.
                     let r = c.call(&lock).await?;

@@ -2,6 +2,7 @@
 //! working. No thresholds: speed is measured by bench/compare.sh, not here.
 
 use dlock_server::testing::TestServer;
+use dlock_server::Config;
 use tokio::process::Command;
 
 async fn bench(server: &TestServer, args: &[&str]) -> serde_json::Value {
@@ -28,7 +29,7 @@ async fn bench(server: &TestServer, args: &[&str]) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_workload_runs_and_reports() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     for args in [
         &["ping", "-c", "4"][..],
         &["lock-unlock", "-c", "4"],

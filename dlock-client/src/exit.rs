@@ -89,14 +89,26 @@ pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
             UNAVAILABLE,
             format!("cannot connect to {server}: no answer within {timeout:?} (check the address and the network)"),
         ),
-        Error::ConnectionLost(reason) => Failure::new(UNAVAILABLE, format!("connection to {server} lost: {reason}")),
-        Error::Io(e) => Failure::new(UNAVAILABLE, format!("connection to {server} failed: {e}")),
+        Error::ConnectionLost(lost) => Failure::new(UNAVAILABLE, format!("connection to {server} lost: {}", with_cause(lost.reason(), &lost))),
         Error::AccessDenied(_) => Failure::new(
             NO_PERMISSION,
             format!("access denied by {server} (set DLOCK_TOKEN or --token-file to a token the server accepts)"),
         ),
         other => Failure::new(SOFTWARE, other.to_string()),
     }
+}
+
+/// `what`, then the text of each underlying error of `e`: "read failed:
+/// Connection reset by peer".
+fn with_cause(what: impl std::fmt::Display, e: &dyn std::error::Error) -> String {
+    let mut text = what.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ impl Keeper {
 
     /// Ends the watch: the guardian is told COMMAND has ended, and the lock
     /// is given back for the final release.
-    pub fn finish(self) -> LockGuard {
+    pub fn into_guard(self) -> LockGuard {
         if let Some(g) = self.guardian {
             g.done();
         }

@@ -30,6 +30,12 @@ pub async fn run(args: Args) -> Result<u8, Failure> {
     if args.inspect {
         return crate::inspect::run(&args, options, keys).await;
     }
+    let argv = command_line(&args, &keys)?;
+    run_locked(&args, options, &keys, &argv).await
+}
+
+/// The command to run, once there are keys to lock and a command.
+fn command_line(args: &Args, keys: &[String]) -> Result<Vec<String>, Failure> {
     if keys.is_empty() {
         return Err(Failure::new(
             exit::USAGE,
@@ -38,25 +44,74 @@ pub async fn run(args: Args) -> Result<u8, Failure> {
     }
     let argv = args.argv();
     if argv.is_empty() {
-        return Err(no_command(&args));
+        return Err(no_command(args));
     }
-    warn_without_separator(&args);
+    warn_without_separator(args);
+    Ok(argv)
+}
 
+/// dlock's main path: wait for the lock, run COMMAND under it while
+/// keeping the lock, then release it and give COMMAND's exit code.
+async fn run_locked(
+    args: &Args,
+    options: ClientOptions,
+    keys: &[String],
+    argv: &[String],
+) -> Result<u8, Failure> {
     // Without a terminal the command leads a process group of its own, and
     // job-control stops are dlock's to pass on.
     let own_group = !std::io::stdin().is_terminal();
     let mut signals = Signals::install(own_group)?;
+    // Kept open until dlock ends, as the connection it first made.
     let client = keeper::connect(&args.server, options.clone()).await?;
-    check_limits(&args, &client, &keys)?;
-    let guard = tokio::select! {
-        guard = acquire(&args, &client, &keys) => guard?,
-        sig = interrupt(&mut signals) => {
-            say!("interrupted by {} while waiting for the lock; command not run", signals::name(sig));
+    check_limits(args, &client, keys)?;
+    let guard = match wait_for_lock(args, &client, keys, &mut signals).await? {
+        Waited::Locked(guard) => guard,
+        Waited::Interrupted(sig) => {
+            say!(
+                "interrupted by {} while waiting for the lock; command not run",
+                signals::name(sig)
+            );
             return Ok(128 + sig as u8);
         }
     };
     let acquired = Instant::now();
     let fence = guard.fence();
+    let mut keeper = start_keeper(args, &options, guard)?;
+    let mut child = match Child::spawn(argv, keys, fence, own_group, keeper.guardian_fd()) {
+        Ok(c) => c,
+        Err(f) => {
+            release(args, &options, keeper.into_guard(), acquired).await;
+            return Err(f);
+        }
+    };
+    let outcome = supervise(args, &mut child, &mut keeper, &mut signals, acquired).await;
+    conclude(args, &options, keeper.into_guard(), outcome, acquired).await
+}
+
+/// How the wait for the lock ended.
+enum Waited {
+    Locked(LockGuard),
+    /// A signal came first: its number.
+    Interrupted(i32),
+}
+
+/// Waits for the lock, or for a signal that ends the wait.
+async fn wait_for_lock(
+    args: &Args,
+    client: &Client,
+    keys: &[String],
+    signals: &mut Signals,
+) -> Result<Waited, Failure> {
+    tokio::select! {
+        guard = acquire(args, client, keys) => Ok(Waited::Locked(guard?)),
+        sig = interrupt(signals) => Ok(Waited::Interrupted(sig)),
+    }
+}
+
+/// Starts keeping the lock, with the guardian that outlives dlock beside
+/// it; refuses to go on with a lock already lost.
+fn start_keeper(args: &Args, options: &ClientOptions, guard: LockGuard) -> Result<Keeper, Failure> {
     let reconnect = Reconnect {
         server: args.server.clone(),
         options: options.clone(),
@@ -68,31 +123,34 @@ pub async fn run(args: Args) -> Result<u8, Failure> {
     if guardian.is_none() {
         say!("warning: cannot start the guardian: if dlock dies, processes the command started are not stopped");
     }
-    let mut keeper = Keeper::new(guard, reconnect, guardian, enforce);
+    let keeper = Keeper::new(guard, reconnect, guardian, enforce);
     if keeper.guard().is_lost() {
         // A deadline already past leaves COMMAND's first steps unguarded:
         // do not start it.
-        let _ = keeper.finish().into_parts();
+        let _ = keeper.into_guard().into_parts();
         return Err(Failure::new(
             exit::LOCK_LOST,
             "the lock was lost before the command could start",
         ));
     }
-    let mut child = match Child::spawn(&argv, &keys, fence, own_group, keeper.guardian_fd()) {
-        Ok(c) => c,
-        Err(f) => {
-            release(&args, &options, keeper.finish(), acquired).await;
-            return Err(f);
-        }
-    };
-    let outcome = supervise(&args, &mut child, &mut keeper, &mut signals, acquired).await;
-    let guard = keeper.finish();
+    Ok(keeper)
+}
+
+/// After COMMAND: release the lock unless it was lost, and choose the exit
+/// code.
+async fn conclude(
+    args: &Args,
+    options: &ClientOptions,
+    guard: LockGuard,
+    outcome: Outcome,
+    acquired: Instant,
+) -> Result<u8, Failure> {
     let status = outcome
         .status
         .map_err(|e| Failure::new(exit::SOFTWARE, format!("lost track of the command: {e}")))?;
 
     if outcome.lost.is_none() {
-        release(&args, &options, guard, acquired).await;
+        release(args, options, guard, acquired).await;
     } else {
         // Lost: nothing to release, and the drop must not try.
         let _ = guard.into_parts();

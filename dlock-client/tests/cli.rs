@@ -7,9 +7,10 @@
 
 mod common;
 
-use common::{code, finish, stderr, stdout, PATIENCE};
+use common::{code, stderr, stdout, wait_output, PATIENCE};
 use dlock::{Client, LockOptions};
 use dlock_server::testing::TestServer;
+use dlock_server::Config;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -66,7 +67,7 @@ fn signal(child: &Child, sig: i32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_code_and_signal_death_pass_through() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     assert_eq!(
         code(&run(&server, &["-k", "e", "--", "sh", "-c", "exit 7"]).await),
         7
@@ -80,7 +81,7 @@ async fn exit_code_and_signal_death_pass_through() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn command_not_found_and_usage_errors() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     assert_eq!(
         code(&run(&server, &["-k", "e", "--", "/nonexistent/cmd"]).await),
         127
@@ -101,7 +102,7 @@ async fn command_not_found_and_usage_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_lock_gives_conflict_code_with_nonblock_and_wait() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let holder = client(&server).await;
     let _g = holder.lock(["busy"], LockOptions::new()).await.unwrap();
     let o = run(
@@ -123,7 +124,7 @@ async fn busy_lock_gives_conflict_code_with_nonblock_and_wait() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_runs_on_one_key_never_overlap() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let script = format!(
@@ -138,7 +139,7 @@ async fn concurrent_runs_on_one_key_never_overlap() {
         })
         .collect();
     for r in runs {
-        assert_eq!(code(&finish(r).await), 0);
+        assert_eq!(code(&wait_output(r).await), 0);
     }
     let text = std::fs::read_to_string(&log).unwrap();
     let events: Vec<(String, u128)> = text
@@ -158,7 +159,7 @@ async fn concurrent_runs_on_one_key_never_overlap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multiple_keys_are_taken_atomically() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let holder = client(&server).await;
     let _g = holder.lock(["k2"], LockOptions::new()).await.unwrap();
     let o = run(&server, &["-n", "-k", "k1", "-k", "k2", "--", "true"]).await;
@@ -178,7 +179,7 @@ async fn multiple_keys_are_taken_atomically() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_key_agrees_for_the_same_command() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let show = ["--auto-key", "--", "sh", "-c", "echo $DLOCK_KEYS"];
     let a = stdout(&run(&server, &show).await);
     let b = stdout(&run(&server, &show).await);
@@ -198,7 +199,7 @@ async fn auto_key_agrees_for_the_same_command() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_increases_between_runs() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let show = ["-k", "f", "-c", "echo $DLOCK_FENCE"];
     let a: u64 = stdout(&run(&server, &show).await).trim().parse().unwrap();
     let b: u64 = stdout(&run(&server, &show).await).trim().parse().unwrap();
@@ -207,7 +208,7 @@ async fn fence_increases_between_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hold_keeps_the_lock_after_dlock_exits() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let start = Instant::now();
     let o = run(&server, &["--hold", "1s", "-k", "cron", "--", "true"]).await;
     assert_eq!(code(&o), 0);
@@ -237,7 +238,7 @@ async fn hold_keeps_the_lock_after_dlock_exits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_time_stops_the_command() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let start = Instant::now();
     let o = run(
         &server,
@@ -265,7 +266,7 @@ async fn max_time_stops_the_command() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_lock_stops_the_command() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut child = dlock(
         &server,
         &[
@@ -282,7 +283,7 @@ async fn lost_lock_stops_the_command() {
     await_line(&mut child, "ready").await;
     let start = Instant::now();
     server.stop().await.unwrap();
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 75);
     assert!(stderr(&o).contains("lost"), "{}", stderr(&o));
     assert!(start.elapsed() < Duration::from_secs(25));
@@ -290,21 +291,21 @@ async fn lost_lock_stops_the_command() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_are_forwarded_to_the_command() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let script = "trap 'echo got-term; exit 3' TERM; echo ready; while :; do sleep 0.05; done";
     let mut child = dlock(&server, &["-k", "sig", "-c", script])
         .spawn()
         .unwrap();
     await_line(&mut child, "ready").await;
     signal(&child, libc::SIGTERM);
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 3);
     assert!(stdout(&o).contains("got-term"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interrupt_while_waiting_does_not_run_the_command() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let holder = client(&server).await;
     let _g = holder.lock(["wait"], LockOptions::new()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -317,7 +318,7 @@ async fn interrupt_while_waiting_does_not_run_the_command() {
     .unwrap();
     await_waiters(&holder, "wait", 1).await;
     signal(&child, libc::SIGINT);
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 130);
     assert!(!marker.exists());
     await_waiters(&holder, "wait", 0).await;
@@ -328,7 +329,11 @@ async fn access_token_from_env_or_file() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, "letmein\n").unwrap();
-    let server = TestServer::start(&["--token-file", tokens.to_str().unwrap()]).await;
+    let server = TestServer::start(Config {
+        token_file: Some(tokens.to_path_buf()),
+        ..Config::default()
+    })
+    .await;
     let denied = run(&server, &["-k", "t", "--", "true"]).await;
     assert_eq!(code(&denied), 77);
     assert!(stderr(&denied).contains("DLOCK_TOKEN"));
@@ -357,7 +362,7 @@ async fn access_token_from_env_or_file() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verbose_says_what_it_waits_for_and_who_holds_it() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let holder = client(&server).await;
     let g = holder.lock(["v"], LockOptions::new()).await.unwrap();
     let child = dlock(&server, &["-v", "-k", "v", "--", "true"])
@@ -365,7 +370,7 @@ async fn verbose_says_what_it_waits_for_and_who_holds_it() {
         .unwrap();
     await_waiters(&holder, "v", 1).await;
     g.unlock().await.unwrap();
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 0);
     let err = stderr(&o);
     assert!(
@@ -380,7 +385,7 @@ async fn unreachable_server_is_a_clear_error() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = closed.local_addr().unwrap().to_string();
     drop(closed);
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let o = run(&server, &["--server", &addr, "-k", "x", "--", "true"]).await;
     assert_eq!(code(&o), 69);
     let err = stderr(&o);
@@ -396,7 +401,7 @@ async fn unreachable_server_is_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ping_and_inspect() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let o = run(&server, &["--ping"]).await;
     assert_eq!(code(&o), 0);
     assert!(stdout(&o).contains(" ok "));
@@ -415,7 +420,7 @@ async fn ping_and_inspect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_mode_renews_and_is_released_at_the_end() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let probe = client(&server).await;
     // The command outlives several lease lengths, so only renewals keep it.
     let mut child = dlock(
@@ -432,7 +437,7 @@ async fn lease_mode_renews_and_is_released_at_the_end() {
     .spawn()
     .unwrap();
     await_line(&mut child, "ready").await;
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(stdout(&o).contains("done"));
     let info = probe.inspect(["lease"]).await.unwrap().remove(0);
@@ -476,7 +481,7 @@ impl Proxy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_mode_survives_a_dropped_connection() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let proxy = Proxy::start(server.addr).await;
     let probe = client(&server).await;
     let script = "echo ready; read _; echo done";
@@ -517,7 +522,7 @@ async fn lease_mode_survives_a_dropped_connection() {
     // Still the same grant: the lease was kept, not lost and taken again.
     assert_eq!(probe.inspect(["net"]).await.unwrap()[0].fence, fence);
     drop(child.stdin.take());
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 0, "{seen}");
     assert!(stdout(&o).contains("done"));
     assert_eq!(

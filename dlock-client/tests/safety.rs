@@ -13,7 +13,9 @@ use common::*;
 use dlock::LockOptions;
 use dlock_server::testing::proxy::FreezableProxy;
 use dlock_server::testing::TestServer;
+use dlock_server::Config;
 use std::process::Stdio;
+use std::time::Duration;
 
 /// COMMAND that prints its pid and ignores SIGTERM: only the SIGKILL that
 /// dlock sends before the deadline (or its guardian) can stop it.
@@ -39,7 +41,7 @@ async fn frozen_path_stops_command_first(server: &TestServer, args: &[&str]) {
         is_dead(pid),
         "COMMAND still ran when the key was granted to another client"
     );
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 75, "{}", stderr(&o));
     assert!(stderr(&o).contains("lost"), "{}", stderr(&o));
     second.unlock().await.unwrap();
@@ -47,20 +49,28 @@ async fn frozen_path_stops_command_first(server: &TestServer, args: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_path_stops_the_command_before_an_idle_server_hands_the_lock_on() {
-    let server = TestServer::start(&["--idle-timeout", "3s"]).await;
+    let server = TestServer::start(Config {
+        idle_timeout: Duration::from_secs(3),
+        ..Config::default()
+    })
+    .await;
     frozen_path_stops_command_first(&server, &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_path_stops_the_command_before_its_lease_runs_out() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     frozen_path_stops_command_first(&server, &["--lease", "3s"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_dlock_cannot_leave_its_command_running() {
     // A 1 s margin: the guardian acts a quarter of it before the deadline.
-    let server = TestServer::start(&["--idle-timeout", "4s"]).await;
+    let server = TestServer::start(Config {
+        idle_timeout: Duration::from_secs(4),
+        ..Config::default()
+    })
+    .await;
     let mut child = dlock_at(&server.addr_string(), &["-k", "paused", "-c", STUBBORN])
         .spawn()
         .unwrap();
@@ -76,7 +86,7 @@ async fn a_paused_dlock_cannot_leave_its_command_running() {
         .expect("granted");
     let dead = is_dead(pid);
     signal_pid(pid_of(&child), libc::SIGCONT);
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert!(
         dead,
         "COMMAND still ran while dlock was paused: {}",
@@ -89,16 +99,16 @@ async fn a_paused_dlock_cannot_leave_its_command_running() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_dlock_kills_the_command_and_its_group() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let (child, pids) = with_background_child(&server.addr_string(), "sigk", Stdio::null()).await;
     signal_pid(pid_of(&child), libc::SIGKILL);
     await_all_dead(&pids).await;
-    let _ = finish(child).await;
+    let _ = wait_output(child).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_release_after_the_command_is_bounded_when_the_server_stops_answering() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let proxy = FreezableProxy::start(server.addr).await;
     let mut child = dlock_at(
         &proxy.addr_string(),
@@ -117,7 +127,7 @@ async fn the_release_after_the_command_is_bounded_when_the_server_stops_answerin
     lines(&mut child, 1).await;
     proxy.freeze();
     drop(child.stdin.take());
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 4, "the command's code: {}", stderr(&o));
     let err = stderr(&o);
     assert!(
@@ -128,7 +138,7 @@ async fn the_release_after_the_command_is_bounded_when_the_server_stops_answerin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hold_beyond_the_servers_maximum_lease_is_refused_before_the_command_runs() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let o = run_at(
         &server.addr_string(),
         &["--hold", "31d", "-k", "h", "-c", "echo ran"],
@@ -155,7 +165,11 @@ async fn a_hold_beyond_the_servers_maximum_lease_is_refused_before_the_command_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_server_idle_timeout_does_not_kill_a_held_lock() {
-    let server = TestServer::start(&["--idle-timeout", "2s"]).await;
+    let server = TestServer::start(Config {
+        idle_timeout: Duration::from_secs(2),
+        ..Config::default()
+    })
+    .await;
     // Two and a half idle timeouts of a quiet command.
     let o = run_at(&server.addr_string(), &["-k", "idle", "--", "sleep", "5"]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -163,7 +177,7 @@ async fn a_short_server_idle_timeout_does_not_kill_a_held_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_lost_ignore_still_exits_75() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut child = dlock_at(
         &server.addr_string(),
         &[
@@ -194,6 +208,6 @@ async fn on_lost_ignore_still_exits_75() {
     .await
     .expect("dlock reports the loss");
     drop(child.stdin.take());
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 75);
 }

@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use dlock::{Client, ClientOptions, LockOptions};
 use dlock_server::testing::TestServer;
+use dlock_server::Config;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_server_addresses_are_usage_errors() {
@@ -23,7 +24,11 @@ async fn token_file_skips_comments_and_the_command_does_not_see_the_token() {
     std::fs::write(&server_tokens, "t0ken\n").unwrap();
     let client_token = dir.path().join("client");
     std::fs::write(&client_token, "# deploy token\n\n  t0ken\n").unwrap();
-    let server = TestServer::start(&["--token-file", server_tokens.to_str().unwrap()]).await;
+    let server = TestServer::start(Config {
+        token_file: Some(server_tokens.to_path_buf()),
+        ..Config::default()
+    })
+    .await;
     let path = client_token.to_str().unwrap();
     let o = run_at(&server.addr_string(), &["--token-file", path, "--ping"]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -41,7 +46,7 @@ async fn token_file_skips_comments_and_the_command_does_not_see_the_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_without_separator_is_run_with_a_warning() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let o = run_at(&server.addr_string(), &["-k", "a", "true"]).await;
     assert_eq!(code(&o), 0);
     assert!(
@@ -62,7 +67,7 @@ async fn a_command_without_separator_is_run_with_a_warning() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nonblock_verbose_says_who_holds_the_key() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let holder = client(&server.addr_string()).await;
     let _g = holder.lock(["nv"], LockOptions::new()).await.unwrap();
     let o = run_at(
@@ -80,7 +85,7 @@ async fn nonblock_verbose_says_who_holds_the_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interrupted_while_waiting_says_so_without_verbose() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let holder = client(&server.addr_string()).await;
     let _g = holder.lock(["iw"], LockOptions::new()).await.unwrap();
     let child = dlock_at(&server.addr_string(), &["-k", "iw", "--", "true"])
@@ -92,7 +97,7 @@ async fn interrupted_while_waiting_says_so_without_verbose() {
         tokio::task::yield_now().await;
     }
     signal_pid(pid_of(&child), libc::SIGTERM);
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 143);
     assert_eq!(
         stderr(&o),
@@ -102,7 +107,7 @@ async fn interrupted_while_waiting_says_so_without_verbose() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_without_keys_prints_the_server_counts() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let holder = Client::connect_with(&server.addr_string(), ClientOptions::default())
         .await
         .unwrap();
@@ -114,7 +119,7 @@ async fn inspect_without_keys_prints_the_server_counts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_terminal_sigtstp_stops_the_command_not_dlock() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     let mut child = dlock_at(
         &server.addr_string(),
         &["-k", "tstp", "-c", "echo $$; exec sleep 600"],
@@ -129,13 +134,13 @@ async fn without_a_terminal_sigtstp_stops_the_command_not_dlock() {
     signal_pid(dlock, libc::SIGCONT);
     await_state(pid, "running again", |s| s == Some('S') || s == Some('R')).await;
     signal_pid(dlock, libc::SIGTERM);
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 143, "{}", stderr(&o));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_terminal_sigterm_reaches_everything_the_command_started() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(Config::default()).await;
     // A pseudo-terminal as stdin makes dlock run COMMAND in its own group.
     let (mut master, mut slave) = (0, 0);
     // SAFETY: openpty writes two descriptors we then own; the null name,
@@ -161,6 +166,6 @@ async fn on_a_terminal_sigterm_reaches_everything_the_command_started() {
     let (child, pids) = with_background_child(&server.addr_string(), "tty", slave.into()).await;
     signal_pid(pid_of(&child), libc::SIGTERM);
     await_all_dead(&pids).await;
-    let o = finish(child).await;
+    let o = wait_output(child).await;
     assert_eq!(code(&o), 128 + libc::SIGTERM, "{}", stderr(&o));
 }

@@ -162,6 +162,10 @@ pub struct ClusterConfig {
     pub limits: TableLimits,
     /// The table's first fencing token, for a fresh table.
     pub first_fence: u64,
+    /// Whether the table's owners must be open sessions
+    /// ([`LockTable::with_sessions`]), as the server's clients are. A test of
+    /// the engine alone may drive it with bare owner ids instead.
+    pub sessions: bool,
 }
 
 /// A cheap handle to a running node.
@@ -217,8 +221,9 @@ impl Cluster {
         let (file, found) = SnapshotFile::open(&dir)
             .with_context(|| format!("cannot read the snapshot in {}", dir.display()))?;
         let fresh = found.is_none() && log.is_fresh().context("cannot read raft.redb")?;
-        let state_machine = StateMachine::open(file, found, cfg.limits, cfg.first_fence, sink)
-            .with_context(|| format!("cannot restore the snapshot in {}", dir.display()))?;
+        let state_machine =
+            StateMachine::open(file, found, cfg.limits, cfg.first_fence, cfg.sessions, sink)
+                .with_context(|| format!("cannot restore the snapshot in {}", dir.display()))?;
         let machine = state_machine.shared();
         let committed = log.committed_index();
 

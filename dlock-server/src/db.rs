@@ -180,7 +180,7 @@ impl Db {
     fn end_owner(&self, mut st: MutexGuard<'_, State>, owner: OwnerId) {
         st.peers.remove(&owner);
         let out = self.apply(&mut st, Command::Disconnect { owner });
-        self.finish(st, out);
+        self.deliver(st, out);
     }
 
     /// Asks for `keys`; see [`Command::Lock`].
@@ -213,7 +213,7 @@ impl Db {
             Reply::Lock(LockResult::ShuttingDown) => LockReply::ShuttingDown,
             other => unreachable!("the table answered a Lock with {other:?}"),
         };
-        self.finish(st, out);
+        self.deliver(st, out);
         reply
     }
 
@@ -221,7 +221,7 @@ impl Db {
     pub fn unlock(&self, owner: OwnerId, keys: Vec<Key>, fence: Option<u64>) -> Vec<Key> {
         let mut st = self.state();
         let out = self.apply(&mut st, Command::Unlock { owner, keys, fence });
-        self.finish_not_held(st, out)
+        self.deliver_not_held_reply(st, out)
     }
 
     /// Moves leases; returns the named keys that were not held.
@@ -240,15 +240,21 @@ impl Db {
             lease,
         };
         let out = self.apply(&mut st, cmd);
-        self.finish_not_held(st, out)
+        self.deliver_not_held_reply(st, out)
     }
 
-    fn finish_not_held<'a>(&'a self, st: MutexGuard<'a, State>, mut out: Output) -> Vec<Key> {
+    /// `deliver` for an Unlock or Renew, returning the keys its reply
+    /// says were not held.
+    fn deliver_not_held_reply<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+        mut out: Output,
+    ) -> Vec<Key> {
         let not_held = match std::mem::take(&mut out.reply) {
             Reply::NotHeld(keys) => keys,
             other => unreachable!("the table answered an Unlock or Renew with {other:?}"),
         };
-        self.finish(st, out);
+        self.deliver(st, out);
         not_held
     }
 
@@ -304,7 +310,7 @@ impl Db {
     pub fn close(&self) {
         let mut st = self.state();
         let out = self.apply(&mut st, Command::Close);
-        self.finish(st, out);
+        self.deliver(st, out);
     }
 
     /// Runs the timer task: expires leases and wait limits on time, until
@@ -341,7 +347,7 @@ impl Db {
             // costs the request path nothing; one line per batch due at once.
             tracing::info!(keys = out.expired_leases, "leases expired");
         }
-        self.finish(st, out);
+        self.deliver(st, out);
     }
 
     /// The earliest time at which [`Db::advance`] has work to do.
@@ -447,7 +453,7 @@ impl Db {
     /// connection is already gone is released again at once, as a
     /// [`Command::Undelivered`]: a lease given to a departed client would
     /// otherwise stay held, unknown to anyone, until it expired.
-    fn finish<'a>(&'a self, mut st: MutexGuard<'a, State>, mut out: Output) {
+    fn deliver<'a>(&'a self, mut st: MutexGuard<'a, State>, mut out: Output) {
         loop {
             for req in &out.withdrawn {
                 st.pending.remove(req);
@@ -490,7 +496,7 @@ impl Db {
 
     /// Stops listening for a waiting Lock's outcome: a grant that already
     /// arrived unanswered is released, and one that comes later is released
-    /// by `finish`, so no lease outlives a client that never learned its
+    /// by `deliver`, so no lease outlives a client that never learned its
     /// fencing token.
     pub fn abandon(&self, mut rx: oneshot::Receiver<Woken>) {
         rx.close();
@@ -506,7 +512,7 @@ impl Db {
                     fence,
                 },
             );
-            self.finish(st, out);
+            self.deliver(st, out);
         }
     }
 }

@@ -18,9 +18,12 @@
 //! | [`fence`] | where fencing tokens start so they never go backwards |
 //! | [`auth`] | access tokens |
 //! | [`limit_log`] | log lines for limits reached, paced to one a second |
-//! | [`fuzzing`] | the request path without sockets, for fuzzing |
+//! | `fuzzing` | the request path without sockets, for fuzzing (feature `fuzzing`) |
 //! | [`config`] | flags, defaults and limits |
-//! | [`testing`] | a server on an ephemeral loopback port, for tests |
+//! | `testing` | a server on an ephemeral loopback port, for tests (feature `testing`) |
+//!
+//! `testing` and `fuzzing` are behind features of the same names so the
+//! shipped server carries neither; tests, tools and `fuzz/` enable them.
 
 #![warn(missing_docs)]
 
@@ -31,6 +34,7 @@ pub mod config;
 pub mod connection;
 pub mod db;
 pub mod fence;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod handler;
 pub mod keymap;
@@ -42,6 +46,7 @@ pub mod replicated;
 pub mod server;
 pub mod shared;
 pub mod table;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use config::{Config, LogFormat};

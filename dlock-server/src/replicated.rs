@@ -664,6 +664,7 @@ pub async fn start(
         // be the same everywhere, so not the clock-derived one a single
         // server starts from. Fences then increase through the log.
         first_fence: CLUSTER_FIRST_FENCE,
+        sessions: true,
     };
     let attached = Arc::new(Attached::default());
     let sink_to = attached.clone();

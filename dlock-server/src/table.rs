@@ -381,7 +381,7 @@ impl LockTable {
                 not_held.push(k);
             }
         }
-        self.pump(work, now, woken);
+        self.grant_waiters(work, now, woken);
         not_held
     }
 
@@ -438,7 +438,7 @@ impl LockTable {
             self.release(&k);
             work.push(k);
         }
-        self.pump(work, now, &mut out.woken);
+        self.grant_waiters(work, now, &mut out.woken);
         self.compact_heaps();
     }
 
@@ -447,7 +447,7 @@ impl LockTable {
     fn close(&mut self) -> Vec<ReqId> {
         self.closed = true;
         let waiters = std::mem::take(&mut self.waiters);
-        // Nobody is left to pump keys to.
+        // Nobody is left to grant keys to.
         let mut fronts_changed = Vec::new();
         for (&req, w) in &waiters {
             self.dequeue(req, &w.keys, &mut fronts_changed);
@@ -477,7 +477,7 @@ impl LockTable {
                 out.expired_leases += 1;
             }
         }
-        self.pump(work, now, &mut out.woken);
+        self.grant_waiters(work, now, &mut out.woken);
         // After leases, before wait limits: a session that ran out is as
         // gone as a closed connection, and its keys go to waiters in order.
         while let Some(owner) = self.sessions.pop_expired(now) {
@@ -505,7 +505,7 @@ impl LockTable {
                 keys: w.keys,
                 wake: WaitOutcome::TimedOut(busy),
             });
-            self.pump(work, now, &mut out.woken);
+            self.grant_waiters(work, now, &mut out.woken);
             self.forget_owner_if_idle(w.owner);
         }
         self.compact_heaps();

@@ -1,12 +1,13 @@
 //! A server for tests: bound to `127.0.0.1:0`, running in the caller's
 //! runtime, stopped on request. Used by this workspace's integration tests
-//! and available to anyone testing code against dlock. [`proxy`] puts a
-//! forwarder the test can freeze between a client and the server.
+//! and available to anyone testing code against dlock, with the feature
+//! `testing` (a dev-dependency's feature, so the shipped server has none of
+//! it). [`proxy`] puts a forwarder the test can freeze between a client and
+//! the server.
 
 pub mod proxy;
 
 use crate::Config;
-use clap::Parser;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -23,22 +24,20 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    /// Starts a server with these flags (as on the command line) on an
-    /// ephemeral loopback port.
+    /// Starts a server with `config` on an ephemeral loopback port
+    /// (`config.listen` is not used). Limits are set as fields:
+    /// `Config { max_keys: 3, ..Config::default() }`.
     ///
     /// # Panics
-    /// If the flags do not parse or no loopback port can be bound: both are
-    /// mistakes in the test, not conditions to handle.
-    pub async fn start(args: &[&str]) -> TestServer {
+    /// If no loopback port can be bound: a broken test machine, not a
+    /// condition to handle.
+    pub async fn start(config: Config) -> TestServer {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");
         let addr = listener
             .local_addr()
             .expect("local address of a bound listener");
-        let config =
-            Config::try_parse_from(std::iter::once("dlock-server").chain(args.iter().copied()))
-                .expect("test server flags parse");
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(crate::run(listener, config, async {
             let _ = stopped.await;

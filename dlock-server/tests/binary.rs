@@ -3,16 +3,16 @@
 mod common;
 
 use common::process::Process;
-use common::{status, Conn};
+use common::{status, TestClient};
 use dlock::proto::ResponseStatus;
 use std::process::Command;
 
 #[tokio::test]
 async fn sigterm_answers_waiters_and_exits_zero() {
     let server = Process::start(&[]);
-    let mut h = Conn::connect(server.addr).await;
+    let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["k"]).await;
-    let mut w = Conn::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let req = w.lock_request(&["k"], 0, 0);
     w.send(&req).await;
     h.await_waiters("k", 1).await;
@@ -40,7 +40,7 @@ async fn fencing_tokens_increase_after_sigkill() {
     let mut last = ahead - 1;
     for _ in 0..3 {
         let mut server = Process::start(&args);
-        let mut c = Conn::connect(server.addr).await;
+        let mut c = TestClient::connect(server.addr).await;
         for key in ["x", "y"] {
             let f = c.must_lock(&[key]).await;
             assert!(f > last, "fence {f} not above {last}");
@@ -83,8 +83,8 @@ fn bad_flag_is_a_usage_error() {
 #[tokio::test]
 async fn json_logs_have_one_parsable_line_per_notable_event_and_none_per_request() {
     let mut server = Process::start(&["--log-format", "json", "--idle-timeout", "1s"]);
-    let mut c = Conn::connect(server.addr).await;
-    let client = c.stream.local_addr().expect("client address");
+    let mut c = TestClient::connect(server.addr).await;
+    let client = c.stream().local_addr().expect("client address");
     for _ in 0..5 {
         assert_eq!(status(&c.ping().await), ResponseStatus::Ok);
     }

@@ -122,6 +122,8 @@ impl Harness {
                 max_held_keys: 100_000,
             },
             first_fence: 1,
+            // The engine alone: owners are bare ids, as on a single server.
+            sessions: false,
         };
         let cluster = Cluster::start(cfg, listener, sink, CancellationToken::new())
             .await

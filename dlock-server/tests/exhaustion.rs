@@ -5,7 +5,7 @@
 mod common;
 
 use common::process::{raise_own_fd_limit, Process};
-use common::{request, status, Conn, PATIENCE};
+use common::{request, status, TestClient, PATIENCE};
 use dlock::proto::{RequestType, ResponseStatus};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,7 +20,7 @@ async fn running_out_of_descriptors_backs_off_and_recovers() {
     let mut server = Process::start_with_fd_limit(&[], Some(40));
     let mut clients = Vec::new();
     for _ in 0..60 {
-        let mut c = Conn::connect(server.addr).await;
+        let mut c = TestClient::connect(server.addr).await;
         let ping = c.request(RequestType::Ping, &[]);
         c.send(&ping).await;
         clients.push(c);
@@ -28,10 +28,10 @@ async fn running_out_of_descriptors_backs_off_and_recovers() {
     server.wait_for_log("accept failed");
     // While descriptors are exhausted the accept loop waits between tries:
     // over a second it must use a small fraction of a core, not all of it.
-    let before = server.cpu_time();
+    let before = server.sample().cpu;
     let window = std::time::Instant::now();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let used = server.cpu_time() - before;
+    let used = server.sample().cpu - before;
     assert!(
         used < window.elapsed() / 4,
         "accept loop used {used:?} of CPU in {:?}",
@@ -53,9 +53,9 @@ async fn running_out_of_descriptors_backs_off_and_recovers() {
 #[tokio::test]
 async fn client_pipelining_without_reading_is_bounded_and_dropped() {
     let server = Process::start(&["--write-timeout", "2s"]);
-    let mut other = Conn::connect(server.addr).await;
+    let mut other = TestClient::connect(server.addr).await;
     other.ping().await;
-    let baseline = server.status_bytes("VmRSS:");
+    let baseline = server.sample().rss;
     // 100,000 pings, each carrying a kilobyte, written without reading a
     // single answer: 100 MB the server must not buffer.
     let flood = tokio::spawn({
@@ -92,7 +92,7 @@ async fn client_pipelining_without_reading_is_bounded_and_dropped() {
         .expect("the flooding client is dropped in time")
         .expect("flood task");
     assert!(dropped);
-    let peak = server.status_bytes("VmHWM:");
+    let peak = server.sample().hwm;
     assert!(
         peak < baseline + 32 * MIB,
         "server RSS peaked at {} MiB from a baseline of {} MiB",
@@ -120,7 +120,7 @@ async fn slowloris_crowd_is_dropped_and_others_are_served() {
         s.write_all(&[0, 0]).await.expect("write");
         crowd.push(s);
     }
-    let mut c = Conn::connect(server.addr).await;
+    let mut c = TestClient::connect(server.addr).await;
     for _ in 0..50 {
         c.must_lock(&["k"]).await;
         assert_eq!(status(&c.unlock(&["k"]).await), ResponseStatus::Ok);

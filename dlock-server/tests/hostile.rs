@@ -4,9 +4,11 @@
 
 mod common;
 
-use common::{Conn, TestServer, PATIENCE};
+use common::{TestClient, TestServer, PATIENCE};
 use dlock::proto::{Request, RequestLock, Response};
+use dlock_server::Config;
 use proptest::prelude::*;
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -54,7 +56,7 @@ fn request() -> impl Strategy<Value = Request> {
 
 /// Reads responses until the server closes the connection; each must be a
 /// valid frame holding a valid Response.
-async fn drain(conn: &mut Conn) -> Vec<Response> {
+async fn drain(conn: &mut TestClient) -> Vec<Response> {
     let mut out = Vec::new();
     while let Some(r) = conn.try_recv().await {
         out.push(r);
@@ -70,17 +72,17 @@ proptest! {
         chunks in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..600), 1..8)
     ) {
         runtime().block_on(async {
-            let server = TestServer::start(&["--max-frame", "512"]).await;
-            let mut c = Conn::connect(server.addr).await;
+            let server = TestServer::start(Config {max_frame: 512, ..Config::default() }).await;
+            let mut c = TestClient::connect(server.addr).await;
             for chunk in &chunks {
                 // The server may already have closed on an oversize length.
-                if c.stream.write_all(chunk).await.is_err() {
+                if c.raw.send_bytes(chunk).await.is_err() {
                     break;
                 }
             }
-            let _ = c.stream.shutdown().await;
+            let _ = c.stream().shutdown().await;
             drain(&mut c).await;
-            let mut control = Conn::connect(server.addr).await;
+            let mut control = TestClient::connect(server.addr).await;
             control.ping().await;
             control.await_empty_server().await;
         });
@@ -91,10 +93,10 @@ proptest! {
         batches in prop::collection::vec(prop::collection::vec(request(), 1..24), 1..4)
     ) {
         runtime().block_on(async {
-            let server = TestServer::start(&["--max-lease", "1s", "--max-key-len", "32"]).await;
+            let server = TestServer::start(Config {max_lease: Duration::from_secs(1), max_key_len: 32, ..Config::default() }).await;
             let mut conns = Vec::new();
             for batch in &batches {
-                let mut c = Conn::connect(server.addr).await;
+                let mut c = TestClient::connect(server.addr).await;
                 let mut ids = Vec::new();
                 let mut frames = bytes::BytesMut::new();
                 for req in batch {
@@ -118,7 +120,7 @@ proptest! {
                 }
             }
             drop(conns);
-            let mut control = Conn::connect(server.addr).await;
+            let mut control = TestClient::connect(server.addr).await;
             control.await_empty_server().await;
         });
     }

@@ -8,35 +8,36 @@
 
 mod common;
 
-use common::{status, Conn, TestServer};
+use common::{status, TestClient, TestServer};
 use dlock::proto::{RequestType, ResponseStatus};
+use dlock_server::Config;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
 #[tokio::test]
 async fn fin_releases_locks_and_hands_them_on() {
-    let server = TestServer::start(&[]).await;
-    let mut a = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["f"]).await;
-    let mut w = Conn::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let req = w.lock_request(&["f"], 0, 0);
     w.send(&req).await;
     a.await_waiters("f", 1).await;
-    a.stream.shutdown().await.unwrap();
+    a.stream().shutdown().await.unwrap();
     assert_eq!(status(&w.recv().await), ResponseStatus::Ok);
 }
 
 #[tokio::test]
 async fn rst_releases_locks_and_hands_them_on() {
-    let server = TestServer::start(&[]).await;
-    let mut a = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["r"]).await;
-    let mut w = Conn::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let req = w.lock_request(&["r"], 0, 0);
     w.send(&req).await;
     a.await_waiters("r", 1).await;
     // Linger 0 makes close send RST instead of FIN.
-    socket2::SockRef::from(&a.stream)
+    socket2::SockRef::from(a.raw.stream())
         .set_linger(Some(Duration::ZERO))
         .unwrap();
     drop(a);
@@ -45,13 +46,13 @@ async fn rst_releases_locks_and_hands_them_on() {
 
 #[tokio::test]
 async fn waiter_that_disconnects_is_removed_and_never_granted() {
-    let server = TestServer::start(&[]).await;
-    let mut h = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["g"]).await;
-    let mut gone = Conn::connect(server.addr).await;
+    let mut gone = TestClient::connect(server.addr).await;
     let req = gone.lock_request(&["g"], 0, 0);
     gone.send(&req).await;
-    let mut next = Conn::connect(server.addr).await;
+    let mut next = TestClient::connect(server.addr).await;
     let req = next.lock_request(&["g"], 0, 0);
     next.send(&req).await;
     h.await_waiters("g", 2).await;
@@ -66,9 +67,9 @@ async fn waiter_that_disconnects_is_removed_and_never_granted() {
 
 #[tokio::test]
 async fn lease_expires_while_holder_is_connected() {
-    let server = TestServer::start(&[]).await;
-    let mut a = Conn::connect(server.addr).await;
-    let mut w = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     // The stopwatch starts before the grant, so the lease ends no earlier
     // than 200 ms after it.
     let start = std::time::Instant::now();
@@ -90,9 +91,9 @@ async fn lease_expires_while_holder_is_connected() {
 
 #[tokio::test]
 async fn lease_survives_disconnect_until_it_expires() {
-    let server = TestServer::start(&[]).await;
-    let mut a = Conn::connect(server.addr).await;
-    let mut w = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let start = std::time::Instant::now();
     let r = a.lock(&["s"], 0, 300_000).await;
     assert_eq!(status(&r), ResponseStatus::Ok);
@@ -112,11 +113,11 @@ async fn lease_survives_disconnect_until_it_expires() {
 
 #[tokio::test]
 async fn lease_lock_is_renewed_and_unlocked_by_fence_from_another_connection() {
-    let server = TestServer::start(&[]).await;
-    let mut a = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
     let fence = a.lock(&["job"], 0, 10_000_000).await.fence;
     drop(a);
-    let mut b = Conn::connect(server.addr).await;
+    let mut b = TestClient::connect(server.addr).await;
     let mut renew = b.request(RequestType::Renew, &["job"]);
     renew.lock.as_mut().unwrap().release_micro = 600_000_000;
     renew.lock.as_mut().unwrap().fence = fence;
@@ -137,33 +138,36 @@ async fn lease_lock_is_renewed_and_unlocked_by_fence_from_another_connection() {
     let mut unlock = b.request(RequestType::Unlock, &["job"]);
     unlock.lock.as_mut().unwrap().fence = fence;
     assert_eq!(status(&b.call(unlock).await), ResponseStatus::Ok);
-    Conn::connect(server.addr).await.must_lock(&["job"]).await;
+    TestClient::connect(server.addr)
+        .await
+        .must_lock(&["job"])
+        .await;
 }
 
 #[tokio::test]
 async fn renew_turns_a_connection_lock_into_a_lease() {
-    let server = TestServer::start(&[]).await;
-    let mut a = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["n"]).await;
     let mut renew = a.request(RequestType::Renew, &["n"]);
     renew.lock.as_mut().unwrap().release_micro = 60_000_000;
     assert_eq!(status(&a.call(renew).await), ResponseStatus::Ok);
-    a.stream.shutdown().await.unwrap();
+    a.stream().shutdown().await.unwrap();
     a.expect_closed().await;
-    let mut b = Conn::connect(server.addr).await;
+    let mut b = TestClient::connect(server.addr).await;
     assert_eq!(
         status(&b.try_lock(&["n"]).await),
         ResponseStatus::AcquireTimeout
     );
 }
 
-/// Restarts a server three times with `args`; every token must be above
+/// Restarts a server three times with `config`; every token must be above
 /// every earlier one.
-async fn assert_fences_increase_across_restarts(args: &[&str]) -> u64 {
+async fn assert_fences_increase_across_restarts(config: Config) -> u64 {
     let mut last = 0;
     for _ in 0..3 {
-        let server = TestServer::start(args).await;
-        let mut c = Conn::connect(server.addr).await;
+        let server = TestServer::start(config.clone()).await;
+        let mut c = TestClient::connect(server.addr).await;
         for key in ["a", "b", "a"] {
             let f = c.lock(&[key], 0, 0).await.fence;
             assert!(f > last, "fence {f} not above {last}");
@@ -176,16 +180,18 @@ async fn assert_fences_increase_across_restarts(args: &[&str]) -> u64 {
 
 #[tokio::test]
 async fn fencing_tokens_increase_across_restarts_from_the_clock() {
-    assert_fences_increase_across_restarts(&[]).await;
+    assert_fences_increase_across_restarts(Config::default()).await;
 }
 
 #[tokio::test]
 async fn fencing_tokens_increase_across_restarts_with_a_fence_file() {
     let dir = tempfile::tempdir().unwrap();
     let fence_file = dir.path().join("fence");
-    let last =
-        assert_fences_increase_across_restarts(&["--fence-file", fence_file.to_str().unwrap()])
-            .await;
+    let last = assert_fences_increase_across_restarts(Config {
+        fence_file: Some(fence_file.clone()),
+        ..Config::default()
+    })
+    .await;
     let stored: u64 = std::fs::read_to_string(&fence_file)
         .unwrap()
         .trim()
@@ -199,8 +205,12 @@ async fn fencing_tokens_increase_across_restarts_with_a_fence_file() {
 
 #[tokio::test]
 async fn idle_connection_is_closed_and_its_locks_released() {
-    let server = TestServer::start(&["--idle-timeout", "300ms"]).await;
-    let mut idle = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config {
+        idle_timeout: Duration::from_millis(300),
+        ..Config::default()
+    })
+    .await;
+    let mut idle = TestClient::connect(server.addr).await;
     // Measured from before the last request the idle client sends.
     let start = std::time::Instant::now();
     idle.must_lock(&["i"]).await;
@@ -208,7 +218,7 @@ async fn idle_connection_is_closed_and_its_locks_released() {
     let took = start.elapsed();
     assert!(took >= Duration::from_millis(300), "closed after {took:?}");
     // Its lock went with it.
-    let mut other = Conn::connect(server.addr).await;
+    let mut other = TestClient::connect(server.addr).await;
     other.must_lock(&["i"]).await;
 }
 
@@ -216,10 +226,14 @@ async fn idle_connection_is_closed_and_its_locks_released() {
 async fn pings_keep_a_waiting_connection_alive() {
     // Pings every 100 ms against a 2 s idle timeout: a stall would have to
     // last most of two seconds to drop the client.
-    let server = TestServer::start(&["--idle-timeout", "2s"]).await;
-    let mut h = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config {
+        idle_timeout: Duration::from_secs(2),
+        ..Config::default()
+    })
+    .await;
+    let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["hb"]).await;
-    let mut w = Conn::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let lock = w.lock_request(&["hb"], 0, 0);
     w.send(&lock).await;
     // Keep pinging for longer than the idle timeout while the Lock waits.
@@ -249,12 +263,16 @@ async fn pings_keep_a_waiting_connection_alive() {
 
 #[tokio::test]
 async fn connection_limit_turns_extra_clients_away_with_a_status() {
-    let server = TestServer::start(&["--max-connections", "2"]).await;
-    let mut a = Conn::connect(server.addr).await;
-    let mut b = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config {
+        max_connections: 2,
+        ..Config::default()
+    })
+    .await;
+    let mut a = TestClient::connect(server.addr).await;
+    let mut b = TestClient::connect(server.addr).await;
     a.must_lock(&["c"]).await;
     b.ping().await;
-    let mut extra = Conn::connect(server.addr).await;
+    let mut extra = TestClient::connect(server.addr).await;
     let r = extra.recv().await;
     assert_eq!(status(&r), ResponseStatus::LimitReached);
     assert!(r.error_text.contains("too many connections"));
@@ -265,7 +283,7 @@ async fn connection_limit_turns_extra_clients_away_with_a_status() {
     drop(b);
     let deadline = tokio::time::Instant::now() + common::PATIENCE;
     loop {
-        let mut c = Conn::connect(server.addr).await;
+        let mut c = TestClient::connect(server.addr).await;
         let ping = c.request(RequestType::Ping, &[]);
         c.send(&ping).await;
         let r = c.recv().await;
@@ -281,17 +299,22 @@ async fn connection_limit_turns_extra_clients_away_with_a_status() {
 
 #[tokio::test]
 async fn waiter_and_held_key_limits_give_limit_reached() {
-    let server = TestServer::start(&["--max-waiters", "1", "--max-held-keys", "3"]).await;
-    let mut a = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config {
+        max_waiters: 1,
+        max_held_keys: 3,
+        ..Config::default()
+    })
+    .await;
+    let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["1", "2"]).await;
     let r = a.try_lock(&["3", "4"]).await;
     assert_eq!(status(&r), ResponseStatus::LimitReached);
     assert!(r.error_text.contains("held keys"));
-    let mut w1 = Conn::connect(server.addr).await;
+    let mut w1 = TestClient::connect(server.addr).await;
     let req = w1.lock_request(&["1"], 0, 0);
     w1.send(&req).await;
     a.await_waiters("1", 1).await;
-    let mut w2 = Conn::connect(server.addr).await;
+    let mut w2 = TestClient::connect(server.addr).await;
     let r = w2.lock(&["2"], 0, 0).await;
     assert_eq!(status(&r), ResponseStatus::LimitReached);
     assert!(r.error_text.contains("waiters"));
@@ -299,9 +322,13 @@ async fn waiter_and_held_key_limits_give_limit_reached() {
 
 #[tokio::test]
 async fn client_that_stops_reading_is_dropped_after_write_timeout() {
-    let server = TestServer::start(&["--write-timeout", "200ms"]).await;
-    let mut h = Conn::connect(server.addr).await;
-    let mut flood = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config {
+        write_timeout: Duration::from_millis(200),
+        ..Config::default()
+    })
+    .await;
+    let mut h = TestClient::connect(server.addr).await;
+    let mut flood = TestClient::connect(server.addr).await;
     flood.must_lock(&["w"]).await;
     // Pipeline pings without reading any answer until the server gives up.
     let mut burst = bytes::BytesMut::new();
@@ -311,7 +338,7 @@ async fn client_that_stops_reading_is_dropped_after_write_timeout() {
     let mut sent = 0usize;
     let closed = tokio::time::timeout(common::PATIENCE, async {
         for _ in 0..1_000 {
-            if flood.stream.write_all(&burst).await.is_err() {
+            if flood.raw.send_bytes(&burst).await.is_err() {
                 return true;
             }
             sent += 10_000;
@@ -331,10 +358,10 @@ async fn client_that_stops_reading_is_dropped_after_write_timeout() {
 
 #[tokio::test]
 async fn shutdown_answers_waiters_and_stops() {
-    let server = TestServer::start(&[]).await;
-    let mut h = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["down"]).await;
-    let mut w = Conn::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let lock = w.lock_request(&["down"], 0, 0);
     let ping = w.request(RequestType::Ping, &[]);
     w.send(&lock).await;
@@ -357,10 +384,14 @@ async fn shutdown_answers_waiters_and_stops() {
 
 #[tokio::test]
 async fn oversize_frame_behind_a_waiting_lock_answers_everything_then_closes() {
-    let server = TestServer::start(&["--max-frame", "1024"]).await;
-    let mut h = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config {
+        max_frame: 1024,
+        ..Config::default()
+    })
+    .await;
+    let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["o"]).await;
-    let mut w = Conn::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let lock = w.lock_request(&["o"], 0, 0);
     let ping = w.request(RequestType::Ping, &[]);
     w.send(&lock).await;
@@ -389,10 +420,10 @@ async fn oversize_frame_behind_a_waiting_lock_answers_everything_then_closes() {
 
 #[tokio::test]
 async fn holder_taking_one_more_key_is_not_deadlocked_by_a_waiter() {
-    let server = TestServer::start(&[]).await;
-    let mut a = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["x"]).await;
-    let mut b = Conn::connect(server.addr).await;
+    let mut b = TestClient::connect(server.addr).await;
     let both = b.lock_request(&["x", "y"], 0, 0);
     b.send(&both).await;
     a.await_waiters("y", 1).await;

@@ -3,28 +3,29 @@
 
 mod common;
 
-use common::{status, timed, Conn, TestServer};
+use common::{status, timed, TestClient, TestServer};
 use dlock::proto::{RequestType, ResponseStatus};
+use dlock_server::Config;
 use std::time::Duration;
 
 #[tokio::test]
 async fn multi_key_lock_is_all_or_nothing() {
-    let server = TestServer::start(&[]).await;
-    let mut a = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["k2"]).await;
-    let mut b = Conn::connect(server.addr).await;
+    let mut b = TestClient::connect(server.addr).await;
     let r = b.try_lock(&["k1", "k2", "k3"]).await;
     assert_eq!(status(&r), ResponseStatus::AcquireTimeout);
     assert_eq!(r.keys, vec!["k2".to_string()]);
     // Neither k1 nor k3 was taken by the failed request.
-    let mut c = Conn::connect(server.addr).await;
+    let mut c = TestClient::connect(server.addr).await;
     c.must_lock(&["k1", "k3"]).await;
 }
 
 #[tokio::test]
 async fn duplicate_keys_are_folded_and_relock_is_granted() {
-    let server = TestServer::start(&[]).await;
-    let mut a = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
     let f1 = a.must_lock(&["d", "d", "d"]).await;
     // dlock compatibility: the holder locking again succeeds at once.
     let f2 = a.must_lock(&["d", "e"]).await;
@@ -35,12 +36,12 @@ async fn duplicate_keys_are_folded_and_relock_is_granted() {
 
 #[tokio::test]
 async fn waiters_are_granted_in_fifo_order() {
-    let server = TestServer::start(&[]).await;
-    let mut holder = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut holder = TestClient::connect(server.addr).await;
     holder.must_lock(&["q"]).await;
     let mut waiters = Vec::new();
     for i in 0..8u32 {
-        let mut w = Conn::connect(server.addr).await;
+        let mut w = TestClient::connect(server.addr).await;
         let req = w.lock_request(&["q"], 0, 0);
         w.send(&req).await;
         // Each waiter is queued before the next one asks.
@@ -63,15 +64,15 @@ async fn waiters_are_granted_in_fifo_order() {
 
 #[tokio::test]
 async fn single_key_requests_do_not_overtake_a_multi_key_waiter() {
-    let server = TestServer::start(&[]).await;
-    let mut h = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["a"]).await;
-    let mut multi = Conn::connect(server.addr).await;
+    let mut multi = TestClient::connect(server.addr).await;
     let req = multi.lock_request(&["a", "b"], 0, 0);
     multi.send(&req).await;
     h.await_waiters("b", 1).await;
     // "b" is free, but the multi-key request asked first.
-    let mut single = Conn::connect(server.addr).await;
+    let mut single = TestClient::connect(server.addr).await;
     assert_eq!(
         status(&single.try_lock(&["b"]).await),
         ResponseStatus::AcquireTimeout
@@ -89,13 +90,13 @@ async fn single_key_requests_do_not_overtake_a_multi_key_waiter() {
 
 #[tokio::test]
 async fn overlapping_key_sets_do_not_deadlock() {
-    let server = TestServer::start(&[]).await;
-    let mut h = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["x", "y", "z"]).await;
     let sets: [&[&str]; 4] = [&["x", "y"], &["y", "x"], &["z", "x"], &["y", "z"]];
     let mut clients = Vec::new();
     for keys in sets {
-        let mut c = Conn::connect(server.addr).await;
+        let mut c = TestClient::connect(server.addr).await;
         let req = c.lock_request(keys, 0, 0);
         c.send(&req).await;
         clients.push((c, keys));
@@ -124,10 +125,10 @@ async fn overlapping_key_sets_do_not_deadlock() {
 
 #[tokio::test]
 async fn wait_limit_reports_busy_keys() {
-    let server = TestServer::start(&[]).await;
-    let mut h = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["busy"]).await;
-    let mut w = Conn::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let (r, took) = timed(w.lock(&["busy", "free"], 100_000, 0)).await;
     assert_eq!(status(&r), ResponseStatus::AcquireTimeout);
     assert_eq!(r.keys, vec!["busy".to_string()]);
@@ -143,14 +144,14 @@ async fn wait_limit_reports_busy_keys() {
 
 #[tokio::test]
 async fn wait_zero_waits_without_limit_and_try_lock_not_at_all() {
-    let server = TestServer::start(&[]).await;
-    let mut h = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["k"]).await;
-    let mut t = Conn::connect(server.addr).await;
+    let mut t = TestClient::connect(server.addr).await;
     let (r, _) = timed(t.try_lock(&["k"])).await;
     assert_eq!(status(&r), ResponseStatus::AcquireTimeout);
     assert_eq!(r.keys, vec!["k".to_string()]);
-    let mut w = Conn::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let req = w.lock_request(&["k"], 0, 0);
     w.send(&req).await;
     h.await_waiters("k", 1).await;
@@ -161,10 +162,10 @@ async fn wait_zero_waits_without_limit_and_try_lock_not_at_all() {
 
 #[tokio::test]
 async fn requests_behind_a_waiting_lock_run_after_it_in_order() {
-    let server = TestServer::start(&[]).await;
-    let mut h = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["p"]).await;
-    let mut w = Conn::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let lock = w.lock_request(&["p"], 0, 0);
     let ping1 = w.request(RequestType::Ping, &[]);
     let inspect = w.request(RequestType::Inspect, &["p"]);
@@ -187,10 +188,14 @@ async fn requests_behind_a_waiting_lock_run_after_it_in_order() {
 
 #[tokio::test]
 async fn pipeline_limit_pauses_reading_without_losing_requests() {
-    let server = TestServer::start(&["--max-pipeline", "4"]).await;
-    let mut h = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config {
+        max_pipeline: 4,
+        ..Config::default()
+    })
+    .await;
+    let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["pl"]).await;
-    let mut w = Conn::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let lock = w.lock_request(&["pl"], 0, 0);
     w.send(&lock).await;
     let mut ids = vec![lock.id];
@@ -208,10 +213,15 @@ async fn pipeline_limit_pauses_reading_without_losing_requests() {
 
 #[tokio::test]
 async fn large_requests_parked_behind_a_lock_are_all_answered() {
-    let server = TestServer::start(&["--max-frame", "1024", "--max-key-len", "1000"]).await;
-    let mut h = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config {
+        max_frame: 1024,
+        max_key_len: 1000,
+        ..Config::default()
+    })
+    .await;
+    let mut h = TestClient::connect(server.addr).await;
     h.must_lock(&["big"]).await;
-    let mut w = Conn::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let lock = w.lock_request(&["big"], 0, 0);
     // Far more bytes than the server parks per connection, written by a
     // separate task: the server stops reading at its cap, and the writer
@@ -225,7 +235,7 @@ async fn large_requests_parked_behind_a_lock_are_all_answered() {
         ids.push(r.id);
         dlock::codec::encode_frame(&r, &mut burst);
     }
-    let (mut rd, mut wr) = w.stream.into_split();
+    let (rd, mut wr) = w.raw.into_stream().into_split();
     let writer = tokio::spawn(async move {
         use tokio::io::AsyncWriteExt;
         wr.write_all(&burst).await.unwrap();
@@ -233,22 +243,12 @@ async fn large_requests_parked_behind_a_lock_are_all_answered() {
     });
     h.await_waiters("big", 1).await;
     h.unlock(&["big"]).await;
-    let mut codec = dlock::codec::FrameCodec::new(1 << 20);
-    let mut buf = bytes::BytesMut::new();
+    let mut rd = dlock::raw::RawClient::new(rd).with_max_frame(1 << 20);
     for id in ids {
-        let body = loop {
-            use tokio::io::AsyncReadExt;
-            use tokio_util::codec::Decoder;
-            if let Some(body) = codec.decode(&mut buf).unwrap() {
-                break body;
-            }
-            let n = tokio::time::timeout(common::PATIENCE, rd.read_buf(&mut buf))
-                .await
-                .unwrap()
-                .unwrap();
-            assert!(n > 0, "server closed the connection");
-        };
-        let r: dlock::proto::Response = prost::Message::decode(body).unwrap();
+        let r = tokio::time::timeout(common::PATIENCE, rd.recv())
+            .await
+            .expect("answered in time")
+            .expect("a response");
         assert_eq!((r.request_id, status(&r)), (id, ResponseStatus::Ok));
     }
     writer.await.unwrap();

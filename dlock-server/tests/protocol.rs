@@ -3,10 +3,11 @@
 mod common;
 
 use bytes::BytesMut;
-use common::{request, status, Conn, TestServer};
+use common::{request, status, TestClient, TestServer};
 use dlock::codec::encode_frame;
 use dlock::proto::{Request, RequestLock, RequestType, ResponseStatus};
-use std::time::{SystemTime, UNIX_EPOCH};
+use dlock_server::Config;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 fn frame(req: &Request) -> Vec<u8> {
     let mut b = BytesMut::new();
@@ -16,8 +17,8 @@ fn frame(req: &Request) -> Vec<u8> {
 
 #[tokio::test]
 async fn ping_echoes_id_version_and_time() {
-    let server = TestServer::start(&[]).await;
-    let mut c = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut c = TestClient::connect(server.addr).await;
     let mut req = request(42, RequestType::Ping, &[]);
     req.version = 0; // proto3 clients that omit the version are accepted
     let r = c.call(req).await;
@@ -35,20 +36,16 @@ async fn ping_echoes_id_version_and_time() {
 
 #[tokio::test]
 async fn hello_states_the_limits_a_client_must_respect() {
-    let server = TestServer::start(&[
-        "--idle-timeout",
-        "7s",
-        "--max-lease",
-        "1h",
-        "--max-keys",
-        "9",
-        "--max-key-len",
-        "33",
-        "--max-pipeline",
-        "17",
-    ])
+    let server = TestServer::start(Config {
+        idle_timeout: Duration::from_secs(7),
+        max_lease: Duration::from_secs(3600),
+        max_keys: 9,
+        max_key_len: 33,
+        max_pipeline: 17,
+        ..Config::default()
+    })
     .await;
-    let mut c = Conn::connect(server.addr).await;
+    let mut c = TestClient::connect(server.addr).await;
     let r = c.call(request(5, RequestType::Hello, &[])).await;
     assert_eq!(status(&r), ResponseStatus::Ok);
     let limits = r.limits.expect("Hello is answered with limits");
@@ -62,8 +59,8 @@ async fn hello_states_the_limits_a_client_must_respect() {
 
 #[tokio::test]
 async fn frame_split_into_single_bytes() {
-    let server = TestServer::start(&[]).await;
-    let mut c = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut c = TestClient::connect(server.addr).await;
     for b in frame(&request(1, RequestType::Ping, &[])) {
         c.send_raw(&[b]).await;
         tokio::task::yield_now().await;
@@ -73,8 +70,8 @@ async fn frame_split_into_single_bytes() {
 
 #[tokio::test]
 async fn many_frames_in_one_write_answered_in_order() {
-    let server = TestServer::start(&[]).await;
-    let mut c = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut c = TestClient::connect(server.addr).await;
     // Far more than the original server's 4 KB read buffer in one burst.
     let mut burst = Vec::new();
     for id in 1..=500u64 {
@@ -95,8 +92,12 @@ async fn many_frames_in_one_write_answered_in_order() {
 
 #[tokio::test]
 async fn oversize_length_gets_status_then_close() {
-    let server = TestServer::start(&["--max-frame", "1024"]).await;
-    let mut c = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config {
+        max_frame: 1024,
+        ..Config::default()
+    })
+    .await;
+    let mut c = TestClient::connect(server.addr).await;
     let mut bytes = frame(&request(1, RequestType::Ping, &[]));
     bytes.extend_from_slice(&1025u32.to_be_bytes());
     c.send_raw(&bytes).await;
@@ -111,15 +112,15 @@ async fn oversize_length_gets_status_then_close() {
     c.expect_closed().await;
     // Other clients are unaffected.
     assert_eq!(
-        status(&Conn::connect(server.addr).await.ping().await),
+        status(&TestClient::connect(server.addr).await.ping().await),
         ResponseStatus::Ok
     );
 }
 
 #[tokio::test]
 async fn garbage_body_gets_general_and_connection_survives() {
-    let server = TestServer::start(&[]).await;
-    let mut c = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut c = TestClient::connect(server.addr).await;
     let garbage = [0xffu8, 0xff, 0xff, 0xff, 0x0f, 0x07];
     let mut bytes = (garbage.len() as u32).to_be_bytes().to_vec();
     bytes.extend_from_slice(&garbage);
@@ -132,8 +133,8 @@ async fn garbage_body_gets_general_and_connection_survives() {
 
 #[tokio::test]
 async fn unknown_and_unset_types_are_invalid() {
-    let server = TestServer::start(&[]).await;
-    let mut c = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut c = TestClient::connect(server.addr).await;
     let mut req = request(1, RequestType::Ping, &[]);
     req.r#type = 99;
     assert_eq!(status(&c.call(req).await), ResponseStatus::InvalidType);
@@ -143,21 +144,26 @@ async fn unknown_and_unset_types_are_invalid() {
 
 #[tokio::test]
 async fn wrong_version_has_no_effect() {
-    let server = TestServer::start(&[]).await;
-    let mut c = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut c = TestClient::connect(server.addr).await;
     let mut req = request(1, RequestType::Lock, &["v"]);
     req.version = 3;
     let r = c.call(req).await;
     assert_eq!(status(&r), ResponseStatus::Version);
     assert!(r.error_text.contains('3'));
-    let mut other = Conn::connect(server.addr).await;
+    let mut other = TestClient::connect(server.addr).await;
     other.must_lock(&["v"]).await;
 }
 
 #[tokio::test]
 async fn key_validation_statuses() {
-    let server = TestServer::start(&["--max-keys", "3", "--max-key-len", "8"]).await;
-    let mut c = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config {
+        max_keys: 3,
+        max_key_len: 8,
+        ..Config::default()
+    })
+    .await;
+    let mut c = TestClient::connect(server.addr).await;
     let cases: [(&[&str], ResponseStatus); 4] = [
         (&[], ResponseStatus::NoKeys),
         (&["a", ""], ResponseStatus::InvalidKey),
@@ -184,7 +190,7 @@ async fn key_validation_statuses() {
         }
     }
     // None of it took effect.
-    let mut other = Conn::connect(server.addr).await;
+    let mut other = TestClient::connect(server.addr).await;
     other.must_lock(&["a", "b", "c"]).await;
     // Eight bytes is within the limit.
     c.must_lock(&["12345678"]).await;
@@ -192,8 +198,12 @@ async fn key_validation_statuses() {
 
 #[tokio::test]
 async fn contradictory_or_out_of_range_options_are_invalid_arguments() {
-    let server = TestServer::start(&["--max-lease", "1h"]).await;
-    let mut c = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config {
+        max_lease: Duration::from_secs(3600),
+        ..Config::default()
+    })
+    .await;
+    let mut c = TestClient::connect(server.addr).await;
     let mut try_and_wait = c.lock_request(&["k"], 1_000, 0);
     try_and_wait.lock.as_mut().unwrap().try_lock = true;
     let mut fence_on_lock = c.lock_request(&["k"], 0, 0);
@@ -214,10 +224,10 @@ async fn contradictory_or_out_of_range_options_are_invalid_arguments() {
 
 #[tokio::test]
 async fn huge_wait_means_no_limit_not_a_crash() {
-    let server = TestServer::start(&[]).await;
-    let mut holder = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut holder = TestClient::connect(server.addr).await;
     holder.must_lock(&["k"]).await;
-    let mut w = Conn::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let req = w.lock_request(&["k"], u64::MAX, 0);
     w.send(&req).await;
     holder.await_waiters("k", 1).await;
@@ -230,8 +240,12 @@ async fn access_tokens_required_when_configured() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens");
     std::fs::write(&path, "s3cret\nother\n").unwrap();
-    let server = TestServer::start(&["--token-file", path.to_str().unwrap()]).await;
-    let mut c = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config {
+        token_file: Some(path.to_path_buf()),
+        ..Config::default()
+    })
+    .await;
+    let mut c = TestClient::connect(server.addr).await;
     let r = c.ping().await;
     assert_eq!(status(&r), ResponseStatus::AccessDenied);
     let mut req = c.request(RequestType::Lock, &["t"]);
@@ -250,10 +264,10 @@ async fn access_tokens_required_when_configured() {
 
 #[tokio::test]
 async fn inspect_reports_holder_lease_and_waiters() {
-    let server = TestServer::start(&[]).await;
-    let mut a = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
     let r = a.lock(&["i"], 0, 60_000_000).await;
-    let mut b = Conn::connect(server.addr).await;
+    let mut b = TestClient::connect(server.addr).await;
     let req = b.lock_request(&["i"], 0, 0);
     b.send(&req).await;
     a.await_waiters("i", 1).await;
@@ -261,9 +275,12 @@ async fn inspect_reports_holder_lease_and_waiters() {
     assert_eq!(info.fence, r.fence);
     assert!(info.held_by_caller);
     assert!(info.lease_remaining_micro > 0 && info.lease_remaining_micro <= 60_000_000);
-    assert_eq!(info.holder_addr, a.stream.local_addr().unwrap().to_string());
+    assert_eq!(
+        info.holder_addr,
+        a.stream().local_addr().unwrap().to_string()
+    );
     let free = b.request(RequestType::Inspect, &["free"]);
-    let mut probe = Conn::connect(server.addr).await;
+    let mut probe = TestClient::connect(server.addr).await;
     let info = probe.call(free).await.key_info.remove(0);
     assert_eq!(
         (info.fence, info.waiters, info.held_by_caller),
@@ -273,10 +290,10 @@ async fn inspect_reports_holder_lease_and_waiters() {
 
 #[tokio::test]
 async fn unlock_and_renew_report_keys_not_held() {
-    let server = TestServer::start(&[]).await;
-    let mut a = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
     a.must_lock(&["mine"]).await;
-    let mut b = Conn::connect(server.addr).await;
+    let mut b = TestClient::connect(server.addr).await;
     b.must_lock(&["theirs"]).await;
     let r = a.unlock(&["mine", "theirs", "nobody"]).await;
     assert_eq!(status(&r), ResponseStatus::NotHeld);
@@ -295,12 +312,12 @@ async fn unlock_and_renew_report_keys_not_held() {
 
 #[tokio::test]
 async fn inspect_without_keys_reports_server_stats() {
-    let server = TestServer::start(&[]).await;
-    let mut a = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
     let s = a.stats().await;
     assert_eq!((s.connections, s.held_keys, s.waiting_requests), (1, 0, 0));
     a.must_lock(&["s1", "s2"]).await;
-    let mut w = Conn::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
     let req = w.lock_request(&["s1"], 0, 0);
     w.send(&req).await;
     a.await_waiters("s1", 1).await;
@@ -308,6 +325,6 @@ async fn inspect_without_keys_reports_server_stats() {
     assert_eq!((s.connections, s.held_keys, s.waiting_requests), (2, 2, 1));
     drop(w);
     drop(a);
-    let mut c = Conn::connect(server.addr).await;
+    let mut c = TestClient::connect(server.addr).await;
     c.await_empty_server().await;
 }

@@ -3,20 +3,21 @@
 
 mod common;
 
-use common::{status, Conn, TestServer};
+use common::{status, TestClient, TestServer};
 use dlock::proto::{Request, RequestType, Response, ResponseStatus};
+use dlock_server::Config;
 
 fn in_session(mut req: Request, session: u64) -> Request {
     req.session = session;
     req
 }
 
-async fn call_in(c: &mut Conn, kind: RequestType, keys: &[&str], session: u64) -> Response {
+async fn call_in(c: &mut TestClient, kind: RequestType, keys: &[&str], session: u64) -> Response {
     let req = c.request(kind, keys);
     c.call(in_session(req, session)).await
 }
 
-async fn open_session(c: &mut Conn) -> u64 {
+async fn open_session(c: &mut TestClient) -> u64 {
     let req = c.request(RequestType::OpenSession, &[]);
     let r = c.call(req).await;
     assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
@@ -28,7 +29,7 @@ async fn open_session(c: &mut Conn) -> u64 {
     r.session
 }
 
-async fn try_lock_in(c: &mut Conn, session: u64, keys: &[&str]) -> Response {
+async fn try_lock_in(c: &mut TestClient, session: u64, keys: &[&str]) -> Response {
     let mut req = c.lock_request(keys, 0, 0);
     if let Some(l) = req.lock.as_mut() {
         l.try_lock = true;
@@ -36,15 +37,15 @@ async fn try_lock_in(c: &mut Conn, session: u64, keys: &[&str]) -> Response {
     c.call(in_session(req, session)).await
 }
 
-async fn unlock_in(c: &mut Conn, session: u64, keys: &[&str]) -> Response {
+async fn unlock_in(c: &mut TestClient, session: u64, keys: &[&str]) -> Response {
     let req = c.request(RequestType::Unlock, keys);
     c.call(in_session(req, session)).await
 }
 
 #[tokio::test]
 async fn sessions_of_one_connection_exclude_each_other() {
-    let server = TestServer::start(&[]).await;
-    let mut c = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut c = TestClient::connect(server.addr).await;
     let (a, b) = (open_session(&mut c).await, open_session(&mut c).await);
     assert_ne!(a, b);
 
@@ -80,11 +81,11 @@ async fn sessions_of_one_connection_exclude_each_other() {
 
 #[tokio::test]
 async fn a_session_waits_in_fifo_order_with_other_connections() {
-    let server = TestServer::start(&[]).await;
-    let mut holder = Conn::connect(server.addr).await;
-    let mut first = Conn::connect(server.addr).await;
-    let mut c = Conn::connect(server.addr).await;
-    let mut observer = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut holder = TestClient::connect(server.addr).await;
+    let mut first = TestClient::connect(server.addr).await;
+    let mut c = TestClient::connect(server.addr).await;
+    let mut observer = TestClient::connect(server.addr).await;
     let session = open_session(&mut c).await;
 
     let fence = holder.must_lock(&["k"]).await;
@@ -104,7 +105,11 @@ async fn a_session_waits_in_fifo_order_with_other_connections() {
         "the earlier waiter first: {r:?}"
     );
     assert!(r.fence > fence);
-    assert!(!c.has_response().await, "the session still waits");
+    assert_eq!(
+        observer.inspect("k").await.fence,
+        r.fence,
+        "the session still waits"
+    );
     assert_eq!(status(&first.unlock(&["k"]).await), ResponseStatus::Ok);
     let r = c.recv().await;
     assert_eq!((r.request_id, status(&r)), (second_id, ResponseStatus::Ok));
@@ -115,9 +120,9 @@ async fn a_session_waits_in_fifo_order_with_other_connections() {
 
 #[tokio::test]
 async fn closing_a_session_or_the_connection_releases_its_keys() {
-    let server = TestServer::start(&[]).await;
-    let mut c = Conn::connect(server.addr).await;
-    let mut other = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config::default()).await;
+    let mut c = TestClient::connect(server.addr).await;
+    let mut other = TestClient::connect(server.addr).await;
     let (a, b) = (open_session(&mut c).await, open_session(&mut c).await);
     assert_eq!(
         status(&try_lock_in(&mut c, a, &["x"]).await),
@@ -154,9 +159,13 @@ async fn closing_a_session_or_the_connection_releases_its_keys() {
 
 #[tokio::test]
 async fn sessions_are_checked_and_limited() {
-    let server = TestServer::start(&["--max-sessions", "2"]).await;
-    let mut c = Conn::connect(server.addr).await;
-    let mut other = Conn::connect(server.addr).await;
+    let server = TestServer::start(Config {
+        max_sessions: 2,
+        ..Config::default()
+    })
+    .await;
+    let mut c = TestClient::connect(server.addr).await;
+    let mut other = TestClient::connect(server.addr).await;
     let theirs = open_session(&mut other).await;
 
     // Another connection's session, a made-up one: refused, nothing done.

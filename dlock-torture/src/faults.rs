@@ -14,7 +14,6 @@ use dlock_server::testing::proxy::FreezableProxy;
 use socket2::SockRef;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 /// How long past its idle or write timeout the server may take to drop a
@@ -107,11 +106,9 @@ async fn rst(id: u64, sh: &Workload, rng: &mut fastrand::Rng) -> Result<(), Stri
         // Leave a waiting Lock behind as well.
         let keys: Vec<String> = rng.choose_multiple(sh.keys.iter().cloned(), 1);
         let req = w.request(RequestType::Lock, &keys);
-        let mut out = bytes::BytesMut::new();
-        dlock::codec::encode_frame(&req, &mut out);
-        let _ = w.stream.write_all(&out).await;
+        let _ = w.raw.send(&req).await;
     }
-    let _ = SockRef::from(&w.stream).set_linger(Some(Duration::ZERO));
+    let _ = SockRef::from(w.raw.stream()).set_linger(Some(Duration::ZERO));
     Ok(())
 }
 
@@ -152,7 +149,7 @@ async fn stops_reading(id: u64, sh: &Workload, rng: &mut fastrand::Rng) -> Resul
     let dropped = tokio::time::timeout(IDLE_TIMEOUT + SLACK, async {
         // Bounded: at most 100 MB of requests however the server behaves.
         for _ in 0..(100 << 20) / batch.len() {
-            if w.stream.write_all(&batch).await.is_err() {
+            if w.raw.send_bytes(&batch).await.is_err() {
                 return true;
             }
         }
@@ -169,10 +166,7 @@ async fn stops_reading(id: u64, sh: &Workload, rng: &mut fastrand::Rng) -> Resul
 /// Two bytes of a length prefix, then nothing.
 async fn half_frame(sh: &Workload) -> Result<(), String> {
     let mut w = Wire::connect(sh.addr).await.map_err(|e| e.to_string())?;
-    w.stream
-        .write_all(&[0, 0])
-        .await
-        .map_err(|e| e.to_string())?;
+    w.raw.send_bytes(&[0, 0]).await.map_err(|e| e.to_string())?;
     if w.await_close(IDLE_TIMEOUT + SLACK).await {
         Ok(())
     } else {
@@ -190,7 +184,7 @@ async fn garbage(sh: &Workload, rng: &mut fastrand::Rng) -> Result<(), String> {
         bytes[..4.min(len)].copy_from_slice(&body.to_be_bytes()[..4.min(len)]);
     }
     // The server may answer, or close at once on an oversize length.
-    let _ = w.stream.write_all(&bytes).await;
+    let _ = w.raw.send_bytes(&bytes).await;
     if w.await_close(IDLE_TIMEOUT + SLACK).await {
         Ok(())
     } else {
@@ -218,7 +212,7 @@ async fn storm(sh: &Workload, rng: &mut fastrand::Rng) -> Result<(), String> {
                 }
             }
             if reset {
-                let _ = SockRef::from(&w.stream).set_linger(Some(Duration::ZERO));
+                let _ = SockRef::from(w.raw.stream()).set_linger(Some(Duration::ZERO));
             }
             Ok::<(), String>(())
         });

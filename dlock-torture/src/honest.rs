@@ -6,7 +6,7 @@ use crate::history::Hold;
 use crate::report::add;
 use crate::run::Workload;
 use crate::wire::{CallError, Wire};
-use dlock::proto::{RequestType, Response, ResponseStatus};
+use dlock::proto::{Request, RequestType, Response, ResponseStatus};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -60,12 +60,55 @@ enum Next {
     Reconnect,
 }
 
+/// One lock's life: ask, hold (writing the register, perhaps renewing),
+/// then leave by Unlock, by letting the lease run out, or by disconnecting.
 async fn round(
     client: u64,
     w: &mut Wire,
     sh: &Workload,
     rng: &mut fastrand::Rng,
 ) -> Result<Next, CallError> {
+    let plan = plan_lock(w, sh, rng);
+    let sent = Instant::now();
+    add(&sh.report.ops.requests, 1);
+    let r = w.call(plan.req, plan.patience).await?;
+    let Some(fence) = granted(client, sh, &r) else {
+        return Ok(Next::Keep);
+    };
+    add(&sh.report.ops.grants, 1);
+    let start = Instant::now();
+    let mut held = Held {
+        keys: plan.keys,
+        fence,
+        lease: plan.lease,
+        start,
+        // The server's lease runs from its grant, which came after `sent`:
+        // the only safe bound the client has. A long wait may use it all up.
+        valid_until: plan.lease.map(|l| sent + l - LEASE_MARGIN),
+    };
+    if held.valid_until.is_some_and(|v| start >= v) {
+        return release(client, w, sh, &held.keys, held.valid_until).await;
+    }
+    hold(client, w, sh, rng, &mut held).await?;
+    match rng.u8(0..20) {
+        0 if held.lease.is_some() => {
+            add(&sh.report.ops.lease_expiries, 1);
+            Ok(Next::Keep)
+        }
+        1 => Ok(Next::Reconnect), // Disconnecting releases what has no lease.
+        _ => release(client, w, sh, &held.keys, held.valid_until).await,
+    }
+}
+
+/// A random Lock: its keys, how long its answer may take, its lease.
+struct LockPlan {
+    req: Request,
+    keys: Vec<String>,
+    patience: Duration,
+    lease: Option<Duration>,
+}
+
+fn plan_lock(w: &mut Wire, sh: &Workload, rng: &mut fastrand::Rng) -> LockPlan {
     let n = rng.usize(1..=4.min(sh.keys.len()));
     let keys: Vec<String> = rng.choose_multiple(sh.keys.iter().cloned(), n);
     let mut req = w.request(RequestType::Lock, &keys);
@@ -84,75 +127,88 @@ async fn round(
     };
     let lease = (rng.u8(0..5) < 2).then(|| Duration::from_millis(rng.u64(300..2_000)));
     body.release_micro = lease.map_or(0, |l| l.as_micros() as u64);
-    let sent = Instant::now();
-    add(&sh.report.ops.requests, 1);
-    let r = w.call(req, patience).await?;
-    match status(&r) {
-        ResponseStatus::Ok if r.fence > 0 => {}
+    LockPlan {
+        req,
+        keys,
+        patience,
+        lease,
+    }
+}
+
+/// The fence of a grant; `None` for busy keys (counted) or an answer a
+/// Lock must not get (a violation).
+fn granted(client: u64, sh: &Workload, r: &Response) -> Option<u64> {
+    match status(r) {
+        ResponseStatus::Ok if r.fence > 0 => Some(r.fence),
         ResponseStatus::AcquireTimeout => {
             add(&sh.report.ops.busy, 1);
-            return Ok(Next::Keep);
+            None
         }
         other => {
             sh.report.violation(
                 "unexpected answer to Lock",
                 format!("client {client}: {other:?} {r:?}"),
             );
-            return Ok(Next::Keep);
+            None
         }
     }
-    add(&sh.report.ops.grants, 1);
-    let fence = r.fence;
-    let start = Instant::now();
-    // The server's lease runs from its grant, which came after `sent`: the
-    // only safe bound the client has. A long wait may use it all up.
-    let mut valid_until = lease.map(|l| sent + l - LEASE_MARGIN);
-    if valid_until.is_some_and(|v| start >= v) {
-        return release(client, w, sh, &keys, valid_until).await;
-    }
-    write_all(client, sh, &keys, fence);
+}
+
+/// A lock this client was granted, and its own bound on how long it holds.
+struct Held {
+    keys: Vec<String>,
+    fence: u64,
+    lease: Option<Duration>,
+    start: Instant,
+    valid_until: Option<Instant>,
+}
+
+/// Holds the lock for a random time: writes the register at the start and
+/// the end (while the client's bound allows), perhaps renews the lease
+/// halfway, and records the hold for the checker.
+async fn hold(
+    client: u64,
+    w: &mut Wire,
+    sh: &Workload,
+    rng: &mut fastrand::Rng,
+    held: &mut Held,
+) -> Result<(), CallError> {
+    write_register(client, sh, &held.keys, held.fence);
     let hold = Duration::from_millis(rng.u64(0..20));
-    if let (Some(l), true) = (lease, rng.bool()) {
+    if let (Some(l), true) = (held.lease, rng.bool()) {
         // Renew halfway: the lease then runs from the Renew.
         tokio::time::sleep(hold / 2).await;
-        let mut renew = w.request(RequestType::Renew, &keys);
+        let mut renew = w.request(RequestType::Renew, &held.keys);
         let b = renew.lock.get_or_insert_with(Default::default);
         b.release_micro = l.as_micros() as u64;
         let renew_sent = Instant::now();
         add(&sh.report.ops.requests, 1);
         let r = w.call(renew, PATIENCE).await?;
         if status(&r) == ResponseStatus::Ok {
-            valid_until = Some(renew_sent + l - LEASE_MARGIN);
-        } else if valid_until.is_some_and(|v| renew_sent < v) {
+            held.valid_until = Some(renew_sent + l - LEASE_MARGIN);
+        } else if held.valid_until.is_some_and(|v| renew_sent < v) {
             sh.report.violation(
                 "lock lost while held",
                 format!("client {client}: Renew of a live lease: {r:?}"),
             );
         }
     }
-    let hold_until = start + hold;
-    tokio::time::sleep_until(valid_until.map_or(hold_until, |v| v.min(hold_until))).await;
-    if valid_until.is_none_or(|v| Instant::now() < v) {
-        write_all(client, sh, &keys, fence);
+    let hold_until = held.start + hold;
+    tokio::time::sleep_until(held.valid_until.map_or(hold_until, |v| v.min(hold_until))).await;
+    if held.valid_until.is_none_or(|v| Instant::now() < v) {
+        write_register(client, sh, &held.keys, held.fence);
     }
     let end = Instant::now();
-    for k in &keys {
+    for k in &held.keys {
         sh.history.record(Hold {
             key: k.clone(),
-            fence,
+            fence: held.fence,
             client,
-            start: start.into_std(),
+            start: held.start.into_std(),
             end: end.into_std(),
         });
     }
-    match rng.u8(0..20) {
-        0 if lease.is_some() => {
-            add(&sh.report.ops.lease_expiries, 1);
-            Ok(Next::Keep)
-        }
-        1 => Ok(Next::Reconnect), // Disconnecting releases what has no lease.
-        _ => release(client, w, sh, &keys, valid_until).await,
-    }
+    Ok(())
 }
 
 /// Unlocks `keys`; the server must still hold them for this client unless
@@ -181,7 +237,7 @@ async fn release(
 
 /// Writes under `fence` to every key; the register must accept, since the
 /// client holds the keys.
-fn write_all(client: u64, sh: &Workload, keys: &[String], fence: u64) {
+fn write_register(client: u64, sh: &Workload, keys: &[String], fence: u64) {
     for k in keys {
         add(&sh.report.ops.register_writes, 1);
         if !sh.register.write(k, fence) {

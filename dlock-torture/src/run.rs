@@ -31,7 +31,8 @@ const MAX_CONCURRENT_FAULTS: usize = 64;
 /// slack: by then a correct server holds nothing.
 const DRAIN: Duration = Duration::from_secs(20);
 
-/// Runs the whole thing; `Ok(true)` when no violation was found.
+/// Runs the whole thing: setup, the workload, the drain, the report.
+/// `Ok(true)` when no violation was found.
 pub async fn run(args: Args) -> anyhow::Result<bool> {
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
     if !(args.fault_rate >= 0.0 && args.fault_rate <= 1_000.0) {
@@ -51,52 +52,13 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
         report: Report::default(),
         stop_at: Instant::now() + args.duration,
     });
-    let rss_start = target.rss();
-
-    let mut tasks = tokio::task::JoinSet::new();
-    for c in 0..u64::from(args.clients) {
-        tasks.spawn(honest::run(
-            c,
-            sh.clone(),
-            seed ^ c.wrapping_mul(0x9e37_79b9),
-        ));
-    }
-    let faults = tokio::spawn(schedule_faults(sh.clone(), args.fault_rate, seed));
-
-    // RSS once the workload is warm, and its peak, sampled while it runs.
-    tokio::time::sleep(Duration::from_secs(1).min(args.duration / 4)).await;
-    let rss_warm = target.rss();
-    let mut rss_peak = rss_warm.unwrap_or(0);
-    while Instant::now() < sh.stop_at {
-        tokio::select! {
-            _ = tokio::time::sleep_until(sh.stop_at) => {}
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-        }
-        rss_peak = rss_peak.max(target.rss().unwrap_or(0));
-    }
-    while tasks.join_next().await.is_some() {}
-    if faults.await.is_err() {
-        sh.report.violation("fault scheduler failed", String::new());
-    }
+    let mut rss = RssSamples {
+        start: target.rss(),
+        ..RssSamples::default()
+    };
+    drive(&args, &sh, &target, seed, &mut rss).await;
     let workload = began.elapsed();
-
-    // Every client is gone: the server must drain to nothing.
-    let mut control = Wire::connect(sh.addr).await?;
-    let stats = await_empty(&mut control, &sh).await;
-    let (overlaps, examples) = sh.history.check();
-    sh.report
-        .violations_n("history (overlap or fence order)", overlaps, examples);
-    let rss_end = target.rss();
-    if let (Some(warm), Some(end)) = (rss_warm, rss_end) {
-        let allowed = warm + (warm / 2).max(16 << 20);
-        if end > allowed {
-            sh.report.violation(
-                "RSS did not return near baseline",
-                format!("{} MiB at the end, {} MiB warm", end >> 20, warm >> 20),
-            );
-        }
-    }
-    drop(control);
+    let stats = drain(&sh, &target, &mut rss).await?;
     let problems = target.stop().await;
     let n = problems.len() as u64;
     sh.report.violations_n("server", n, problems);
@@ -114,13 +76,80 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
         ("total", format!("{:.1}s", began.elapsed().as_secs_f64())),
         ("holds checked", sh.history.len().to_string()),
         ("server left", format!("{stats:?}")),
-        ("RSS start", mib(rss_start)),
-        ("RSS warm", mib(rss_warm)),
-        ("RSS peak", mib(Some(rss_peak).filter(|&p| p > 0))),
-        ("RSS end", mib(rss_end)),
+        ("RSS start", mib(rss.start)),
+        ("RSS warm", mib(rss.warm)),
+        ("RSS peak", mib(Some(rss.peak).filter(|&p| p > 0))),
+        ("RSS end", mib(rss.end)),
     ]);
     print!("{summary}");
     Ok(sh.report.violation_count() == 0)
+}
+
+/// The server's resident set size where a run samples it.
+#[derive(Default)]
+struct RssSamples {
+    start: Option<u64>,
+    /// Once the workload is warm.
+    warm: Option<u64>,
+    /// The most seen while the workload runs (0: never read).
+    peak: u64,
+    /// After the drain.
+    end: Option<u64>,
+}
+
+/// Runs the honest clients and the faults until the deadline, sampling
+/// the server's memory meanwhile, and waits for every task to end.
+async fn drive(args: &Args, sh: &Arc<Workload>, target: &Target, seed: u64, rss: &mut RssSamples) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..u64::from(args.clients) {
+        tasks.spawn(honest::run(
+            c,
+            sh.clone(),
+            seed ^ c.wrapping_mul(0x9e37_79b9),
+        ));
+    }
+    let faults = tokio::spawn(schedule_faults(sh.clone(), args.fault_rate, seed));
+
+    // RSS once the workload is warm, and its peak, sampled while it runs.
+    tokio::time::sleep(Duration::from_secs(1).min(args.duration / 4)).await;
+    rss.warm = target.rss();
+    rss.peak = rss.warm.unwrap_or(0);
+    while Instant::now() < sh.stop_at {
+        tokio::select! {
+            _ = tokio::time::sleep_until(sh.stop_at) => {}
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+        rss.peak = rss.peak.max(target.rss().unwrap_or(0));
+    }
+    while tasks.join_next().await.is_some() {}
+    if faults.await.is_err() {
+        sh.report.violation("fault scheduler failed", String::new());
+    }
+}
+
+/// Every client is gone: the server must drain to nothing, the history
+/// must hold no overlap, and memory must come back near where it was warm.
+async fn drain(
+    sh: &Workload,
+    target: &Target,
+    rss: &mut RssSamples,
+) -> anyhow::Result<Option<ServerStats>> {
+    let mut control = Wire::connect(sh.addr).await?;
+    let stats = await_empty(&mut control, sh).await;
+    let (overlaps, examples) = sh.history.check();
+    sh.report
+        .violations_n("history (overlap or fence order)", overlaps, examples);
+    rss.end = target.rss();
+    if let (Some(warm), Some(end)) = (rss.warm, rss.end) {
+        let allowed = warm + (warm / 2).max(16 << 20);
+        if end > allowed {
+            sh.report.violation(
+                "RSS did not return near baseline",
+                format!("{} MiB at the end, {} MiB warm", end >> 20, warm >> 20),
+            );
+        }
+    }
+    Ok(stats)
 }
 
 /// Starts faults at `rate` per second, cycling through the kinds, until the

@@ -2,6 +2,7 @@
 //! already running elsewhere on loopback.
 
 use anyhow::{bail, Context};
+use dlock::proc_sample::ProcSample;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -152,10 +153,7 @@ impl Target {
             Target::Child { child, .. } => child.id(),
             Target::External { pid, .. } => (*pid)?,
         };
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kb * 1024)
+        ProcSample::read(pid).map(|s| s.rss)
     }
 
     /// Stops the server as SIGTERM would and returns the problems seen:

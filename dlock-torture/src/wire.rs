@@ -1,16 +1,13 @@
 //! A raw dlock connection that checks what the server owes every request:
-//! an answer, in request order, or a closed connection.
+//! an answer, in request order, or a closed connection. The framing is
+//! [`RawClient`]'s; this adds the ordering check and the heartbeat.
 
-use bytes::BytesMut;
-use dlock::codec::{encode_frame, FrameCodec};
-use dlock::proto::{Request, RequestLock, RequestType, Response};
+use dlock::proto::{Request, RequestType, Response};
+use dlock::raw::{RawClient, RawError};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tokio_util::codec::Decoder;
 
 /// How often a client waiting on a Lock pings, well inside the server's
 /// idle timeout.
@@ -44,48 +41,26 @@ impl std::fmt::Display for CallError {
 
 /// One connection and the ids of its unanswered requests.
 pub struct Wire {
-    pub stream: TcpStream,
-    codec: FrameCodec,
-    rbuf: BytesMut,
-    next_id: u64,
+    /// The connection; faults write broken bytes and set socket options
+    /// through it.
+    pub raw: RawClient,
     outstanding: VecDeque<u64>,
 }
 
 impl Wire {
     pub async fn connect(addr: SocketAddr) -> std::io::Result<Wire> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
         Ok(Wire {
-            stream,
-            codec: FrameCodec::new(dlock::MAX_RESPONSE_FRAME),
-            rbuf: BytesMut::with_capacity(1024),
-            next_id: 1,
+            raw: RawClient::connect(addr).await?,
             outstanding: VecDeque::new(),
         })
     }
 
     pub fn request(&mut self, kind: RequestType, keys: &[String]) -> Request {
-        let id = self.next_id;
-        self.next_id += 1;
-        Request {
-            version: dlock::PROTOCOL_VERSION,
-            id,
-            r#type: kind as i32,
-            lock: (!keys.is_empty()).then(|| RequestLock {
-                keys: keys.to_vec(),
-                ..RequestLock::default()
-            }),
-            ..Request::default()
-        }
+        self.raw.request(kind, keys)
     }
 
     async fn send(&mut self, req: &Request) -> Result<(), CallError> {
-        let mut out = BytesMut::new();
-        encode_frame(req, &mut out);
-        self.stream
-            .write_all(&out)
-            .await
-            .map_err(|_| CallError::Closed)?;
+        self.raw.send(req).await.map_err(|_| CallError::Closed)?;
         self.outstanding.push_back(req.id);
         Ok(())
     }
@@ -116,45 +91,25 @@ impl Wire {
     }
 
     /// The next response, which must answer the oldest outstanding request.
-    /// Cancel-safe: bytes read stay in the buffer.
+    /// Cancel-safe, as [`RawClient::recv`] is.
     async fn next_response(&mut self) -> Result<Response, CallError> {
-        loop {
-            match self.codec.decode(&mut self.rbuf) {
-                Ok(Some(body)) => {
-                    let r: Response =
-                        prost::Message::decode(body).map_err(|_| CallError::Malformed)?;
-                    let expected = self.outstanding.pop_front().unwrap_or(0);
-                    if r.request_id != expected {
-                        return Err(CallError::OutOfOrder {
-                            expected,
-                            got: r.request_id,
-                        });
-                    }
-                    return Ok(r);
-                }
-                Ok(None) => {}
-                Err(_) => return Err(CallError::Malformed),
-            }
-            match self.stream.read_buf(&mut self.rbuf).await {
-                Ok(0) | Err(_) => return Err(CallError::Closed),
-                Ok(_) => {}
-            }
+        let r = self.raw.recv().await.map_err(|e| match e {
+            RawError::Frame(_) | RawError::Decode(_) => CallError::Malformed,
+            _ => CallError::Closed,
+        })?;
+        let expected = self.outstanding.pop_front().unwrap_or(0);
+        if r.request_id != expected {
+            return Err(CallError::OutOfOrder {
+                expected,
+                got: r.request_id,
+            });
         }
+        Ok(r)
     }
 
     /// Reads and discards until the server closes the connection or
     /// `patience` runs out; returns whether it closed.
     pub async fn await_close(&mut self, patience: Duration) -> bool {
-        let mut sink = [0u8; 4096];
-        tokio::time::timeout(patience, async {
-            loop {
-                match self.stream.read(&mut sink).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
-                }
-            }
-        })
-        .await
-        .is_ok()
+        self.raw.await_close(patience).await
     }
 }

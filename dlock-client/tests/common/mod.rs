@@ -31,7 +31,8 @@ pub async fn run_at(server: &str, args: &[&str]) -> Output {
         .expect("dlock runs")
 }
 
-pub async fn finish(child: Child) -> Output {
+/// Waits (at most PATIENCE) for dlock to end and returns its output.
+pub async fn wait_output(child: Child) -> Output {
     tokio::time::timeout(PATIENCE, child.wait_with_output())
         .await
         .expect("dlock finishes")

@@ -115,6 +115,7 @@ impl StateMachine {
         found: Option<Stored>,
         limits: TableLimits,
         first_fence: u64,
+        sessions: bool,
         sink: ApplySink,
     ) -> Result<StateMachine, SnapshotError> {
         let applied = match found {
@@ -129,7 +130,11 @@ impl StateMachine {
                 }
             }
             None => Applied {
-                table: LockTable::with_sessions(limits, first_fence),
+                table: if sessions {
+                    LockTable::with_sessions(limits, first_fence)
+                } else {
+                    LockTable::new(limits, first_fence)
+                },
                 last_applied: None,
                 membership: StoredMembership::default(),
                 at: Time::ZERO,

@@ -1,5 +1,5 @@
 //! Who may take a key, and handing keys on: the availability rules, the
-//! grant itself, and the pump that grants waiters when keys change.
+//! grant itself, and `grant_waiters`, run when keys change.
 
 use super::{Hold, Key, LockTable, OwnerId, ReqId, Time, WaitOutcome, Woken};
 use std::cmp::Reverse;
@@ -106,7 +106,7 @@ impl LockTable {
         fence
     }
 
-    /// Clears the hold on `key`; the caller pumps the key afterwards.
+    /// Clears the hold on `key`; the caller passes the key to `grant_waiters` afterwards.
     pub(super) fn release(&mut self, key: &Key) {
         let Some(hold) = self.keys.get_mut(key).and_then(|s| s.hold.take()) else {
             return;
@@ -121,7 +121,7 @@ impl LockTable {
     }
 
     /// Removes a withdrawn request from its queues; keys whose front changed
-    /// go to `work` for pumping.
+    /// go to `work` for `grant_waiters`.
     pub(super) fn dequeue(&mut self, req: ReqId, keys: &[Key], work: &mut Vec<Key>) {
         for k in keys {
             if let Some(s) = self.keys.get_mut(k) {
@@ -142,7 +142,7 @@ impl LockTable {
     /// usually first in a queue; the exception is a key its own owner holds,
     /// so after each grant the owner's other waiting requests are checked
     /// too.
-    pub(super) fn pump(&mut self, mut work: Vec<Key>, now: Time, woken: &mut Vec<Woken>) {
+    pub(super) fn grant_waiters(&mut self, mut work: Vec<Key>, now: Time, woken: &mut Vec<Woken>) {
         // A request can be pushed twice; the second pop finds it gone.
         let mut candidates: BinaryHeap<Reverse<ReqId>> = BinaryHeap::new();
         loop {

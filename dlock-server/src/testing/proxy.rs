@@ -47,7 +47,7 @@ impl FreezableProxy {
                     let _ = server.set_nodelay(true);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::join!(pump(cr, sw, gate.clone()), pump(sr, cw, gate));
+                    tokio::join!(forward(cr, sw, gate.clone()), forward(sr, cw, gate));
                 });
             }
         });
@@ -82,7 +82,7 @@ impl Drop for FreezableProxy {
 
 /// Copies one direction, checking the gate before each read and each write,
 /// so bytes already read are held back while frozen.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut gate: watch::Receiver<bool>) {
+async fn forward(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut gate: watch::Receiver<bool>) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         if gate.wait_for(|frozen| !frozen).await.is_err() {

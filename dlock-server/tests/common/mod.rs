@@ -3,18 +3,14 @@
 
 pub mod process;
 
-use bytes::BytesMut;
-use dlock::codec::{encode_frame, FrameCodec};
 use dlock::proto::{
     KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus, ServerStats,
 };
-use futures_util::FutureExt;
+use dlock::raw::{RawClient, RawError};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_util::codec::Decoder;
 
 /// How long any single expected event may take before a test fails. Generous
 /// so a loaded machine does not cause failures; tests never wait this long
@@ -24,63 +20,49 @@ pub const PATIENCE: Duration = Duration::from_secs(20);
 #[allow(unused_imports)]
 pub use dlock_server::testing::TestServer;
 
-/// A client that speaks raw frames.
-pub struct Conn {
-    pub stream: TcpStream,
-    buf: BytesMut,
-    codec: FrameCodec,
-    next_id: u64,
+/// A raw-frame client ([`RawClient`]) whose calls panic on anything a test
+/// does not expect, with the requests tests build most.
+pub struct TestClient {
+    pub raw: RawClient,
 }
 
-impl Conn {
-    pub async fn connect(addr: SocketAddr) -> Conn {
-        let stream = TcpStream::connect(addr)
+impl TestClient {
+    pub async fn connect(addr: SocketAddr) -> TestClient {
+        let raw = RawClient::connect(addr)
             .await
-            .expect("connect to test server");
-        stream.set_nodelay(true).expect("nodelay");
-        Conn {
-            stream,
-            buf: BytesMut::new(),
+            .expect("connect to test server")
             // Responses may echo long keys; accept anything reasonable.
-            codec: FrameCodec::new(1 << 24),
-            next_id: 1,
-        }
+            .with_max_frame(1 << 24);
+        TestClient { raw }
+    }
+
+    /// The socket, for socket options, shutdown and addresses.
+    pub fn stream(&mut self) -> &mut TcpStream {
+        self.raw.stream_mut()
     }
 
     pub fn next_id(&mut self) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        id
+        self.raw.next_id()
     }
 
     pub async fn send(&mut self, req: &Request) {
-        let mut out = BytesMut::new();
-        encode_frame(req, &mut out);
-        self.send_raw(&out).await;
+        self.raw.send(req).await.expect("write to server");
     }
 
     pub async fn send_raw(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).await.expect("write to server");
+        self.raw.send_bytes(bytes).await.expect("write to server");
     }
 
-    /// The next response, or `None` at end of stream.
+    /// The next response, or `None` at end of stream (a reset counts as
+    /// one: the server may close with requests unread).
     pub async fn try_recv(&mut self) -> Option<Response> {
-        loop {
-            if let Some(body) = self
-                .codec
-                .decode(&mut self.buf)
-                .expect("valid response frame")
-            {
-                return Some(prost::Message::decode(body).expect("valid Response"));
-            }
-            let n = tokio::time::timeout(PATIENCE, self.stream.read_buf(&mut self.buf))
-                .await
-                .expect("server answers in time")
-                .unwrap_or(0);
-            if n == 0 {
-                assert!(self.buf.is_empty(), "stream ended inside a frame");
-                return None;
-            }
+        let next = tokio::time::timeout(PATIENCE, self.raw.recv_or_closed())
+            .await
+            .expect("server answers in time");
+        match next {
+            Ok(r) => r,
+            Err(RawError::Io(_)) => None,
+            Err(e) => panic!("valid response frame: {e}"),
         }
     }
 
@@ -88,12 +70,6 @@ impl Conn {
         self.try_recv()
             .await
             .expect("a response, not end of stream")
-    }
-
-    /// Whether a response is already available without waiting.
-    pub async fn has_response(&mut self) -> bool {
-        let _ = self.stream.read_buf(&mut self.buf).now_or_never();
-        !self.buf.is_empty()
     }
 
     /// Asserts the server closes the connection.

@@ -1,12 +1,13 @@
 //! The real `dlock-server` binary as a child process: for signals, restarts,
 //! resource limits, and the server's own memory and CPU figures.
 
+use dlock::proc_sample::ProcSample;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// A server process on 127.0.0.1:0; its address is read from its log.
 pub struct Process {
@@ -119,36 +120,9 @@ impl Process {
         self.child.wait().expect("wait for server")
     }
 
-    /// A `kB` field of /proc/PID/status, in bytes.
-    pub fn status_bytes(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .expect("read /proc status");
-        let line = status
-            .lines()
-            .find(|l| l.starts_with(field))
-            .unwrap_or_else(|| panic!("{field} in /proc status"));
-        let kb: u64 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .expect("a number of kB");
-        kb * 1024
-    }
-
-    /// CPU time (user + system) the server has used so far.
-    pub fn cpu_time(&self) -> Duration {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
-            .expect("read /proc stat");
-        // Fields after the parenthesised command name; utime and stime are
-        // the 14th and 15th fields of the whole line.
-        let after = stat.rsplit(')').next().unwrap_or_default();
-        let f: Vec<u64> = after
-            .split_whitespace()
-            .map(|v| v.parse().unwrap_or(0))
-            .collect();
-        // SAFETY: sysconf has no preconditions.
-        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-        Duration::from_millis((f[11] + f[12]) * 1000 / ticks)
+    /// The server's CPU time and memory so far.
+    pub fn sample(&self) -> ProcSample {
+        ProcSample::read(self.child.id()).expect("read the server's /proc figures")
     }
 }
 
