@@ -15,7 +15,7 @@
 //! creates an earlier one: expiry happens on time, with no periodic sweep.
 
 use crate::clock::Clock;
-use crate::fence::FenceFile;
+use crate::fence::FenceAlarm;
 use crate::table::{
     Command, Key, LockResult, LockTable, Output, OwnerId, Reply, ReqId, Snapshot, TableLimits,
     Time, WaitLimit, WaitOutcome, Woken,
@@ -32,19 +32,17 @@ use tokio_util::sync::CancellationToken;
 /// A cheap, cloneable handle to the lock state.
 #[derive(Clone, Debug)]
 pub struct Db {
-    shared: Arc<Shared>,
+    inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
-struct Shared {
+struct Inner {
     state: Mutex<State>,
     clock: Clock,
     /// Wakes the timer task when a deadline earlier than its target appears.
     timer: Notify,
-    /// When the table's next fence reaches this, the fence file needs a new
-    /// reservation; `u64::MAX` without a fence file.
-    fence_alarm: AtomicU64,
-    fence_refill: Notify,
+    /// Rings when the fence file needs a new reservation.
+    fence_alarm: FenceAlarm,
     next_owner: AtomicU64,
     /// Outcomes handed to waiting connections so far.
     deliveries: AtomicU64,
@@ -101,7 +99,7 @@ impl Db {
     /// A handle to `table`, whose commands are stamped by `clock`.
     pub fn from_table(table: LockTable, clock: Clock) -> Db {
         Db {
-            shared: Arc::new(Shared {
+            inner: Arc::new(Inner {
                 state: Mutex::new(State {
                     table,
                     pending: HashMap::new(),
@@ -112,8 +110,7 @@ impl Db {
                 }),
                 clock,
                 timer: Notify::new(),
-                fence_alarm: AtomicU64::new(u64::MAX),
-                fence_refill: Notify::new(),
+                fence_alarm: FenceAlarm::default(),
                 next_owner: AtomicU64::new(1),
                 deliveries: AtomicU64::new(0),
             }),
@@ -124,7 +121,7 @@ impl Db {
         // A panic while holding the lock would be a bug in the table; the
         // state it left is still the best information there is, so keep
         // serving rather than poisoning every later request.
-        self.shared
+        self.inner
             .state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -134,7 +131,7 @@ impl Db {
     /// time is read, and the one way the table changes. (Inspect reads the
     /// same clock to say how much of a lease is left; it changes nothing.)
     fn apply(&self, st: &mut State, cmd: Command) -> Output {
-        let at = self.shared.clock.now();
+        let at = self.inner.clock.now();
         match &mut st.log {
             None => st.table.apply(cmd, at),
             Some(log) => {
@@ -167,7 +164,7 @@ impl Db {
     /// Registers a new owner (a session) on a connection from `peer`; owner
     /// ids are never reused.
     pub fn open_session(&self, peer: SocketAddr) -> OwnerId {
-        let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed);
+        let owner = self.inner.next_owner.fetch_add(1, Ordering::Relaxed);
         self.state().peers.insert(owner, peer);
         owner
     }
@@ -261,7 +258,7 @@ impl Db {
     /// Describes `keys` as seen by `owner`.
     pub fn inspect(&self, owner: OwnerId, keys: &[String]) -> Vec<KeyInfo> {
         let st = self.state();
-        let now = self.shared.clock.now();
+        let now = self.inner.clock.now();
         keys.iter()
             .map(|k| {
                 let view = st.table.inspect(k, now);
@@ -298,7 +295,7 @@ impl Db {
     /// connection compares it before and after running requests to learn
     /// whether they woke another connection.
     pub fn deliveries(&self) -> u64 {
-        self.shared.deliveries.load(Ordering::Relaxed)
+        self.inner.deliveries.load(Ordering::Relaxed)
     }
 
     /// Starts stopping the server: every waiting Lock is withdrawn (its
@@ -323,10 +320,10 @@ impl Db {
                 st.timer_at = next;
                 next
             };
-            let sleep_target = next.and_then(|t| self.shared.clock.instant_of(t));
+            let sleep_target = next.and_then(|t| self.inner.clock.instant_of(t));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = self.shared.timer.notified() => {}
+                _ = self.inner.timer.notified() => {}
                 _ = async {
                     if let Some(t) = sleep_target {
                         tokio::time::sleep_until(t).await
@@ -393,42 +390,15 @@ impl Db {
         Ok(())
     }
 
-    /// Keeps the fence file's reservation ahead of issued tokens, until
-    /// `shutdown` is cancelled.
-    pub async fn run_fence_keeper(self, mut file: FenceFile, shutdown: CancellationToken) {
-        self.shared
-            .fence_alarm
-            .store(file.refill_at(), Ordering::Relaxed);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = self.shared.fence_refill.notified() => {}
-            }
-            let next = self.state().table.next_fence();
-            let written = tokio::task::spawn_blocking(move || {
-                let result = file.reserve(next);
-                (file, result)
-            })
-            .await;
-            match written {
-                Ok((f, Ok(()))) => {
-                    file = f;
-                    self.shared
-                        .fence_alarm
-                        .store(file.refill_at(), Ordering::Relaxed);
-                }
-                Ok((f, Err(e))) => {
-                    // Half a reservation is still unused; the alarm stays set
-                    // so the next grant tries again.
-                    file = f;
-                    tracing::error!(error = %e, "cannot extend the fence file reservation");
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "fence file writer failed");
-                    return;
-                }
-            }
-        }
+    /// The token the next grant will get.
+    pub fn next_fence(&self) -> u64 {
+        self.state().table.next_fence()
+    }
+
+    /// The alarm the fence file's keeper (see [`crate::fence::run_keeper`])
+    /// sets and this state rings as tokens are issued.
+    pub fn fence_alarm(&self) -> &FenceAlarm {
+        &self.inner.fence_alarm
     }
 
     /// Wakes the timer task if the table's next deadline is earlier than the
@@ -437,13 +407,7 @@ impl Db {
         let next = st.table.next_deadline();
         if next.is_some() && (st.timer_at.is_none() || next < st.timer_at) {
             st.timer_at = next;
-            self.shared.timer.notify_one();
-        }
-    }
-
-    fn check_fence(&self, st: &State) {
-        if st.table.next_fence() >= self.shared.fence_alarm.load(Ordering::Relaxed) {
-            self.shared.fence_refill.notify_one();
+            self.inner.timer.notify_one();
         }
     }
 
@@ -465,13 +429,13 @@ impl Db {
                 }
             }
             self.rearm(&mut st);
-            self.check_fence(&st);
+            self.inner.fence_alarm.check(st.table.next_fence());
             drop(st);
             if sends.is_empty() {
                 return;
             }
             let mut orphans = Vec::new();
-            self.shared
+            self.inner
                 .deliveries
                 .fetch_add(sends.len() as u64, Ordering::Relaxed);
             for (tx, w) in sends {

@@ -13,15 +13,87 @@
 //! half of that is used, so the file is written at start and then once per
 //! two billion grants.
 
+use crate::db::Db;
 use anyhow::{bail, Context};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 /// How many tokens one write of the fence file reserves: about 4.3 seconds
 /// of the nanosecond clock, so the stored ceiling stays close to the clock,
 /// and over two billion grants, so the file is rewritten rarely.
 pub const RESERVE: u64 = 1 << 32;
+
+/// Rings when the lock table's next token reaches the point where the fence
+/// file's reservation must be extended. Checked on every grant, so one
+/// atomic load; the write happens on the keeper's task, never under the
+/// table's lock.
+#[derive(Debug)]
+pub struct FenceAlarm {
+    /// `u64::MAX` until a keeper sets it (no fence file: never rings).
+    at: AtomicU64,
+    ring: Notify,
+}
+
+impl Default for FenceAlarm {
+    fn default() -> Self {
+        FenceAlarm {
+            at: AtomicU64::new(u64::MAX),
+            ring: Notify::new(),
+        }
+    }
+}
+
+impl FenceAlarm {
+    /// Rings if `next`, the table's next token, has reached the alarm.
+    pub fn check(&self, next: u64) {
+        if next >= self.at.load(Ordering::Relaxed) {
+            self.ring.notify_one();
+        }
+    }
+
+    fn set(&self, at: u64) {
+        self.at.store(at, Ordering::Relaxed);
+    }
+}
+
+/// Keeps `file`'s reservation ahead of the tokens `db` issues, until
+/// `shutdown` is cancelled.
+pub async fn run_keeper(db: Db, mut file: FenceFile, shutdown: CancellationToken) {
+    let alarm = db.fence_alarm();
+    alarm.set(file.refill_at());
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = alarm.ring.notified() => {}
+        }
+        let next = db.next_fence();
+        let written = tokio::task::spawn_blocking(move || {
+            let result = file.reserve(next);
+            (file, result)
+        })
+        .await;
+        match written {
+            Ok((f, Ok(()))) => {
+                file = f;
+                alarm.set(file.refill_at());
+            }
+            Ok((f, Err(e))) => {
+                // Half a reservation is still unused; the alarm stays set so
+                // the next grant tries again.
+                file = f;
+                tracing::error!(error = %e, "cannot extend the fence file reservation");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "fence file writer failed");
+                return;
+            }
+        }
+    }
+}
 
 /// The persisted ceiling of issued fencing tokens.
 #[derive(Debug)]

@@ -47,7 +47,7 @@ pub async fn run(
     let tracker = TaskTracker::new();
     tracker.spawn(db.clone().run_timer(cancel.clone()));
     if let Some(file) = fence_file {
-        tracker.spawn(db.clone().run_fence_keeper(file, cancel.clone()));
+        tracker.spawn(fence::run_keeper(db.clone(), file, cancel.clone()));
     }
     let limit = Arc::new(Semaphore::new(config.max_connections));
     let node = match config.data_dir {
