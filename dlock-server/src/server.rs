@@ -30,95 +30,141 @@ const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 /// returns within `--shutdown-timeout`.
 ///
 /// # Errors
-/// The token file or fence file named in `config` cannot be used.
+/// The token file or fence file named in `config` cannot be used, or the
+/// cluster node (`--data-dir`) cannot start.
 pub async fn run(
     listener: TcpListener,
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let tokens = match &config.token_file {
-        Some(path) => Tokens::from_file(path)?,
-        None => Tokens::default(),
-    };
-    let (first_fence, fence_file) = fence::start(config.fence_file.as_deref(), SystemTime::now())
-        .context("cannot set up fencing tokens")?;
-    let db = Db::new(Shared::table_limits(&config), first_fence);
-    let cancel = CancellationToken::new();
-    let tracker = TaskTracker::new();
-    tracker.spawn(db.clone().run_timer(cancel.clone()));
-    if let Some(file) = fence_file {
-        tracker.spawn(fence::run_keeper(db.clone(), file, cancel.clone()));
-    }
-    let limit = Arc::new(Semaphore::new(config.max_connections));
-    let node = match config.data_dir {
-        None => None,
-        Some(_) => {
-            let addr = listener.local_addr()?;
-            let stop = CancellationToken::new();
-            Some(replicated::start(&config, addr, stop).await?)
-        }
-    };
-    let mut shared = Shared::new(db, config, tokens);
-    if let Some(node) = &node {
-        shared = shared.with_cluster(node.clone());
-    }
-    let shared = Arc::new(shared);
-    let c = &shared.config;
-    // One line an operator can check the running limits against; `addr` is
-    // also how tests find the ephemeral port.
-    tracing::info!(
-        addr = %listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()),
-        version = env!("CARGO_PKG_VERSION"),
-        access_tokens = shared.tokens.enabled(),
-        fence_file = c.fence_file.is_some(),
-        first_fence,
-        max_connections = c.max_connections,
-        max_frame = c.max_frame,
-        max_keys = c.max_keys,
-        max_key_len = c.max_key_len,
-        max_pipeline = c.max_pipeline,
-        max_waiters = c.max_waiters,
-        max_held_keys = c.max_held_keys,
-        max_lease = %humantime::format_duration(c.max_lease),
-        idle_timeout = %humantime::format_duration(c.idle_timeout),
-        write_timeout = %humantime::format_duration(c.write_timeout),
-        threads = c.threads,
-        node_id = node.as_ref().map(|n| n.cluster().node_id()),
-        data_dir = c.data_dir.as_ref().map(|d| d.display().to_string()),
-        "dlock-server listening"
-    );
+    let server = Server::setup(listener, config).await?;
+    server.accept_until(shutdown).await;
+    server.drain().await;
+    Ok(())
+}
 
-    tokio::pin!(shutdown);
-    let mut backoff = Duration::from_millis(5);
-    loop {
-        let accepted = tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => accepted,
+/// A running server: what the accept loop hands each connection and what
+/// shutdown waits for.
+struct Server {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    /// One permit per connection: --max-connections.
+    limit: Arc<Semaphore>,
+    /// Connections and background tasks.
+    tracker: TaskTracker,
+    /// Cancelled at shutdown: connections answer and close.
+    cancel: CancellationToken,
+}
+
+impl Server {
+    /// Reads the token and fence files, builds the lock state (or starts
+    /// the cluster node) and its background tasks, and logs the start line.
+    async fn setup(listener: TcpListener, config: Config) -> anyhow::Result<Server> {
+        let tokens = match &config.token_file {
+            Some(path) => Tokens::from_file(path)?,
+            None => Tokens::default(),
         };
-        let (stream, peer) = match accepted {
-            Ok(a) => {
-                backoff = Duration::from_millis(5);
-                a
+        let (first_fence, fence_file) =
+            fence::start(config.fence_file.as_deref(), SystemTime::now())
+                .context("cannot set up fencing tokens")?;
+        let db = Db::new(Shared::table_limits(&config), first_fence);
+        let cancel = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        tracker.spawn(db.clone().run_timer(cancel.clone()));
+        if let Some(file) = fence_file {
+            tracker.spawn(fence::run_keeper(db.clone(), file, cancel.clone()));
+        }
+        let limit = Arc::new(Semaphore::new(config.max_connections));
+        let node = match config.data_dir {
+            None => None,
+            Some(_) => {
+                let addr = listener.local_addr()?;
+                let stop = CancellationToken::new();
+                Some(replicated::start(&config, addr, stop).await?)
             }
-            Err(e) => {
-                tracing::warn!(error = %e, retry_in = ?backoff, "accept failed");
-                tokio::select! {
-                    _ = &mut shutdown => break,
-                    _ = tokio::time::sleep(backoff) => {}
+        };
+        let mut shared = Shared::new(db, config, tokens);
+        if let Some(node) = node {
+            shared = shared.with_cluster(node);
+        }
+        let server = Server {
+            listener,
+            shared: Arc::new(shared),
+            limit,
+            tracker,
+            cancel,
+        };
+        server.log_start(first_fence);
+        Ok(server)
+    }
+
+    /// One line an operator can check the running limits against; `addr`
+    /// is also how tests find the ephemeral port.
+    fn log_start(&self, first_fence: u64) {
+        let c = &self.shared.config;
+        let node = self.shared.cluster.as_ref().map(|n| n.cluster().node_id());
+        tracing::info!(
+            addr = %self.listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()),
+            version = env!("CARGO_PKG_VERSION"),
+            access_tokens = self.shared.tokens.enabled(),
+            fence_file = c.fence_file.is_some(),
+            first_fence = if node.is_some() { replicated::CLUSTER_FIRST_FENCE } else { first_fence },
+            max_connections = c.max_connections,
+            max_frame = c.max_frame,
+            max_keys = c.max_keys,
+            max_key_len = c.max_key_len,
+            max_pipeline = c.max_pipeline,
+            max_waiters = c.max_waiters,
+            max_held_keys = c.max_held_keys,
+            max_lease = %humantime::format_duration(c.max_lease),
+            idle_timeout = %humantime::format_duration(c.idle_timeout),
+            write_timeout = %humantime::format_duration(c.write_timeout),
+            threads = c.threads,
+            node_id = node,
+            data_dir = c.data_dir.as_ref().map(|d| d.display().to_string()),
+            "dlock-server listening"
+        );
+    }
+
+    /// Accepts connections until `shutdown` completes, backing off after
+    /// accept errors such as running out of file descriptors.
+    async fn accept_until(&self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut backoff = Duration::from_millis(5);
+        loop {
+            let accepted = tokio::select! {
+                _ = &mut shutdown => return,
+                accepted = self.listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    backoff = Duration::from_millis(5);
+                    self.serve(stream, peer);
                 }
-                backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
-                continue;
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "accept failed");
+                    tokio::select! {
+                        _ = &mut shutdown => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
+                }
             }
+        }
+    }
+
+    /// Serves one accepted connection on a task of its own, or turns it
+    /// away over --max-connections.
+    fn serve(&self, stream: TcpStream, peer: std::net::SocketAddr) {
+        let Ok(permit) = self.limit.clone().try_acquire_owned() else {
+            reject(&stream, self.shared.config.max_connections);
+            return;
         };
-        let Ok(permit) = limit.clone().try_acquire_owned() else {
-            reject(&stream, shared.config.max_connections);
-            continue;
-        };
-        configure(&stream, &shared.config);
+        configure(&stream, &self.shared.config);
         let span = tracing::info_span!("conn", %peer);
-        let shared = shared.clone();
-        let cancel = cancel.clone();
-        tracker.spawn(
+        let shared = self.shared.clone();
+        let cancel = self.cancel.clone();
+        self.tracker.spawn(
             async move {
                 connection::serve(stream, shared, cancel).await;
                 drop(permit);
@@ -127,25 +173,29 @@ pub async fn run(
         );
     }
 
-    drop(listener);
-    tracing::info!("shutting down");
-    // Before any connection closes: a holder's release must not hand its
-    // keys to a waiter whose connection is about to close too. (A cluster
-    // node keeps its sessions' waits: their clients resume them elsewhere.)
-    shared.db.close();
-    cancel.cancel();
-    tracker.close();
-    if tokio::time::timeout(shared.config.shutdown_timeout, tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("connections still open after the shutdown timeout; leaving them");
+    /// Stops accepting, answers and closes every connection (within
+    /// --shutdown-timeout), then stops the cluster node if there is one.
+    async fn drain(self) {
+        drop(self.listener);
+        tracing::info!("shutting down");
+        // Before any connection closes: a holder's release must not hand
+        // its keys to a waiter whose connection is about to close too. (A
+        // cluster node keeps its sessions' waits: their clients resume them
+        // elsewhere.)
+        self.shared.db.close();
+        self.cancel.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(self.shared.config.shutdown_timeout, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("connections still open after the shutdown timeout; leaving them");
+        }
+        if let Some(node) = &self.shared.cluster {
+            node.cluster().shutdown().await;
+        }
+        tracing::info!("dlock-server stopped");
     }
-    if let Some(node) = &node {
-        node.cluster().shutdown().await;
-    }
-    tracing::info!("dlock-server stopped");
-    Ok(())
 }
 
 /// TCP_NODELAY because every frame is a small request or response that
