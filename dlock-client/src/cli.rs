@@ -141,7 +141,7 @@ pub struct Args {
 
 /// Checks the form of a server address: HOST:PORT, with an IPv6 host in
 /// brackets. Whether HOST resolves is found out when connecting.
-fn server_address(s: &str) -> Result<String, String> {
+pub fn server_address(s: &str) -> Result<String, String> {
     let (host, port) = s
         .rsplit_once(':')
         .ok_or("expected HOST:PORT, for example 127.0.0.1:7436")?;

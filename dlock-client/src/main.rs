@@ -2,6 +2,7 @@
 
 mod child;
 mod cli;
+mod cluster;
 mod exit;
 mod guardian;
 mod inspect;
@@ -19,6 +20,9 @@ fn main() -> ExitCode {
         .is_some_and(|a| a == guardian::ARG)
     {
         return guardian::run();
+    }
+    if std::env::args_os().nth(1).is_some_and(|a| a == "cluster") {
+        return cluster::main();
     }
     let args = match cli::Args::try_parse() {
         Ok(a) => a,

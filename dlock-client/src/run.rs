@@ -470,7 +470,12 @@ async fn ping(args: &Args, options: ClientOptions) -> Result<u8, Failure> {
 /// The access token: from --token-file (the first token in it), else
 /// DLOCK_TOKEN.
 fn token(args: &Args) -> Result<Option<String>, Failure> {
-    if let Some(path) = &args.token_file {
+    token_from(args.token_file.as_deref())
+}
+
+/// The access token: the first in `file` when given, else DLOCK_TOKEN.
+pub fn token_from(file: Option<&std::path::Path>) -> Result<Option<String>, Failure> {
+    if let Some(path) = file {
         let text = std::fs::read_to_string(path).map_err(|e| {
             Failure::new(
                 exit::USAGE,

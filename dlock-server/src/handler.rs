@@ -21,6 +21,9 @@ use tokio::sync::oneshot;
 
 /// What becomes of a request.
 #[derive(Debug)]
+// Built once per request and encoded where it lies (see `execute`): boxing
+// the large variant would add an allocation to every answer.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     /// Answer now.
     Reply(Response),
@@ -172,6 +175,12 @@ fn execute_inner(ctx: &mut Ctx<'_>, req: Request) -> Result<Step, Refusal> {
     let db = &ctx.shared.db;
     let body = req.lock.unwrap_or_default();
     match kind {
+        RequestType::ClusterStatus | RequestType::ClusterAdd | RequestType::ClusterRemove => {
+            Err(Refusal::new(
+                ResponseStatus::InvalidType,
+                "this server is not a cluster node (it was started without --data-dir)",
+            ))
+        }
         RequestType::Invalid => Err(Refusal::new(
             ResponseStatus::InvalidType,
             "request type not set",

@@ -26,14 +26,17 @@
 //! session, and a client that resumes it and asks again is re-granted the
 //! keys it holds at once.
 
-use crate::cluster::{ApplySink, Cluster, ClusterConfig, ClusterError, Member};
+use crate::cluster::{ApplySink, Cluster, ClusterConfig, ClusterError, ClusterStatus, Member};
 use crate::config::Config;
 use crate::handler::{self, Refusal};
 use crate::pending::Pending;
 use crate::shared::Shared;
 use crate::table::{Command, Output, OwnerId, Reply, ReqId, Woken};
 use anyhow::{bail, Context};
-use dlock::proto::{KeyInfo, Request, RequestType, Response, ResponseStatus, ServerStats};
+use dlock::proto::{
+    ClusterInfo, ClusterMember, KeyInfo, Request, RequestType, Response, ResponseStatus,
+    ServerStats,
+};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -404,6 +407,55 @@ impl Replicated {
                 });
                 Ok(r)
             }
+            RequestType::ClusterStatus => {
+                let mut r = handler::response(id, ResponseStatus::Ok);
+                r.cluster = Some(Box::new(cluster_info(&self.cluster.status())));
+                Ok(r)
+            }
+            RequestType::ClusterAdd | RequestType::ClusterRemove => {
+                let args = req.cluster.unwrap_or_default();
+                if args.node_id == 0 {
+                    return Err(refused(
+                        id,
+                        Refusal::new(
+                            ResponseStatus::InvalidArgument,
+                            "cluster.node_id must be set",
+                        ),
+                    ));
+                }
+                let done = if kind == RequestType::ClusterAdd {
+                    if args.client_addr.is_empty() || args.peer_addr.is_empty() {
+                        return Err(refused(
+                            id,
+                            Refusal::new(
+                                ResponseStatus::InvalidArgument,
+                                "ClusterAdd needs cluster.client_addr and cluster.peer_addr",
+                            ),
+                        ));
+                    }
+                    let member = Member {
+                        client_addr: args.client_addr,
+                        peer_addr: args.peer_addr,
+                    };
+                    self.cluster.add_node(args.node_id, member).await
+                } else {
+                    let members = self.cluster.status().members;
+                    if !members.iter().any(|m| m.id == args.node_id) {
+                        return Err(refused(
+                            id,
+                            Refusal::new(
+                                ResponseStatus::InvalidArgument,
+                                format!("node {} is not a member of the cluster", args.node_id),
+                            ),
+                        ));
+                    }
+                    self.cluster.remove_node(args.node_id).await
+                };
+                done.map_err(|e| cluster_error(id, e))?;
+                let mut r = handler::response(id, ResponseStatus::Ok);
+                r.cluster = Some(Box::new(cluster_info(&self.cluster.status())));
+                Ok(r)
+            }
             RequestType::Invalid => Err(refused(
                 id,
                 Refusal::new(ResponseStatus::InvalidType, "request type not set"),
@@ -582,6 +634,32 @@ impl Replicated {
                 ),
             )),
         }
+    }
+}
+
+/// The wire form of a node's view of the cluster.
+fn cluster_info(s: &ClusterStatus) -> ClusterInfo {
+    ClusterInfo {
+        node_id: s.node_id,
+        role: format!("{:?}", s.role),
+        term: s.term,
+        leader_id: s.leader.unwrap_or(0),
+        last_log_index: s.last_log_index.unwrap_or(0),
+        committed_index: s.committed_index.unwrap_or(0),
+        last_applied_index: s.last_applied_index.unwrap_or(0),
+        members: s
+            .members
+            .iter()
+            .map(|m| ClusterMember {
+                node_id: m.id,
+                client_addr: m.client_addr.clone(),
+                peer_addr: m.peer_addr.clone(),
+                voter: m.voter,
+                matched_index: m.matched_index.unwrap_or(0),
+                lag: m.lag.unwrap_or(0),
+                replication_known: m.lag.is_some(),
+            })
+            .collect(),
     }
 }
 

@@ -445,3 +445,83 @@ async fn a_session_outlives_a_broken_connection_for_its_ttl_only() {
     let r = b.lock(&["clean"], 20_000_000, 0).await;
     assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
 }
+
+async fn cluster_request(
+    c: &mut TestClient,
+    kind: RequestType,
+    node: &Node,
+) -> dlock::proto::Response {
+    let mut req = c.request(kind, &[]);
+    req.cluster = Some(dlock::proto::RequestCluster {
+        node_id: node.id,
+        client_addr: node.client.to_string(),
+        peer_addr: node.peer.to_string(),
+    });
+    c.call(req).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_added_and_another_removed_while_locks_are_served() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::new(3);
+    let l = cluster.leader(None).await;
+    let mut a = cluster.conn(l).await;
+    let s = open(&mut a).await;
+    let first = must_lock(&mut a, "before", s, Duration::ZERO).await;
+
+    // A fourth node, started with the current members, waits to be added.
+    let dirs = tempfile::tempdir().expect("temp dir");
+    cluster.nodes.push(Node {
+        id: 4,
+        client: free_port(),
+        peer: free_port(),
+        dir: dirs.path().join("node4"),
+        process: None,
+    });
+    cluster.start(3);
+    let r = cluster_request(&mut a, RequestType::ClusterAdd, &cluster.nodes[3]).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let info = r.cluster.expect("the new view");
+    assert_eq!(info.members.len(), 4);
+    assert!(info.members.iter().all(|m| m.voter), "{info:?}");
+    let second = must_lock(&mut a, "during", s, Duration::ZERO).await;
+    assert!(second > first);
+
+    // Remove a follower, then check the status every node gives.
+    let gone = (0..3).find(|&i| i != l).expect("a follower");
+    let r = cluster_request(&mut a, RequestType::ClusterRemove, &cluster.nodes[gone]).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    cluster.kill(gone);
+    let third = must_lock(&mut a, "after", s, Duration::ZERO).await;
+    assert!(third > second);
+    let mut new_node = cluster.conn(3).await;
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let r = call(&mut new_node, RequestType::ClusterStatus, &[], 0).await;
+        assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+        let info = r.cluster.expect("a status");
+        let ids: Vec<u64> = info.members.iter().map(|m| m.node_id).collect();
+        if ids.len() == 3 && !ids.contains(&cluster.nodes[gone].id) {
+            assert_eq!(info.node_id, 4);
+            assert!(info.last_applied_index > 0);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 4 never saw the removal: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Bad admin requests are refused without effect.
+    let bogus = Node {
+        id: 0,
+        client: free_port(),
+        peer: free_port(),
+        dir: PathBuf::new(),
+        process: None,
+    };
+    let r = cluster_request(&mut a, RequestType::ClusterAdd, &bogus).await;
+    assert_eq!(status(&r), ResponseStatus::InvalidArgument, "{r:?}");
+    drop(cluster);
+    drop(dirs);
+}

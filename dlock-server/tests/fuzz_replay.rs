@@ -30,7 +30,7 @@ fn request() -> impl Strategy<Value = Request> {
     (
         prop_oneof![4 => Just(2u32), 1 => 0u32..4],
         any::<u64>(),
-        prop_oneof![1 => 0i32..9, 1 => any::<i32>()],
+        prop_oneof![1 => 0i32..12, 1 => any::<i32>()],
         keys,
         prop_oneof![3 => Just(0u64), 1 => 1u64..20_000, 1 => any::<u64>()],
         prop_oneof![3 => Just(0u64), 1 => 1u64..20_000, 1 => any::<u64>()],

@@ -27,7 +27,7 @@ fn request() -> impl Strategy<Value = Request> {
     );
     (
         prop_oneof![6 => Just(2u32), 1 => any::<u32>()],
-        prop_oneof![1 => 0i32..9, 1 => any::<i32>()],
+        prop_oneof![1 => 0i32..12, 1 => any::<i32>()],
         keys,
         1u64..30_000,
         prop_oneof![3 => Just(0u64), 2 => 1u64..200_000, 1 => any::<u64>()],
@@ -50,6 +50,7 @@ fn request() -> impl Strategy<Value = Request> {
                     try_lock,
                     fence,
                 }),
+                ..Request::default()
             },
         )
 }

@@ -18,6 +18,9 @@ class RequestType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     Hello: _ClassVar[RequestType]
     OpenSession: _ClassVar[RequestType]
     CloseSession: _ClassVar[RequestType]
+    ClusterStatus: _ClassVar[RequestType]
+    ClusterAdd: _ClassVar[RequestType]
+    ClusterRemove: _ClassVar[RequestType]
 
 class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -47,6 +50,9 @@ Inspect: RequestType
 Hello: RequestType
 OpenSession: RequestType
 CloseSession: RequestType
+ClusterStatus: RequestType
+ClusterAdd: RequestType
+ClusterRemove: RequestType
 Ok: ResponseStatus
 General: ResponseStatus
 Version: ResponseStatus
@@ -66,7 +72,7 @@ NotHeld: ResponseStatus
 UnknownSession: ResponseStatus
 
 class Request(_message.Message):
-    __slots__ = ("version", "id", "access_token", "type", "session", "session_ttl_micro", "lock")
+    __slots__ = ("version", "id", "access_token", "type", "session", "session_ttl_micro", "lock", "cluster")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     ACCESS_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +80,7 @@ class Request(_message.Message):
     SESSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_TTL_MICRO_FIELD_NUMBER: _ClassVar[int]
     LOCK_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
     version: int
     id: int
     access_token: str
@@ -81,7 +88,56 @@ class Request(_message.Message):
     session: int
     session_ttl_micro: int
     lock: RequestLock
-    def __init__(self, version: _Optional[int] = ..., id: _Optional[int] = ..., access_token: _Optional[str] = ..., type: _Optional[_Union[RequestType, str]] = ..., session: _Optional[int] = ..., session_ttl_micro: _Optional[int] = ..., lock: _Optional[_Union[RequestLock, _Mapping]] = ...) -> None: ...
+    cluster: RequestCluster
+    def __init__(self, version: _Optional[int] = ..., id: _Optional[int] = ..., access_token: _Optional[str] = ..., type: _Optional[_Union[RequestType, str]] = ..., session: _Optional[int] = ..., session_ttl_micro: _Optional[int] = ..., lock: _Optional[_Union[RequestLock, _Mapping]] = ..., cluster: _Optional[_Union[RequestCluster, _Mapping]] = ...) -> None: ...
+
+class RequestCluster(_message.Message):
+    __slots__ = ("node_id", "client_addr", "peer_addr")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    client_addr: str
+    peer_addr: str
+    def __init__(self, node_id: _Optional[int] = ..., client_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ...) -> None: ...
+
+class ClusterInfo(_message.Message):
+    __slots__ = ("node_id", "role", "term", "leader_id", "last_log_index", "committed_index", "last_applied_index", "members")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    role: str
+    term: int
+    leader_id: int
+    last_log_index: int
+    committed_index: int
+    last_applied_index: int
+    members: _containers.RepeatedCompositeFieldContainer[ClusterMember]
+    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., last_log_index: _Optional[int] = ..., committed_index: _Optional[int] = ..., last_applied_index: _Optional[int] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ...) -> None: ...
+
+class ClusterMember(_message.Message):
+    __slots__ = ("node_id", "client_addr", "peer_addr", "voter", "matched_index", "lag", "replication_known")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    VOTER_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    client_addr: str
+    peer_addr: str
+    voter: bool
+    matched_index: int
+    lag: int
+    replication_known: bool
+    def __init__(self, node_id: _Optional[int] = ..., client_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ..., voter: bool = ..., matched_index: _Optional[int] = ..., lag: _Optional[int] = ..., replication_known: bool = ...) -> None: ...
 
 class RequestLock(_message.Message):
     __slots__ = ("wait_micro", "release_micro", "keys", "try_lock", "fence")
@@ -114,7 +170,7 @@ class KeyInfo(_message.Message):
     def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., waiters: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("version", "request_id", "status", "error_text", "keys", "server_unix_time", "fence", "key_info", "server_stats", "limits", "session", "session_ttl_micro", "leader_addr")
+    __slots__ = ("version", "request_id", "status", "error_text", "keys", "server_unix_time", "fence", "key_info", "server_stats", "limits", "session", "session_ttl_micro", "leader_addr", "cluster")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +184,7 @@ class Response(_message.Message):
     SESSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_TTL_MICRO_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
     version: int
     request_id: int
     status: ResponseStatus
@@ -141,7 +198,8 @@ class Response(_message.Message):
     session: int
     session_ttl_micro: int
     leader_addr: str
-    def __init__(self, version: _Optional[int] = ..., request_id: _Optional[int] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., error_text: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., server_unix_time: _Optional[int] = ..., fence: _Optional[int] = ..., key_info: _Optional[_Iterable[_Union[KeyInfo, _Mapping]]] = ..., server_stats: _Optional[_Union[ServerStats, _Mapping]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., session: _Optional[int] = ..., session_ttl_micro: _Optional[int] = ..., leader_addr: _Optional[str] = ...) -> None: ...
+    cluster: ClusterInfo
+    def __init__(self, version: _Optional[int] = ..., request_id: _Optional[int] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., error_text: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., server_unix_time: _Optional[int] = ..., fence: _Optional[int] = ..., key_info: _Optional[_Iterable[_Union[KeyInfo, _Mapping]]] = ..., server_stats: _Optional[_Union[ServerStats, _Mapping]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., session: _Optional[int] = ..., session_ttl_micro: _Optional[int] = ..., leader_addr: _Optional[str] = ..., cluster: _Optional[_Union[ClusterInfo, _Mapping]] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("session_timeout_micro", "max_lease_micro", "max_keys", "max_key_len", "max_frame", "max_pipeline")

@@ -1,0 +1,237 @@
+//! `dlock cluster status|add|remove`: a cluster's members, and changing them
+//! at run time (docs/CLUSTER.md).
+
+use crate::exit::{self, Failure};
+use crate::say;
+use clap::{Parser, Subcommand};
+use dlock::proto::{ClusterInfo, Request, RequestCluster, RequestType, Response, ResponseStatus};
+use dlock::raw::RawClient;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Shows and changes the members of a dlock cluster.
+#[derive(Debug, Parser)]
+#[command(name = "dlock cluster", version)]
+struct ClusterArgs {
+    /// A node of the cluster; add and remove go to the leader (followed
+    /// from a NotLeader answer).
+    #[arg(short, long, env = "DLOCK_SERVER", default_value = dlock::DEFAULT_ADDR, value_name = "HOST:PORT", value_parser = crate::cli::server_address)]
+    server: String,
+
+    /// Read the access token from this file; DLOCK_TOKEN otherwise.
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
+
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Debug, Subcommand)]
+enum Action {
+    /// Every member, its role, term, last applied index and lag, as the
+    /// answering node (and, for lag, the leader) sees them.
+    Status,
+    /// Add node ID, reached by clients at CLIENT_ADDR and by the other
+    /// nodes at PEER_ADDR; returns once it has caught up and votes. Start
+    /// the node first, with --initial-cluster naming the current members.
+    Add {
+        /// The new node's --node-id.
+        id: u64,
+        /// Its client address (--listen / --advertise-client).
+        client_addr: String,
+        /// Its peer address (--peer-listen / --advertise-peer).
+        peer_addr: String,
+    },
+    /// Remove node ID from the cluster.
+    Remove {
+        /// The node's id.
+        id: u64,
+    },
+}
+
+/// A membership change may wait for a new node to catch up.
+const PATIENCE: Duration = Duration::from_secs(90);
+
+/// Runs `dlock cluster ...` (argv[1] is "cluster").
+pub fn main() -> ExitCode {
+    let args = match ClusterArgs::try_parse_from(std::env::args_os().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    ExitCode::SUCCESS
+                }
+                _ => ExitCode::from(exit::USAGE),
+            };
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            say!("cannot start: {e}");
+            return ExitCode::from(exit::SOFTWARE);
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            say!("{}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+async fn run(args: ClusterArgs) -> Result<(), Failure> {
+    let token = crate::run::token_from(args.token_file.as_deref())?.unwrap_or_default();
+    let (kind, body) = match &args.action {
+        Action::Status => (RequestType::ClusterStatus, None),
+        Action::Add {
+            id,
+            client_addr,
+            peer_addr,
+        } => (
+            RequestType::ClusterAdd,
+            Some(RequestCluster {
+                node_id: *id,
+                client_addr: client_addr.clone(),
+                peer_addr: peer_addr.clone(),
+            }),
+        ),
+        Action::Remove { id } => (
+            RequestType::ClusterRemove,
+            Some(RequestCluster {
+                node_id: *id,
+                ..RequestCluster::default()
+            }),
+        ),
+    };
+    let mut server = args.server.clone();
+    // Once to the given node, once more to the leader it names.
+    for _ in 0..2 {
+        let r = ask(&server, &token, kind, body.clone()).await?;
+        match ResponseStatus::try_from(r.status) {
+            Ok(ResponseStatus::Ok) => {
+                if let Some(info) = &r.cluster {
+                    print!("{}", status_table(info));
+                }
+                return Ok(());
+            }
+            Ok(ResponseStatus::NotLeader) if !r.leader_addr.is_empty() => {
+                server = r.leader_addr.clone();
+            }
+            Ok(ResponseStatus::AccessDenied) => {
+                return Err(Failure::new(exit::NO_PERMISSION, refusal(&server, &r)));
+            }
+            Ok(ResponseStatus::InvalidType) => {
+                return Err(Failure::new(
+                    exit::UNAVAILABLE,
+                    format!("{server} is not a cluster node: {}", r.error_text),
+                ));
+            }
+            Ok(ResponseStatus::InvalidArgument) => {
+                return Err(Failure::new(exit::USAGE, refusal(&server, &r)));
+            }
+            _ => return Err(Failure::new(exit::UNAVAILABLE, refusal(&server, &r))),
+        }
+    }
+    Err(Failure::new(
+        exit::UNAVAILABLE,
+        format!("no leader answered (last tried {server})"),
+    ))
+}
+
+fn refusal(server: &str, r: &Response) -> String {
+    let status = ResponseStatus::try_from(r.status)
+        .map_or_else(|_| r.status.to_string(), |s| s.as_str_name().to_string());
+    format!("{server}: {status}: {}", r.error_text)
+}
+
+async fn ask(
+    server: &str,
+    token: &str,
+    kind: RequestType,
+    body: Option<RequestCluster>,
+) -> Result<Response, Failure> {
+    let unavailable = |e: &dyn std::fmt::Display| {
+        Failure::new(exit::UNAVAILABLE, format!("cannot reach {server}: {e}"))
+    };
+    let exchange = async {
+        let mut c = RawClient::connect(server)
+            .await
+            .map_err(|e| unavailable(&e))?
+            .with_token(token);
+        let req = Request {
+            cluster: body,
+            ..c.request(kind, &[])
+        };
+        c.call(&req).await.map_err(|e| unavailable(&e))
+    };
+    tokio::time::timeout(PATIENCE, exchange)
+        .await
+        .map_err(|_| unavailable(&format!("no answer within {PATIENCE:?}")))?
+}
+
+/// A node's view as a table, one member a line.
+fn status_table(info: &ClusterInfo) -> String {
+    let mut out = format!(
+        "node {} is {} in term {}; leader {}; last log {}, committed {}, applied {}\n",
+        info.node_id,
+        info.role.to_lowercase(),
+        info.term,
+        match info.leader_id {
+            0 => "unknown".to_string(),
+            id => id.to_string(),
+        },
+        info.last_log_index,
+        info.committed_index,
+        info.last_applied_index,
+    );
+    let header = ["ID", "ROLE", "CLIENT", "PEER", "MATCHED", "LAG"].map(String::from);
+    let rows: Vec<[String; 6]> = info
+        .members
+        .iter()
+        .map(|m| {
+            let role = if m.node_id == info.leader_id {
+                "leader"
+            } else if m.voter {
+                "follower"
+            } else {
+                "learner"
+            };
+            let (matched, lag) = if m.replication_known {
+                (m.matched_index.to_string(), m.lag.to_string())
+            } else {
+                ("-".into(), "-".into())
+            };
+            [
+                m.node_id.to_string(),
+                role.into(),
+                m.client_addr.clone(),
+                m.peer_addr.clone(),
+                matched,
+                lag,
+            ]
+        })
+        .collect();
+    let mut widths = header.clone().map(|h| h.len());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    for row in std::iter::once(&header).chain(&rows) {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,56 @@
+//! `dlock cluster status|add|remove` against a cluster of one (an
+//! in-process node with a data dir) and against a plain server.
+
+mod common;
+
+use common::{code, run_at, stderr, stdout, PATIENCE};
+use dlock_server::testing::TestServer;
+use dlock_server::Config;
+use std::time::{Duration, Instant};
+
+#[tokio::test]
+async fn status_shows_the_members_and_bad_requests_say_why() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = TestServer::start(Config {
+        data_dir: Some(dir.path().join("node1")),
+        ..Config::default()
+    })
+    .await;
+    let addr = server.addr_string();
+    // A cluster of one elects itself after an election timeout.
+    let deadline = Instant::now() + PATIENCE;
+    let out = loop {
+        let o = run_at(&addr, &["cluster", "status"]).await;
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let out = stdout(&o);
+        if out.contains("node 1 is leader") {
+            break out;
+        }
+        assert!(Instant::now() < deadline, "never a leader: {out}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("1 "))
+        .unwrap_or_else(|| panic!("a row for node 1: {out}"));
+    assert!(row.contains("leader") && row.contains(&addr), "{out}");
+
+    let o = run_at(&addr, &["cluster", "remove", "7"]).await;
+    assert_eq!(code(&o), 64, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("node 7 is not a member"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run_at(&addr, &["cluster", "add", "2"]).await;
+    assert_eq!(code(&o), 64, "missing addresses are a usage error");
+    server.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_plain_server_is_not_a_cluster() {
+    let server = TestServer::start(Config::default()).await;
+    let o = run_at(&server.addr_string(), &["cluster", "status"]).await;
+    assert_eq!(code(&o), 69);
+    assert!(stderr(&o).contains("not a cluster node"), "{}", stderr(&o));
+}
