@@ -93,6 +93,11 @@ pub struct Config {
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
 
+    /// Serve Prometheus metrics (/metrics) and health probes (/healthz,
+    /// /readyz) over HTTP on this address. Off by default.
+    #[arg(long, env = "DLOCK_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+
     /// Log filter (e.g. info, debug, dlock_server=trace). Overrides RUST_LOG.
     #[arg(long)]
     pub log_level: Option<String>,

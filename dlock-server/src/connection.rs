@@ -12,6 +12,7 @@
 
 use crate::config::Config;
 use crate::handler::Ctx;
+use crate::metrics::{self, CloseReason};
 use crate::pipeline::{Pipeline, Received};
 use crate::server::Shared;
 use crate::table::{OwnerId, Woken};
@@ -78,6 +79,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellatio
     };
     let end = Session::new(stream, &shared, owner).run(&shutdown).await;
     drop(registration);
+    metrics::connection_closed(end.reason());
     // The server's own decisions to drop a client are worth an operator's
     // line (one per connection, never per request); a client leaving, a
     // broken socket or shutdown are routine.
@@ -99,6 +101,19 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellatio
         ),
         End::Io(e) => tracing::debug!(error = %e, "connection closed"),
         other => tracing::debug!(reason = ?other, "connection closed"),
+    }
+}
+
+impl End {
+    fn reason(&self) -> CloseReason {
+        match self {
+            End::ClientClosed => CloseReason::ClientClosed,
+            End::Idle => CloseReason::Idle,
+            End::Shutdown => CloseReason::Shutdown,
+            End::FrameTooLarge => CloseReason::FrameTooLarge,
+            End::Io(_) => CloseReason::Io,
+            End::WriteTimeout => CloseReason::WriteTimeout,
+        }
     }
 }
 
@@ -194,6 +209,7 @@ impl<'a> Session<'a> {
                     }
                     Event::Read(Ok(got)) if got.bytes == 0 => closing = Some(End::ClientClosed),
                     Event::Read(Ok(got)) => {
+                        metrics::bytes_in(got.bytes);
                         if got.request {
                             last_frame = Instant::now();
                         }
@@ -272,6 +288,7 @@ impl<'a> Session<'a> {
         let write = self.stream.write_all(self.pipeline.output());
         match tokio::time::timeout(self.config.write_timeout, write).await {
             Ok(Ok(())) => {
+                metrics::bytes_out(self.pipeline.output().len());
                 self.pipeline.written();
                 Ok(())
             }

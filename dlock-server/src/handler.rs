@@ -8,11 +8,12 @@ use crate::config::Config;
 use crate::db::{Db, LockReply};
 use crate::fence::unix_nanos;
 use crate::limit_log;
+use crate::metrics;
 use crate::table::{Key, OwnerId, WaitLimit, WaitOutcome, Woken};
 use bytes::BytesMut;
 use dlock::codec::encode_frame;
 use dlock::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::oneshot;
 
 /// What becomes of a request.
@@ -69,10 +70,12 @@ pub fn undecodable(e: &prost::DecodeError) -> Response {
     )
 }
 
-/// The response to a Lock that waited.
-pub fn woken(request_id: u64, woken: Woken) -> Response {
-    match woken.wake {
+/// The response to a Lock that waited since `since`.
+pub fn woken(request_id: u64, since: Instant, woken: Woken) -> Response {
+    let waited = since.elapsed();
+    let r = match woken.wake {
         WaitOutcome::Granted { fence } => {
+            metrics::granted_after(waited);
             let mut r = response(request_id, ResponseStatus::Ok);
             r.fence = fence;
             r
@@ -85,7 +88,9 @@ pub fn woken(request_id: u64, woken: Woken) -> Response {
             ResponseStatus::LimitReached,
             "server limit on held keys reached while waiting; try again later",
         ),
-    }
+    };
+    metrics::request(RequestType::Lock as i32, r.status(), waited);
+    r
 }
 
 fn busy(request_id: u64, keys: Vec<Key>, text: &str) -> Response {
@@ -95,20 +100,28 @@ fn busy(request_id: u64, keys: Vec<Key>, text: &str) -> Response {
 }
 
 /// A Lock that has to wait: its request id, echoed in the eventual
-/// response, and where its outcome arrives.
-pub type Waiting = (u64, oneshot::Receiver<Woken>);
+/// response, where its outcome arrives, and when it started (for metrics).
+pub type Waiting = (u64, oneshot::Receiver<Woken>, Instant);
 
 /// Executes `req` for the connection in `ctx`: the answer is appended to
 /// `out` as a frame, unless the request is a Lock that has to wait.
 pub fn execute(ctx: Ctx<'_>, req: Request, out: &mut BytesMut) -> Option<Waiting> {
-    let id = req.id;
+    let (id, kind) = (req.id, req.r#type);
+    let start = Instant::now();
     // Encoded from where it was built: a Response is 136 bytes, and moving
     // it out of the Result was a memcpy call per request.
-    match execute_inner(ctx, req) {
-        Ok(Step::Reply(ref r)) => encode_frame(r, out),
-        Ok(Step::Wait { request_id, rx }) => return Some((request_id, rx)),
-        Err((status, text)) => encode_frame(&error(id, status, text), out),
-    }
+    let status = match execute_inner(ctx, req) {
+        Ok(Step::Reply(ref r)) => {
+            encode_frame(r, out);
+            r.status()
+        }
+        Ok(Step::Wait { request_id, rx }) => return Some((request_id, rx, start)),
+        Err((status, text)) => {
+            encode_frame(&error(id, status, text), out);
+            status
+        }
+    };
+    metrics::request(kind, status, start.elapsed());
     None
 }
 
@@ -214,6 +227,7 @@ fn lock(ctx: Ctx<'_>, id: u64, body: RequestLock) -> Result<Step, Refusal> {
     let keys = checked_keys(ctx.config, body.keys)?;
     match ctx.db.lock(ctx.owner, keys, wait, lease) {
         LockReply::Granted(fence) => {
+            metrics::granted_at_once();
             let mut r = response(id, ResponseStatus::Ok);
             r.fence = fence;
             Ok(Step::Reply(r))

@@ -13,6 +13,8 @@
 //! | [`fence`] | where fencing tokens start so they never go backwards |
 //! | [`auth`] | access tokens |
 //! | [`limit_log`] | log lines for limits reached, paced to one a second |
+//! | [`metrics`] | Prometheus counts, cheap on the request path, and their encoding |
+//! | [`metrics_http`] | the operator's HTTP port: `/metrics`, `/healthz`, `/readyz` |
 //! | [`fuzzing`] | the request path without sockets, for fuzzing |
 //! | [`config`] | flags, defaults and limits |
 //! | [`testing`] | a server on an ephemeral loopback port, for tests |
@@ -29,6 +31,8 @@ pub mod fuzzing;
 pub mod handler;
 pub mod keymap;
 pub mod limit_log;
+pub mod metrics;
+pub mod metrics_http;
 pub mod pipeline;
 pub mod server;
 pub mod table;

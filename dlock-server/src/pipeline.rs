@@ -24,6 +24,7 @@ use dlock::codec::{encode_frame, frame_len, FrameError, LEN_PREFIX};
 use dlock::proto::{Request, ResponseStatus};
 use prost::Message;
 use std::io;
+use std::time::Duration;
 use tokio::sync::oneshot;
 
 /// Parked requests may add up to this many maximum-size frames: enough for
@@ -213,7 +214,10 @@ impl Pipeline {
             }
             match self.pop_request() {
                 Ok(req) => self.waiting = handler::execute(ctx, req, &mut self.out),
-                Err(e) => encode_frame(&handler::undecodable(&e), &mut self.out),
+                Err(e) => {
+                    crate::metrics::request(-1, ResponseStatus::General, Duration::ZERO);
+                    encode_frame(&handler::undecodable(&e), &mut self.out);
+                }
             }
         }
     }
@@ -263,20 +267,20 @@ impl Pipeline {
 
     /// The waiting Lock's outcome, to await; `None` when nothing waits.
     pub fn waiting(&mut self) -> Option<&mut oneshot::Receiver<Woken>> {
-        self.waiting.as_mut().map(|(_, rx)| rx)
+        self.waiting.as_mut().map(|(_, rx, _)| rx)
     }
 
     /// Answers the waiting Lock with its outcome.
     pub fn answer(&mut self, outcome: Woken) {
-        if let Some((id, _)) = self.waiting.take() {
-            encode_frame(&handler::woken(id, outcome), &mut self.out);
+        if let Some((id, _, since)) = self.waiting.take() {
+            encode_frame(&handler::woken(id, since, outcome), &mut self.out);
         }
     }
 
     /// Gives up the waiting Lock's delivery without answering it, for the
     /// connection's end: see `Db::abandon`.
     pub fn take_waiting(&mut self) -> Option<oneshot::Receiver<Woken>> {
-        self.waiting.take().map(|(_, rx)| rx)
+        self.waiting.take().map(|(_, rx, _)| rx)
     }
 
     /// Answers everything accepted and unanswered without executing it: the
@@ -285,10 +289,10 @@ impl Pipeline {
     /// and an oversize frame gets its FrameTooLarge. Bytes not yet accepted
     /// are dropped, as if never read.
     pub fn abandon(&mut self, status: ResponseStatus, text: &str) {
-        if let Some((id, mut rx)) = self.waiting.take() {
+        if let Some((id, mut rx, since)) = self.waiting.take() {
             rx.close();
             let response = match rx.try_recv() {
-                Ok(w) => handler::woken(id, w),
+                Ok(w) => handler::woken(id, since, w),
                 Err(_) => handler::error(id, status, text),
             };
             encode_frame(&response, &mut self.out);

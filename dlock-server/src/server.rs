@@ -5,6 +5,8 @@ use crate::config::Config;
 use crate::connection;
 use crate::db::Db;
 use crate::fence;
+use crate::metrics::{self, CloseReason};
+use crate::metrics_http::{self, Health};
 use crate::table::TableLimits;
 use anyhow::Context;
 use dlock::codec::encode_frame;
@@ -66,6 +68,15 @@ pub async fn run(
         tracker.spawn(db.clone().run_fence_keeper(file, cancel.clone()));
     }
     let limit = Arc::new(Semaphore::new(config.max_connections));
+    let health = Arc::new(Health::default());
+    let metrics_server = match config.metrics_listen {
+        Some(addr) => Some(
+            metrics_http::start(addr, db.clone(), health.clone())
+                .await
+                .with_context(|| format!("cannot serve metrics on {addr}"))?,
+        ),
+        None => None,
+    };
     let shared = Arc::new(Shared { db, config, tokens });
     let c = &shared.config;
     // One line an operator can check the running limits against; `addr` is
@@ -89,6 +100,7 @@ pub async fn run(
         threads = c.threads,
         "dlock-server listening"
     );
+    health.set_accepting(true);
 
     tokio::pin!(shutdown);
     let mut backoff = Duration::from_millis(5);
@@ -112,6 +124,7 @@ pub async fn run(
                 continue;
             }
         };
+        metrics::connection_accepted();
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             reject(&stream, shared.config.max_connections);
             continue;
@@ -130,6 +143,7 @@ pub async fn run(
     }
 
     drop(listener);
+    health.set_accepting(false);
     tracing::info!("shutting down");
     // Before any connection closes: a holder's release must not hand its
     // keys to a waiter whose connection is about to close too.
@@ -141,6 +155,9 @@ pub async fn run(
         .is_err()
     {
         tracing::warn!("connections still open after the shutdown timeout; leaving them");
+    }
+    if let Some(m) = metrics_server {
+        m.stop().await;
     }
     tracing::info!("dlock-server stopped");
     Ok(())
@@ -177,6 +194,7 @@ fn reject(stream: &TcpStream, max: usize) {
     );
     let _ = stream.try_write(&buf);
     crate::limit_log::CONNECTIONS.hit(max);
+    metrics::connection_closed(CloseReason::Limit);
 }
 
 #[cfg(test)]
