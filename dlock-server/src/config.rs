@@ -18,8 +18,10 @@ pub struct Config {
     #[arg(long, env = "DLOCK_LISTEN", default_value = dlock::DEFAULT_ADDR)]
     pub listen: SocketAddr,
 
-    /// File of access tokens, one per line ('#' starts a comment). When set,
-    /// every request must carry one of them.
+    /// Access control file: tokens (a bare token per line has every right)
+    /// and named identities with rules such as "lock jobs/*" (see
+    /// docs/PROTOCOL.md). When set, every request must come from one of
+    /// them. Re-read on SIGHUP.
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
 

@@ -154,7 +154,7 @@ impl<'a> Session<'a> {
             ctx: Ctx {
                 db: &shared.db,
                 config: &shared.config,
-                tokens: &shared.tokens,
+                access: &shared.access,
                 owner,
             },
         }

@@ -18,7 +18,7 @@
 //! same outputs and reach the same state: nothing may change the table
 //! beside its commands, and the table must be deterministic.
 
-use crate::auth::Tokens;
+use crate::acl::Access;
 use crate::clock::{Clock, ManualClock};
 use crate::config::Config;
 use crate::db::{Applied, Db};
@@ -91,11 +91,11 @@ pub fn session(script: &[u8]) {
     let clock = ManualClock::default();
     let db = Db::from_table(LockTable::new(limits, 1), Clock::Manual(clock.clone()));
     db.record_commands();
-    let tokens = Tokens::default();
+    let access = Access::default();
     let mut harness = Harness {
         db: &db,
         config,
-        tokens: &tokens,
+        access: &access,
         last_fence: 0,
     };
     let mut conns: Vec<Sim> = (0..CONNECTIONS).map(|_| harness.open()).collect();
@@ -177,7 +177,7 @@ fn replay(limits: TableLimits, log: &[Applied], db: &Db) {
 struct Harness<'a> {
     db: &'a Db,
     config: &'a Config,
-    tokens: &'a Tokens,
+    access: &'a Access,
     last_fence: u64,
 }
 
@@ -220,7 +220,7 @@ impl Harness<'_> {
         let ctx = Ctx {
             db: self.db,
             config: self.config,
-            tokens: self.tokens,
+            access: self.access,
             owner: c.owner,
         };
         loop {

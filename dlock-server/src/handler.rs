@@ -3,7 +3,7 @@
 //! Validation happens here, before anything reaches the lock table, so every
 //! bad input gets a status that names what is wrong and has no effect.
 
-use crate::auth::Tokens;
+use crate::acl::{self, Access, Identity};
 use crate::config::Config;
 use crate::db::{Db, LockReply};
 use crate::fence::unix_nanos;
@@ -13,6 +13,7 @@ use crate::table::{Key, OwnerId, WaitLimit, WaitOutcome, Woken};
 use bytes::BytesMut;
 use dlock::codec::encode_frame;
 use dlock::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::oneshot;
 
@@ -27,6 +28,8 @@ enum Step {
         request_id: u64,
         /// Delivers the outcome.
         rx: oneshot::Receiver<Woken>,
+        /// What access control notes if it is granted.
+        pending: Option<acl::Pending>,
     },
 }
 
@@ -37,8 +40,8 @@ pub struct Ctx<'a> {
     pub db: &'a Db,
     /// Limits and options.
     pub config: &'a Config,
-    /// Accepted access tokens.
-    pub tokens: &'a Tokens,
+    /// Who may do what.
+    pub access: &'a Access,
     /// The connection the request came on.
     pub owner: OwnerId,
 }
@@ -70,12 +73,16 @@ pub fn undecodable(e: &prost::DecodeError) -> Response {
     )
 }
 
-/// The response to a Lock that waited since `since`.
-pub fn woken(request_id: u64, since: Instant, woken: Woken) -> Response {
-    let waited = since.elapsed();
+/// The response to a Lock that waited.
+pub fn woken(waiting: Waiting, woken: Woken) -> Response {
+    let request_id = waiting.request_id;
+    let waited = waiting.since.elapsed();
     let r = match woken.wake {
         WaitOutcome::Granted { fence } => {
             metrics::granted_after(waited);
+            if let Some(p) = waiting.pending {
+                p.granted(fence);
+            }
             let mut r = response(request_id, ResponseStatus::Ok);
             r.fence = fence;
             r
@@ -99,9 +106,18 @@ fn busy(request_id: u64, keys: Vec<Key>, text: &str) -> Response {
     r
 }
 
-/// A Lock that has to wait: its request id, echoed in the eventual
-/// response, where its outcome arrives, and when it started (for metrics).
-pub type Waiting = (u64, oneshot::Receiver<Woken>, Instant);
+/// A Lock that has to wait.
+#[derive(Debug)]
+pub struct Waiting {
+    /// The request's id, echoed in the eventual response.
+    pub request_id: u64,
+    /// Where its outcome arrives.
+    pub rx: oneshot::Receiver<Woken>,
+    /// When it started, for metrics.
+    since: Instant,
+    /// What access control notes if it is granted.
+    pending: Option<acl::Pending>,
+}
 
 /// Executes `req` for the connection in `ctx`: the answer is appended to
 /// `out` as a frame, unless the request is a Lock that has to wait.
@@ -115,7 +131,18 @@ pub fn execute(ctx: Ctx<'_>, req: Request, out: &mut BytesMut) -> Option<Waiting
             encode_frame(r, out);
             r.status()
         }
-        Ok(Step::Wait { request_id, rx }) => return Some((request_id, rx, start)),
+        Ok(Step::Wait {
+            request_id,
+            rx,
+            pending,
+        }) => {
+            return Some(Waiting {
+                request_id,
+                rx,
+                since: start,
+                pending,
+            })
+        }
         Err((status, text)) => {
             encode_frame(&error(id, status, text), out);
             status
@@ -137,12 +164,10 @@ fn execute_inner(ctx: Ctx<'_>, req: Request) -> Result<Step, Refusal> {
             format!("protocol version {} not supported; use 2", req.version),
         ));
     }
-    if !ctx.tokens.allows(&req.access_token) {
-        return Err((
-            ResponseStatus::AccessDenied,
-            "access token missing or not accepted".into(),
-        ));
-    }
+    let who = ctx
+        .access
+        .identify(&req.access_token, &[])
+        .map_err(|text| (ResponseStatus::AccessDenied, text.to_owned()))?;
     let Ok(kind) = RequestType::try_from(req.r#type) else {
         return Err((
             ResponseStatus::InvalidType,
@@ -150,6 +175,15 @@ fn execute_inner(ctx: Ctx<'_>, req: Request) -> Result<Step, Refusal> {
         ));
     };
     let body = req.lock.unwrap_or_default();
+    if let Some(who) = &who {
+        let deny = |text| (ResponseStatus::AccessDenied, text);
+        who.permits(kind, &body).map_err(deny)?;
+        if matches!(kind, RequestType::Unlock | RequestType::Renew) {
+            ctx.access
+                .check_fence(ctx.db, ctx.owner, who, &body)
+                .map_err(deny)?;
+        }
+    }
     match kind {
         RequestType::Invalid => Err((ResponseStatus::InvalidType, "request type not set".into())),
         RequestType::Ping => Ok(Step::Reply(response(id, ResponseStatus::Ok))),
@@ -158,7 +192,7 @@ fn execute_inner(ctx: Ctx<'_>, req: Request) -> Result<Step, Refusal> {
             r.limits = Some(ctx.config.limits());
             Ok(Step::Reply(r))
         }
-        RequestType::Lock => lock(ctx, id, body),
+        RequestType::Lock => lock(ctx, id, body, who.as_ref()),
         RequestType::Unlock => {
             let fence = fence_of(&body);
             let keys = checked_keys(ctx.config, body.keys)?;
@@ -199,7 +233,12 @@ fn execute_inner(ctx: Ctx<'_>, req: Request) -> Result<Step, Refusal> {
     }
 }
 
-fn lock(ctx: Ctx<'_>, id: u64, body: RequestLock) -> Result<Step, Refusal> {
+fn lock(
+    ctx: Ctx<'_>,
+    id: u64,
+    body: RequestLock,
+    who: Option<&Arc<Identity>>,
+) -> Result<Step, Refusal> {
     if body.fence != 0 {
         return Err((
             ResponseStatus::InvalidArgument,
@@ -224,15 +263,24 @@ fn lock(ctx: Ctx<'_>, id: u64, body: RequestLock) -> Result<Step, Refusal> {
         // Relative to the command's time, which the lock state reads once.
         WaitLimit::For(Duration::from_micros(body.wait_micro))
     };
+    // Only a non-admin identity's grants are noted, so only they pay for it.
+    let pending = who.and_then(|w| ctx.access.pending(ctx.db, w, &body.keys));
     let keys = checked_keys(ctx.config, body.keys)?;
     match ctx.db.lock(ctx.owner, keys, wait, lease) {
         LockReply::Granted(fence) => {
             metrics::granted_at_once();
+            if let Some(p) = pending {
+                p.granted(fence);
+            }
             let mut r = response(id, ResponseStatus::Ok);
             r.fence = fence;
             Ok(Step::Reply(r))
         }
-        LockReply::Wait(rx) => Ok(Step::Wait { request_id: id, rx }),
+        LockReply::Wait(rx) => Ok(Step::Wait {
+            request_id: id,
+            rx,
+            pending,
+        }),
         LockReply::Busy(keys) => Ok(Step::Reply(busy(id, keys, "keys busy"))),
         LockReply::LimitReached(what) => {
             match what {

@@ -11,7 +11,8 @@
 //! | [`table`] | the lock rules: a deterministic state machine, no I/O, no clock |
 //! | [`keymap`] | the table's key map, compact at millions of keys |
 //! | [`fence`] | where fencing tokens start so they never go backwards |
-//! | [`auth`] | access tokens |
+//! | [`acl`] | access control: tokens, certificate names, rules by key prefix |
+//! | [`reload`] | SIGHUP: access rules (and certificates) re-read, connections kept |
 //! | [`limit_log`] | log lines for limits reached, paced to one a second |
 //! | [`metrics`] | Prometheus counts, cheap on the request path, and their encoding |
 //! | [`metrics_http`] | the operator's HTTP port: `/metrics`, `/healthz`, `/readyz` |
@@ -21,7 +22,7 @@
 
 #![warn(missing_docs)]
 
-pub mod auth;
+pub mod acl;
 pub mod clock;
 pub mod config;
 pub mod connection;
@@ -34,6 +35,7 @@ pub mod limit_log;
 pub mod metrics;
 pub mod metrics_http;
 pub mod pipeline;
+pub mod reload;
 pub mod server;
 pub mod table;
 pub mod testing;

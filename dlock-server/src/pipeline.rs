@@ -267,20 +267,20 @@ impl Pipeline {
 
     /// The waiting Lock's outcome, to await; `None` when nothing waits.
     pub fn waiting(&mut self) -> Option<&mut oneshot::Receiver<Woken>> {
-        self.waiting.as_mut().map(|(_, rx, _)| rx)
+        self.waiting.as_mut().map(|w| &mut w.rx)
     }
 
     /// Answers the waiting Lock with its outcome.
     pub fn answer(&mut self, outcome: Woken) {
-        if let Some((id, _, since)) = self.waiting.take() {
-            encode_frame(&handler::woken(id, since, outcome), &mut self.out);
+        if let Some(w) = self.waiting.take() {
+            encode_frame(&handler::woken(w, outcome), &mut self.out);
         }
     }
 
     /// Gives up the waiting Lock's delivery without answering it, for the
     /// connection's end: see `Db::abandon`.
     pub fn take_waiting(&mut self) -> Option<oneshot::Receiver<Woken>> {
-        self.waiting.take().map(|(_, rx, _)| rx)
+        self.waiting.take().map(|w| w.rx)
     }
 
     /// Answers everything accepted and unanswered without executing it: the
@@ -289,11 +289,11 @@ impl Pipeline {
     /// and an oversize frame gets its FrameTooLarge. Bytes not yet accepted
     /// are dropped, as if never read.
     pub fn abandon(&mut self, status: ResponseStatus, text: &str) {
-        if let Some((id, mut rx, since)) = self.waiting.take() {
-            rx.close();
-            let response = match rx.try_recv() {
-                Ok(w) => handler::woken(id, since, w),
-                Err(_) => handler::error(id, status, text),
+        if let Some(mut w) = self.waiting.take() {
+            w.rx.close();
+            let response = match w.rx.try_recv() {
+                Ok(outcome) => handler::woken(w, outcome),
+                Err(_) => handler::error(w.request_id, status, text),
             };
             encode_frame(&response, &mut self.out);
         }
@@ -340,7 +340,7 @@ impl Pipeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::Tokens;
+    use crate::acl::Access;
     use crate::config::Config;
     use crate::db::Db;
     use crate::table::TableLimits;
@@ -351,7 +351,7 @@ mod tests {
     struct Fixture {
         db: Db,
         config: Config,
-        tokens: Tokens,
+        access: Access,
     }
 
     impl Fixture {
@@ -370,7 +370,7 @@ mod tests {
             Fixture {
                 db,
                 config,
-                tokens: Tokens::default(),
+                access: Access::default(),
             }
         }
 
@@ -378,7 +378,7 @@ mod tests {
             Ctx {
                 db: &self.db,
                 config: &self.config,
-                tokens: &self.tokens,
+                access: &self.access,
                 owner,
             }
         }

@@ -1,6 +1,6 @@
 //! The accept loop: connection limit, socket options, graceful shutdown.
 
-use crate::auth::Tokens;
+use crate::acl::Access;
 use crate::config::Config;
 use crate::connection;
 use crate::db::Db;
@@ -28,8 +28,8 @@ pub struct Shared {
     pub db: Db,
     /// Limits and options.
     pub config: Config,
-    /// Accepted access tokens.
-    pub tokens: Tokens,
+    /// Who may do what.
+    pub access: Access,
 }
 
 /// Longest pause between accept attempts after errors such as running out of
@@ -48,9 +48,9 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let tokens = match &config.token_file {
-        Some(path) => Tokens::from_file(path)?,
-        None => Tokens::default(),
+    let access = match &config.token_file {
+        Some(path) => Access::from_file(path)?,
+        None => Access::default(),
     };
     let (first_fence, fence_file) = fence::start(config.fence_file.as_deref(), SystemTime::now())
         .context("cannot set up fencing tokens")?;
@@ -77,14 +77,15 @@ pub async fn run(
         ),
         None => None,
     };
-    let shared = Arc::new(Shared { db, config, tokens });
+    let shared = Arc::new(Shared { db, config, access });
+    tracker.spawn(crate::reload::on_sighup(shared.clone(), cancel.clone()));
     let c = &shared.config;
     // One line an operator can check the running limits against; `addr` is
     // also how tests find the ephemeral port.
     tracing::info!(
         addr = %listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()),
         version = env!("CARGO_PKG_VERSION"),
-        access_tokens = shared.tokens.enabled(),
+        access_tokens = shared.access.enabled(),
         fence_file = c.fence_file.is_some(),
         first_fence,
         max_connections = c.max_connections,
