@@ -12,6 +12,8 @@
 //! - [`safety`]: when a held lock must be given up, judged from the client's
 //!   side alone ([`Lost`]); [`Limits`] (`limits.rs`): what the server allows.
 //! - [`token_file`]: the access-token file format.
+//! - [`tls`]: TLS settings from PEM files (rustls, ring); `transport.rs`
+//!   the client's stream, TCP or TLS.
 //!
 //! The daemon lives in the `dlock-server` crate, the `dlock` command in
 //! `dlock-client`.
@@ -25,7 +27,9 @@ mod error;
 mod guard;
 mod limits;
 pub mod safety;
+pub mod tls;
 pub mod token_file;
+mod transport;
 
 pub use client::{Client, ClientOptions, LockOptions, Wait};
 pub use error::{Error, Result};

@@ -25,6 +25,36 @@ pub struct Config {
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
 
+    /// Serve clients over TLS with this certificate chain (PEM, leaf
+    /// first). Re-read on SIGHUP; open connections keep theirs.
+    #[arg(
+        long,
+        env = "DLOCK_TLS_CERT",
+        value_name = "PATH",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --tls-cert.
+    #[arg(
+        long,
+        env = "DLOCK_TLS_KEY",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require clients to present a certificate signed by a CA in this PEM
+    /// file (mutual TLS). A certificate's subject CN or DNS name can stand
+    /// for an access token: see "identity" in the token file.
+    #[arg(
+        long,
+        env = "DLOCK_TLS_CLIENT_CA",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_client_ca: Option<PathBuf>,
+
     /// File that keeps fencing tokens increasing even if the wall clock steps
     /// back across a restart. Without it tokens are derived from the clock.
     #[arg(long, value_name = "PATH")]

@@ -16,6 +16,7 @@ use crate::metrics::{self, CloseReason};
 use crate::pipeline::{Pipeline, Received};
 use crate::server::Shared;
 use crate::table::{OwnerId, Woken};
+use crate::transport::Transport;
 use dlock::proto::ResponseStatus;
 use std::future::Future;
 use std::io;
@@ -23,7 +24,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::io::poll_read_buf;
@@ -63,7 +63,7 @@ enum End {
 
 /// Serves one connection until the client leaves, misbehaves or the server
 /// shuts down.
-pub async fn serve(stream: TcpStream, shared: Arc<Shared>, shutdown: CancellationToken) {
+pub async fn serve<S: Transport>(stream: S, shared: Arc<Shared>, shutdown: CancellationToken) {
     let peer = match stream.peer_addr() {
         Ok(p) => p,
         Err(e) => {
@@ -71,13 +71,16 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellatio
             return;
         }
     };
+    let peer_names = stream.peer_names();
     let owner = shared.db.connect(peer);
     tracing::debug!(owner, "connection opened");
     let registration = Registration {
         shared: &shared,
         owner,
     };
-    let end = Session::new(stream, &shared, owner).run(&shutdown).await;
+    let end = Session::new(stream, &shared, owner, &peer_names)
+        .run(&shutdown)
+        .await;
     drop(registration);
     metrics::connection_closed(end.reason());
     // The server's own decisions to drop a client are worth an operator's
@@ -117,8 +120,8 @@ impl End {
     }
 }
 
-struct Session<'a> {
-    stream: TcpStream,
+struct Session<'a, S> {
+    stream: S,
     pipeline: Pipeline,
     /// When a request here wakes a waiting connection (a release grants
     /// its Lock), yield once before writing our own answer: the grant is
@@ -133,7 +136,7 @@ struct Session<'a> {
     ctx: Ctx<'a>,
 }
 
-impl Drop for Session<'_> {
+impl<S> Drop for Session<'_, S> {
     /// A Lock granted after the session stopped listening is released, so
     /// no lease outlives a client that never learned its fencing token.
     fn drop(&mut self) {
@@ -143,8 +146,8 @@ impl Drop for Session<'_> {
     }
 }
 
-impl<'a> Session<'a> {
-    fn new(stream: TcpStream, shared: &'a Shared, owner: OwnerId) -> Self {
+impl<'a, S: Transport> Session<'a, S> {
+    fn new(stream: S, shared: &'a Shared, owner: OwnerId, peer_names: &'a [String]) -> Self {
         Session {
             stream,
             pipeline: Pipeline::new(shared.config.max_frame, shared.config.max_pipeline),
@@ -155,6 +158,7 @@ impl<'a> Session<'a> {
                 db: &shared.db,
                 config: &shared.config,
                 access: &shared.access,
+                peer_names,
                 owner,
             },
         }
@@ -285,7 +289,12 @@ impl<'a> Session<'a> {
         if self.pipeline.output().is_empty() {
             return Ok(());
         }
-        let write = self.stream.write_all(self.pipeline.output());
+        let (stream, output) = (&mut self.stream, self.pipeline.output());
+        // The flush sends what TLS keeps back; for TCP it costs nothing.
+        let write = async move {
+            stream.write_all(output).await?;
+            stream.flush().await
+        };
         match tokio::time::timeout(self.config.write_timeout, write).await {
             Ok(Ok(())) => {
                 metrics::bytes_out(self.pipeline.output().len());

@@ -221,6 +221,7 @@ impl Harness<'_> {
             db: self.db,
             config: self.config,
             access: self.access,
+            peer_names: &[],
             owner: c.owner,
         };
         loop {

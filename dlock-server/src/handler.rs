@@ -42,6 +42,8 @@ pub struct Ctx<'a> {
     pub config: &'a Config,
     /// Who may do what.
     pub access: &'a Access,
+    /// The names of the connection's TLS client certificate, if any.
+    pub peer_names: &'a [String],
     /// The connection the request came on.
     pub owner: OwnerId,
 }
@@ -166,7 +168,7 @@ fn execute_inner(ctx: Ctx<'_>, req: Request) -> Result<Step, Refusal> {
     }
     let who = ctx
         .access
-        .identify(&req.access_token, &[])
+        .identify(&req.access_token, ctx.peer_names)
         .map_err(|text| (ResponseStatus::AccessDenied, text.to_owned()))?;
     let Ok(kind) = RequestType::try_from(req.r#type) else {
         return Err((

@@ -18,6 +18,8 @@
 //! | [`metrics_http`] | the operator's HTTP port: `/metrics`, `/healthz`, `/readyz` |
 //! | [`fuzzing`] | the request path without sockets, for fuzzing |
 //! | [`config`] | flags, defaults and limits |
+//! | [`tls`] | TLS on the client port: certificates, reload, client certificate names |
+//! | [`transport`] | what a connection needs of its stream, TCP or TLS |
 //! | [`testing`] | a server on an ephemeral loopback port, for tests |
 
 #![warn(missing_docs)]
@@ -39,6 +41,8 @@ pub mod reload;
 pub mod server;
 pub mod table;
 pub mod testing;
+pub mod tls;
+pub mod transport;
 
 pub use config::{Config, LogFormat};
 pub use server::run;

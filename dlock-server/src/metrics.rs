@@ -180,9 +180,11 @@ pub enum CloseReason {
     Io,
     /// The server shut down.
     Shutdown,
+    /// The TLS handshake failed or took too long.
+    TlsHandshake,
 }
 
-const CLOSE_REASONS: [(CloseReason, &str); 7] = [
+const CLOSE_REASONS: [(CloseReason, &str); 8] = [
     (CloseReason::ClientClosed, "client_closed"),
     (CloseReason::Idle, "idle"),
     (CloseReason::WriteTimeout, "write_timeout"),
@@ -190,11 +192,13 @@ const CLOSE_REASONS: [(CloseReason, &str); 7] = [
     (CloseReason::FrameTooLarge, "frame_too_large"),
     (CloseReason::Io, "io_error"),
     (CloseReason::Shutdown, "shutdown"),
+    (CloseReason::TlsHandshake, "tls_handshake"),
 ];
 
 // Counts that change once per connection or per timer batch, never per
 // request: one atomic each is cheap enough.
-static CLOSED: [AtomicU64; CLOSE_REASONS.len()] = [const { AtomicU64::new(0) }; 7];
+static CLOSED: [AtomicU64; CLOSE_REASONS.len()] =
+    [const { AtomicU64::new(0) }; CLOSE_REASONS.len()];
 static ACCEPTED: AtomicU64 = AtomicU64::new(0);
 static LEASES_EXPIRED: AtomicU64 = AtomicU64::new(0);
 

@@ -379,6 +379,7 @@ mod tests {
                 db: &self.db,
                 config: &self.config,
                 access: &self.access,
+                peer_names: &[],
                 owner,
             }
         }

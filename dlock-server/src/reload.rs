@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 /// Re-reads every reloadable file of `shared`; logs what happened. Returns
 /// whether everything was reloaded.
 pub fn reload(shared: &Shared) -> bool {
-    match shared.access.reload() {
+    let access = match shared.access.reload() {
         Ok(()) => {
             if shared.access.enabled() {
                 tracing::info!("access rules reloaded");
@@ -21,7 +21,19 @@ pub fn reload(shared: &Shared) -> bool {
             tracing::warn!(error = %format!("{e:#}"), "reload failed; the access rules in force stay");
             false
         }
-    }
+    };
+    let tls = match shared.tls.as_ref().map(|t| t.reload()) {
+        None => true,
+        Some(Ok(())) => {
+            tracing::info!("TLS certificates reloaded");
+            true
+        }
+        Some(Err(e)) => {
+            tracing::warn!(error = %format!("{e:#}"), "reload failed; the TLS certificates in force stay");
+            false
+        }
+    };
+    access && tls
 }
 
 /// Reloads on every SIGHUP until `shutdown`.

@@ -8,6 +8,7 @@ use crate::fence;
 use crate::metrics::{self, CloseReason};
 use crate::metrics_http::{self, Health};
 use crate::table::TableLimits;
+use crate::tls::{self, Tls};
 use anyhow::Context;
 use dlock::codec::encode_frame;
 use dlock::proto::ResponseStatus;
@@ -30,6 +31,8 @@ pub struct Shared {
     pub config: Config,
     /// Who may do what.
     pub access: Access,
+    /// TLS on the client port, when configured.
+    pub tls: Option<Tls>,
 }
 
 /// Longest pause between accept attempts after errors such as running out of
@@ -52,6 +55,7 @@ pub async fn run(
         Some(path) => Access::from_file(path)?,
         None => Access::default(),
     };
+    let tls = Tls::from_config(&config).context("cannot set up TLS")?;
     let (first_fence, fence_file) = fence::start(config.fence_file.as_deref(), SystemTime::now())
         .context("cannot set up fencing tokens")?;
     let db = Db::new(
@@ -77,7 +81,12 @@ pub async fn run(
         ),
         None => None,
     };
-    let shared = Arc::new(Shared { db, config, access });
+    let shared = Arc::new(Shared {
+        db,
+        config,
+        access,
+        tls,
+    });
     tracker.spawn(crate::reload::on_sighup(shared.clone(), cancel.clone()));
     let c = &shared.config;
     // One line an operator can check the running limits against; `addr` is
@@ -86,6 +95,7 @@ pub async fn run(
         addr = %listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()),
         version = env!("CARGO_PKG_VERSION"),
         access_tokens = shared.access.enabled(),
+        tls = shared.tls.as_ref().map_or("off", |t| if t.mutual() { "mutual" } else { "on" }),
         fence_file = c.fence_file.is_some(),
         first_fence,
         max_connections = c.max_connections,
@@ -132,11 +142,22 @@ pub async fn run(
         };
         configure(&stream, &shared.config);
         let span = tracing::info_span!("conn", %peer);
+        let tls = shared.tls.as_ref().map(Tls::acceptor);
         let shared = shared.clone();
         let cancel = cancel.clone();
         tracker.spawn(
             async move {
-                connection::serve(stream, shared, cancel).await;
+                match tls {
+                    None => connection::serve(stream, shared, cancel).await,
+                    Some(acceptor) => {
+                        // In the connection's task, so a slow handshake
+                        // holds up nobody else; within the idle timeout.
+                        let timeout = shared.config.idle_timeout;
+                        if let Some(s) = tls::handshake(acceptor, stream, timeout, &cancel).await {
+                            connection::serve(s, shared, cancel).await;
+                        }
+                    }
+                }
                 drop(permit);
             }
             .instrument(span),
