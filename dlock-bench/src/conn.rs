@@ -5,14 +5,20 @@
 use bytes::BytesMut;
 use dlock::codec::{encode_frame, FrameCodec};
 use dlock::proto::{Request, RequestLock, RequestType, Response};
+use dlock::tls::rustls::{pki_types::ServerName, ClientConfig};
 use std::io;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
 
+/// A byte stream to the server: TCP, or TLS over it.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Stream for S {}
+
 /// One connection to the server under test.
 pub struct Conn {
-    stream: TcpStream,
+    stream: Box<dyn Stream>,
     codec: FrameCodec,
     rbuf: BytesMut,
     wbuf: BytesMut,
@@ -21,10 +27,26 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Connects with TCP_NODELAY, as every sensible client does.
-    pub async fn connect(addr: &str, token: &str) -> io::Result<Conn> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
+    /// Connects with TCP_NODELAY, as every sensible client does, and with
+    /// `tls` completes a TLS handshake that checks the server's name (the
+    /// host of `addr`).
+    pub async fn connect(
+        addr: &str,
+        token: &str,
+        tls: Option<&Arc<ClientConfig>>,
+    ) -> io::Result<Conn> {
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let stream: Box<dyn Stream> = match tls {
+            None => Box::new(tcp),
+            Some(config) => {
+                let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+                let name = ServerName::try_from(host.to_owned())
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+                let connector = tokio_rustls::TlsConnector::from(config.clone());
+                Box::new(connector.connect(name, tcp).await?)
+            }
+        };
         Ok(Conn {
             stream,
             codec: FrameCodec::new(dlock::MAX_RESPONSE_FRAME),
@@ -60,6 +82,8 @@ impl Conn {
     /// Writes everything queued.
     pub async fn flush(&mut self) -> io::Result<()> {
         self.stream.write_all(&self.wbuf).await?;
+        // TLS may keep written records until a flush; free for TCP.
+        self.stream.flush().await?;
         self.wbuf.clear();
         Ok(())
     }

@@ -9,14 +9,29 @@ mod workloads;
 
 use clap::Parser;
 use cli::{Cli, PipelineKind, Workload};
+use dlock::tls::rustls::ClientConfig;
 use stats::{Control, ProcSample, Report};
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use workloads::Target;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let tls = match cli
+        .common
+        .tls_ca
+        .as_deref()
+        .map(|ca| dlock::tls::client_config(ca, None))
+    {
+        None => None,
+        Some(Ok(config)) => Some(config),
+        Some(Err(e)) => {
+            eprintln!("dlock-bench: --tls-ca: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     raise_fd_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -29,7 +44,7 @@ fn main() -> ExitCode {
         }
     };
     let json = cli.common.json;
-    let report = runtime.block_on(run(cli));
+    let report = runtime.block_on(run(cli, tls));
     if json {
         match serde_json::to_string_pretty(&report) {
             Ok(s) => println!("{s}"),
@@ -44,11 +59,12 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn run(cli: Cli) -> Report {
+async fn run(cli: Cli, tls: Option<Arc<ClientConfig>>) -> Report {
     let c = cli.common;
     let target = Target {
         addr: c.server.clone(),
         token: c.token.clone(),
+        tls,
     };
     let ctl = Control::new(c.duration, c.ops);
     let progress = progress(ctl.clone(), c.duration);

@@ -3,9 +3,11 @@
 use crate::conn::Conn;
 use crate::stats::{Control, Recorder};
 use dlock::proto::{RequestType, ResponseStatus};
+use dlock::tls::rustls::ClientConfig;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Everything a worker needs to reach the server.
@@ -13,11 +15,13 @@ use std::time::Instant;
 pub struct Target {
     pub addr: String,
     pub token: String,
+    /// TLS settings (--tls-ca); `None` for plain TCP.
+    pub tls: Option<Arc<ClientConfig>>,
 }
 
 impl Target {
     pub async fn connect(&self) -> io::Result<Conn> {
-        Conn::connect(&self.addr, &self.token).await
+        Conn::connect(&self.addr, &self.token, self.tls.as_ref()).await
     }
 }
 
