@@ -201,3 +201,18 @@ fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
     );
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Health;
+
+    #[test]
+    fn ready_only_while_accepting() {
+        let h = Health::default();
+        assert!(h.ready().is_err(), "not before the accept loop starts");
+        h.set_accepting(true);
+        assert!(h.ready().is_ok());
+        h.set_accepting(false);
+        assert_eq!(h.ready(), Err("not accepting client connections"));
+    }
+}

@@ -149,14 +149,7 @@ pub async fn run(
             async move {
                 match tls {
                     None => connection::serve(stream, shared, cancel).await,
-                    Some(acceptor) => {
-                        // In the connection's task, so a slow handshake
-                        // holds up nobody else; within the idle timeout.
-                        let timeout = shared.config.idle_timeout;
-                        if let Some(s) = tls::handshake(acceptor, stream, timeout, &cancel).await {
-                            connection::serve(s, shared, cancel).await;
-                        }
-                    }
+                    Some(acceptor) => tls::serve(acceptor, stream, shared, cancel).await,
                 }
                 drop(permit);
             }
