@@ -134,16 +134,8 @@ async fn metrics_count_requests_grants_waits_and_drops_as_they_happen() {
     drop(bad);
 
     // Counted when the connection task ends, a moment after the close.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let after = loop {
-        let s = scrape(http).await;
-        let closed = [("reason", "frame_too_large")];
-        if value(&s, "dlock_connections_closed_total", &closed) == 1.0 {
-            break s;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "drop never counted");
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    };
+    await_closed(http, "frame_too_large", 1.0).await;
+    let after = scrape(http).await;
     let req = |t: &str, st: &str| {
         value(
             &after,
@@ -184,37 +176,42 @@ async fn metrics_count_requests_grants_waits_and_drops_as_they_happen() {
     assert_eq!(wait.last().map(|b| b.1), Some(1.0), "{wait:?}");
 }
 
-#[tokio::test]
-async fn idle_and_limit_drops_are_counted_by_reason() {
-    let mut server = Process::start(&[
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--max-connections",
-        "1",
-        "--idle-timeout",
-        "200ms",
-    ]);
-    let http = metrics_addr(&mut server);
-    let mut first = Conn::connect(server.addr).await;
-    assert_eq!(status(&first.ping().await), ResponseStatus::Ok);
-    let mut second = Conn::connect(server.addr).await;
-    assert_eq!(status(&second.recv().await), ResponseStatus::LimitReached);
-    // The first sends nothing more and is closed when idle.
-    first.expect_closed().await;
+/// Polls the scrape at `http` until `reason` has `n` closed connections.
+async fn await_closed(http: SocketAddr, reason: &str, n: f64) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let s = scrape(http).await;
-        let idle = value(&s, "dlock_connections_closed_total", &[("reason", "idle")]);
-        let limit = value(&s, "dlock_connections_closed_total", &[("reason", "limit")]);
-        if idle == 1.0 && limit == 1.0 {
-            break;
+        let got = value(&s, "dlock_connections_closed_total", &[("reason", reason)]);
+        if got == n {
+            return;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "idle {idle}, limit {limit}"
+            "{reason}: {got}, not {n}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+}
+
+#[tokio::test]
+async fn idle_and_limit_drops_are_counted_by_reason() {
+    // Separate servers: with one, a stall of the machine longer than the
+    // idle timeout could free the only slot before the second client came.
+    let mut limited =
+        Process::start(&["--metrics-listen", "127.0.0.1:0", "--max-connections", "1"]);
+    let http = metrics_addr(&mut limited);
+    let mut first = Conn::connect(limited.addr).await;
+    assert_eq!(status(&first.ping().await), ResponseStatus::Ok);
+    let mut second = Conn::connect(limited.addr).await;
+    assert_eq!(status(&second.recv().await), ResponseStatus::LimitReached);
+    await_closed(http, "limit", 1.0).await;
+
+    let mut idle = Process::start(&["--metrics-listen", "127.0.0.1:0", "--idle-timeout", "200ms"]);
+    let http = metrics_addr(&mut idle);
+    let mut quiet = Conn::connect(idle.addr).await;
+    assert_eq!(status(&quiet.ping().await), ResponseStatus::Ok);
+    quiet.expect_closed().await;
+    await_closed(http, "idle", 1.0).await;
 }
 
 #[tokio::test]
