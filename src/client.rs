@@ -27,14 +27,15 @@ use crate::proto::{
     KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus, ServerStats,
 };
 use crate::safety::{AckClock, DEFAULT_SAFETY_MARGIN};
+use crate::transport::{self, Stream};
 use bytes::BytesMut;
 use futures_util::StreamExt;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -67,6 +68,11 @@ pub struct ClientOptions {
     /// session timeout (its write timeout); set it to the least of the old
     /// server's idle, keepalive and write timeouts.
     pub fallback_session_timeout: Duration,
+    /// Connect with TLS, trusting and presenting what this configuration
+    /// holds (see [`crate::tls::client_config`]); the server's certificate
+    /// must name the host part of the address. `None` (the default): plain
+    /// TCP.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ClientOptions {
@@ -79,6 +85,7 @@ impl Default for ClientOptions {
             keepalive: Duration::from_secs(10),
             safety_margin: DEFAULT_SAFETY_MARGIN,
             fallback_session_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -276,13 +283,12 @@ impl Client {
         let options = &owners.options;
         let token = options.access_token.clone().unwrap_or_default();
         let handshake = async {
-            let mut stream = TcpStream::connect(addr)
+            let mut stream = transport::connect(addr, options, |s| configure(s, options))
                 .await
                 .map_err(|source| Error::Connect {
                     addr: addr.to_string(),
                     source,
                 })?;
-            configure(&stream, options);
             let sent = Instant::now();
             let limits = hello(&mut stream, &token).await?;
             Ok::<_, Error>((stream, sent, limits))
@@ -303,7 +309,7 @@ impl Client {
         // next still arrives with half the timeout to spare.
         let heartbeat = options.heartbeat.min(session_timeout / 4);
         let acked = Arc::new(AckClock::new(hello_sent));
-        let (rd, wr) = stream.into_split();
+        let (rd, wr) = tokio::io::split(stream);
         let (calls, calls_rx) = mpsc::channel(options.max_in_flight.max(1));
         let (lost_tx, lost) = watch::channel(None);
         let pending: PendingQueue = Arc::new(Mutex::new(Some(VecDeque::new())));
@@ -680,7 +686,10 @@ fn check(resp: Response) -> Result<Response> {
 
 /// Asks the server for its limits on a fresh connection, before the
 /// connection is split between the writer and reader tasks.
-async fn hello(stream: &mut TcpStream, token: &str) -> Result<Option<Limits>> {
+async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    token: &str,
+) -> Result<Option<Limits>> {
     let req = Request {
         version: crate::PROTOCOL_VERSION,
         // Outside the range of call ids (counting up from 1) and heartbeat
@@ -692,8 +701,7 @@ async fn hello(stream: &mut TcpStream, token: &str) -> Result<Option<Limits>> {
     };
     let mut buf = BytesMut::new();
     encode_frame(&req, &mut buf);
-    stream
-        .write_all(&buf)
+    write_flush(stream, &buf)
         .await
         .map_err(|e| Disconnect::Write(Arc::new(e)))?;
     buf.clear();
@@ -735,6 +743,13 @@ fn configure(stream: &TcpStream, options: &ClientOptions) {
     let _ = sock.set_tcp_user_timeout(Some(options.keepalive + 3 * interval));
 }
 
+/// Writes all of `buf` and flushes: TLS may keep written records until a
+/// flush (for TCP the flush is free).
+async fn write_flush<W: AsyncWrite + Unpin>(wr: &mut W, buf: &[u8]) -> std::io::Result<()> {
+    wr.write_all(buf).await?;
+    wr.flush().await
+}
+
 fn mark_lost(lost: &watch::Sender<Option<Disconnect>>, reason: Disconnect) {
     lost.send_if_modified(|r| {
         if r.is_none() {
@@ -752,7 +767,7 @@ const MAX_BATCH: usize = 64;
 /// The writer task: waits for a call (or a heartbeat's turn), writes it with
 /// every call queued behind it, and on the way out fails what is left.
 async fn write_loop(
-    mut wr: OwnedWriteHalf,
+    mut wr: WriteHalf<Stream>,
     mut calls: mpsc::Receiver<Call>,
     pending: PendingQueue,
     heartbeat: Duration,
@@ -785,7 +800,7 @@ async fn write_loop(
             fail_calls(batch, &reason);
             break;
         }
-        if let Err(e) = wr.write_all(&out).await {
+        if let Err(e) = write_flush(&mut wr, &out).await {
             mark_lost(&lost, Disconnect::Write(Arc::new(e)));
             break;
         }
@@ -882,7 +897,7 @@ fn fail_calls(calls: Vec<Call>, reason: &Disconnect) {
 }
 
 async fn read_loop(
-    rd: OwnedReadHalf,
+    rd: ReadHalf<Stream>,
     pending: PendingQueue,
     calls: mpsc::WeakSender<Call>,
     lost: Arc<watch::Sender<Option<Disconnect>>>,

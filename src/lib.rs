@@ -16,6 +16,8 @@
 //!   `dlock-bench` and `dlock-torture`.
 //! - `proc_sample` (feature `proc-sample`): CPU time and memory of a process
 //!   from /proc, for the same tools.
+//! - [`tls`]: TLS settings from PEM files (rustls, ring); `transport.rs`
+//!   the client's stream, TCP or TLS.
 //!
 //! The daemon lives in the `dlock-server` crate, the `dlock` command in
 //! `dlock-client`.
@@ -33,7 +35,9 @@ pub mod proc_sample;
 #[cfg(feature = "raw")]
 pub mod raw;
 pub mod safety;
+pub mod tls;
 pub mod token_file;
+mod transport;
 
 pub use client::{Client, ClientOptions, LockOptions, LockWait};
 pub use error::{Disconnect, Error, Result};

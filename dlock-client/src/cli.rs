@@ -57,6 +57,25 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
 
+    /// Connect with TLS, trusting the CA certificates in this PEM file. The
+    /// server's certificate must name the host of --server.
+    #[arg(long, env = "DLOCK_TLS_CA", value_name = "PATH")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// Client certificate chain (PEM) for a server that requires one
+    /// (mutual TLS); with --tls-key and --tls-ca.
+    #[arg(long, env = "DLOCK_TLS_CERT", value_name = "PATH", requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --tls-cert.
+    #[arg(
+        long,
+        env = "DLOCK_TLS_KEY",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+
     /// Key to lock; repeat for several keys, taken atomically.
     #[arg(short, long = "key", value_name = "KEY")]
     pub keys: Vec<String>,

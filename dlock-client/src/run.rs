@@ -10,6 +10,7 @@ use crate::say;
 use crate::signals::{self, Signals};
 use dlock::{Client, ClientOptions, Error, LockGuard, LockOptions, Lost};
 use std::io::IsTerminal;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -21,6 +22,7 @@ pub async fn run(args: Args) -> Result<u8, Failure> {
     let options = ClientOptions {
         connect_timeout: args.connect_timeout,
         access_token: token(&args)?,
+        tls: tls(&args)?,
         ..ClientOptions::default()
     };
     if args.ping {
@@ -465,6 +467,18 @@ async fn ping(args: &Args, options: ClientOptions) -> Result<u8, Failure> {
         .map_err(|e| exit::from_client_error(e, &args.server))?;
     println!("{} ok {:.3} ms", args.server, rtt.as_secs_f64() * 1e3);
     Ok(0)
+}
+
+/// The TLS settings of --tls-ca, --tls-cert and --tls-key; `None` for
+/// plain TCP.
+fn tls(args: &Args) -> Result<Option<Arc<dlock::tls::rustls::ClientConfig>>, Failure> {
+    let Some(ca) = &args.tls_ca else {
+        return Ok(None);
+    };
+    let identity = args.tls_cert.as_deref().zip(args.tls_key.as_deref());
+    dlock::tls::client_config(ca, identity)
+        .map(Some)
+        .map_err(|e| Failure::new(exit::USAGE, format!("TLS: {e}")))
 }
 
 /// The access token: from --token-file (the first token in it), else

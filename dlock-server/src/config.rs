@@ -18,10 +18,42 @@ pub struct Config {
     #[arg(long, env = "DLOCK_LISTEN", default_value = dlock::DEFAULT_ADDR)]
     pub listen: SocketAddr,
 
-    /// File of access tokens, one per line ('#' starts a comment). When set,
-    /// every request must carry one of them.
+    /// Access control file: tokens (a bare token per line has every right)
+    /// and named identities with rules such as "lock jobs/*" (see
+    /// docs/PROTOCOL.md). When set, every request must come from one of
+    /// them. Re-read on SIGHUP.
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+
+    /// Serve clients over TLS with this certificate chain (PEM, leaf
+    /// first). Re-read on SIGHUP; open connections keep theirs.
+    #[arg(
+        long,
+        env = "DLOCK_TLS_CERT",
+        value_name = "PATH",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --tls-cert.
+    #[arg(
+        long,
+        env = "DLOCK_TLS_KEY",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require clients to present a certificate signed by a CA in this PEM
+    /// file (mutual TLS). A certificate's subject CN or DNS name can stand
+    /// for an access token: see "identity" in the token file.
+    #[arg(
+        long,
+        env = "DLOCK_TLS_CLIENT_CA",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_client_ca: Option<PathBuf>,
 
     /// File that keeps fencing tokens increasing even if the wall clock steps
     /// back across a restart. Without it tokens are derived from the clock.
@@ -96,6 +128,11 @@ pub struct Config {
     /// hand-offs on a contended key about 30% faster (see BENCHMARKS.md).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+
+    /// Serve Prometheus metrics (/metrics) and health probes (/healthz,
+    /// /readyz) over HTTP on this address. Off by default.
+    #[arg(long, env = "DLOCK_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 
     /// Log filter (e.g. info, debug, dlock_server=trace). Overrides RUST_LOG.
     #[arg(long)]

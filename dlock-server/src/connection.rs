@@ -12,18 +12,19 @@
 
 use crate::config::Config;
 use crate::handler::Ctx;
+use crate::metrics::{self, CloseReason};
 use crate::owners::Owners;
 use crate::pending::{Arrived, Dropped, Pending};
 use crate::pipeline::{Next, Pipeline, Received};
 use crate::replicated::ConnSessions;
 use crate::shared::Shared;
+use crate::transport::Transport;
 use dlock::proto::ResponseStatus;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::io::poll_read_buf;
 use tokio_util::sync::CancellationToken;
@@ -52,7 +53,7 @@ enum End {
 
 /// Serves one connection until the client leaves, misbehaves or the server
 /// shuts down.
-pub async fn serve(stream: TcpStream, shared: Arc<Shared>, shutdown: CancellationToken) {
+pub async fn serve<S: Transport>(stream: S, shared: Arc<Shared>, shutdown: CancellationToken) {
     let peer = match stream.peer_addr() {
         Ok(p) => p,
         Err(e) => {
@@ -62,19 +63,21 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellatio
     };
     // Declared before the session, so it is dropped after it: the session's
     // waiting Lock is abandoned before the connection's owners end.
+    let peer_names = stream.peer_names();
     let mut owners = Owners::connect(&shared.db, peer, shared.config.max_sessions);
     let remote = shared
         .cluster
         .as_ref()
         .map(|_| Arc::new(ConnSessions::default()));
     tracing::debug!(owner = owners.own(), "connection opened");
-    let end = Session::new(stream, &shared, &mut owners, remote.as_ref())
+    let end = Session::new(stream, &shared, &mut owners, remote.as_ref(), &peer_names)
         .run(&shutdown)
         .await;
     drop(owners);
     if let (Some(node), Some(remote)) = (&shared.cluster, &remote) {
         node.connection_ended(remote, matches!(end, End::ClientClosed));
     }
+    metrics::connection_closed(end.reason());
     // The server's own decisions to drop a client are worth an operator's
     // line (one per connection, never per request); a client leaving, a
     // broken socket or shutdown are routine.
@@ -99,8 +102,21 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellatio
     }
 }
 
-struct Session<'a> {
-    stream: TcpStream,
+impl End {
+    fn reason(&self) -> CloseReason {
+        match self {
+            End::ClientClosed => CloseReason::ClientClosed,
+            End::Idle => CloseReason::Idle,
+            End::Shutdown => CloseReason::Shutdown,
+            End::FrameTooLarge => CloseReason::FrameTooLarge,
+            End::Io(_) => CloseReason::Io,
+            End::WriteTimeout => CloseReason::WriteTimeout,
+        }
+    }
+}
+
+struct Session<'a, S> {
+    stream: S,
     pipeline: Pipeline,
     /// When a request here wakes a waiting connection (a release grants
     /// its Lock), yield once before writing our own answer: the grant is
@@ -115,7 +131,7 @@ struct Session<'a> {
     ctx: Ctx<'a>,
 }
 
-impl Drop for Session<'_> {
+impl<S> Drop for Session<'_, S> {
     /// A Lock granted after the session stopped listening is released, so
     /// no lease outlives a client that never learned its fencing token.
     fn drop(&mut self) {
@@ -125,12 +141,13 @@ impl Drop for Session<'_> {
     }
 }
 
-impl<'a> Session<'a> {
+impl<'a, S: Transport> Session<'a, S> {
     fn new(
-        stream: TcpStream,
+        stream: S,
         shared: &'a Shared,
         owners: &'a mut Owners,
         remote: Option<&'a Arc<ConnSessions>>,
+        peer_names: &'a [String],
     ) -> Self {
         Session {
             stream,
@@ -142,6 +159,7 @@ impl<'a> Session<'a> {
                 shared,
                 owners,
                 remote,
+                peer_names,
             },
         }
     }
@@ -194,6 +212,7 @@ impl<'a> Session<'a> {
                     }
                     Event::Read(Ok(got)) if got.bytes == 0 => closing = Some(End::ClientClosed),
                     Event::Read(Ok(got)) => {
+                        metrics::bytes_in(got.bytes);
                         if got.request {
                             last_frame = Instant::now();
                         }
@@ -269,9 +288,15 @@ impl<'a> Session<'a> {
         if self.pipeline.output().is_empty() {
             return Ok(());
         }
-        let write = self.stream.write_all(self.pipeline.output());
+        let (stream, output) = (&mut self.stream, self.pipeline.output());
+        // The flush sends what TLS keeps back; for TCP it costs nothing.
+        let write = async move {
+            stream.write_all(output).await?;
+            stream.flush().await
+        };
         match tokio::time::timeout(self.config.write_timeout, write).await {
             Ok(Ok(())) => {
+                metrics::bytes_out(self.pipeline.output().len());
                 self.pipeline.written();
                 Ok(())
             }

@@ -132,7 +132,7 @@ impl Db {
     /// same clock to say how much of a lease is left; it changes nothing.)
     fn apply(&self, st: &mut State, cmd: Command) -> Output {
         let at = self.inner.clock.now();
-        match &mut st.log {
+        let out = match &mut st.log {
             None => st.table.apply(cmd, at),
             Some(log) => {
                 let out = st.table.apply(cmd.clone(), at);
@@ -143,7 +143,11 @@ impl Db {
                 });
                 out
             }
+        };
+        if out.expired_leases > 0 {
+            crate::metrics::leases_expired(out.expired_leases);
         }
+        out
     }
 
     /// Registers a new connection and returns its owner id.

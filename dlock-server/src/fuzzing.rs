@@ -18,7 +18,7 @@
 //! same outputs and reach the same state: nothing may change the table
 //! beside its commands, and the table must be deterministic.
 
-use crate::auth::Tokens;
+use crate::acl::Access;
 use crate::clock::{Clock, ManualClock};
 use crate::config::Config;
 use crate::db::{Applied, Db};
@@ -90,7 +90,7 @@ pub fn session(script: &[u8]) {
     let clock = ManualClock::default();
     let db = Db::from_table(LockTable::new(limits, 1), Clock::Manual(clock.clone()));
     db.record_commands();
-    let shared = Shared::new(db.clone(), config.clone(), Tokens::default());
+    let shared = Shared::new(db.clone(), config.clone(), Access::default());
     let mut harness = Harness {
         shared: &shared,
         last_fence: 0,
@@ -229,6 +229,7 @@ impl Harness<'_> {
                 shared: self.shared,
                 owners: &mut c.owners,
                 remote: None,
+                peer_names: &[],
             });
             self.check_output(&mut c.pipeline);
             match c.pipeline.next_step() {

@@ -3,12 +3,14 @@
 //! Validation happens here, before anything reaches the lock table, so every
 //! bad input gets a status that names what is wrong and has no effect.
 
+use crate::acl::{self, Identity};
 use crate::config::Config;
 use crate::db::LockReply;
 use crate::fence::unix_nanos;
 use crate::limit_log;
+use crate::metrics;
 use crate::owners::{Owners, TooManySessions};
-use crate::pending::Pending;
+use crate::pending::{Arrived, Pending};
 use crate::replicated::ConnSessions;
 use crate::shared::Shared;
 use crate::table::{Key, LockResult, OwnerId, ReqId, WaitLimit, WaitOutcome, Woken};
@@ -16,7 +18,7 @@ use bytes::BytesMut;
 use dlock::codec::encode_frame;
 use dlock::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::oneshot;
 
 /// What becomes of a request.
@@ -33,6 +35,8 @@ enum Step {
         request_id: u64,
         /// Delivers the outcome.
         rx: oneshot::Receiver<Woken>,
+        /// What access control notes if it is granted.
+        grant_note: Option<acl::Pending>,
     },
     /// Answer with what arrives (a cluster node's replicated requests).
     Later(Pending),
@@ -48,6 +52,8 @@ pub struct Ctx<'a> {
     pub owners: &'a mut Owners,
     /// On a cluster node: the sessions this connection opened.
     pub remote: Option<&'a Arc<ConnSessions>>,
+    /// The names of the connection's TLS client certificate, if any.
+    pub peer_names: &'a [String],
 }
 
 /// Why a request is answered with an error: the status and the text that
@@ -99,8 +105,15 @@ pub fn undecodable(e: &prost::DecodeError) -> Response {
 
 /// The response to a Lock that waited.
 pub fn woken(request_id: u64, woken: Woken) -> Response {
+    woken_noted(request_id, woken, None)
+}
+
+fn woken_noted(request_id: u64, woken: Woken, note: Option<acl::Pending>) -> Response {
     match woken.wake {
         WaitOutcome::Granted { fence } => {
+            if let Some(p) = note {
+                p.granted(fence);
+            }
             let mut r = response(request_id, ResponseStatus::Ok);
             r.fence = fence;
             r
@@ -122,22 +135,79 @@ fn busy(request_id: u64, keys: Vec<Key>, text: &str) -> Response {
     r
 }
 
-/// A request answered later: its id, echoed in the eventual response, and
-/// where its answer arrives.
-pub type Waiting = (u64, Pending);
+/// A request answered later.
+#[derive(Debug)]
+pub struct Waiting {
+    /// The request's id, echoed in the eventual response.
+    pub request_id: u64,
+    /// Where its answer arrives.
+    pub answer: Pending,
+    /// Its type and when it started, for metrics.
+    kind: i32,
+    since: Instant,
+    /// What access control notes if it is granted.
+    grant_note: Option<acl::Pending>,
+}
+
+impl Waiting {
+    /// The response, now that `arrived` has.
+    pub fn respond(self, arrived: Arrived) -> Response {
+        let waited = self.since.elapsed();
+        let r = match arrived {
+            Arrived::Woken(w) => {
+                if matches!(w.wake, WaitOutcome::Granted { .. }) {
+                    metrics::granted_after(waited);
+                }
+                woken_noted(self.request_id, w, self.grant_note)
+            }
+            Arrived::Response(r) => r,
+        };
+        metrics::request(self.kind, r.status(), waited);
+        r
+    }
+}
 
 /// Executes `req` for the connection in `ctx`: the answer is appended to
 /// `out` as a frame, unless the request is a Lock that has to wait.
 pub fn execute(ctx: &mut Ctx<'_>, req: Request, out: &mut BytesMut) -> Option<Waiting> {
-    let id = req.id;
-    // Encoded from where it was built: a Response is 136 bytes, and moving
-    // it out of the Result was a memcpy call per request.
-    match execute_inner(ctx, req) {
-        Ok(Step::Reply(ref r)) => encode_frame(r, out),
-        Ok(Step::Wait { request_id, rx }) => return Some((request_id, Pending::Table(rx))),
-        Ok(Step::Later(pending)) => return Some((id, pending)),
-        Err(refusal) => encode_frame(&refused(id, refusal), out),
-    }
+    let (id, kind) = (req.id, req.r#type);
+    let start = Instant::now();
+    // Encoded from where it was built: moving a Response out of the Result
+    // was a memcpy call per request.
+    let status = match execute_inner(ctx, req) {
+        Ok(Step::Reply(ref r)) => {
+            encode_frame(r, out);
+            r.status()
+        }
+        Ok(Step::Wait {
+            request_id,
+            rx,
+            grant_note,
+        }) => {
+            return Some(Waiting {
+                request_id,
+                answer: Pending::Table(rx),
+                kind,
+                since: start,
+                grant_note,
+            })
+        }
+        Ok(Step::Later(answer)) => {
+            return Some(Waiting {
+                request_id: id,
+                answer,
+                kind,
+                since: start,
+                grant_note: None,
+            })
+        }
+        Err(refusal) => {
+            let status = refusal.status;
+            encode_frame(&refused(id, refusal), out);
+            status
+        }
+    };
+    metrics::request(kind, status, start.elapsed());
     None
 }
 
@@ -150,18 +220,32 @@ fn execute_inner(ctx: &mut Ctx<'_>, req: Request) -> Result<Step, Refusal> {
             format!("protocol version {} not supported; use 2", req.version),
         ));
     }
-    if !ctx.shared.tokens.allows(&req.access_token) {
-        return Err(Refusal::new(
-            ResponseStatus::AccessDenied,
-            "access token missing or not accepted",
-        ));
-    }
+    let access = &ctx.shared.access;
+    let who = access
+        .identify(&req.access_token, ctx.peer_names)
+        .map_err(|text| Refusal::new(ResponseStatus::AccessDenied, text))?;
     let Ok(kind) = RequestType::try_from(req.r#type) else {
         return Err(Refusal::new(
             ResponseStatus::InvalidType,
             format!("unknown request type {}", req.r#type),
         ));
     };
+    if let Some(who) = &who {
+        let none = RequestLock::default();
+        let body = req.lock.as_ref().unwrap_or(&none);
+        let deny = |text| Refusal::new(ResponseStatus::AccessDenied, text);
+        who.permits(kind, body).map_err(deny)?;
+        // On a cluster node the record of who took a fence is this node's
+        // alone, so Unlock/Renew by another identity's fence is not checked
+        // there (docs/CLUSTER.md).
+        if matches!(kind, RequestType::Unlock | RequestType::Renew) && ctx.shared.cluster.is_none()
+        {
+            let owner = ctx.owners.resolve(req.session).unwrap_or(ctx.owners.own());
+            access
+                .check_fence(&ctx.shared.db, owner, who, body)
+                .map_err(deny)?;
+        }
+    }
     if let (Some(node), Some(conn)) = (&ctx.shared.cluster, ctx.remote) {
         let connections = ctx.shared.db.stats().connections;
         return Ok(Step::Later(node.execute(conn, req, kind, connections)));
@@ -191,7 +275,7 @@ fn execute_inner(ctx: &mut Ctx<'_>, req: Request) -> Result<Step, Refusal> {
             r.limits = Some(config.limits());
             Ok(Step::Reply(r))
         }
-        RequestType::Lock => lock(ctx.shared, owner, id, body),
+        RequestType::Lock => lock(ctx.shared, owner, id, body, who.as_ref()),
         RequestType::Unlock => {
             let fence = fence_of(&body);
             let keys = checked_keys(config, body.keys)?;
@@ -265,12 +349,30 @@ fn open_session(ctx: &mut Ctx<'_>, id: u64, resume: u64) -> Result<Step, Refusal
     }
 }
 
-fn lock(shared: &Shared, owner: OwnerId, id: u64, body: RequestLock) -> Result<Step, Refusal> {
+fn lock(
+    shared: &Shared,
+    owner: OwnerId,
+    id: u64,
+    body: RequestLock,
+    who: Option<&Arc<Identity>>,
+) -> Result<Step, Refusal> {
     let config = &shared.config;
+    // Only a non-admin identity's grants are noted, so only they pay for it.
+    let grant_note = who.and_then(|w| shared.access.pending(&shared.db, w, &body.keys));
     let (keys, wait, lease) = lock_args(config, body)?;
     match shared.db.lock(owner, keys, wait, lease) {
-        LockReply::Granted(fence) => Ok(Step::Reply(granted(id, fence))),
-        LockReply::Wait(rx) => Ok(Step::Wait { request_id: id, rx }),
+        LockReply::Granted(fence) => {
+            metrics::granted_at_once();
+            if let Some(p) = grant_note {
+                p.granted(fence);
+            }
+            Ok(Step::Reply(granted(id, fence)))
+        }
+        LockReply::Wait(rx) => Ok(Step::Wait {
+            request_id: id,
+            rx,
+            grant_note,
+        }),
         LockReply::Busy(keys) => Ok(Step::Reply(busy(id, keys, "keys busy"))),
         LockReply::LimitReached(what) => Err(limit_reached(config, what)),
         LockReply::ShuttingDown => Err(shutting_down()),

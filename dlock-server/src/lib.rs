@@ -16,8 +16,13 @@
 //! | [`table`] | the lock rules: a deterministic state machine, no I/O, no clock |
 //! | [`keymap`] | the table's key map, compact at millions of keys |
 //! | [`fence`] | where fencing tokens start so they never go backwards |
-//! | [`auth`] | access tokens |
+//! | [`acl`] | access control: tokens, certificate names, rules by key prefix |
+//! | [`reload`] | SIGHUP: access rules (and certificates) re-read, connections kept |
 //! | [`limit_log`] | log lines for limits reached, paced to one a second |
+//! | [`metrics`] | Prometheus counts, cheap on the request path, and their encoding |
+//! | [`metrics_http`] | the operator's HTTP port: `/metrics`, `/healthz`, `/readyz` |
+//! | [`tls`] | TLS on the client port: certificates, reload, client certificate names |
+//! | [`transport`] | what a connection needs of its stream, TCP or TLS |
 //! | `fuzzing` | the request path without sockets, for fuzzing (feature `fuzzing`) |
 //! | [`config`] | flags, defaults and limits |
 //! | `testing` | a server on an ephemeral loopback port, for tests (feature `testing`) |
@@ -27,7 +32,7 @@
 
 #![warn(missing_docs)]
 
-pub mod auth;
+pub mod acl;
 pub mod clock;
 pub mod cluster;
 pub mod config;
@@ -39,15 +44,20 @@ pub mod fuzzing;
 pub mod handler;
 pub mod keymap;
 pub mod limit_log;
+pub mod metrics;
+pub mod metrics_http;
 pub mod owners;
 pub mod pending;
 pub mod pipeline;
+pub mod reload;
 pub mod replicated;
 pub mod server;
 pub mod shared;
 pub mod table;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tls;
+pub mod transport;
 
 pub use config::{Config, LogFormat};
 pub use server::run;

@@ -5,7 +5,6 @@
 //! order, so nothing behind it can be answered first) and polls it beside
 //! its socket.
 
-use crate::handler;
 use crate::table::Woken;
 use dlock::proto::Response;
 use std::future::Future;
@@ -69,16 +68,6 @@ impl Pending {
         match self {
             Pending::Table(rx) => rx.close(),
             Pending::Answer(rx) => rx.close(),
-        }
-    }
-}
-
-impl Arrived {
-    /// The response to request `request_id`.
-    pub fn into_response(self, request_id: u64) -> Response {
-        match self {
-            Arrived::Woken(w) => handler::woken(request_id, w),
-            Arrived::Response(r) => r,
         }
     }
 }

@@ -24,6 +24,7 @@ use dlock::codec::{encode_frame, frame_len, FrameError, LEN_PREFIX};
 use dlock::proto::{Request, ResponseStatus};
 use prost::Message;
 use std::io;
+use std::time::Duration;
 
 /// Parked requests may add up to this many maximum-size frames: enough for
 /// deep pipelines of ordinary requests, while a connection's memory stays a
@@ -225,7 +226,10 @@ impl Pipeline {
             }
             match self.pop_request() {
                 Ok(req) => self.waiting = handler::execute(ctx, req, &mut self.out),
-                Err(e) => encode_frame(&handler::undecodable(&e), &mut self.out),
+                Err(e) => {
+                    crate::metrics::request(-1, ResponseStatus::General, Duration::ZERO);
+                    encode_frame(&handler::undecodable(&e), &mut self.out);
+                }
             }
         }
     }
@@ -288,20 +292,20 @@ impl Pipeline {
 
     /// The pending request's answer, to await; `None` when nothing waits.
     pub fn waiting(&mut self) -> Option<&mut Pending> {
-        self.waiting.as_mut().map(|(_, p)| p)
+        self.waiting.as_mut().map(|w| &mut w.answer)
     }
 
     /// Answers the pending request with what arrived for it.
     pub fn answer(&mut self, arrived: Arrived) {
-        if let Some((id, _)) = self.waiting.take() {
-            encode_frame(&arrived.into_response(id), &mut self.out);
+        if let Some(w) = self.waiting.take() {
+            encode_frame(&w.respond(arrived), &mut self.out);
         }
     }
 
     /// Gives up the pending request without answering it, for the
     /// connection's end: see `Db::abandon`.
     pub fn take_waiting(&mut self) -> Option<Pending> {
-        self.waiting.take().map(|(_, p)| p)
+        self.waiting.take().map(|w| w.answer)
     }
 
     /// Answers everything accepted and unanswered without executing it: the
@@ -310,11 +314,11 @@ impl Pipeline {
     /// and an oversize frame gets its FrameTooLarge. Bytes not yet accepted
     /// are dropped, as if never read.
     pub fn abandon(&mut self, status: ResponseStatus, text: &str) {
-        if let Some((id, mut pending)) = self.waiting.take() {
-            pending.close();
-            let response = match pending.try_take() {
-                Ok(Some(arrived)) => arrived.into_response(id),
-                Ok(None) | Err(Dropped) => handler::error(id, status, text),
+        if let Some(mut w) = self.waiting.take() {
+            w.answer.close();
+            let response = match w.answer.try_take() {
+                Ok(Some(arrived)) => w.respond(arrived),
+                Ok(None) | Err(Dropped) => handler::error(w.request_id, status, text),
             };
             encode_frame(&response, &mut self.out);
         }
@@ -361,7 +365,7 @@ impl Pipeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::Tokens;
+    use crate::acl::Access;
     use crate::config::Config;
     use crate::db::Db;
     use crate::owners::Owners;
@@ -383,7 +387,7 @@ mod tests {
             .expect("flags parse");
             let db = Db::new(Shared::table_limits(&config), 1);
             Fixture {
-                shared: Shared::new(db, config.clone(), Tokens::default()),
+                shared: Shared::new(db, config.clone(), Access::default()),
                 config,
             }
         }
@@ -397,6 +401,7 @@ mod tests {
                 shared: &self.shared,
                 owners,
                 remote: None,
+                peer_names: &[],
             }
         }
 

@@ -1,12 +1,15 @@
 //! The accept loop: connection limit, socket options, graceful shutdown.
 
-use crate::auth::Tokens;
+use crate::acl::Access;
 use crate::config::Config;
 use crate::connection;
 use crate::db::Db;
 use crate::fence;
+use crate::metrics::{self, CloseReason};
+use crate::metrics_http::{self, Health};
 use crate::replicated;
 use crate::shared::Shared;
+use crate::tls::{self, Tls};
 use anyhow::Context;
 use dlock::codec::encode_frame;
 use dlock::proto::ResponseStatus;
@@ -54,16 +57,21 @@ struct Server {
     tracker: TaskTracker,
     /// Cancelled at shutdown: connections answer and close.
     cancel: CancellationToken,
+    /// What /healthz and /readyz report.
+    health: Arc<Health>,
+    /// The operator's HTTP port, with --metrics-listen.
+    metrics: Option<metrics_http::MetricsServer>,
 }
 
 impl Server {
     /// Reads the token and fence files, builds the lock state (or starts
     /// the cluster node) and its background tasks, and logs the start line.
     async fn setup(listener: TcpListener, config: Config) -> anyhow::Result<Server> {
-        let tokens = match &config.token_file {
-            Some(path) => Tokens::from_file(path)?,
-            None => Tokens::default(),
+        let access = match &config.token_file {
+            Some(path) => Access::from_file(path)?,
+            None => Access::default(),
         };
+        let tls = Tls::from_config(&config).context("cannot set up TLS")?;
         let (first_fence, fence_file) =
             fence::start(config.fence_file.as_deref(), SystemTime::now())
                 .context("cannot set up fencing tokens")?;
@@ -83,18 +91,32 @@ impl Server {
                 Some(replicated::start(&config, addr, stop).await?)
             }
         };
-        let mut shared = Shared::new(db, config, tokens);
+        let health = Arc::new(Health::default());
+        let metrics = match config.metrics_listen {
+            Some(addr) => Some(
+                metrics_http::start(addr, db.clone(), health.clone())
+                    .await
+                    .with_context(|| format!("cannot serve metrics on {addr}"))?,
+            ),
+            None => None,
+        };
+        let mut shared = Shared::new(db, config, access).with_tls(tls);
         if let Some(node) = node {
             shared = shared.with_cluster(node);
         }
+        let shared = Arc::new(shared);
+        tracker.spawn(crate::reload::on_sighup(shared.clone(), cancel.clone()));
         let server = Server {
             listener,
-            shared: Arc::new(shared),
+            shared,
             limit,
             tracker,
             cancel,
+            health,
+            metrics,
         };
         server.log_start(first_fence);
+        server.health.set_accepting(true);
         Ok(server)
     }
 
@@ -106,7 +128,8 @@ impl Server {
         tracing::info!(
             addr = %self.listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()),
             version = env!("CARGO_PKG_VERSION"),
-            access_tokens = self.shared.tokens.enabled(),
+            access_tokens = self.shared.access.enabled(),
+            tls = self.shared.tls.as_ref().map_or("off", |t| if t.mutual() { "mutual" } else { "on" }),
             fence_file = c.fence_file.is_some(),
             first_fence = if node.is_some() { replicated::CLUSTER_FIRST_FENCE } else { first_fence },
             max_connections = c.max_connections,
@@ -156,17 +179,22 @@ impl Server {
     /// Serves one accepted connection on a task of its own, or turns it
     /// away over --max-connections.
     fn serve(&self, stream: TcpStream, peer: std::net::SocketAddr) {
+        metrics::connection_accepted();
         let Ok(permit) = self.limit.clone().try_acquire_owned() else {
             reject(&stream, self.shared.config.max_connections);
             return;
         };
         configure(&stream, &self.shared.config);
         let span = tracing::info_span!("conn", %peer);
+        let tls = self.shared.tls.as_ref().map(Tls::acceptor);
         let shared = self.shared.clone();
         let cancel = self.cancel.clone();
         self.tracker.spawn(
             async move {
-                connection::serve(stream, shared, cancel).await;
+                match tls {
+                    None => connection::serve(stream, shared, cancel).await,
+                    Some(acceptor) => tls::serve(acceptor, stream, shared, cancel).await,
+                }
                 drop(permit);
             }
             .instrument(span),
@@ -177,6 +205,7 @@ impl Server {
     /// --shutdown-timeout), then stops the cluster node if there is one.
     async fn drain(self) {
         drop(self.listener);
+        self.health.set_accepting(false);
         tracing::info!("shutting down");
         // Before any connection closes: a holder's release must not hand
         // its keys to a waiter whose connection is about to close too. (A
@@ -193,6 +222,9 @@ impl Server {
         }
         if let Some(node) = &self.shared.cluster {
             node.cluster().shutdown().await;
+        }
+        if let Some(m) = self.metrics {
+            m.stop().await;
         }
         tracing::info!("dlock-server stopped");
     }
@@ -229,6 +261,7 @@ fn reject(stream: &TcpStream, max: usize) {
     );
     let _ = stream.try_write(&buf);
     crate::limit_log::CONNECTIONS.hit(max);
+    metrics::connection_closed(CloseReason::Limit);
 }
 
 #[cfg(test)]

@@ -1,13 +1,14 @@
 //! What every connection of a server shares: the lock state, the
-//! configuration and the access tokens. One value per server, behind an
+//! configuration, the access rules and TLS settings. One value per server, behind an
 //! `Arc`; the accept loop, the connections, the fuzz harness and the
 //! pipeline tests all build it the same way.
 
-use crate::auth::Tokens;
+use crate::acl::Access;
 use crate::config::Config;
 use crate::db::Db;
 use crate::replicated::Replicated;
 use crate::table::TableLimits;
+use crate::tls::Tls;
 use std::sync::Arc;
 
 /// State every connection shares.
@@ -17,8 +18,10 @@ pub struct Shared {
     pub db: Db,
     /// Limits and options.
     pub config: Config,
-    /// Accepted access tokens.
-    pub tokens: Tokens,
+    /// Who may do what.
+    pub access: Access,
+    /// TLS on the client port, when configured.
+    pub tls: Option<Tls>,
     /// On a cluster node: where requests that need the table go. The `db`
     /// then only counts connections.
     pub cluster: Option<Arc<Replicated>>,
@@ -26,13 +29,20 @@ pub struct Shared {
 
 impl Shared {
     /// A server's shared state around `db`.
-    pub fn new(db: Db, config: Config, tokens: Tokens) -> Shared {
+    pub fn new(db: Db, config: Config, access: Access) -> Shared {
         Shared {
             db,
             config,
-            tokens,
+            access,
+            tls: None,
             cluster: None,
         }
+    }
+
+    /// The shared state of a server with TLS on its client port.
+    pub fn with_tls(mut self, tls: Option<Tls>) -> Shared {
+        self.tls = tls;
+        self
     }
 
     /// The shared state of a cluster node.

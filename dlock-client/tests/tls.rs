@@ -1,0 +1,136 @@
+//! `dlock` over TLS: --tls-ca (and --tls-cert/--tls-key for mutual TLS),
+//! or the DLOCK_TLS_* variables, against a real TLS server, with
+//! certificates made here by rcgen.
+
+mod common;
+
+use common::{code, run_at, stderr};
+use dlock_server::testing::TestServer;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair,
+};
+use std::path::{Path, PathBuf};
+
+/// Writes `NAME.pem` and `NAME.key` for `host`, signed by `ca`.
+fn issue(
+    dir: &Path,
+    ca: &CertifiedIssuer<'static, KeyPair>,
+    name: &str,
+    host: &str,
+    usage: ExtendedKeyUsagePurpose,
+) -> (String, String) {
+    let mut params = CertificateParams::new(vec![host.to_owned()]).unwrap();
+    params.distinguished_name.push(DnType::CommonName, host);
+    params.extended_key_usages = vec![usage];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, ca).unwrap();
+    let (c, k) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (path(c), path(k))
+}
+
+fn path(p: PathBuf) -> String {
+    p.to_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn dlock_runs_a_command_over_mutual_tls_and_fails_without_the_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "test CA");
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let ca_file = path(dir.path().join("ca.pem"));
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let (cert, key) = issue(
+        dir.path(),
+        &ca,
+        "server",
+        "localhost",
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (ccert, ckey) = issue(
+        dir.path(),
+        &ca,
+        "client",
+        "cron.example",
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let server = TestServer::start(flags(&[
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--tls-client-ca",
+        &ca_file,
+    ]))
+    .await;
+    let addr = format!("localhost:{}", server.addr.port());
+
+    let tls = [
+        "--tls-ca",
+        &ca_file,
+        "--tls-cert",
+        &ccert,
+        "--tls-key",
+        &ckey,
+    ];
+    let args: Vec<&str> = tls
+        .iter()
+        .copied()
+        .chain(["-k", "job", "--", "true"])
+        .collect();
+    let out = run_at(&addr, &args).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+
+    // The same through the environment.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["--ping"])
+        .env("DLOCK_SERVER", &addr)
+        .env("DLOCK_TLS_CA", &ca_file)
+        .env("DLOCK_TLS_CERT", &ccert)
+        .env("DLOCK_TLS_KEY", &ckey)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+
+    // Without the client certificate, or without TLS at all: refused.
+    let out = run_at(&addr, &["--tls-ca", &ca_file, "--ping"]).await;
+    assert_ne!(code(&out), 0);
+    let out = run_at(&addr, &["--ping"]).await;
+    assert_ne!(code(&out), 0);
+    // A certificate without its key is a usage mistake.
+    let out = run_at(
+        &addr,
+        &["--tls-ca", &ca_file, "--tls-cert", &ccert, "--ping"],
+    )
+    .await;
+    assert_ne!(code(&out), 0);
+    assert!(stderr(&out).contains("--tls-key"), "{}", stderr(&out));
+    // An unreadable CA file names itself.
+    let out = run_at(&addr, &["--tls-ca", "/nonexistent/ca.pem", "--ping"]).await;
+    assert_eq!(code(&out), 64, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/nonexistent/ca.pem"),
+        "{}",
+        stderr(&out)
+    );
+    server.stop().await.unwrap();
+}
+
+/// A server configured by its command-line flags, as an operator writes them.
+fn flags(args: &[&str]) -> dlock_server::Config {
+    use clap::Parser;
+    dlock_server::Config::try_parse_from(
+        std::iter::once("dlock-server").chain(args.iter().copied()),
+    )
+    .expect("flags parse")
+}

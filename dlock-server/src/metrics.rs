@@ -1,0 +1,489 @@
+//! What the server counts for Prometheus: requests, latencies, grants,
+//! waits, connections and bytes, and how they are written out on a scrape.
+//!
+//! Recording sits on the request path, so it must cost next to nothing:
+//! every count is a relaxed atomic add, and the counts bumped per request
+//! live in [`SHARDS`] stripes, one chosen per thread, so the runtime's
+//! worker threads do not bounce one cache line between cores. A scrape adds
+//! the stripes up. The counts are process-wide statics, like the limit log's
+//! throttles: a process runs one server, and the hooks in the connection
+//! and request code need no handle passed down to them. The gauges (held
+//! keys, waiters, connections) are read from the [`Db`] at scrape time, so
+//! they cost the request path nothing at all.
+//!
+//! [`http`](crate::metrics_http) serves what [`Scrape`] encodes.
+
+use crate::db::Db;
+use dlock::proto::ResponseStatus;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Stripes of the per-request counts: more than the cores of the machines
+/// dlock runs on, so threads rarely share one; 16 stripes of about 2.5 KB.
+const SHARDS: usize = 16;
+
+/// Request type label values, indexed by the `RequestType` value; the last
+/// one is for a type number the server does not know.
+const TYPES: [&str; 13] = [
+    "invalid",
+    "ping",
+    "lock",
+    "unlock",
+    "renew",
+    "inspect",
+    "hello",
+    "open_session",
+    "close_session",
+    "cluster_status",
+    "cluster_add",
+    "cluster_remove",
+    "unknown",
+];
+
+/// Every status the server sends, in label form, dense-indexed by
+/// [`status_index`].
+const STATUSES: [(ResponseStatus, &str); 17] = [
+    (ResponseStatus::Ok, "ok"),
+    (ResponseStatus::General, "general"),
+    (ResponseStatus::Version, "version"),
+    (ResponseStatus::InvalidType, "invalid_type"),
+    (ResponseStatus::AccessDenied, "access_denied"),
+    (ResponseStatus::ShuttingDown, "shutting_down"),
+    (ResponseStatus::LimitReached, "limit_reached"),
+    (ResponseStatus::FrameTooLarge, "frame_too_large"),
+    (ResponseStatus::TooManyKeys, "too_many_keys"),
+    (ResponseStatus::InvalidKey, "invalid_key"),
+    (ResponseStatus::NoKeys, "no_keys"),
+    (ResponseStatus::InvalidArgument, "invalid_argument"),
+    (ResponseStatus::AcquireTimeout, "acquire_timeout"),
+    (ResponseStatus::NotHeld, "not_held"),
+    (ResponseStatus::NotLeader, "not_leader"),
+    (ResponseStatus::Unavailable, "unavailable"),
+    (ResponseStatus::UnknownSession, "unknown_session"),
+];
+
+fn status_index(status: ResponseStatus) -> usize {
+    // Exhaustive on purpose: a status added to the protocol fails to
+    // compile here until it has a label.
+    match status {
+        ResponseStatus::Ok => 0,
+        ResponseStatus::General => 1,
+        ResponseStatus::Version => 2,
+        ResponseStatus::InvalidType => 3,
+        ResponseStatus::AccessDenied => 4,
+        ResponseStatus::ShuttingDown => 5,
+        ResponseStatus::LimitReached => 6,
+        ResponseStatus::FrameTooLarge => 7,
+        ResponseStatus::TooManyKeys => 8,
+        ResponseStatus::InvalidKey => 9,
+        ResponseStatus::NoKeys => 10,
+        ResponseStatus::InvalidArgument => 11,
+        ResponseStatus::AcquireTimeout => 12,
+        ResponseStatus::NotHeld => 13,
+        ResponseStatus::NotLeader => 14,
+        ResponseStatus::Unavailable => 15,
+        ResponseStatus::UnknownSession => 16,
+    }
+}
+
+/// Upper bounds, in seconds, of the request latency buckets: a request the
+/// server answers at once takes microseconds, a Lock that waits up to
+/// minutes.
+const LATENCY_BOUNDS: [f64; 14] = [
+    5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 60.0, 600.0,
+];
+
+/// Upper bounds, in seconds, of the hand-off wait buckets: from a hand-off
+/// on a busy key (tens of microseconds) to a job queue's minutes.
+const WAIT_BOUNDS: [f64; 12] = [
+    1e-4, 1e-3, 1e-2, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
+];
+
+/// A histogram of atomics: per-bucket (not cumulative) counts, the number
+/// of observations and their sum in nanoseconds.
+struct Histogram<const N: usize> {
+    buckets: [AtomicU64; N],
+    count: AtomicU64,
+    sum_nanos: AtomicU64,
+}
+
+impl<const N: usize> Histogram<N> {
+    const fn new() -> Self {
+        Histogram {
+            buckets: [const { AtomicU64::new(0) }; N],
+            count: AtomicU64::new(0),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, bounds: &[f64; N], d: Duration) {
+        let secs = d.as_secs_f64();
+        // Beyond the last bound only the count (the +Inf bucket) grows.
+        if let Some(i) = bounds.iter().position(|&b| secs <= b) {
+            self.buckets[i].fetch_add(1, Relaxed);
+        }
+        self.count.fetch_add(1, Relaxed);
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_nanos.fetch_add(nanos, Relaxed);
+    }
+}
+
+/// The per-request counts of one stripe. Aligned so two stripes never
+/// share a cache line.
+#[repr(align(128))]
+struct Shard {
+    requests: [[AtomicU64; STATUSES.len()]; TYPES.len()],
+    latency: [Histogram<{ LATENCY_BOUNDS.len() }>; TYPES.len()],
+    wait: Histogram<{ WAIT_BOUNDS.len() }>,
+    /// Grants at once, and grants after a wait.
+    grants: [AtomicU64; 2],
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+}
+
+impl Shard {
+    const fn new() -> Self {
+        Shard {
+            requests: [const { [const { AtomicU64::new(0) }; STATUSES.len()] }; TYPES.len()],
+            latency: [const { Histogram::new() }; TYPES.len()],
+            wait: Histogram::new(),
+            grants: [const { AtomicU64::new(0) }; 2],
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
+        }
+    }
+}
+
+static STRIPES: [Shard; SHARDS] = [const { Shard::new() }; SHARDS];
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's stripe, handed out round-robin on first use.
+    static MY_SHARD: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+fn shard() -> &'static Shard {
+    let i = MY_SHARD.with(|s| match s.get() {
+        Some(i) => i,
+        None => {
+            let i = NEXT_SHARD.fetch_add(1, Relaxed) % SHARDS;
+            s.set(Some(i));
+            i
+        }
+    });
+    &STRIPES[i]
+}
+
+/// Why a connection ended, as counted in `dlock_connections_closed_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The client closed its side.
+    ClientClosed,
+    /// No complete request for `--idle-timeout`.
+    Idle,
+    /// Responses could not be written for `--write-timeout`.
+    WriteTimeout,
+    /// Turned away at `--max-connections`.
+    Limit,
+    /// A frame length over `--max-frame`.
+    FrameTooLarge,
+    /// A socket error (reset, keepalive gave up).
+    Io,
+    /// The server shut down.
+    Shutdown,
+    /// The TLS handshake failed or took too long.
+    TlsHandshake,
+}
+
+const CLOSE_REASONS: [(CloseReason, &str); 8] = [
+    (CloseReason::ClientClosed, "client_closed"),
+    (CloseReason::Idle, "idle"),
+    (CloseReason::WriteTimeout, "write_timeout"),
+    (CloseReason::Limit, "limit"),
+    (CloseReason::FrameTooLarge, "frame_too_large"),
+    (CloseReason::Io, "io_error"),
+    (CloseReason::Shutdown, "shutdown"),
+    (CloseReason::TlsHandshake, "tls_handshake"),
+];
+
+// Counts that change once per connection or per timer batch, never per
+// request: one atomic each is cheap enough.
+static CLOSED: [AtomicU64; CLOSE_REASONS.len()] =
+    [const { AtomicU64::new(0) }; CLOSE_REASONS.len()];
+static ACCEPTED: AtomicU64 = AtomicU64::new(0);
+static LEASES_EXPIRED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a request answered with `status` after `elapsed` in the server.
+/// `kind` is the request's raw type number.
+pub fn request(kind: i32, status: ResponseStatus, elapsed: Duration) {
+    let t = usize::try_from(kind)
+        .ok()
+        .filter(|&k| k < TYPES.len() - 1)
+        .unwrap_or(TYPES.len() - 1);
+    let s = shard();
+    s.requests[t][status_index(status)].fetch_add(1, Relaxed);
+    s.latency[t].observe(&LATENCY_BOUNDS, elapsed);
+}
+
+/// Counts a Lock granted at once.
+pub fn granted_at_once() {
+    shard().grants[0].fetch_add(1, Relaxed);
+}
+
+/// Counts a Lock granted after waiting `waited`.
+pub fn granted_after(waited: Duration) {
+    let s = shard();
+    s.grants[1].fetch_add(1, Relaxed);
+    s.wait.observe(&WAIT_BOUNDS, waited);
+}
+
+/// Counts bytes read from clients.
+pub fn bytes_in(n: usize) {
+    shard().bytes_in.fetch_add(n as u64, Relaxed);
+}
+
+/// Counts bytes written to clients.
+pub fn bytes_out(n: usize) {
+    shard().bytes_out.fetch_add(n as u64, Relaxed);
+}
+
+/// Counts an accepted connection (one turned away at the limit included).
+pub fn connection_accepted() {
+    ACCEPTED.fetch_add(1, Relaxed);
+}
+
+/// Counts a connection that ended, by why.
+pub fn connection_closed(reason: CloseReason) {
+    if let Some(i) = CLOSE_REASONS.iter().position(|(r, _)| *r == reason) {
+        CLOSED[i].fetch_add(1, Relaxed);
+    }
+}
+
+/// Counts leases that expired.
+pub fn leases_expired(n: usize) {
+    LEASES_EXPIRED.fetch_add(n as u64, Relaxed);
+}
+
+fn total(f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
+    STRIPES.iter().map(|s| f(s).load(Relaxed)).sum()
+}
+
+/// Writes every dlock metric on a scrape: the static counts above, and the
+/// gauges read from the lock table at that moment.
+#[derive(Debug)]
+pub struct Scrape {
+    db: Db,
+}
+
+/// A registry holding dlock's metrics for `db`, ready to encode.
+pub fn registry(db: Db) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Scrape { db }));
+    registry
+}
+
+/// A counter family with one sample per label set.
+fn counter<L: EncodeLabelSet>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: impl IntoIterator<Item = (L, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in values {
+        ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// A counter without labels.
+fn plain_counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    v: u64,
+) -> Result<(), std::fmt::Error> {
+    let c = ConstCounter::new(v);
+    c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    v: i64,
+) -> Result<(), std::fmt::Error> {
+    let g = ConstGauge::new(v);
+    g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+/// Adds up one histogram over the stripes, in the encoder's terms: sum in
+/// seconds, count, and per-bucket counts ending with +Inf (the encoder
+/// makes them cumulative).
+fn histogram_totals<const N: usize>(
+    bounds: &[f64; N],
+    h: impl Fn(&Shard) -> &Histogram<N>,
+) -> (f64, u64, Vec<(f64, u64)>) {
+    let mut buckets = [0u64; N];
+    let (mut count, mut sum) = (0u64, 0u64);
+    for s in &STRIPES {
+        let h = h(s);
+        for (b, a) in buckets.iter_mut().zip(&h.buckets) {
+            *b += a.load(Relaxed);
+        }
+        count += h.count.load(Relaxed);
+        sum = sum.saturating_add(h.sum_nanos.load(Relaxed));
+    }
+    let bounded: u64 = buckets.iter().sum();
+    // Read a moment apart from the buckets, the count can be behind them:
+    // the total must never be below the buckets' sum.
+    let count = count.max(bounded);
+    let mut out: Vec<(f64, u64)> = bounds.iter().copied().zip(buckets).collect();
+    out.push((f64::INFINITY, count - bounded));
+    (sum as f64 / 1e9, count, out)
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let e = &mut encoder;
+        let mut requests = Vec::new();
+        for (t, kind) in TYPES.iter().enumerate() {
+            for (i, (_, status)) in STATUSES.iter().enumerate() {
+                let n = total(|s| &s.requests[t][i]);
+                // Pairs never seen are left out, as a labelled counter
+                // that was never incremented would be.
+                if n > 0 {
+                    requests.push(([("type", *kind), ("status", *status)], n));
+                }
+            }
+        }
+        counter(
+            e,
+            "dlock_requests",
+            "Requests answered, by request type and response status.",
+            requests,
+        )?;
+
+        let mut family = e.encode_descriptor(
+            "dlock_request_duration_seconds",
+            "Time from executing a request to its answer; for a Lock that waits, the wait included.",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (t, kind) in TYPES.iter().enumerate() {
+            let (sum, count, buckets) = histogram_totals(&LATENCY_BOUNDS, |s| &s.latency[t]);
+            if count > 0 {
+                family
+                    .encode_family(&[("type", *kind)])?
+                    .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+            }
+        }
+
+        let (sum, count, buckets) = histogram_totals(&WAIT_BOUNDS, |s| &s.wait);
+        e.encode_descriptor(
+            "dlock_lock_wait_seconds",
+            "How long Locks that waited waited before their grant (the hand-off time).",
+            None,
+            MetricType::Histogram,
+        )?
+        .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+
+        counter(
+            e,
+            "dlock_grants",
+            "Locks granted, at once or after waiting.",
+            [
+                ([("after", "none")], total(|s| &s.grants[0])),
+                ([("after", "wait")], total(|s| &s.grants[1])),
+            ],
+        )?;
+        plain_counter(
+            e,
+            "dlock_leases_expired",
+            "Keys whose lease ran out.",
+            LEASES_EXPIRED.load(Relaxed),
+        )?;
+        plain_counter(
+            e,
+            "dlock_connections_accepted",
+            "Client connections accepted, including those turned away at --max-connections.",
+            ACCEPTED.load(Relaxed),
+        )?;
+        let closed = CLOSE_REASONS
+            .iter()
+            .zip(&CLOSED)
+            .map(|((_, name), n)| ([("reason", *name)], n.load(Relaxed)));
+        counter(
+            e,
+            "dlock_connections_closed",
+            "Client connections ended, by reason.",
+            closed,
+        )?;
+        plain_counter(
+            e,
+            "dlock_received_bytes",
+            "Bytes read from clients.",
+            total(|s| &s.bytes_in),
+        )?;
+        plain_counter(
+            e,
+            "dlock_sent_bytes",
+            "Bytes written to clients.",
+            total(|s| &s.bytes_out),
+        )?;
+
+        let stats = self.db.stats();
+        let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        gauge(
+            e,
+            "dlock_connections",
+            "Client connections open now.",
+            signed(stats.connections),
+        )?;
+        gauge(
+            e,
+            "dlock_held_keys",
+            "Keys held now, leases included.",
+            signed(stats.held_keys),
+        )?;
+        gauge(
+            e,
+            "dlock_waiting_requests",
+            "Lock requests waiting now.",
+            signed(stats.waiting_requests),
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_has_its_own_label() {
+        for (i, (status, _)) in STATUSES.iter().enumerate() {
+            assert_eq!(status_index(*status), i);
+        }
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_end_with_every_observation() {
+        static H: Histogram<2> = Histogram::new();
+        let bounds = [1e-3, 1.0];
+        H.observe(&bounds, Duration::from_micros(10));
+        H.observe(&bounds, Duration::from_millis(500));
+        H.observe(&bounds, Duration::from_secs(5));
+        let buckets: Vec<u64> = H.buckets.iter().map(|b| b.load(Relaxed)).collect();
+        assert_eq!(buckets, [1, 1]);
+        assert_eq!(H.count.load(Relaxed), 3);
+        assert_eq!(H.sum_nanos.load(Relaxed), 5_500_010_000);
+    }
+}

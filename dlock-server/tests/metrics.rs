@@ -1,0 +1,257 @@
+//! `--metrics-listen`: Prometheus metrics and health probes, scraped over
+//! real TCP from a real `dlock-server` process and read with a Prometheus
+//! text parser. The counts are process-wide, so each test has its own
+//! server process and checks exact values.
+
+mod common;
+
+use common::process::Process;
+use common::{status, TestClient, PATIENCE};
+use dlock::proto::{RequestType, ResponseStatus};
+use prometheus_parse::{Sample, Scrape, Value};
+use std::net::SocketAddr;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// An HTTP/1.1 GET over a fresh connection: the status code and the body.
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.expect("connect to metrics");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: dlock\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("send request");
+    let mut raw = Vec::new();
+    tokio::time::timeout(PATIENCE, s.read_to_end(&mut raw))
+        .await
+        .expect("metrics answer in time")
+        .expect("read answer");
+    let text = String::from_utf8(raw).expect("UTF-8 answer");
+    let (head, body) = text.split_once("\r\n\r\n").expect("headers end");
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status code");
+    (code, body.to_owned())
+}
+
+async fn scrape(addr: SocketAddr) -> Scrape {
+    let (code, body) = get(addr, "/metrics").await;
+    assert_eq!(code, 200, "{body}");
+    Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("valid exposition format")
+}
+
+fn metrics_addr(server: &mut Process) -> SocketAddr {
+    let line = server.wait_for_log("serving metrics");
+    let rest = line.split("addr=").nth(1).expect("addr field");
+    rest.split_whitespace()
+        .next()
+        .and_then(|a| a.parse().ok())
+        .expect("metrics address parses")
+}
+
+/// The value of the sample `name` whose labels include `labels`; 0 when
+/// there is none (a labelled counter never incremented is not written).
+fn value(s: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let found: Vec<&Sample> = s
+        .samples
+        .iter()
+        .filter(|x| x.metric == name && labels.iter().all(|(k, v)| x.labels.get(k) == Some(v)))
+        .collect();
+    assert!(
+        found.len() <= 1,
+        "{name} {labels:?} is ambiguous: {found:?}"
+    );
+    match found.first().map(|x| &x.value) {
+        None => 0.0,
+        // OpenMetrics names a counter's samples `_total`, which this parser
+        // (written for the older format) does not match to the TYPE line.
+        Some(Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v)) => *v,
+        Some(other) => panic!("{name} is not a number: {other:?}"),
+    }
+}
+
+/// The buckets of histogram `name` with `labels`, cumulative, +Inf last.
+fn buckets(s: &Scrape, name: &str, labels: &[(&str, &str)]) -> Vec<(f64, f64)> {
+    let h = s
+        .samples
+        .iter()
+        .find(|x| x.metric == name && labels.iter().all(|(k, v)| x.labels.get(k) == Some(v)))
+        .unwrap_or_else(|| panic!("histogram {name} {labels:?}"));
+    match &h.value {
+        Value::Histogram(b) => b.iter().map(|c| (c.less_than, c.count)).collect(),
+        other => panic!("{name} is not a histogram: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn metrics_count_requests_grants_waits_and_drops_as_they_happen() {
+    let mut server = Process::start(&["--metrics-listen", "127.0.0.1:0"]);
+    let http = metrics_addr(&mut server);
+
+    let before = scrape(http).await;
+    assert_eq!(value(&before, "dlock_requests_total", &[]), 0.0);
+    assert_eq!(value(&before, "dlock_connections", &[]), 0.0);
+
+    let mut a = TestClient::connect(server.addr).await;
+    for _ in 0..3 {
+        assert_eq!(status(&a.ping().await), ResponseStatus::Ok);
+    }
+    a.must_lock(&["k"]).await;
+    let mut b = TestClient::connect(server.addr).await;
+    let wait = b.lock_request(&["k"], 0, 0);
+    b.send(&wait).await;
+    a.await_waiters("k", 1).await;
+
+    let during = scrape(http).await;
+    assert_eq!(value(&during, "dlock_connections", &[]), 2.0);
+    assert_eq!(value(&during, "dlock_held_keys", &[]), 1.0);
+    assert_eq!(value(&during, "dlock_waiting_requests", &[]), 1.0);
+
+    assert_eq!(status(&a.unlock(&["k"]).await), ResponseStatus::Ok);
+    assert_eq!(status(&b.recv().await), ResponseStatus::Ok);
+    // A second Unlock of the same key: a status other than Ok.
+    assert_eq!(status(&a.unlock(&["k"]).await), ResponseStatus::NotHeld);
+
+    // A lease of 1 ms, expired by the timer; waited for through Inspect.
+    let mut c = TestClient::connect(server.addr).await;
+    assert_eq!(
+        status(&c.lock(&["lease"], 0, 1_000).await),
+        ResponseStatus::Ok
+    );
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while c.inspect("lease").await.fence != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "lease never expired"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+
+    // A frame over --max-frame: the connection is dropped for it.
+    let mut bad = TestClient::connect(server.addr).await;
+    bad.send_raw(&[0x7f, 0, 0, 0]).await;
+    assert_eq!(status(&bad.recv().await), ResponseStatus::FrameTooLarge);
+    bad.expect_closed().await;
+    drop(bad);
+
+    // Counted when the connection task ends, a moment after the close.
+    await_closed(http, "frame_too_large", 1.0).await;
+    let after = scrape(http).await;
+    let req = |t: &str, st: &str| {
+        value(
+            &after,
+            "dlock_requests_total",
+            &[("type", t), ("status", st)],
+        )
+    };
+    assert_eq!(req("ping", "ok"), 3.0);
+    assert_eq!(req("lock", "ok"), 3.0, "a, b after waiting, c");
+    assert_eq!(req("unlock", "ok"), 1.0);
+    assert_eq!(req("unlock", "not_held"), 1.0);
+    assert!(req("inspect", "ok") >= 2.0);
+    assert_eq!(
+        value(&after, "dlock_grants_total", &[("after", "none")]),
+        2.0
+    );
+    assert_eq!(
+        value(&after, "dlock_grants_total", &[("after", "wait")]),
+        1.0
+    );
+    assert_eq!(value(&after, "dlock_leases_expired_total", &[]), 1.0);
+    assert_eq!(value(&after, "dlock_connections_accepted_total", &[]), 4.0);
+    assert!(value(&after, "dlock_received_bytes_total", &[]) > 0.0);
+    assert!(value(&after, "dlock_sent_bytes_total", &[]) > 0.0);
+    assert_eq!(value(&after, "dlock_held_keys", &[]), 1.0, "b holds k");
+    assert_eq!(value(&after, "dlock_connections", &[]), 3.0);
+
+    // Histograms: cumulative buckets, +Inf holding every observation.
+    let ping = buckets(
+        &after,
+        "dlock_request_duration_seconds",
+        &[("type", "ping")],
+    );
+    let (inf, all) = *ping.last().expect("buckets");
+    assert!(inf.is_infinite() && all == 3.0, "{ping:?}");
+    assert!(ping.windows(2).all(|w| w[0].1 <= w[1].1), "{ping:?}");
+    let wait = buckets(&after, "dlock_lock_wait_seconds", &[]);
+    assert_eq!(wait.last().map(|b| b.1), Some(1.0), "{wait:?}");
+}
+
+/// Polls the scrape at `http` until `reason` has `n` closed connections.
+async fn await_closed(http: SocketAddr, reason: &str, n: f64) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let s = scrape(http).await;
+        let got = value(&s, "dlock_connections_closed_total", &[("reason", reason)]);
+        if got == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{reason}: {got}, not {n}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn idle_and_limit_drops_are_counted_by_reason() {
+    // Separate servers: with one, a stall of the machine longer than the
+    // idle timeout could free the only slot before the second client came.
+    let mut limited =
+        Process::start(&["--metrics-listen", "127.0.0.1:0", "--max-connections", "1"]);
+    let http = metrics_addr(&mut limited);
+    let mut first = TestClient::connect(limited.addr).await;
+    assert_eq!(status(&first.ping().await), ResponseStatus::Ok);
+    let mut second = TestClient::connect(limited.addr).await;
+    assert_eq!(status(&second.recv().await), ResponseStatus::LimitReached);
+    await_closed(http, "limit", 1.0).await;
+
+    let mut idle = Process::start(&["--metrics-listen", "127.0.0.1:0", "--idle-timeout", "200ms"]);
+    let http = metrics_addr(&mut idle);
+    let mut quiet = TestClient::connect(idle.addr).await;
+    assert_eq!(status(&quiet.ping().await), ResponseStatus::Ok);
+    quiet.expect_closed().await;
+    await_closed(http, "idle", 1.0).await;
+}
+
+#[tokio::test]
+async fn probes_answer_and_unknown_paths_do_not() {
+    let mut server = Process::start(&["--metrics-listen", "127.0.0.1:0"]);
+    let http = metrics_addr(&mut server);
+    assert_eq!(get(http, "/healthz").await, (200, "ok\n".into()));
+    assert_eq!(get(http, "/readyz").await, (200, "ready\n".into()));
+    assert_eq!(get(http, "/nothing").await.0, 404);
+    // A request the server cannot decode counts under type "unknown".
+    let mut c = TestClient::connect(server.addr).await;
+    c.send_raw(&[0, 0, 0, 1, 0xff]).await;
+    assert_eq!(status(&c.recv().await), ResponseStatus::General);
+    let mut bad_type = c.request(RequestType::Ping, &[]);
+    bad_type.r#type = 99;
+    assert_eq!(status(&c.call(bad_type).await), ResponseStatus::InvalidType);
+    let s = scrape(http).await;
+    let unknown = |st: &str| {
+        value(
+            &s,
+            "dlock_requests_total",
+            &[("type", "unknown"), ("status", st)],
+        )
+    };
+    assert_eq!(unknown("general"), 1.0);
+    assert_eq!(unknown("invalid_type"), 1.0);
+}
+
+#[test]
+fn an_unusable_metrics_address_stops_the_server_with_a_clear_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", &addr])
+        .output()
+        .expect("run dlock-server");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("cannot serve metrics on {addr}")),
+        "{err}"
+    );
+}

@@ -1,0 +1,123 @@
+//! TLS settings shared by the client library, the `dlock` command and the
+//! server: rustls with the ring provider, certificates and keys read from
+//! PEM files.
+
+use rustls::crypto::CryptoProvider;
+use rustls::{ClientConfig, RootCertStore};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use rustls;
+
+/// A TLS file that cannot be used, or settings rustls refuses.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file cannot be read or parsed.
+    #[error("cannot read {what} from {path}: {source}")]
+    Pem {
+        /// What the file should hold.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    /// A certificate file holds no certificate.
+    #[error("{path} holds no certificate")]
+    NoCertificate {
+        /// The file.
+        path: PathBuf,
+    },
+    /// rustls refuses the certificates or key (for example a key that does
+    /// not match its certificate).
+    #[error("{0}")]
+    Rustls(#[from] rustls::Error),
+    /// A certificate authority cannot be used.
+    #[error("cannot use CA certificate from {path}: {source}")]
+    Ca {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: rustls::Error,
+    },
+}
+
+/// The crypto provider every dlock program uses: ring, which builds with a
+/// C compiler alone.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Every certificate in a PEM file, in order (a chain starts with the
+/// leaf).
+///
+/// # Errors
+/// The file cannot be read or parsed, or holds no certificate.
+pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = |source| TlsError::Pem {
+        what: "certificates",
+        path: path.to_owned(),
+        source,
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(pem)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(pem)?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_owned(),
+        });
+    }
+    Ok(certs)
+}
+
+/// The private key in a PEM file (PKCS#8, PKCS#1 or SEC1).
+///
+/// # Errors
+/// The file cannot be read, or holds no key.
+pub fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|source| TlsError::Pem {
+        what: "a private key",
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Trust anchors from a PEM file of CA certificates.
+///
+/// # Errors
+/// The file cannot be read or a certificate in it cannot be used.
+pub fn read_roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in read_certs(path)? {
+        roots.add(cert).map_err(|source| TlsError::Ca {
+            path: path.to_owned(),
+            source,
+        })?;
+    }
+    Ok(roots)
+}
+
+/// A client configuration that trusts the CAs in `ca` and, for servers that
+/// ask for one (`--tls-client-ca`), presents the certificate chain and key
+/// in `identity`. The server's name is checked against its certificate.
+///
+/// # Errors
+/// A file cannot be read or parsed, or rustls refuses the key.
+pub fn client_config(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(read_roots(ca)?);
+    let config = match identity {
+        Some((cert, key)) => builder.with_client_auth_cert(read_certs(cert)?, read_key(key)?)?,
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
+}

@@ -1,0 +1,103 @@
+//! The client's byte stream: plain TCP, or TLS over it when
+//! [`ClientOptions::tls`](crate::ClientOptions::tls) is set.
+
+use crate::client::ClientOptions;
+use rustls_pki_types::ServerName;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+/// A connection to the server, TLS or not.
+#[derive(Debug)]
+pub(crate) enum Stream {
+    Tcp(TcpStream),
+    // Boxed: a TLS session is about 1 KB, a TcpStream a few words.
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// Connects to `addr` and, with TLS configured, completes the handshake,
+/// checking the server's certificate against the host part of `addr`.
+/// `configure` sets socket options on the TCP connection first.
+pub(crate) async fn connect(
+    addr: &str,
+    options: &ClientOptions,
+    configure: impl FnOnce(&TcpStream),
+) -> io::Result<Stream> {
+    let tcp = TcpStream::connect(addr).await?;
+    configure(&tcp);
+    let Some(tls) = &options.tls else {
+        return Ok(Stream::Tcp(tcp));
+    };
+    let name = ServerName::try_from(host(addr).to_owned()).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{addr:?} has no host name TLS can check: {e}"),
+        )
+    })?;
+    let tls = tokio_rustls::TlsConnector::from(tls.clone())
+        .connect(name, tcp)
+        .await?;
+    Ok(Stream::Tls(Box::new(tls)))
+}
+
+/// The host of `host:port`, without the brackets of an IPv6 address.
+fn host(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_host_is_what_the_certificate_must_name() {
+        assert_eq!(super::host("localhost:7436"), "localhost");
+        assert_eq!(super::host("127.0.0.1:7436"), "127.0.0.1");
+        assert_eq!(super::host("[::1]:7436"), "::1");
+        assert_eq!(super::host("dlock.internal"), "dlock.internal");
+    }
+}
