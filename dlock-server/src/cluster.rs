@@ -350,12 +350,24 @@ impl Cluster {
     /// within [`COMMIT_TIMEOUT`] (it may still be committed later) or the
     /// node is stopping; [`ClusterError::Fatal`] when the engine stopped.
     pub async fn propose(&self, cmd: Command) -> Result<Output, ClusterError> {
+        self.propose_indexed(cmd).await.map(|(_, out)| out)
+    }
+
+    /// As [`Cluster::propose`], and also returns the log index the command
+    /// was committed at: once another node's status shows that index
+    /// applied, its table and sink have seen the command. (openraft's
+    /// metrics, and so [`Cluster::status`], may show it applied on this node
+    /// a moment after this returns.)
+    ///
+    /// # Errors
+    /// As [`Cluster::propose`].
+    pub async fn propose_indexed(&self, cmd: Command) -> Result<(u64, Output), ClusterError> {
         let term = self.leading_term()?;
         let applied = self.inner.machine.lock().at;
         let at = self.inner.clock.now(term, applied);
         let write = self.inner.raft.client_write(Stamped { at, cmd });
         match self.bounded(COMMIT_TIMEOUT, write).await? {
-            Ok(response) => Ok(response.data),
+            Ok(response) => Ok((response.log_id.index, response.data)),
             Err(e) => Err(self.write_error(e)),
         }
     }
