@@ -670,3 +670,27 @@ async fn a_node_that_missed_purged_entries_catches_up_from_a_snapshot() {
         n.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_failure_stops_the_node_cleanly() {
+    let h = Harness::new(&[1]);
+    let nodes = vec![h.start(1, BTreeMap::new()).await];
+    granted(&propose(&nodes, lock(1, "k", None)).await);
+    // A directory where the snapshot's temporary file must go: writing the
+    // snapshot fails, even for root, and openraft treats that as fatal.
+    std::fs::create_dir(h.specs[&1].dir.join("snapshot.tmp")).expect("mkdir");
+    let node = &nodes[0];
+    assert!(node.cluster.snapshot().await.is_err());
+    tokio::time::timeout(PATIENCE, node.cluster.stopped())
+        .await
+        .expect("the node stops on its own");
+    match node.cluster.propose(lock(2, "j", None)).await {
+        Err(ClusterError::Unavailable(_) | ClusterError::Fatal(_)) => {}
+        other => panic!("a stopped node answered {other:?}"),
+    }
+    assert_eq!(node.cluster.status().role, Role::Stopped);
+    // Shutting down a stopped node is harmless.
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
