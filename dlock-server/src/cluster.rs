@@ -106,7 +106,7 @@ use peer_server::PeerServer;
 use snapshot_file::SnapshotFile;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -164,6 +164,27 @@ pub struct ClusterConfig {
     pub first_fence: u64,
 }
 
+/// Opens (or creates) the data directory: the log store, and the state
+/// machine restored from the snapshot if there is one. Also says whether
+/// the directory is fresh (nothing ever written). Blocking.
+fn open_data_dir(
+    dir: &Path,
+    limits: TableLimits,
+    first_fence: u64,
+    sink: ApplySink,
+) -> anyhow::Result<(LogStore, StateMachine, bool)> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+    let log = LogStore::open(dir)
+        .with_context(|| format!("cannot open {}", dir.join("raft.redb").display()))?;
+    let (file, found) = SnapshotFile::open(dir)
+        .with_context(|| format!("cannot read the snapshot in {}", dir.display()))?;
+    let fresh = found.is_none() && log.is_fresh().context("cannot read raft.redb")?;
+    let state_machine = StateMachine::open(file, found, limits, first_fence, sink)
+        .with_context(|| format!("cannot restore the snapshot in {}", dir.display()))?;
+    Ok((log, state_machine, fresh))
+}
+
 /// A cheap handle to a running node.
 #[derive(Clone)]
 pub struct Cluster {
@@ -210,15 +231,15 @@ impl Cluster {
         shutdown: CancellationToken,
     ) -> anyhow::Result<Cluster> {
         let dir = cfg.data_dir.clone();
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
-        let log = LogStore::open(&dir)
-            .with_context(|| format!("cannot open {}", dir.join("raft.redb").display()))?;
-        let (file, found) = SnapshotFile::open(&dir)
-            .with_context(|| format!("cannot read the snapshot in {}", dir.display()))?;
-        let fresh = found.is_none() && log.is_fresh().context("cannot read raft.redb")?;
-        let state_machine = StateMachine::open(file, found, cfg.limits, cfg.first_fence, sink)
-            .with_context(|| format!("cannot restore the snapshot in {}", dir.display()))?;
+        // Reading and decoding a large snapshot takes a while: off the
+        // runtime's threads.
+        let (log, state_machine, fresh) = {
+            let dir = dir.clone();
+            let (limits, first_fence) = (cfg.limits, cfg.first_fence);
+            tokio::task::spawn_blocking(move || open_data_dir(&dir, limits, first_fence, sink))
+                .await
+                .context("opening the data directory")??
+        };
         let machine = state_machine.shared();
         let committed = log.committed_index();
 
@@ -247,9 +268,12 @@ impl Cluster {
             };
             let members = if cfg.initial_members.is_empty() {
                 Some(BTreeMap::from([(cfg.node_id, me)]))
-            } else if cfg.initial_members.contains_key(&cfg.node_id) {
+            } else if let Some(listed) = cfg.initial_members.get(&cfg.node_id) {
                 // As given, whatever this node's own addresses: every
                 // initial node must write the same first entry.
+                if *listed != me {
+                    tracing::warn!(node = cfg.node_id, listed = %listed, configured = %me, "this node's addresses in the initial members differ from its own; the list wins");
+                }
                 Some(cfg.initial_members.clone())
             } else {
                 tracing::info!(
