@@ -115,6 +115,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use types::{Raft, Stamped};
 
+/// A good [`ClusterConfig::heartbeat`] for nodes on one network.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(100);
+/// A good [`ClusterConfig::election_timeout`] with [`DEFAULT_HEARTBEAT`]:
+/// several missed heartbeats before a follower campaigns.
+pub const DEFAULT_ELECTION_TIMEOUT: (Duration, Duration) =
+    (Duration::from_millis(500), Duration::from_millis(1000));
 /// How long [`Cluster::propose`] and [`Cluster::read_index`] wait for a
 /// quorum before answering [`ClusterError::Unavailable`].
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
