@@ -13,7 +13,9 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `cluster.rs` | start, the handle, proposing, reads, membership changes |
+//! | `cluster.rs` | the handle: proposing, reads, status, shutdown |
+//! | `start` | starting a node: data directory, openraft, first-start init |
+//! | `membership` | adding and removing nodes |
 //! | `types` | openraft's type configuration: [`Member`], the stamped command |
 //! | `log_store` | the Raft log and vote in redb |
 //! | `machine` | the state machine: the table, applied entries, snapshots |
@@ -25,6 +27,7 @@
 //! | `peer_server` | the peer port: hello check, RPCs into openraft |
 //! | `status` | [`ClusterStatus`] |
 //! | `error` | [`ClusterError`] |
+//! | `store_suite` | openraft's storage test suite against our stores |
 //!
 //! openraft does elections, log replication, commitment, membership
 //! changes (joint consensus), snapshots and log compaction; this module
@@ -82,10 +85,14 @@ mod error;
 mod leader_clock;
 mod log_store;
 mod machine;
+mod membership;
 mod peer_client;
 mod peer_server;
 mod snapshot_file;
+mod start;
 mod status;
+#[cfg(test)]
+mod store_suite;
 mod timer;
 mod types;
 mod wire;
@@ -95,22 +102,15 @@ pub use status::{ClusterStatus, MemberStatus, Role};
 pub use types::{Member, NodeId};
 
 use crate::table::{Command, LockTable, Output, TableLimits, Time};
-use anyhow::Context;
 use leader_clock::LeaderClock;
-use log_store::LogStore;
-use machine::StateMachine;
-use openraft::error::{CheckIsLeaderError, ClientWriteError, Fatal, InitializeError, RaftError};
-use openraft::{ChangeMembers, ServerState, SnapshotPolicy};
-use peer_client::Network;
-use peer_server::PeerServer;
-use snapshot_file::SnapshotFile;
-use std::collections::{BTreeMap, BTreeSet};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, Fatal, RaftError};
+use openraft::ServerState;
+use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use types::{Raft, Stamped};
@@ -170,27 +170,6 @@ pub struct ClusterConfig {
     pub first_fence: u64,
 }
 
-/// Opens (or creates) the data directory: the log store, and the state
-/// machine restored from the snapshot if there is one. Also says whether
-/// the directory is fresh (nothing ever written). Blocking.
-fn open_data_dir(
-    dir: &Path,
-    limits: TableLimits,
-    first_fence: u64,
-    sink: ApplySink,
-) -> anyhow::Result<(LogStore, StateMachine, bool)> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
-    let log = LogStore::open(dir)
-        .with_context(|| format!("cannot open {}", dir.join("raft.redb").display()))?;
-    let (file, found) = SnapshotFile::open(dir)
-        .with_context(|| format!("cannot read the snapshot in {}", dir.display()))?;
-    let fresh = found.is_none() && log.is_fresh().context("cannot read raft.redb")?;
-    let state_machine = StateMachine::open(file, found, limits, first_fence, sink)
-        .with_context(|| format!("cannot restore the snapshot in {}", dir.display()))?;
-    Ok((log, state_machine, fresh))
-}
-
 /// A cheap handle to a running node.
 #[derive(Clone)]
 pub struct Cluster {
@@ -213,141 +192,7 @@ struct Inner {
     tasks: TaskTracker,
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
 impl Cluster {
-    /// Starts this node: opens (or creates) its data directory, restores the
-    /// table, starts openraft, the peer port on `peer_listener` and the
-    /// leader's timer, and initialises the cluster if the directory is fresh
-    /// (see the module documentation). The node stops when `shutdown` is
-    /// cancelled, [`Cluster::shutdown`] is called, or on a fatal storage
-    /// error.
-    ///
-    /// # Errors
-    /// The data directory cannot be created or read (or is in use by
-    /// another process), its contents do not decode, the timing is invalid
-    /// (heartbeat not below the election timeout), or openraft fails to
-    /// start.
-    pub async fn start(
-        cfg: ClusterConfig,
-        peer_listener: TcpListener,
-        sink: ApplySink,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<Cluster> {
-        let dir = cfg.data_dir.clone();
-        // Reading and decoding a large snapshot takes a while: off the
-        // runtime's threads.
-        let (log, state_machine, fresh) = {
-            let dir = dir.clone();
-            let (limits, first_fence) = (cfg.limits, cfg.first_fence);
-            tokio::task::spawn_blocking(move || open_data_dir(&dir, limits, first_fence, sink))
-                .await
-                .context("opening the data directory")??
-        };
-        let machine = state_machine.shared();
-        let committed = log.committed_index();
-
-        let config = openraft::Config {
-            cluster_name: cfg.cluster_id.clone(),
-            heartbeat_interval: millis(cfg.heartbeat),
-            election_timeout_min: millis(cfg.election_timeout.0),
-            election_timeout_max: millis(cfg.election_timeout.1),
-            install_snapshot_timeout: millis(SNAPSHOT_INSTALL_TIMEOUT),
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
-            snapshot_max_chunk_size: wire::SNAPSHOT_CHUNK as u64,
-            max_in_snapshot_log_to_keep: LOG_KEPT_AFTER_SNAPSHOT,
-            ..Default::default()
-        }
-        .validate()
-        .context("invalid cluster timing")?;
-        let network = Network::new(cfg.node_id, &cfg.cluster_id);
-        let raft = Raft::new(cfg.node_id, Arc::new(config), network, log, state_machine)
-            .await
-            .context("cannot start the consensus engine")?;
-
-        if fresh {
-            let me = Member {
-                client_addr: cfg.client_addr.clone(),
-                peer_addr: cfg.peer_addr.clone(),
-            };
-            let members = if cfg.initial_members.is_empty() {
-                Some(BTreeMap::from([(cfg.node_id, me)]))
-            } else if let Some(listed) = cfg.initial_members.get(&cfg.node_id) {
-                // As given, whatever this node's own addresses: every
-                // initial node must write the same first entry.
-                if *listed != me {
-                    tracing::warn!(node = cfg.node_id, listed = %listed, configured = %me, "this node's addresses in the initial members differ from its own; the list wins");
-                }
-                Some(cfg.initial_members.clone())
-            } else {
-                tracing::info!(
-                    node = cfg.node_id,
-                    "fresh node outside the initial members: waiting to be added"
-                );
-                None
-            };
-            if let Some(members) = members {
-                match raft.initialize(members).await {
-                    Ok(()) => tracing::info!(node = cfg.node_id, "cluster initialised"),
-                    Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-                    Err(e) => return Err(e).context("cannot initialise the cluster"),
-                }
-            }
-        }
-
-        let stop = CancellationToken::new();
-        let tasks = TaskTracker::new();
-        let cluster = Cluster {
-            inner: Arc::new(Inner {
-                id: cfg.node_id,
-                raft: raft.clone(),
-                machine,
-                clock: LeaderClock::default(),
-                committed,
-                stop: stop.clone(),
-                stopped: CancellationToken::new(),
-                shutting_down: tokio::sync::Mutex::new(()),
-                tasks: tasks.clone(),
-            }),
-        };
-        let server = PeerServer {
-            raft: raft.clone(),
-            local: cfg.node_id,
-            cluster_id: cfg.cluster_id.as_str().into(),
-        };
-        tasks.spawn(server.run(peer_listener, stop.clone(), tasks.clone()));
-        tasks.spawn(timer::run(cluster.clone(), stop.clone()));
-        // Not tracked: it calls shutdown, which waits for the tracked tasks.
-        tokio::spawn(cluster.clone().supervise(shutdown));
-        tracing::info!(node = cfg.node_id, data_dir = %dir.display(), fresh, "cluster node started");
-        Ok(cluster)
-    }
-
-    /// Stops the node when asked to from outside, or when openraft stops on
-    /// its own (a fatal storage error): logs why, then shuts down cleanly.
-    async fn supervise(self, shutdown: CancellationToken) {
-        let mut metrics = self.inner.raft.metrics();
-        let fatal = loop {
-            let state = metrics.borrow_and_update().running_state.clone();
-            if let Err(fatal) = state {
-                break Some(fatal);
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => break None,
-                _ = self.inner.stop.cancelled() => return,
-                r = metrics.changed() => if r.is_err() { break Some(Fatal::Stopped) },
-            }
-        };
-        if let Some(fatal) = fatal {
-            if !self.inner.stop.is_cancelled() {
-                tracing::error!(node = self.inner.id, error = %fatal, "the consensus engine stopped; this node stops serving");
-            }
-        }
-        self.shutdown().await;
-    }
-
     /// The term this node leads, or why it cannot take a write.
     fn leading_term(&self) -> Result<u64, ClusterError> {
         if self.inner.stop.is_cancelled() {
@@ -492,59 +337,6 @@ impl Cluster {
         Ok(status(&m))
     }
 
-    /// Adds node `id` at `member`'s addresses: first as a learner, waiting
-    /// until it has caught up with the log, then as a voter. The node must
-    /// be running with a fresh data directory and the same cluster id.
-    ///
-    /// # Errors
-    /// [`ClusterError::NotLeader`] off the leader;
-    /// [`ClusterError::Unavailable`] when the node did not catch up within
-    /// [`MEMBERSHIP_TIMEOUT`] (it stays a learner; removing it undoes that);
-    /// [`ClusterError::Refused`] when another membership change is running.
-    pub async fn add_node(&self, id: u64, member: Member) -> Result<(), ClusterError> {
-        self.leading_term()?;
-        let learner = self.inner.raft.add_learner(id, member, true);
-        self.bounded(MEMBERSHIP_TIMEOUT, learner)
-            .await?
-            .map_err(|e| self.write_error(e))?;
-        tracing::info!(node = id, "new node caught up; making it a voter");
-        self.change(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
-            .await
-    }
-
-    /// Removes node `id` from the cluster (voter or learner). Removing the
-    /// leader itself makes it step down once the change is committed.
-    ///
-    /// # Errors
-    /// As [`Cluster::add_node`]; [`ClusterError::Refused`] when it would
-    /// leave no voter.
-    pub async fn remove_node(&self, id: u64) -> Result<(), ClusterError> {
-        self.leading_term()?;
-        let (voter, known) = {
-            let server = self.inner.raft.server_metrics();
-            let m = server.borrow();
-            let membership = m.membership_config.membership();
-            let voter = membership.voter_ids().any(|v| v == id);
-            (voter, membership.get_node(&id).is_some())
-        };
-        let ids = BTreeSet::from([id]);
-        match (voter, known) {
-            (true, _) => self.change(ChangeMembers::RemoveVoters(ids)).await,
-            (false, true) => self.change(ChangeMembers::RemoveNodes(ids)).await,
-            (false, false) => Ok(()),
-        }
-    }
-
-    async fn change(&self, change: ChangeMembers<NodeId, Member>) -> Result<(), ClusterError> {
-        // retain = false: a removed voter leaves the membership entirely
-        // rather than staying on as a learner.
-        let write = self.inner.raft.change_membership(change, false);
-        self.bounded(MEMBERSHIP_TIMEOUT, write)
-            .await?
-            .map(|_| ())
-            .map_err(|e| self.write_error(e))
-    }
-
     /// Takes a snapshot now and purges the log it covers (beyond what the
     /// snapshot policy would keep); returns the last index it covers. For
     /// backups and tests; snapshots are otherwise taken every
@@ -650,36 +442,5 @@ impl Cluster {
         } else {
             ClusterError::Fatal(Box::new(f))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use openraft::testing::{StoreBuilder, Suite};
-    use openraft::StorageError;
-    use tempfile::TempDir;
-
-    /// A log store and state machine in a fresh data directory each time.
-    struct Fresh;
-
-    impl StoreBuilder<types::TypeConfig, LogStore, StateMachine, TempDir> for Fresh {
-        async fn build(&self) -> Result<(TempDir, LogStore, StateMachine), StorageError<NodeId>> {
-            let dir = tempfile::tempdir().expect("temp dir");
-            let log = LogStore::open(dir.path()).expect("log store");
-            let (file, found) = SnapshotFile::open(dir.path()).expect("snapshot file");
-            let limits = TableLimits {
-                max_waiters: 10,
-                max_held_keys: 10,
-            };
-            let sink: ApplySink = Arc::new(|_: &Command, _: &Output| {});
-            let sm = StateMachine::open(file, found, limits, 1, sink).expect("state machine");
-            Ok((dir, log, sm))
-        }
-    }
-
-    #[test]
-    fn log_store_and_state_machine_pass_openraft_s_storage_suite() {
-        Suite::test_all(Fresh).expect("the suite passes");
     }
 }
