@@ -18,6 +18,7 @@
 //! | `membership` | adding and removing nodes |
 //! | `types` | openraft's type configuration: [`Member`], the stamped command |
 //! | `log_store` | the Raft log and vote in redb |
+//! | `log_writer` | the one thread writing redb, appends grouped per commit |
 //! | `machine` | the state machine: the table, applied entries, snapshots |
 //! | `snapshot_file` | the latest snapshot on disk, replaced atomically |
 //! | `leader_clock` | cluster time: how a leader stamps commands |
@@ -84,6 +85,7 @@
 mod error;
 mod leader_clock;
 mod log_store;
+mod log_writer;
 mod machine;
 mod membership;
 mod peer_client;
