@@ -178,6 +178,15 @@ pub struct Cluster {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for Cluster {
+    /// The node id only: the rest is openraft's and the table's.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("node_id", &self.inner.id)
+            .finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     id: NodeId,
     raft: Raft,
