@@ -273,17 +273,29 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     /// Kept so that a restarted node applies what it knows was committed at
-    /// once, instead of waiting for a leader to tell it again. Not fsynced on
-    /// its own: the next append's commit carries it, and losing it only
-    /// delays that re-apply.
+    /// once, instead of waiting for a leader to tell it again. Queued behind
+    /// the appends before it (so the record never points past entries this
+    /// node has on disk) but not waited for, so it never holds openraft up
+    /// behind an fsync; not fsynced on its own: the next append's commit
+    /// carries it, and losing it only delays that re-apply.
     async fn save_committed(
         &mut self,
         committed: Option<LogId>,
     ) -> Result<(), StorageError<NodeId>> {
         self.note_committed(committed.as_ref());
-        self.put_meta(COMMITTED, &committed, Durability::None)
+        let to_err = |e: DiskError| e.storage(ErrorSubject::Store, ErrorVerb::Write);
+        let bytes = serde_json::to_vec(&committed).map_err(|e| to_err(e.into()))?;
+        let change: Change = Box::new(move |txn| {
+            txn.open_table(META)
+                .map_err(redb)?
+                .insert(COMMITTED, bytes.as_slice())
+                .map_err(redb)?;
+            Ok(())
+        });
+        self.writer
+            .write_detached(Durability::None, change)
             .await
-            .map_err(|e| e.storage(ErrorSubject::Store, ErrorVerb::Write))
+            .map_err(to_err)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError<NodeId>> {

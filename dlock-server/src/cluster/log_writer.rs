@@ -94,6 +94,24 @@ impl Writer {
             .map_err(|_| gone())
     }
 
+    /// Queues `change` to run in a transaction of its own, after everything
+    /// queued before it, without waiting for it; a failure is logged.
+    pub(crate) async fn write_detached(
+        &self,
+        durability: Durability,
+        change: Change,
+    ) -> Result<(), DiskError> {
+        let tx = self.tx.as_ref().ok_or_else(gone)?;
+        let (done, _) = oneshot::channel();
+        tx.send(Op::Write {
+            durability,
+            change,
+            done,
+        })
+        .await
+        .map_err(|_| gone())
+    }
+
     /// Runs `change` in a transaction of its own, after everything queued
     /// before it, and waits for its commit.
     pub(crate) async fn write(
@@ -149,8 +167,11 @@ fn run(db: &Database, pending: &Pending, mut rx: mpsc::Receiver<Op>) {
                 change,
                 done,
             } => {
-                // The caller may have given up waiting; the change stands.
-                let _ = done.send(commit(db, durability, change));
+                let result = commit(db, durability, change);
+                if let Err(Err(e)) = done.send(result) {
+                    // Nobody waits for this one (see `write_detached`).
+                    tracing::error!(error = %e, "cannot write to the raft log");
+                }
                 continue;
             }
             Op::Append { entries, callback } => (entries, callback),
