@@ -13,9 +13,12 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `cluster.rs` | start, the handle, proposing, reads, membership changes |
+//! | `cluster.rs` | the handle: proposing, reads, status, shutdown |
+//! | `start` | starting a node: data directory, openraft, first-start init |
+//! | `membership` | adding and removing nodes |
 //! | `types` | openraft's type configuration: [`Member`], the stamped command |
 //! | `log_store` | the Raft log and vote in redb |
+//! | `log_writer` | the one thread writing redb, appends grouped per commit |
 //! | `machine` | the state machine: the table, applied entries, snapshots |
 //! | `snapshot_file` | the latest snapshot on disk, replaced atomically |
 //! | `leader_clock` | cluster time: how a leader stamps commands |
@@ -25,6 +28,7 @@
 //! | `peer_server` | the peer port: hello check, RPCs into openraft |
 //! | `status` | [`ClusterStatus`] |
 //! | `error` | [`ClusterError`] |
+//! | `store_suite` | openraft's storage test suite against our stores |
 //!
 //! openraft does elections, log replication, commitment, membership
 //! changes (joint consensus), snapshots and log compaction; this module
@@ -81,11 +85,16 @@
 mod error;
 mod leader_clock;
 mod log_store;
+mod log_writer;
 mod machine;
+mod membership;
 mod peer_client;
 mod peer_server;
 mod snapshot_file;
+mod start;
 mod status;
+#[cfg(test)]
+mod store_suite;
 mod timer;
 mod types;
 mod wire;
@@ -95,26 +104,25 @@ pub use status::{ClusterStatus, MemberStatus, Role};
 pub use types::{Member, NodeId};
 
 use crate::table::{Command, LockTable, Output, TableLimits, Time};
-use anyhow::Context;
 use leader_clock::LeaderClock;
-use log_store::LogStore;
-use machine::StateMachine;
-use openraft::error::{CheckIsLeaderError, ClientWriteError, Fatal, InitializeError, RaftError};
-use openraft::{ChangeMembers, ServerState, SnapshotPolicy};
-use peer_client::Network;
-use peer_server::PeerServer;
-use snapshot_file::SnapshotFile;
-use std::collections::{BTreeMap, BTreeSet};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, Fatal, RaftError};
+use openraft::ServerState;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use types::{Raft, Stamped};
 
+/// A good [`ClusterConfig::heartbeat`] for nodes on one network.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(100);
+/// A good [`ClusterConfig::election_timeout`] with [`DEFAULT_HEARTBEAT`]:
+/// several missed heartbeats before a follower campaigns.
+pub const DEFAULT_ELECTION_TIMEOUT: (Duration, Duration) =
+    (Duration::from_millis(500), Duration::from_millis(1000));
 /// How long [`Cluster::propose`] and [`Cluster::read_index`] wait for a
 /// quorum before answering [`ClusterError::Unavailable`].
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -174,6 +182,15 @@ pub struct Cluster {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for Cluster {
+    /// The node id only: the rest is openraft's and the table's.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("node_id", &self.inner.id)
+            .finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     id: NodeId,
     raft: Raft,
@@ -190,139 +207,7 @@ struct Inner {
     tasks: TaskTracker,
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
 impl Cluster {
-    /// Starts this node: opens (or creates) its data directory, restores the
-    /// table, starts openraft, the peer port on `peer_listener` and the
-    /// leader's timer, and initialises the cluster if the directory is fresh
-    /// (see the module documentation). The node stops when `shutdown` is
-    /// cancelled, [`Cluster::shutdown`] is called, or on a fatal storage
-    /// error.
-    ///
-    /// # Errors
-    /// The data directory cannot be created or read (or is in use by
-    /// another process), its contents do not decode, the timing is invalid
-    /// (heartbeat not below the election timeout), or openraft fails to
-    /// start.
-    pub async fn start(
-        cfg: ClusterConfig,
-        peer_listener: TcpListener,
-        sink: ApplySink,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<Cluster> {
-        let dir = cfg.data_dir.clone();
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
-        let log = LogStore::open(&dir)
-            .with_context(|| format!("cannot open {}", dir.join("raft.redb").display()))?;
-        let (file, found) = SnapshotFile::open(&dir)
-            .with_context(|| format!("cannot read the snapshot in {}", dir.display()))?;
-        let fresh = found.is_none() && log.is_fresh().context("cannot read raft.redb")?;
-        let state_machine =
-            StateMachine::open(file, found, cfg.limits, cfg.first_fence, cfg.sessions, sink)
-                .with_context(|| format!("cannot restore the snapshot in {}", dir.display()))?;
-        let machine = state_machine.shared();
-        let committed = log.committed_index();
-
-        let config = openraft::Config {
-            cluster_name: cfg.cluster_id.clone(),
-            heartbeat_interval: millis(cfg.heartbeat),
-            election_timeout_min: millis(cfg.election_timeout.0),
-            election_timeout_max: millis(cfg.election_timeout.1),
-            install_snapshot_timeout: millis(SNAPSHOT_INSTALL_TIMEOUT),
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
-            snapshot_max_chunk_size: wire::SNAPSHOT_CHUNK as u64,
-            max_in_snapshot_log_to_keep: LOG_KEPT_AFTER_SNAPSHOT,
-            ..Default::default()
-        }
-        .validate()
-        .context("invalid cluster timing")?;
-        let network = Network::new(cfg.node_id, &cfg.cluster_id);
-        let raft = Raft::new(cfg.node_id, Arc::new(config), network, log, state_machine)
-            .await
-            .context("cannot start the consensus engine")?;
-
-        if fresh {
-            let me = Member {
-                client_addr: cfg.client_addr.clone(),
-                peer_addr: cfg.peer_addr.clone(),
-            };
-            let members = if cfg.initial_members.is_empty() {
-                Some(BTreeMap::from([(cfg.node_id, me)]))
-            } else if cfg.initial_members.contains_key(&cfg.node_id) {
-                // As given, whatever this node's own addresses: every
-                // initial node must write the same first entry.
-                Some(cfg.initial_members.clone())
-            } else {
-                tracing::info!(
-                    node = cfg.node_id,
-                    "fresh node outside the initial members: waiting to be added"
-                );
-                None
-            };
-            if let Some(members) = members {
-                match raft.initialize(members).await {
-                    Ok(()) => tracing::info!(node = cfg.node_id, "cluster initialised"),
-                    Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-                    Err(e) => return Err(e).context("cannot initialise the cluster"),
-                }
-            }
-        }
-
-        let stop = CancellationToken::new();
-        let tasks = TaskTracker::new();
-        let cluster = Cluster {
-            inner: Arc::new(Inner {
-                id: cfg.node_id,
-                raft: raft.clone(),
-                machine,
-                clock: LeaderClock::default(),
-                committed,
-                stop: stop.clone(),
-                stopped: CancellationToken::new(),
-                shutting_down: tokio::sync::Mutex::new(()),
-                tasks: tasks.clone(),
-            }),
-        };
-        let server = PeerServer {
-            raft: raft.clone(),
-            local: cfg.node_id,
-            cluster_id: cfg.cluster_id.as_str().into(),
-        };
-        tasks.spawn(server.run(peer_listener, stop.clone(), tasks.clone()));
-        tasks.spawn(timer::run(cluster.clone(), stop.clone()));
-        // Not tracked: it calls shutdown, which waits for the tracked tasks.
-        tokio::spawn(cluster.clone().supervise(shutdown));
-        tracing::info!(node = cfg.node_id, data_dir = %dir.display(), fresh, "cluster node started");
-        Ok(cluster)
-    }
-
-    /// Stops the node when asked to from outside, or when openraft stops on
-    /// its own (a fatal storage error): logs why, then shuts down cleanly.
-    async fn supervise(self, shutdown: CancellationToken) {
-        let mut metrics = self.inner.raft.metrics();
-        let fatal = loop {
-            let state = metrics.borrow_and_update().running_state.clone();
-            if let Err(fatal) = state {
-                break Some(fatal);
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => break None,
-                _ = self.inner.stop.cancelled() => return,
-                r = metrics.changed() => if r.is_err() { break Some(Fatal::Stopped) },
-            }
-        };
-        if let Some(fatal) = fatal {
-            if !self.inner.stop.is_cancelled() {
-                tracing::error!(node = self.inner.id, error = %fatal, "the consensus engine stopped; this node stops serving");
-            }
-        }
-        self.shutdown().await;
-    }
-
     /// The term this node leads, or why it cannot take a write.
     fn leading_term(&self) -> Result<u64, ClusterError> {
         if self.inner.stop.is_cancelled() {
@@ -355,12 +240,24 @@ impl Cluster {
     /// within [`COMMIT_TIMEOUT`] (it may still be committed later) or the
     /// node is stopping; [`ClusterError::Fatal`] when the engine stopped.
     pub async fn propose(&self, cmd: Command) -> Result<Output, ClusterError> {
+        self.propose_indexed(cmd).await.map(|(_, out)| out)
+    }
+
+    /// As [`Cluster::propose`], and also returns the log index the command
+    /// was committed at: once another node's status shows that index
+    /// applied, its table and sink have seen the command. (openraft's
+    /// metrics, and so [`Cluster::status`], may show it applied on this node
+    /// a moment after this returns.)
+    ///
+    /// # Errors
+    /// As [`Cluster::propose`].
+    pub async fn propose_indexed(&self, cmd: Command) -> Result<(u64, Output), ClusterError> {
         let term = self.leading_term()?;
         let applied = self.inner.machine.lock().at;
         let at = self.inner.clock.now(term, applied);
         let write = self.inner.raft.client_write(Stamped { at, cmd });
         match self.bounded(COMMIT_TIMEOUT, write).await? {
-            Ok(response) => Ok(response.data),
+            Ok(response) => Ok((response.log_id.index, response.data)),
             Err(e) => Err(self.write_error(e)),
         }
     }
@@ -453,59 +350,6 @@ impl Cluster {
             .await
             .map_err(|e| ClusterError::Unavailable(format!("waiting for {what}: {e}")))?;
         Ok(status(&m))
-    }
-
-    /// Adds node `id` at `member`'s addresses: first as a learner, waiting
-    /// until it has caught up with the log, then as a voter. The node must
-    /// be running with a fresh data directory and the same cluster id.
-    ///
-    /// # Errors
-    /// [`ClusterError::NotLeader`] off the leader;
-    /// [`ClusterError::Unavailable`] when the node did not catch up within
-    /// [`MEMBERSHIP_TIMEOUT`] (it stays a learner; removing it undoes that);
-    /// [`ClusterError::Refused`] when another membership change is running.
-    pub async fn add_node(&self, id: u64, member: Member) -> Result<(), ClusterError> {
-        self.leading_term()?;
-        let learner = self.inner.raft.add_learner(id, member, true);
-        self.bounded(MEMBERSHIP_TIMEOUT, learner)
-            .await?
-            .map_err(|e| self.write_error(e))?;
-        tracing::info!(node = id, "new node caught up; making it a voter");
-        self.change(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
-            .await
-    }
-
-    /// Removes node `id` from the cluster (voter or learner). Removing the
-    /// leader itself makes it step down once the change is committed.
-    ///
-    /// # Errors
-    /// As [`Cluster::add_node`]; [`ClusterError::Refused`] when it would
-    /// leave no voter.
-    pub async fn remove_node(&self, id: u64) -> Result<(), ClusterError> {
-        self.leading_term()?;
-        let (voter, known) = {
-            let server = self.inner.raft.server_metrics();
-            let m = server.borrow();
-            let membership = m.membership_config.membership();
-            let voter = membership.voter_ids().any(|v| v == id);
-            (voter, membership.get_node(&id).is_some())
-        };
-        let ids = BTreeSet::from([id]);
-        match (voter, known) {
-            (true, _) => self.change(ChangeMembers::RemoveVoters(ids)).await,
-            (false, true) => self.change(ChangeMembers::RemoveNodes(ids)).await,
-            (false, false) => Ok(()),
-        }
-    }
-
-    async fn change(&self, change: ChangeMembers<NodeId, Member>) -> Result<(), ClusterError> {
-        // retain = false: a removed voter leaves the membership entirely
-        // rather than staying on as a learner.
-        let write = self.inner.raft.change_membership(change, false);
-        self.bounded(MEMBERSHIP_TIMEOUT, write)
-            .await?
-            .map(|_| ())
-            .map_err(|e| self.write_error(e))
     }
 
     /// Takes a snapshot now and purges the log it covers (beyond what the

@@ -116,7 +116,9 @@ impl Harness {
             peer_addr: spec.member.peer_addr.clone(),
             initial_members: initial,
             heartbeat: Duration::from_millis(100),
-            election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
+            // Twice the usual, so that a loaded test machine does not
+            // start elections nobody asked for.
+            election_timeout: (Duration::from_millis(1000), Duration::from_millis(2000)),
             limits: TableLimits {
                 max_waiters: 1000,
                 max_held_keys: 100_000,
@@ -140,35 +142,61 @@ impl Harness {
     }
 }
 
-/// Waits until the nodes agree on a leader among them that knows it leads,
-/// and returns its position in `nodes`.
+/// Waits until every node names the same leader among them, and that node
+/// knows it leads; returns its position in `nodes`. (Every initial node
+/// campaigns at first start, so leadership may move once or twice before
+/// it settles.)
 async fn leader(nodes: &[Node]) -> usize {
     let ids: Vec<u64> = nodes.iter().map(|n| n.id).collect();
-    let status = nodes[0]
-        .cluster
-        .wait_until(PATIENCE, "a leader among the live nodes", |s| {
-            s.leader.is_some_and(|l| ids.contains(&l))
-        })
-        .await
-        .expect("a leader is elected");
-    let id = status.leader.expect("checked");
-    let at = ids.iter().position(|i| *i == id).expect("among the nodes");
-    nodes[at]
-        .cluster
-        .wait_until(PATIENCE, "leadership", |s| s.role == Role::Leader)
-        .await
-        .expect("the leader knows it");
-    at
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    'attempt: loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no leader settled among {ids:?}"
+        );
+        let status = nodes[0]
+            .cluster
+            .wait_until(PATIENCE, "a leader among the live nodes", |s| {
+                s.leader.is_some_and(|l| ids.contains(&l))
+            })
+            .await
+            .expect("a leader is elected");
+        let id = status.leader.expect("checked");
+        let at = ids.iter().position(|i| *i == id).expect("among the nodes");
+        let settle = Duration::from_secs(3);
+        for n in nodes {
+            let agreed = n
+                .cluster
+                .wait_until(settle, "the same leader", |s| s.leader == Some(id))
+                .await;
+            if agreed.is_err() {
+                continue 'attempt;
+            }
+        }
+        if nodes[at]
+            .cluster
+            .wait_until(settle, "leadership", |s| s.role == Role::Leader)
+            .await
+            .is_ok()
+        {
+            return at;
+        }
+    }
 }
 
 /// Proposes on the leader, looking for it again if leadership moved before
 /// the command was taken (NotLeader: never applied, so safe to repeat).
 async fn propose(nodes: &[Node], cmd: Command) -> Output {
+    propose_indexed(nodes, cmd).await.1
+}
+
+/// As `propose`, with the log index the command was committed at.
+async fn propose_indexed(nodes: &[Node], cmd: Command) -> (u64, Output) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let at = leader(nodes).await;
-        match nodes[at].cluster.propose(cmd.clone()).await {
-            Ok(out) => return out,
+        match nodes[at].cluster.propose_indexed(cmd.clone()).await {
+            Ok(done) => return done,
             Err(ClusterError::NotLeader { .. }) if tokio::time::Instant::now() < deadline => {}
             Err(e) => panic!("proposing {cmd:?}: {e}"),
         }
@@ -228,9 +256,9 @@ async fn three_nodes_elect_a_leader_and_every_sink_sees_the_same_commands() {
         .await
         .expect("unlock");
     assert_eq!(out.reply, Reply::NotHeld(vec![]));
-    let out = leader_node
+    let (last, out) = leader_node
         .cluster
-        .propose(lock(8, "a", Some(Duration::from_secs(60))))
+        .propose_indexed(lock(8, "a", Some(Duration::from_secs(60))))
         .await
         .expect("lock again");
     assert!(granted(&out) > fence, "fences increase");
@@ -257,9 +285,8 @@ async fn three_nodes_elect_a_leader_and_every_sink_sees_the_same_commands() {
     // with the same outputs in the same order.
     leader_node.cluster.read_index().await.expect("read index");
     assert_eq!(leader_node.holder("a").map(|h| h.0), Some(8));
-    let target = last_applied(leader_node);
     for n in &nodes {
-        n.applied_at_least(target).await;
+        n.applied_at_least(Some(last)).await;
     }
     let expected = leader_node.seen();
     assert_eq!(expected.len(), 4, "the four proposals, nothing else");
@@ -272,7 +299,7 @@ async fn three_nodes_elect_a_leader_and_every_sink_sees_the_same_commands() {
     assert_eq!(status.role, Role::Leader);
     assert_eq!(status.members.len(), 3);
     assert!(status.members.iter().all(|m| m.voter));
-    assert!(status.committed_index >= target);
+    assert!(status.committed_index >= Some(last));
     for n in nodes {
         n.shutdown().await;
     }
@@ -397,15 +424,15 @@ async fn nodes_join_and_leave_while_commands_flow() {
         let lead = lead.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
-            let mut done = 0u64;
+            let (mut done, mut last) = (0u64, 0);
             while !stop.is_cancelled() {
                 let key = format!("k{}", done % 5);
                 let out = lead.propose(lock(done, &key, None)).await?;
                 granted(&out);
-                lead.propose(unlock(done, &key)).await?;
+                last = lead.propose_indexed(unlock(done, &key)).await?.0;
                 done += 1;
             }
-            Ok::<_, ClusterError>(done)
+            Ok::<_, ClusterError>((done, last))
         })
     };
 
@@ -433,26 +460,24 @@ async fn nodes_join_and_leave_while_commands_flow() {
         .await
         .expect("the new voter keeps applying");
     stop.cancel();
-    let done = proposer
+    let (done, last) = proposer
         .await
         .expect("proposer task")
         .expect("every proposal succeeded");
     assert!(done > 0);
-    let target = lead.status().last_applied_index;
-    joiner.applied_at_least(target).await;
-    let leader_node = nodes
-        .iter()
-        .find(|n| n.id == lead.node_id())
-        .expect("leader");
-    assert_eq!(
-        joiner.seen(),
-        leader_node.seen(),
-        "the new node applied the whole log"
-    );
-    assert_eq!(
-        joiner.cluster.read(|t, _| t.snapshot()),
-        lead.read(|t, _| t.snapshot())
-    );
+    joiner.applied_at_least(Some(last)).await;
+    for n in &nodes {
+        n.applied_at_least(Some(last)).await;
+        assert_eq!(
+            joiner.seen(),
+            n.seen(),
+            "the new node applied the whole log"
+        );
+        assert_eq!(
+            joiner.cluster.read(|t, _| t.snapshot()),
+            n.cluster.read(|t, _| t.snapshot())
+        );
+    }
     joiner.shutdown().await;
     for n in nodes {
         n.shutdown().await;
@@ -552,12 +577,17 @@ async fn garbage_and_strangers_at_the_peer_port_are_refused_and_the_cluster_keep
     );
 
     // The follower attacked still replicates.
-    let out = propose(&nodes, lock(1, "after", None)).await;
+    let (target, out) = propose_indexed(&nodes, lock(1, "after", None)).await;
     granted(&out);
-    let target = last_applied(&nodes[leader(&nodes).await]);
+    let target = Some(target);
     for n in &nodes {
         n.applied_at_least(target).await;
-        assert_eq!(n.holder("after").map(|h| h.0), Some(1));
+        assert_eq!(
+            n.holder("after").map(|h| h.0),
+            Some(1),
+            "node {} applied it",
+            n.id
+        );
     }
     for n in nodes {
         n.shutdown().await;
@@ -622,18 +652,46 @@ async fn a_node_that_missed_purged_entries_catches_up_from_a_snapshot() {
     )));
 
     // And follows the log again from there.
-    granted(&propose(&nodes, lock(5, "later", None)).await);
-    let target = lead.status().last_applied_index;
+    let (target, out) = propose_indexed(&nodes, lock(5, "later", None)).await;
+    granted(&out);
+    let target = Some(target);
     lagger.applied_at_least(target).await;
-    assert_eq!(
-        lagger.cluster.read(|t, _| t.snapshot()),
-        lead.read(|t, _| t.snapshot())
-    );
+    for n in &nodes {
+        n.applied_at_least(target).await;
+        assert_eq!(
+            lagger.cluster.read(|t, _| t.snapshot()),
+            n.cluster.read(|t, _| t.snapshot())
+        );
+    }
     assert!(lagger
         .seen()
         .iter()
         .any(|(cmd, _)| *cmd == lock(5, "later", None)));
     lagger.shutdown().await;
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_failure_stops_the_node_cleanly() {
+    let h = Harness::new(&[1]);
+    let nodes = vec![h.start(1, BTreeMap::new()).await];
+    granted(&propose(&nodes, lock(1, "k", None)).await);
+    // A directory where the snapshot's temporary file must go: writing the
+    // snapshot fails, even for root, and openraft treats that as fatal.
+    std::fs::create_dir(h.specs[&1].dir.join("snapshot.tmp")).expect("mkdir");
+    let node = &nodes[0];
+    assert!(node.cluster.snapshot().await.is_err());
+    tokio::time::timeout(PATIENCE, node.cluster.stopped())
+        .await
+        .expect("the node stops on its own");
+    match node.cluster.propose(lock(2, "j", None)).await {
+        Err(ClusterError::Unavailable(_) | ClusterError::Fatal(_)) => {}
+        other => panic!("a stopped node answered {other:?}"),
+    }
+    assert_eq!(node.cluster.status().role, Role::Stopped);
+    // Shutting down a stopped node is harmless.
     for n in nodes {
         n.shutdown().await;
     }

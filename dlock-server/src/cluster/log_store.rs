@@ -9,26 +9,27 @@
 //! towards a majority only then. So an acknowledged write is on the disk
 //! of a majority of nodes.
 //!
-//! redb is synchronous: writes run on tokio's blocking pool, one at a time
-//! because openraft calls the store from a single task and awaits each
-//! call, which keeps the order of votes, appends and truncations that Raft
-//! needs. Reads (replication streams read entries concurrently with
+//! redb is synchronous: every write goes to one writer thread (see
+//! `log_writer`), in order, and appends queued behind each other share one
+//! commit. Reads (replication streams read entries concurrently with
 //! appends) use redb read transactions, which see the last committed state
-//! and never block a writer.
+//! and never block the writer, plus the entries still queued.
 
+use super::log_writer::{Change, Pending, Writer};
 use super::types::{Entry, LogId, NodeId, TypeConfig, Vote};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, RaftLogId, StorageError, StorageIOError};
 use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+pub(super) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const VOTE: &str = "vote";
 const PURGED: &str = "purged";
@@ -49,9 +50,9 @@ pub(crate) enum DiskError {
     /// an incompatible version.
     #[error("raft log record does not decode: {0}")]
     Decode(#[from] serde_json::Error),
-    /// The blocking write task did not finish (the runtime is stopping).
-    #[error("raft log writer task: {0}")]
-    Join(#[from] tokio::task::JoinError),
+    /// The writer thread could not be started or has stopped.
+    #[error("raft log writer: {0}")]
+    Io(#[source] std::io::Error),
 }
 
 impl DiskError {
@@ -60,7 +61,7 @@ impl DiskError {
     }
 }
 
-fn redb<E: Into<redb::Error>>(e: E) -> DiskError {
+pub(super) fn redb<E: Into<redb::Error>>(e: E) -> DiskError {
     DiskError::Redb(Box::new(e.into()))
 }
 
@@ -74,6 +75,11 @@ pub(crate) struct LogStore {
     /// The last committed index this node knows of, plus one (0: none),
     /// for status reports; openraft's metrics do not carry it.
     committed: Arc<AtomicU64>,
+    /// Appended entries the writer has not committed yet.
+    pending: Pending,
+    /// Declared last, so it is dropped last: its drop waits for the writer
+    /// thread, which holds the file open until it ends.
+    writer: Writer,
 }
 
 impl LogStore {
@@ -96,9 +102,13 @@ impl LogStore {
             txn.open_table(META).map_err(redb)?;
         }
         txn.commit().map_err(redb)?;
+        let db = Arc::new(db);
+        let pending = Pending::default();
         let store = LogStore {
-            db: Arc::new(db),
+            writer: Writer::start(db.clone(), pending.clone())?,
+            db,
             committed: Arc::new(AtomicU64::new(0)),
+            pending,
         };
         let committed: Option<LogId> = store.meta(COMMITTED)?;
         store.note_committed(committed.as_ref());
@@ -135,6 +145,9 @@ impl LogStore {
     }
 
     fn last_entry(&self) -> Result<Option<Entry>, DiskError> {
+        if let Some((_, e)) = self.pending.lock().last_key_value() {
+            return Ok(Some(e.clone()));
+        }
         let txn = self.db.begin_read().map_err(redb)?;
         let table = txn.open_table(LOG).map_err(redb)?;
         let Some((_, v)) = table.last().map_err(redb)? else {
@@ -143,20 +156,14 @@ impl LogStore {
         Ok(Some(serde_json::from_slice(v.value())?))
     }
 
-    /// Runs one write transaction on the blocking pool and waits for its
-    /// commit (and so its fsync, for [`Durability::Immediate`]).
+    /// Runs one write transaction after everything queued before it and
+    /// waits for its commit (and so its fsync, for [`Durability::Immediate`]).
     async fn write<F>(&self, durability: Durability, f: F) -> Result<(), DiskError>
     where
         F: FnOnce(&redb::WriteTransaction) -> Result<(), DiskError> + Send + 'static,
     {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut txn = db.begin_write().map_err(redb)?;
-            txn.set_durability(durability);
-            f(&txn)?;
-            txn.commit().map_err(redb)
-        })
-        .await?
+        let change: Change = Box::new(f);
+        self.writer.write(durability, change).await
     }
 
     async fn put_meta<T: Serialize>(
@@ -177,17 +184,29 @@ impl LogStore {
     }
 }
 
-fn entries<R: RangeBounds<u64>>(db: &Database, range: R) -> Result<Vec<Entry>, DiskError> {
+fn entries<R: RangeBounds<u64>>(
+    db: &Database,
+    pending: &Pending,
+    range: R,
+) -> Result<Vec<Entry>, DiskError> {
     let bounds: (Bound<u64>, Bound<u64>) =
         (range.start_bound().cloned(), range.end_bound().cloned());
+    // Queued entries first: they only ever move from the queue into the
+    // file, so reading the queue before the file misses none.
+    let queued: Vec<(u64, Entry)> = pending
+        .lock()
+        .range(bounds)
+        .map(|(i, e)| (*i, e.clone()))
+        .collect();
     let txn = db.begin_read().map_err(redb)?;
     let table = txn.open_table(LOG).map_err(redb)?;
-    let mut out = Vec::new();
+    let mut out = BTreeMap::new();
     for item in table.range(bounds).map_err(redb)? {
-        let (_, v) = item.map_err(redb)?;
-        out.push(serde_json::from_slice(v.value())?);
+        let (k, v) = item.map_err(redb)?;
+        out.insert(k.value(), serde_json::from_slice(v.value())?);
     }
-    Ok(out)
+    out.extend(queued);
+    Ok(out.into_values().collect())
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -195,13 +214,15 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError<NodeId>> {
-        entries(&self.db, range).map_err(|e| e.storage(ErrorSubject::Logs, ErrorVerb::Read))
+        entries(&self.db, &self.pending, range)
+            .map_err(|e| e.storage(ErrorSubject::Logs, ErrorVerb::Read))
     }
 }
 
 /// Reads entries for a replication task while the engine runs.
 pub(crate) struct LogReader {
     db: Weak<Database>,
+    pending: Pending,
 }
 
 impl RaftLogReader<TypeConfig> for LogReader {
@@ -213,7 +234,8 @@ impl RaftLogReader<TypeConfig> for LogReader {
             let e = std::io::Error::other("the raft log is closed: the engine has stopped");
             return Err(StorageIOError::read_logs(&e).into());
         };
-        entries(&db, range).map_err(|e| e.storage(ErrorSubject::Logs, ErrorVerb::Read))
+        entries(&db, &self.pending, range)
+            .map_err(|e| e.storage(ErrorSubject::Logs, ErrorVerb::Read))
     }
 }
 
@@ -235,6 +257,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_reader(&mut self) -> Self::LogReader {
         LogReader {
             db: Arc::downgrade(&self.db),
+            pending: self.pending.clone(),
         }
     }
 
@@ -250,17 +273,29 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     /// Kept so that a restarted node applies what it knows was committed at
-    /// once, instead of waiting for a leader to tell it again. Not fsynced on
-    /// its own: the next append's commit carries it, and losing it only
-    /// delays that re-apply.
+    /// once, instead of waiting for a leader to tell it again. Queued behind
+    /// the appends before it (so the record never points past entries this
+    /// node has on disk) but not waited for, so it never holds openraft up
+    /// behind an fsync; not fsynced on its own: the next append's commit
+    /// carries it, and losing it only delays that re-apply.
     async fn save_committed(
         &mut self,
         committed: Option<LogId>,
     ) -> Result<(), StorageError<NodeId>> {
         self.note_committed(committed.as_ref());
-        self.put_meta(COMMITTED, &committed, Durability::None)
+        let to_err = |e: DiskError| e.storage(ErrorSubject::Store, ErrorVerb::Write);
+        let bytes = serde_json::to_vec(&committed).map_err(|e| to_err(e.into()))?;
+        let change: Change = Box::new(move |txn| {
+            txn.open_table(META)
+                .map_err(redb)?
+                .insert(COMMITTED, bytes.as_slice())
+                .map_err(redb)?;
+            Ok(())
+        });
+        self.writer
+            .write_detached(Durability::None, change)
             .await
-            .map_err(|e| e.storage(ErrorSubject::Store, ErrorVerb::Write))
+            .map_err(to_err)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError<NodeId>> {
@@ -279,34 +314,32 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
-        let encoded = entries
-            .into_iter()
-            .map(|e| Ok((e.get_log_id().index, serde_json::to_vec(&e)?)))
-            .collect::<Result<Vec<_>, DiskError>>();
-        let written = match encoded {
-            Ok(encoded) => {
-                self.write(Durability::Immediate, move |txn| {
-                    let mut log = txn.open_table(LOG).map_err(redb)?;
-                    for (index, bytes) in &encoded {
-                        log.insert(*index, bytes.as_slice()).map_err(redb)?;
-                    }
-                    Ok(())
-                })
-                .await
+        let mut encoded = Vec::new();
+        let mut queued = Vec::new();
+        for e in entries {
+            match serde_json::to_vec(&e) {
+                Ok(bytes) => encoded.push((e.log_id, bytes)),
+                Err(e) => {
+                    let e = DiskError::from(e);
+                    callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                    return Err(e.storage(ErrorSubject::Logs, ErrorVerb::Write));
+                }
             }
-            Err(e) => Err(e),
-        };
-        match written {
-            Ok(()) => {
-                // Only now is the append on disk.
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
-                Err(e.storage(ErrorSubject::Logs, ErrorVerb::Write))
+            queued.push(e);
+        }
+        // Readable from now on, though not yet on disk: openraft may send
+        // them to followers meanwhile, but counts this node towards the
+        // majority only once the writer calls `callback`.
+        {
+            let mut pending = self.pending.lock();
+            for e in queued {
+                pending.insert(e.log_id.index, e);
             }
         }
+        self.writer
+            .append(encoded, callback)
+            .await
+            .map_err(|e| e.storage(ErrorSubject::Logs, ErrorVerb::Write))
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<NodeId>> {
@@ -319,7 +352,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             Ok(())
         })
         .await
-        .map_err(|e| e.storage(ErrorSubject::Logs, ErrorVerb::Delete))
+        .map_err(|e| e.storage(ErrorSubject::Logs, ErrorVerb::Delete))?;
+        // Every append queued before the truncation was committed (and left
+        // the queue) before it; nothing from `from` on may stay readable.
+        drop(self.pending.lock().split_off(&from));
+        Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError<NodeId>> {

@@ -1,0 +1,186 @@
+//! Starting a node: the data directory, openraft, the peer port, the timer,
+//! the first-start initialisation, and the supervisor that stops the node
+//! on a fatal error.
+
+use super::leader_clock::LeaderClock;
+use super::log_store::LogStore;
+use super::machine::StateMachine;
+use super::peer_client::Network;
+use super::peer_server::PeerServer;
+use super::snapshot_file::SnapshotFile;
+use super::types::{Member, Raft};
+use super::{
+    timer, wire, ApplySink, Cluster, ClusterConfig, Inner, LOG_KEPT_AFTER_SNAPSHOT, SNAPSHOT_EVERY,
+    SNAPSHOT_INSTALL_TIMEOUT,
+};
+use crate::table::TableLimits;
+use anyhow::Context;
+use openraft::error::{Fatal, InitializeError, RaftError};
+use openraft::SnapshotPolicy;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Opens (or creates) the data directory: the log store, and the state
+/// machine restored from the snapshot if there is one. Also says whether
+/// the directory is fresh (nothing ever written). Blocking.
+fn open_data_dir(
+    dir: &Path,
+    limits: TableLimits,
+    first_fence: u64,
+    sessions: bool,
+    sink: ApplySink,
+) -> anyhow::Result<(LogStore, StateMachine, bool)> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+    let log = LogStore::open(dir)
+        .with_context(|| format!("cannot open {}", dir.join("raft.redb").display()))?;
+    let (file, found) = SnapshotFile::open(dir)
+        .with_context(|| format!("cannot read the snapshot in {}", dir.display()))?;
+    let fresh = found.is_none() && log.is_fresh().context("cannot read raft.redb")?;
+    let state_machine = StateMachine::open(file, found, limits, first_fence, sessions, sink)
+        .with_context(|| format!("cannot restore the snapshot in {}", dir.display()))?;
+    Ok((log, state_machine, fresh))
+}
+
+impl Cluster {
+    /// Starts this node: opens (or creates) its data directory, restores the
+    /// table, starts openraft, the peer port on `peer_listener` and the
+    /// leader's timer, and initialises the cluster if the directory is fresh
+    /// (see the module documentation). The node stops when `shutdown` is
+    /// cancelled, [`Cluster::shutdown`] is called, or on a fatal storage
+    /// error.
+    ///
+    /// # Errors
+    /// The data directory cannot be created or read (or is in use by
+    /// another process), its contents do not decode, the timing is invalid
+    /// (heartbeat not below the election timeout), or openraft fails to
+    /// start.
+    pub async fn start(
+        cfg: ClusterConfig,
+        peer_listener: TcpListener,
+        sink: ApplySink,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Cluster> {
+        let dir = cfg.data_dir.clone();
+        // Reading and decoding a large snapshot takes a while: off the
+        // runtime's threads.
+        let (log, state_machine, fresh) = {
+            let dir = dir.clone();
+            let (limits, first_fence, sessions) = (cfg.limits, cfg.first_fence, cfg.sessions);
+            tokio::task::spawn_blocking(move || {
+                open_data_dir(&dir, limits, first_fence, sessions, sink)
+            })
+            .await
+            .context("opening the data directory")??
+        };
+        let machine = state_machine.shared();
+        let committed = log.committed_index();
+
+        let config = openraft::Config {
+            cluster_name: cfg.cluster_id.clone(),
+            heartbeat_interval: millis(cfg.heartbeat),
+            election_timeout_min: millis(cfg.election_timeout.0),
+            election_timeout_max: millis(cfg.election_timeout.1),
+            install_snapshot_timeout: millis(SNAPSHOT_INSTALL_TIMEOUT),
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
+            snapshot_max_chunk_size: wire::SNAPSHOT_CHUNK as u64,
+            max_in_snapshot_log_to_keep: LOG_KEPT_AFTER_SNAPSHOT,
+            ..Default::default()
+        }
+        .validate()
+        .context("invalid cluster timing")?;
+        let network = Network::new(cfg.node_id, &cfg.cluster_id);
+        let raft = Raft::new(cfg.node_id, Arc::new(config), network, log, state_machine)
+            .await
+            .context("cannot start the consensus engine")?;
+
+        if fresh {
+            let me = Member {
+                client_addr: cfg.client_addr.clone(),
+                peer_addr: cfg.peer_addr.clone(),
+            };
+            let members = if cfg.initial_members.is_empty() {
+                Some(BTreeMap::from([(cfg.node_id, me)]))
+            } else if let Some(listed) = cfg.initial_members.get(&cfg.node_id) {
+                // As given, whatever this node's own addresses: every
+                // initial node must write the same first entry.
+                if *listed != me {
+                    tracing::warn!(node = cfg.node_id, listed = %listed, configured = %me, "this node's addresses in the initial members differ from its own; the list wins");
+                }
+                Some(cfg.initial_members.clone())
+            } else {
+                tracing::info!(
+                    node = cfg.node_id,
+                    "fresh node outside the initial members: waiting to be added"
+                );
+                None
+            };
+            if let Some(members) = members {
+                match raft.initialize(members).await {
+                    Ok(()) => tracing::info!(node = cfg.node_id, "cluster initialised"),
+                    Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+                    Err(e) => return Err(e).context("cannot initialise the cluster"),
+                }
+            }
+        }
+
+        let stop = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let cluster = Cluster {
+            inner: Arc::new(Inner {
+                id: cfg.node_id,
+                raft: raft.clone(),
+                machine,
+                clock: LeaderClock::default(),
+                committed,
+                stop: stop.clone(),
+                stopped: CancellationToken::new(),
+                shutting_down: tokio::sync::Mutex::new(()),
+                tasks: tasks.clone(),
+            }),
+        };
+        let server = PeerServer {
+            raft: raft.clone(),
+            local: cfg.node_id,
+            cluster_id: cfg.cluster_id.as_str().into(),
+        };
+        tasks.spawn(server.run(peer_listener, stop.clone(), tasks.clone()));
+        tasks.spawn(timer::run(cluster.clone(), stop.clone()));
+        // Not tracked: it calls shutdown, which waits for the tracked tasks.
+        tokio::spawn(cluster.clone().supervise(shutdown));
+        tracing::info!(node = cfg.node_id, data_dir = %dir.display(), fresh, "cluster node started");
+        Ok(cluster)
+    }
+
+    /// Stops the node when asked to from outside, or when openraft stops on
+    /// its own (a fatal storage error): logs why, then shuts down cleanly.
+    async fn supervise(self, shutdown: CancellationToken) {
+        let mut metrics = self.inner.raft.metrics();
+        let fatal = loop {
+            let state = metrics.borrow_and_update().running_state.clone();
+            if let Err(fatal) = state {
+                break Some(fatal);
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break None,
+                _ = self.inner.stop.cancelled() => return,
+                r = metrics.changed() => if r.is_err() { break Some(Fatal::Stopped) },
+            }
+        };
+        if let Some(fatal) = fatal {
+            if !self.inner.stop.is_cancelled() {
+                tracing::error!(node = self.inner.id, error = %fatal, "the consensus engine stopped; this node stops serving");
+            }
+        }
+        self.shutdown().await;
+    }
+}
