@@ -93,6 +93,25 @@ impl RawClient<TcpStream> {
     }
 }
 
+/// The stream of [`RawClient::connect_with`]: TCP, or TLS over it.
+pub use crate::transport::Stream;
+
+impl RawClient<Stream> {
+    /// Connects as the library's client does with `options`: TCP_NODELAY,
+    /// and TLS when [`ClientOptions::tls`](crate::ClientOptions::tls) is set
+    /// (the server's certificate checked against the host of `addr`).
+    ///
+    /// # Errors
+    /// When the connection or the TLS handshake fails.
+    pub async fn connect_with(addr: &str, options: &crate::ClientOptions) -> io::Result<Self> {
+        let stream = crate::transport::connect(addr, options, |s| {
+            let _ = s.set_nodelay(true);
+        })
+        .await?;
+        Ok(RawClient::new(stream))
+    }
+}
+
 impl<S> RawClient<S> {
     /// A client on `stream` that accepts response frames up to
     /// [`crate::MAX_RESPONSE_FRAME`] and sends no access token.

@@ -12,8 +12,10 @@ use tokio_rustls::client::TlsStream;
 
 /// A connection to the server, TLS or not.
 #[derive(Debug)]
-pub(crate) enum Stream {
+pub enum Stream {
+    /// Plain TCP.
     Tcp(TcpStream),
+    /// TLS over TCP.
     // Boxed: a TLS session is about 1 KB, a TcpStream a few words.
     Tls(Box<TlsStream<TcpStream>>),
 }

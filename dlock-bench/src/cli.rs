@@ -52,6 +52,10 @@ pub struct Common {
         default_value = ""
     )]
     pub token: String,
+    /// Connect with TLS, trusting the CA certificates in this PEM file (the
+    /// server's certificate must name the host of --server).
+    #[arg(long, global = true, env = "DLOCK_TLS_CA", value_name = "PATH")]
+    pub tls_ca: Option<std::path::PathBuf>,
     /// Print the report as JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,

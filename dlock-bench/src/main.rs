@@ -10,14 +10,30 @@ mod workloads;
 use clap::Parser;
 use cli::{Cli, PipelineKind, Workload};
 use dlock::proc_sample::ProcSample;
+use dlock::tls::rustls::ClientConfig;
+use dlock::ClientOptions;
 use stats::{Control, Report};
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use workloads::Target;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let tls = match cli
+        .common
+        .tls_ca
+        .as_deref()
+        .map(|ca| dlock::tls::client_config(ca, None))
+        .transpose()
+    {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("dlock-bench: --tls-ca: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     raise_fd_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -30,7 +46,7 @@ fn main() -> ExitCode {
         }
     };
     let json = cli.common.json;
-    let report = runtime.block_on(run(cli));
+    let report = runtime.block_on(run(cli, tls));
     if json {
         match serde_json::to_string_pretty(&report) {
             Ok(s) => println!("{s}"),
@@ -46,11 +62,16 @@ fn main() -> ExitCode {
 }
 
 /// Setup, the workload, then the report: the progress line stops either way.
-async fn run(cli: Cli) -> Report {
+async fn run(cli: Cli, tls: Option<Arc<ClientConfig>>) -> Report {
     let c = &cli.common;
+    let options = ClientOptions {
+        tls,
+        ..ClientOptions::default()
+    };
     let target = Target {
         addr: c.server.clone(),
         token: c.token.clone(),
+        options,
     };
     let ctl = Control::new(c.duration, c.ops);
     let progress = progress(ctl.clone(), c.duration);

@@ -4,7 +4,7 @@ use crate::stats::{mib, Control, Recorder, Report};
 use crate::workloads::{lock_unlock, Target};
 use dlock::proc_sample::ProcSample;
 use dlock::proto::{RequestType, ResponseStatus};
-use dlock::raw::RawClient;
+use dlock::raw::{RawClient, Stream};
 use std::collections::VecDeque;
 use std::io;
 use std::time::{Duration, Instant};
@@ -19,7 +19,7 @@ fn hold_key(i: u64) -> String {
 
 /// Sends `Lock` (or `Unlock`) for keys `from..to`, `depth` in flight.
 async fn pipelined(
-    c: &mut RawClient,
+    c: &mut RawClient<Stream>,
     kind: RequestType,
     from: u64,
     to: u64,

@@ -2,7 +2,8 @@
 
 use crate::stats::{Control, Recorder};
 use dlock::proto::{RequestType, ResponseStatus};
-use dlock::raw::RawClient;
+use dlock::raw::{RawClient, Stream};
+use dlock::ClientOptions;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
@@ -13,11 +14,13 @@ use std::time::Instant;
 pub struct Target {
     pub addr: String,
     pub token: String,
+    /// TLS settings (--tls-ca) in `tls`; plain TCP without.
+    pub options: ClientOptions,
 }
 
 impl Target {
-    pub async fn connect(&self) -> io::Result<RawClient> {
-        Ok(RawClient::connect(&self.addr)
+    pub async fn connect(&self) -> io::Result<RawClient<Stream>> {
+        Ok(RawClient::connect_with(&self.addr, &self.options)
             .await?
             .with_token(self.token.as_str()))
     }

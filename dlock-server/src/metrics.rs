@@ -13,6 +13,7 @@
 //!
 //! [`http`](crate::metrics_http) serves what [`Scrape`] encodes.
 
+use crate::cluster::{Cluster, ClusterStatus};
 use crate::db::Db;
 use dlock::proto::ResponseStatus;
 use prometheus_client::collector::Collector;
@@ -280,12 +281,15 @@ fn total(f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
 #[derive(Debug)]
 pub struct Scrape {
     db: Db,
+    /// On a cluster node: where the table and the Raft state are.
+    cluster: Option<Cluster>,
 }
 
-/// A registry holding dlock's metrics for `db`, ready to encode.
-pub fn registry(db: Db) -> Registry {
+/// A registry holding dlock's metrics for `db` (and, on a cluster node,
+/// for `cluster`), ready to encode.
+pub fn registry(db: Db, cluster: Option<Cluster>) -> Registry {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(Scrape { db }));
+    registry.register_collector(Box::new(Scrape { db, cluster }));
     registry
 }
 
@@ -439,8 +443,16 @@ impl Collector for Scrape {
             total(|s| &s.bytes_out),
         )?;
 
-        let stats = self.db.stats();
+        let mut stats = self.db.stats();
         let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        if let Some(cluster) = &self.cluster {
+            // The table lives in the replicated state machine; this node's
+            // copy (a follower's lags by its replication delay).
+            let (held, waiting) = cluster.read(|t, _| (t.held_keys(), t.waiting()));
+            stats.held_keys = held as u64;
+            stats.waiting_requests = waiting as u64;
+            raft_gauges(e, &cluster.status())?;
+        }
         gauge(
             e,
             "dlock_connections",
@@ -461,6 +473,58 @@ impl Collector for Scrape {
         )?;
         Ok(())
     }
+}
+
+/// The Raft state of a cluster node: term, role, indexes, and (on the
+/// leader) each member's replication lag.
+fn raft_gauges(e: &mut DescriptorEncoder, s: &ClusterStatus) -> Result<(), std::fmt::Error> {
+    let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    gauge(
+        e,
+        "dlock_raft_term",
+        "This node's current Raft term.",
+        signed(s.term),
+    )?;
+    let mut family = e.encode_descriptor(
+        "dlock_raft_role",
+        "1 for this node's Raft role (leader, follower, candidate, learner, stopped).",
+        None,
+        MetricType::Gauge,
+    )?;
+    let role = format!("{:?}", s.role).to_lowercase();
+    ConstGauge::new(1i64).encode(family.encode_family(&[("role", role.as_str())])?)?;
+    gauge(
+        e,
+        "dlock_raft_leader_known",
+        "1 when this node knows a leader.",
+        i64::from(s.leader.is_some()),
+    )?;
+    gauge(
+        e,
+        "dlock_raft_committed_index",
+        "The last log index this node knows committed.",
+        signed(s.committed_index.unwrap_or(0)),
+    )?;
+    gauge(
+        e,
+        "dlock_raft_applied_index",
+        "The last log index applied to this node's table.",
+        signed(s.last_applied_index.unwrap_or(0)),
+    )?;
+    let mut family = e.encode_descriptor(
+        "dlock_raft_replication_lag",
+        "Leader only: log entries each member is behind the leader's log.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for m in &s.members {
+        if let Some(lag) = m.lag {
+            let node = m.id.to_string();
+            ConstGauge::new(signed(lag))
+                .encode(family.encode_family(&[("node", node.as_str())])?)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

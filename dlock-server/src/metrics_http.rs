@@ -39,6 +39,8 @@ const METRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 #[derive(Debug, Default)]
 pub struct Health {
     accepting: AtomicBool,
+    /// On a cluster node: ready only while it knows a leader.
+    cluster: std::sync::OnceLock<crate::cluster::Cluster>,
 }
 
 impl Health {
@@ -55,7 +57,17 @@ impl Health {
         if !self.accepting.load(Ordering::Relaxed) {
             return Err("not accepting client connections");
         }
+        if let Some(c) = self.cluster.get() {
+            if c.leader().is_none() {
+                return Err("no leader known: this cluster node cannot serve locks");
+            }
+        }
         Ok(())
+    }
+
+    /// Makes readiness depend on `cluster` knowing a leader.
+    pub fn set_cluster(&self, cluster: crate::cluster::Cluster) {
+        let _ = self.cluster.set(cluster);
     }
 }
 
@@ -81,12 +93,13 @@ pub struct MetricsServer {
 pub async fn start(
     addr: SocketAddr,
     db: Db,
+    cluster: Option<crate::cluster::Cluster>,
     health: Arc<Health>,
 ) -> std::io::Result<MetricsServer> {
     let listener = TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
     let state = Arc::new(State {
-        registry: crate::metrics::registry(db),
+        registry: crate::metrics::registry(db, cluster),
         health,
     });
     // How an operator (and a test) learns the port of 127.0.0.1:0.

@@ -92,9 +92,13 @@ impl Server {
             }
         };
         let health = Arc::new(Health::default());
+        let cluster = node.as_ref().map(|n| n.cluster().clone());
+        if let Some(c) = &cluster {
+            health.set_cluster(c.clone());
+        }
         let metrics = match config.metrics_listen {
             Some(addr) => Some(
-                metrics_http::start(addr, db.clone(), health.clone())
+                metrics_http::start(addr, db.clone(), cluster, health.clone())
                     .await
                     .with_context(|| format!("cannot serve metrics on {addr}"))?,
             ),

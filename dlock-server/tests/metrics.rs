@@ -255,3 +255,50 @@ fn an_unusable_metrics_address_stops_the_server_with_a_clear_error() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_cluster_node_reports_its_raft_state_and_is_ready_once_it_leads() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("node1");
+    let mut server = Process::start(&[
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().expect("a UTF-8 path"),
+    ]);
+    let http = metrics_addr(&mut server);
+    // A cluster of one elects itself; until then it is not ready.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let (code, body) = get(http, "/readyz").await;
+        if code == 200 {
+            break;
+        }
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("no leader"), "{body}");
+        assert!(std::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut c = TestClient::connect(server.addr).await;
+    let fence = c.must_lock(&["k"]).await;
+    let s = scrape(http).await;
+    assert_eq!(value(&s, "dlock_raft_role", &[("role", "leader")]), 1.0);
+    assert_eq!(value(&s, "dlock_raft_leader_known", &[]), 1.0);
+    assert!(value(&s, "dlock_raft_term", &[]) >= 1.0);
+    let applied = value(&s, "dlock_raft_applied_index", &[]);
+    assert!(
+        applied >= 2.0,
+        "the session and the lock were applied: {applied}"
+    );
+    assert!(value(&s, "dlock_raft_committed_index", &[]) >= applied);
+    assert_eq!(
+        value(&s, "dlock_raft_replication_lag", &[("node", "1")]),
+        0.0
+    );
+    assert_eq!(
+        value(&s, "dlock_held_keys", &[]),
+        1.0,
+        "the replicated table's count"
+    );
+    assert!(fence > 0);
+}
