@@ -194,7 +194,7 @@ impl std::fmt::Debug for Cluster {
 struct Inner {
     id: NodeId,
     raft: Raft,
-    machine: Arc<machine::Shared>,
+    machine: Arc<machine::MachineHandle>,
     clock: LeaderClock,
     /// The last committed index plus one (0: none), from the log store.
     committed: Arc<AtomicU64>,

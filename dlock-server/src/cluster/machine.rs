@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 
-/// The applied state, behind [`Shared::state`].
+/// The applied state, behind [`MachineHandle::state`].
 #[derive(Debug)]
 pub(crate) struct Applied {
     /// The lock table.
@@ -40,12 +40,12 @@ pub(crate) struct Applied {
     /// The latest command time applied: the table's clock.
     pub(crate) at: Time,
     /// The deadline the timer task sleeps until, to know when a newly
-    /// applied entry makes an earlier one (see [`Shared::deadline_moved`]).
+    /// applied entry makes an earlier one (see [`MachineHandle::deadline_moved`]).
     pub(crate) timer_at: Option<Time>,
 }
 
 /// What the state machine, the snapshot builder and the cluster handle share.
-pub(crate) struct Shared {
+pub(crate) struct MachineHandle {
     state: Mutex<Applied>,
     sink: ApplySink,
     /// Wakes the timer task when the table's next deadline moved earlier
@@ -55,7 +55,7 @@ pub(crate) struct Shared {
     snapshot_seq: AtomicU64,
 }
 
-impl Shared {
+impl MachineHandle {
     /// The applied state. Hold the guard briefly and never across an
     /// `.await`: applying waits for it.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Applied> {
@@ -78,7 +78,7 @@ struct Image {
 
 /// openraft's state machine: the table plus its snapshot file.
 pub(crate) struct StateMachine {
-    shared: Arc<Shared>,
+    shared: Arc<MachineHandle>,
     file: SnapshotFile,
 }
 
@@ -142,7 +142,7 @@ impl StateMachine {
             },
         };
         Ok(StateMachine {
-            shared: Arc::new(Shared {
+            shared: Arc::new(MachineHandle {
                 state: Mutex::new(applied),
                 sink,
                 deadline_moved: Notify::new(),
@@ -153,14 +153,14 @@ impl StateMachine {
     }
 
     /// The state shared with the cluster handle.
-    pub(crate) fn shared(&self) -> Arc<Shared> {
+    pub(crate) fn shared(&self) -> Arc<MachineHandle> {
         self.shared.clone()
     }
 }
 
 /// Wakes the timer task if the table's next deadline is now earlier than
 /// the one it sleeps until.
-fn rearm(shared: &Shared, st: &mut Applied) {
+fn rearm(shared: &MachineHandle, st: &mut Applied) {
     let next = st.table.next_deadline();
     if next.is_some() && (st.timer_at.is_none() || next < st.timer_at) {
         st.timer_at = next;
@@ -275,7 +275,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
 /// Builds a snapshot of the applied state at the moment it is called.
 pub(crate) struct Builder {
-    shared: Arc<Shared>,
+    shared: Arc<MachineHandle>,
     file: SnapshotFile,
 }
 

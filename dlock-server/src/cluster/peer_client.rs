@@ -11,7 +11,7 @@
 //! (Raft RPCs are safe to repeat).
 
 use super::types::{Member, NodeId, TypeConfig};
-use super::wire::{self, Conn, Hello, HelloReply, Reply, Request, WireError, PROTOCOL};
+use super::wire::{self, Hello, HelloReply, PeerFrames, Reply, Request, WireError, PROTOCOL};
 use bytes::Bytes;
 use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
@@ -59,7 +59,7 @@ impl Network {
 
 /// Idle connections by target id and address, each with when it was
 /// returned.
-type Idle = HashMap<(NodeId, String), Vec<(Instant, Conn)>>;
+type Idle = HashMap<(NodeId, String), Vec<(Instant, PeerFrames)>>;
 
 #[derive(Default)]
 struct Pool {
@@ -72,7 +72,7 @@ impl Pool {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn take(&self, key: &(NodeId, String)) -> Option<Conn> {
+    fn take(&self, key: &(NodeId, String)) -> Option<PeerFrames> {
         let mut idle = self.lock();
         let conns = idle.get_mut(key)?;
         while let Some((since, conn)) = conns.pop() {
@@ -83,7 +83,7 @@ impl Pool {
         None
     }
 
-    fn put(&self, key: (NodeId, String), conn: Conn) {
+    fn put(&self, key: (NodeId, String), conn: PeerFrames) {
         let mut idle = self.lock();
         let conns = idle.entry(key).or_default();
         if conns.len() < IDLE_PER_TARGET {
@@ -112,13 +112,13 @@ pub(crate) struct PeerClient {
 }
 
 /// How an exchange failed, before it becomes openraft's error.
-enum Failure {
+enum ExchangeError {
     Wire(WireError),
     Timeout,
 }
 
 impl PeerClient {
-    async fn connect(&self) -> Result<Conn, WireError> {
+    async fn connect(&self) -> Result<PeerFrames, WireError> {
         let stream = TcpStream::connect(&self.addr).await?;
         let mut conn = wire::frame(stream);
         let hello = Hello {
@@ -144,12 +144,12 @@ impl PeerClient {
         request: &Request,
         raw: Option<Bytes>,
         ttl: Duration,
-    ) -> Result<Reply, Failure> {
+    ) -> Result<Reply, ExchangeError> {
         let deadline = Instant::now() + ttl;
         let encoded =
-            Bytes::from(serde_json::to_vec(request).map_err(|e| Failure::Wire(e.into()))?);
+            Bytes::from(serde_json::to_vec(request).map_err(|e| ExchangeError::Wire(e.into()))?);
         if encoded.len() > wire::MAX_FRAME {
-            return Err(Failure::Wire(WireError::TooLarge(encoded.len())));
+            return Err(ExchangeError::Wire(WireError::TooLarge(encoded.len())));
         }
         let key = (self.target, self.addr.clone());
         let mut pooled = self.net.pool.take(&key);
@@ -168,7 +168,7 @@ impl PeerClient {
                 Ok::<_, WireError>((conn, reply))
             };
             match tokio::time::timeout_at(deadline, exchange).await {
-                Err(_) => return Err(Failure::Timeout),
+                Err(_) => return Err(ExchangeError::Timeout),
                 Ok(Ok((conn, reply))) => {
                     self.net.pool.put(key, conn);
                     return Ok(reply);
@@ -176,36 +176,38 @@ impl PeerClient {
                 Ok(Err(e)) if was_pooled && !matches!(e, WireError::Refused(_)) => {
                     tracing::debug!(target_node = self.target, error = %e, "pooled peer connection failed; dialling again");
                 }
-                Ok(Err(e)) => return Err(Failure::Wire(e)),
+                Ok(Err(e)) => return Err(ExchangeError::Wire(e)),
             }
         }
     }
 
     fn error<E: std::error::Error>(
         &self,
-        f: Failure,
+        f: ExchangeError,
         action: RPCTypes,
         ttl: Duration,
     ) -> RpcError<E> {
         match f {
-            Failure::Timeout => RPCError::Timeout(Timeout {
+            ExchangeError::Timeout => RPCError::Timeout(Timeout {
                 action,
                 id: self.net.local,
                 target: self.target,
                 timeout: ttl,
             }),
-            Failure::Wire(WireError::TooLarge(_)) => {
+            ExchangeError::Wire(WireError::TooLarge(_)) => {
                 RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(0))
             }
-            Failure::Wire(e @ WireError::Refused(_)) => {
+            ExchangeError::Wire(e @ WireError::Refused(_)) => {
                 // A configuration error (wrong cluster id or address), not
                 // a passing fault: say so at warn. openraft's backoff paces
                 // the retries, and so this line.
                 tracing::warn!(target_node = self.target, addr = %self.addr, error = %e, "peer refused this node");
                 RPCError::Unreachable(Unreachable::new(&e))
             }
-            Failure::Wire(e @ WireError::Io(_)) => RPCError::Unreachable(Unreachable::new(&e)),
-            Failure::Wire(e) => RPCError::Network(NetworkError::new(&e)),
+            ExchangeError::Wire(e @ WireError::Io(_)) => {
+                RPCError::Unreachable(Unreachable::new(&e))
+            }
+            ExchangeError::Wire(e) => RPCError::Network(NetworkError::new(&e)),
         }
     }
 
@@ -231,7 +233,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
                 Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
             Ok(other) => Err(self.mismatch(&other)),
-            Err(Failure::Wire(WireError::TooLarge(_))) => Err(RPCError::PayloadTooLarge(
+            Err(ExchangeError::Wire(WireError::TooLarge(_))) => Err(RPCError::PayloadTooLarge(
                 PayloadTooLarge::new_entries_hint(entries / 2),
             )),
             Err(f) => Err(self.error(f, RPCTypes::AppendEntries, ttl)),

@@ -9,7 +9,7 @@
 //! hello within [`wire::HELLO_TIMEOUT`], so idle sockets cannot pile up.
 
 use super::types::{NodeId, Raft};
-use super::wire::{self, Conn, Hello, HelloReply, Reply, Request, WireError, PROTOCOL};
+use super::wire::{self, Hello, HelloReply, PeerFrames, Reply, Request, WireError, PROTOCOL};
 use openraft::raft::InstallSnapshotRequest;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -79,7 +79,7 @@ impl PeerServer {
         }
     }
 
-    async fn serve(&self, mut conn: Conn, addr: SocketAddr) {
+    async fn serve(&self, mut conn: PeerFrames, addr: SocketAddr) {
         let from = match self.welcome(&mut conn).await {
             Ok(from) => from,
             Err(why) => {
@@ -102,7 +102,7 @@ impl PeerServer {
     }
 
     /// Reads and checks the hello; returns the peer's node id.
-    async fn welcome(&self, conn: &mut Conn) -> Result<NodeId, String> {
+    async fn welcome(&self, conn: &mut PeerFrames) -> Result<NodeId, String> {
         let hello: Hello = match tokio::time::timeout(wire::HELLO_TIMEOUT, wire::recv(conn)).await {
             Err(_) => return Err("no hello in time".into()),
             Ok(Err(WireError::Decode(e))) => {
@@ -142,7 +142,7 @@ impl PeerServer {
         Ok(hello.from)
     }
 
-    async fn requests(&self, conn: &mut Conn) -> Result<(), WireError> {
+    async fn requests(&self, conn: &mut PeerFrames) -> Result<(), WireError> {
         loop {
             let request: Request = tokio::time::timeout(wire::IDLE_TIMEOUT, wire::recv(conn))
                 .await

@@ -124,13 +124,13 @@ pub(crate) enum WireError {
 }
 
 /// A framed peer connection.
-pub(crate) type Conn = Framed<TcpStream, LengthDelimitedCodec>;
+pub(crate) type PeerFrames = Framed<TcpStream, LengthDelimitedCodec>;
 
 /// Frames `stream` for the hello exchange (small frame limit) and sets its
 /// socket options: no Nagle delay (a heartbeat must not wait for an ACK)
 /// and keepalive, so a peer that vanished without a FIN is noticed even on
 /// an idle connection. tokio does not expose keepalive timing, hence socket2.
-pub(crate) fn frame(stream: TcpStream) -> Conn {
+pub(crate) fn frame(stream: TcpStream) -> PeerFrames {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "cannot set TCP_NODELAY on a peer connection");
     }
@@ -150,18 +150,18 @@ pub(crate) fn frame(stream: TcpStream) -> Conn {
 }
 
 /// Raises the frame limit once the hello exchange is done.
-pub(crate) fn established(conn: &mut Conn) {
+pub(crate) fn established(conn: &mut PeerFrames) {
     conn.codec_mut().set_max_frame_length(MAX_FRAME);
 }
 
 /// Sends one message frame.
-pub(crate) async fn send<T: Serialize>(conn: &mut Conn, msg: &T) -> Result<(), WireError> {
+pub(crate) async fn send<T: Serialize>(conn: &mut PeerFrames, msg: &T) -> Result<(), WireError> {
     let bytes = serde_json::to_vec(msg)?;
     send_raw(conn, bytes.into()).await
 }
 
 /// Sends one raw frame.
-pub(crate) async fn send_raw(conn: &mut Conn, bytes: Bytes) -> Result<(), WireError> {
+pub(crate) async fn send_raw(conn: &mut PeerFrames, bytes: Bytes) -> Result<(), WireError> {
     if bytes.len() > conn.codec().max_frame_length() {
         return Err(WireError::TooLarge(bytes.len()));
     }
@@ -170,7 +170,7 @@ pub(crate) async fn send_raw(conn: &mut Conn, bytes: Bytes) -> Result<(), WireEr
 }
 
 /// Receives one raw frame.
-pub(crate) async fn recv_raw(conn: &mut Conn) -> Result<Bytes, WireError> {
+pub(crate) async fn recv_raw(conn: &mut PeerFrames) -> Result<Bytes, WireError> {
     match conn.next().await {
         Some(frame) => Ok(frame?.freeze()),
         None => Err(WireError::Closed),
@@ -178,7 +178,7 @@ pub(crate) async fn recv_raw(conn: &mut Conn) -> Result<Bytes, WireError> {
 }
 
 /// Receives one message frame.
-pub(crate) async fn recv<T: DeserializeOwned>(conn: &mut Conn) -> Result<T, WireError> {
+pub(crate) async fn recv<T: DeserializeOwned>(conn: &mut PeerFrames) -> Result<T, WireError> {
     let frame = recv_raw(conn).await?;
     Ok(serde_json::from_slice(&frame)?)
 }
