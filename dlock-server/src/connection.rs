@@ -69,6 +69,15 @@ pub async fn serve<S: Transport>(stream: S, shared: Arc<Shared>, shutdown: Cance
         .cluster
         .as_ref()
         .map(|_| Arc::new(ConnSessions::default()));
+    let keeper = CancellationToken::new();
+    if let (Some(node), Some(remote)) = (&shared.cluster, &remote) {
+        tokio::spawn(
+            node.clone()
+                .keep_connection_alive(remote.clone(), keeper.clone()),
+        );
+    }
+    // However this task ends, the keeper stops with it.
+    let _keeper = keeper.drop_guard();
     tracing::debug!(owner = owners.own(), "connection opened");
     let end = Session::new(stream, &shared, &mut owners, remote.as_ref(), &peer_names)
         .run(&shutdown)

@@ -165,6 +165,8 @@ impl Attached {
 #[derive(Debug, Default)]
 pub struct ConnSessions {
     inner: Mutex<ConnState>,
+    /// Wakes the keeper when a session with a shorter TTL appears.
+    ttl_changed: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -173,6 +175,10 @@ struct ConnState {
     implicit: Option<OwnerId>,
     /// Opened or resumed with OpenSession.
     named: Vec<OwnerId>,
+    /// The connection has ended (see [`ConnSessions::close`]).
+    closed: bool,
+    /// The shortest TTL of its sessions, for the keeper's pace.
+    shortest_ttl: Option<Duration>,
 }
 
 impl ConnSessions {
@@ -184,7 +190,30 @@ impl ConnSessions {
 
     fn all(&self) -> Vec<OwnerId> {
         let st = self.state();
-        st.implicit.iter().chain(&st.named).copied().collect()
+        let mut all: Vec<OwnerId> = st.implicit.iter().chain(&st.named).copied().collect();
+        // A resume may name the implicit session too.
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
+    /// Marks the connection ended; sessions opened for it afterwards (by a
+    /// request still in flight) must be ended at once.
+    fn close(&self) {
+        self.state().closed = true;
+    }
+
+    fn is_closed(&self) -> bool {
+        self.state().closed
+    }
+
+    fn note_ttl(&self, ttl: Duration) {
+        let mut st = self.state();
+        if st.shortest_ttl.is_none_or(|t| ttl < t) {
+            st.shortest_ttl = Some(ttl);
+            drop(st);
+            self.ttl_changed.notify_one();
+        }
     }
 }
 
@@ -258,6 +287,7 @@ impl Replicated {
     /// The end of a client connection: a clean one (`clean`: the client
     /// closed it) ends its sessions now; any other leaves them to their TTL.
     pub fn connection_ended(self: &Arc<Self>, conn: &ConnSessions, clean: bool) {
+        conn.close();
         let sessions = conn.all();
         for &s in &sessions {
             self.attached.detach(s);
@@ -295,7 +325,12 @@ impl Replicated {
         let body = req.lock.clone().unwrap_or_default();
         match kind {
             RequestType::Ping => {
-                self.keep_alive(conn).await;
+                // A client counts a Ping's answer as proof that its session
+                // lives (client-side safety): answer Ok only once every
+                // session of the connection was kept alive by a commit.
+                self.keep_alive(conn)
+                    .await
+                    .map_err(|e| cluster_error(id, e))?;
                 Ok(handler::response(id, ResponseStatus::Ok))
             }
             RequestType::Hello => {
@@ -466,21 +501,38 @@ impl Replicated {
     /// Pings keep this connection's sessions alive, on the leader; a
     /// follower just answers (the client will find the leader on its next
     /// request).
-    async fn keep_alive(&self, conn: &ConnSessions) {
-        if !self.cluster.is_leader() {
-            return;
-        }
+    async fn keep_alive(&self, conn: &ConnSessions) -> Result<(), ClusterError> {
         for owner in conn.all() {
-            match self.cluster.propose(Command::KeepAlive { owner }).await {
-                Ok(Output {
-                    reply: Reply::UnknownSession,
-                    ..
-                }) => self.forget(conn, owner),
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(session = owner, error = %e, "keepalive not committed");
-                    return;
-                }
+            let out = self.cluster.propose(Command::KeepAlive { owner }).await?;
+            if out.reply == Reply::UnknownSession {
+                self.forget(conn, owner);
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps the sessions of a live connection alive while it lives, even
+    /// while its requests (Pings included) are parked behind a waiting
+    /// Lock: a session must not run out while its client waits on an open
+    /// connection. Ends with the connection (`ended`).
+    pub async fn keep_connection_alive(
+        self: Arc<Self>,
+        conn: Arc<ConnSessions>,
+        ended: CancellationToken,
+    ) {
+        loop {
+            let ttl = conn.state().shortest_ttl.unwrap_or(self.config.session_ttl);
+            tokio::select! {
+                _ = ended.cancelled() => return,
+                // A shorter TTL: sleep again for a third of it.
+                _ = conn.ttl_changed.notified() => continue,
+                _ = tokio::time::sleep(ttl / 3) => {}
+            }
+            if conn.all().is_empty() || !self.cluster.is_leader() {
+                continue;
+            }
+            if let Err(e) = self.keep_alive(&conn).await {
+                tracing::debug!(error = %e, "sessions not kept alive");
             }
         }
     }
@@ -527,7 +579,18 @@ impl Replicated {
         };
         match self.propose(id, cmd).await?.reply {
             Reply::Session { id: session, ttl } => {
+                if conn.is_closed() && req.session == 0 {
+                    let _ = self
+                        .cluster
+                        .propose(Command::Disconnect { owner: session })
+                        .await;
+                    return Err(refused(
+                        id,
+                        Refusal::new(ResponseStatus::ShuttingDown, "the connection has ended"),
+                    ));
+                }
                 self.attached.attach(session);
+                conn.note_ttl(ttl);
                 let mut st = conn.state();
                 if !st.named.contains(&session) {
                     st.named.push(session);
@@ -560,8 +623,18 @@ impl Replicated {
         };
         match self.propose(id, cmd).await?.reply {
             Reply::Session { id: s, .. } => {
+                if conn.is_closed() {
+                    // The client left while this was in flight: nobody
+                    // will use or end the session, so end it now.
+                    let _ = self.cluster.propose(Command::Disconnect { owner: s }).await;
+                    return Err(refused(
+                        id,
+                        Refusal::new(ResponseStatus::ShuttingDown, "the connection has ended"),
+                    ));
+                }
                 self.attached.attach(s);
                 conn.state().implicit = Some(s);
+                conn.note_ttl(self.config.session_ttl);
                 Ok(s)
             }
             other => Err(Box::new(handler::error(
@@ -622,7 +695,22 @@ impl Replicated {
         let Some(rx) = self.attached.register(owner, waiting) else {
             return Err(refused(id, unknown_session(owner)));
         };
-        match rx.await {
+        let mut rx = rx;
+        let outcome = loop {
+            // A node that stopped leading learns no more outcomes (a
+            // snapshot from the new leader skips the sink): answer rather
+            // than wait forever; the wait stays the session's.
+            tokio::select! {
+                r = &mut rx => break r,
+                _ = tokio::time::sleep(LEADERSHIP_CHECK) => {
+                    if !self.cluster.is_leader() {
+                        let e = ClusterError::NotLeader { leader: self.cluster.leader() };
+                        return Err(cluster_error(id, e));
+                    }
+                }
+            }
+        };
+        match outcome {
             Ok(w) => Ok(handler::woken(id, w)),
             // Detached: the session ended, or its connection went (then
             // nobody reads this answer).
@@ -673,6 +761,9 @@ fn unknown_session(session: u64) -> Refusal {
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
+
+/// How often a waiting Lock's task checks that this node still leads.
+const LEADERSHIP_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The first fencing token of every cluster's table.
 pub const CLUSTER_FIRST_FENCE: u64 = 1;

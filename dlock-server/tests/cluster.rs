@@ -379,6 +379,46 @@ async fn a_paused_leader_grants_nothing_once_replaced() {
     assert_ne!(status(&r), ResponseStatus::Ok, "two holders: {r:?}");
     let info = inspect(&mut fresh, "k", sf).await;
     assert!(info.held_by_caller && info.fence == fence, "{info:?}");
+    // Nor does it tell the stale client that its session lives.
+    let r = stale.ping().await;
+    assert_ne!(status(&r), ResponseStatus::Ok, "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_lives_while_its_lock_waits_longer_than_its_ttl() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::new(3);
+    let l = cluster.leader(None).await;
+    let mut holder = cluster.conn(l).await;
+    let sh = open(&mut holder).await;
+    must_lock(&mut holder, "b", sh, Duration::ZERO).await;
+
+    let mut a = cluster.conn(l).await;
+    let r = session(&mut a, 0, Duration::from_secs(1)).await;
+    let s = r.session;
+    let held = must_lock(&mut a, "a", s, Duration::ZERO).await;
+    let wait = lock_req(&mut a, "b", s, Duration::ZERO, false);
+    a.send(&wait).await;
+    await_waiters(&mut holder, "b", 1).await;
+    // Three TTLs pass while the Lock waits and a's own requests are parked
+    // behind it: the open connection keeps the session alive.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        let info = inspect(&mut holder, "a", sh).await;
+        assert_eq!(
+            info.fence, held,
+            "a's lock is kept while it waits: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = call(&mut holder, RequestType::Unlock, &["b"], sh).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let got = a.recv().await;
+    assert_eq!(
+        (got.request_id, status(&got)),
+        (wait.id, ResponseStatus::Ok),
+        "{got:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
