@@ -69,9 +69,13 @@ pub struct Attached {
     sessions: Mutex<HashMap<OwnerId, Waits>>,
 }
 
-/// One attached session's waiting Locks, by request.
+/// One attached session: the connection it is attached through (a resume
+/// on another connection moves it), and its waiting Locks by request.
 #[derive(Debug, Default)]
-struct Waits(HashMap<ReqId, Slot>);
+struct Waits {
+    conn: u64,
+    slots: HashMap<ReqId, Slot>,
+}
 
 #[derive(Debug)]
 enum Slot {
@@ -107,21 +111,21 @@ impl Attached {
         }
         for w in &out.woken {
             if let Some(waits) = sessions.get_mut(&w.owner) {
-                match waits.0.remove(&w.req) {
+                match waits.slots.remove(&w.req) {
                     Some(Slot::Registered(tx)) => {
                         // The task may be gone with its connection; the
                         // grant stays the session's either way.
                         let _ = tx.send(w.clone());
                     }
                     Some(Slot::Early(_)) | None => {
-                        waits.0.insert(w.req, Slot::Early(w.clone()));
+                        waits.slots.insert(w.req, Slot::Early(w.clone()));
                     }
                 }
             }
         }
         for req in &out.withdrawn {
             for waits in sessions.values_mut() {
-                if waits.0.remove(req).is_some() {
+                if waits.slots.remove(req).is_some() {
                     break;
                 }
             }
@@ -134,13 +138,32 @@ impl Attached {
         }
     }
 
-    fn attach(&self, session: OwnerId) {
-        self.lock().entry(session).or_default();
+    /// Delivers `session`'s outcomes through connection `conn` from now on;
+    /// a session resumed on another connection leaves the old one, whose
+    /// waiting tasks end.
+    fn attach(&self, session: OwnerId, conn: u64) {
+        let mut sessions = self.lock();
+        let w = sessions.entry(session).or_default();
+        if w.conn != conn {
+            *w = Waits {
+                conn,
+                slots: HashMap::new(),
+            };
+        }
     }
 
-    /// Stops delivering to `session` here; its waiting tasks end.
-    fn detach(&self, session: OwnerId) {
-        self.lock().remove(&session);
+    /// Whether `session` is attached through connection `conn`.
+    fn attached_through(&self, session: OwnerId, conn: u64) -> bool {
+        self.lock().get(&session).is_some_and(|w| w.conn == conn)
+    }
+
+    /// Stops delivering to `session` here, if it is attached through
+    /// `conn`; its waiting tasks end.
+    fn detach(&self, session: OwnerId, conn: u64) {
+        let mut sessions = self.lock();
+        if sessions.get(&session).is_some_and(|w| w.conn == conn) {
+            sessions.remove(&session);
+        }
     }
 
     /// Where the outcome of `req`, a waiting Lock of `session`, arrives;
@@ -149,12 +172,12 @@ impl Attached {
         let mut sessions = self.lock();
         let waits = sessions.get_mut(&session)?;
         let (tx, rx) = oneshot::channel();
-        match waits.0.remove(&req) {
+        match waits.slots.remove(&req) {
             Some(Slot::Early(w)) => {
                 let _ = tx.send(w);
             }
             Some(Slot::Registered(_)) | None => {
-                waits.0.insert(req, Slot::Registered(tx));
+                waits.slots.insert(req, Slot::Registered(tx));
             }
         }
         Some(rx)
@@ -162,8 +185,10 @@ impl Attached {
 }
 
 /// The sessions one client connection opened on this node.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ConnSessions {
+    /// This connection, for [`Attached`]: unique per node.
+    id: u64,
     inner: Mutex<ConnState>,
     /// Wakes the keeper when a session with a shorter TTL appears.
     ttl_changed: tokio::sync::Notify,
@@ -179,6 +204,17 @@ struct ConnState {
     closed: bool,
     /// The shortest TTL of its sessions, for the keeper's pace.
     shortest_ttl: Option<Duration>,
+}
+
+impl Default for ConnSessions {
+    fn default() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        ConnSessions {
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            inner: Mutex::default(),
+            ttl_changed: tokio::sync::Notify::new(),
+        }
+    }
 }
 
 impl ConnSessions {
@@ -288,9 +324,15 @@ impl Replicated {
     /// closed it) ends its sessions now; any other leaves them to their TTL.
     pub fn connection_ended(self: &Arc<Self>, conn: &ConnSessions, clean: bool) {
         conn.close();
-        let sessions = conn.all();
+        // A session resumed on another connection is that one's now: a
+        // clean close here must not end it.
+        let sessions: Vec<OwnerId> = conn
+            .all()
+            .into_iter()
+            .filter(|&s| self.attached.attached_through(s, conn.id))
+            .collect();
         for &s in &sessions {
-            self.attached.detach(s);
+            self.attached.detach(s, conn.id);
         }
         if !clean || sessions.is_empty() {
             return;
@@ -356,7 +398,7 @@ impl Replicated {
                 let owner = self.named(conn, id, req.session)?;
                 self.propose(id, Command::Disconnect { owner }).await?;
                 conn.state().named.retain(|&s| s != owner);
-                self.attached.detach(owner);
+                self.attached.detach(owner, conn.id);
                 Ok(handler::response(id, ResponseStatus::Ok))
             }
             RequestType::Lock => {
@@ -589,7 +631,7 @@ impl Replicated {
                         Refusal::new(ResponseStatus::ShuttingDown, "the connection has ended"),
                     ));
                 }
-                self.attached.attach(session);
+                self.attached.attach(session, conn.id);
                 conn.note_ttl(ttl);
                 let mut st = conn.state();
                 if !st.named.contains(&session) {
@@ -632,7 +674,7 @@ impl Replicated {
                         Refusal::new(ResponseStatus::ShuttingDown, "the connection has ended"),
                     ));
                 }
-                self.attached.attach(s);
+                self.attached.attach(s, conn.id);
                 conn.state().implicit = Some(s);
                 conn.note_ttl(self.config.session_ttl);
                 Ok(s)
@@ -662,7 +704,7 @@ impl Replicated {
             st.implicit = None;
         }
         drop(st);
-        self.attached.detach(owner);
+        self.attached.detach(owner, conn.id);
     }
 
     fn unexpected(&self, conn: &ConnSessions, id: u64, owner: OwnerId, reply: Reply) -> Refused {

@@ -484,6 +484,33 @@ async fn a_session_outlives_a_broken_connection_for_its_ttl_only() {
     drop(c);
     let r = b.lock(&["clean"], 20_000_000, 0).await;
     assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+
+    // A session resumed on a new connection is that connection's: the old
+    // one closing cleanly must not end it.
+    let mut old = cluster.conn(l).await;
+    let so = open(&mut old).await;
+    let fence = must_lock(&mut old, "moved", so, Duration::ZERO).await;
+    let mut new = cluster.conn(l).await;
+    let r = session(&mut new, so, Duration::ZERO).await;
+    assert_eq!((status(&r), r.session), (ResponseStatus::Ok, so), "{r:?}");
+    let before = b.stats().await.connections;
+    drop(old);
+    // Wait until the node has handled the old connection's end (the count
+    // drops right before it decides whether to end the session); a later
+    // proposal is then queued behind any Disconnect it would have made.
+    let deadline = Instant::now() + PATIENCE;
+    while b.stats().await.connections != before - 1 {
+        assert!(Instant::now() < deadline, "the old connection never ended");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = b.try_lock(&["moved"]).await;
+    assert_eq!(
+        status(&r),
+        ResponseStatus::AcquireTimeout,
+        "still held: {r:?}"
+    );
+    let info = inspect(&mut new, "moved", so).await;
+    assert!(info.held_by_caller && info.fence == fence, "{info:?}");
 }
 
 async fn cluster_request(
