@@ -585,7 +585,8 @@ impl Replicated {
         id: u64,
         req: &Request,
     ) -> Result<Response, Refused> {
-        if conn.state().named.len() >= self.config.max_sessions {
+        let resuming_own = req.session != 0 && conn.state().named.contains(&req.session);
+        if !resuming_own && conn.state().named.len() >= self.config.max_sessions {
             return Err(refused(
                 id,
                 Refusal::new(
