@@ -2,7 +2,6 @@
 //! at run time (docs/CLUSTER.md).
 
 use crate::exit::{self, Failure};
-use crate::say;
 use clap::{Parser, Subcommand};
 use dlock::proto::{ClusterInfo, Request, RequestCluster, RequestType, Response, ResponseStatus};
 use dlock::raw::RawClient;
@@ -55,34 +54,9 @@ const PATIENCE: Duration = Duration::from_secs(90);
 
 /// Runs `dlock cluster ...` (argv[1] is "cluster").
 pub fn main() -> ExitCode {
-    let args = match ClusterArgs::try_parse_from(std::env::args_os().skip(1)) {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
-                    ExitCode::SUCCESS
-                }
-                _ => ExitCode::from(exit::USAGE),
-            };
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            say!("cannot start: {e}");
-            return ExitCode::from(exit::SOFTWARE);
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(f) => {
-            say!("{}", f.message);
-            ExitCode::from(f.code)
-        }
+    match crate::parse_args::<ClusterArgs>(std::env::args_os().skip(1)) {
+        Ok(args) => crate::run_blocking(async { run(args).await.map(|()| 0) }),
+        Err(code) => code,
     }
 }
 

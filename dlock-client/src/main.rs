@@ -24,18 +24,33 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "cluster") {
         return cluster::main();
     }
-    let args = match cli::Args::try_parse() {
+    let args = match parse_args::<cli::Args>(std::env::args_os()) {
         Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
-                    ExitCode::SUCCESS
-                }
-                _ => ExitCode::from(exit::USAGE),
-            };
-        }
+        Err(code) => return code,
     };
+    run_blocking(run::run(args))
+}
+
+/// Parses `T` from `args` (argv, the program name first): help and
+/// version print and exit 0, a bad command line prints why and exits 64.
+fn parse_args<T: Parser>(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<T, ExitCode> {
+    T::try_parse_from(args).map_err(|e| {
+        let _ = e.print();
+        match e.kind() {
+            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                ExitCode::SUCCESS
+            }
+            _ => ExitCode::from(exit::USAGE),
+        }
+    })
+}
+
+/// Runs `work` on a single-threaded runtime (dlock waits on one server and
+/// one child; more threads would only add wake-ups) and turns its result
+/// into the exit code, saying why on stderr when it failed.
+fn run_blocking(work: impl std::future::Future<Output = Result<u8, exit::Failure>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -46,7 +61,7 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::SOFTWARE);
         }
     };
-    match runtime.block_on(run::run(args)) {
+    match runtime.block_on(work) {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
             if !f.message.is_empty() {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::process::Process;
-use common::{status, TestClient, PATIENCE};
+use common::{in_session, status, TestClient, PATIENCE};
 use dlock::proto::{Request, RequestType, Response, ResponseStatus};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -168,14 +168,8 @@ impl Cluster {
     }
 }
 
-fn in_session(mut req: Request, session: u64) -> Request {
-    req.session = session;
-    req
-}
-
 async fn call(c: &mut TestClient, kind: RequestType, keys: &[&str], session: u64) -> Response {
-    let req = c.request(kind, keys);
-    c.call(in_session(req, session)).await
+    c.call_in(kind, keys, session).await
 }
 
 /// Opens a session (`resume` 0) or resumes one; returns its id.

@@ -3,18 +3,12 @@
 
 mod common;
 
-use common::{status, TestClient, TestServer};
-use dlock::proto::{Request, RequestType, Response, ResponseStatus};
+use common::{in_session, status, TestClient, TestServer};
+use dlock::proto::{RequestType, Response, ResponseStatus};
 use dlock_server::Config;
 
-fn in_session(mut req: Request, session: u64) -> Request {
-    req.session = session;
-    req
-}
-
 async fn call_in(c: &mut TestClient, kind: RequestType, keys: &[&str], session: u64) -> Response {
-    let req = c.request(kind, keys);
-    c.call(in_session(req, session)).await
+    c.call_in(kind, keys, session).await
 }
 
 async fn open_session(c: &mut TestClient) -> u64 {

@@ -213,3 +213,17 @@ pub async fn timed<T>(fut: impl Future<Output = T>) -> (T, Duration) {
     let out = fut.await;
     (out, start.elapsed())
 }
+
+/// `req` acting for `session` (0: the connection's own owner).
+pub fn in_session(mut req: Request, session: u64) -> Request {
+    req.session = session;
+    req
+}
+
+impl TestClient {
+    /// A request of `kind` for `keys` in `session`, sent and answered.
+    pub async fn call_in(&mut self, kind: RequestType, keys: &[&str], session: u64) -> Response {
+        let req = self.request(kind, keys);
+        self.call(in_session(req, session)).await
+    }
+}
