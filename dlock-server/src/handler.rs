@@ -247,8 +247,8 @@ fn execute_inner(ctx: &mut Ctx<'_>, req: Request) -> Result<Step, Refusal> {
         }
     }
     if let (Some(node), Some(conn)) = (&ctx.shared.cluster, ctx.remote) {
-        let connections = ctx.shared.db.stats().connections;
-        return Ok(Step::Later(node.execute(conn, req, kind, connections)));
+        let db = ctx.shared.db.clone();
+        return Ok(Step::Later(node.execute(conn, req, kind, db)));
     }
     if kind == RequestType::OpenSession {
         return open_session(ctx, id, req.session);

@@ -28,6 +28,7 @@
 
 use crate::cluster::{ApplySink, Cluster, ClusterConfig, ClusterError, ClusterStatus, Member};
 use crate::config::Config;
+use crate::db::Db;
 use crate::handler::{self, Refusal};
 use crate::pending::Pending;
 use crate::shared::Shared;
@@ -99,7 +100,6 @@ impl Attached {
     pub fn applied(&self, cmd: &Command, out: &Output) {
         tracing::trace!(?cmd, reply = ?out.reply, woken = out.woken.len(), "applied");
         if out.woken.is_empty()
-            && out.withdrawn.is_empty()
             && out.ended_sessions.is_empty()
             && !matches!(cmd, Command::Disconnect { .. })
         {
@@ -123,13 +123,9 @@ impl Attached {
                 }
             }
         }
-        for req in &out.withdrawn {
-            for waits in sessions.values_mut() {
-                if waits.slots.remove(req).is_some() {
-                    break;
-                }
-            }
-        }
+        // A replicated table withdraws waits only when their session ends
+        // (Disconnect, or expiry in Advance; Close is never proposed), and
+        // an ended session goes whole, its waits' slots with it.
         for s in &out.ended_sessions {
             sessions.remove(s);
         }
@@ -295,13 +291,13 @@ impl Replicated {
     }
 
     /// Answers `req` (already checked for version, token and type) in a
-    /// task; `connections` is this node's count for Inspect's stats.
+    /// task; `db` counts this node's connections, for Inspect's stats.
     pub fn execute(
         self: &Arc<Self>,
         conn: &Arc<ConnSessions>,
         req: Request,
         kind: RequestType,
-        connections: u64,
+        db: Db,
     ) -> Pending {
         let (tx, rx) = oneshot::channel();
         let node = self.clone();
@@ -310,7 +306,7 @@ impl Replicated {
         // until this one is answered.
         tokio::spawn(async move {
             let id = req.id;
-            let r = match node.answer(&conn, req, kind, connections).await {
+            let r = match node.answer(&conn, req, kind, &db).await {
                 Ok(r) => r,
                 Err(r) => *r,
             };
@@ -360,7 +356,7 @@ impl Replicated {
         conn: &ConnSessions,
         req: Request,
         kind: RequestType,
-        connections: u64,
+        db: &Db,
     ) -> Result<Response, Refused> {
         let id = req.id;
         let config = &self.config;
@@ -457,7 +453,7 @@ impl Replicated {
                 self.cluster.read(|table, now| {
                     if body.keys.is_empty() {
                         r.server_stats = Some(ServerStats {
-                            connections,
+                            connections: db.stats().connections,
                             held_keys: table.held_keys() as u64,
                             waiting_requests: table.waiting() as u64,
                         });
