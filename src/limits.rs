@@ -19,6 +19,9 @@ pub struct Limits {
     pub max_frame: usize,
     /// Most unanswered requests per connection.
     pub max_pipeline: usize,
+    /// Sessions outlive a broken connection and can be resumed through
+    /// another node: the server is a cluster node.
+    pub resumable_sessions: bool,
 }
 
 /// A request the server would refuse, found before sending it.
@@ -110,6 +113,7 @@ impl From<&proto::ServerLimits> for Limits {
             max_key_len: size(l.max_key_len),
             max_frame: size(l.max_frame),
             max_pipeline: size(l.max_pipeline),
+            resumable_sessions: l.resumable_sessions,
         }
     }
 }

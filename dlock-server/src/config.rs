@@ -270,6 +270,7 @@ impl Config {
             max_key_len: small(self.max_key_len),
             max_frame: small(self.max_frame),
             max_pipeline: small(self.max_pipeline),
+            resumable_sessions: false,
         }
     }
 }

@@ -377,6 +377,7 @@ impl Replicated {
                 // A lock bound to a session lives a TTL after the last
                 // request that named it, however the connection ends.
                 limits.session_timeout_micro = micros(config.session_ttl);
+                limits.resumable_sessions = true;
                 r.limits = Some(limits);
                 Ok(r)
             }

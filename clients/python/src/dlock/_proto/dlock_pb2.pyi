@@ -72,13 +72,15 @@ NotHeld: ResponseStatus
 UnknownSession: ResponseStatus
 
 class Request(_message.Message):
-    __slots__ = ("version", "id", "access_token", "type", "session", "session_ttl_micro", "lock", "cluster")
+    __slots__ = ("version", "id", "access_token", "type", "session", "session_ttl_micro", "seq", "seq_done", "lock", "cluster")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     ACCESS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_TTL_MICRO_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SEQ_DONE_FIELD_NUMBER: _ClassVar[int]
     LOCK_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     version: int
@@ -87,9 +89,11 @@ class Request(_message.Message):
     type: RequestType
     session: int
     session_ttl_micro: int
+    seq: int
+    seq_done: int
     lock: RequestLock
     cluster: RequestCluster
-    def __init__(self, version: _Optional[int] = ..., id: _Optional[int] = ..., access_token: _Optional[str] = ..., type: _Optional[_Union[RequestType, str]] = ..., session: _Optional[int] = ..., session_ttl_micro: _Optional[int] = ..., lock: _Optional[_Union[RequestLock, _Mapping]] = ..., cluster: _Optional[_Union[RequestCluster, _Mapping]] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., id: _Optional[int] = ..., access_token: _Optional[str] = ..., type: _Optional[_Union[RequestType, str]] = ..., session: _Optional[int] = ..., session_ttl_micro: _Optional[int] = ..., seq: _Optional[int] = ..., seq_done: _Optional[int] = ..., lock: _Optional[_Union[RequestLock, _Mapping]] = ..., cluster: _Optional[_Union[RequestCluster, _Mapping]] = ...) -> None: ...
 
 class RequestCluster(_message.Message):
     __slots__ = ("node_id", "client_addr", "peer_addr")
@@ -202,20 +206,22 @@ class Response(_message.Message):
     def __init__(self, version: _Optional[int] = ..., request_id: _Optional[int] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., error_text: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., server_unix_time: _Optional[int] = ..., fence: _Optional[int] = ..., key_info: _Optional[_Iterable[_Union[KeyInfo, _Mapping]]] = ..., server_stats: _Optional[_Union[ServerStats, _Mapping]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., session: _Optional[int] = ..., session_ttl_micro: _Optional[int] = ..., leader_addr: _Optional[str] = ..., cluster: _Optional[_Union[ClusterInfo, _Mapping]] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("session_timeout_micro", "max_lease_micro", "max_keys", "max_key_len", "max_frame", "max_pipeline")
+    __slots__ = ("session_timeout_micro", "max_lease_micro", "max_keys", "max_key_len", "max_frame", "max_pipeline", "resumable_sessions")
     SESSION_TIMEOUT_MICRO_FIELD_NUMBER: _ClassVar[int]
     MAX_LEASE_MICRO_FIELD_NUMBER: _ClassVar[int]
     MAX_KEYS_FIELD_NUMBER: _ClassVar[int]
     MAX_KEY_LEN_FIELD_NUMBER: _ClassVar[int]
     MAX_FRAME_FIELD_NUMBER: _ClassVar[int]
     MAX_PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    RESUMABLE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     session_timeout_micro: int
     max_lease_micro: int
     max_keys: int
     max_key_len: int
     max_frame: int
     max_pipeline: int
-    def __init__(self, session_timeout_micro: _Optional[int] = ..., max_lease_micro: _Optional[int] = ..., max_keys: _Optional[int] = ..., max_key_len: _Optional[int] = ..., max_frame: _Optional[int] = ..., max_pipeline: _Optional[int] = ...) -> None: ...
+    resumable_sessions: bool
+    def __init__(self, session_timeout_micro: _Optional[int] = ..., max_lease_micro: _Optional[int] = ..., max_keys: _Optional[int] = ..., max_key_len: _Optional[int] = ..., max_frame: _Optional[int] = ..., max_pipeline: _Optional[int] = ..., resumable_sessions: bool = ...) -> None: ...
 
 class ServerStats(_message.Message):
     __slots__ = ("connections", "held_keys", "waiting_requests")
