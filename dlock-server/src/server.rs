@@ -119,8 +119,11 @@ impl Server {
             health,
             metrics,
         };
-        server.log_start(first_fence);
+        // Before the line that tells tests (and operators) the server is up:
+        // a probe right after it must find the server ready. The listener is
+        // bound, so connections made now wait in its backlog.
         server.health.set_accepting(true);
+        server.log_start(first_fence);
         Ok(server)
     }
 
