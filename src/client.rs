@@ -19,25 +19,20 @@
 //! and [`Client::closed`] resolves: there is no silent reconnect, because the
 //! server released every lock bound to the connection.
 
-use crate::codec::{encode_frame, FrameCodec, FrameError};
 use crate::error::{Disconnect, Error, Result};
+use crate::event::Event;
 use crate::guard::LockGuard;
 use crate::limits::Limits;
+use crate::link::{Call, Dial, Link};
 use crate::proto::{
     KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus, ServerStats,
 };
-use crate::safety::{AckClock, DEFAULT_SAFETY_MARGIN};
-use crate::transport::{self, Stream};
-use bytes::BytesMut;
-use futures_util::StreamExt;
-use std::collections::VecDeque;
+use crate::safety::DEFAULT_SAFETY_MARGIN;
+use crate::servers::Servers;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{broadcast, mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
 /// Settings of a [`Client`].
@@ -73,6 +68,11 @@ pub struct ClientOptions {
     /// must name the host part of the address. `None` (the default): plain
     /// TCP.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// On a cluster: the TTL asked for this client's sessions, how long
+    /// one outlives a broken connection (and so how long a failover may
+    /// take without losing locks). `None` (the default): the cluster's
+    /// default (`--session-ttl`, 10 s). Ignored by a single server.
+    pub session_ttl: Option<Duration>,
 }
 
 impl Default for ClientOptions {
@@ -86,6 +86,7 @@ impl Default for ClientOptions {
             safety_margin: DEFAULT_SAFETY_MARGIN,
             fallback_session_timeout: Duration::from_secs(10),
             tls: None,
+            session_ttl: None,
         }
     }
 }
@@ -174,22 +175,36 @@ pub struct Client {
     owners: Arc<Owners>,
 }
 
+/// One connection (a [`Link`]) and what calls on it share.
+#[derive(Debug)]
+struct Inner {
+    link: Link,
+    slots: Arc<Semaphore>,
+    next_id: AtomicU64,
+}
+
+impl Inner {
+    fn is_closed(&self) -> bool {
+        self.link.is_closed()
+    }
+}
+
 /// Most connections kept open for later locks once their lock is released.
 const MAX_IDLE_OWNERS: usize = 64;
 
-/// The server counts a connection as one owner: a key it holds is granted
-/// again to the same connection. So every lock is taken on a connection of
-/// its own, and tasks sharing a `Client` exclude each other exactly as
-/// processes do; a Lock that waits also delays nothing else (answers on one
-/// connection come in request order). Connections whose lock is released
-/// are kept for the next lock.
+/// The server counts a connection (on a cluster, a session) as one owner:
+/// a key it holds is granted again to the same owner. So every lock is
+/// taken on a connection of its own, and tasks sharing a `Client` exclude
+/// each other exactly as processes do; a Lock that waits also delays
+/// nothing else (answers on one connection come in request order).
+/// Connections whose lock is released are kept for the next lock.
 ///
 /// Kept connections are held without their `Client` wrapper: a `Client`
 /// holds the `Owners`, and the cycle would keep every connection open after
 /// the last `Client` is dropped.
 #[derive(Debug)]
 struct Owners {
-    options: ClientOptions,
+    dial: Arc<Dial>,
     /// Connections holding nothing, ready for the next lock.
     idle: Mutex<Vec<Arc<Inner>>>,
     /// Connections whose lock was handed over with `into_parts` without a
@@ -210,137 +225,59 @@ impl Owners {
     }
 }
 
-#[derive(Debug)]
-struct Inner {
-    calls: mpsc::Sender<Call>,
-    slots: Arc<Semaphore>,
-    next_id: AtomicU64,
-    lost: watch::Receiver<Option<Disconnect>>,
-    addr: String,
-    /// What the server said in answer to Hello; `None` for an older server.
-    limits: Option<Limits>,
-    /// The server's session timeout, stated or assumed.
-    session_timeout: Duration,
-    acked: Arc<AckClock>,
-}
-
-impl Inner {
-    fn is_closed(&self) -> bool {
-        self.lost.borrow().is_some()
-    }
-}
-
-/// What the writer needs to send one request.
-#[derive(Debug)]
-struct Call {
-    req: Request,
-    reply: Option<oneshot::Sender<Result<Response>>>,
-    /// Held until the response arrives: bounds requests in flight.
-    slot: Option<OwnedSemaphorePermit>,
-}
-
-/// A request written and not yet answered.
-#[derive(Debug)]
-struct Pending {
-    id: u64,
-    /// When the request was written: once it is answered, the server has
-    /// seen the connection alive no earlier than this.
-    sent: Instant,
-    reply: Option<oneshot::Sender<Result<Response>>>,
-    /// For Lock: the keys, so a grant nobody waits for any more is released.
-    lock_keys: Option<Vec<String>>,
-    _slot: Option<OwnedSemaphorePermit>,
-}
-
-/// The queue of unanswered requests; `None` once the reader has stopped, so
-/// the writer fails calls instead of queueing them for nobody.
-type PendingQueue = Arc<Mutex<Option<VecDeque<Pending>>>>;
-
 impl Client {
-    /// Connects with default options.
+    /// Connects with default options to `servers`: one address
+    /// (`"127.0.0.1:7436"`), or several nodes of a cluster as a
+    /// comma-separated list or a list of addresses (see [`Servers`]).
     ///
     /// # Errors
-    /// [`Error::Connect`] or [`Error::ConnectTimeout`].
-    pub async fn connect(addr: &str) -> Result<Client> {
-        Self::connect_with(addr, ClientOptions::default()).await
+    /// [`Error::Connect`] or [`Error::ConnectTimeout`] for one address;
+    /// [`Error::Unreachable`] naming every address tried for several.
+    pub async fn connect(servers: impl Into<Servers>) -> Result<Client> {
+        Self::connect_with(servers, ClientOptions::default()).await
     }
 
     /// Connects with `options`.
     ///
+    /// Against a cluster (a node whose Hello says its sessions are
+    /// resumable) the client finds the leader, following the address a
+    /// node that is not the leader names, and opens a session; when the
+    /// connection breaks it resumes the session on the (new) leader within
+    /// its TTL and sends again every request not answered, which the
+    /// cluster recognises: nothing is lost or done twice. See
+    /// [`Client::events`].
+    ///
     /// # Errors
-    /// [`Error::Connect`] or [`Error::ConnectTimeout`].
-    pub async fn connect_with(addr: &str, options: ClientOptions) -> Result<Client> {
+    /// As [`Client::connect`].
+    pub async fn connect_with(
+        servers: impl Into<Servers>,
+        options: ClientOptions,
+    ) -> Result<Client> {
+        let servers = servers.into();
+        if servers.addrs().is_empty() {
+            return Err(Error::Unreachable {
+                attempts: Vec::new(),
+            });
+        }
         let owners = Arc::new(Owners {
-            options: options.clone(),
+            dial: Arc::new(Dial::new(servers, options)),
             idle: Mutex::new(Vec::new()),
             parked: Mutex::new(Vec::new()),
         });
-        Self::open(addr, owners).await
+        Self::open(owners).await
     }
 
     /// Opens one connection sharing `owners`.
-    async fn open(addr: &str, owners: Arc<Owners>) -> Result<Client> {
-        let options = &owners.options;
-        let token = options.access_token.clone().unwrap_or_default();
-        let handshake = async {
-            let mut stream = transport::connect(addr, options, |s| configure(s, options))
-                .await
-                .map_err(|source| Error::Connect {
-                    addr: addr.to_string(),
-                    source,
-                })?;
-            let sent = Instant::now();
-            let limits = hello(&mut stream, &token).await?;
-            Ok::<_, Error>((stream, sent, limits))
-        };
-        let (stream, hello_sent, limits) =
-            match tokio::time::timeout(options.connect_timeout, handshake).await {
-                Ok(result) => result?,
-                Err(_) => {
-                    return Err(Error::ConnectTimeout {
-                        addr: addr.to_string(),
-                        timeout: options.connect_timeout,
-                    })
-                }
-            };
-        let session_timeout =
-            limits.map_or(options.fallback_session_timeout, |l| l.session_timeout);
-        // Four pings per session timeout: one may be lost or late and the
-        // next still arrives with half the timeout to spare.
-        let heartbeat = options.heartbeat.min(session_timeout / 4);
-        let acked = Arc::new(AckClock::new(hello_sent));
-        let (rd, wr) = tokio::io::split(stream);
-        let (calls, calls_rx) = mpsc::channel(options.max_in_flight.max(1));
-        let (lost_tx, lost) = watch::channel(None);
-        let pending: PendingQueue = Arc::new(Mutex::new(Some(VecDeque::new())));
-        let lost_tx = Arc::new(lost_tx);
-        tokio::spawn(write_loop(
-            wr,
-            calls_rx,
-            pending.clone(),
-            heartbeat,
-            token,
-            lost_tx.clone(),
-        ));
-        tokio::spawn(read_loop(
-            rd,
-            pending,
-            calls.downgrade(),
-            lost_tx,
-            acked.clone(),
-        ));
+    async fn open(owners: Arc<Owners>) -> Result<Client> {
+        let link = Link::open(owners.dial.clone()).await?;
+        let slots = Arc::new(Semaphore::new(owners.dial.options.max_in_flight.max(1)));
         Ok(Client {
             inner: Arc::new(Inner {
-                calls,
-                slots: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
+                link,
+                slots,
                 next_id: AtomicU64::new(1),
-                lost,
-                addr: addr.to_string(),
-                limits,
-                session_timeout,
-                acked,
             }),
-            owners: owners.clone(),
+            owners,
         })
     }
 
@@ -361,7 +298,7 @@ impl Client {
                     })
                 }
                 Some(_) => continue,
-                None => return Self::open(&self.inner.addr, self.owners.clone()).await,
+                None => return Self::open(self.owners.clone()).await,
             }
         }
     }
@@ -384,33 +321,53 @@ impl Client {
     /// The limits the server stated when this client connected; `None` for
     /// a server that predates the Hello request.
     pub fn limits(&self) -> Option<Limits> {
-        self.inner.limits
+        self.inner.link.limits
     }
 
     /// How long the server may go without a request from this client
     /// before it ends the connection and releases its locks without lease:
     /// as the server stated, or [`ClientOptions::fallback_session_timeout`].
+    /// On a cluster: the session's TTL.
     pub fn session_timeout(&self) -> Duration {
-        self.inner.session_timeout
+        self.inner.link.session_timeout
+    }
+
+    /// The cluster session this client's connection acts for; `None`
+    /// against a single server, where the connection is the owner.
+    pub fn session(&self) -> Option<u64> {
+        Some(self.inner.link.session).filter(|&s| s != 0)
     }
 
     pub(crate) fn safety_margin(&self) -> Duration {
-        self.owners.options.safety_margin
+        self.owners.dial.options.safety_margin
     }
 
     /// Send time of the latest request the server answered.
     pub(crate) fn last_acked(&self) -> Instant {
-        self.inner.acked.last()
+        self.inner.link.acked.last()
     }
 
-    /// The address this client connected to.
-    pub fn addr(&self) -> &str {
-        &self.inner.addr
+    /// The address of the server (on a cluster: the node) this client's
+    /// connection goes to now.
+    pub fn addr(&self) -> String {
+        self.inner.link.addr()
+    }
+
+    /// The addresses this client was given.
+    pub fn servers(&self) -> &Servers {
+        &self.owners.dial.servers
+    }
+
+    /// Reconnects and resumed sessions of this client's connections (on a
+    /// cluster; a single server's client has none). Events before the
+    /// call are not seen.
+    pub fn events(&self) -> broadcast::Receiver<Event> {
+        self.owners.dial.events.subscribe()
     }
 
     /// Resolves when the connection has ended, with the reason.
     pub async fn closed(&self) -> Disconnect {
-        let mut lost = self.inner.lost.clone();
+        let mut lost = self.inner.link.lost.clone();
         loop {
             if let Some(reason) = lost.borrow_and_update().as_ref() {
                 return reason.clone();
@@ -610,6 +567,7 @@ impl Client {
             slot: Some(slot),
         };
         self.inner
+            .link
             .calls
             .send(call)
             .await
@@ -630,9 +588,9 @@ impl Client {
             reply: None,
             slot: None,
         };
-        if let Err(mpsc::error::TrySendError::Full(call)) = self.inner.calls.try_send(call) {
+        if let Err(mpsc::error::TrySendError::Full(call)) = self.inner.link.calls.try_send(call) {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let calls = self.inner.calls.clone();
+                let calls = self.inner.link.calls.clone();
                 rt.spawn(async move {
                     let _ = calls.send(call).await;
                 });
@@ -651,14 +609,14 @@ impl Client {
     }
 
     fn check_open(&self) -> Result<()> {
-        match self.inner.lost.borrow().as_ref() {
+        match self.inner.link.lost.borrow().as_ref() {
             Some(reason) => Err(Error::ConnectionLost(reason.clone())),
             None => Ok(()),
         }
     }
 
     fn lost_error(&self) -> Error {
-        let reason = self.inner.lost.borrow().clone();
+        let reason = self.inner.link.lost.borrow().clone();
         Error::ConnectionLost(reason.unwrap_or(Disconnect::Closed))
     }
 }
@@ -669,7 +627,7 @@ pub(crate) fn micros(d: Duration) -> u64 {
 }
 
 /// Maps a response's status to a result.
-fn check(resp: Response) -> Result<Response> {
+pub(crate) fn check(resp: Response) -> Result<Response> {
     let status = ResponseStatus::try_from(resp.status)
         .map_err(|_| Error::Protocol(format!("unknown response status {}", resp.status)))?;
     match status {
@@ -681,312 +639,5 @@ fn check(resp: Response) -> Result<Response> {
             status,
             text: resp.error_text,
         }),
-    }
-}
-
-/// Asks the server for its limits on a fresh connection, before the
-/// connection is split between the writer and reader tasks.
-async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
-    stream: &mut S,
-    token: &str,
-) -> Result<Option<Limits>> {
-    let req = Request {
-        version: crate::PROTOCOL_VERSION,
-        // Outside the range of call ids (counting up from 1) and heartbeat
-        // ids (counting down below the maximum).
-        id: u64::MAX,
-        access_token: token.to_string(),
-        r#type: RequestType::Hello as i32,
-        ..Request::default()
-    };
-    let mut buf = BytesMut::new();
-    encode_frame(&req, &mut buf);
-    write_flush(stream, &buf)
-        .await
-        .map_err(|e| Disconnect::Write(Arc::new(e)))?;
-    buf.clear();
-    let mut codec = FrameCodec::new(crate::MAX_RESPONSE_FRAME);
-    let body = loop {
-        if let Some(body) = tokio_util::codec::Decoder::decode(&mut codec, &mut buf)
-            .map_err(|e| Error::Protocol(format!("bad answer to Hello: {e}")))?
-        {
-            break body;
-        }
-        let read = stream.read_buf(&mut buf).await;
-        if read.map_err(|e| Disconnect::Read(Arc::new(e)))? == 0 {
-            return Err(Disconnect::Closed.into());
-        }
-    };
-    let resp: Response = prost::Message::decode(body)
-        .map_err(|e| Error::Protocol(format!("undecodable answer to Hello: {e}")))?;
-    if resp.status == ResponseStatus::InvalidType as i32 {
-        // A server that predates Hello.
-        return Ok(None);
-    }
-    let resp = check(resp)?;
-    Ok(resp.limits.as_ref().map(Limits::from))
-}
-
-/// See [`ClientOptions::keepalive`]. tokio exposes neither keepalive timing
-/// nor TCP_USER_TIMEOUT, hence socket2.
-fn configure(stream: &TcpStream, options: &ClientOptions) {
-    let _ = stream.set_nodelay(true);
-    let sock = socket2::SockRef::from(stream);
-    let interval = (options.keepalive / 3).max(Duration::from_secs(1));
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(options.keepalive)
-        .with_interval(interval);
-    #[cfg(any(target_os = "linux", target_os = "macos", target_os = "freebsd"))]
-    let keepalive = keepalive.with_retries(3);
-    let _ = sock.set_tcp_keepalive(&keepalive);
-    #[cfg(any(target_os = "linux", target_os = "android"))]
-    let _ = sock.set_tcp_user_timeout(Some(options.keepalive + 3 * interval));
-}
-
-/// Writes all of `buf` and flushes: TLS may keep written records until a
-/// flush (for TCP the flush is free).
-async fn write_flush<W: AsyncWrite + Unpin>(wr: &mut W, buf: &[u8]) -> std::io::Result<()> {
-    wr.write_all(buf).await?;
-    wr.flush().await
-}
-
-fn mark_lost(lost: &watch::Sender<Option<Disconnect>>, reason: Disconnect) {
-    lost.send_if_modified(|r| {
-        if r.is_none() {
-            *r = Some(reason);
-            true
-        } else {
-            false
-        }
-    });
-}
-
-/// Most calls encoded into one write.
-const MAX_BATCH: usize = 64;
-
-/// The writer task: waits for a call (or a heartbeat's turn), writes it with
-/// every call queued behind it, and on the way out fails what is left.
-async fn write_loop(
-    mut wr: WriteHalf<Stream>,
-    mut calls: mpsc::Receiver<Call>,
-    pending: PendingQueue,
-    heartbeat: Duration,
-    token: String,
-    lost: Arc<watch::Sender<Option<Disconnect>>>,
-) {
-    let mut lost_rx = lost.subscribe();
-    let mut out = BytesMut::new();
-    let mut ping_id = u64::MAX;
-    let mut last_write = Instant::now();
-    let mut tick = tokio::time::interval(heartbeat.max(Duration::from_millis(10)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let first = tokio::select! {
-            _ = lost_rx.changed() => break,
-            call = calls.recv() => match call {
-                Some(c) => c,
-                None => break,
-            },
-            _ = tick.tick() => {
-                if last_write.elapsed() < heartbeat {
-                    continue;
-                }
-                heartbeat_call(&mut ping_id)
-            }
-        };
-        let batch = with_queued_calls(first, &mut calls);
-        if let Err(batch) = encode_batch(batch, &pending, &token, &mut out) {
-            let reason = lost.borrow().clone().unwrap_or(Disconnect::Closed);
-            fail_calls(batch, &reason);
-            break;
-        }
-        if let Err(e) = write_flush(&mut wr, &out).await {
-            mark_lost(&lost, Disconnect::Write(Arc::new(e)));
-            break;
-        }
-        out.clear();
-        last_write = Instant::now();
-    }
-    fail_unsent_calls(calls, &lost);
-    let _ = wr.shutdown().await;
-}
-
-/// A Ping of the writer's own. Heartbeat ids count down from the top so
-/// they never meet the ids of real calls, which count up from 1.
-fn heartbeat_call(ping_id: &mut u64) -> Call {
-    *ping_id -= 1;
-    let req = Request {
-        version: crate::PROTOCOL_VERSION,
-        id: *ping_id,
-        r#type: RequestType::Ping as i32,
-        ..Request::default()
-    };
-    Call {
-        req,
-        reply: None,
-        slot: None,
-    }
-}
-
-/// `first` and the calls already waiting behind it, up to [`MAX_BATCH`]:
-/// one write for many calls under load, no waiting for more when idle.
-fn with_queued_calls(first: Call, calls: &mut mpsc::Receiver<Call>) -> Vec<Call> {
-    let mut batch = vec![first];
-    while batch.len() < MAX_BATCH {
-        match calls.try_recv() {
-            Ok(c) => batch.push(c),
-            Err(_) => break,
-        }
-    }
-    batch
-}
-
-/// Encodes `batch` into `out` and queues each call for its answer, in
-/// order. Gives the batch back if the reader has stopped: nobody would
-/// answer it.
-fn encode_batch(
-    batch: Vec<Call>,
-    pending: &PendingQueue,
-    token: &str,
-    out: &mut BytesMut,
-) -> std::result::Result<(), Vec<Call>> {
-    // Stamped before the write, so never later than the server's receipt.
-    let sent = Instant::now();
-    let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(queue) = guard.as_mut() else {
-        return Err(batch);
-    };
-    for mut call in batch {
-        // Every request, the writer's own heartbeats and releases
-        // included, carries the token.
-        call.req.access_token = token.to_owned();
-        encode_frame(&call.req, out);
-        // The request is not needed once encoded: keep a Lock's keys
-        // without copying them.
-        let lock_keys = (call.req.r#type == RequestType::Lock as i32)
-            .then(|| call.req.lock.take().map(|l| l.keys).unwrap_or_default());
-        queue.push_back(Pending {
-            id: call.req.id,
-            sent,
-            reply: call.reply,
-            lock_keys,
-            _slot: call.slot,
-        });
-    }
-    Ok(())
-}
-
-/// Closes the call queue and fails every call still in it with the reason
-/// the connection ended.
-fn fail_unsent_calls(mut calls: mpsc::Receiver<Call>, lost: &watch::Sender<Option<Disconnect>>) {
-    calls.close();
-    let mut rest = Vec::new();
-    while let Ok(c) = calls.try_recv() {
-        rest.push(c);
-    }
-    let reason = lost.borrow().clone().unwrap_or(Disconnect::Dropped);
-    fail_calls(rest, &reason);
-}
-
-fn fail_calls(calls: Vec<Call>, reason: &Disconnect) {
-    for c in calls {
-        if let Some(reply) = c.reply {
-            let _ = reply.send(Err(Error::ConnectionLost(reason.clone())));
-        }
-    }
-}
-
-async fn read_loop(
-    rd: ReadHalf<Stream>,
-    pending: PendingQueue,
-    calls: mpsc::WeakSender<Call>,
-    lost: Arc<watch::Sender<Option<Disconnect>>>,
-    acked: Arc<AckClock>,
-) {
-    let mut lost_rx = lost.subscribe();
-    let mut reader =
-        tokio_util::codec::FramedRead::new(rd, FrameCodec::new(crate::MAX_RESPONSE_FRAME));
-    let reason = loop {
-        let frame = tokio::select! {
-            _ = lost_rx.changed() => break None,
-            frame = reader.next() => frame,
-        };
-        let body = match frame {
-            Some(Ok(body)) => body,
-            Some(Err(FrameError::Io(e))) => break Some(Disconnect::Read(Arc::new(e))),
-            Some(Err(FrameError::TooLarge { len, max })) => {
-                break Some(Disconnect::FrameTooLarge { len, max })
-            }
-            None => break Some(Disconnect::Closed),
-        };
-        let resp: Response = match prost::Message::decode(body) {
-            Ok(r) => r,
-            Err(e) => break Some(Disconnect::Undecodable(e)),
-        };
-        let next = {
-            let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
-            guard.as_mut().and_then(|q| q.pop_front())
-        };
-        let Some(p) = next.filter(|p| p.id == resp.request_id) else {
-            // An answer to nothing: the server turned the connection away
-            // (request_id 0, e.g. too many connections) or broke ordering.
-            break Some(if resp.error_text.is_empty() {
-                Disconnect::UnexpectedAnswer {
-                    request_id: resp.request_id,
-                }
-            } else {
-                Disconnect::TurnedAway(resp.error_text)
-            });
-        };
-        acked.record(p.sent);
-        deliver(p, resp, &calls);
-    };
-    if let Some(reason) = reason {
-        mark_lost(&lost, reason);
-    }
-    let reason = lost.borrow().clone().unwrap_or(Disconnect::Closed);
-    let left = pending.lock().unwrap_or_else(|p| p.into_inner()).take();
-    for p in left.into_iter().flatten() {
-        if let Some(reply) = p.reply {
-            let _ = reply.send(Err(Error::ConnectionLost(reason.clone())));
-        }
-    }
-}
-
-/// Hands a response to its caller. A Lock granted to a caller that stopped
-/// waiting is released at once, so a cancelled `lock` leaks nothing.
-fn deliver(p: Pending, resp: Response, calls: &mpsc::WeakSender<Call>) {
-    let granted_fence = (resp.status == ResponseStatus::Ok as i32).then_some(resp.fence);
-    let undelivered = match p.reply {
-        Some(reply) => reply.send(Ok(resp)).is_err(),
-        None => false,
-    };
-    if !undelivered {
-        return;
-    }
-    if let (Some(keys), Some(fence), Some(calls)) = (p.lock_keys, granted_fence, calls.upgrade()) {
-        let req = Request {
-            version: crate::PROTOCOL_VERSION,
-            // Nobody reads the answer; reusing the grant's id keeps ids unique
-            // among requests in flight.
-            id: p.id,
-            r#type: RequestType::Unlock as i32,
-            lock: Some(RequestLock {
-                keys,
-                fence,
-                ..RequestLock::default()
-            }),
-            ..Request::default()
-        };
-        let call = Call {
-            req,
-            reply: None,
-            slot: None,
-        };
-        if let Err(mpsc::error::TrySendError::Full(call)) = calls.try_send(call) {
-            tokio::spawn(async move {
-                let _ = calls.send(call).await;
-            });
-        }
     }
 }

@@ -26,6 +26,12 @@ pub enum Error {
         /// The limit in force.
         timeout: Duration,
     },
+    /// No server among several addresses could be used.
+    #[error("no server reachable: {}", attempts.iter().map(|(a, why)| format!("{a}: {why}")).collect::<Vec<_>>().join("; "))]
+    Unreachable {
+        /// Each address tried and why it failed (the latest reason).
+        attempts: Vec<(String, String)>,
+    },
     /// The wait limit passed with keys still busy.
     #[error("lock not acquired in time: busy keys {busy:?}")]
     Timeout {
@@ -99,6 +105,13 @@ pub enum Disconnect {
     },
     /// Every handle on the connection was dropped.
     Dropped,
+    /// A cluster said the client's session is unknown: it ended (its TTL
+    /// ran out while the client was away, or it was closed). Its locks
+    /// without a lease are released.
+    SessionEnded,
+    /// No node of the cluster resumed the session before its TTL ran out;
+    /// the text says what the last attempts found.
+    NotResumed(Arc<String>),
 }
 
 impl Disconnect {
@@ -136,6 +149,10 @@ impl fmt::Display for Reason<'_> {
                 write!(f, "unexpected response to request {request_id}")
             }
             Disconnect::Dropped => write!(f, "the client was dropped"),
+            Disconnect::SessionEnded => write!(f, "the cluster ended the session"),
+            Disconnect::NotResumed(why) => {
+                write!(f, "the session was not resumed within its TTL: {why}")
+            }
         }
     }
 }

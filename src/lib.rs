@@ -8,7 +8,9 @@
 //! - [`duration`]: how durations are written on every dlock command line.
 //! - [`Client`] (`client.rs`), [`LockGuard`] (`guard.rs`), [`Error`]
 //!   (`error.rs`): the client library. One connection serves many tasks;
-//!   requests are pipelined.
+//!   requests are pipelined. `link.rs`: one connection's writer and reader,
+//!   and against a cluster the session resumed across reconnects
+//!   ([`Event`], [`Servers`]).
 //! - [`safety`]: when a held lock must be given up, judged from the client's
 //!   side alone ([`Lost`]); [`Limits`] (`limits.rs`): what the server allows.
 //! - [`token_file`]: the access-token file format.
@@ -28,22 +30,27 @@ mod client;
 pub mod codec;
 pub mod duration;
 mod error;
+mod event;
 mod guard;
 mod limits;
+mod link;
 #[cfg(feature = "proc-sample")]
 pub mod proc_sample;
 #[cfg(feature = "raw")]
 pub mod raw;
 pub mod safety;
+mod servers;
 pub mod tls;
 pub mod token_file;
 mod transport;
 
 pub use client::{Client, ClientOptions, LockOptions, LockWait};
 pub use error::{Disconnect, Error, Result};
+pub use event::Event;
 pub use guard::LockGuard;
 pub use limits::{LimitError, Limits};
 pub use safety::Lost;
+pub use servers::Servers;
 
 /// Wire types generated from `proto/dlock.proto`.
 #[allow(missing_docs)]

@@ -1,0 +1,909 @@
+//! One connection of a [`crate::Client`], as the writer and reader tasks
+//! see it, and, against a cluster, the session that outlives it.
+//!
+//! A *link* is a stream to one node with a writer task and a reader task
+//! (see `client.rs` for why two). Against a single server the link ends with
+//! its stream: every pending call fails, and so does every later one, since
+//! the server released the locks bound to the connection.
+//!
+//! Against a cluster (the node's Hello says `resumable_sessions`) the link
+//! opens a session, names it in every request that acts for an owner, and
+//! numbers those that change the table (`Request.seq`). When the stream
+//! breaks, the link's driver looks for the (new) leader among the known
+//! addresses, following `NotLeader` answers, resumes the session there and
+//! sends again, in order and under their first numbers, the requests that
+//! were not answered: the leader answers a request it already applied as it
+//! did the first time. Only when the session is really gone (a node says it
+//! is unknown, or no node resumed it within its TTL) does the link end as
+//! it would against a single server.
+
+use crate::client::ClientOptions;
+use crate::codec::{encode_frame, FrameCodec, FrameError};
+use crate::error::{Disconnect, Error, Result};
+use crate::event::Event;
+use crate::limits::Limits;
+use crate::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
+use crate::safety::AckClock;
+use crate::servers::Servers;
+use crate::transport::{self, Stream};
+use bytes::BytesMut;
+use futures_util::StreamExt;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{broadcast, mpsc, oneshot, watch, OwnedSemaphorePermit};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// What every link of a client needs to connect: where, how, and whom to
+/// tell about reconnects. Holds no connection, so links may share it
+/// without keeping each other alive.
+#[derive(Debug)]
+pub(crate) struct Dial {
+    pub(crate) servers: Servers,
+    pub(crate) options: ClientOptions,
+    /// The node that last opened or resumed a session: tried first, since
+    /// it was the leader.
+    leader: Mutex<Option<String>>,
+    pub(crate) events: broadcast::Sender<Event>,
+}
+
+/// Events kept for a slow reader of [`crate::Client::events`] before the
+/// oldest are dropped (it then sees `Lagged`).
+const EVENTS_KEPT: usize = 64;
+
+impl Dial {
+    pub(crate) fn new(servers: Servers, options: ClientOptions) -> Dial {
+        Dial {
+            servers,
+            options,
+            leader: Mutex::new(None),
+            events: broadcast::channel(EVENTS_KEPT).0,
+        }
+    }
+
+    fn token(&self) -> String {
+        self.options.access_token.clone().unwrap_or_default()
+    }
+
+    fn leader(&self) -> Option<String> {
+        self.leader
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_leader(&self, addr: &str) {
+        *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr.to_owned());
+    }
+}
+
+/// A connection as the [`crate::Client`] handles it: calls go in through
+/// `calls`; `lost` says when (and why) the link ended for good.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub(crate) calls: mpsc::Sender<Call>,
+    pub(crate) lost: watch::Receiver<Option<Disconnect>>,
+    /// The node the link is connected to now.
+    addr: Arc<Mutex<String>>,
+    /// What the server said in answer to Hello; `None` for an older server.
+    pub(crate) limits: Option<Limits>,
+    /// How long after the last request the server answered a lock without
+    /// a lease may be released: the server's session timeout, or a
+    /// cluster session's TTL.
+    pub(crate) session_timeout: Duration,
+    pub(crate) acked: Arc<AckClock>,
+    /// The cluster session the link acts for; 0 against a single server.
+    pub(crate) session: u64,
+}
+
+impl Link {
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lost.borrow().is_some()
+    }
+
+    pub(crate) fn addr(&self) -> String {
+        self.addr.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Connects to one of `dial`'s servers (on a cluster: the leader, with
+    /// a new session) and starts the tasks that serve the link.
+    ///
+    /// # Errors
+    /// With one address: [`Error::Connect`], [`Error::ConnectTimeout`] or
+    /// what the server answered. With several: [`Error::Unreachable`],
+    /// naming every address tried and why it failed.
+    pub(crate) async fn open(dial: Arc<Dial>) -> Result<Link> {
+        let deadline = Instant::now() + dial.options.connect_timeout;
+        let est = establish(&dial, 0, deadline, false).await?;
+        let options = &dial.options;
+        let (session, session_timeout) = match est.session {
+            Some((id, ttl)) => (id, ttl),
+            None => (
+                0,
+                est.limits
+                    .map_or(options.fallback_session_timeout, |l| l.session_timeout),
+            ),
+        };
+        // Four pings per session timeout: one may be lost or late and the
+        // next still arrives with half the timeout to spare.
+        let heartbeat = options.heartbeat.min(session_timeout / 4);
+        let acked = Arc::new(AckClock::new(est.acked_from));
+        let (calls, calls_rx) = mpsc::channel(options.max_in_flight.max(1));
+        let (lost_tx, lost) = watch::channel(None);
+        let addr = Arc::new(Mutex::new(est.addr.clone()));
+        let driver = Driver {
+            dial: dial.clone(),
+            addr: addr.clone(),
+            pending: Arc::new(Mutex::new(VecDeque::new())),
+            calls: calls.downgrade(),
+            lost: lost_tx,
+            acked: acked.clone(),
+            heartbeat,
+            session_ttl: session_timeout,
+        };
+        let writer = Writer {
+            calls: calls_rx,
+            ping_id: u64::MAX,
+            next_seq: 1,
+            session,
+            token: dial.token(),
+            closed: false,
+        };
+        tokio::spawn(driver.run(est.stream, writer));
+        Ok(Link {
+            calls,
+            lost,
+            addr,
+            limits: est.limits,
+            session_timeout,
+            acked,
+            session,
+        })
+    }
+}
+
+/// What the writer needs to send one request.
+#[derive(Debug)]
+pub(crate) struct Call {
+    pub(crate) req: Request,
+    pub(crate) reply: Option<oneshot::Sender<Result<Response>>>,
+    /// Held until the response arrives: bounds requests in flight.
+    pub(crate) slot: Option<OwnedSemaphorePermit>,
+}
+
+/// A request written and not yet answered.
+#[derive(Debug)]
+struct Pending {
+    id: u64,
+    /// When the request was (last) written: once it is answered, the server
+    /// has seen the connection alive no earlier than this.
+    sent: Instant,
+    reply: Option<oneshot::Sender<Result<Response>>>,
+    /// For Lock: the keys, so a grant nobody waits for any more is released.
+    lock_keys: Option<Vec<String>>,
+    /// On a session: the request's number, 0 for one that changes nothing.
+    seq: u64,
+    /// On a session: the request itself, to be sent again after a
+    /// reconnect. `None` against a single server, which never resumes.
+    resend: Option<Request>,
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+/// The requests written and not yet answered, oldest first.
+type PendingQueue = Arc<Mutex<VecDeque<Pending>>>;
+
+/// What a link keeps from one stream to the next (and the writer hands
+/// back when its stream ends).
+struct Writer {
+    calls: mpsc::Receiver<Call>,
+    /// Heartbeat ids count down from the top so they never meet the ids
+    /// of real calls, which count up from 1.
+    ping_id: u64,
+    /// The number the next request that changes the table gets.
+    next_seq: u64,
+    session: u64,
+    token: String,
+    /// Every handle on the link was dropped: end, do not reconnect.
+    closed: bool,
+}
+
+/// The task that serves a link: runs the writer and the reader on each
+/// stream, and on a session replaces a broken stream.
+struct Driver {
+    dial: Arc<Dial>,
+    addr: Arc<Mutex<String>>,
+    pending: PendingQueue,
+    calls: mpsc::WeakSender<Call>,
+    lost: watch::Sender<Option<Disconnect>>,
+    acked: Arc<AckClock>,
+    heartbeat: Duration,
+    session_ttl: Duration,
+}
+
+impl Driver {
+    async fn run(self, mut stream: Stream, mut writer: Writer) {
+        loop {
+            let ended = CancellationToken::new();
+            let (rd, wr) = tokio::io::split(stream);
+            let write = tokio::spawn(write_loop(
+                wr,
+                writer,
+                self.pending.clone(),
+                self.heartbeat,
+                ended.clone(),
+            ));
+            let read = tokio::spawn(read_loop(
+                rd,
+                self.pending.clone(),
+                self.calls.clone(),
+                ended.clone(),
+                self.acked.clone(),
+            ));
+            let (written, read) = (write.await, read.await);
+            let Ok((w, write_error)) = written else {
+                // The writer panicked and took the call queue with it.
+                return self.finish(None, Disconnect::Closed);
+            };
+            writer = w;
+            let reason = read.ok().flatten().or(write_error);
+            if writer.closed {
+                return self.finish(Some(writer.calls), Disconnect::Dropped);
+            }
+            let reason = reason.unwrap_or(Disconnect::Closed);
+            if writer.session == 0 {
+                return self.finish(Some(writer.calls), reason);
+            }
+            let from = self.addr();
+            let _ = self.dial.events.send(Event::Reconnecting {
+                from: from.clone(),
+                reason,
+            });
+            let broke = Instant::now();
+            // The session lives at least a TTL after the send of the last
+            // request the cluster answered; past that no node may know it.
+            let deadline = self.acked.last() + self.session_ttl;
+            match establish(&self.dial, writer.session, deadline, true).await {
+                Ok(est) => {
+                    self.acked.record(est.acked_from);
+                    *self.addr.lock().unwrap_or_else(|p| p.into_inner()) = est.addr.clone();
+                    let _ = self.dial.events.send(Event::Resumed {
+                        addr: est.addr,
+                        session: writer.session,
+                        after: broke.elapsed(),
+                    });
+                    stream = est.stream;
+                }
+                Err(e) => {
+                    let reason = match e {
+                        Error::ConnectionLost(d) => d,
+                        e => Disconnect::NotResumed(Arc::new(e.to_string())),
+                    };
+                    return self.finish(Some(writer.calls), reason);
+                }
+            }
+        }
+    }
+
+    fn addr(&self) -> String {
+        self.addr.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Ends the link for good: every call pending or queued fails with
+    /// `reason`, and so does every later one.
+    fn finish(&self, calls: Option<mpsc::Receiver<Call>>, reason: Disconnect) {
+        self.lost.send_if_modified(|r| {
+            if r.is_none() {
+                *r = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+        let reason = self.lost.borrow().clone().unwrap_or(Disconnect::Closed);
+        let left = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        for p in left {
+            if let Some(reply) = p.reply {
+                let _ = reply.send(Err(Error::ConnectionLost(reason.clone())));
+            }
+        }
+        if let Some(mut calls) = calls {
+            calls.close();
+            while let Ok(c) = calls.try_recv() {
+                if let Some(reply) = c.reply {
+                    let _ = reply.send(Err(Error::ConnectionLost(reason.clone())));
+                }
+            }
+        }
+    }
+}
+
+/// A stream to a node, ready for the writer and the reader.
+struct Established {
+    stream: Stream,
+    addr: String,
+    limits: Option<Limits>,
+    /// The session opened or resumed, and its TTL; `None` on a single
+    /// server.
+    session: Option<(u64, Duration)>,
+    /// When the last request of the handshake was sent: the server had the
+    /// connection (and the session) alive no earlier.
+    acked_from: Instant,
+}
+
+/// Why one node did not serve the link.
+enum NodeError {
+    /// Not the leader; it named the leader's address, if it knows one.
+    NotLeader(Option<String>),
+    /// The cluster no longer knows the session.
+    SessionGone,
+    /// Nothing to retry on any node: access denied, a bad answer.
+    Fatal(Error),
+    /// Down, slow, or unwilling now; `answered` if it said so.
+    Failed { error: Error, answered: bool },
+}
+
+/// Connects to a node among `dial`'s servers before `deadline`: on a
+/// cluster the leader, opening a session (`session` 0) or resuming
+/// `session`. The last known leader goes first, then the servers in order,
+/// each leader a node names right after it.
+///
+/// `persist`: keep going round the servers until the deadline (a session
+/// to resume). Otherwise (a new link) stop after a round in which no node
+/// answered at all, so a dead server is reported at once.
+async fn establish(
+    dial: &Dial,
+    session: u64,
+    deadline: Instant,
+    persist: bool,
+) -> Result<Established> {
+    let mut attempts: Vec<(String, Error)> = Vec::new();
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let mut queue: VecDeque<String> = dial.leader().into_iter().collect();
+        for a in dial.servers.addrs() {
+            if !queue.contains(a) {
+                queue.push_back(a.clone());
+            }
+        }
+        let mut tried: Vec<String> = Vec::new();
+        let mut answered = false;
+        while let Some(addr) = queue.pop_front() {
+            if tried.contains(&addr) {
+                continue;
+            }
+            tried.push(addr.clone());
+            let now = Instant::now();
+            if now >= deadline && !attempts.is_empty() {
+                break;
+            }
+            let limit = dial
+                .options
+                .connect_timeout
+                .min(deadline.saturating_duration_since(now))
+                .max(Duration::from_millis(1));
+            let outcome = match tokio::time::timeout(limit, try_node(dial, &addr, session)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(NodeError::Failed {
+                    error: Error::ConnectTimeout {
+                        addr: addr.clone(),
+                        timeout: limit,
+                    },
+                    answered: false,
+                }),
+            };
+            match outcome {
+                Ok(est) => {
+                    if est.session.is_some() {
+                        dial.set_leader(&est.addr);
+                    }
+                    return Ok(est);
+                }
+                Err(NodeError::NotLeader(leader)) => {
+                    answered = true;
+                    let text = match &leader {
+                        Some(l) => format!("not the leader (the leader is {l})"),
+                        None => "not the leader, and no leader is known yet".to_owned(),
+                    };
+                    attempts.push((addr, Error::Protocol(text)));
+                    if let Some(l) = leader {
+                        queue.push_front(l);
+                    }
+                }
+                Err(NodeError::SessionGone) => {
+                    return Err(Error::ConnectionLost(Disconnect::SessionEnded));
+                }
+                Err(NodeError::Fatal(e)) => return Err(e),
+                Err(NodeError::Failed { error, answered: a }) => {
+                    answered |= a;
+                    attempts.push((addr, error));
+                }
+            }
+        }
+        let give_up = Instant::now() >= deadline || (!persist && !answered);
+        if give_up {
+            return Err(unreachable(attempts));
+        }
+        // An election takes a few heartbeats: do not hammer the nodes.
+        let wake = (Instant::now() + pause).min(deadline);
+        tokio::time::sleep_until(wake).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
+        // Keep the report to the latest round of each address.
+        let keep = attempts
+            .len()
+            .saturating_sub(4 * dial.servers.addrs().len().max(1));
+        attempts.drain(..keep);
+    }
+}
+
+/// The error for a connect that found no node: with one attempt, that
+/// attempt's own error (what a client of a single server always got).
+fn unreachable(mut attempts: Vec<(String, Error)>) -> Error {
+    if attempts.len() == 1 {
+        if let Some((_, e)) = attempts.pop() {
+            return e;
+        }
+    }
+    let mut seen: Vec<(String, String)> = Vec::new();
+    // The latest reason for each address, in the order first tried.
+    for (addr, e) in attempts {
+        let why = match e {
+            Error::Connect { source, .. } => source.to_string(),
+            Error::ConnectTimeout { timeout, .. } => {
+                format!("no answer within {}", crate::duration::format(timeout))
+            }
+            Error::Protocol(text) => text,
+            e => e.to_string(),
+        };
+        match seen.iter_mut().find(|(a, _)| *a == addr) {
+            Some(entry) => entry.1 = why,
+            None => seen.push((addr, why)),
+        }
+    }
+    Error::Unreachable { attempts: seen }
+}
+
+/// Connects to `addr`, asks its limits and, on a cluster node, opens or
+/// resumes the session there.
+async fn try_node(
+    dial: &Dial,
+    addr: &str,
+    session: u64,
+) -> std::result::Result<Established, NodeError> {
+    let options = &dial.options;
+    let token = dial.token();
+    let mut stream = transport::connect(addr, options, |s| configure(s, options))
+        .await
+        .map_err(|source| NodeError::Failed {
+            error: Error::Connect {
+                addr: addr.to_string(),
+                source,
+            },
+            answered: false,
+        })?;
+    let hello_sent = Instant::now();
+    let limits = hello(&mut stream, &token).await.map_err(|e| match e {
+        e @ (Error::AccessDenied(_) | Error::Protocol(_)) => NodeError::Fatal(e),
+        error => NodeError::Failed {
+            error,
+            answered: false,
+        },
+    })?;
+    if !limits.is_some_and(|l| l.resumable_sessions) {
+        if session != 0 {
+            return Err(NodeError::Failed {
+                error: Error::Protocol("not a cluster node: it cannot resume a session".into()),
+                answered: true,
+            });
+        }
+        return Ok(Established {
+            stream,
+            addr: addr.to_owned(),
+            limits,
+            session: None,
+            acked_from: hello_sent,
+        });
+    }
+    let open = Request {
+        version: crate::PROTOCOL_VERSION,
+        // Beside Hello's id, outside the ranges of calls and heartbeats.
+        id: u64::MAX - 1,
+        access_token: token,
+        r#type: RequestType::OpenSession as i32,
+        session,
+        session_ttl_micro: options
+            .session_ttl
+            .map_or(0, |t| crate::client::micros(t).max(1)),
+        ..Request::default()
+    };
+    let sent = Instant::now();
+    let resp = exchange(&mut stream, &open)
+        .await
+        .map_err(|error| NodeError::Failed {
+            error,
+            answered: false,
+        })?;
+    match ResponseStatus::try_from(resp.status) {
+        Ok(ResponseStatus::Ok) => Ok(Established {
+            stream,
+            addr: addr.to_owned(),
+            limits,
+            session: Some((resp.session, Duration::from_micros(resp.session_ttl_micro))),
+            acked_from: sent,
+        }),
+        Ok(ResponseStatus::NotLeader) => Err(NodeError::NotLeader(
+            Some(resp.leader_addr).filter(|a| !a.is_empty()),
+        )),
+        Ok(ResponseStatus::UnknownSession) if session != 0 => Err(NodeError::SessionGone),
+        Ok(ResponseStatus::AccessDenied) => {
+            Err(NodeError::Fatal(Error::AccessDenied(resp.error_text)))
+        }
+        Ok(ResponseStatus::InvalidArgument) => Err(NodeError::Fatal(Error::Server {
+            status: ResponseStatus::InvalidArgument,
+            text: resp.error_text,
+        })),
+        Ok(status) => Err(NodeError::Failed {
+            error: Error::Server {
+                status,
+                text: resp.error_text,
+            },
+            answered: true,
+        }),
+        Err(_) => Err(NodeError::Fatal(Error::Protocol(format!(
+            "unknown response status {}",
+            resp.status
+        )))),
+    }
+}
+
+/// Asks the server for its limits on a fresh connection.
+async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    token: &str,
+) -> Result<Option<Limits>> {
+    let req = Request {
+        version: crate::PROTOCOL_VERSION,
+        // Outside the range of call ids (counting up from 1) and heartbeat
+        // ids (counting down below the maximum).
+        id: u64::MAX,
+        access_token: token.to_string(),
+        r#type: RequestType::Hello as i32,
+        ..Request::default()
+    };
+    let resp = exchange(stream, &req).await?;
+    if resp.status == ResponseStatus::InvalidType as i32 {
+        // A server that predates Hello.
+        return Ok(None);
+    }
+    let resp = crate::client::check(resp)?;
+    Ok(resp.limits.as_ref().map(Limits::from))
+}
+
+/// Sends `req` and reads its answer, before the stream is split between
+/// the writer and the reader.
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    req: &Request,
+) -> Result<Response> {
+    let mut buf = BytesMut::new();
+    encode_frame(req, &mut buf);
+    write_flush(stream, &buf)
+        .await
+        .map_err(|e| Disconnect::Write(Arc::new(e)))?;
+    buf.clear();
+    let mut codec = FrameCodec::new(crate::MAX_RESPONSE_FRAME);
+    let body = loop {
+        if let Some(body) = tokio_util::codec::Decoder::decode(&mut codec, &mut buf)
+            .map_err(|e| Error::Protocol(format!("bad answer to {:?}: {e}", req.r#type())))?
+        {
+            break body;
+        }
+        let read = stream.read_buf(&mut buf).await;
+        if read.map_err(|e| Disconnect::Read(Arc::new(e)))? == 0 {
+            return Err(Disconnect::Closed.into());
+        }
+    };
+    prost::Message::decode(body)
+        .map_err(|e| Error::Protocol(format!("undecodable answer to {:?}: {e}", req.r#type())))
+}
+
+/// See [`ClientOptions::keepalive`]. tokio exposes neither keepalive timing
+/// nor TCP_USER_TIMEOUT, hence socket2.
+fn configure(stream: &TcpStream, options: &ClientOptions) {
+    let _ = stream.set_nodelay(true);
+    let sock = socket2::SockRef::from(stream);
+    let interval = (options.keepalive / 3).max(Duration::from_secs(1));
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(options.keepalive)
+        .with_interval(interval);
+    #[cfg(any(target_os = "linux", target_os = "macos", target_os = "freebsd"))]
+    let keepalive = keepalive.with_retries(3);
+    let _ = sock.set_tcp_keepalive(&keepalive);
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let _ = sock.set_tcp_user_timeout(Some(options.keepalive + 3 * interval));
+}
+
+/// Writes all of `buf` and flushes: TLS may keep written records until a
+/// flush (for TCP the flush is free).
+async fn write_flush<W: AsyncWrite + Unpin>(wr: &mut W, buf: &[u8]) -> std::io::Result<()> {
+    wr.write_all(buf).await?;
+    wr.flush().await
+}
+
+/// Longest wait for a clean close to be written (TLS sends a last record).
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(1);
+
+/// Most calls encoded into one write.
+const MAX_BATCH: usize = 64;
+
+/// The writer task of one stream: first sends again what an earlier stream
+/// left unanswered, then waits for a call (or a heartbeat's turn) and
+/// writes it with every call queued behind it. Hands the call queue back
+/// when the stream ends (`ended`, set by either task) or every handle is
+/// dropped.
+async fn write_loop(
+    mut wr: WriteHalf<Stream>,
+    mut st: Writer,
+    pending: PendingQueue,
+    heartbeat: Duration,
+    ended: CancellationToken,
+) -> (Writer, Option<Disconnect>) {
+    let mut out = BytesMut::new();
+    resend(&pending, &st.token, &mut out);
+    if !out.is_empty() {
+        let written = tokio::select! {
+            r = write_flush(&mut wr, &out) => r,
+            _ = ended.cancelled() => return (st, None),
+        };
+        if let Err(e) = written {
+            ended.cancel();
+            return (st, Some(Disconnect::Write(Arc::new(e))));
+        }
+        out.clear();
+    }
+    let mut last_write = Instant::now();
+    let mut tick = tokio::time::interval(heartbeat.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let error = loop {
+        let first = tokio::select! {
+            _ = ended.cancelled() => break None,
+            call = st.calls.recv() => match call {
+                Some(c) => c,
+                None => {
+                    st.closed = true;
+                    break None;
+                }
+            },
+            _ = tick.tick() => {
+                if last_write.elapsed() < heartbeat {
+                    continue;
+                }
+                heartbeat_call(&mut st.ping_id)
+            }
+        };
+        let batch = with_queued_calls(first, &mut st.calls);
+        encode_batch(batch, &pending, &mut st, &mut out);
+        // A write stuck on a dead stream must not outlive it.
+        let written = tokio::select! {
+            r = write_flush(&mut wr, &out) => r,
+            _ = ended.cancelled() => break None,
+        };
+        if let Err(e) = written {
+            break Some(Disconnect::Write(Arc::new(e)));
+        }
+        out.clear();
+        last_write = Instant::now();
+    };
+    if st.closed {
+        // A clean close: a cluster node ends the session at once.
+        let _ = tokio::time::timeout(SHUTDOWN_LIMIT, wr.shutdown()).await;
+    }
+    ended.cancel();
+    (st, error)
+}
+
+/// Encodes every request kept for sending again, in order, and restamps
+/// it: its answer will come from this stream.
+fn resend(pending: &PendingQueue, token: &str, out: &mut BytesMut) {
+    let now = Instant::now();
+    let mut queue = pending.lock().unwrap_or_else(|p| p.into_inner());
+    for p in queue.iter_mut() {
+        if let Some(req) = &mut p.resend {
+            req.access_token = token.to_owned();
+            encode_frame(req, out);
+            p.sent = now;
+        }
+    }
+}
+
+/// A Ping of the writer's own.
+fn heartbeat_call(ping_id: &mut u64) -> Call {
+    // Two ids at the top belong to the handshake.
+    *ping_id = ping_id.saturating_sub(1).min(u64::MAX - 2);
+    let req = Request {
+        version: crate::PROTOCOL_VERSION,
+        id: *ping_id,
+        r#type: RequestType::Ping as i32,
+        ..Request::default()
+    };
+    Call {
+        req,
+        reply: None,
+        slot: None,
+    }
+}
+
+/// `first` and the calls already waiting behind it, up to [`MAX_BATCH`]:
+/// one write for many calls under load, no waiting for more when idle.
+fn with_queued_calls(first: Call, calls: &mut mpsc::Receiver<Call>) -> Vec<Call> {
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match calls.try_recv() {
+            Ok(c) => batch.push(c),
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+/// Whether a request acts for an owner (so it names the session) and
+/// whether it changes the table (so it is numbered).
+fn session_use(kind: i32) -> (bool, bool) {
+    match RequestType::try_from(kind) {
+        Ok(RequestType::Lock | RequestType::Unlock | RequestType::Renew) => (true, true),
+        Ok(RequestType::Inspect) => (true, false),
+        _ => (false, false),
+    }
+}
+
+/// Encodes `batch` into `out` and queues each call for its answer, in
+/// order. On a session, names it and numbers what changes the table, and
+/// keeps a copy of every request to send again after a reconnect.
+fn encode_batch(batch: Vec<Call>, pending: &PendingQueue, st: &mut Writer, out: &mut BytesMut) {
+    // Stamped before the write, so never later than the server's receipt.
+    let sent = Instant::now();
+    let mut queue = pending.lock().unwrap_or_else(|p| p.into_inner());
+    for mut call in batch {
+        let id = call.req.id;
+        // Every request, the writer's own heartbeats and releases
+        // included, carries the token.
+        call.req.access_token.clone_from(&st.token);
+        let mut seq = 0;
+        if st.session != 0 {
+            let (owned, numbered) = session_use(call.req.r#type);
+            // An Inspect without keys asks for server counts, no owner's.
+            let names_keys = call.req.lock.as_ref().is_some_and(|l| !l.keys.is_empty());
+            if owned && (numbered || names_keys) {
+                call.req.session = st.session;
+            }
+            if numbered {
+                seq = st.next_seq;
+                st.next_seq += 1;
+                call.req.seq = seq;
+                // Everything before the oldest unanswered numbered request
+                // has been answered.
+                let oldest = queue.iter().find(|p| p.seq != 0).map_or(seq, |p| p.seq);
+                call.req.seq_done = oldest - 1;
+            }
+        }
+        encode_frame(&call.req, out);
+        let is_lock = call.req.r#type == RequestType::Lock as i32;
+        let (lock_keys, resend) = if st.session != 0 {
+            let keys = is_lock.then(|| {
+                call.req
+                    .lock
+                    .as_ref()
+                    .map(|l| l.keys.clone())
+                    .unwrap_or_default()
+            });
+            (keys, Some(call.req))
+        } else {
+            // The request is not needed once encoded: keep a Lock's keys
+            // without copying them.
+            let keys = is_lock.then(|| call.req.lock.take().map(|l| l.keys).unwrap_or_default());
+            (keys, None)
+        };
+        queue.push_back(Pending {
+            id,
+            sent,
+            reply: call.reply,
+            lock_keys,
+            seq,
+            resend,
+            _slot: call.slot,
+        });
+    }
+}
+
+/// The reader task of one stream: hands each answer to its caller, in
+/// order. Returns why the stream ended, if it broke.
+async fn read_loop(
+    rd: ReadHalf<Stream>,
+    pending: PendingQueue,
+    calls: mpsc::WeakSender<Call>,
+    ended: CancellationToken,
+    acked: Arc<AckClock>,
+) -> Option<Disconnect> {
+    let mut reader =
+        tokio_util::codec::FramedRead::new(rd, FrameCodec::new(crate::MAX_RESPONSE_FRAME));
+    let reason = loop {
+        let frame = tokio::select! {
+            _ = ended.cancelled() => break None,
+            frame = reader.next() => frame,
+        };
+        let body = match frame {
+            Some(Ok(body)) => body,
+            Some(Err(FrameError::Io(e))) => break Some(Disconnect::Read(Arc::new(e))),
+            Some(Err(FrameError::TooLarge { len, max })) => {
+                break Some(Disconnect::FrameTooLarge { len, max })
+            }
+            None => break Some(Disconnect::Closed),
+        };
+        let resp: Response = match prost::Message::decode(body) {
+            Ok(r) => r,
+            Err(e) => break Some(Disconnect::Undecodable(e)),
+        };
+        let next = {
+            let mut queue = pending.lock().unwrap_or_else(|p| p.into_inner());
+            match queue.front() {
+                Some(p) if p.id == resp.request_id => queue.pop_front(),
+                _ => None,
+            }
+        };
+        let Some(p) = next else {
+            // An answer to nothing: the server turned the connection away
+            // (request_id 0, e.g. too many connections) or broke ordering.
+            break Some(if resp.error_text.is_empty() {
+                Disconnect::UnexpectedAnswer {
+                    request_id: resp.request_id,
+                }
+            } else {
+                Disconnect::TurnedAway(resp.error_text)
+            });
+        };
+        acked.record(p.sent);
+        deliver(p, resp, &calls);
+    };
+    ended.cancel();
+    reason
+}
+
+/// Hands a response to its caller. A Lock granted to a caller that stopped
+/// waiting is released at once, so a cancelled `lock` leaks nothing.
+fn deliver(p: Pending, resp: Response, calls: &mpsc::WeakSender<Call>) {
+    let granted_fence = (resp.status == ResponseStatus::Ok as i32).then_some(resp.fence);
+    let undelivered = match p.reply {
+        Some(reply) => reply.send(Ok(resp)).is_err(),
+        None => false,
+    };
+    if !undelivered {
+        return;
+    }
+    if let (Some(keys), Some(fence), Some(calls)) = (p.lock_keys, granted_fence, calls.upgrade()) {
+        let req = Request {
+            version: crate::PROTOCOL_VERSION,
+            // Nobody reads the answer; reusing the grant's id keeps ids unique
+            // among requests in flight.
+            id: p.id,
+            r#type: RequestType::Unlock as i32,
+            lock: Some(RequestLock {
+                keys,
+                fence,
+                ..RequestLock::default()
+            }),
+            ..Request::default()
+        };
+        let call = Call {
+            req,
+            reply: None,
+            slot: None,
+        };
+        if let Err(mpsc::error::TrySendError::Full(call)) = calls.try_send(call) {
+            tokio::spawn(async move {
+                let _ = calls.send(call).await;
+            });
+        }
+    }
+}
