@@ -3,8 +3,9 @@
 //! and available to anyone testing code against dlock, with the feature
 //! `testing` (a dev-dependency's feature, so the shipped server has none of
 //! it). [`proxy`] puts a forwarder the test can freeze between a client and
-//! the server.
+//! the server; [`nodes`] runs a cluster of real server processes.
 
+pub mod nodes;
 pub mod proxy;
 
 use crate::Config;

@@ -1,7 +1,9 @@
 //! A TCP forwarder that a test can freeze: the failure a network partition
 //! or a stuck middlebox looks like from both ends. While frozen, both sockets
 //! stay open and nothing gets through, in either direction: no bytes, no
-//! FIN, no RST. Thawed, everything held back is delivered.
+//! FIN, no RST. Thawed, everything held back is delivered. Severed, every
+//! connection is reset (RST, as a path that broke, not a clean close) and new
+//! ones are refused until healed: a client cut off from its server.
 //!
 //! Clients connect to [`FreezableProxy::addr`]; each connection is forwarded
 //! to the upstream address given at start.
@@ -19,6 +21,7 @@ pub struct FreezableProxy {
     /// Where clients connect.
     pub addr: SocketAddr,
     frozen: watch::Sender<bool>,
+    severed: watch::Sender<bool>,
     accept: JoinHandle<()>,
 }
 
@@ -35,25 +38,44 @@ impl FreezableProxy {
             .local_addr()
             .expect("bound listener has an address");
         let (frozen, _) = watch::channel(false);
+        let (severed, _) = watch::channel(false);
         let gate = frozen.clone();
+        let cut = severed.clone();
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if *cut.borrow() {
+                    reset(&client);
+                    continue;
+                }
                 let gate = gate.subscribe();
+                let mut cut = cut.subscribe();
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };
                     let _ = client.set_nodelay(true);
                     let _ = server.set_nodelay(true);
-                    let (cr, cw) = client.into_split();
-                    let (sr, sw) = server.into_split();
-                    tokio::join!(forward(cr, sw, gate.clone()), forward(sr, cw, gate));
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    tokio::select! {
+                        _ = async {
+                            tokio::join!(
+                                forward(&mut cr, &mut sw, gate.clone()),
+                                forward(&mut sr, &mut cw, gate)
+                            )
+                        } => {}
+                        _ = cut.wait_for(|severed| *severed) => {
+                            reset(cr.as_ref());
+                            reset(sr.as_ref());
+                        }
+                    }
                 });
             }
         });
         FreezableProxy {
             addr,
             frozen,
+            severed,
             accept,
         }
     }
@@ -72,6 +94,22 @@ impl FreezableProxy {
     pub fn thaw(&self) {
         self.frozen.send_replace(false);
     }
+
+    /// Resets every connection through the proxy, both ways, and refuses
+    /// new ones (with a reset) until [`FreezableProxy::heal`].
+    pub fn sever(&self) {
+        self.severed.send_replace(true);
+    }
+
+    /// Accepts connections again after [`FreezableProxy::sever`].
+    pub fn heal(&self) {
+        self.severed.send_replace(false);
+    }
+}
+
+/// Makes the socket's close a reset: no linger, no FIN.
+fn reset(stream: &TcpStream) {
+    let _ = socket2::SockRef::from(stream).set_linger(Some(std::time::Duration::ZERO));
 }
 
 impl Drop for FreezableProxy {
@@ -82,7 +120,11 @@ impl Drop for FreezableProxy {
 
 /// Copies one direction, checking the gate before each read and each write,
 /// so bytes already read are held back while frozen.
-async fn forward(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut gate: watch::Receiver<bool>) {
+async fn forward(
+    from: &mut OwnedReadHalf,
+    to: &mut OwnedWriteHalf,
+    mut gate: watch::Receiver<bool>,
+) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         if gate.wait_for(|frozen| !frozen).await.is_err() {

@@ -1,0 +1,218 @@
+//! A cluster of real `dlock-server` processes on loopback, for tests that
+//! hurt it the way a bad day does: SIGKILL, SIGSTOP/SIGCONT, restarts.
+//!
+//! Each node gets fixed loopback ports and a data dir of its own under one
+//! temporary directory, removed when the cluster is dropped (every node is
+//! killed first). The binary is passed in: a test of this crate has it as
+//! `env!("CARGO_BIN_EXE_dlock-server")`, another crate's test finds it beside
+//! its own executable (see [`server_binary`]).
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+/// How long a node may take to log that it listens.
+const START_LIMIT: Duration = Duration::from_secs(30);
+
+/// A cluster of node processes.
+#[derive(Debug)]
+pub struct NodeProcesses {
+    bin: PathBuf,
+    nodes: Vec<Node>,
+    /// `--initial-cluster`.
+    members: String,
+    /// Flags every node gets besides its own.
+    extra: Vec<String>,
+    /// Set by a node's log reader when a line says a thread panicked.
+    panicked: Arc<AtomicBool>,
+    _dirs: tempfile::TempDir,
+}
+
+#[derive(Debug)]
+struct Node {
+    id: u64,
+    client: SocketAddr,
+    peer: SocketAddr,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// The `dlock-server` binary of the build running the calling test: beside
+/// the test's directory (`target/debug/deps/..`), where `cargo test
+/// --workspace` puts it. `DLOCK_SERVER_BIN` overrides.
+///
+/// # Panics
+/// When it is not there: build it (`cargo build -p dlock-server`).
+pub fn server_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("DLOCK_SERVER_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("the test's own path");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("dlock-server"))
+        .expect("the test runs from target/<profile>/deps");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p dlock-server` (cargo test --workspace builds it)",
+        bin.display()
+    );
+    bin
+}
+
+/// A loopback port nobody listens on now; the node binds it a moment later.
+fn free_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
+    l.local_addr().expect("a bound listener has an address")
+}
+
+impl NodeProcesses {
+    /// Starts `n` nodes of a new cluster, each with `extra` flags besides
+    /// its identity, and waits until each listens.
+    ///
+    /// # Panics
+    /// A node that does not start: a broken build or machine.
+    pub fn start(bin: impl Into<PathBuf>, n: u64, extra: &[&str]) -> NodeProcesses {
+        let dirs = tempfile::tempdir().expect("a temporary directory");
+        let nodes: Vec<Node> = (1..=n)
+            .map(|id| Node {
+                id,
+                client: free_port(),
+                peer: free_port(),
+                dir: dirs.path().join(format!("node{id}")),
+                child: None,
+            })
+            .collect();
+        let members = nodes
+            .iter()
+            .map(|n| format!("{}={}@{}", n.id, n.client, n.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = NodeProcesses {
+            bin: bin.into(),
+            nodes,
+            members,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            panicked: Arc::new(AtomicBool::new(false)),
+            _dirs: dirs,
+        };
+        for i in 0..c.nodes.len() {
+            c.restart(i);
+        }
+        c
+    }
+
+    /// Every node's client address, comma-separated, as `dlock -s` takes it.
+    pub fn servers(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| n.client.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Node `i`'s client address.
+    pub fn addr(&self, i: usize) -> SocketAddr {
+        self.nodes[i].client
+    }
+
+    /// The node whose client address is `addr`.
+    pub fn index_of(&self, addr: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.client.to_string() == addr)
+    }
+
+    /// Starts node `i` (again), on its old ports and data dir, and waits
+    /// until it listens.
+    ///
+    /// # Panics
+    /// It is running, or does not start.
+    pub fn restart(&mut self, i: usize) {
+        assert!(self.nodes[i].child.is_none(), "node {i} is running");
+        let n = &self.nodes[i];
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("--listen")
+            .arg(n.client.to_string())
+            .arg("--data-dir")
+            .arg(&n.dir)
+            .arg("--node-id")
+            .arg(n.id.to_string())
+            .arg("--peer-listen")
+            .arg(n.peer.to_string())
+            .arg("--initial-cluster")
+            .arg(&self.members)
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn dlock-server");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (up_tx, up) = mpsc::sync_channel(1);
+        let panicked = self.panicked.clone();
+        // Reads the log to its end, so the node never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut up_tx = Some(up_tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("panicked") {
+                    panicked.store(true, Ordering::Relaxed);
+                }
+                if line.contains("dlock-server listening") {
+                    if let Some(tx) = up_tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+            }
+        });
+        if up.recv_timeout(START_LIMIT).is_err() {
+            let _ = child.kill();
+            let status = child.wait();
+            panic!("node {} did not start: {status:?}", n.id);
+        }
+        self.nodes[i].child = Some(child);
+    }
+
+    /// SIGKILL to node `i`, and waits for it to be gone.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP to node `i`: it keeps its sockets but does nothing.
+    pub fn pause(&self, i: usize) {
+        self.signal(i, "STOP");
+    }
+
+    /// SIGCONT to node `i`.
+    pub fn resume(&self, i: usize) {
+        self.signal(i, "CONT");
+    }
+
+    fn signal(&self, i: usize, name: &str) {
+        let child = self.nodes[i].child.as_ref().expect("node is running");
+        let ok = Command::new("kill")
+            .args([format!("-{name}"), child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{name} node {i} failed");
+    }
+
+    /// Whether any node's log said a thread panicked.
+    pub fn any_panicked(&self) -> bool {
+        self.panicked.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for NodeProcesses {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            // A paused node ignores SIGKILL's cousins but not SIGKILL.
+            self.kill(i);
+        }
+    }
+}
