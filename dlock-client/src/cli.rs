@@ -24,7 +24,8 @@ Examples:
   dlock --ping
 
 Environment:
-  DLOCK_SERVER   server address (default 127.0.0.1:7436)
+  DLOCK_SERVER   server address, or a cluster's nodes: a:7436,b:7436,c:7436
+                 (default 127.0.0.1:7436)
   DLOCK_TOKEN    access token (or --token-file; never on the command line)
   The command gets DLOCK_KEYS (keys, comma-separated) and DLOCK_FENCE (fencing token).";
 
@@ -48,8 +49,9 @@ fn after_help() -> String {
                             dlock --ping"
 )]
 pub struct Args {
-    /// Server address.
-    #[arg(short, long, env = "DLOCK_SERVER", default_value = dlock::DEFAULT_ADDR, value_name = "HOST:PORT", value_parser = server_address)]
+    /// Server address, or a cluster's nodes separated by commas (any
+    /// of them; dlock finds the leader and follows it through a failover).
+    #[arg(short, long, env = "DLOCK_SERVER", default_value = dlock::DEFAULT_ADDR, value_name = "HOST:PORT[,...]", value_parser = server_addresses)]
     pub server: String,
 
     /// Read the access token from this file (the first line that is not
@@ -158,6 +160,19 @@ pub struct Args {
     pub command_args: Vec<String>,
 }
 
+/// Checks the form of every address of a comma-separated list (a cluster's
+/// nodes): see [`server_address`].
+pub fn server_addresses(s: &str) -> Result<String, String> {
+    let list = dlock::Servers::parse(s);
+    if list.addrs().is_empty() {
+        return Err("expected HOST:PORT, for example 127.0.0.1:7436".into());
+    }
+    for a in list.addrs() {
+        server_address(a).map_err(|e| format!("{a}: {e}"))?;
+    }
+    Ok(list.to_string())
+}
+
 /// Checks the form of a server address: HOST:PORT, with an IPv6 host in
 /// brackets. Whether HOST resolves is found out when connecting.
 pub fn server_address(s: &str) -> Result<String, String> {
@@ -260,6 +275,13 @@ mod tests {
         ] {
             assert!(server_address(bad).is_err(), "{bad}");
         }
+        assert_eq!(
+            server_addresses("127.0.0.1:1, 127.0.0.2:2").as_deref(),
+            Ok("127.0.0.1:1,127.0.0.2:2")
+        );
+        let bad = server_addresses("127.0.0.1:1,host").unwrap_err();
+        assert!(bad.starts_with("host: "), "{bad}");
+        assert!(server_addresses(" , ").is_err());
     }
 
     #[test]

@@ -89,6 +89,17 @@ pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
             UNAVAILABLE,
             format!("cannot connect to {server}: no answer within {timeout:?} (check the address and the network)"),
         ),
+        Error::Unreachable { attempts } => Failure::new(
+            UNAVAILABLE,
+            format!(
+                "cannot reach any of {server}: {} (are the dlock-server nodes running?)",
+                attempts
+                    .iter()
+                    .map(|(a, why)| format!("{a}: {why}"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        ),
         Error::ConnectionLost(lost) => Failure::new(UNAVAILABLE, format!("connection to {server} lost: {}", with_cause(lost.reason(), &lost))),
         Error::AccessDenied(_) => Failure::new(
             NO_PERMISSION,

@@ -16,13 +16,19 @@ pub async fn run(args: &Args, options: ClientOptions, keys: Vec<String>) -> Resu
     let failed = |e| exit::from_client_error(e, &args.server);
     if keys.is_empty() {
         let stats = client.stats().await.map_err(failed)?;
-        println!("server       {}", args.server);
+        match client.session() {
+            None => println!("server       {}", args.server),
+            Some(_) => println!("leader       {}", client.addr()),
+        }
         println!("connections  {}", stats.connections);
         println!("held keys    {}", stats.held_keys);
         println!("waiting      {}", stats.waiting_requests);
         return Ok(0);
     }
     let infos = client.inspect(keys).await.map_err(failed)?;
+    if client.session().is_some() {
+        println!("leader {}", client.addr());
+    }
     print!("{}", table(&infos));
     Ok(0)
 }

@@ -66,6 +66,9 @@ async fn run_locked(
     let mut signals = Signals::install(own_group)?;
     // Kept open until dlock ends, as the connection it first made.
     let client = keeper::connect(&args.server, options.clone()).await?;
+    if args.verbose {
+        report_reconnects(&client);
+    }
     check_limits(args, &client, keys)?;
     let guard = match wait_for_lock(args, &client, keys, &mut signals).await? {
         Waited::Locked(guard) => guard,
@@ -89,6 +92,23 @@ async fn run_locked(
     };
     let outcome = supervise(args, &mut child, &mut keeper, &mut signals, acquired).await;
     conclude(args, &options, keeper.into_guard(), outcome, acquired).await
+}
+
+/// Says on stderr when a connection to a cluster breaks and when its
+/// session is resumed, and on which node, for as long as `client` lives.
+fn report_reconnects(client: &Client) {
+    let mut events = client.events();
+    tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(e) => say!("{e}"),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    say!("({n} connection events not shown)");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
 }
 
 /// How the wait for the lock ended.
@@ -465,7 +485,14 @@ async fn ping(args: &Args, options: ClientOptions) -> Result<u8, Failure> {
         .ping()
         .await
         .map_err(|e| exit::from_client_error(e, &args.server))?;
-    println!("{} ok {:.3} ms", args.server, rtt.as_secs_f64() * 1e3);
+    match client.session() {
+        None => println!("{} ok {:.3} ms", args.server, rtt.as_secs_f64() * 1e3),
+        Some(_) => println!(
+            "{} ok {:.3} ms (cluster leader)",
+            client.addr(),
+            rtt.as_secs_f64() * 1e3
+        ),
+    }
     Ok(0)
 }
 
