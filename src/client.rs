@@ -303,6 +303,17 @@ impl Client {
         }
     }
 
+    /// A new connection of this client, to the server (or the cluster's
+    /// leader) it would connect to now.
+    pub(crate) async fn reopen(&self) -> Result<Client> {
+        Self::open(self.owners.clone()).await
+    }
+
+    /// Tells [`Client::events`]' subscribers.
+    pub(crate) fn announce(&self, event: Event) {
+        let _ = self.owners.dial.events.send(event);
+    }
+
     /// Gives back a lock connection that holds nothing any more.
     pub(crate) fn recycle(self) {
         self.owners.recycle(self.inner);
@@ -358,9 +369,9 @@ impl Client {
         &self.owners.dial.servers
     }
 
-    /// Reconnects and resumed sessions of this client's connections (on a
-    /// cluster; a single server's client has none). Events before the
-    /// call are not seen.
+    /// Reconnects of this client's connections: resumed sessions on a
+    /// cluster, leases taken over by fence on a new connection (see
+    /// [`LockGuard::keep_alive`]). Events before the call are not seen.
     pub fn events(&self) -> broadcast::Receiver<Event> {
         self.owners.dial.events.subscribe()
     }

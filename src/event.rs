@@ -1,13 +1,13 @@
-//! [`Event`]: what a client connected to a cluster tells a program that
-//! wants to know about reconnects.
+//! [`Event`]: what a client tells a program that wants to know about
+//! reconnects.
 
 use crate::error::Disconnect;
 use std::time::Duration;
 
 /// A change of the connection under a [`crate::Client`], from
 /// [`crate::Client::events`]. Only a cluster's sessions are resumed; against
-/// a single server a broken connection ends the client instead (see
-/// [`crate::Client::closed`]).
+/// a single server a broken connection ends the client (see
+/// [`crate::Client::closed`]), and only leases are kept, by fence.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Event {
@@ -30,6 +30,16 @@ pub enum Event {
         /// How long the client was without a connection.
         after: Duration,
     },
+    /// A lease whose connection ended was renewed by its fencing token on
+    /// a new connection, to `addr`: it is still held.
+    LeaseRecovered {
+        /// The server (or leader) the new connection goes to.
+        addr: String,
+        /// The lease's fencing token.
+        fence: u64,
+        /// How long the lease was without a connection.
+        after: Duration,
+    },
 }
 
 impl std::fmt::Display for Event {
@@ -49,6 +59,11 @@ impl std::fmt::Display for Event {
             } => write!(
                 f,
                 "session {session} resumed on {addr} after {}",
+                crate::duration::format(*after)
+            ),
+            Event::LeaseRecovered { addr, fence, after } => write!(
+                f,
+                "reconnected to {addr}; lease renewed by its fencing token {fence} after {}",
                 crate::duration::format(*after)
             ),
         }

@@ -1,9 +1,11 @@
 //! [`LockGuard`]: a held lock, its fencing token, and when it must be given up.
 
 use crate::client::{micros, Client};
-use crate::error::{Error, Result};
+use crate::error::{Disconnect, Error, Result};
+use crate::event::Event;
 use crate::proto::{RequestLock, RequestType};
 use crate::safety::{self, Lost};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -44,7 +46,9 @@ use tokio::time::Instant;
 /// ```
 #[derive(Debug)]
 pub struct LockGuard {
-    client: Client,
+    /// Replaced when a lease whose connection ended is recovered on a new
+    /// one (see [`LockGuard::keep_alive`]).
+    client: Mutex<Client>,
     keys: Vec<String>,
     fence: u64,
     /// For a lease: when the Lock or the latest Renew was sent, and the
@@ -65,7 +69,7 @@ impl LockGuard {
         own_connection: bool,
     ) -> Self {
         LockGuard {
-            client,
+            client: Mutex::new(client),
             keys,
             fence,
             lease: watch::channel(lease).0,
@@ -90,9 +94,15 @@ impl LockGuard {
         self.lease.borrow().map(|(_, lease)| lease)
     }
 
-    /// The client this guard's lock was taken or taken over on.
-    pub fn client(&self) -> &Client {
-        &self.client
+    /// The client this guard's lock was taken or taken over on (or, once
+    /// [`LockGuard::keep_alive`] recovered a lease on a new connection,
+    /// that connection).
+    pub fn client(&self) -> Client {
+        self.conn().clone()
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Client> {
+        self.client.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The safety deadline: after it the server may hand the lock to
@@ -104,15 +114,19 @@ impl LockGuard {
     pub fn deadline(&self) -> Instant {
         match *self.lease.borrow() {
             Some((sent, lease)) => safety::deadline(sent, lease),
-            None => safety::deadline(self.client.last_acked(), self.client.session_timeout()),
+            None => {
+                let c = self.conn();
+                safety::deadline(c.last_acked(), c.session_timeout())
+            }
         }
     }
 
     /// The safety margin in force for this lock: [`LockGuard::lost`]
     /// resolves this long before [`LockGuard::deadline`].
     pub fn margin(&self) -> Duration {
-        let window = self.lease().unwrap_or(self.client.session_timeout());
-        safety::margin(self.client.safety_margin(), window)
+        let c = self.conn();
+        let window = self.lease().unwrap_or(c.session_timeout());
+        safety::margin(c.safety_margin(), window)
     }
 
     /// Releases the keys.
@@ -122,11 +136,12 @@ impl LockGuard {
     /// for example because the lease expired; connection errors.
     pub async fn unlock(mut self) -> Result<()> {
         self.released = true;
-        let result = self.client.unlock_fence(&self.keys, self.fence).await;
+        let client = self.client();
+        let result = client.unlock_fence(&self.keys, self.fence).await;
         if self.own_connection && matches!(result, Ok(()) | Err(crate::Error::NotHeld { .. })) {
             // Holds nothing now: fit for the next lock.
             self.own_connection = false;
-            self.client.clone().recycle();
+            client.recycle();
         }
         result
     }
@@ -139,7 +154,7 @@ impl LockGuard {
         self.released = true;
         if self.own_connection && self.lease.borrow().is_none() {
             // The lock lives as long as its connection.
-            self.client.clone().park();
+            self.client().park();
         }
         // A lease's connection is closed, never reused: the server would
         // grant its keys again to a later Lock on it.
@@ -166,7 +181,8 @@ impl LockGuard {
             release_micro: micros(lease).max(1),
             ..RequestLock::default()
         };
-        self.client.call(RequestType::Renew, body).await?;
+        let client = self.client();
+        client.call(RequestType::Renew, body).await?;
         // The server replaces the lease end with each Renew, in the order
         // sent, so the latest-sent renewal is the one in force, even if it
         // set a shorter lease than an earlier one.
@@ -191,6 +207,7 @@ impl LockGuard {
     /// into jeopardy once the wait outlasts the session timeout (a false
     /// alarm, on the safe side). Take independent locks on separate clients.
     pub async fn lost(&self) -> Lost {
+        let client = self.client();
         let mut lease = self.lease.subscribe();
         loop {
             let is_lease = lease.borrow_and_update().is_some();
@@ -207,7 +224,7 @@ impl LockGuard {
                 // answer may have moved it on meanwhile.
                 _ = tokio::time::sleep_until(alarm) => {}
                 _ = lease.changed() => {}
-                reason = self.client.closed(), if !is_lease => {
+                reason = client.closed(), if !is_lease => {
                     // A renewal that made this a lease may have raced the
                     // close: a lease survives the connection.
                     if self.lease.borrow().is_none() {
@@ -224,19 +241,40 @@ impl LockGuard {
     /// no answer does not delay the verdict: the safety deadline is watched
     /// throughout.
     ///
-    /// When the connection ends the lease still runs until
-    /// [`LockGuard::deadline`]: [`Lost::ConnectionLost`] is returned so the
-    /// caller can connect again and [`Client::take_over`] the lease in time.
+    /// When the connection of a lease ends for good (against a single
+    /// server, any broken connection; against a cluster, a session that
+    /// could not be resumed), the lease still runs until
+    /// [`LockGuard::deadline`]: a new connection of the same client takes
+    /// it over by its fencing token while it is certainly still held
+    /// ([`Event::LeaseRecovered`]), so a brief network drop does not cost
+    /// the lock. Only if that fails before the safety margin is the lock
+    /// lost.
     pub async fn keep_alive(&self) -> Lost {
+        loop {
+            let lost = self.keep_renewing().await;
+            let Lost::ConnectionLost(reason) = lost else {
+                return lost;
+            };
+            if self.lease().is_none() {
+                return Lost::ConnectionLost(reason);
+            }
+            if let Err(lost) = self.recover(reason).await {
+                return lost;
+            }
+        }
+    }
+
+    async fn keep_renewing(&self) -> Lost {
         loop {
             let Some((sent, lease)) = *self.lease.borrow() else {
                 return self.lost().await;
             };
+            let client = self.client();
             tokio::select! {
                 lost = self.lost() => return lost,
-                // No renewal can get through: say so at once, so the caller
-                // has as much of the lease as possible left to reconnect in.
-                reason = self.client.closed() => return Lost::ConnectionLost(reason),
+                // No renewal can get through: say so at once, so there is
+                // as much of the lease as possible left to reconnect in.
+                reason = client.closed() => return Lost::ConnectionLost(reason),
                 _ = tokio::time::sleep_until(sent + lease / 3) => {}
             }
             let renewed = tokio::select! {
@@ -252,15 +290,65 @@ impl LockGuard {
         }
     }
 
+    /// Takes the lease over on a new connection of the same client, by its
+    /// fencing token, before the safety margin; the lock is lost otherwise.
+    async fn recover(&self, reason: Disconnect) -> std::result::Result<(), Lost> {
+        let old = self.client();
+        let Some(lease) = self.lease() else {
+            return Err(Lost::ConnectionLost(reason));
+        };
+        old.announce(Event::Reconnecting {
+            from: old.addr(),
+            reason,
+        });
+        let broke = Instant::now();
+        let alarm = self.deadline().checked_sub(self.margin()).unwrap_or(broke);
+        while Instant::now() < alarm {
+            let attempt = async {
+                let fresh = old.reopen().await?;
+                let sent = Instant::now();
+                fresh.renew_fence(&self.keys, self.fence, lease).await?;
+                Ok::<_, Error>((fresh, sent))
+            };
+            match tokio::time::timeout_at(alarm, attempt).await {
+                Ok(Ok((fresh, sent))) => {
+                    fresh.announce(Event::LeaseRecovered {
+                        addr: fresh.addr(),
+                        fence: self.fence,
+                        after: broke.elapsed(),
+                    });
+                    *self.conn() = fresh;
+                    self.lease.send_replace(Some((sent, lease)));
+                    return Ok(());
+                }
+                // Released by fence, or it ran out: no use trying.
+                Ok(Err(Error::NotHeld { .. })) => return Err(Lost::NotHeld),
+                Ok(Err(_)) => {
+                    let pause = (Instant::now() + RECOVERY_PAUSE).min(alarm);
+                    tokio::time::sleep_until(pause).await;
+                }
+                Err(_) => break,
+            }
+        }
+        Err(Lost::Jeopardy {
+            lease: true,
+            deadline: self.deadline(),
+        })
+    }
+
     /// Whether [`LockGuard::lost`] would resolve at once.
     pub fn is_lost(&self) -> bool {
-        if self.lease.borrow().is_none() && self.client.is_closed() {
+        if self.lease.borrow().is_none() && self.conn().is_closed() {
             return true;
         }
         let deadline = self.deadline();
         Instant::now() >= deadline.checked_sub(self.margin()).unwrap_or(deadline)
     }
 }
+
+/// Shortest pause between attempts to take a lease over on a new
+/// connection.
+const RECOVERY_PAUSE: Duration = Duration::from_millis(200);
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
@@ -272,11 +360,12 @@ impl Drop for LockGuard {
             fence: self.fence,
             ..RequestLock::default()
         };
-        self.client.send_detached(RequestType::Unlock, body);
+        let client = self.client.get_mut().unwrap_or_else(|p| p.into_inner());
+        client.send_detached(RequestType::Unlock, body);
         if self.own_connection {
             // The Unlock goes first on the connection: a later Lock on it
             // finds the keys released.
-            self.client.clone().recycle();
+            client.clone().recycle();
         }
     }
 }

@@ -189,3 +189,50 @@ async fn a_renewal_to_a_shorter_lease_moves_the_deadline_back() {
     assert_eq!(g.lease(), Some(Duration::from_secs(2)));
     g.unlock().await.unwrap();
 }
+
+#[tokio::test]
+async fn keep_alive_recovers_a_lease_on_a_new_connection_after_a_reset() {
+    let server = TestServer::start(Config::default()).await;
+    let proxy = FreezableProxy::start(server.addr).await;
+    let c = Client::connect(proxy.addr_string()).await.unwrap();
+    let mut events = c.events();
+    let guard = c
+        .lock(
+            ["recover"],
+            LockOptions::new().lease(Duration::from_secs(6)),
+        )
+        .await
+        .unwrap();
+    let fence = guard.fence();
+    let mut keeping = Box::pin(guard.keep_alive());
+    proxy.sever();
+    let mut healed = false;
+    let recovered = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            tokio::select! {
+                lost = &mut keeping => panic!("the lease was given up: {lost:?}"),
+                e = events.recv() => match e.expect("an event") {
+                    dlock::Event::Reconnecting { .. } if !healed => {
+                        // Cut off until the guard has noticed; then the
+                        // path comes back.
+                        healed = true;
+                        proxy.heal();
+                    }
+                    dlock::Event::LeaseRecovered { fence: f, .. } => break f,
+                    _ => {}
+                },
+            }
+        }
+    })
+    .await
+    .expect("recovered in time");
+    assert_eq!(recovered, fence);
+    assert!(!guard.is_lost());
+    // Still the same grant, and the guard now renews on the new connection.
+    let probe = Client::connect(&server.addr_string()).await.unwrap();
+    assert_eq!(probe.inspect(["recover"]).await.unwrap()[0].fence, fence);
+    assert!(!guard.client().is_closed());
+    drop(keeping);
+    guard.unlock().await.unwrap();
+    assert_eq!(probe.inspect(["recover"]).await.unwrap()[0].fence, 0);
+}

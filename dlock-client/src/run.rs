@@ -5,7 +5,7 @@ use crate::child::{exit_code, Child};
 use crate::cli::{Args, OnLost};
 use crate::exit::{self, Failure};
 use crate::guardian::Guardian;
-use crate::keeper::{self, Keeper, Reconnect};
+use crate::keeper::{self, Keeper};
 use crate::say;
 use crate::signals::{self, Signals};
 use dlock::{Client, ClientOptions, Error, LockGuard, LockOptions, Lost};
@@ -82,7 +82,7 @@ async fn run_locked(
     };
     let acquired = Instant::now();
     let fence = guard.fence();
-    let mut keeper = start_keeper(args, &options, guard)?;
+    let mut keeper = start_keeper(args, guard)?;
     let mut child = match Child::spawn(argv, keys, fence, own_group, keeper.guardian_fd()) {
         Ok(c) => c,
         Err(f) => {
@@ -133,19 +133,14 @@ async fn wait_for_lock(
 
 /// Starts keeping the lock, with the guardian that outlives dlock beside
 /// it; refuses to go on with a lock already lost.
-fn start_keeper(args: &Args, options: &ClientOptions, guard: LockGuard) -> Result<Keeper, Failure> {
-    let reconnect = Reconnect {
-        server: args.server.clone(),
-        options: options.clone(),
-        verbose: args.verbose,
-    };
+fn start_keeper(args: &Args, guard: LockGuard) -> Result<Keeper, Failure> {
     let enforce = args.on_lost != OnLost::Ignore;
     // Started before COMMAND, so no moment of COMMAND's life is unguarded.
     let guardian = Guardian::start();
     if guardian.is_none() {
         say!("warning: cannot start the guardian: if dlock dies, processes the command started are not stopped");
     }
-    let keeper = Keeper::new(guard, reconnect, guardian, enforce);
+    let keeper = Keeper::new(guard, guardian, enforce);
     if keeper.guard().is_lost() {
         // A deadline already past leaves COMMAND's first steps unguarded:
         // do not start it.
