@@ -170,6 +170,14 @@ impl Attached {
         }
     }
 
+    /// Drops what is kept for `req` of `session`: its outcome was answered
+    /// another way.
+    fn discard(&self, session: OwnerId, req: ReqId) {
+        if let Some(waits) = self.lock().get_mut(&session) {
+            waits.slots.remove(&req);
+        }
+    }
+
     /// Where the outcome of `req`, a waiting Lock of `session`, arrives;
     /// `None` when the session is no longer attached here (it ended).
     fn register(&self, session: OwnerId, req: ReqId) -> Option<oneshot::Receiver<Woken>> {
@@ -446,7 +454,9 @@ impl Replicated {
                 let out = self.propose(id, numbered(&req, cmd)).await?;
                 match out.reply {
                     Reply::NotHeld(not_held) => Ok(handler::held_result(id, not_held)),
-                    Reply::Lock(_) | Reply::Waited(_) => Err(refused(id, not_the_same(req.seq))),
+                    Reply::Lock(_) | Reply::Waited { .. } => {
+                        Err(refused(id, not_the_same(req.seq)))
+                    }
                     Reply::Forgotten => Err(refused(id, forgotten(req.seq))),
                     other => Err(self.unexpected(conn, id, owner, other)),
                 }
@@ -740,14 +750,17 @@ impl Replicated {
     ) -> Result<Response, Refused> {
         let result = match reply {
             Reply::Lock(result) => result,
-            Reply::Waited(wake) => {
+            Reply::Waited { req, outcome } => {
                 // A Lock sent again whose wait ended: answered as its
-                // outcome was (only `wake` shapes the answer).
+                // outcome was (only the outcome shapes the answer). An
+                // outcome applied here after the resume, before this
+                // answer, waits in an Early slot nobody will take.
+                self.attached.discard(owner, req);
                 let w = Woken {
-                    req: 0,
+                    req,
                     owner,
                     keys: Vec::new(),
-                    wake,
+                    wake: outcome,
                 };
                 return Ok(handler::woken(id, w));
             }

@@ -179,7 +179,12 @@ pub enum Reply {
     UnknownSession,
     /// Sequenced, a Lock sent again that had waited: the outcome of its
     /// wait, as [`Woken`] delivered it the first time.
-    Waited(WaitOutcome),
+    Waited {
+        /// The request, as [`LockResult::Waiting`] named it.
+        req: ReqId,
+        /// What happened to it.
+        outcome: WaitOutcome,
+    },
     /// Sequenced: the number was applied, but its reply is forgotten (the
     /// client said it had it, or the session's memory was full). Nothing
     /// changed.

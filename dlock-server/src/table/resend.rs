@@ -95,7 +95,8 @@ impl Answers {
     /// becomes the outcome.
     fn decided(&mut self, req: ReqId, outcome: &WaitOutcome) {
         if let Some(seq) = self.waiting.remove(&req) {
-            self.replies.insert(seq, Reply::Waited(outcome.clone()));
+            let outcome = outcome.clone();
+            self.replies.insert(seq, Reply::Waited { req, outcome });
         }
     }
 
@@ -320,7 +321,8 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let resent = t.apply(seq(1, 0, lock(s, "k")), at(5)).reply;
-        assert_eq!(resent, Reply::Waited(WaitOutcome::Granted { fence }));
+        let outcome = WaitOutcome::Granted { fence };
+        assert_eq!(resent, Reply::Waited { req, outcome });
         t.check_invariants().unwrap();
     }
 
