@@ -327,6 +327,35 @@ mod tests {
     }
 
     #[test]
+    fn a_lock_sent_again_after_its_wait_ran_out_or_the_table_closed_is_answered_so() {
+        let mut t = table();
+        let (holder, s) = (open(&mut t), open(&mut t));
+        t.apply(lock(holder, "k"), at(0));
+        let timed = Command::Lock {
+            owner: s,
+            keys: vec![Key::from("k")],
+            wait: WaitLimit::For(Duration::from_millis(5)),
+            lease: None,
+        };
+        let Reply::Lock(LockResult::Waiting(req)) = t.apply(seq(1, 0, timed.clone()), at(1)).reply
+        else {
+            panic!("not waiting");
+        };
+        assert_eq!(t.apply(Command::Advance, at(6)).woken.len(), 1);
+        let outcome = WaitOutcome::TimedOut(vec![Key::from("k")]);
+        let resent = t.apply(seq(1, 0, timed), at(7)).reply;
+        assert_eq!(resent, Reply::Waited { req, outcome });
+        assert_eq!(t.waiting(), 0, "not queued again");
+
+        t.apply(seq(2, 0, lock(s, "k")), at(8));
+        let out = t.apply(Command::Close, at(9));
+        assert_eq!(out.withdrawn.len(), 1);
+        let resent = t.apply(seq(2, 0, lock(s, "k")), at(10)).reply;
+        assert_eq!(resent, Reply::Lock(LockResult::ShuttingDown));
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
     fn done_forgets_and_a_forgotten_number_acts_no_more() {
         let mut t = table();
         let s = open(&mut t);
