@@ -22,9 +22,17 @@
 //! attached (the leader its client talks to) delivers it. An outcome can
 //! be applied before the task that proposed the Lock has registered for
 //! it, so [`Attached`] keeps it until then. An outcome for a session whose
-//! connection has gone is dropped: the table keeps the grant for the
-//! session, and a client that resumes it and asks again is re-granted the
-//! keys it holds at once.
+//! connection has gone is dropped here: the table keeps the grant for the
+//! session, and remembers the outcome as the answer to the Lock's number.
+//!
+//! Requests sent again. A Lock, Unlock or Renew of a named session that
+//! carries a `seq` is proposed as [`Command::Sequenced`]: the table answers
+//! a number it applied already from the session's memory, without acting
+//! again. So a client that lost its connection resumes the session (here or
+//! on the new leader) and sends every unanswered request again with the
+//! same number: one that was applied gets its first answer (a waiting Lock
+//! registers again for its outcome, or gets the outcome it came to), one
+//! that was not is applied now.
 
 use crate::cluster::{ApplySink, Cluster, ClusterConfig, ClusterError, ClusterStatus, Member};
 use crate::config::Config;
@@ -32,7 +40,7 @@ use crate::db::Db;
 use crate::handler::{self, Refusal};
 use crate::pending::Pending;
 use crate::shared::Shared;
-use crate::table::{Command, Output, OwnerId, Reply, ReqId, Woken};
+use crate::table::{Command, Output, OwnerId, Reply, ReqId, Woken, MAX_REMEMBERED};
 use anyhow::{bail, Context};
 use dlock::proto::{
     ClusterInfo, ClusterMember, KeyInfo, Request, RequestType, Response, ResponseStatus,
@@ -159,6 +167,14 @@ impl Attached {
         let mut sessions = self.lock();
         if sessions.get(&session).is_some_and(|w| w.conn == conn) {
             sessions.remove(&session);
+        }
+    }
+
+    /// Drops what is kept for `req` of `session`: its outcome was answered
+    /// another way.
+    fn discard(&self, session: OwnerId, req: ReqId) {
+        if let Some(waits) = self.lock().get_mut(&session) {
+            waits.slots.remove(&req);
         }
     }
 
@@ -402,14 +418,17 @@ impl Replicated {
                 let (keys, wait, lease) =
                     handler::lock_args(config, body).map_err(|r| refused(id, r))?;
                 let owner = self.owner(conn, id, req.session).await?;
-                let cmd = Command::Lock {
-                    owner,
-                    keys,
-                    wait,
-                    lease,
-                };
+                let cmd = numbered(
+                    &req,
+                    Command::Lock {
+                        owner,
+                        keys,
+                        wait,
+                        lease,
+                    },
+                );
                 let out = self.propose(id, cmd).await?;
-                self.lock_reply(conn, id, owner, out.reply).await
+                self.lock_reply(conn, id, owner, req.seq, out.reply).await
             }
             RequestType::Unlock | RequestType::Renew => {
                 let fence = (body.fence != 0).then_some(body.fence);
@@ -432,9 +451,13 @@ impl Replicated {
                     },
                     None => Command::Unlock { owner, keys, fence },
                 };
-                let out = self.propose(id, cmd).await?;
+                let out = self.propose(id, numbered(&req, cmd)).await?;
                 match out.reply {
                     Reply::NotHeld(not_held) => Ok(handler::held_result(id, not_held)),
+                    Reply::Lock(_) | Reply::Waited { .. } => {
+                        Err(refused(id, not_the_same(req.seq)))
+                    }
+                    Reply::Forgotten => Err(refused(id, forgotten(req.seq))),
                     other => Err(self.unexpected(conn, id, owner, other)),
                 }
             }
@@ -722,10 +745,27 @@ impl Replicated {
         conn: &ConnSessions,
         id: u64,
         owner: OwnerId,
+        seq: u64,
         reply: Reply,
     ) -> Result<Response, Refused> {
         let result = match reply {
             Reply::Lock(result) => result,
+            Reply::Waited { req, outcome } => {
+                // A Lock sent again whose wait ended: answered as its
+                // outcome was (only the outcome shapes the answer). An
+                // outcome applied here after the resume, before this
+                // answer, waits in an Early slot nobody will take.
+                self.attached.discard(owner, req);
+                let w = Woken {
+                    req,
+                    owner,
+                    keys: Vec::new(),
+                    wake: outcome,
+                };
+                return Ok(handler::woken(id, w));
+            }
+            Reply::NotHeld(_) => return Err(refused(id, not_the_same(seq))),
+            Reply::Forgotten => return Err(refused(id, forgotten(seq))),
             other => return Err(self.unexpected(conn, id, owner, other)),
         };
         let waiting = match handler::lock_result(&self.config, id, result) {
@@ -789,6 +829,38 @@ fn cluster_info(s: &ClusterStatus) -> ClusterInfo {
             })
             .collect(),
     }
+}
+
+/// `cmd` numbered as `req` says: a request of a named session with a
+/// `seq` is recognised when it is sent again (see `table::resend`). The
+/// connection's implicit session cannot be resumed, so its requests are
+/// never numbered.
+fn numbered(req: &Request, cmd: Command) -> Command {
+    if req.session == 0 || req.seq == 0 {
+        return cmd;
+    }
+    Command::Sequenced {
+        seq: req.seq,
+        done: req.seq_done,
+        cmd: Box::new(cmd),
+    }
+}
+
+fn forgotten(seq: u64) -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidArgument,
+        format!(
+            "seq {seq} was applied in this session but its answer is forgotten \
+             (seq_done passed it, or the session kept its {MAX_REMEMBERED} latest answers)"
+        ),
+    )
+}
+
+fn not_the_same(seq: u64) -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidArgument,
+        format!("seq {seq} was another type of request in this session; a resend must be the same request"),
+    )
 }
 
 fn unknown_session(session: u64) -> Refusal {

@@ -48,11 +48,13 @@ mod deadlines;
 mod grants;
 mod invariants;
 mod queue;
+mod resend;
 mod sessions;
 mod snapshot;
 mod time;
 
 pub use command::{Command, LimitName, LockResult, Output, Reply, WaitOutcome, Woken};
+pub use resend::MAX_REMEMBERED;
 pub use snapshot::{BadSnapshot, Snapshot};
 pub use time::Time;
 
@@ -201,6 +203,15 @@ impl LockTable {
                 return out;
             }
         }
+        self.run(cmd, now, &mut out);
+        if self.sessions.required && !out.woken.is_empty() {
+            self.note_outcomes(&out);
+        }
+        out
+    }
+
+    /// Applies `cmd`, its owner admitted, into `out`.
+    fn run(&mut self, cmd: Command, now: Time, out: &mut Output) {
         match cmd {
             Command::Lock {
                 owner,
@@ -223,7 +234,7 @@ impl LockTable {
             }
             Command::Disconnect { owner } => {
                 self.sessions.end(owner);
-                self.disconnect(owner, now, &mut out);
+                self.disconnect(owner, now, out);
             }
             Command::OpenSession { ttl } if self.sessions.required => {
                 let id = self.sessions.open(ttl, now);
@@ -236,10 +247,13 @@ impl LockTable {
                     None => Reply::UnknownSession,
                 };
             }
-            Command::Close => out.withdrawn = self.close(),
-            Command::Advance => self.advance(now, &mut out),
+            Command::Sequenced { seq, done, cmd } => self.sequenced(seq, done, *cmd, now, out),
+            Command::Close => {
+                out.withdrawn = self.close();
+                self.note_shut_down();
+            }
+            Command::Advance => self.advance(now, out),
         }
-        out
     }
 
     /// The token the next grant will get; every token issued so far is lower.

@@ -586,3 +586,195 @@ async fn a_node_is_added_and_another_removed_while_locks_are_served() {
     drop(cluster);
     drop(dirs);
 }
+
+/// `req` numbered `seq` in its session, the client holding every answer
+/// numbered up to `done`.
+fn numbered(mut req: Request, seq: u64, done: u64) -> Request {
+    req.seq = seq;
+    req.seq_done = done;
+    req
+}
+
+/// The same request under a new id, as a client sends it again on a new
+/// connection.
+fn again(c: &mut TestClient, req: &Request) -> Request {
+    Request {
+        id: c.next_id(),
+        ..req.clone()
+    }
+}
+
+/// Sends `req` again and returns the answer.
+async fn resend(c: &mut TestClient, req: &Request) -> Response {
+    let req = again(c, req);
+    c.call(req).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_sent_again_after_a_leader_kill_are_answered_as_the_first_time() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::new(3);
+    let l = cluster.leader(None).await;
+    // h holds the keys a and b will wait for.
+    let mut h = cluster.conn(l).await;
+    let sh = open(&mut h).await;
+    let mut fences = vec![
+        must_lock(&mut h, "wa", sh, Duration::ZERO).await,
+        must_lock(&mut h, "wb", sh, Duration::ZERO).await,
+    ];
+
+    // a: lock, unlock, lock again, then a Lock that waits.
+    let mut a = cluster.conn(l).await;
+    let sa = open(&mut a).await;
+    let lock_k = numbered(lock_req(&mut a, "k", sa, Duration::ZERO, true), 1, 0);
+    let unlock_k = numbered(in_session(a.request(RequestType::Unlock, &["k"]), sa), 2, 0);
+    let relock_k = numbered(lock_req(&mut a, "k", sa, Duration::ZERO, true), 3, 0);
+    let mut first = Vec::new();
+    for req in [&lock_k, &unlock_k, &relock_k] {
+        let r = a.call(req.clone()).await;
+        assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+        first.push(r);
+    }
+    fences.extend([first[0].fence, first[2].fence]);
+    // Numbered 4; the client sends it again below with the answers it has
+    // sent before, so it says it has none yet.
+    let wait_a = numbered(lock_req(&mut a, "wa", sa, Duration::ZERO, false), 4, 0);
+    a.send(&wait_a).await;
+    // b: a Lock that waits, as its first numbered request.
+    let mut b = cluster.conn(l).await;
+    let sb = open(&mut b).await;
+    let wait_b = numbered(lock_req(&mut b, "wb", sb, Duration::ZERO, false), 1, 0);
+    b.send(&wait_b).await;
+    await_waiters(&mut h, "wa", 1).await;
+    await_waiters(&mut h, "wb", 1).await;
+
+    // None of them learns anything more from this leader.
+    cluster.kill(l);
+    let l2 = cluster.leader(Some(l)).await;
+    let mut h = cluster.conn(l2).await;
+    let r = session(&mut h, sh, Duration::ZERO).await;
+    assert_eq!((status(&r), r.session), (ResponseStatus::Ok, sh), "{r:?}");
+    // a's wait ends while a is away.
+    let r = call(&mut h, RequestType::Unlock, &["wa"], sh).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let info = inspect(&mut h, "wa", sh).await;
+    assert!(info.fence != 0 && info.waiters == 0, "a got wa: {info:?}");
+    let granted_a = info.fence;
+
+    // a resumes and sends everything again: the same answers, no effect.
+    let mut a = cluster.conn(l2).await;
+    let r = session(&mut a, sa, Duration::ZERO).await;
+    assert_eq!((status(&r), r.session), (ResponseStatus::Ok, sa), "{r:?}");
+    for (req, was) in [&lock_k, &unlock_k, &relock_k].into_iter().zip(&first) {
+        let req = again(&mut a, req);
+        let r = a.call(req.clone()).await;
+        assert_eq!(
+            (status(&r), r.fence, &r.keys),
+            (ResponseStatus::Ok, was.fence, &was.keys),
+            "seq {} answered as the first time: {r:?}",
+            req.seq
+        );
+    }
+    let info = inspect(&mut a, "k", sa).await;
+    assert!(
+        info.held_by_caller && info.fence == first[2].fence,
+        "the Unlock sent again did not release the new lock: {info:?}"
+    );
+    let r = resend(&mut a, &wait_a).await;
+    assert_eq!(
+        (status(&r), r.fence),
+        (ResponseStatus::Ok, granted_a),
+        "the wait's outcome: {r:?}"
+    );
+    fences.push(granted_a);
+
+    // b resumes while its Lock still waits: sent again, it waits for the
+    // same outcome, which arrives on the new connection.
+    let mut b = cluster.conn(l2).await;
+    let r = session(&mut b, sb, Duration::ZERO).await;
+    assert_eq!((status(&r), r.session), (ResponseStatus::Ok, sb), "{r:?}");
+    let resent_b = again(&mut b, &wait_b);
+    b.send(&resent_b).await;
+    let r = call(&mut h, RequestType::Unlock, &["wb"], sh).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let got_b = b.recv().await;
+    assert_eq!(
+        (got_b.request_id, status(&got_b)),
+        (resent_b.id, ResponseStatus::Ok),
+        "{got_b:?}"
+    );
+    let info = inspect(&mut h, "wb", sh).await;
+    assert_eq!((info.fence, info.waiters), (got_b.fence, 0), "{info:?}");
+    let r = resend(&mut b, &wait_b).await;
+    assert_eq!((status(&r), r.fence), (ResponseStatus::Ok, got_b.fence));
+    fences.push(got_b.fence);
+
+    // Every token so far was answered once: nothing was granted twice.
+    let fresh = must_lock(&mut h, "fresh", sh, Duration::ZERO).await;
+    assert_eq!(
+        fresh,
+        fences.iter().max().expect("fences") + 1,
+        "{fences:?}"
+    );
+
+    // Answers the client says it has are forgotten, and a forgotten number
+    // acts no more.
+    let unlock = numbered(in_session(a.request(RequestType::Unlock, &["k"]), sa), 5, 4);
+    let r = a.call(unlock).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let r = resend(&mut a, &lock_k).await;
+    assert_eq!(status(&r), ResponseStatus::InvalidArgument, "{r:?}");
+    assert!(r.error_text.contains("seq 1"), "{r:?}");
+    assert_eq!(inspect(&mut a, "k", sa).await.fence, 0, "not locked again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_lock_sent_again_after_a_broken_connection_gets_its_grant_once() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::new(3);
+    let l = cluster.leader(None).await;
+    let mut h = cluster.conn(l).await;
+    let sh = open(&mut h).await;
+    let held = must_lock(&mut h, "w", sh, Duration::ZERO).await;
+    let mut a = cluster.conn(l).await;
+    let sa = open(&mut a).await;
+    let wait = numbered(lock_req(&mut a, "w", sa, Duration::ZERO, false), 1, 0);
+    a.send(&wait).await;
+    await_waiters(&mut h, "w", 1).await;
+    // An RST, not a FIN: the path broke, the client did not leave.
+    socket2::SockRef::from(&*a.stream())
+        .set_linger(Some(Duration::ZERO))
+        .expect("linger 0");
+    drop(a);
+
+    // Same node, new connection: whether or not the node has seen the old
+    // one end yet, the outcome comes here, once.
+    let mut a = cluster.conn(l).await;
+    let r = session(&mut a, sa, Duration::ZERO).await;
+    assert_eq!((status(&r), r.session), (ResponseStatus::Ok, sa), "{r:?}");
+    let resent = again(&mut a, &wait);
+    a.send(&resent).await;
+    let r = call(&mut h, RequestType::Unlock, &["w"], sh).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let got = a.recv().await;
+    assert_eq!(
+        (got.request_id, status(&got)),
+        (resent.id, ResponseStatus::Ok),
+        "{got:?}"
+    );
+    assert_eq!(got.fence, held + 1, "the one grant after h's");
+    let info = inspect(&mut a, "w", sa).await;
+    assert!(
+        info.held_by_caller && info.fence == got.fence && info.waiters == 0,
+        "{info:?}"
+    );
+    let r = resend(&mut a, &wait).await;
+    assert_eq!((status(&r), r.fence), (ResponseStatus::Ok, got.fence));
+    // A request sent again must be the same request.
+    let mut unlock = in_session(a.request(RequestType::Unlock, &["w"]), sa);
+    unlock.seq = 1;
+    let r = a.call(unlock).await;
+    assert_eq!(status(&r), ResponseStatus::InvalidArgument, "{r:?}");
+    assert!(r.error_text.contains("seq 1"), "{r:?}");
+    assert!(inspect(&mut a, "w", sa).await.held_by_caller);
+}

@@ -188,3 +188,24 @@ async fn sessions_are_checked_and_limited() {
     assert_eq!(status(&c.ping().await), ResponseStatus::Ok);
     server.stop().await.expect("clean stop");
 }
+
+#[tokio::test]
+async fn a_single_server_ignores_request_numbers() {
+    // Its sessions end with the connection, so nothing is ever sent again
+    // to it: every request acts, numbered or not.
+    let server = TestServer::start(Config::default()).await;
+    let mut c = TestClient::connect(server.addr).await;
+    let s = open_session(&mut c).await;
+    let mut lock = c.lock_request(&["k"], 0, 0);
+    lock.seq = 1;
+    let lock = in_session(lock, s);
+    let first = c.call(lock.clone()).await;
+    assert_eq!(status(&first), ResponseStatus::Ok, "{first:?}");
+    let again = dlock::proto::Request {
+        id: c.next_id(),
+        ..lock
+    };
+    let second = c.call(again).await;
+    assert_eq!(status(&second), ResponseStatus::Ok, "{second:?}");
+    assert!(second.fence > first.fence, "granted anew: {second:?}");
+}

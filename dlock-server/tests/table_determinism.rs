@@ -29,7 +29,8 @@ fn millis(max: u64) -> impl Strategy<Value = Duration> {
     (1..max).prop_map(Duration::from_millis)
 }
 
-fn command() -> impl Strategy<Value = Command> {
+/// A Lock, Unlock or Renew: the commands a session numbers.
+fn owned_command() -> impl Strategy<Value = Command> {
     let owner = 1u64..6;
     // Tokens start at 1 and the streams are short: most of these were issued.
     let fence = 1u64..40;
@@ -45,9 +46,23 @@ fn command() -> impl Strategy<Value = Command> {
             .prop_map(|(owner, keys, wait, lease)| Command::Lock { owner, keys, wait, lease }),
         3 => (owner.clone(), keys(), prop::option::of(fence.clone()))
             .prop_map(|(owner, keys, fence)| Command::Unlock { owner, keys, fence }),
-        2 => (owner.clone(), keys(), prop::option::of(fence.clone()), millis(4_000))
+        2 => (owner, keys(), prop::option::of(fence), millis(4_000))
             .prop_map(|(owner, keys, fence, lease)| Command::Renew { owner, keys, fence, lease }),
-        1 => (keys(), fence).prop_map(|(keys, fence)| Command::Undelivered { keys, fence }),
+    ]
+}
+
+fn command() -> impl Strategy<Value = Command> {
+    let owner = 1u64..6;
+    prop_oneof![
+        11 => owned_command(),
+        // Numbers from a small range, so that many are sent again, some
+        // after they were forgotten; now and then an unnumbered one (0) or
+        // a command that is never numbered.
+        5 => (0u64..10, 0u64..6, owned_command())
+            .prop_map(|(seq, done, cmd)| Command::Sequenced { seq, done, cmd: Box::new(cmd) }),
+        1 => (1u64..10, Just(Command::Advance))
+            .prop_map(|(seq, cmd)| Command::Sequenced { seq, done: 0, cmd: Box::new(cmd) }),
+        1 => (keys(), 1u64..40).prop_map(|(keys, fence)| Command::Undelivered { keys, fence }),
         2 => owner.clone().prop_map(|owner| Command::Disconnect { owner }),
         3 => Just(Command::Advance),
         // Meaningful to a table with sessions, refused by one without.
@@ -122,6 +137,22 @@ proptest! {
             }
             if let Err(e) = a.check_invariants() {
                 panic!("invariant broken after {cmd:?}: {e}");
+            }
+            if let Command::Sequenced { seq: seq @ 1.., done, .. } = cmd {
+                // The same numbered command at once again, as a client
+                // sends it after a reconnect: answered as the first time,
+                // and nothing held, waiting or issued changes.
+                let before = (a.held_keys(), a.waiting(), a.next_fence());
+                let again = a.apply(cmd.clone(), *at);
+                prop_assert_eq!(&b.apply(cmd.clone(), *at), &again);
+                if let Some(c) = &mut c {
+                    prop_assert_eq!(&c.apply(cmd.clone(), *at), &again);
+                }
+                prop_assert_eq!((a.held_keys(), a.waiting(), a.next_fence()), before);
+                prop_assert!(again.woken.is_empty() && again.withdrawn.is_empty());
+                if seq > done {
+                    prop_assert_eq!(&again.reply, &out.reply, "step {}: {:?}", i, cmd);
+                }
             }
         }
         let end = a.snapshot();

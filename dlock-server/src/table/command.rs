@@ -83,6 +83,24 @@ pub enum Command {
         /// The session.
         owner: OwnerId,
     },
+    /// `cmd`, a Lock, Unlock or Renew of an open session, numbered `seq` in
+    /// that session (see `resend`). A number the session applied already
+    /// is answered with the reply it had (a Lock that waited: its outcome
+    /// as [`Reply::Waited`], or the same [`LockResult::Waiting`] while it
+    /// still waits) and not acted on again; one whose reply is forgotten
+    /// is answered [`Reply::Forgotten`]. The session forgets the replies
+    /// numbered up to `done` first. `seq` 0 is no number: `cmd` runs as if
+    /// sent bare. A table without sessions answers
+    /// [`Reply::UnknownSession`]; any other `cmd` does nothing and is
+    /// answered [`Reply::None`].
+    Sequenced {
+        /// The command's number in its session, from 1.
+        seq: u64,
+        /// The client has the replies numbered up to here.
+        done: u64,
+        /// The command.
+        cmd: Box<Command>,
+    },
     /// The server is stopping: every waiting request is withdrawn and every
     /// later Lock is answered [`LockResult::ShuttingDown`], so keys released
     /// from now on are handed to nobody. Unlock, Renew and time still work.
@@ -102,6 +120,10 @@ impl Command {
             Command::Lock { owner, .. }
             | Command::Unlock { owner, .. }
             | Command::Renew { owner, .. } => Some(*owner),
+            Command::Sequenced { cmd, .. } => match **cmd {
+                Command::Sequenced { .. } => None,
+                ref inner => inner.owner(),
+            },
             Command::Undelivered { .. }
             | Command::Disconnect { .. }
             | Command::OpenSession { .. }
@@ -152,9 +174,21 @@ pub enum Reply {
         ttl: Duration,
     },
     /// A table with sessions: the command named an owner that is not an
-    /// open session (or it was OpenSession on a table without sessions).
-    /// Nothing changed.
+    /// open session (or it was OpenSession or Sequenced on a table without
+    /// sessions). Nothing changed.
     UnknownSession,
+    /// Sequenced, a Lock sent again that had waited: the outcome of its
+    /// wait, as [`Woken`] delivered it the first time.
+    Waited {
+        /// The request, as [`LockResult::Waiting`] named it.
+        req: ReqId,
+        /// What happened to it.
+        outcome: WaitOutcome,
+    },
+    /// Sequenced: the number was applied, but its reply is forgotten (the
+    /// client said it had it, or the session's memory was full). Nothing
+    /// changed.
+    Forgotten,
 }
 
 /// What became of a Lock request.

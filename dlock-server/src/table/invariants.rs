@@ -13,6 +13,13 @@ impl LockTable {
     /// The first invariant that does not hold.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.sessions.check()?;
+        for (owner, req) in self.sessions.remembered_waits() {
+            if self.waiters.get(&req).is_none_or(|w| w.owner != owner) {
+                return Err(format!(
+                    "session {owner} remembers request {req} as waiting"
+                ));
+            }
+        }
         if self.sessions.required {
             if let Some(o) = self.owners.keys().find(|o| !self.sessions.is_open(**o)) {
                 return Err(format!("owner {o} has state but no open session"));

@@ -15,7 +15,8 @@
 //! changes nothing. A table made by `new` has none and treats every owner id
 //! as a connection, exactly as before.
 
-use super::{OwnerId, Time};
+use super::resend::Answers;
+use super::{OwnerId, ReqId, Time};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -36,6 +37,9 @@ pub(super) struct Sessions {
 struct Session {
     ttl: Duration,
     expires: Time,
+    /// Replies to its numbered commands (see `resend`).
+    #[serde(default)]
+    answers: Answers,
 }
 
 impl Sessions {
@@ -52,7 +56,14 @@ impl Sessions {
         let id = self.next.max(1);
         self.next = id + 1;
         let expires = now.saturating_add(ttl);
-        self.open.insert(id, Session { ttl, expires });
+        self.open.insert(
+            id,
+            Session {
+                ttl,
+                expires,
+                answers: Answers::default(),
+            },
+        );
         self.expiry.insert((expires, id));
         id
     }
@@ -103,6 +114,23 @@ impl Sessions {
         self.expiry.first().map(|&(t, _)| t)
     }
 
+    /// The remembered replies of open session `owner`.
+    pub(super) fn answers_mut(&mut self, owner: OwnerId) -> Option<&mut Answers> {
+        self.open.get_mut(&owner).map(|s| &mut s.answers)
+    }
+
+    /// Runs `f` on every open session's remembered replies, in id order.
+    pub(super) fn for_each_answers(&mut self, f: impl Fn(&mut Answers)) {
+        self.open.values_mut().for_each(|s| f(&mut s.answers));
+    }
+
+    /// The waiting requests each open session remembers, in id order.
+    pub(super) fn remembered_waits(&self) -> impl Iterator<Item = (OwnerId, ReqId)> + '_ {
+        self.open
+            .iter()
+            .flat_map(|(&id, s)| s.answers.waiting().map(move |r| (id, r)))
+    }
+
     pub(super) fn is_open(&self, owner: OwnerId) -> bool {
         self.open.contains_key(&owner)
     }
@@ -124,6 +152,7 @@ impl Sessions {
             if id >= self.next {
                 return Err(format!("session {id} not below the next id"));
             }
+            s.answers.check(id)?;
         }
         Ok(())
     }
