@@ -109,6 +109,12 @@ pub enum Disconnect {
     /// ran out while the client was away, or it was closed). Its locks
     /// without a lease are released.
     SessionEnded,
+    /// The cluster node stopped leading (it did not act on the request
+    /// it said so to); the client moves its session to the new leader.
+    NotLeader {
+        /// The new leader's address, if the node knew it.
+        leader: Option<String>,
+    },
     /// No node of the cluster resumed the session before its TTL ran out;
     /// the text says what the last attempts found.
     NotResumed(Arc<String>),
@@ -150,6 +156,10 @@ impl fmt::Display for Reason<'_> {
             }
             Disconnect::Dropped => write!(f, "the client was dropped"),
             Disconnect::SessionEnded => write!(f, "the cluster ended the session"),
+            Disconnect::NotLeader { leader: Some(l) } => {
+                write!(f, "the node is no longer the leader ({l} is)")
+            }
+            Disconnect::NotLeader { leader: None } => write!(f, "the node is no longer the leader"),
             Disconnect::NotResumed(why) => {
                 write!(f, "the session was not resumed within its TTL: {why}")
             }

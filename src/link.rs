@@ -227,6 +227,7 @@ impl Driver {
     async fn run(self, mut stream: Stream, mut writer: Writer) {
         loop {
             let ended = CancellationToken::new();
+            let on_session = writer.session != 0;
             let (rd, wr) = tokio::io::split(stream);
             let write = tokio::spawn(write_loop(
                 wr,
@@ -241,6 +242,7 @@ impl Driver {
                 self.calls.clone(),
                 ended.clone(),
                 self.acked.clone(),
+                on_session,
             ));
             let (written, read) = (write.await, read.await);
             let Ok((w, write_error)) = written else {
@@ -825,6 +827,7 @@ async fn read_loop(
     calls: mpsc::WeakSender<Call>,
     ended: CancellationToken,
     acked: Arc<AckClock>,
+    on_session: bool,
 ) -> Option<Disconnect> {
     let mut reader =
         tokio_util::codec::FramedRead::new(rd, FrameCodec::new(crate::MAX_RESPONSE_FRAME));
@@ -863,6 +866,17 @@ async fn read_loop(
                 Disconnect::TurnedAway(resp.error_text)
             });
         };
+        if on_session && resp.status == ResponseStatus::NotLeader as i32 {
+            // The node stopped leading and did not act on the request: send
+            // it (and everything behind it) again to the new leader.
+            pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_front(p);
+            break Some(Disconnect::NotLeader {
+                leader: Some(resp.leader_addr).filter(|a| !a.is_empty()),
+            });
+        }
         acked.record(p.sent);
         deliver(p, resp, &calls);
     };

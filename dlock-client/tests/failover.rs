@@ -290,3 +290,41 @@ async fn a_dead_address_first_is_skipped_and_all_dead_names_each() {
         other => panic!("expected Unreachable, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_of_a_paused_leader_moves_to_the_new_one() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let nodes = NodeProcesses::start(server_binary(), 3, NODE_FLAGS);
+    let c = Client::connect(nodes.servers()).await.expect("connect");
+    let guard = c.lock(["paused"], LockOptions::new()).await.expect("lock");
+    let old = nodes.index_of(&guard.client().addr()).expect("a node");
+    nodes.pause(old);
+    // The others elect a new leader meanwhile.
+    let deadline = Instant::now() + PATIENCE;
+    let others: Vec<String> = (0..3)
+        .filter(|&i| i != old)
+        .map(|i| nodes.addr(i).to_string())
+        .collect();
+    let observer = loop {
+        if let Ok(o) = Client::connect(others.clone()).await {
+            break o;
+        }
+        assert!(Instant::now() < deadline, "no new leader");
+    };
+    let new = nodes.index_of(&observer.addr()).expect("a node");
+    assert_ne!(new, old);
+    nodes.resume(old);
+    // The old leader answers NotLeader; the client moves its session and
+    // sends the Ping again there.
+    guard
+        .client()
+        .ping()
+        .await
+        .expect("ping answered by the new leader");
+    assert_eq!(nodes.index_of(&guard.client().addr()), Some(new));
+    let info = observer.inspect(["paused"]).await.expect("inspect");
+    assert_eq!(info[0].fence, guard.fence(), "the lock stayed held");
+    assert!(!guard.is_lost());
+    guard.unlock().await.expect("unlock on the new leader");
+    assert!(!nodes.any_panicked());
+}
