@@ -13,9 +13,9 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(name = "dlock cluster", version)]
 struct ClusterArgs {
-    /// A node of the cluster; add and remove go to the leader (followed
-    /// from a NotLeader answer).
-    #[arg(short, long, env = "DLOCK_SERVER", default_value = dlock::DEFAULT_ADDR, value_name = "HOST:PORT", value_parser = crate::cli::server_address)]
+    /// Nodes of the cluster, separated by commas: the first that answers
+    /// is asked; add and remove go on to the leader it names.
+    #[arg(short, long, env = "DLOCK_SERVER", default_value = dlock::DEFAULT_ADDR, value_name = "HOST:PORT[,...]", value_parser = crate::cli::server_addresses)]
     server: String,
 
     /// Read the access token from this file; DLOCK_TOKEN otherwise.
@@ -84,10 +84,14 @@ async fn run(args: ClusterArgs) -> Result<(), Failure> {
             }),
         ),
     };
-    let mut server = args.server.clone();
-    // Once to the given node, once more to the leader it names.
+    let (mut server, first) = first_answer(&args.server, &token, kind, &body).await?;
+    let mut answer = Some(first);
+    // The first node's answer, then once more from the leader it names.
     for _ in 0..2 {
-        let r = ask(&server, &token, kind, body.clone()).await?;
+        let r = match answer.take() {
+            Some(r) => r,
+            None => ask(&server, &token, kind, body.clone()).await?,
+        };
         match ResponseStatus::try_from(r.status) {
             Ok(ResponseStatus::Ok) => {
                 if let Some(info) = &r.cluster {
@@ -117,6 +121,24 @@ async fn run(args: ClusterArgs) -> Result<(), Failure> {
         exit::UNAVAILABLE,
         format!("no leader answered (last tried {server})"),
     ))
+}
+
+/// The answer of the first node of `servers` that answers, and its address;
+/// exit 69 naming every node and why when none does.
+async fn first_answer(
+    servers: &str,
+    token: &str,
+    kind: RequestType,
+    body: &Option<RequestCluster>,
+) -> Result<(String, Response), Failure> {
+    let mut failed = Vec::new();
+    for server in dlock::Servers::parse(servers).addrs() {
+        match ask(server, token, kind, body.clone()).await {
+            Ok(r) => return Ok((server.clone(), r)),
+            Err(f) => failed.push(f.message),
+        }
+    }
+    Err(Failure::new(exit::UNAVAILABLE, failed.join("; ")))
 }
 
 fn refusal(server: &str, r: &Response) -> String {

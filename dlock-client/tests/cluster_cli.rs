@@ -34,6 +34,17 @@ async fn status_shows_the_members_and_bad_requests_say_why() {
         .find(|l| l.starts_with("1 "))
         .unwrap_or_else(|| panic!("a row for node 1: {out}"));
     assert!(row.contains("leader") && row.contains(&addr), "{out}");
+    // A list whose first node is down: the next one answers.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .to_string();
+    let o = run_at(&format!("{dead},{addr}"), &["cluster", "status"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("node 1 is leader"), "{}", stdout(&o));
+    let o = run_at(&dead, &["cluster", "status"]).await;
+    assert_eq!(code(&o), 69);
+    assert!(stderr(&o).contains(&dead), "{}", stderr(&o));
 
     let o = run_at(&addr, &["cluster", "remove", "7"]).await;
     assert_eq!(code(&o), 64, "{}", stderr(&o));
