@@ -248,7 +248,8 @@ fn execute_inner(ctx: &mut Ctx<'_>, req: Request) -> Result<Step, Refusal> {
     }
     if let (Some(node), Some(conn)) = (&ctx.shared.cluster, ctx.remote) {
         let db = ctx.shared.db.clone();
-        return Ok(Step::Later(node.execute(conn, req, kind, db)));
+        let identity = who.as_ref().map_or("", |w| w.name.as_str());
+        return Ok(Step::Later(node.execute(conn, req, kind, db, identity)));
     }
     if kind == RequestType::OpenSession {
         return open_session(ctx, id, req.session);

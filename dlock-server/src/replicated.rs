@@ -216,6 +216,9 @@ struct ConnState {
     closed: bool,
     /// The shortest TTL of its sessions, for the keeper's pace.
     shortest_ttl: Option<Duration>,
+    /// The access-control identity of the latest request (empty without
+    /// access control): the owner of the sessions it opens.
+    identity: String,
 }
 
 impl Default for ConnSessions {
@@ -308,13 +311,19 @@ impl Replicated {
 
     /// Answers `req` (already checked for version, token and type) in a
     /// task; `db` counts this node's connections, for Inspect's stats.
+    /// `identity` is the sender's access-control identity (empty without
+    /// access control): sessions it opens are its own to resume.
     pub fn execute(
         self: &Arc<Self>,
         conn: &Arc<ConnSessions>,
         req: Request,
         kind: RequestType,
         db: Db,
+        identity: &str,
     ) -> Pending {
+        if conn.state().identity != identity {
+            conn.state().identity = identity.to_owned();
+        }
         let (tx, rx) = oneshot::channel();
         let node = self.clone();
         let conn = conn.clone();
@@ -619,7 +628,10 @@ impl Replicated {
             ));
         }
         let cmd = if req.session != 0 {
-            Command::KeepAlive { owner: req.session }
+            Command::Resume {
+                owner: req.session,
+                identity: conn.state().identity.clone(),
+            }
         } else {
             let ttl = match req.session_ttl_micro {
                 0 => self.config.session_ttl,
@@ -638,7 +650,10 @@ impl Replicated {
                     ),
                 ));
             }
-            Command::OpenSession { ttl }
+            Command::OpenSession {
+                ttl,
+                identity: conn.state().identity.clone(),
+            }
         };
         match self.propose(id, cmd).await?.reply {
             Reply::Session { id: session, ttl } => {
@@ -683,6 +698,7 @@ impl Replicated {
         }
         let cmd = Command::OpenSession {
             ttl: self.config.session_ttl,
+            identity: conn.state().identity.clone(),
         };
         match self.propose(id, cmd).await?.reply {
             Reply::Session { id: s, .. } => {

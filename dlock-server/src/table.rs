@@ -236,11 +236,21 @@ impl LockTable {
                 self.sessions.end(owner);
                 self.disconnect(owner, now, out);
             }
-            Command::OpenSession { ttl } if self.sessions.required => {
-                let id = self.sessions.open(ttl, now);
+            Command::OpenSession { ttl, identity } if self.sessions.required => {
+                let id = self.sessions.open(ttl, now, identity);
                 out.reply = Reply::Session { id, ttl };
             }
             Command::OpenSession { .. } => out.reply = Reply::UnknownSession,
+            Command::Resume { owner, identity } => {
+                out.reply = if self.sessions.opened_by(owner, &identity) {
+                    match self.sessions.keep_alive(owner, now) {
+                        Some(ttl) => Reply::Session { id: owner, ttl },
+                        None => Reply::UnknownSession,
+                    }
+                } else {
+                    Reply::UnknownSession
+                };
+            }
             Command::KeepAlive { owner } => {
                 out.reply = match self.sessions.keep_alive(owner, now) {
                     Some(ttl) => Reply::Session { id: owner, ttl },

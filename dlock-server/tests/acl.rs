@@ -278,3 +278,65 @@ fn flags(args: &[&str]) -> dlock_server::Config {
     )
     .expect("flags parse")
 }
+
+/// OpenSession (resuming `session` when not 0) with `token`.
+async fn open_session(c: &mut TestClient, token: &str, session: u64) -> Response {
+    let mut req = c.request(RequestType::OpenSession, &[]);
+    req.session = session;
+    as_(c, token, req).await
+}
+
+#[tokio::test]
+async fn a_cluster_session_is_resumed_only_by_the_identity_that_opened_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let acl = write(dir.path(), RULES);
+    let data = dir.path().join("node1");
+    let server = TestServer::start(flags(&[
+        "--token-file",
+        &acl,
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]))
+    .await;
+    // A cluster of one answers OpenSession once it has elected itself.
+    let mut jobs = TestClient::connect(server.addr).await;
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    let opened = loop {
+        let r = open_session(&mut jobs, "jobs-secret", 0).await;
+        if status(&r) == ResponseStatus::Ok {
+            break r;
+        }
+        assert_eq!(status(&r), ResponseStatus::NotLeader, "{}", r.error_text);
+        assert!(std::time::Instant::now() < deadline, "never a leader");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let session = opened.session;
+    let mut held = common::in_session(jobs.lock_request(&["jobs/a"], 0, 0), session);
+    held.access_token = "jobs-secret".into();
+    assert_eq!(status(&jobs.call(held).await), ResponseStatus::Ok);
+
+    // Another identity cannot take the session over, even with every
+    // right; an unknown session and a foreign one look the same.
+    let mut other = TestClient::connect(server.addr).await;
+    for token in ["web-secret", "ops-secret"] {
+        let r = open_session(&mut other, token, session).await;
+        assert_eq!(status(&r), ResponseStatus::UnknownSession, "{token}");
+    }
+    let mut unlock = common::in_session(other.request(RequestType::Unlock, &["jobs/a"]), session);
+    unlock.access_token = "ops-secret".into();
+    assert_eq!(
+        status(&other.call(unlock).await),
+        ResponseStatus::UnknownSession
+    );
+    assert_ne!(holder_fence(&mut other, "jobs/a").await, 0, "still held");
+
+    // Its own identity resumes it from another connection.
+    let mut again = TestClient::connect(server.addr).await;
+    let r = open_session(&mut again, "jobs-secret", session).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{}", r.error_text);
+    assert_eq!(r.session, session);
+    let mut unlock = common::in_session(again.request(RequestType::Unlock, &["jobs/a"]), session);
+    unlock.access_token = "jobs-secret".into();
+    assert_eq!(status(&again.call(unlock).await), ResponseStatus::Ok);
+    assert_eq!(holder_fence(&mut again, "jobs/a").await, 0);
+}

@@ -66,8 +66,15 @@ fn command() -> impl Strategy<Value = Command> {
         2 => owner.clone().prop_map(|owner| Command::Disconnect { owner }),
         3 => Just(Command::Advance),
         // Meaningful to a table with sessions, refused by one without.
-        1 => millis(5_000).prop_map(|ttl| Command::OpenSession { ttl }),
-        1 => owner.prop_map(|owner| Command::KeepAlive { owner }),
+        1 => (millis(5_000), 0..2u8).prop_map(|(ttl, who)| Command::OpenSession {
+            ttl,
+            identity: format!("id{who}"),
+        }),
+        1 => owner.clone().prop_map(|owner| Command::KeepAlive { owner }),
+        1 => (owner, 0..2u8).prop_map(|(owner, who)| Command::Resume {
+            owner,
+            identity: format!("id{who}"),
+        }),
     ]
 }
 

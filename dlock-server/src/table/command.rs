@@ -75,6 +75,21 @@ pub enum Command {
     OpenSession {
         /// How long the session lives without a command naming it.
         ttl: Duration,
+        /// Who opened it (an access-control identity; empty without
+        /// access control): only the same identity may resume it.
+        #[serde(default)]
+        identity: String,
+    },
+    /// Resumes `owner`'s session for a client that reconnected: keeps it
+    /// alive as [`Command::KeepAlive`] does, if `identity` is the one that
+    /// opened it. Answered with [`Reply::Session`], or
+    /// [`Reply::UnknownSession`] when it ended or belongs to another
+    /// identity (which is not told apart, so ids reveal nothing).
+    Resume {
+        /// The session.
+        owner: OwnerId,
+        /// Who asks to resume it.
+        identity: String,
     },
     /// Keeps `owner`'s session alive for another TTL from the command's
     /// time. Answered with [`Reply::Session`], or
@@ -127,6 +142,7 @@ impl Command {
             Command::Undelivered { .. }
             | Command::Disconnect { .. }
             | Command::OpenSession { .. }
+            | Command::Resume { .. }
             | Command::KeepAlive { .. }
             | Command::Close
             | Command::Advance => None,

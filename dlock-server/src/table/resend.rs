@@ -229,7 +229,16 @@ mod tests {
     }
 
     fn open(t: &mut LockTable) -> OwnerId {
-        match t.apply(Command::OpenSession { ttl: TTL }, at(0)).reply {
+        match t
+            .apply(
+                Command::OpenSession {
+                    ttl: TTL,
+                    identity: String::new(),
+                },
+                at(0),
+            )
+            .reply
+        {
             Reply::Session { id, .. } => id,
             other => panic!("OpenSession answered {other:?}"),
         }

@@ -37,6 +37,9 @@ pub(super) struct Sessions {
 struct Session {
     ttl: Duration,
     expires: Time,
+    /// The identity that opened it; only it may resume it.
+    #[serde(default)]
+    identity: String,
     /// Replies to its numbered commands (see `resend`).
     #[serde(default)]
     answers: Answers,
@@ -51,8 +54,9 @@ impl Sessions {
         }
     }
 
-    /// Opens a session that ends `ttl` after `now` unless kept alive.
-    pub(super) fn open(&mut self, ttl: Duration, now: Time) -> OwnerId {
+    /// Opens a session for `identity` that ends `ttl` after `now` unless
+    /// kept alive.
+    pub(super) fn open(&mut self, ttl: Duration, now: Time, identity: String) -> OwnerId {
         let id = self.next.max(1);
         self.next = id + 1;
         let expires = now.saturating_add(ttl);
@@ -62,6 +66,7 @@ impl Sessions {
                 ttl,
                 expires,
                 answers: Answers::default(),
+                identity,
             },
         );
         self.expiry.insert((expires, id));
@@ -86,6 +91,13 @@ impl Sessions {
         s.expires = expires;
         self.expiry.insert((expires, owner));
         Some(s.ttl)
+    }
+
+    /// Whether `owner` is open and was opened by `identity`.
+    pub(super) fn opened_by(&self, owner: OwnerId, identity: &str) -> bool {
+        self.open
+            .get(&owner)
+            .is_some_and(|s| s.identity == identity)
     }
 
     /// Forgets `owner`; whether it was open.
@@ -183,7 +195,16 @@ mod tests {
     }
 
     fn open(t: &mut LockTable, now: Time) -> OwnerId {
-        match t.apply(Command::OpenSession { ttl: TTL }, now).reply {
+        match t
+            .apply(
+                Command::OpenSession {
+                    ttl: TTL,
+                    identity: String::new(),
+                },
+                now,
+            )
+            .reply
+        {
             Reply::Session { id, ttl } => {
                 assert_eq!(ttl, TTL);
                 id
@@ -217,7 +238,13 @@ mod tests {
             },
             1,
         );
-        let out = plain.apply(Command::OpenSession { ttl: TTL }, at(0.0));
+        let out = plain.apply(
+            Command::OpenSession {
+                ttl: TTL,
+                identity: String::new(),
+            },
+            at(0.0),
+        );
         assert_eq!(out.reply, Reply::UnknownSession);
         t.check_invariants().unwrap();
     }
@@ -271,13 +298,70 @@ mod tests {
     }
 
     #[test]
+    fn only_the_identity_that_opened_a_session_resumes_it() {
+        let mut t = table();
+        let opened = t.apply(
+            Command::OpenSession {
+                ttl: TTL,
+                identity: "jobs".into(),
+            },
+            at(0.0),
+        );
+        let Reply::Session { id, .. } = opened.reply else {
+            panic!("OpenSession answered {:?}", opened.reply);
+        };
+        let resume = |identity: &str| Command::Resume {
+            owner: id,
+            identity: identity.into(),
+        };
+        assert_eq!(t.apply(resume("ops"), at(9.0)).reply, Reply::UnknownSession);
+        assert_eq!(t.apply(resume(""), at(9.0)).reply, Reply::UnknownSession);
+        let out = t.apply(Command::Advance, at(10.0));
+        assert_eq!(
+            out.ended_sessions,
+            [id],
+            "a refused resume keeps nothing alive"
+        );
+        let mut t = table();
+        let id = match t
+            .apply(
+                Command::OpenSession {
+                    ttl: TTL,
+                    identity: "jobs".into(),
+                },
+                at(0.0),
+            )
+            .reply
+        {
+            Reply::Session { id, .. } => id,
+            other => panic!("{other:?}"),
+        };
+        let out = t.apply(
+            Command::Resume {
+                owner: id,
+                identity: "jobs".into(),
+            },
+            at(9.0),
+        );
+        assert_eq!(out.reply, Reply::Session { id, ttl: TTL });
+        assert!(t
+            .apply(Command::Advance, at(10.0))
+            .ended_sessions
+            .is_empty());
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
     fn sessions_survive_a_snapshot_and_replay_the_same() {
         let mut t = table();
         let a = open(&mut t, at(0.0));
         t.apply(lock(a, "k", None), at(0.5));
         let mut restored = LockTable::restore(t.snapshot()).unwrap();
         for cmd in [
-            Command::OpenSession { ttl: TTL },
+            Command::OpenSession {
+                ttl: TTL,
+                identity: String::new(),
+            },
             Command::KeepAlive { owner: a },
             Command::Advance,
         ] {
