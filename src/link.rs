@@ -381,9 +381,13 @@ async fn establish(
             if now >= deadline && !attempts.is_empty() {
                 break;
             }
-            let limit = dial
-                .options
-                .connect_timeout
+            // A node that accepts but never answers (paused, overloaded)
+            // must not use up the time the others could answer in.
+            let per_node = match dial.servers.addrs().len() {
+                0 | 1 => dial.options.connect_timeout,
+                n => (dial.options.connect_timeout / n as u32).max(MIN_ATTEMPT),
+            };
+            let limit = per_node
                 .min(deadline.saturating_duration_since(now))
                 .max(Duration::from_millis(1));
             let outcome = match tokio::time::timeout(limit, try_node(dial, &addr, session)).await {
@@ -431,7 +435,7 @@ async fn establish(
         // An election takes a few heartbeats: do not hammer the nodes.
         let wake = (Instant::now() + pause).min(deadline);
         tokio::time::sleep_until(wake).await;
-        pause = (pause * 2).min(Duration::from_millis(500));
+        pause = (pause * 2).min(MAX_PAUSE);
         // Keep the report to the latest round of each address.
         let keep = attempts
             .len()
@@ -439,6 +443,13 @@ async fn establish(
         attempts.drain(..keep);
     }
 }
+
+/// Shortest time one node gets to answer when there are several.
+const MIN_ATTEMPT: Duration = Duration::from_millis(500);
+
+/// Longest pause between rounds of the nodes: an election takes a few
+/// hundred milliseconds at best, and every pause adds to the failover.
+const MAX_PAUSE: Duration = Duration::from_millis(250);
 
 /// The error for a connect that found no node: with one attempt, that
 /// attempt's own error (what a client of a single server always got).

@@ -276,6 +276,14 @@ async fn a_dead_address_first_is_skipped_and_all_dead_names_each() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let c = Client::connect(list.as_str()).await.expect("connect");
     assert_eq!(c.addr(), live);
+    // A node that accepts connections but never answers (paused) does not
+    // use up the connect timeout the next node needs.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let hung_addr = hung.local_addr().expect("address").to_string();
+    let c = Client::connect(format!("{hung_addr},{live}"))
+        .await
+        .expect("the live node answers");
+    assert_eq!(c.addr(), live);
 
     let other = dead_addr();
     let o = run_at(&format!("{dead},{other}"), &["-n", "-k", "k", "--", "true"]).await;
