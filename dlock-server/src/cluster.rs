@@ -90,6 +90,7 @@ mod machine;
 mod membership;
 mod peer_client;
 mod peer_server;
+mod peer_tls;
 mod snapshot_file;
 mod start;
 mod status;
@@ -100,6 +101,7 @@ mod types;
 mod wire;
 
 pub use error::ClusterError;
+pub use peer_tls::PeerTls;
 pub use status::{ClusterStatus, MemberStatus, Role};
 pub use types::{Member, NodeId};
 
@@ -174,6 +176,8 @@ pub struct ClusterConfig {
     /// ([`LockTable::with_sessions`]), as the server's clients are. A test of
     /// the engine alone may drive it with bare owner ids instead.
     pub sessions: bool,
+    /// Mutual TLS on the peer port; `None`: plain TCP.
+    pub peer_tls: Option<PeerTls>,
 }
 
 /// A cheap handle to a running node.

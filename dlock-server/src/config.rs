@@ -165,6 +165,32 @@ pub struct Config {
     #[arg(long, value_name = "ADDR", help_heading = "Cluster")]
     pub advertise_client: Option<String>,
 
+    /// Encrypt and authenticate the peer port with mutual TLS: this node's
+    /// certificate chain (PEM, leaf first), which must name the host of its
+    /// peer address (an IP or DNS subject alternative name). Every node of
+    /// the cluster needs --peer-tls-cert, --peer-tls-key and --peer-tls-ca.
+    #[arg(long, value_name = "PATH", requires_all = ["peer_tls_key", "peer_tls_ca"], help_heading = "Cluster")]
+    pub peer_tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --peer-tls-cert.
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "peer_tls_cert",
+        help_heading = "Cluster"
+    )]
+    pub peer_tls_key: Option<PathBuf>,
+
+    /// CA certificates (PEM) that sign every node's peer certificate: a peer
+    /// is accepted, and dialled, only if its certificate chains to one.
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "peer_tls_cert",
+        help_heading = "Cluster"
+    )]
+    pub peer_tls_ca: Option<PathBuf>,
+
     /// Peer address other nodes dial (default: --peer-listen's address).
     #[arg(long, value_name = "ADDR", help_heading = "Cluster")]
     pub advertise_peer: Option<String>,

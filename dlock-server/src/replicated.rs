@@ -962,6 +962,16 @@ pub async fn start(
         // server starts from. Fences then increase through the log.
         first_fence: CLUSTER_FIRST_FENCE,
         sessions: true,
+        peer_tls: match (
+            &config.peer_tls_cert,
+            &config.peer_tls_key,
+            &config.peer_tls_ca,
+        ) {
+            (Some(cert), Some(key), Some(ca)) => {
+                Some(crate::cluster::PeerTls::from_files(cert, key, ca)?)
+            }
+            _ => None,
+        },
     };
     let attached = Arc::new(Attached::default());
     let sink_to = attached.clone();

@@ -126,6 +126,7 @@ impl Harness {
             first_fence: 1,
             // The engine alone: owners are bare ids, as on a single server.
             sessions: false,
+            peer_tls: None,
         };
         let cluster = Cluster::start(cfg, listener, sink, CancellationToken::new())
             .await

@@ -10,6 +10,7 @@
 //! idle, so an RPC that fails on one is tried once more on a fresh one
 //! (Raft RPCs are safe to repeat).
 
+use super::peer_tls::{PeerStream, PeerTls};
 use super::types::{Member, NodeId, TypeConfig};
 use super::wire::{self, Hello, HelloReply, PeerFrames, Reply, Request, WireError, PROTOCOL};
 use bytes::Bytes;
@@ -44,15 +45,18 @@ pub(crate) struct Network {
     local: NodeId,
     cluster_id: Arc<str>,
     pool: Arc<Pool>,
+    tls: Option<PeerTls>,
 }
 
 impl Network {
-    /// The network of node `local` in cluster `cluster_id`.
-    pub(crate) fn new(local: NodeId, cluster_id: &str) -> Network {
+    /// The network of node `local` in cluster `cluster_id`, over `tls`
+    /// when given.
+    pub(crate) fn new(local: NodeId, cluster_id: &str, tls: Option<PeerTls>) -> Network {
         Network {
             local,
             cluster_id: cluster_id.into(),
             pool: Arc::default(),
+            tls,
         }
     }
 }
@@ -119,7 +123,12 @@ enum ExchangeError {
 
 impl PeerClient {
     async fn connect(&self) -> Result<PeerFrames, WireError> {
-        let stream = TcpStream::connect(&self.addr).await?;
+        let tcp = TcpStream::connect(&self.addr).await?;
+        wire::tune(&tcp);
+        let stream = match &self.net.tls {
+            Some(tls) => tls.connect(&self.addr, tcp).await?,
+            None => PeerStream::Tcp(tcp),
+        };
         let mut conn = wire::frame(stream);
         let hello = Hello {
             protocol: PROTOCOL.to_owned(),

@@ -8,13 +8,14 @@
 //! changes. The number of connections is capped, and a connection must say
 //! hello within [`wire::HELLO_TIMEOUT`], so idle sockets cannot pile up.
 
+use super::peer_tls::{PeerStream, PeerTls};
 use super::types::{NodeId, Raft};
 use super::wire::{self, Hello, HelloReply, PeerFrames, Reply, Request, WireError, PROTOCOL};
 use openraft::raft::InstallSnapshotRequest;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -29,6 +30,8 @@ pub(crate) struct PeerServer {
     pub(crate) raft: Raft,
     pub(crate) local: NodeId,
     pub(crate) cluster_id: Arc<str>,
+    /// Mutual TLS, when the peer port has it.
+    pub(crate) tls: Option<PeerTls>,
 }
 
 impl PeerServer {
@@ -72,11 +75,31 @@ impl PeerServer {
             tasks.spawn(async move {
                 tokio::select! {
                     _ = stop.cancelled() => {}
-                    _ = server.serve(wire::frame(stream), addr) => {}
+                    _ = server.handshake(stream, addr) => {}
                 }
                 drop(permit);
             });
         }
+    }
+
+    /// TLS, when the peer port has it, then the connection.
+    async fn handshake(&self, tcp: TcpStream, addr: SocketAddr) {
+        wire::tune(&tcp);
+        let stream = match &self.tls {
+            None => PeerStream::Tcp(tcp),
+            Some(tls) => match tokio::time::timeout(wire::HELLO_TIMEOUT, tls.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::warn!(peer = %addr, error = %e, "peer TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(peer = %addr, "peer TLS handshake timed out");
+                    return;
+                }
+            },
+        };
+        self.serve(wire::frame(stream), addr).await;
     }
 
     async fn serve(&self, mut conn: PeerFrames, addr: SocketAddr) {

@@ -98,7 +98,7 @@ impl Cluster {
         }
         .validate()
         .context("invalid cluster timing")?;
-        let network = Network::new(cfg.node_id, &cfg.cluster_id);
+        let network = Network::new(cfg.node_id, &cfg.cluster_id, cfg.peer_tls.clone());
         let raft = Raft::new(cfg.node_id, Arc::new(config), network, log, state_machine)
             .await
             .context("cannot start the consensus engine")?;
@@ -152,6 +152,7 @@ impl Cluster {
             raft: raft.clone(),
             local: cfg.node_id,
             cluster_id: cfg.cluster_id.as_str().into(),
+            tls: cfg.peer_tls.clone(),
         };
         tasks.spawn(server.run(peer_listener, stop.clone(), tasks.clone()));
         tasks.spawn(timer::run(cluster.clone(), stop.clone()));

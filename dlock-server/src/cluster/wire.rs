@@ -13,6 +13,7 @@
 //! peer port are refused on their first length; later frames at most
 //! [`MAX_FRAME`]. Snapshot chunks are [`SNAPSHOT_CHUNK`] bytes, well under it.
 
+use super::peer_tls::PeerStream;
 use super::types::{NodeId, SnapshotMeta, TypeConfig, Vote};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -124,13 +125,13 @@ pub(crate) enum WireError {
 }
 
 /// A framed peer connection.
-pub(crate) type PeerFrames = Framed<TcpStream, LengthDelimitedCodec>;
+pub(crate) type PeerFrames = Framed<PeerStream, LengthDelimitedCodec>;
 
-/// Frames `stream` for the hello exchange (small frame limit) and sets its
-/// socket options: no Nagle delay (a heartbeat must not wait for an ACK)
-/// and keepalive, so a peer that vanished without a FIN is noticed even on
-/// an idle connection. tokio does not expose keepalive timing, hence socket2.
-pub(crate) fn frame(stream: TcpStream) -> PeerFrames {
+/// Sets a peer connection's socket options: no Nagle delay (a heartbeat
+/// must not wait for an ACK) and keepalive, so a peer that vanished without
+/// a FIN is noticed even on an idle connection. tokio does not expose
+/// keepalive timing, hence socket2.
+pub(crate) fn tune(stream: &TcpStream) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "cannot set TCP_NODELAY on a peer connection");
     }
@@ -138,9 +139,13 @@ pub(crate) fn frame(stream: TcpStream) -> PeerFrames {
         .with_time(Duration::from_secs(10))
         .with_interval(Duration::from_secs(2))
         .with_retries(3);
-    if let Err(e) = SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
+    if let Err(e) = SockRef::from(stream).set_tcp_keepalive(&keepalive) {
         tracing::debug!(error = %e, "cannot set TCP keepalive on a peer connection");
     }
+}
+
+/// Frames `stream` for the hello exchange (small frame limit).
+pub(crate) fn frame(stream: PeerStream) -> PeerFrames {
     let codec = LengthDelimitedCodec::builder()
         .length_field_length(4)
         .big_endian()

@@ -121,6 +121,11 @@ impl NodeProcesses {
         self.nodes[i].client
     }
 
+    /// Node `i`'s peer address.
+    pub fn peer_addr(&self, i: usize) -> SocketAddr {
+        self.nodes[i].peer
+    }
+
     /// The node whose client address is `addr`.
     pub fn index_of(&self, addr: &str) -> Option<usize> {
         self.nodes.iter().position(|n| n.client.to_string() == addr)
