@@ -85,6 +85,12 @@ pub struct Config {
     #[arg(long, default_value_t = 256, value_parser = positive)]
     pub max_sessions: usize,
 
+    /// Most sessions open at once in a cluster, over all clients and
+    /// nodes: a new one beyond it is refused (LimitReached). Each session
+    /// costs memory on every node for its TTL after its client left.
+    #[arg(long, default_value_t = 100_000, value_parser = positive, help_heading = "Cluster")]
+    pub max_cluster_sessions: usize,
+
     /// Most Lock requests waiting at once, over all connections.
     #[arg(long, default_value_t = 100_000, value_parser = positive)]
     pub max_waiters: usize,

@@ -650,6 +650,7 @@ impl Replicated {
                     ),
                 ));
             }
+            self.room_for_a_session(id)?;
             Command::OpenSession {
                 ttl,
                 identity: conn.state().identity.clone(),
@@ -696,6 +697,7 @@ impl Replicated {
         if let Some(s) = conn.state().implicit {
             return Ok(s);
         }
+        self.room_for_a_session(id)?;
         let cmd = Command::OpenSession {
             ttl: self.config.session_ttl,
             identity: conn.state().identity.clone(),
@@ -722,6 +724,26 @@ impl Replicated {
                 format!("internal error: OpenSession answered {other:?}"),
             ))),
         }
+    }
+
+    /// Refuses a new session when the cluster has `--max-cluster-sessions`
+    /// open, as this node's table last applied (a bound on memory, not a
+    /// rule the log must agree on).
+    fn room_for_a_session(&self, id: u64) -> Result<(), Refused> {
+        let open = self.cluster.read(|table, _| table.sessions());
+        if open >= self.config.max_cluster_sessions {
+            return Err(refused(
+                id,
+                Refusal::new(
+                    ResponseStatus::LimitReached,
+                    format!(
+                        "the cluster has --max-cluster-sessions {} sessions open; retry later",
+                        self.config.max_cluster_sessions
+                    ),
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn named(&self, conn: &ConnSessions, id: u64, session: u64) -> Result<OwnerId, Refused> {

@@ -209,3 +209,42 @@ async fn a_single_server_ignores_request_numbers() {
     assert_eq!(status(&second), ResponseStatus::Ok, "{second:?}");
     assert!(second.fence > first.fence, "granted anew: {second:?}");
 }
+
+#[tokio::test]
+async fn a_cluster_refuses_sessions_beyond_its_limit_until_one_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dlock_server::Config {
+        data_dir: Some(dir.path().join("node1")),
+        max_cluster_sessions: 2,
+        ..dlock_server::Config::default()
+    })
+    .await;
+    let mut c = TestClient::connect(server.addr).await;
+    let open = |c: &mut TestClient| c.request(RequestType::OpenSession, &[]);
+    // A cluster of one answers once it has elected itself.
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    let first = loop {
+        let req = open(&mut c);
+        let r = c.call(req).await;
+        if status(&r) == ResponseStatus::Ok {
+            break r.session;
+        }
+        assert!(std::time::Instant::now() < deadline, "never a leader");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let req = open(&mut c);
+    assert_eq!(status(&c.call(req).await), ResponseStatus::Ok);
+    let req = open(&mut c);
+    let r = c.call(req).await;
+    assert_eq!(status(&r), ResponseStatus::LimitReached);
+    assert!(
+        r.error_text.contains("--max-cluster-sessions 2"),
+        "{}",
+        r.error_text
+    );
+    let mut close = c.request(RequestType::CloseSession, &[]);
+    close.session = first;
+    assert_eq!(status(&c.call(close).await), ResponseStatus::Ok);
+    let req = open(&mut c);
+    assert_eq!(status(&c.call(req).await), ResponseStatus::Ok);
+}

@@ -26,6 +26,24 @@ use std::collections::BTreeMap;
 /// different replies.
 pub const MAX_REMEMBERED: usize = 1024;
 
+/// Keys named in a session's remembered replies (busy keys, keys not held)
+/// at most, so that replies with long key lists cannot make a session's
+/// memory grow to 1024 full requests' worth; oldest forgotten first. Part
+/// of the replicated rules, as [`MAX_REMEMBERED`].
+pub const MAX_REMEMBERED_KEYS: usize = 4096;
+
+/// Keys a reply names.
+fn named_keys(reply: &Reply) -> usize {
+    match reply {
+        Reply::NotHeld(keys) | Reply::Lock(LockResult::Busy(keys)) => keys.len(),
+        Reply::Waited {
+            outcome: WaitOutcome::TimedOut(keys),
+            ..
+        } => keys.len(),
+        _ => 0,
+    }
+}
+
 /// One session's remembered replies.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Answers {
@@ -36,6 +54,9 @@ pub(super) struct Answers {
     /// The Locks among them still waiting: request to number, so that an
     /// outcome finds its entry without a scan.
     waiting: BTreeMap<ReqId, u64>,
+    /// Keys named in `replies`, for [`MAX_REMEMBERED_KEYS`].
+    #[serde(default)]
+    keys: usize,
 }
 
 /// What a session knows of a number.
@@ -57,8 +78,22 @@ impl Answers {
         };
         let dropped = std::mem::replace(&mut self.replies, kept);
         for reply in dropped.values() {
+            self.keys -= named_keys(reply).min(self.keys);
             if let Reply::Lock(LockResult::Waiting(req)) = reply {
                 self.waiting.remove(req);
+            }
+        }
+    }
+
+    /// Forgets the oldest replies while more are remembered than allowed.
+    fn evict(&mut self) {
+        while self.replies.len() > MAX_REMEMBERED || self.keys > MAX_REMEMBERED_KEYS {
+            let Some((_, reply)) = self.replies.pop_first() else {
+                break;
+            };
+            self.keys -= named_keys(&reply).min(self.keys);
+            if let Reply::Lock(LockResult::Waiting(req)) = reply {
+                self.waiting.remove(&req);
             }
         }
     }
@@ -83,12 +118,11 @@ impl Answers {
         if let Reply::Lock(LockResult::Waiting(req)) = reply {
             self.waiting.insert(*req, seq);
         }
-        self.replies.insert(seq, reply.clone());
-        while self.replies.len() > MAX_REMEMBERED {
-            if let Some((_, Reply::Lock(LockResult::Waiting(req)))) = self.replies.pop_first() {
-                self.waiting.remove(&req);
-            }
+        self.keys += named_keys(reply);
+        if let Some(old) = self.replies.insert(seq, reply.clone()) {
+            self.keys -= named_keys(&old).min(self.keys);
         }
+        self.evict();
     }
 
     /// The table decided waiting request `req`: its entry, if it has one,
@@ -96,7 +130,12 @@ impl Answers {
     fn decided(&mut self, req: ReqId, outcome: &WaitOutcome) {
         if let Some(seq) = self.waiting.remove(&req) {
             let outcome = outcome.clone();
-            self.replies.insert(seq, Reply::Waited { req, outcome });
+            let reply = Reply::Waited { req, outcome };
+            self.keys += named_keys(&reply);
+            if let Some(old) = self.replies.insert(seq, reply) {
+                self.keys -= named_keys(&old).min(self.keys);
+            }
+            self.evict();
         }
     }
 
@@ -118,6 +157,13 @@ impl Answers {
     pub(super) fn check(&self, owner: OwnerId) -> Result<(), String> {
         if self.replies.len() > MAX_REMEMBERED {
             return Err(format!("session {owner} remembers too many replies"));
+        }
+        let keys: usize = self.replies.values().map(named_keys).sum();
+        if keys != self.keys || keys > MAX_REMEMBERED_KEYS {
+            return Err(format!(
+                "session {owner} counts {} remembered keys, holds {keys}",
+                self.keys
+            ));
         }
         if self
             .replies
@@ -205,7 +251,7 @@ impl LockTable {
 
 #[cfg(test)]
 mod tests {
-    use super::MAX_REMEMBERED;
+    use super::{MAX_REMEMBERED, MAX_REMEMBERED_KEYS};
     use crate::table::{
         Command, Key, LockResult, LockTable, OwnerId, Reply, TableLimits, Time, WaitLimit,
         WaitOutcome,
@@ -405,6 +451,37 @@ mod tests {
         // The forgotten wait still waits and is still granted in turn.
         let out = t.apply(unlock(holder, "busy"), at(2));
         assert_eq!(out.woken.len(), 1);
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn replies_with_long_key_lists_are_forgotten_by_their_key_count() {
+        let mut t = table();
+        let s = open(&mut t);
+        let keys: Vec<Key> = (0..100)
+            .map(|i| Key::from(format!("k{i}").as_str()))
+            .collect();
+        let wide = || Command::Unlock {
+            owner: s,
+            keys: keys.clone(),
+            fence: None,
+        };
+        // 50 replies naming 100 keys each: only the latest 40 fit in 4096.
+        for n in 1..=50 {
+            let out = t.apply(seq(n, 0, wide()), at(0));
+            assert!(matches!(out.reply, Reply::NotHeld(ref k) if k.len() == 100));
+            t.check_invariants().unwrap();
+        }
+        let kept = MAX_REMEMBERED_KEYS / 100;
+        for n in 1..=(50 - kept as u64) {
+            assert_eq!(t.apply(seq(n, 0, wide()), at(1)).reply, Reply::Forgotten);
+        }
+        for n in (50 - kept as u64 + 1)..=50 {
+            assert!(matches!(
+                t.apply(seq(n, 0, wide()), at(1)).reply,
+                Reply::NotHeld(_)
+            ));
+        }
         t.check_invariants().unwrap();
     }
 
