@@ -22,6 +22,7 @@
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::guard::LockGuard;
+use crate::keys::IntoKeys;
 use crate::limits::Limits;
 use crate::link::{Call, Dial, Link};
 use crate::proto::{
@@ -415,12 +416,8 @@ impl Client {
     /// [`Error::Timeout`] with the busy keys when the wait limit passes, or
     /// [`Error::Busy`] at once with [`LockWait::No`]; [`Error::Server`] for
     /// invalid keys or a server limit; connection errors.
-    pub async fn lock<I, K>(&self, keys: I, options: LockOptions) -> Result<LockGuard>
-    where
-        I: IntoIterator<Item = K>,
-        K: Into<String>,
-    {
-        let keys: Vec<String> = keys.into_iter().map(Into::into).collect();
+    pub async fn lock(&self, keys: impl IntoKeys, options: LockOptions) -> Result<LockGuard> {
+        let keys: Vec<String> = keys.into_keys();
         // On the wire a zero lease means none; so it does here.
         let lease = options.lease.filter(|l| !l.is_zero());
         let mut body = RequestLock {
@@ -478,12 +475,13 @@ impl Client {
     /// [`Error::NotHeld`] if the keys are not (all) held under `fence`;
     /// [`Error::Server`] for a lease over the server's maximum; connection
     /// errors.
-    pub async fn take_over<I, K>(&self, keys: I, fence: u64, lease: Duration) -> Result<LockGuard>
-    where
-        I: IntoIterator<Item = K>,
-        K: Into<String>,
-    {
-        let keys: Vec<String> = keys.into_iter().map(Into::into).collect();
+    pub async fn take_over(
+        &self,
+        keys: impl IntoKeys,
+        fence: u64,
+        lease: Duration,
+    ) -> Result<LockGuard> {
+        let keys: Vec<String> = keys.into_keys();
         let sent = Instant::now();
         self.renew_fence(&keys, fence, lease).await?;
         Ok(LockGuard::new(
@@ -500,13 +498,9 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::NotHeld`] with the keys not held under `fence`.
-    pub async fn unlock_fence<I, K>(&self, keys: I, fence: u64) -> Result<()>
-    where
-        I: IntoIterator<Item = K>,
-        K: Into<String>,
-    {
+    pub async fn unlock_fence(&self, keys: impl IntoKeys, fence: u64) -> Result<()> {
         let body = RequestLock {
-            keys: keys.into_iter().map(Into::into).collect(),
+            keys: keys.into_keys(),
             fence,
             ..RequestLock::default()
         };
@@ -517,13 +511,14 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::NotHeld`] with the keys not held under `fence`.
-    pub async fn renew_fence<I, K>(&self, keys: I, fence: u64, lease: Duration) -> Result<()>
-    where
-        I: IntoIterator<Item = K>,
-        K: Into<String>,
-    {
+    pub async fn renew_fence(
+        &self,
+        keys: impl IntoKeys,
+        fence: u64,
+        lease: Duration,
+    ) -> Result<()> {
         let body = RequestLock {
-            keys: keys.into_iter().map(Into::into).collect(),
+            keys: keys.into_keys(),
             fence,
             release_micro: micros(lease).max(1),
             ..RequestLock::default()
@@ -535,13 +530,9 @@ impl Client {
     ///
     /// # Errors
     /// Any error of the connection or the server.
-    pub async fn inspect<I, K>(&self, keys: I) -> Result<Vec<KeyInfo>>
-    where
-        I: IntoIterator<Item = K>,
-        K: Into<String>,
-    {
+    pub async fn inspect(&self, keys: impl IntoKeys) -> Result<Vec<KeyInfo>> {
         let body = RequestLock {
-            keys: keys.into_iter().map(Into::into).collect(),
+            keys: keys.into_keys(),
             ..RequestLock::default()
         };
         Ok(self.call(RequestType::Inspect, body).await?.key_info)

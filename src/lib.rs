@@ -32,6 +32,7 @@ pub mod duration;
 mod error;
 mod event;
 mod guard;
+mod keys;
 mod limits;
 mod link;
 #[cfg(feature = "proc-sample")]
@@ -48,6 +49,7 @@ pub use client::{Client, ClientOptions, LockOptions, LockWait};
 pub use error::{Disconnect, Error, Result};
 pub use event::Event;
 pub use guard::LockGuard;
+pub use keys::{IntoKeys, Keys};
 pub use limits::{LimitError, Limits};
 pub use safety::Lost;
 pub use servers::Servers;

@@ -38,7 +38,11 @@ async fn many_tasks_share_one_pipelined_connection() {
     }
     // Every task released its key.
     let info = c
-        .inspect((0..32).map(|t| format!("task-{t}")))
+        .inspect(
+            (0..32)
+                .map(|t| format!("task-{t}"))
+                .collect::<dlock::Keys>(),
+        )
         .await
         .unwrap();
     assert!(info.iter().all(|k| k.fence == 0 && k.waiters == 0));
@@ -294,4 +298,29 @@ async fn a_zero_lease_means_no_lease_and_busy_differs_from_timed_out() {
         r => panic!("expected timed out, got {r:?}"),
     }
     g.unlock().await.unwrap();
+}
+
+#[tokio::test]
+async fn one_key_is_named_as_plainly_as_many() {
+    let server = TestServer::start(Config::default()).await;
+    let c = client(&server).await;
+    let key = String::from("single");
+    let guard = c
+        .lock("single", LockOptions::new().lease(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let (keys, fence) = guard.into_parts();
+    assert_eq!(keys, ["single"]);
+    assert_eq!(c.inspect(&key).await.unwrap()[0].fence, fence);
+    c.renew_fence(key.clone(), fence, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let taken = c
+        .take_over(&keys, fence, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(taken.fence(), fence);
+    taken.into_parts();
+    c.unlock_fence("single", fence).await.unwrap();
+    assert_eq!(c.inspect(["single"]).await.unwrap()[0].fence, 0);
 }
