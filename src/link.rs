@@ -178,6 +178,8 @@ pub(crate) struct Call {
 #[derive(Debug)]
 struct Pending {
     id: u64,
+    /// The request's type.
+    kind: i32,
     /// When the request was (last) written: once it is answered, the server
     /// has seen the connection alive no earlier than this.
     sent: Instant,
@@ -779,7 +781,7 @@ fn encode_batch(batch: Vec<Call>, pending: &PendingQueue, st: &mut Writer, out: 
     let sent = Instant::now();
     let mut queue = pending.lock().unwrap_or_else(|p| p.into_inner());
     for mut call in batch {
-        let id = call.req.id;
+        let (id, kind) = (call.req.id, call.req.r#type);
         // Every request, the writer's own heartbeats and releases
         // included, carries the token.
         call.req.access_token.clone_from(&st.token);
@@ -820,6 +822,7 @@ fn encode_batch(batch: Vec<Call>, pending: &PendingQueue, st: &mut Writer, out: 
         };
         queue.push_back(Pending {
             id,
+            kind,
             sent,
             reply: call.reply,
             lock_keys,
@@ -877,6 +880,16 @@ async fn read_loop(
                 Disconnect::TurnedAway(resp.error_text)
             });
         };
+        if on_session && resp.status == ResponseStatus::UnknownSession as i32 {
+            // The cluster ended the session (its TTL ran out while the
+            // client could not reach it): every lock it held may be
+            // another's now. Nothing more on this link may succeed.
+            pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_front(p);
+            break Some(Disconnect::SessionEnded);
+        }
         if on_session && resp.status == ResponseStatus::NotLeader as i32 {
             // The node stopped leading and did not act on the request: send
             // it (and everything behind it) again to the new leader.
@@ -888,11 +901,38 @@ async fn read_loop(
                 leader: Some(resp.leader_addr).filter(|a| !a.is_empty()),
             });
         }
-        acked.record(p.sent);
+        // On a session only an answer from a command that kept the session
+        // alive proves it lived when the request was sent; a refusal, an
+        // Inspect or a request the cluster could not commit proves nothing.
+        if !on_session || keeps_session_alive(p.kind, resp.status) {
+            acked.record(p.sent);
+        }
         deliver(p, resp, &calls);
     };
     ended.cancel();
     reason
+}
+
+/// Whether an answer with `status` to a request of type `kind` comes from a
+/// command the cluster committed for the session (which kept it alive).
+fn keeps_session_alive(kind: i32, status: i32) -> bool {
+    let (Ok(kind), Ok(status)) = (
+        RequestType::try_from(kind),
+        ResponseStatus::try_from(status),
+    ) else {
+        return false;
+    };
+    matches!(
+        (kind, status),
+        (
+            RequestType::Ping | RequestType::Lock | RequestType::Unlock | RequestType::Renew,
+            ResponseStatus::Ok
+        ) | (RequestType::Lock, ResponseStatus::AcquireTimeout)
+            | (
+                RequestType::Unlock | RequestType::Renew,
+                ResponseStatus::NotHeld
+            )
+    )
 }
 
 /// Hands a response to its caller. A Lock granted to a caller that stopped

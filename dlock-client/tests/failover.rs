@@ -349,3 +349,53 @@ async fn a_client_of_a_paused_leader_moves_to_the_new_one() {
     guard.unlock().await.expect("unlock on the new leader");
     assert!(!nodes.any_panicked());
 }
+
+#[tokio::test]
+async fn a_session_ended_under_an_open_connection_is_reported_not_pinged_on() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = TestServer::start(dlock_server::Config {
+        data_dir: Some(dir.path().join("node1")),
+        ..dlock_server::Config::default()
+    })
+    .await;
+    let addr = server.addr_string();
+    // A cluster of one takes sessions once it has elected itself.
+    let deadline = Instant::now() + PATIENCE;
+    let c = loop {
+        match Client::connect(addr.as_str()).await {
+            Ok(c) => break c,
+            Err(e) => assert!(Instant::now() < deadline, "never a leader: {e}"),
+        }
+    };
+    let guard = c.lock("ended", LockOptions::new()).await.expect("lock");
+    let session = guard.client().session().expect("a cluster session");
+    // Someone with the same identity resumes the session elsewhere and
+    // closes it: its lock is released while the client's connection lives.
+    let mut other = dlock::raw::RawClient::connect(&addr)
+        .await
+        .expect("connect");
+    for kind in [
+        dlock::proto::RequestType::OpenSession,
+        dlock::proto::RequestType::CloseSession,
+    ] {
+        let req = dlock::proto::Request {
+            session,
+            ..other.request(kind, &[])
+        };
+        let r = other.call(&req).await.expect("answer");
+        assert_eq!(r.status, 0, "{kind:?}: {}", r.error_text);
+    }
+    // The next ping on the guard's connection learns it, and the program
+    // is told the lock is gone; no answer extends its deadline.
+    match guard.client().ping().await {
+        Err(Error::ConnectionLost(Disconnect::SessionEnded)) => {}
+        other => panic!("expected the session's end, got {other:?}"),
+    }
+    let lost = tokio::time::timeout(PATIENCE, guard.lost())
+        .await
+        .expect("lost at once");
+    assert!(
+        matches!(lost, Lost::ConnectionLost(Disconnect::SessionEnded)),
+        "{lost:?}"
+    );
+}

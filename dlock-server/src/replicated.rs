@@ -390,10 +390,22 @@ impl Replicated {
             RequestType::Ping => {
                 // A client counts a Ping's answer as proof that its session
                 // lives (client-side safety): answer Ok only once every
-                // session of the connection was kept alive by a commit.
-                self.keep_alive(conn)
+                // session of the connection was kept alive by a commit. A
+                // session that ended meanwhile is said so: its locks may
+                // have gone to others.
+                let ended = self
+                    .keep_alive(conn)
                     .await
                     .map_err(|e| cluster_error(id, e))?;
+                if let Some(&gone) = ended.first() {
+                    return Err(refused(
+                        id,
+                        Refusal::new(
+                            ResponseStatus::UnknownSession,
+                            format!("session {gone} of this connection has ended"),
+                        ),
+                    ));
+                }
                 Ok(handler::response(id, ResponseStatus::Ok))
             }
             RequestType::Hello => {
@@ -572,14 +584,19 @@ impl Replicated {
     /// Pings keep this connection's sessions alive, on the leader; a
     /// follower just answers (the client will find the leader on its next
     /// request).
-    async fn keep_alive(&self, conn: &ConnSessions) -> Result<(), ClusterError> {
+    /// Returns the sessions that turned out to have ended (their TTL ran
+    /// out while this node could not keep them, e.g. cut off from the
+    /// majority); they are forgotten here.
+    async fn keep_alive(&self, conn: &ConnSessions) -> Result<Vec<OwnerId>, ClusterError> {
+        let mut ended = Vec::new();
         for owner in conn.all() {
             let out = self.cluster.propose(Command::KeepAlive { owner }).await?;
             if out.reply == Reply::UnknownSession {
                 self.forget(conn, owner);
+                ended.push(owner);
             }
         }
-        Ok(())
+        Ok(ended)
     }
 
     /// Keeps the sessions of a live connection alive while it lives, even
@@ -602,7 +619,7 @@ impl Replicated {
             if conn.all().is_empty() || !self.cluster.is_leader() {
                 continue;
             }
-            if let Err(e) = self.keep_alive(&conn).await {
+            if let Err(e) = self.keep_alive(&conn).await.map(drop) {
                 tracing::debug!(error = %e, "sessions not kept alive");
             }
         }
