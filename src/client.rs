@@ -19,12 +19,13 @@
 //! and [`Client::closed`] resolves: there is no silent reconnect, because the
 //! server released every lock bound to the connection.
 
+use crate::dial::Dial;
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::guard::LockGuard;
 use crate::keys::IntoKeys;
 use crate::limits::Limits;
-use crate::link::{Call, Dial, Link};
+use crate::link::{Call, Link};
 use crate::proto::{
     KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus, ServerStats,
 };

@@ -9,6 +9,7 @@
 //! - [`Client`] (`client.rs`), [`LockGuard`] (`guard.rs`), [`Error`]
 //!   (`error.rs`): the client library. One connection serves many tasks;
 //!   requests are pipelined. `link.rs`: one connection's writer and reader,
+//!   `dial.rs`: finding the server or the cluster's leader,
 //!   and against a cluster the session resumed across reconnects
 //!   ([`Event`], [`Servers`]).
 //! - [`safety`]: when a held lock must be given up, judged from the client's
@@ -28,6 +29,7 @@
 
 mod client;
 pub mod codec;
+mod dial;
 pub mod duration;
 mod error;
 mod event;
