@@ -463,6 +463,12 @@ impl Client {
             if sent.elapsed() >= lease / 3 {
                 guard.renew(lease).await?;
             }
+        } else if sent.elapsed() >= guard.client().session_timeout() / 3 {
+            // The same for a lock bound to the connection or session: the
+            // pings parked behind the wait are answered one by one (on a
+            // cluster, a commit each); one more round trip gives a fresh
+            // bound before the caller relies on the lock.
+            guard.client().ping().await?;
         }
         Ok(guard)
     }

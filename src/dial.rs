@@ -59,6 +59,14 @@ impl Dial {
             .clone()
     }
 
+    /// Stops trying `addr` first: it did not answer.
+    fn forget_leader(&self, addr: &str) {
+        let mut leader = self.leader.lock().unwrap_or_else(|p| p.into_inner());
+        if leader.as_deref() == Some(addr) {
+            *leader = None;
+        }
+    }
+
     fn set_leader(&self, addr: &str) {
         *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr.to_owned());
     }
@@ -166,6 +174,11 @@ pub(crate) async fn establish(
                 Err(NodeError::Fatal(e)) => return Err(e),
                 Err(NodeError::Failed { error, answered: a }) => {
                     answered |= a;
+                    if !a {
+                        // A dead old leader must not cost every round its
+                        // connect time.
+                        dial.forget_leader(&addr);
+                    }
                     attempts.push((addr, error));
                 }
             }

@@ -115,6 +115,16 @@ pub enum Disconnect {
         /// The new leader's address, if the node knew it.
         leader: Option<String>,
     },
+    /// The cluster node could not commit the request in time (no quorum
+    /// reachable); the client looks for the leader again and sends the
+    /// request again under the same number.
+    NoQuorum,
+    /// A request other than a waiting Lock went unanswered this long (half
+    /// the session's TTL): the node is paused, stalled or cut off.
+    NoAnswer {
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
     /// No node of the cluster resumed the session before its TTL ran out;
     /// the text says what the last attempts found.
     NotResumed(Arc<String>),
@@ -160,6 +170,10 @@ impl fmt::Display for Reason<'_> {
                 write!(f, "the node is no longer the leader ({l} is)")
             }
             Disconnect::NotLeader { leader: None } => write!(f, "the node is no longer the leader"),
+            Disconnect::NoQuorum => write!(f, "the node could not commit in time (no quorum)"),
+            Disconnect::NoAnswer { waited } => {
+                write!(f, "no answer for {}", crate::duration::format(*waited))
+            }
             Disconnect::NotResumed(why) => {
                 write!(f, "the session was not resumed within its TTL: {why}")
             }

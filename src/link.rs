@@ -104,6 +104,7 @@ impl Link {
             ping_id: u64::MAX,
             next_seq: 1,
             session,
+            session_ttl: (session != 0).then_some(session_timeout),
             token: dial.token(),
             closed: false,
         };
@@ -162,6 +163,8 @@ struct Writer {
     /// The number the next request that changes the table gets.
     next_seq: u64,
     session: u64,
+    /// The session's TTL; `None` against a single server.
+    session_ttl: Option<Duration>,
     token: String,
     /// Every handle on the link was dropped: end, do not reconnect.
     closed: bool,
@@ -202,12 +205,23 @@ impl Driver {
                 on_session,
             ));
             let (written, read) = (write.await, read.await);
-            let Ok((w, write_error)) = written else {
+            let Ok((w, write_error, wr)) = written else {
                 // The writer panicked and took the call queue with it.
                 return self.finish(None, Disconnect::Closed);
             };
             writer = w;
-            let reason = read.ok().flatten().or(write_error);
+            let (read_error, rd) = match read {
+                Ok((e, rd)) => (e, Some(rd)),
+                Err(_) => (None, None),
+            };
+            let reason = read_error.or(write_error);
+            if writer.session != 0 && !writer.closed {
+                // A reset, not a clean close, which would tell the node
+                // to end the session the client is about to resume.
+                if let Some(rd) = rd {
+                    rd.unsplit(wr).abort();
+                }
+            }
             if writer.closed {
                 return self.finish(Some(writer.calls), Disconnect::Dropped);
             }
@@ -221,9 +235,13 @@ impl Driver {
                 reason,
             });
             let broke = Instant::now();
-            // The session lives at least a TTL after the send of the last
-            // request the cluster answered; past that no node may know it.
-            let deadline = self.acked.last() + self.session_ttl;
+            // The session lives a TTL after the last command that kept it
+            // alive: the last answered request, or, while the connection
+            // was open, the node's own keep-alives (a third of a TTL apart),
+            // which the client does not see while a Lock waits. Past this no
+            // node knows it; before it, a node that does not answers
+            // UnknownSession. (Guards enforce the safety deadline apart.)
+            let deadline = self.acked.last().max(broke) + self.session_ttl;
             match establish(&self.dial, writer.session, deadline, true).await {
                 Ok(est) => {
                     self.acked.record(est.acked_from);
@@ -296,17 +314,19 @@ async fn write_loop(
     pending: PendingQueue,
     heartbeat: Duration,
     ended: CancellationToken,
-) -> (Writer, Option<Disconnect>) {
+) -> (Writer, Option<Disconnect>, WriteHalf<Stream>) {
+    // Ends the stream for the reader too, even if this task panics.
+    let _end = ended.clone().drop_guard();
     let mut out = BytesMut::new();
     resend(&pending, &st.token, &mut out);
     if !out.is_empty() {
         let written = tokio::select! {
             r = write_flush(&mut wr, &out) => r,
-            _ = ended.cancelled() => return (st, None),
+            _ = ended.cancelled() => return (st, None, wr),
         };
         if let Err(e) = written {
             ended.cancel();
-            return (st, Some(Disconnect::Write(Arc::new(e))));
+            return (st, Some(Disconnect::Write(Arc::new(e))), wr);
         }
         out.clear();
     }
@@ -324,6 +344,9 @@ async fn write_loop(
                 }
             },
             _ = tick.tick() => {
+                if let Some(silent) = unanswered_too_long(&pending, st.session_ttl) {
+                    break Some(silent);
+                }
                 if last_write.elapsed() < heartbeat {
                     continue;
                 }
@@ -348,7 +371,21 @@ async fn write_loop(
         let _ = tokio::time::timeout(SHUTDOWN_LIMIT, wr.shutdown()).await;
     }
     ended.cancel();
-    (st, error)
+    (st, error, wr)
+}
+
+/// On a session: the oldest unanswered request, if it is not a Lock (which
+/// may rightly wait, the node keeping the session alive meanwhile) and has
+/// waited half a TTL. A node that accepts but does not answer (paused,
+/// stalled, cut off behind a path that drops without a reset) would
+/// otherwise hold the client until TCP gives up, after the session ended.
+fn unanswered_too_long(pending: &PendingQueue, ttl: Option<Duration>) -> Option<Disconnect> {
+    let ttl = ttl?;
+    let queue = pending.lock().unwrap_or_else(|p| p.into_inner());
+    let oldest = queue.front()?;
+    let waited = oldest.sent.elapsed();
+    (oldest.kind != RequestType::Lock as i32 && waited >= ttl / 2)
+        .then_some(Disconnect::NoAnswer { waited })
 }
 
 /// Encodes every request kept for sending again, in order, and restamps
@@ -474,7 +511,9 @@ async fn read_loop(
     ended: CancellationToken,
     acked: Arc<AckClock>,
     on_session: bool,
-) -> Option<Disconnect> {
+) -> (Option<Disconnect>, ReadHalf<Stream>) {
+    // Ends the stream for the writer too, even if this task panics.
+    let _end = ended.clone().drop_guard();
     let mut reader =
         tokio_util::codec::FramedRead::new(rd, FrameCodec::new(crate::MAX_RESPONSE_FRAME));
     let reason = loop {
@@ -494,10 +533,20 @@ async fn read_loop(
             Ok(r) => r,
             Err(e) => break Some(Disconnect::Undecodable(e)),
         };
+        // Looked at before it is taken: an answer that sends the request
+        // elsewhere leaves it in place, so the writer never numbers
+        // `seq_done` past it meanwhile.
         let next = {
             let mut queue = pending.lock().unwrap_or_else(|p| p.into_inner());
             match queue.front() {
-                Some(p) if p.id == resp.request_id => queue.pop_front(),
+                Some(p) if p.id == resp.request_id => {
+                    if on_session {
+                        if let Some(moved) = elsewhere(&resp) {
+                            break Some(moved);
+                        }
+                    }
+                    queue.pop_front()
+                }
                 _ => None,
             }
         };
@@ -512,27 +561,6 @@ async fn read_loop(
                 Disconnect::TurnedAway(resp.error_text)
             });
         };
-        if on_session && resp.status == ResponseStatus::UnknownSession as i32 {
-            // The cluster ended the session (its TTL ran out while the
-            // client could not reach it): every lock it held may be
-            // another's now. Nothing more on this link may succeed.
-            pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push_front(p);
-            break Some(Disconnect::SessionEnded);
-        }
-        if on_session && resp.status == ResponseStatus::NotLeader as i32 {
-            // The node stopped leading and did not act on the request: send
-            // it (and everything behind it) again to the new leader.
-            pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push_front(p);
-            break Some(Disconnect::NotLeader {
-                leader: Some(resp.leader_addr).filter(|a| !a.is_empty()),
-            });
-        }
         // On a session only an answer from a command that kept the session
         // alive proves it lived when the request was sent; a refusal, an
         // Inspect or a request the cluster could not commit proves nothing.
@@ -542,7 +570,27 @@ async fn read_loop(
         deliver(p, resp, &calls);
     };
     ended.cancel();
-    reason
+    (reason, reader.into_inner())
+}
+
+/// On a session, an answer that means the request was not acted on here
+/// and the session must go on elsewhere (or has ended): why.
+fn elsewhere(resp: &Response) -> Option<Disconnect> {
+    match ResponseStatus::try_from(resp.status) {
+        // The cluster ended the session (its TTL ran out while the client
+        // could not reach it): its locks may be another's now.
+        Ok(ResponseStatus::UnknownSession) => Some(Disconnect::SessionEnded),
+        // The node stopped leading and did not act: send the request (and
+        // everything behind it) again to the new leader.
+        Ok(ResponseStatus::NotLeader) => Some(Disconnect::NotLeader {
+            leader: Some(resp.leader_addr.clone()).filter(|a| !a.is_empty()),
+        }),
+        // It could not commit in time: it may still be applied, so only a
+        // resend under the same number is safe, after a fresh look for
+        // the leader.
+        Ok(ResponseStatus::Unavailable) => Some(Disconnect::NoQuorum),
+        _ => None,
+    }
 }
 
 /// Whether an answer with `status` to a request of type `kind` comes from a

@@ -20,6 +20,20 @@ pub enum Stream {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
+impl Stream {
+    /// Drops the connection with a reset rather than a clean close: for a
+    /// cluster node, a clean close means the client is done with its
+    /// session; a reset means the path broke and the session is to be
+    /// resumed.
+    pub(crate) fn abort(self) {
+        let tcp = match &self {
+            Stream::Tcp(s) => s,
+            Stream::Tls(s) => s.get_ref().0,
+        };
+        let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
+    }
+}
+
 /// Connects to `addr` and, with TLS configured, completes the handshake,
 /// checking the server's certificate against the host part of `addr`.
 /// `configure` sets socket options on the TCP connection first.

@@ -399,3 +399,39 @@ async fn a_session_ended_under_an_open_connection_is_reported_not_pinged_on() {
         "{lost:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaves_a_leader_that_stays_paused() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let nodes = NodeProcesses::start(server_binary(), 3, NODE_FLAGS);
+    let options = ClientOptions {
+        session_ttl: Some(Duration::from_secs(8)),
+        ..ClientOptions::default()
+    };
+    let c = Client::connect_with(nodes.servers(), options)
+        .await
+        .expect("connect");
+    let old = nodes.index_of(&c.addr()).expect("a node");
+    let mut events = c.events();
+    // Paused for good: its sockets stay open and say nothing. The client
+    // must not wait for TCP to give up (longer than the session lives).
+    nodes.pause(old);
+    let ping = tokio::spawn({
+        let c = c.clone();
+        async move { c.ping().await }
+    });
+    match tokio::time::timeout(PATIENCE, events.recv()).await {
+        Ok(Ok(dlock::Event::Reconnecting { reason, .. })) => {
+            assert!(matches!(reason, Disconnect::NoAnswer { .. }), "{reason:?}")
+        }
+        other => panic!("expected a reconnect, got {other:?}"),
+    }
+    tokio::time::timeout(PATIENCE, ping)
+        .await
+        .expect("answered in time")
+        .expect("task")
+        .expect("the ping is answered by the new leader");
+    assert_ne!(nodes.index_of(&c.addr()), Some(old));
+    assert!(!c.is_closed());
+    nodes.resume(old);
+}

@@ -219,6 +219,9 @@ struct ConnState {
     /// The access-control identity of the latest request (empty without
     /// access control): the owner of the sessions it opens.
     identity: String,
+    /// Sessions of this connection found ended (by a keep-alive answered
+    /// UnknownSession); bounded by the sessions the connection may open.
+    ended: Vec<OwnerId>,
 }
 
 impl Default for ConnSessions {
@@ -588,15 +591,13 @@ impl Replicated {
     /// out while this node could not keep them, e.g. cut off from the
     /// majority); they are forgotten here.
     async fn keep_alive(&self, conn: &ConnSessions) -> Result<Vec<OwnerId>, ClusterError> {
-        let mut ended = Vec::new();
         for owner in conn.all() {
             let out = self.cluster.propose(Command::KeepAlive { owner }).await?;
             if out.reply == Reply::UnknownSession {
                 self.forget(conn, owner);
-                ended.push(owner);
             }
         }
-        Ok(ended)
+        Ok(conn.state().ended.clone())
     }
 
     /// Keeps the sessions of a live connection alive while it lives, even
@@ -779,6 +780,12 @@ impl Replicated {
         if st.implicit == Some(owner) {
             st.implicit = None;
         }
+        // Remembered for the connection's life, whoever found out (a
+        // request, a Ping, or the keeper between Pings): no later Ping may
+        // answer Ok as if every session lived. One is enough to say so.
+        if st.ended.len() < MAX_ENDED_KEPT {
+            st.ended.push(owner);
+        }
         drop(st);
         self.attached.detach(owner, conn.id);
     }
@@ -928,6 +935,9 @@ fn unknown_session(session: u64) -> Refusal {
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
+
+/// Ended sessions a connection remembers, to name in a Ping's refusal.
+const MAX_ENDED_KEPT: usize = 8;
 
 /// How often a waiting Lock's task checks that this node still leads.
 const LEADERSHIP_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
