@@ -463,26 +463,25 @@ pub(crate) fn lock_result(config: &Config, id: u64, result: LockResult) -> Resul
 }
 
 fn mode_conflict(id: u64, keys: Vec<Key>) -> Response {
-    with_keys(
-        error(
-            id,
-            ResponseStatus::ModeConflict,
-            "keys already held or waited for by this session in the other mode \
-             (shared against exclusive); unlock them first",
-        ),
-        keys,
-    )
+    let text = format!(
+        "keys {} already held or waited for by this session in the other mode \
+         (shared against exclusive); unlock them first",
+        key_list(&keys)
+    );
+    with_keys(error(id, ResponseStatus::ModeConflict, text), keys)
 }
 
 fn limit_mismatch(id: u64, keys: Vec<Key>) -> Response {
-    with_keys(
-        error(
-            id,
-            ResponseStatus::LimitMismatch,
-            "keys shared under another limit by their holders and waiters",
-        ),
-        keys,
-    )
+    let text = format!(
+        "keys {} are shared under another limit by their holders and waiters",
+        key_list(&keys)
+    );
+    with_keys(error(id, ResponseStatus::LimitMismatch, text), keys)
+}
+
+fn key_list(keys: &[Key]) -> String {
+    let quoted: Vec<String> = keys.iter().map(|k| format!("{k:?}")).collect();
+    quoted.join(", ")
 }
 
 fn with_keys(mut r: Response, keys: Vec<Key>) -> Response {
