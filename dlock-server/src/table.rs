@@ -483,12 +483,14 @@ impl LockTable {
             let Some(slot) = self.keys.slot(&k) else {
                 continue;
             };
-            let Some(hold) = self.keys.at_mut(slot).and_then(|s| s.holds.of_mut(holder)) else {
+            let Some(state) = self.keys.at_mut(slot) else {
                 continue;
             };
-            let was_bound = hold.lease.is_none();
-            hold.lease = Some(deadline);
-            let (fence, holder) = (hold.fence, hold.owner);
+            let was_bound = state.holds.of(holder).is_some_and(|h| h.lease.is_none());
+            let Some(hold) = state.holds.set_lease(holder, deadline) else {
+                continue;
+            };
+            let fence = hold.fence;
             if was_bound {
                 self.live_leases += 1;
                 if let Some(o) = self.owners.get_mut(&holder) {

@@ -44,6 +44,9 @@ impl LockTable {
                         "a shared hold of {k:?} is filed under another owner"
                     ));
                 }
+                if !sh.indexed() {
+                    return Err(format!("the fence index of {k:?} is off"));
+                }
             }
             if let (Some(l), Some(Mode::Shared { limit })) =
                 (s.queue.shared_limit(), s.holds.mode())
