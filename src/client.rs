@@ -114,6 +114,14 @@ pub struct LockOptions {
     /// and expires unless renewed. `None`: held until unlocked or until the
     /// connection ends.
     pub lease: Option<Duration>,
+    /// Take every key shared: alongside other shared holders, never
+    /// alongside an exclusive one. See docs/PROTOCOL.md, "Shared locks and
+    /// semaphores".
+    pub shared: bool,
+    /// Take every key shared, at most this many holders at once (a
+    /// semaphore); 0 is no limit. Everyone sharing a key must name the same
+    /// limit. Implies [`LockOptions::shared`] when above 0.
+    pub limit: u32,
 }
 
 impl LockOptions {
@@ -138,6 +146,28 @@ impl LockOptions {
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self
+    }
+
+    /// Take every key shared (a reader lock): any number of shared holders
+    /// at once, or one exclusive holder. A Lock for a key this guard's
+    /// owner holds in the other mode fails with
+    /// [`ResponseStatus::ModeConflict`].
+    pub fn shared(mut self) -> Self {
+        self.shared = true;
+        self
+    }
+
+    /// Take every key as a semaphore of `n` holders: shared, at most `n` at
+    /// once. Holders and waiters that name another limit for the key fail
+    /// with [`ResponseStatus::LimitMismatch`]. 0 is a plain shared lock.
+    pub fn limit(mut self, n: u32) -> Self {
+        self.shared = true;
+        self.limit = n;
+        self
+    }
+
+    fn shares(&self) -> bool {
+        self.shared || self.limit > 0
     }
 }
 
@@ -416,7 +446,9 @@ impl Client {
     /// # Errors
     /// [`Error::Timeout`] with the busy keys when the wait limit passes, or
     /// [`Error::Busy`] at once with [`LockWait::No`]; [`Error::Server`] for
-    /// invalid keys or a server limit; connection errors.
+    /// invalid keys, a server limit, a mode or limit the key's other holders
+    /// disagree with ([`ResponseStatus::ModeConflict`],
+    /// [`ResponseStatus::LimitMismatch`]); connection errors.
     pub async fn lock(&self, keys: impl IntoKeys, options: LockOptions) -> Result<LockGuard> {
         let keys: Vec<String> = keys.into_keys();
         // On the wire a zero lease means none; so it does here.
@@ -426,6 +458,12 @@ impl Client {
             release_micro: lease.map_or(0, micros),
             ..RequestLock::default()
         };
+        if options.shares() {
+            // Only set when asked, so an exclusive Lock is encoded exactly
+            // as by every older client.
+            body.shared_keys = keys.clone();
+            body.limit = options.limit;
+        }
         match options.wait {
             LockWait::Forever => {}
             // A positive limit below a microsecond still means "wait a little".

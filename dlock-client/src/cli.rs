@@ -16,6 +16,12 @@ Examples:
   # Same cron line on every machine; the key is derived from the command:
   */5 * * * * dlock -n --auto-key --hold 4m -- /opt/sync.sh
 
+  # Many readers at once, never alongside a writer (flock -s):
+  dlock --shared -k config -- render-site.sh
+
+  # At most 3 transcoders across the fleet:
+  dlock --limit 3 -k transcode -- ffmpeg -i in.mov out.mp4
+
   # Wait at most 2.5 s, run a shell snippet:
   dlock -w 2.5s -k deploy/web -c 'git pull && systemctl restart web'
 
@@ -95,6 +101,19 @@ pub struct Args {
     /// Fail at once if the lock is busy.
     #[arg(short, long)]
     pub nonblock: bool,
+
+    /// Take the keys shared (a reader lock): any number of --shared holders
+    /// at once, never alongside an exclusive one. A shared request behind a
+    /// waiting exclusive one waits. Unlike flock(1), there is no -s: dlock's
+    /// -s has always been --server, and reading an old `-s HOST` as
+    /// "shared" would run HOST as the command.
+    #[arg(long)]
+    pub shared: bool,
+
+    /// Take the keys as a semaphore: shared, at most N holders at once.
+    /// Everyone taking the key must give the same N.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
 
     /// Run STRING with `sh -c` instead of a command from the arguments.
     #[arg(short, long, value_name = "STRING", conflicts_with = "command_args")]
@@ -301,5 +320,19 @@ mod tests {
         assert!(a.all_keys()[0].starts_with("cron/"));
         assert!(Args::try_parse_from(["dlock", "-n", "-w", "1s", "-k", "a", "--", "x"]).is_err());
         assert!(Args::try_parse_from(["dlock", "-k", "a", "-c", "x", "--", "y"]).is_err());
+    }
+
+    #[test]
+    fn shared_and_limit_parse_and_s_stays_server() {
+        let a = Args::try_parse_from(["dlock", "--shared", "-k", "a", "--", "x"]).unwrap();
+        assert!(a.shared && a.limit.is_none());
+        let a = Args::try_parse_from(["dlock", "--limit", "3", "-k", "a", "--", "x"]).unwrap();
+        assert_eq!(a.limit, Some(3));
+        assert!(Args::try_parse_from(["dlock", "--limit", "0", "-k", "a", "--", "x"]).is_err());
+        // flock's `-s` is not shared here: it still names the server.
+        let a = Args::try_parse_from(["dlock", "-s", "h:1", "-k", "a", "--", "x"]).unwrap();
+        assert_eq!(a.server, "h:1");
+        assert!(!a.shared);
+        assert!(Args::try_parse_from(["dlock", "-s", "-k", "a", "--", "x"]).is_err());
     }
 }

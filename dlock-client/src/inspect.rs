@@ -34,32 +34,33 @@ pub async fn run(args: &Args, options: ClientOptions, keys: Vec<String>) -> Resu
 }
 
 /// The table, with columns as wide as their widest cell; keys are quoted so
-/// that spaces and empty-looking keys are visible.
+/// that spaces and empty-looking keys are visible. A key held shared gets a
+/// row per holder, each naming the key, so that `grep` finds them all; its
+/// STATE says "shared", with the holder count and limit of a semaphore.
 fn table(infos: &[KeyInfo]) -> String {
     let rows: Vec<[String; 6]> = infos
         .iter()
-        .map(|i| {
-            let held = i.fence != 0;
-            [
-                format!("{:?}", i.key),
-                if held { "held" } else { "free" }.to_string(),
-                match (held, i.holder_addr.as_str()) {
-                    (false, _) => "-".into(),
-                    (true, "") => "(disconnected)".into(),
-                    (true, addr) => addr.to_string(),
-                },
-                if held {
-                    i.fence.to_string()
-                } else {
-                    "-".into()
-                },
-                if i.lease_remaining_micro == 0 {
-                    "-".into()
-                } else {
-                    format!("{:.1}s", i.lease_remaining_micro as f64 / 1e6)
-                },
-                i.waiters.to_string(),
-            ]
+        .flat_map(|i| {
+            let key = format!("{:?}", i.key);
+            let waiters = i.waiters.to_string();
+            if !i.shared || i.holders.is_empty() {
+                let held = i.fence != 0;
+                let state = if held { "held" } else { "free" };
+                let holder =
+                    held.then_some((i.holder_addr.as_str(), i.fence, i.lease_remaining_micro));
+                return vec![row(key, state.into(), holder, waiters)];
+            }
+            let state = match i.limit {
+                0 => "shared".to_string(),
+                n => format!("shared {}/{n}", i.holders.len()),
+            };
+            i.holders
+                .iter()
+                .map(|h| {
+                    let holder = Some((h.holder_addr.as_str(), h.fence, h.lease_remaining_micro));
+                    row(key.clone(), state.clone(), holder, waiters.clone())
+                })
+                .collect()
         })
         .collect();
     let header = ["KEY", "STATE", "HOLDER", "FENCE", "LEASE", "WAITERS"].map(String::from);
@@ -85,6 +86,30 @@ fn table(infos: &[KeyInfo]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// One row: the holder's address, fence and lease in µs, if held.
+fn row(
+    key: String,
+    state: String,
+    holder: Option<(&str, u64, u64)>,
+    waiters: String,
+) -> [String; 6] {
+    let (addr, fence, lease) = match holder {
+        None => ("-".to_string(), "-".to_string(), "-".to_string()),
+        Some((addr, fence, lease)) => (
+            match addr {
+                "" => "(disconnected)".to_string(),
+                a => a.to_string(),
+            },
+            fence.to_string(),
+            match lease {
+                0 => "-".to_string(),
+                l => format!("{:.1}s", l as f64 / 1e6),
+            },
+        ),
+    };
+    [key, state, addr, fence, lease, waiters]
 }
 
 #[cfg(test)]
@@ -114,5 +139,39 @@ mod tests {
         let col = lines[0].find("STATE").unwrap();
         assert_eq!(&lines[1][col..col + 4], "held");
         assert_eq!(&lines[2][col..col + 4], "free");
+    }
+
+    #[test]
+    fn every_holder_of_a_shared_key_or_semaphore_gets_a_row() {
+        let holder = |fence, addr: &str| dlock::proto::KeyHolder {
+            fence,
+            holder_addr: addr.into(),
+            lease_remaining_micro: 2_500_000,
+            ..Default::default()
+        };
+        let infos = [KeyInfo {
+            key: "pool".into(),
+            fence: 9,
+            shared: true,
+            limit: 3,
+            waiters: 1,
+            holders: vec![holder(4, "10.0.0.1:5"), holder(9, "")],
+            ..KeyInfo::default()
+        }];
+        let t = table(&infos);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3, "{t}");
+        assert!(
+            lines[1].contains("shared 2/3") && lines[1].contains("10.0.0.1:5"),
+            "{t}"
+        );
+        assert!(
+            lines[2].contains("(disconnected)") && lines[2].contains(" 9 "),
+            "{t}"
+        );
+        assert!(lines
+            .iter()
+            .skip(1)
+            .all(|l| l.starts_with("\"pool\"") && l.contains("2.5s")));
     }
 }

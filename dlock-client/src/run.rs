@@ -408,6 +408,12 @@ async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGu
         lease: args.lease,
         ..LockOptions::default()
     };
+    if args.shared {
+        options = options.shared();
+    }
+    if let Some(n) = args.limit {
+        options = options.limit(n);
+    }
     if args.nonblock {
         options = options.no_wait();
     } else if let Some(w) = args.wait {
@@ -465,6 +471,12 @@ async fn describe_holders(client: &Client, busy: &[String], what: &str) {
     for info in infos {
         let holder = if info.fence == 0 {
             "free, earlier waiters first".to_string()
+        } else if info.shared {
+            let limit = match info.limit {
+                0 => String::new(),
+                n => format!(" of at most {n}"),
+            };
+            format!("held shared by {} holders{limit}", info.holders.len())
         } else if info.holder_addr.is_empty() {
             format!("held by a lease (fence {})", info.fence)
         } else {

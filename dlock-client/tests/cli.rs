@@ -531,3 +531,48 @@ async fn lease_mode_survives_a_dropped_connection() {
         "released at the end"
     );
 }
+
+#[tokio::test]
+async fn shared_holders_overlap_a_writer_is_busy_and_inspect_lists_every_holder() {
+    let server = TestServer::start(Config::default()).await;
+    let a = client(&server).await;
+    let b = client(&server).await;
+    let _ga = a
+        .lock(["config"], LockOptions::new().shared())
+        .await
+        .expect("a reads");
+    let _gb = b
+        .lock(["config"], LockOptions::new().shared().no_wait())
+        .await
+        .expect("b reads alongside a");
+
+    let out = run(&server, &["--shared", "-n", "-k", "config", "--", "true"]).await;
+    assert_eq!(code(&out), 0, "a third reader: {}", stderr(&out));
+    let out = run(&server, &["-n", "-k", "config", "--", "true"]).await;
+    assert_eq!(code(&out), 1, "a writer is busy: {}", stderr(&out));
+    let out = run(
+        &server,
+        &["--limit", "2", "-n", "-k", "config", "--", "true"],
+    )
+    .await;
+    assert_ne!(code(&out), 0);
+    assert!(stderr(&out).contains("limit"), "{}", stderr(&out));
+
+    let out = run(&server, &["--inspect", "-k", "config"]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    let rows: Vec<&str> = text.lines().filter(|l| l.contains("shared")).collect();
+    assert_eq!(rows.len(), 2, "{text}");
+}
+
+#[tokio::test]
+async fn a_semaphore_admits_its_limit_and_the_next_is_busy() {
+    let server = TestServer::start(Config::default()).await;
+    let c = client(&server).await;
+    let _one = c.lock(["pool"], LockOptions::new().limit(2)).await.unwrap();
+    let _two = c.lock(["pool"], LockOptions::new().limit(2)).await.unwrap();
+    let out = run(&server, &["--limit", "2", "-n", "-k", "pool", "--", "true"]).await;
+    assert_eq!(code(&out), 1, "the third is busy: {}", stderr(&out));
+    let out = run(&server, &["--inspect", "-k", "pool"]).await;
+    assert!(stdout(&out).contains("shared 2/2"), "{}", stdout(&out));
+}

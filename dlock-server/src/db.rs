@@ -16,9 +16,10 @@
 
 use crate::clock::Clock;
 use crate::fence::FenceAlarm;
+use crate::handler;
 use crate::table::{
-    Command, Key, LockResult, LockTable, Output, OwnerId, Reply, ReqId, Snapshot, TableLimits,
-    Time, WaitLimit, WaitOutcome, Woken,
+    Command, Key, LockResult, LockTable, Output, OwnerId, Reply, ReqId, Sharing, Snapshot,
+    TableLimits, Time, WaitLimit, WaitOutcome, Woken,
 };
 use dlock::proto::{KeyInfo, ServerStats};
 use std::collections::HashMap;
@@ -88,6 +89,10 @@ pub enum LockReply {
     LimitReached(&'static str),
     /// The server is stopping; nothing changed.
     ShuttingDown,
+    /// The owner holds or waits for these keys in the other mode.
+    ModeConflict(Vec<Key>),
+    /// These keys are shared under another limit.
+    LimitMismatch(Vec<Key>),
 }
 
 impl Db {
@@ -189,6 +194,7 @@ impl Db {
         &self,
         owner: OwnerId,
         keys: Vec<Key>,
+        sharing: Sharing,
         wait: WaitLimit,
         lease: Option<Duration>,
     ) -> LockReply {
@@ -198,6 +204,7 @@ impl Db {
             Command::Lock {
                 owner,
                 keys,
+                sharing,
                 wait,
                 lease,
             },
@@ -212,6 +219,8 @@ impl Db {
             Reply::Lock(LockResult::Busy(keys)) => LockReply::Busy(keys),
             Reply::Lock(LockResult::LimitReached(what)) => LockReply::LimitReached(what),
             Reply::Lock(LockResult::ShuttingDown) => LockReply::ShuttingDown,
+            Reply::Lock(LockResult::ModeConflict(keys)) => LockReply::ModeConflict(keys),
+            Reply::Lock(LockResult::LimitMismatch(keys)) => LockReply::LimitMismatch(keys),
             other => unreachable!("the table answered a Lock with {other:?}"),
         };
         self.deliver(st, out);
@@ -266,21 +275,8 @@ impl Db {
         keys.iter()
             .map(|k| {
                 let view = st.table.inspect(k, now);
-                let (holder, fence) = view.holder.unwrap_or((0, 0));
-                KeyInfo {
-                    key: k.clone(),
-                    fence,
-                    lease_remaining_micro: view
-                        .lease_remaining
-                        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
-                    waiters: u32::try_from(view.waiters).unwrap_or(u32::MAX),
-                    held_by_caller: view.holder.is_some() && holder == owner,
-                    holder_addr: st
-                        .peers
-                        .get(&holder)
-                        .map(|a| a.to_string())
-                        .unwrap_or_default(),
-                }
+                let addr = |o| st.peers.get(&o).map(|a| a.to_string()).unwrap_or_default();
+                handler::key_info(k, view, Some(owner), addr)
             })
             .collect()
     }
@@ -512,10 +508,12 @@ mod tests {
         let peer = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
         let (a, b) = (db.connect(peer), db.connect(peer));
         assert!(matches!(
-            db.lock(a, keys("k"), WaitLimit::Forever, None),
+            db.lock(a, keys("k"), Sharing::exclusive(), WaitLimit::Forever, None),
             LockReply::Granted(_)
         ));
-        let LockReply::Wait(mut rx) = db.lock(b, keys("k"), WaitLimit::Forever, None) else {
+        let LockReply::Wait(mut rx) =
+            db.lock(b, keys("k"), Sharing::exclusive(), WaitLimit::Forever, None)
+        else {
             panic!("b should wait for k");
         };
         db.close();
@@ -523,7 +521,13 @@ mod tests {
         db.disconnect(a);
         assert!(matches!(rx.try_recv(), Err(TryRecvError::Closed)));
         assert!(matches!(
-            db.lock(b, keys("other"), WaitLimit::Forever, None),
+            db.lock(
+                b,
+                keys("other"),
+                Sharing::exclusive(),
+                WaitLimit::Forever,
+                None
+            ),
             LockReply::ShuttingDown
         ));
         db.check_invariants().expect("invariants hold");
@@ -551,7 +555,7 @@ mod tests {
         let a = db.connect(SocketAddr::from((Ipv4Addr::LOCALHOST, 1)));
         let lease = Some(Duration::from_secs(1));
         assert!(matches!(
-            db.lock(a, keys("k"), WaitLimit::No, lease),
+            db.lock(a, keys("k"), Sharing::exclusive(), WaitLimit::No, lease),
             LockReply::Granted(_)
         ));
         assert_eq!(db.next_deadline(), Some(Time::from_micros(1_000_000)));
@@ -569,8 +573,16 @@ mod tests {
         let (db, _clock) = manual();
         let peer = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
         let (a, b) = (db.connect(peer), db.connect(peer));
-        db.lock(a, keys("k"), WaitLimit::No, Some(Duration::from_secs(5)));
-        let LockReply::Wait(rx) = db.lock(b, keys("k"), WaitLimit::Forever, None) else {
+        db.lock(
+            a,
+            keys("k"),
+            Sharing::exclusive(),
+            WaitLimit::No,
+            Some(Duration::from_secs(5)),
+        );
+        let LockReply::Wait(rx) =
+            db.lock(b, keys("k"), Sharing::exclusive(), WaitLimit::Forever, None)
+        else {
             panic!("b should wait for k");
         };
         drop(rx);
@@ -589,8 +601,10 @@ mod tests {
         let db = db();
         let peer = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
         let (a, b) = (db.connect(peer), db.connect(peer));
-        db.lock(a, keys("k"), WaitLimit::Forever, None);
-        let LockReply::Wait(mut rx) = db.lock(b, keys("k"), WaitLimit::Forever, None) else {
+        db.lock(a, keys("k"), Sharing::exclusive(), WaitLimit::Forever, None);
+        let LockReply::Wait(mut rx) =
+            db.lock(b, keys("k"), Sharing::exclusive(), WaitLimit::Forever, None)
+        else {
             panic!("b should wait for k");
         };
         db.disconnect(a);

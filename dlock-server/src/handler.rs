@@ -13,10 +13,14 @@ use crate::owners::{Owners, TooManySessions};
 use crate::pending::{Arrived, Pending};
 use crate::replicated::ConnSessions;
 use crate::shared::Shared;
-use crate::table::{Key, LockResult, OwnerId, ReqId, WaitLimit, WaitOutcome, Woken};
+use crate::table::{
+    Key, KeyView, LockResult, Mode, OwnerId, ReqId, Sharing, WaitLimit, WaitOutcome, Woken,
+};
 use bytes::BytesMut;
 use dlock::codec::encode_frame;
-use dlock::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
+use dlock::proto::{
+    KeyHolder, KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::oneshot;
@@ -360,8 +364,11 @@ fn lock(
     let config = &shared.config;
     // Only a non-admin identity's grants are noted, so only they pay for it.
     let grant_note = who.and_then(|w| shared.access.pending(&shared.db, w, &body.keys));
-    let (keys, wait, lease) = lock_args(config, body)?;
-    match shared.db.lock(owner, keys, wait, lease) {
+    let args = lock_args(config, body)?;
+    match shared
+        .db
+        .lock(owner, args.keys, args.sharing, args.wait, args.lease)
+    {
         LockReply::Granted(fence) => {
             metrics::granted_at_once();
             if let Some(p) = grant_note {
@@ -377,14 +384,23 @@ fn lock(
         LockReply::Busy(keys) => Ok(Step::Reply(busy(id, keys, "keys busy"))),
         LockReply::LimitReached(what) => Err(limit_reached(config, what)),
         LockReply::ShuttingDown => Err(shutting_down()),
+        LockReply::ModeConflict(keys) => Ok(Step::Reply(mode_conflict(id, keys))),
+        LockReply::LimitMismatch(keys) => Ok(Step::Reply(limit_mismatch(id, keys))),
     }
 }
 
-/// A Lock's arguments, checked: its keys, how long it may wait, its lease.
-pub(crate) fn lock_args(
-    config: &Config,
-    body: RequestLock,
-) -> Result<(Vec<Key>, WaitLimit, Option<Duration>), Refusal> {
+/// A Lock's arguments, checked.
+#[derive(Debug)]
+pub(crate) struct LockArgs {
+    pub(crate) keys: Vec<Key>,
+    pub(crate) sharing: Sharing,
+    pub(crate) wait: WaitLimit,
+    pub(crate) lease: Option<Duration>,
+}
+
+/// A Lock's arguments, checked: its keys, which of them are shared, how long
+/// it may wait, its lease.
+pub(crate) fn lock_args(config: &Config, body: RequestLock) -> Result<LockArgs, Refusal> {
     if body.fence != 0 {
         return Err(Refusal::new(
             ResponseStatus::InvalidArgument,
@@ -409,7 +425,28 @@ pub(crate) fn lock_args(
         // Relative to the command's time, which the lock state reads once.
         WaitLimit::For(Duration::from_micros(body.wait_micro))
     };
-    Ok((checked_keys(config, body.keys)?, wait, lease))
+    if body.limit != 0 && body.shared_keys.is_empty() {
+        return Err(Refusal::new(
+            ResponseStatus::InvalidArgument,
+            "limit applies to shared keys; name them in shared_keys",
+        ));
+    }
+    if let Some(k) = body.shared_keys.iter().find(|k| !body.keys.contains(k)) {
+        return Err(Refusal::new(
+            ResponseStatus::InvalidArgument,
+            format!("shared key {k:?} is not among the request's keys"),
+        ));
+    }
+    let sharing = Sharing {
+        keys: body.shared_keys.into_iter().map(Key::from).collect(),
+        limit: body.limit,
+    };
+    Ok(LockArgs {
+        keys: checked_keys(config, body.keys)?,
+        sharing,
+        wait,
+        lease,
+    })
 }
 
 /// The answer to a Lock the table decided at once; the request to wait
@@ -421,7 +458,76 @@ pub(crate) fn lock_result(config: &Config, id: u64, result: LockResult) -> Resul
         LockResult::Busy(keys) => busy(id, keys, "keys busy"),
         LockResult::LimitReached(what) => refused(id, limit_reached(config, what)),
         LockResult::ShuttingDown => refused(id, shutting_down()),
+        LockResult::ModeConflict(keys) => mode_conflict(id, keys),
+        LockResult::LimitMismatch(keys) => limit_mismatch(id, keys),
     })
+}
+
+fn mode_conflict(id: u64, keys: Vec<Key>) -> Response {
+    let text = format!(
+        "keys {} already held or waited for by this session in the other mode \
+         (shared against exclusive); unlock them first",
+        key_list(&keys)
+    );
+    with_keys(error(id, ResponseStatus::ModeConflict, text), keys)
+}
+
+fn limit_mismatch(id: u64, keys: Vec<Key>) -> Response {
+    let text = format!(
+        "keys {} are shared under another limit by their holders and waiters",
+        key_list(&keys)
+    );
+    with_keys(error(id, ResponseStatus::LimitMismatch, text), keys)
+}
+
+fn key_list(keys: &[Key]) -> String {
+    let quoted: Vec<String> = keys.iter().map(|k| format!("{k:?}")).collect();
+    quoted.join(", ")
+}
+
+fn with_keys(mut r: Response, keys: Vec<Key>) -> Response {
+    r.keys = keys.iter().map(|k| k.to_string()).collect();
+    r
+}
+
+/// Inspect's description of `key` from the table's `view`: `caller` is the
+/// owner that asked, `addr` the connection address of an owner, if known.
+/// A key held exclusively is described exactly as before shared holds
+/// existed, so older clients see the same answer.
+pub(crate) fn key_info(
+    key: &str,
+    view: KeyView,
+    caller: Option<OwnerId>,
+    addr: impl Fn(OwnerId) -> String,
+) -> KeyInfo {
+    let (holder, fence) = view.holder.unwrap_or((0, 0));
+    let held = view.holder.is_some();
+    let micros =
+        |d: Option<Duration>| d.map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let mut info = KeyInfo {
+        key: key.to_owned(),
+        fence,
+        lease_remaining_micro: micros(view.lease_remaining),
+        waiters: u32::try_from(view.waiters).unwrap_or(u32::MAX),
+        held_by_caller: held && Some(holder) == caller,
+        holder_addr: if held { addr(holder) } else { String::new() },
+        ..KeyInfo::default()
+    };
+    if let Some(Mode::Shared { limit }) = view.mode {
+        info.shared = true;
+        info.limit = limit;
+        info.holders = view
+            .holders
+            .iter()
+            .map(|h| KeyHolder {
+                fence: h.fence,
+                lease_remaining_micro: micros(h.lease_remaining),
+                held_by_caller: Some(h.owner) == caller,
+                holder_addr: addr(h.owner),
+            })
+            .collect();
+    }
+    info
 }
 
 fn granted(id: u64, fence: u64) -> Response {

@@ -50,7 +50,7 @@ const TYPES: [&str; 13] = [
 
 /// Every status the server sends, in label form, dense-indexed by
 /// [`status_index`].
-const STATUSES: [(ResponseStatus, &str); 17] = [
+const STATUSES: [(ResponseStatus, &str); 19] = [
     (ResponseStatus::Ok, "ok"),
     (ResponseStatus::General, "general"),
     (ResponseStatus::Version, "version"),
@@ -68,6 +68,8 @@ const STATUSES: [(ResponseStatus, &str); 17] = [
     (ResponseStatus::NotLeader, "not_leader"),
     (ResponseStatus::Unavailable, "unavailable"),
     (ResponseStatus::UnknownSession, "unknown_session"),
+    (ResponseStatus::ModeConflict, "mode_conflict"),
+    (ResponseStatus::LimitMismatch, "limit_mismatch"),
 ];
 
 fn status_index(status: ResponseStatus) -> usize {
@@ -91,6 +93,8 @@ fn status_index(status: ResponseStatus) -> usize {
         ResponseStatus::NotLeader => 14,
         ResponseStatus::Unavailable => 15,
         ResponseStatus::UnknownSession => 16,
+        ResponseStatus::ModeConflict => 17,
+        ResponseStatus::LimitMismatch => 18,
     }
 }
 

@@ -43,8 +43,7 @@ use crate::shared::Shared;
 use crate::table::{Command, Output, OwnerId, Reply, ReqId, Woken, MAX_REMEMBERED};
 use anyhow::{bail, Context};
 use dlock::proto::{
-    ClusterInfo, ClusterMember, KeyInfo, Request, RequestType, Response, ResponseStatus,
-    ServerStats,
+    ClusterInfo, ClusterMember, Request, RequestType, Response, ResponseStatus, ServerStats,
 };
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -439,16 +438,16 @@ impl Replicated {
                 Ok(handler::response(id, ResponseStatus::Ok))
             }
             RequestType::Lock => {
-                let (keys, wait, lease) =
-                    handler::lock_args(config, body).map_err(|r| refused(id, r))?;
+                let args = handler::lock_args(config, body).map_err(|r| refused(id, r))?;
                 let owner = self.owner(conn, id, req.session).await?;
                 let cmd = numbered(
                     &req,
                     Command::Lock {
                         owner,
-                        keys,
-                        wait,
-                        lease,
+                        keys: args.keys,
+                        sharing: args.sharing,
+                        wait: args.wait,
+                        lease: args.lease,
                     },
                 );
                 let out = self.propose(id, cmd).await?;
@@ -510,18 +509,10 @@ impl Replicated {
                             .keys
                             .iter()
                             .map(|k| {
+                                // Which connection a session came from is
+                                // this node's knowledge only.
                                 let view = table.inspect(k, now);
-                                let (holder, fence) = view.holder.unwrap_or((0, 0));
-                                KeyInfo {
-                                    key: k.clone(),
-                                    fence,
-                                    lease_remaining_micro: view.lease_remaining.map_or(0, micros),
-                                    waiters: u32::try_from(view.waiters).unwrap_or(u32::MAX),
-                                    held_by_caller: view.holder.is_some() && Some(holder) == owner,
-                                    // Which connection a session came
-                                    // from is this node's knowledge only.
-                                    holder_addr: String::new(),
-                                }
+                                handler::key_info(k, view, owner, |_| String::new())
                             })
                             .collect();
                     }

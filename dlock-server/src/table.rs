@@ -37,6 +37,14 @@
 //! deadlock between overlapping key sets and no overtaking. The one exception
 //! is for an owner that already holds keys: see `free_for_newcomer`.
 //!
+//! A request may take any of its keys shared (see `mode`): a key is free
+//! for it when nobody holds it, or when it is held shared under the same
+//! limit with room for one more. The queue stays strict: a shared request
+//! behind a waiting exclusive one waits, and shared requests that reach the
+//! front one after another are granted one after another in the same
+//! command. Every grant gets a fencing token of its own, so each shared
+//! holder of a key has its own token.
+//!
 //! Leases and wait limits are kept in two min-heaps keyed by deadline (see
 //! `deadlines`). Most commands cost time in the number of keys they name
 //! plus the log of the heap size, whatever the number of keys or connections
@@ -47,6 +55,7 @@ mod command;
 mod deadlines;
 mod grants;
 mod invariants;
+mod mode;
 mod queue;
 mod resend;
 mod sessions;
@@ -54,6 +63,7 @@ mod snapshot;
 mod time;
 
 pub use command::{Command, LimitName, LockResult, Output, Reply, WaitOutcome, Woken};
+pub use mode::{Mode, Sharing};
 pub use resend::MAX_REMEMBERED;
 pub use snapshot::{BadSnapshot, Snapshot};
 pub use time::Time;
@@ -61,6 +71,7 @@ pub use time::Time;
 pub use crate::keymap::Key;
 use crate::keymap::KeyMap;
 use deadlines::Deadlines;
+use mode::Holds;
 use queue::Queue;
 use serde::{Deserialize, Serialize};
 use sessions::Sessions;
@@ -92,19 +103,36 @@ pub enum WaitLimit {
 pub struct TableLimits {
     /// Requests waiting at once, over all connections.
     pub max_waiters: usize,
-    /// Keys held at once, over all connections.
+    /// Holds at once, over all connections: a key held by three shared
+    /// holders counts three.
     pub max_held_keys: usize,
 }
 
 /// What the table knows of one key, for Inspect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyView {
-    /// Holder's owner and fencing token, if the key is held.
+    /// Holder's owner and fencing token, if the key is held; of a key held
+    /// shared, the holder with the highest token (the latest grant).
     pub holder: Option<(OwnerId, u64)>,
-    /// Time left on the holder's lease, if it has one.
+    /// Time left on that holder's lease, if it has one.
     pub lease_remaining: Option<Duration>,
     /// Requests waiting for the key.
     pub waiters: usize,
+    /// How the key is held, if it is.
+    pub mode: Option<Mode>,
+    /// Every holder, in token order (one for a key held exclusively).
+    pub holders: Vec<HolderView>,
+}
+
+/// One holder of a key, for Inspect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderView {
+    /// Who holds it.
+    pub owner: OwnerId,
+    /// The token of its grant.
+    pub fence: u64,
+    /// Time left on its lease, if it has one.
+    pub lease_remaining: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,8 +144,18 @@ struct Hold {
 
 #[derive(Debug, Default)]
 struct KeyState {
-    hold: Option<Hold>,
+    holds: Holds,
     queue: Queue,
+}
+
+impl KeyState {
+    /// The limit the key's shared holders and waiters agree on, if any.
+    fn agreed_limit(&self) -> Option<u32> {
+        match self.holds.mode() {
+            Some(Mode::Shared { limit }) => Some(limit),
+            _ => self.queue.shared_limit(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,12 +166,22 @@ struct Waiter {
     lease: Option<Duration>,
     /// When its wait limit passes; its entry in the heap carries the same.
     deadline: Option<Time>,
+    /// Which keys it takes shared; absent from older snapshots.
+    #[serde(default, skip_serializing_if = "Sharing::is_exclusive")]
+    sharing: Sharing,
+}
+
+impl Waiter {
+    fn mode(&self, key: &str) -> Mode {
+        self.sharing.mode(key)
+    }
 }
 
 /// Per-owner state: what must go when the connection ends.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct OwnerState {
     /// Keys held without a lease, released on disconnect in key order.
+    /// An owner holds a key at most once, whatever the mode.
     bound: BTreeSet<Key>,
     /// Requests still waiting, in request order.
     waiting: Vec<ReqId>,
@@ -216,9 +264,10 @@ impl LockTable {
             Command::Lock {
                 owner,
                 keys,
+                sharing,
                 wait,
                 lease,
-            } => out.reply = Reply::Lock(self.lock(owner, keys, wait, lease, now)),
+            } => out.reply = Reply::Lock(self.lock(owner, keys, sharing, wait, lease, now)),
             Command::Unlock { owner, keys, fence } => {
                 out.reply = Reply::NotHeld(self.unlock(owner, keys, fence, now, &mut out.woken));
             }
@@ -271,7 +320,7 @@ impl LockTable {
         self.next_fence
     }
 
-    /// Keys currently held.
+    /// Holds on keys: a key held by three shared holders counts three.
     pub fn held_keys(&self) -> usize {
         self.held_keys
     }
@@ -313,13 +362,24 @@ impl LockTable {
     /// What the table knows of `key` at `now`.
     pub fn inspect(&self, key: &str, now: Time) -> KeyView {
         let state = self.keys.get(key);
-        let hold = state.and_then(|s| s.hold.as_ref());
+        let remaining = |h: &Hold| h.lease.map(|t| t.saturating_duration_since(now));
+        let mut holders: Vec<HolderView> = state
+            .iter()
+            .flat_map(|s| s.holds.iter())
+            .map(|h| HolderView {
+                owner: h.owner,
+                fence: h.fence,
+                lease_remaining: remaining(h),
+            })
+            .collect();
+        holders.sort_unstable_by_key(|h| h.fence);
+        let latest = holders.last();
         KeyView {
-            holder: hold.map(|h| (h.owner, h.fence)),
-            lease_remaining: hold
-                .and_then(|h| h.lease)
-                .map(|t| t.saturating_duration_since(now)),
+            holder: latest.map(|h| (h.owner, h.fence)),
+            lease_remaining: latest.and_then(|h| h.lease_remaining),
             waiters: state.map_or(0, |s| s.queue.len()),
+            mode: state.and_then(|s| s.holds.mode()),
+            holders,
         }
     }
 
@@ -327,6 +387,7 @@ impl LockTable {
         &mut self,
         owner: OwnerId,
         keys: Vec<Key>,
+        sharing: Sharing,
         wait: WaitLimit,
         lease: Option<Duration>,
         now: Time,
@@ -335,22 +396,23 @@ impl LockTable {
             return LockResult::ShuttingDown;
         }
         let keys = dedup(keys);
+        let sharing = sharing.normalise(&keys);
+        if let Some(refused) = self.refuse_modes(owner, &keys, &sharing) {
+            return refused;
+        }
         let unavailable: Vec<Key> = keys
             .iter()
-            .filter(|k| !self.free_for_newcomer(k, owner))
+            .filter(|k| !self.free_for_newcomer(k, owner, sharing.mode(k)))
             .cloned()
             .collect();
         if unavailable.is_empty() {
             // Checked only here: a waiter's later grant is bounded by
             // max_waiters times the per-request key limit.
-            let newly_held = keys
-                .iter()
-                .filter(|k| self.holder(k) != Some(owner))
-                .count();
+            let newly_held = keys.iter().filter(|k| !self.holds_key(k, owner)).count();
             if self.held_keys + newly_held > self.limits.max_held_keys {
                 return LockResult::LimitReached("held keys");
             }
-            let fence = self.grant(owner, &keys, lease, now);
+            let fence = self.grant(owner, &keys, &sharing, lease, now);
             return LockResult::Granted { fence };
         }
         let deadline = match wait {
@@ -367,7 +429,8 @@ impl LockTable {
         let req = self.next_req;
         self.next_req += 1;
         for k in &keys {
-            self.keys.get_or_default(k).1.queue.insert(req);
+            let mode = sharing.mode(k);
+            self.keys.get_or_default(k).1.queue.insert(req, mode);
         }
         self.owners.entry(owner).or_default().waiting.push(req);
         if let Some(t) = deadline {
@@ -380,6 +443,7 @@ impl LockTable {
                 keys,
                 lease,
                 deadline,
+                sharing,
             },
         );
         self.compact_heaps();
@@ -398,11 +462,12 @@ impl LockTable {
         let mut not_held = Vec::new();
         let mut work = Vec::new();
         for k in dedup(keys) {
-            if self.is_held_by(&k, owner, fence) {
-                self.release(&k);
-                work.push(k);
-            } else {
-                not_held.push(k);
+            match self.holding(&k, owner, fence) {
+                Some(holder) => {
+                    self.release(&k, holder);
+                    work.push(k);
+                }
+                None => not_held.push(k),
             }
         }
         self.grant_waiters(work, now, woken);
@@ -421,19 +486,21 @@ impl LockTable {
         let mut not_held = Vec::new();
         let deadline = now.saturating_add(lease);
         for k in dedup(keys) {
-            if !self.is_held_by(&k, owner, fence) {
+            let Some(holder) = self.holding(&k, owner, fence) else {
                 not_held.push(k);
                 continue;
-            }
+            };
             let Some(slot) = self.keys.slot(&k) else {
                 continue;
             };
-            let Some(hold) = self.keys.at_mut(slot).and_then(|s| s.hold.as_mut()) else {
+            let Some(state) = self.keys.at_mut(slot) else {
                 continue;
             };
-            let was_bound = hold.lease.is_none();
-            hold.lease = Some(deadline);
-            let (fence, holder) = (hold.fence, hold.owner);
+            let was_bound = state.holds.of(holder).is_some_and(|h| h.lease.is_none());
+            let Some(hold) = state.holds.set_lease(holder, deadline) else {
+                continue;
+            };
+            let fence = hold.fence;
             if was_bound {
                 self.live_leases += 1;
                 if let Some(o) = self.owners.get_mut(&holder) {
@@ -459,7 +526,7 @@ impl LockTable {
             }
         }
         for k in state.bound {
-            self.release(&k);
+            self.release(&k, owner);
             work.push(k);
         }
         self.grant_waiters(work, now, &mut out.woken);
@@ -490,13 +557,13 @@ impl LockTable {
         let mut work = Vec::new();
         while let Some((t, fence, slot)) = self.deadlines.pop_lease_due(now) {
             let expired = self.keys.at(slot).and_then(|(k, s)| {
-                s.hold
-                    .as_ref()
-                    .filter(|h| h.fence == fence && h.lease == Some(t))
-                    .map(|_| k.clone())
+                s.holds
+                    .with_fence(fence)
+                    .filter(|h| h.lease == Some(t))
+                    .map(|h| (k.clone(), h.owner))
             });
-            if let Some(key) = expired {
-                self.release(&key);
+            if let Some((key, holder)) = expired {
+                self.release(&key, holder);
                 work.push(key);
                 out.expired_leases += 1;
             }
@@ -515,7 +582,7 @@ impl LockTable {
             let busy = w
                 .keys
                 .iter()
-                .filter(|k| !self.available_to_waiter(k, w.owner, req))
+                .filter(|k| !self.available_to_waiter(k, w.owner, req, w.mode(k)))
                 .cloned()
                 .collect();
             if let Some(o) = self.owners.get_mut(&w.owner) {

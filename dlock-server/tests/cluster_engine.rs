@@ -4,7 +4,9 @@
 //! limit; nothing sleeps and hopes.
 
 use dlock_server::cluster::{ApplySink, Cluster, ClusterConfig, ClusterError, Member, Role};
-use dlock_server::table::{Command, LockResult, Output, OwnerId, Reply, TableLimits, WaitLimit};
+use dlock_server::table::{
+    Command, LockResult, Output, OwnerId, Reply, Sharing, TableLimits, WaitLimit,
+};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -208,6 +210,7 @@ fn lock(owner: OwnerId, key: &str, lease: Option<Duration>) -> Command {
     Command::Lock {
         owner,
         keys: vec![key.into()],
+        sharing: Sharing::exclusive(),
         wait: WaitLimit::No,
         lease,
     }
@@ -693,6 +696,55 @@ async fn a_storage_failure_stops_the_node_cleanly() {
     }
     assert_eq!(node.cluster.status().role, Role::Stopped);
     // Shutting down a stopped node is harmless.
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_grants_are_replicated_and_a_new_leader_keeps_every_reader() {
+    let h = Harness::new(&[1, 2, 3]);
+    let mut nodes = h.start_all(&[1, 2, 3]).await;
+    let read = |owner: OwnerId| Command::Lock {
+        owner,
+        keys: vec!["config".into()],
+        sharing: Sharing::all(&["config".into()], 0),
+        wait: WaitLimit::No,
+        lease: None,
+    };
+    let first = granted(&propose(&nodes, read(1)).await);
+    let (index, out) = propose_indexed(&nodes, read(2)).await;
+    let second = granted(&out);
+    // A writer is refused while the readers hold the key.
+    let out = propose(&nodes, lock(3, "config", None)).await;
+    assert_eq!(
+        out.reply,
+        Reply::Lock(LockResult::Busy(vec!["config".into()]))
+    );
+    for n in &nodes {
+        n.applied_at_least(Some(index)).await;
+        let holders = n.cluster.read(|t, now| {
+            let view = t.inspect("config", now);
+            view.holders
+                .iter()
+                .map(|h| (h.owner, h.fence))
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(holders, vec![(1, first), (2, second)], "node {}", n.id);
+    }
+
+    let at = leader(&nodes).await;
+    let old = nodes.remove(at);
+    old.shutdown().await;
+    let at = leader(&nodes).await;
+    nodes[at].cluster.read_index().await.expect("read index");
+    let readers = nodes[at]
+        .cluster
+        .read(|t, now| t.inspect("config", now).holders.len());
+    assert_eq!(readers, 2);
+    // A third reader joins under a higher token on the new leader.
+    let third = granted(&propose(&nodes, read(4)).await);
+    assert!(third > second);
     for n in nodes {
         n.shutdown().await;
     }

@@ -38,21 +38,36 @@ fn request() -> impl Strategy<Value = Request> {
         prop_oneof![4 => Just(0u64), 1 => 1u64..100, 1 => any::<u64>()],
         // Owner ids in the harness are small: these hit its open sessions.
         prop_oneof![4 => Just(0u64), 1 => 1u64..16],
+        // Which keys are shared (a bit each), under a limit that
+        // disagrees now and then.
+        (
+            any::<u16>(),
+            prop_oneof![2 => Just(0u32), 2 => 1u32..3, 1 => any::<u32>()],
+        ),
     )
         .prop_map(
-            |(version, id, kind, keys, wait, lease, try_lock, fence, session)| Request {
-                version,
-                id,
-                r#type: kind,
-                session,
-                lock: Some(RequestLock {
-                    wait_micro: wait,
-                    release_micro: lease,
-                    keys,
-                    try_lock,
-                    fence,
-                }),
-                ..Request::default()
+            |(version, id, kind, keys, wait, lease, try_lock, fence, session, (mask, limit))| {
+                Request {
+                    version,
+                    id,
+                    r#type: kind,
+                    session,
+                    lock: Some(RequestLock {
+                        wait_micro: wait,
+                        release_micro: lease,
+                        shared_keys: keys
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| mask & (1 << i) != 0)
+                            .map(|(_, k)| k.clone())
+                            .collect(),
+                        limit,
+                        keys,
+                        try_lock,
+                        fence,
+                    }),
+                    ..Request::default()
+                }
             },
         )
 }

@@ -34,9 +34,15 @@ fn request() -> impl Strategy<Value = Request> {
         any::<bool>(),
         prop_oneof![4 => Just(0u64), 1 => any::<u64>()],
         prop_oneof![6 => Just(String::new()), 1 => ".{0,8}"],
+        // Which keys are shared (a bit each, and some names of no key),
+        // under a limit that disagrees now and then.
+        (
+            any::<u8>(),
+            prop_oneof![2 => Just(0u32), 2 => 1u32..3, 1 => any::<u32>()],
+        ),
     )
         .prop_map(
-            |(version, kind, keys, wait, lease, try_lock, fence, token)| Request {
+            |(version, kind, keys, wait, lease, try_lock, fence, token, (mask, limit))| Request {
                 version,
                 id: 0,
                 access_token: token,
@@ -46,6 +52,14 @@ fn request() -> impl Strategy<Value = Request> {
                 lock: Some(RequestLock {
                     wait_micro: if try_lock { 0 } else { wait },
                     release_micro: lease,
+                    shared_keys: keys
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| mask & (1 << i) != 0)
+                        .map(|(_, k)| k.clone())
+                        .chain((mask & 0x80 != 0).then(|| "z".to_owned()))
+                        .collect(),
+                    limit,
                     keys,
                     try_lock,
                     fence,

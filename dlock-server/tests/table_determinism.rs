@@ -4,8 +4,8 @@
 //! determinism contract in `dlock_server::table`).
 
 use dlock_server::table::{
-    Command, Key, LockResult, LockTable, Output, Reply, Snapshot, TableLimits, Time, WaitLimit,
-    WaitOutcome,
+    Command, Key, LockResult, LockTable, Output, Reply, Sharing, Snapshot, TableLimits, Time,
+    WaitLimit, WaitOutcome,
 };
 use proptest::prelude::*;
 use std::time::Duration;
@@ -42,8 +42,21 @@ fn owned_command() -> impl Strategy<Value = Command> {
         Just(WaitLimit::For(Duration::MAX)),
     ];
     prop_oneof![
-        6 => (owner.clone(), keys(), wait, prop::option::of(millis(4_000)))
-            .prop_map(|(owner, keys, wait, lease)| Command::Lock { owner, keys, wait, lease }),
+        6 => (owner.clone(), keys(), any::<u8>(), 0u32..3, wait, prop::option::of(millis(4_000)))
+            .prop_map(|(owner, keys, mask, limit, wait, lease)| {
+                // Some keys shared, under a limit from a small range so
+                // that requests disagree on it now and then.
+                let sharing = Sharing {
+                    keys: keys
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| mask & (1 << (i % 8)) != 0)
+                        .map(|(_, k)| k.clone())
+                        .collect(),
+                    limit,
+                };
+                Command::Lock { owner, keys, sharing, wait, lease }
+            }),
         3 => (owner.clone(), keys(), prop::option::of(fence.clone()))
             .prop_map(|(owner, keys, fence)| Command::Unlock { owner, keys, fence }),
         2 => (owner, keys(), prop::option::of(fence), millis(4_000))
@@ -172,6 +185,7 @@ fn lock(t: &mut LockTable, owner: u64, names: &[&str], wait: WaitLimit) -> LockR
     let cmd = Command::Lock {
         owner,
         keys: names.iter().map(|k| Key::from(*k)).collect(),
+        sharing: Sharing::exclusive(),
         wait,
         lease: None,
     };
@@ -235,6 +249,7 @@ fn a_snapshot_keeps_stale_deadlines_and_the_time() {
     let cmd = Command::Lock {
         owner: 1,
         keys: vec![Key::from("a"), Key::from("b")],
+        sharing: Sharing::exclusive(),
         wait: WaitLimit::No,
         lease: Some(lease),
     };

@@ -4,14 +4,17 @@
 //! requests in arrival order, and a request may take a key when the key is its
 //! owner's already, or free and wanted by no earlier waiting request; when a
 //! change lets several waiters in, the earliest goes first. The model hands
-//! out fencing tokens itself. After every step of a random history the table
+//! out fencing tokens itself. Keys may be taken shared, under a limit: a
+//! key's holders are then a list, a request may take a key when the holders
+//! admit its mode, and requests that disagree on a key's mode (the same
+//! owner) or limit (anyone) are refused. After every step of a random history the table
 //! must agree with the model on who holds what, who waits, and exactly which
 //! requests were granted or timed out, in which order, under which token;
 //! and the table's own invariants must hold.
 
 use dlock_server::table::{
-    Command, Key, LockResult, LockTable, Output, OwnerId, Reply, ReqId, TableLimits, Time,
-    WaitLimit, WaitOutcome, Woken,
+    Command, Key, LockResult, LockTable, Mode, Output, OwnerId, Reply, ReqId, Sharing, TableLimits,
+    Time, WaitLimit, WaitOutcome, Woken,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -35,6 +38,10 @@ enum Op {
     Lock {
         slot: u64,
         keys: Vec<usize>,
+        /// A bit per position in `keys`: taken shared.
+        shared: u8,
+        /// The limit of the shared keys; 0 is none.
+        limit: u32,
         wait: Option<u64>,
         no_wait: bool,
         lease: Option<u64>,
@@ -62,8 +69,8 @@ fn op() -> impl Strategy<Value = Op> {
     let slot = 0u64..4;
     let ks = prop::collection::vec(0usize..KEYS.len(), 1..4);
     prop_oneof![
-        4 => (slot.clone(), ks.clone(), prop::option::of(1u64..6), any::<bool>(), prop::option::of(1u64..6))
-            .prop_map(|(slot, keys, wait, no_wait, lease)| Op::Lock { slot, keys, wait, no_wait: no_wait && wait.is_none(), lease }),
+        4 => (slot.clone(), ks.clone(), prop_oneof![2 => Just(0u8), 1 => any::<u8>()], 0u32..3, prop::option::of(1u64..6), any::<bool>(), prop::option::of(1u64..6))
+            .prop_map(|(slot, keys, shared, limit, wait, no_wait, lease)| Op::Lock { slot, keys, shared, limit, wait, no_wait: no_wait && wait.is_none(), lease }),
         2 => (slot.clone(), ks.clone(), prop::option::of(0usize..8))
             .prop_map(|(slot, keys, by_fence)| Op::Unlock { slot, keys, by_fence }),
         1 => (slot.clone(), ks, prop::option::of(0usize..8), 1u64..6)
@@ -78,6 +85,22 @@ struct Holder {
     owner: OwnerId,
     fence: u64,
     lease: Option<Time>,
+    mode: Mode,
+}
+
+fn is_shared(m: Mode) -> bool {
+    matches!(m, Mode::Shared { .. })
+}
+
+/// Whether `holders` (all in one mode) let one more holder in, in `mode`.
+fn admits(holders: &[Holder], mode: Mode) -> bool {
+    match (holders.first().map(|h| h.mode), mode) {
+        (None, _) => true,
+        (Some(Mode::Shared { limit }), Mode::Shared { .. }) => {
+            limit == 0 || holders.len() < limit as usize
+        }
+        _ => false,
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -85,8 +108,15 @@ struct Waiting {
     req: ReqId,
     owner: OwnerId,
     keys: BTreeSet<Key>,
+    shared: BTreeMap<Key, Mode>,
     deadline: Option<Time>,
     lease: Option<Duration>,
+}
+
+impl Waiting {
+    fn mode(&self, key: &Key) -> Mode {
+        self.shared.get(key).copied().unwrap_or(Mode::Exclusive)
+    }
 }
 
 /// What the model expects a waiting request to come to, in order.
@@ -97,47 +127,124 @@ enum Event {
 }
 
 struct Model {
-    holders: BTreeMap<Key, Holder>,
+    /// Every key's holders; a key without holders is absent.
+    holders: BTreeMap<Key, Vec<Holder>>,
     waiting: Vec<Waiting>,
     next_fence: u64,
 }
 
 impl Model {
-    /// Whether the waiter at `idx` (or a newcomer, at `waiting.len()`) may
-    /// take `key`. A newcomer may pass waiters that wait for one of its
-    /// owner's keys: they cannot go first anyway.
-    fn may_take(&self, idx: usize, key: &Key, owner: OwnerId) -> bool {
-        let newcomer = idx == self.waiting.len();
-        match self.holders.get(key) {
-            Some(h) => h.owner == owner,
-            None => self.waiting[..idx]
-                .iter()
-                .filter(|w| w.keys.contains(key))
-                .all(|w| newcomer && w.owner != owner && self.needs_key_of(w, owner)),
-        }
+    fn held(&self, key: &Key) -> &[Holder] {
+        self.holders.get(key).map_or(&[], |h| &h[..])
     }
 
-    fn needs_key_of(&self, w: &Waiting, owner: OwnerId) -> bool {
-        w.keys
+    /// Whether the waiter at `idx` (or a newcomer, at `waiting.len()`) may
+    /// take `key` in `mode`. A newcomer may pass waiters that `owner`'s
+    /// holds keep waiting: they cannot go first anyway.
+    fn may_take(&self, idx: usize, key: &Key, owner: OwnerId, mode: Mode) -> bool {
+        let newcomer = idx == self.waiting.len();
+        let held = self.held(key);
+        if held.iter().any(|h| h.owner == owner) {
+            return true;
+        }
+        admits(held, mode)
+            && self.waiting[..idx]
+                .iter()
+                .filter(|w| w.keys.contains(key))
+                .all(|w| newcomer && w.owner != owner && self.kept_waiting_by(w, owner))
+    }
+
+    fn kept_waiting_by(&self, w: &Waiting, owner: OwnerId) -> bool {
+        w.keys.iter().any(|k| {
+            let held = self.held(k);
+            held.iter().any(|h| h.owner == owner)
+                && !held.iter().any(|h| h.owner == w.owner)
+                && !admits(held, w.mode(k))
+        })
+    }
+
+    /// The refusal a new Lock gets, if any: a key its owner holds or waits
+    /// for in the other mode, or shares under another limit than others.
+    fn refusal(
+        &self,
+        owner: OwnerId,
+        keys: &BTreeSet<Key>,
+        modes: &BTreeMap<Key, Mode>,
+    ) -> Option<LockResult> {
+        let mode = |k: &Key| modes.get(k).copied().unwrap_or(Mode::Exclusive);
+        // Every mode `k` is held or waited for in, by `who` or by anyone.
+        let modes_of = |k: &Key, who: Option<OwnerId>| -> Vec<Mode> {
+            let mine = |o: OwnerId| who.is_none_or(|w| w == o);
+            self.held(k)
+                .iter()
+                .filter(|h| mine(h.owner))
+                .map(|h| h.mode)
+                .chain(
+                    self.waiting
+                        .iter()
+                        .filter(|w| mine(w.owner) && w.keys.contains(k))
+                        .map(|w| w.mode(k)),
+                )
+                .collect()
+        };
+        let conflicts: Vec<Key> = keys
             .iter()
-            .any(|k| self.holders.get(k).is_some_and(|h| h.owner == owner))
+            .filter(|k| {
+                modes_of(k, Some(owner))
+                    .into_iter()
+                    .any(|m| is_shared(m) != is_shared(mode(k)))
+            })
+            .cloned()
+            .collect();
+        if !conflicts.is_empty() {
+            return Some(LockResult::ModeConflict(conflicts));
+        }
+        let mismatches: Vec<Key> = keys
+            .iter()
+            .filter(|k| {
+                is_shared(mode(k))
+                    && modes_of(k, None)
+                        .into_iter()
+                        .any(|m| is_shared(m) && m != mode(k))
+            })
+            .cloned()
+            .collect();
+        (!mismatches.is_empty()).then_some(LockResult::LimitMismatch(mismatches))
     }
 
     /// Gives `keys` to `owner` under the next token; returns the token.
-    fn grant(&mut self, owner: OwnerId, keys: &BTreeSet<Key>, lease: Option<Time>) -> u64 {
+    fn grant(
+        &mut self,
+        owner: OwnerId,
+        keys: &BTreeSet<Key>,
+        modes: &BTreeMap<Key, Mode>,
+        lease: Option<Time>,
+    ) -> u64 {
         let fence = self.next_fence;
         self.next_fence += 1;
         for k in keys {
-            self.holders.insert(
-                k.clone(),
-                Holder {
-                    owner,
-                    fence,
-                    lease,
-                },
-            );
+            let held = self.holders.entry(k.clone()).or_default();
+            held.retain(|h| h.owner != owner);
+            held.push(Holder {
+                owner,
+                fence,
+                lease,
+                mode: modes.get(k).copied().unwrap_or(Mode::Exclusive),
+            });
         }
         fence
+    }
+
+    /// Removes the holders `gone` picks; returns how many.
+    fn drop_holders(&mut self, mut gone: impl FnMut(&Key, &Holder) -> bool) -> usize {
+        let mut n = 0;
+        for (k, held) in self.holders.iter_mut() {
+            let before = held.len();
+            held.retain(|h| !gone(k, h));
+            n += before - held.len();
+        }
+        self.holders.retain(|_, h| !h.is_empty());
+        n
     }
 
     /// Grants the earliest waiter that may go, again and again until none
@@ -145,10 +252,12 @@ impl Model {
     fn settle(&mut self, now: Time, events: &mut Vec<Event>) {
         while let Some(i) = (0..self.waiting.len()).find(|&i| {
             let w = &self.waiting[i];
-            w.keys.iter().all(|k| self.may_take(i, k, w.owner))
+            w.keys
+                .iter()
+                .all(|k| self.may_take(i, k, w.owner, w.mode(k)))
         }) {
             let w = self.waiting.remove(i);
-            let fence = self.grant(w.owner, &w.keys, w.lease.map(|d| at(now, d)));
+            let fence = self.grant(w.owner, &w.keys, &w.shared, w.lease.map(|d| at(now, d)));
             events.push(Event::Granted(w.req, fence));
         }
     }
@@ -180,9 +289,23 @@ fn lock(
     lease: Option<Duration>,
     now: Time,
 ) -> LockResult {
+    lock_shared(t, owner, keys, Sharing::exclusive(), wait, lease, now)
+}
+
+/// Applies a Lock that may share keys; it wakes nobody.
+fn lock_shared(
+    t: &mut LockTable,
+    owner: OwnerId,
+    keys: Vec<Key>,
+    sharing: Sharing,
+    wait: WaitLimit,
+    lease: Option<Duration>,
+    now: Time,
+) -> LockResult {
     let cmd = Command::Lock {
         owner,
         keys,
+        sharing,
         wait,
         lease,
     };
@@ -255,6 +378,8 @@ impl Harness {
             Op::Lock {
                 slot,
                 keys: ks,
+                shared,
+                limit,
                 wait,
                 no_wait,
                 lease,
@@ -262,19 +387,55 @@ impl Harness {
                 let owner = self.owner(slot);
                 let names: Vec<&str> = ks.iter().map(|i| KEYS[*i]).collect();
                 let set: BTreeSet<Key> = keys(&names).into_iter().collect();
+                // A key named twice is shared if either naming says so.
+                let shared_names: Vec<&str> = names
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| shared & (1 << i) != 0)
+                    .map(|(_, n)| *n)
+                    .collect();
+                let modes: BTreeMap<Key, Mode> = keys(&shared_names)
+                    .into_iter()
+                    .map(|k| (k, Mode::Shared { limit }))
+                    .collect();
+                let sharing = Sharing {
+                    keys: keys(&shared_names),
+                    limit,
+                };
+                let mode = |k: &Key| modes.get(k).copied().unwrap_or(Mode::Exclusive);
                 let wait_mode = match (no_wait, wait) {
                     (true, _) => WaitLimit::No,
                     (false, Some(t)) => WaitLimit::For(self.tick(t)),
                     (false, None) => WaitLimit::Forever,
                 };
                 let lease = lease.map(|t| self.tick(t));
-                let immediate = set
-                    .iter()
-                    .all(|k| self.model.may_take(self.model.waiting.len(), k, owner));
-                match lock(&mut self.table, owner, keys(&names), wait_mode, lease, now) {
+                let refusal = self.model.refusal(owner, &set, &modes);
+                let immediate = set.iter().all(|k| {
+                    self.model
+                        .may_take(self.model.waiting.len(), k, owner, mode(k))
+                });
+                let result = lock_shared(
+                    &mut self.table,
+                    owner,
+                    keys(&names),
+                    sharing,
+                    wait_mode,
+                    lease,
+                    now,
+                );
+                if let Some(refused) = refusal {
+                    assert_eq!(
+                        result, refused,
+                        "refusal of {names:?} shared {shared_names:?}"
+                    );
+                    self.compare();
+                    return;
+                }
+                match result {
                     LockResult::Granted { fence } => {
                         assert!(immediate, "granted {names:?} to {owner}, model says wait");
-                        let expected = self.model.grant(owner, &set, lease.map(|d| at(now, d)));
+                        let lease = lease.map(|d| at(now, d));
+                        let expected = self.model.grant(owner, &set, &modes, lease);
                         assert_eq!(fence, expected, "token of an immediate grant");
                         self.fences.push(fence);
                     }
@@ -285,6 +446,7 @@ impl Harness {
                             req,
                             owner,
                             keys: set,
+                            shared: modes.clone(),
                             deadline: wait.map(|t| at(now, self.tick(t))),
                             lease,
                         });
@@ -293,7 +455,11 @@ impl Harness {
                         assert!(!immediate && no_wait, "busy {busy:?} for {names:?}");
                         let expect: Vec<Key> = set
                             .iter()
-                            .filter(|k| !self.model.may_take(self.model.waiting.len(), k, owner))
+                            .filter(|k| {
+                                !self
+                                    .model
+                                    .may_take(self.model.waiting.len(), k, owner, mode(k))
+                            })
                             .cloned()
                             .collect();
                         assert_eq!(busy, expect);
@@ -317,12 +483,12 @@ impl Harness {
                 let (not_held, woken) = release(&mut self.table, cmd, now);
                 let mut expect_not_held = Vec::new();
                 for k in keys(&names).into_iter().collect::<BTreeSet<_>>() {
-                    let held = self.model.holders.get(&k).is_some_and(|h| match fence {
+                    let this = |h: &Holder| match fence {
                         Some(f) => h.fence == f,
                         None => h.owner == owner,
-                    });
-                    if held {
-                        self.model.holders.remove(&k);
+                    };
+                    if self.model.held(&k).iter().any(this) {
+                        self.model.drop_holders(|key, h| *key == k && this(h));
                     } else {
                         expect_not_held.push(k);
                     }
@@ -350,11 +516,13 @@ impl Harness {
                 let (not_held, woken) = release(&mut self.table, cmd, now);
                 let mut expect_not_held = Vec::new();
                 for k in keys(&names).into_iter().collect::<BTreeSet<_>>() {
-                    match self.model.holders.get_mut(&k) {
-                        Some(h) if fence.map_or(h.owner == owner, |f| h.fence == f) => {
-                            h.lease = Some(at(now, Duration::from_secs(lease)));
-                        }
-                        _ => expect_not_held.push(k),
+                    let held = self.model.holders.get_mut(&k).and_then(|hs| {
+                        hs.iter_mut()
+                            .find(|h| fence.map_or(h.owner == owner, |f| h.fence == f))
+                    });
+                    match held {
+                        Some(h) => h.lease = Some(at(now, Duration::from_secs(lease))),
+                        None => expect_not_held.push(k),
                     }
                 }
                 assert_eq!(not_held, expect_not_held);
@@ -374,8 +542,7 @@ impl Harness {
                 assert_eq!(out.withdrawn, withdrawn, "withdrawn requests");
                 self.model.waiting.retain(|w| w.owner != owner);
                 self.model
-                    .holders
-                    .retain(|_, h| h.owner != owner || h.lease.is_some());
+                    .drop_holders(|_, h| h.owner == owner && h.lease.is_none());
                 let mut expected = Vec::new();
                 self.model.settle(now, &mut expected);
                 self.check_events(&out.woken, expected);
@@ -386,11 +553,10 @@ impl Harness {
                 let adv = advance(&mut self.table, now);
                 // Leases first, then wait limits in deadline order, each
                 // followed by the grants it lets in.
-                let before = self.model.holders.len();
-                self.model
-                    .holders
-                    .retain(|_, h| h.lease.is_none_or(|t| t > now));
-                assert_eq!(adv.expired_leases, before - self.model.holders.len());
+                let expired = self
+                    .model
+                    .drop_holders(|_, h| h.lease.is_some_and(|t| t <= now));
+                assert_eq!(adv.expired_leases, expired);
                 let mut expected = Vec::new();
                 self.model.settle(now, &mut expected);
                 loop {
@@ -407,7 +573,7 @@ impl Harness {
                     let busy: Vec<Key> = w
                         .keys
                         .iter()
-                        .filter(|k| !self.model.may_take(i, k, w.owner))
+                        .filter(|k| !self.model.may_take(i, k, w.owner, w.mode(k)))
                         .cloned()
                         .collect();
                     expected.push(Event::TimedOut(w.req, busy));
@@ -426,18 +592,26 @@ impl Harness {
         }
         for name in KEYS {
             let view = self.table.inspect(name, self.now);
-            let model = self.model.holders.get(&Key::from(name));
+            let mut model = self.model.held(&Key::from(name)).to_vec();
+            model.sort_by_key(|h| h.fence);
+            let holders: Vec<(OwnerId, u64, Option<Duration>)> = view
+                .holders
+                .iter()
+                .map(|h| (h.owner, h.fence, h.lease_remaining))
+                .collect();
+            let expected: Vec<(OwnerId, u64, Option<Duration>)> = model
+                .iter()
+                .map(|h| {
+                    let left = h.lease.map(|t| t.saturating_duration_since(self.now));
+                    (h.owner, h.fence, left)
+                })
+                .collect();
+            assert_eq!(holders, expected, "holders of {name}");
+            assert_eq!(view.mode, model.first().map(|h| h.mode), "mode of {name}");
             assert_eq!(
                 view.holder,
-                model.map(|h| (h.owner, h.fence)),
+                model.last().map(|h| (h.owner, h.fence)),
                 "holder of {name}"
-            );
-            assert_eq!(
-                view.lease_remaining,
-                model
-                    .and_then(|h| h.lease)
-                    .map(|t| t.saturating_duration_since(self.now)),
-                "lease of {name}"
             );
             let waiters = self
                 .model
@@ -448,7 +622,8 @@ impl Harness {
             assert_eq!(view.waiters, waiters, "waiters of {name}");
         }
         assert_eq!(self.table.waiting(), self.model.waiting.len());
-        assert_eq!(self.table.held_keys(), self.model.holders.len());
+        let holds: usize = self.model.holders.values().map(Vec::len).sum();
+        assert_eq!(self.table.held_keys(), holds);
         assert_eq!(self.table.next_fence(), self.model.next_fence);
     }
 }

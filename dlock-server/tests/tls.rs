@@ -64,6 +64,7 @@ async fn a_client_that_trusts_the_ca_and_checks_the_name_locks_over_tls() {
             LockOptions {
                 wait: LockWait::No,
                 lease: None,
+                ..LockOptions::default()
             },
         )
         .await;

@@ -210,6 +210,21 @@ def test_unknown_session_for_a_session_not_opened_here(server):
     assert "987654321" in resp.error_text
 
 
+@covers(Status.ModeConflict)
+@covers(Status.LimitMismatch)
+def test_mode_conflict_and_limit_mismatch_name_the_keys(server):
+    # The Python client does not take shared locks yet: raw frames on one
+    # connection, which holds "pool" shared under a limit of 2.
+    def lock(rid, shared, limit):
+        body = pb.RequestLock(keys=["pool"], try_lock=True, shared_keys=["pool"] if shared else [], limit=limit)
+        return encode(pb.Request(version=2, id=rid, type=pb.Lock, lock=body))
+
+    first, upgrade, other_limit = raw_exchange(server.addr, lock(1, True, 2) + lock(2, False, 0) + lock(3, True, 3), 3)
+    assert first.status == Status.Ok and first.fence > 0
+    assert (upgrade.status, list(upgrade.keys)) == (Status.ModeConflict, ["pool"]) and upgrade.error_text
+    assert (other_limit.status, list(other_limit.keys)) == (Status.LimitMismatch, ["pool"]) and other_limit.error_text
+
+
 @covers(Status.NotLeader)
 @covers(Status.Unavailable)
 def test_cluster_statuses_become_server_errors_that_keep_their_text():

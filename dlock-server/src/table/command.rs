@@ -5,7 +5,7 @@
 //! so a log of `(command, time)` pairs replays to the same state and the
 //! same outputs.
 
-use super::{Key, OwnerId, ReqId, WaitLimit};
+use super::{Key, OwnerId, ReqId, Sharing, WaitLimit};
 use serde::{de::Error as _, Deserialize, Deserializer, Serialize};
 use std::time::Duration;
 
@@ -15,7 +15,8 @@ pub enum Command {
     /// Asks for all of `keys` at once for `owner`.
     ///
     /// Duplicate keys are folded. Keys the owner already holds count as
-    /// available, and are re-granted under the new token and lease. `lease`
+    /// available, and are re-granted under the new token and lease. Keys
+    /// named in `sharing` are taken shared (see `mode`). `lease`
     /// of `None` means the keys are held until unlocked or until the owner
     /// disconnects. Answered with [`Reply::Lock`].
     Lock {
@@ -23,6 +24,10 @@ pub enum Command {
         owner: OwnerId,
         /// The keys, in any order.
         keys: Vec<Key>,
+        /// Which keys are taken shared, under which limit. Left out of the
+        /// encoding when none is, so an exclusive Lock is encoded as before.
+        #[serde(default, skip_serializing_if = "Sharing::is_exclusive")]
+        sharing: Sharing,
         /// How long it may wait, from the command's time.
         wait: WaitLimit,
         /// How long the keys are held once granted, from the grant's time.
@@ -223,6 +228,12 @@ pub enum LockResult {
     LimitReached(#[serde(deserialize_with = "limit_name")] LimitName),
     /// The table was closed ([`Command::Close`]); nothing changed.
     ShuttingDown,
+    /// The owner holds or waits for these keys in the other mode (shared
+    /// against exclusive: an upgrade or a downgrade); nothing changed.
+    ModeConflict(Vec<Key>),
+    /// These keys are held or waited for shared under another limit than
+    /// the request's; nothing changed.
+    LimitMismatch(Vec<Key>),
 }
 
 /// The outcome of a request that had to wait.
@@ -290,6 +301,7 @@ mod tests {
         let lock = |owner, key: &str| Command::Lock {
             owner,
             keys: vec![key.into()],
+            sharing: Sharing::exclusive(),
             wait: super::super::WaitLimit::Forever,
             lease: None,
         };

@@ -1,60 +1,129 @@
 //! Who may take a key, and handing keys on: the availability rules, the
 //! grant itself, and `grant_waiters`, run when keys change.
 
-use super::{Hold, Key, LockTable, OwnerId, ReqId, Time, WaitOutcome, Woken};
+use super::mode::same_kind;
+use super::{
+    Hold, Key, KeyState, LockResult, LockTable, Mode, OwnerId, ReqId, Sharing, Time, WaitOutcome,
+    Woken,
+};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
 impl LockTable {
-    pub(super) fn holder(&self, key: &str) -> Option<OwnerId> {
+    /// Whether `owner` holds `key`, in any mode.
+    pub(super) fn holds_key(&self, key: &str, owner: OwnerId) -> bool {
         self.keys
             .get(key)
-            .and_then(|s| s.hold.as_ref())
-            .map(|h| h.owner)
+            .is_some_and(|s| s.holds.of(owner).is_some())
     }
 
-    pub(super) fn is_held_by(&self, key: &str, owner: OwnerId, fence: Option<u64>) -> bool {
-        let hold = self.keys.get(key).and_then(|s| s.hold.as_ref());
-        match (hold, fence) {
-            (Some(h), Some(f)) => h.fence == f,
-            (Some(h), None) => h.owner == owner,
-            (None, _) => false,
+    /// Who holds `key` as an Unlock or Renew names it: under token `fence`
+    /// when one is given (any owner), otherwise `owner` itself.
+    pub(super) fn holding(&self, key: &str, owner: OwnerId, fence: Option<u64>) -> Option<OwnerId> {
+        let holds = &self.keys.get(key)?.holds;
+        match fence {
+            Some(f) => holds.with_fence(f).map(|h| h.owner),
+            None => holds.of(owner).map(|h| h.owner),
         }
     }
 
-    /// A new request may take `key` at once: the owner holds it already, or
-    /// it is free and everyone waiting for it waits for a key this owner
-    /// holds. The exception keeps a holder that asks for one more key from
-    /// deadlocking with a waiter that wants both: the waiter cannot go before
-    /// the holder releases anyway, and the holder's requests run in order, so
-    /// its release would otherwise be stuck behind its own waiting Lock.
-    pub(super) fn free_for_newcomer(&self, key: &str, owner: OwnerId) -> bool {
+    /// Why a Lock by `owner` must be refused before anything else: it asks
+    /// for a key in another mode than the owner holds or waits for it in
+    /// (an upgrade from shared to exclusive among them), or shares a key
+    /// under another limit than its shared holders and waiters agreed on.
+    pub(super) fn refuse_modes(
+        &self,
+        owner: OwnerId,
+        keys: &[Key],
+        sharing: &Sharing,
+    ) -> Option<LockResult> {
+        let mut conflicts = Vec::new();
+        let mut mismatches = Vec::new();
+        let waiting = self.owners.get(&owner).map_or(&[][..], |o| &o.waiting[..]);
+        for k in keys {
+            let mode = sharing.mode(k);
+            let state = self.keys.get(k);
+            let held = state
+                .and_then(|s| s.holds.of(owner))
+                .and(state.and_then(|s| s.holds.mode()));
+            // An owner's requests are few (its pipeline), so this walk
+            // stays short.
+            let waited = waiting
+                .iter()
+                .filter_map(|r| self.waiters.get(r))
+                .filter(|w| w.keys.binary_search(k).is_ok())
+                .map(|w| w.mode(k));
+            if held.into_iter().chain(waited).any(|m| !same_kind(m, mode)) {
+                conflicts.push(k.clone());
+            } else if let Mode::Shared { limit } = mode {
+                if state
+                    .and_then(KeyState::agreed_limit)
+                    .is_some_and(|l| l != limit)
+                {
+                    mismatches.push(k.clone());
+                }
+            }
+        }
+        if !conflicts.is_empty() {
+            Some(LockResult::ModeConflict(conflicts))
+        } else if !mismatches.is_empty() {
+            Some(LockResult::LimitMismatch(mismatches))
+        } else {
+            None
+        }
+    }
+
+    /// A new request may take `key` in `mode` at once: the owner holds it
+    /// already (in that mode: see `refuse_modes`), or the holders admit one
+    /// more and everyone waiting for it waits for a key this owner holds.
+    /// The exception keeps a holder that asks for one more key from
+    /// deadlocking with a waiter that wants both: the waiter cannot go
+    /// before the holder releases anyway, and the holder's requests run in
+    /// order, so its release would otherwise be stuck behind its own waiting
+    /// Lock.
+    pub(super) fn free_for_newcomer(&self, key: &str, owner: OwnerId, mode: Mode) -> bool {
         match self.keys.get(key) {
             None => true,
-            Some(s) => match &s.hold {
-                Some(h) => h.owner == owner,
-                None => s.queue.iter().all(|r| self.waits_for_owner(*r, owner)),
-            },
+            Some(s) if s.holds.of(owner).is_some() => true,
+            Some(s) => {
+                s.holds.admits(mode) && s.queue.iter().all(|r| self.waits_for_owner(*r, owner))
+            }
         }
     }
 
-    /// Whether waiting request `req` needs a key that `owner` holds.
+    /// Whether waiting request `req` is kept waiting by a key that `owner`
+    /// holds: it needs the key in a mode the holders do not admit now. A
+    /// reader waiting behind a writer is not kept waiting by another
+    /// reader's hold, so that hold gives the other reader no exception.
     pub(super) fn waits_for_owner(&self, req: ReqId, owner: OwnerId) -> bool {
         self.waiters.get(&req).is_some_and(|w| {
-            w.owner != owner && w.keys.iter().any(|k| self.holder(k) == Some(owner))
+            w.owner != owner
+                && w.keys.iter().any(|k| {
+                    self.keys.get(k).is_some_and(|s| {
+                        s.holds.of(owner).is_some()
+                            && s.holds.of(w.owner).is_none()
+                            && !s.holds.admits(w.mode(k))
+                    })
+                })
         })
     }
 
-    /// A queued request may take `key`: the owner holds it already, or it is
-    /// free and the request is first in line.
-    pub(super) fn available_to_waiter(&self, key: &str, owner: OwnerId, req: ReqId) -> bool {
+    /// A queued request may take `key` in `mode`: the owner holds it
+    /// already, or the request is first in line and the holders admit it.
+    /// Shared requests that reach the front one after another are so
+    /// granted one after another.
+    pub(super) fn available_to_waiter(
+        &self,
+        key: &str,
+        owner: OwnerId,
+        req: ReqId,
+        mode: Mode,
+    ) -> bool {
         match self.keys.get(key) {
             None => false,
-            Some(s) => match &s.hold {
-                Some(h) => h.owner == owner,
-                None => s.queue.first() == Some(&req),
-            },
+            Some(s) if s.holds.of(owner).is_some() => true,
+            Some(s) => s.queue.first() == Some(&req) && s.holds.admits(mode),
         }
     }
 
@@ -62,7 +131,7 @@ impl LockTable {
         self.waiters.get(&req).is_some_and(|w| {
             w.keys
                 .iter()
-                .all(|k| self.available_to_waiter(k, w.owner, req))
+                .all(|k| self.available_to_waiter(k, w.owner, req, w.mode(k)))
         })
     }
 
@@ -71,6 +140,7 @@ impl LockTable {
         &mut self,
         owner: OwnerId,
         keys: &[Key],
+        sharing: &Sharing,
         lease: Option<Duration>,
         now: Time,
     ) -> u64 {
@@ -80,11 +150,12 @@ impl LockTable {
         let owner_state = self.owners.entry(owner).or_default();
         for k in keys {
             let (slot, state) = self.keys.get_or_default(k);
-            let previous = state.hold.replace(Hold {
+            let hold = Hold {
                 owner,
                 fence,
                 lease: deadline,
-            });
+            };
+            let previous = state.holds.put(hold, sharing.mode(k));
             match previous {
                 None => self.held_keys += 1,
                 Some(p) if p.lease.is_some() => self.live_leases -= 1,
@@ -106,9 +177,10 @@ impl LockTable {
         fence
     }
 
-    /// Clears the hold on `key`; the caller passes the key to `grant_waiters` afterwards.
-    pub(super) fn release(&mut self, key: &Key) {
-        let Some(hold) = self.keys.get_mut(key).and_then(|s| s.hold.take()) else {
+    /// Clears `owner`'s hold on `key`; the caller passes the key to
+    /// `grant_waiters` afterwards.
+    pub(super) fn release(&mut self, key: &Key, owner: OwnerId) {
+        let Some(hold) = self.keys.get_mut(key).and_then(|s| s.holds.take(owner)) else {
             return;
         };
         self.held_keys -= 1;
@@ -129,7 +201,7 @@ impl LockTable {
                     work.push(k.clone());
                 }
                 s.queue.remove(&req);
-                if s.hold.is_none() && s.queue.is_empty() {
+                if s.holds.is_free() && s.queue.is_empty() {
                     self.keys.remove(k);
                 }
             }
@@ -153,7 +225,7 @@ impl LockTable {
                 match state.queue.first() {
                     Some(&front) => candidates.push(Reverse(front)),
                     None => {
-                        if state.hold.is_none() {
+                        if state.holds.is_free() {
                             self.keys.remove(&k);
                         }
                     }
@@ -175,7 +247,7 @@ impl LockTable {
             let newly_held = w
                 .keys
                 .iter()
-                .filter(|k| self.holder(k) != Some(w.owner))
+                .filter(|k| !self.holds_key(k, w.owner))
                 .count();
             if self.held_keys + newly_held > self.limits.max_held_keys {
                 // Withdrawn like a timeout: the keys it queued on move on.
@@ -194,7 +266,7 @@ impl LockTable {
                     s.queue.remove(&req);
                 }
             }
-            let fence = self.grant(w.owner, &w.keys, w.lease, now);
+            let fence = self.grant(w.owner, &w.keys, &w.sharing, w.lease, now);
             work.extend(w.keys.iter().cloned());
             woken.push(Woken {
                 req,
@@ -222,8 +294,8 @@ impl LockTable {
             waiters.len(),
             |&(t, f, slot)| {
                 keys.at(slot)
-                    .and_then(|(_, s)| s.hold.as_ref())
-                    .is_some_and(|h| h.fence == f && h.lease == Some(t))
+                    .and_then(|(_, s)| s.holds.with_fence(f))
+                    .is_some_and(|h| h.lease == Some(t))
             },
             |r| waiters.contains_key(&r),
         );

@@ -2,7 +2,8 @@
 //! after every step, and by [`LockTable::restore`] on every snapshot it is
 //! given.
 
-use super::LockTable;
+use super::mode::{same_kind, Holds};
+use super::{LockTable, Mode};
 use std::collections::BTreeSet;
 
 impl LockTable {
@@ -31,10 +32,32 @@ impl LockTable {
         let mut held = 0;
         let mut leases = 0;
         for (slot, k, s) in self.keys.iter_slots() {
-            if s.hold.is_none() && s.queue.is_empty() {
+            if s.holds.is_free() && s.queue.is_empty() {
                 return Err(format!("free key {k:?} still has state"));
             }
-            if let Some(h) = &s.hold {
+            if let Holds::Shared(sh) = &s.holds {
+                if sh.limit != 0 && sh.holders.len() > sh.limit as usize {
+                    return Err(format!("{k:?} has more shared holders than its limit"));
+                }
+                if sh.holders.iter().any(|(o, h)| *o != h.owner) {
+                    return Err(format!(
+                        "a shared hold of {k:?} is filed under another owner"
+                    ));
+                }
+                if !sh.indexed() {
+                    return Err(format!("the fence index of {k:?} is off"));
+                }
+            }
+            if let (Some(l), Some(Mode::Shared { limit })) =
+                (s.queue.shared_limit(), s.holds.mode())
+            {
+                if l != limit {
+                    return Err(format!(
+                        "{k:?} is waited for under limit {l}, held under {limit}"
+                    ));
+                }
+            }
+            for h in s.holds.iter() {
                 held += 1;
                 if h.fence >= self.next_fence {
                     return Err(format!("key {k:?} has fence {} not below next", h.fence));
@@ -67,6 +90,23 @@ impl LockTable {
                 if !w.keys.contains(k) {
                     return Err(format!("request {r} queued on {k:?} it did not ask for"));
                 }
+                let mode = w.mode(k);
+                if s.queue.mode_of(r) != Some(mode) {
+                    return Err(format!("request {r} queued on {k:?} in another mode"));
+                }
+                if let Mode::Shared { limit } = mode {
+                    if s.queue.shared_limit() != Some(limit) {
+                        return Err(format!("request {r} shares {k:?} under another limit"));
+                    }
+                }
+                if let Some(held) = s.holds.of(w.owner).and(s.holds.mode()) {
+                    if !same_kind(held, mode) {
+                        return Err(format!(
+                            "owner {} holds and waits for {k:?} in two modes",
+                            w.owner
+                        ));
+                    }
+                }
             }
             if let Some(front) = s.queue.first() {
                 if self.grantable(*front) {
@@ -89,6 +129,12 @@ impl LockTable {
             }
             if !w.keys.windows(2).all(|p| p[0] < p[1]) || w.keys.is_empty() {
                 return Err(format!("waiter {r} has unsorted, repeated or no keys"));
+            }
+            let shared = &w.sharing.keys;
+            if !shared.windows(2).all(|p| p[0] < p[1])
+                || shared.iter().any(|k| w.keys.binary_search(k).is_err())
+            {
+                return Err(format!("waiter {r} shares keys unsorted or not its own"));
             }
             for k in &w.keys {
                 let queued = self.keys.get(k).is_some_and(|s| s.queue.contains(r));
@@ -125,8 +171,8 @@ impl LockTable {
                 let ok = self
                     .keys
                     .get(k)
-                    .and_then(|s| s.hold.as_ref())
-                    .is_some_and(|h| h.owner == *o && h.lease.is_none());
+                    .and_then(|s| s.holds.of(*o))
+                    .is_some_and(|h| h.lease.is_none());
                 if !ok {
                     return Err(format!("owner {o} lists {k:?} it does not hold"));
                 }

@@ -253,7 +253,7 @@ impl LockTable {
 mod tests {
     use super::{MAX_REMEMBERED, MAX_REMEMBERED_KEYS};
     use crate::table::{
-        Command, Key, LockResult, LockTable, OwnerId, Reply, TableLimits, Time, WaitLimit,
+        Command, Key, LockResult, LockTable, OwnerId, Reply, Sharing, TableLimits, Time, WaitLimit,
         WaitOutcome,
     };
     use std::time::Duration;
@@ -294,6 +294,7 @@ mod tests {
         Command::Lock {
             owner,
             keys: vec![Key::from(key)],
+            sharing: Sharing::exclusive(),
             wait: WaitLimit::Forever,
             lease: None,
         }
@@ -389,6 +390,7 @@ mod tests {
         let timed = Command::Lock {
             owner: s,
             keys: vec![Key::from("k")],
+            sharing: Sharing::exclusive(),
             wait: WaitLimit::For(Duration::from_millis(5)),
             lease: None,
         };

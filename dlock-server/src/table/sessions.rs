@@ -173,7 +173,7 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use crate::table::{
-        Command, Key, LockResult, LockTable, OwnerId, Reply, TableLimits, Time, WaitLimit,
+        Command, Key, LockResult, LockTable, OwnerId, Reply, Sharing, TableLimits, Time, WaitLimit,
         WaitOutcome,
     };
     use std::time::Duration;
@@ -217,6 +217,7 @@ mod tests {
         Command::Lock {
             owner,
             keys: vec![Key::from(key)],
+            sharing: Sharing::exclusive(),
             wait: WaitLimit::Forever,
             lease,
         }

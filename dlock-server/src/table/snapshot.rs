@@ -8,13 +8,15 @@
 //! between equal deadlines break by slot; the deadline heaps' entries, stale
 //! ones included, since their number decides when a heap is compacted; the
 //! next fencing token and request id; the latest time seen; the limits; and
-//! whether the table is closed. Every collection is written in a fixed
+//! whether the table is closed. Shared holds and the sharing of waiting
+//! requests are fields that older snapshots lack and load as none. Every collection is written in a fixed
 //! order, so equal tables give equal snapshots.
 
 use super::deadlines::{Deadlines, LeaseEntry, TimeoutEntry};
+use super::mode::{Holds, SharedHolds};
 use super::sessions::Sessions;
 use super::{
-    Hold, Key, KeyState, LockTable, OwnerId, OwnerState, ReqId, TableLimits, Time, Waiter,
+    Hold, Key, KeyState, LockTable, Mode, OwnerId, OwnerState, ReqId, TableLimits, Time, Waiter,
 };
 use crate::keymap::{KeyMap, Slot};
 use serde::{Deserialize, Serialize};
@@ -49,7 +51,11 @@ pub struct Snapshot {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct KeySnapshot {
     key: Key,
+    /// The exclusive holder.
     hold: Option<Hold>,
+    /// The shared holders; absent from older snapshots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shared: Option<SharedHolds>,
     /// Waiting requests, earliest first.
     queue: Vec<ReqId>,
 }
@@ -74,10 +80,14 @@ impl LockTable {
                 .slots()
                 .iter()
                 .map(|e| {
-                    e.as_ref().map(|(key, s)| KeySnapshot {
-                        key: key.clone(),
-                        hold: s.hold.clone(),
-                        queue: s.queue.iter().copied().collect(),
+                    e.as_ref().map(|(key, s)| {
+                        let (hold, shared) = s.holds.to_parts();
+                        KeySnapshot {
+                            key: key.clone(),
+                            hold,
+                            shared,
+                            queue: s.queue.iter().copied().collect(),
+                        }
                     })
                 })
                 .collect(),
@@ -113,31 +123,38 @@ impl LockTable {
         if next_fence == 0 {
             return Err(BadSnapshot("next fence is 0, which means no token".into()));
         }
-        let mut held_keys = 0;
-        let mut live_leases = 0;
-        let slots = slots
-            .into_iter()
-            .map(|e| {
-                e.map(|k| {
-                    if let Some(h) = &k.hold {
-                        held_keys += 1;
-                        live_leases += usize::from(h.lease.is_some());
-                    }
-                    let state = KeyState {
-                        hold: k.hold,
-                        queue: k.queue.into_iter().collect(),
-                    };
-                    (k.key, state)
-                })
-            })
-            .collect();
-        let keys = KeyMap::from_parts(slots, free_slots).map_err(BadSnapshot)?;
         let (waiter_count, owner_count) = (waiters.len(), owners.len());
         let waiters: BTreeMap<_, _> = waiters.into_iter().collect();
         let owners: BTreeMap<_, _> = owners.into_iter().collect();
         if waiters.len() != waiter_count || owners.len() != owner_count {
             return Err(BadSnapshot("a request or owner is listed twice".into()));
         }
+        let mut held_keys = 0;
+        let mut live_leases = 0;
+        let slots = slots
+            .into_iter()
+            .map(|e| {
+                e.map(|k| {
+                    let holds = Holds::from_parts(k.hold, k.shared)?;
+                    held_keys += holds.count();
+                    live_leases += holds.iter().filter(|h| h.lease.is_some()).count();
+                    // A request missing from the waiters fails the
+                    // invariants below; its mode here does not matter.
+                    let queue = k
+                        .queue
+                        .into_iter()
+                        .map(|r| {
+                            let mode = waiters.get(&r).map_or(Mode::Exclusive, |w| w.mode(&k.key));
+                            (r, mode)
+                        })
+                        .collect();
+                    Ok((k.key, KeyState { holds, queue }))
+                })
+                .transpose()
+            })
+            .collect::<Result<_, String>>()
+            .map_err(BadSnapshot)?;
+        let keys = KeyMap::from_parts(slots, free_slots).map_err(BadSnapshot)?;
         let table = LockTable {
             limits,
             now,

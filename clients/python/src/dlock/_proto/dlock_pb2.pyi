@@ -41,6 +41,8 @@ class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AcquireTimeout: _ClassVar[ResponseStatus]
     NotHeld: _ClassVar[ResponseStatus]
     UnknownSession: _ClassVar[ResponseStatus]
+    ModeConflict: _ClassVar[ResponseStatus]
+    LimitMismatch: _ClassVar[ResponseStatus]
 Invalid: RequestType
 Ping: RequestType
 Lock: RequestType
@@ -70,6 +72,8 @@ InvalidArgument: ResponseStatus
 AcquireTimeout: ResponseStatus
 NotHeld: ResponseStatus
 UnknownSession: ResponseStatus
+ModeConflict: ResponseStatus
+LimitMismatch: ResponseStatus
 
 class Request(_message.Message):
     __slots__ = ("version", "id", "access_token", "type", "session", "session_ttl_micro", "seq", "seq_done", "lock", "cluster")
@@ -144,34 +148,56 @@ class ClusterMember(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., client_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ..., voter: bool = ..., matched_index: _Optional[int] = ..., lag: _Optional[int] = ..., replication_known: bool = ...) -> None: ...
 
 class RequestLock(_message.Message):
-    __slots__ = ("wait_micro", "release_micro", "keys", "try_lock", "fence")
+    __slots__ = ("wait_micro", "release_micro", "keys", "try_lock", "fence", "shared_keys", "limit")
     WAIT_MICRO_FIELD_NUMBER: _ClassVar[int]
     RELEASE_MICRO_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     TRY_LOCK_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
     wait_micro: int
     release_micro: int
     keys: _containers.RepeatedScalarFieldContainer[str]
     try_lock: bool
     fence: int
-    def __init__(self, wait_micro: _Optional[int] = ..., release_micro: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., try_lock: bool = ..., fence: _Optional[int] = ...) -> None: ...
+    shared_keys: _containers.RepeatedScalarFieldContainer[str]
+    limit: int
+    def __init__(self, wait_micro: _Optional[int] = ..., release_micro: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., try_lock: bool = ..., fence: _Optional[int] = ..., shared_keys: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class KeyInfo(_message.Message):
-    __slots__ = ("key", "fence", "lease_remaining_micro", "waiters", "held_by_caller", "holder_addr")
+    __slots__ = ("key", "fence", "lease_remaining_micro", "waiters", "held_by_caller", "holder_addr", "shared", "limit", "holders")
     KEY_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_REMAINING_MICRO_FIELD_NUMBER: _ClassVar[int]
     WAITERS_FIELD_NUMBER: _ClassVar[int]
     HELD_BY_CALLER_FIELD_NUMBER: _ClassVar[int]
     HOLDER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
     key: str
     fence: int
     lease_remaining_micro: int
     waiters: int
     held_by_caller: bool
     holder_addr: str
-    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., waiters: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ...) -> None: ...
+    shared: bool
+    limit: int
+    holders: _containers.RepeatedCompositeFieldContainer[KeyHolder]
+    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., waiters: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ..., shared: bool = ..., limit: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[KeyHolder, _Mapping]]] = ...) -> None: ...
+
+class KeyHolder(_message.Message):
+    __slots__ = ("fence", "lease_remaining_micro", "held_by_caller", "holder_addr")
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_REMAINING_MICRO_FIELD_NUMBER: _ClassVar[int]
+    HELD_BY_CALLER_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    fence: int
+    lease_remaining_micro: int
+    held_by_caller: bool
+    holder_addr: str
+    def __init__(self, fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ...) -> None: ...
 
 class Response(_message.Message):
     __slots__ = ("version", "request_id", "status", "error_text", "keys", "server_unix_time", "fence", "key_info", "server_stats", "limits", "session", "session_ttl_micro", "leader_addr", "cluster")

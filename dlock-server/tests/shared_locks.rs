@@ -1,0 +1,218 @@
+//! Shared locks and semaphores over TCP: readers overlap, a writer waits for
+//! them, a reader waits behind a waiting writer, mixed requests are
+//! all-or-nothing, a semaphore admits its limit, disagreements and mode
+//! changes are refused, and a disconnect hands a shared hold on.
+
+mod common;
+
+use common::{status, TestClient, TestServer};
+use dlock::proto::{Request, RequestType, Response, ResponseStatus};
+use dlock_server::Config;
+
+/// A Lock of `exclusive` and `shared` keys under `limit`: waiting without
+/// limit, or failing at once with `try_lock`.
+fn lock_req(
+    c: &mut TestClient,
+    exclusive: &[&str],
+    shared: &[&str],
+    limit: u32,
+    try_lock: bool,
+) -> Request {
+    let keys: Vec<&str> = exclusive.iter().chain(shared).copied().collect();
+    let mut r = c.lock_request(&keys, 0, 0);
+    if let Some(body) = r.lock.as_mut() {
+        body.shared_keys = shared.iter().map(|k| k.to_string()).collect();
+        body.limit = limit;
+        body.try_lock = try_lock;
+    }
+    r
+}
+
+/// Sends [`lock_req`] and returns the answer.
+async fn call_lock(
+    c: &mut TestClient,
+    exclusive: &[&str],
+    shared: &[&str],
+    limit: u32,
+    try_lock: bool,
+) -> Response {
+    let req = lock_req(c, exclusive, shared, limit, try_lock);
+    c.call(req).await
+}
+
+async fn must_read(c: &mut TestClient, key: &str) -> u64 {
+    let req = lock_req(c, &[], &[key], 0, true);
+    let r = c.call(req).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    r.fence
+}
+
+/// Sends a Lock that must wait, and waits until `watcher` sees it queued
+/// as the key's `nth` waiter.
+async fn queue(c: &mut TestClient, req: Request, watcher: &mut TestClient, key: &str, nth: u32) {
+    c.send(&req).await;
+    watcher.await_waiters(key, nth).await;
+}
+
+fn granted(r: &Response) -> u64 {
+    assert_eq!(status(r), ResponseStatus::Ok, "{r:?}");
+    r.fence
+}
+
+#[tokio::test]
+async fn readers_overlap_each_under_its_own_fence_and_inspect_lists_them_all() {
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
+    let mut b = TestClient::connect(server.addr).await;
+    let fa = must_read(&mut a, "config").await;
+    let fb = must_read(&mut b, "config").await;
+    assert!(fb > fa);
+    let info = a.inspect("config").await;
+    assert!(info.shared);
+    assert_eq!(info.limit, 0);
+    assert_eq!(info.fence, fb, "the latest grant");
+    assert!(!info.held_by_caller, "a holds, but not the latest grant");
+    let holders: Vec<(u64, bool)> = info
+        .holders
+        .iter()
+        .map(|h| (h.fence, h.held_by_caller))
+        .collect();
+    assert_eq!(holders, vec![(fa, true), (fb, false)]);
+    assert!(info.holders.iter().all(|h| !h.holder_addr.is_empty()));
+    assert_eq!(a.stats().await.held_keys, 2, "each shared hold counts");
+}
+
+#[tokio::test]
+async fn a_writer_waits_for_every_reader_and_a_reader_behind_it_waits_too() {
+    let server = TestServer::start(Config::default()).await;
+    let mut r1 = TestClient::connect(server.addr).await;
+    let mut r2 = TestClient::connect(server.addr).await;
+    let mut w = TestClient::connect(server.addr).await;
+    let mut late = TestClient::connect(server.addr).await;
+    let mut watch = TestClient::connect(server.addr).await;
+    must_read(&mut r1, "k").await;
+    must_read(&mut r2, "k").await;
+    let req = lock_req(&mut w, &["k"], &[], 0, false);
+    queue(&mut w, req, &mut watch, "k", 1).await;
+    // The key has room for readers, but a writer waits: no starvation.
+    let r = call_lock(&mut late, &[], &["k"], 0, true).await;
+    assert_eq!(status(&r), ResponseStatus::AcquireTimeout);
+    let req = lock_req(&mut late, &[], &["k"], 0, false);
+    queue(&mut late, req, &mut watch, "k", 2).await;
+    assert_eq!(status(&r1.unlock(&["k"]).await), ResponseStatus::Ok);
+    // One reader left: the writer still waits.
+    assert_eq!(watch.inspect("k").await.holders.len(), 1);
+    assert_eq!(status(&r2.unlock(&["k"]).await), ResponseStatus::Ok);
+    let fw = granted(&w.recv().await);
+    let info = watch.inspect("k").await;
+    assert!(!info.shared && info.fence == fw && info.waiters == 1);
+    assert_eq!(status(&w.unlock(&["k"]).await), ResponseStatus::Ok);
+    assert!(granted(&late.recv().await) > fw);
+}
+
+#[tokio::test]
+async fn a_mixed_request_takes_all_its_keys_or_none() {
+    let server = TestServer::start(Config::default()).await;
+    let mut holder = TestClient::connect(server.addr).await;
+    let mut mixed = TestClient::connect(server.addr).await;
+    let mut watch = TestClient::connect(server.addr).await;
+    holder.must_lock(&["deploy/web"]).await;
+    let r = call_lock(&mut mixed, &["deploy/web"], &["config"], 0, true).await;
+    assert_eq!(status(&r), ResponseStatus::AcquireTimeout);
+    assert_eq!(r.keys, vec!["deploy/web".to_string()]);
+    assert_eq!(watch.inspect("config").await.fence, 0, "config not taken");
+    let req = lock_req(&mut mixed, &["deploy/web"], &["config"], 0, false);
+    queue(&mut mixed, req, &mut watch, "config", 1).await;
+    // A reader of config now queues behind the waiting request.
+    let r = call_lock(&mut watch, &[], &["config"], 0, true).await;
+    assert_eq!(status(&r), ResponseStatus::AcquireTimeout);
+    holder.unlock(&["deploy/web"]).await;
+    let fence = granted(&mixed.recv().await);
+    let web = watch.inspect("deploy/web").await;
+    let config = watch.inspect("config").await;
+    assert_eq!((web.fence, web.shared), (fence, false));
+    assert_eq!((config.fence, config.shared), (fence, true));
+    // Now a reader joins the shared key at once.
+    must_read(&mut watch, "config").await;
+}
+
+#[tokio::test]
+async fn a_semaphore_admits_its_limit_and_queues_the_next() {
+    let server = TestServer::start(Config::default()).await;
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(TestClient::connect(server.addr).await);
+    }
+    let mut watch = TestClient::connect(server.addr).await;
+    for c in clients.iter_mut().take(3) {
+        granted(&call_lock(c, &[], &["pool"], 3, true).await);
+    }
+    let fourth = &mut clients[3];
+    let req = lock_req(fourth, &[], &["pool"], 3, false);
+    queue(fourth, req, &mut watch, "pool", 1).await;
+    let info = watch.inspect("pool").await;
+    assert_eq!((info.shared, info.limit, info.holders.len()), (true, 3, 3));
+    assert_eq!(
+        status(&clients[1].unlock(&["pool"]).await),
+        ResponseStatus::Ok
+    );
+    granted(&clients[3].recv().await);
+    assert_eq!(watch.inspect("pool").await.holders.len(), 3);
+}
+
+#[tokio::test]
+async fn another_limit_or_mode_is_refused_with_the_keys_named() {
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
+    let mut b = TestClient::connect(server.addr).await;
+    granted(&call_lock(&mut a, &[], &["pool"], 2, true).await);
+    let r = call_lock(&mut b, &[], &["pool"], 5, false).await;
+    assert_eq!(status(&r), ResponseStatus::LimitMismatch);
+    assert_eq!(r.keys, vec!["pool".to_string()]);
+    assert!(r.error_text.contains("limit"), "{}", r.error_text);
+    // Upgrading shared to exclusive is refused, and changes nothing.
+    let r = call_lock(&mut a, &["pool"], &[], 0, false).await;
+    assert_eq!(status(&r), ResponseStatus::ModeConflict);
+    assert_eq!(r.keys, vec!["pool".to_string()]);
+    assert!(b.inspect("pool").await.shared);
+    // Malformed requests.
+    let mut req = lock_req(&mut b, &["x"], &[], 0, false);
+    req.lock.as_mut().expect("body").limit = 2;
+    assert_eq!(status(&b.call(req).await), ResponseStatus::InvalidArgument);
+    let mut req = lock_req(&mut b, &["x"], &[], 0, false);
+    req.lock.as_mut().expect("body").shared_keys = vec!["y".into()];
+    assert_eq!(status(&b.call(req).await), ResponseStatus::InvalidArgument);
+}
+
+#[tokio::test]
+async fn a_disconnect_releases_a_shared_hold_and_grants_the_next() {
+    let server = TestServer::start(Config::default()).await;
+    let mut r1 = TestClient::connect(server.addr).await;
+    let mut r2 = TestClient::connect(server.addr).await;
+    let mut next = TestClient::connect(server.addr).await;
+    let mut watch = TestClient::connect(server.addr).await;
+    must_read(&mut r1, "sem").await;
+    let req = lock_req(&mut r2, &[], &["sem"], 1, false);
+    let r = r2.call(req).await;
+    assert_eq!(status(&r), ResponseStatus::LimitMismatch, "limit 0 vs 1");
+    let req = lock_req(&mut next, &["sem"], &[], 0, false);
+    queue(&mut next, req, &mut watch, "sem", 1).await;
+    drop(r1);
+    granted(&next.recv().await);
+    drop(next);
+    drop(r2);
+    watch.await_empty_server().await;
+}
+
+#[tokio::test]
+async fn exclusive_requests_are_answered_as_before() {
+    // What an older client sends and sees: no sharing fields either way.
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
+    a.must_lock(&["k"]).await;
+    let info = a.inspect("k").await;
+    assert!(!info.shared && info.limit == 0 && info.holders.is_empty());
+    let req = a.request(RequestType::Inspect, &["free"]);
+    let r = a.call(req).await;
+    assert_eq!(r.key_info[0].holders.len(), 0);
+}
