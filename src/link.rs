@@ -255,7 +255,7 @@ impl Driver {
                 return self.finish(Some(writer.calls), Disconnect::Dropped);
             }
             let reason = reason.unwrap_or(Disconnect::Closed);
-            if writer.session == 0 {
+            if writer.session == 0 || matches!(reason, Disconnect::SessionEnded) {
                 return self.finish(Some(writer.calls), reason);
             }
             let from = self.addr();
@@ -876,6 +876,18 @@ async fn read_loop(
             break Some(Disconnect::NotLeader {
                 leader: Some(resp.leader_addr).filter(|a| !a.is_empty()),
             });
+        }
+        if on_session && resp.status == ResponseStatus::UnknownSession as i32 {
+            // The cluster ended the session (its TTL ran out while this
+            // client was cut off, e.g. from a paused leader): nothing more
+            // can succeed on it and no node would resume it. End the link,
+            // this request and every other failing with SessionEnded, so
+            // locks on it are reported lost and the connection is not kept.
+            pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_front(p);
+            break Some(Disconnect::SessionEnded);
         }
         acked.record(p.sent);
         deliver(p, resp, &calls);
