@@ -92,11 +92,21 @@ async fn round(client: u64, c: &Client, sh: &ClusterWorkload, rng: &mut fastrand
         options = options.lease(l);
     }
     add(&sh.report.ops.requests, 1);
+    let sent = Instant::now();
     let answer = tokio::time::timeout(ANSWER_BOUND + wait, c.lock(keys.clone(), options)).await;
     let guard = match answer {
         Ok(Ok(g)) => g,
         Ok(Err(Error::Busy { .. } | Error::Timeout { .. })) => {
             add(&sh.report.ops.busy, 1);
+            return;
+        }
+        Ok(Err(Error::NotHeld { .. }))
+            if lease.is_some_and(|l| sent.elapsed() >= l.mul_f64(0.9)) =>
+        {
+            // A grant that came after most of its lease (a failover in the
+            // wait): the library's renewal found the lease run out. Sooner
+            // than that, the cluster dropped a live lease.
+            sh.counts.bump("lease ran out before its grant arrived");
             return;
         }
         Ok(Err(e)) => {
