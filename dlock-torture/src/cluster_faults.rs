@@ -183,11 +183,13 @@ pub async fn schedule(
             continue;
         };
         let heal_after = match kind {
-            // Past an election (a follower waits up to twice the election
-            // timeout before it stands), and often past the TTL of the
-            // clients' sessions.
+            // Past an election (a follower waits one to two election
+            // timeouts before it stands, and its vote may be refused while
+            // the old leader's lease lasts: about 3.5 s in all with 1 s
+            // timeouts on a loaded machine), and half the time past the
+            // TTL of the clients' sessions.
             Kind::PauseLeader => {
-                sh.election_timeout.mul_f64(2.5) + sh.session_ttl.mul_f64(rng.f64() * 0.8)
+                sh.election_timeout.mul_f64(3.0) + sh.session_ttl.mul_f64(rng.f64())
             }
             _ => Duration::from_millis(rng.u64(200..4_000)),
         };

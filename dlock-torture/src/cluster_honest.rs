@@ -133,6 +133,13 @@ fn session_or_violation(client: u64, sh: &ClusterWorkload, what: &str, e: Error)
         Error::Connect { .. } | Error::ConnectTimeout { .. } | Error::Unreachable { .. } => {
             sh.counts.bump("connect failed (no leader)")
         }
+        // An answer, if not a useful one: the leader could not commit in
+        // time. Counted; see "Not covered" in docs/RELIABILITY.md for the
+        // lock such a Lock may leave held.
+        Error::Server {
+            status: dlock::proto::ResponseStatus::Unavailable,
+            ..
+        } => sh.counts.bump("answered Unavailable (outcome unknown)"),
         e => sh
             .report
             .violation("unexpected answer", format!("client {client}: {what}: {e}")),
