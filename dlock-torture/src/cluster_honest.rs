@@ -110,7 +110,15 @@ async fn round(client: u64, c: &Client, sh: &ClusterWorkload, rng: &mut fastrand
             return;
         }
         Ok(Err(e)) => {
+            let unreachable = matches!(
+                e,
+                Error::Connect { .. } | Error::ConnectTimeout { .. } | Error::Unreachable { .. }
+            );
             session_or_violation(client, sh, "Lock", e);
+            if unreachable {
+                // No leader now: try again later, not in a tight loop.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             return;
         }
         Err(_) => {
