@@ -226,7 +226,7 @@ impl Driver {
                 return self.finish(Some(writer.calls), Disconnect::Dropped);
             }
             let reason = reason.unwrap_or(Disconnect::Closed);
-            if writer.session == 0 {
+            if writer.session == 0 || matches!(reason, Disconnect::SessionEnded) {
                 return self.finish(Some(writer.calls), reason);
             }
             let from = self.addr();

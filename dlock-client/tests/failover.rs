@@ -279,6 +279,85 @@ async fn a_session_cut_off_longer_than_its_ttl_loses_its_locks() {
     taken.unlock().await.expect("unlock");
 }
 
+/// Found by `dlock-torture --cluster 3 --seed 2`: a leader paused past a
+/// session's TTL wakes up as a follower that knows the session ended, and
+/// answers UnknownSession on the still open connection. The client must end
+/// the session there, not keep the connection and get that answer forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ended_under_a_paused_leader_ends_the_client() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let nodes = NodeProcesses::start(server_binary(), 3, NODE_FLAGS);
+    let options = ClientOptions {
+        session_ttl: Some(Duration::from_secs(2)),
+        ..ClientOptions::default()
+    };
+    let c = Client::connect_with(nodes.servers(), options)
+        .await
+        .expect("connect");
+    let guard = c.lock(["expired"], LockOptions::new()).await.expect("lock");
+    let old = nodes.index_of(&guard.client().addr()).expect("a node");
+    // A Lock of a second session waits for the key on the leader.
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.lock(["expired"], LockOptions::new().wait(PATIENCE * 2))
+                .await
+        })
+    };
+    let deadline = Instant::now() + PATIENCE;
+    while c.stats().await.map(|s| s.waiting_requests).ok() != Some(1) {
+        assert!(Instant::now() < deadline, "the Lock never waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nodes.pause(old);
+    // The others elect a leader, which ends the sessions after their TTL
+    // and gives the key away.
+    let others: Vec<String> = (0..3)
+        .filter(|&i| i != old)
+        .map(|i| nodes.addr(i).to_string())
+        .collect();
+    let deadline = Instant::now() + PATIENCE;
+    let other = loop {
+        if let Ok(o) = Client::connect(others.clone()).await {
+            break o;
+        }
+        assert!(Instant::now() < deadline, "no new leader");
+    };
+    let taken = other
+        .lock(["expired"], LockOptions::new().wait(PATIENCE))
+        .await
+        .expect("the key is released with the session");
+    nodes.resume(old);
+    let unlocked = tokio::time::timeout(PATIENCE, guard.unlock())
+        .await
+        .expect("the Unlock is answered");
+    assert!(
+        matches!(unlocked, Err(Error::ConnectionLost(_))),
+        "{unlocked:?}"
+    );
+    let waited = tokio::time::timeout(PATIENCE, waiter)
+        .await
+        .expect("the waiting Lock is answered")
+        .expect("the task ran");
+    // Granted in the log before its own session ended, the answer comes
+    // too late to be used: the guard says so at once.
+    match waited {
+        Err(Error::ConnectionLost(_)) => {}
+        Ok(g) => assert!(g.is_lost(), "a lock of an ended session in use"),
+        Err(e) => panic!("the waiting Lock: {e}"),
+    }
+    // The ended sessions' connections are not kept for later locks.
+    taken.unlock().await.expect("unlock");
+    for _ in 0..3 {
+        match c.lock(["fresh"], LockOptions::new().no_wait()).await {
+            Ok(g) => g.unlock().await.expect("unlock on a new session"),
+            Err(Error::ConnectionLost(_)) => {}
+            Err(e) => panic!("a lock after the session ended: {e}"),
+        }
+    }
+    assert!(!nodes.any_panicked());
+}
+
 #[tokio::test]
 async fn a_dead_address_first_is_skipped_and_all_dead_names_each() {
     let server = TestServer::start(dlock_server::Config::default()).await;

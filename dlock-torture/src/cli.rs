@@ -9,6 +9,8 @@ use std::time::Duration;
 /// increase, every request is answered, and the server is left empty.
 ///
 /// Without --server-bin or --server, a server runs inside this process.
+/// With --cluster N, N node processes of --server-bin run on loopback and
+/// are killed and paused instead (docs/RELIABILITY.md, "Cluster torture").
 /// Exits 0 when no violation was seen, 1 otherwise, 2 on bad usage.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "dlock-torture", version)]
@@ -47,4 +49,31 @@ pub struct Args {
     /// Process id of the --server, for its RSS.
     #[arg(long, requires = "server")]
     pub server_pid: Option<u32>,
+
+    /// Run a cluster of this many dlock-server node processes on loopback
+    /// (--server-bin, by default the one beside this binary) and attack it
+    /// with SIGKILL and SIGSTOP instead of hostile clients.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(3..=5), conflicts_with = "server")]
+    pub cluster: Option<u64>,
+
+    /// With --cluster: mean time between two faults' starts.
+    #[arg(long, default_value = "3s", value_parser = dlock::duration::parse_positive, requires = "cluster")]
+    pub fault_every: Duration,
+
+    /// With --cluster: most faults in progress at once.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16), requires = "cluster")]
+    pub max_faults: u32,
+
+    /// With --cluster: the nodes' --heartbeat.
+    #[arg(long, default_value = "100ms", value_parser = dlock::duration::parse_positive, requires = "cluster")]
+    pub heartbeat: Duration,
+
+    /// With --cluster: the nodes' --election-timeout.
+    #[arg(long, default_value = "1s", value_parser = dlock::duration::parse_positive, requires = "cluster")]
+    pub election_timeout: Duration,
+
+    /// With --cluster: the session TTL the honest clients ask for; leader
+    /// pauses run past it now and then.
+    #[arg(long, default_value = "3s", value_parser = dlock::duration::parse_positive, requires = "cluster")]
+    pub session_ttl: Duration,
 }

@@ -1,6 +1,9 @@
 //! `dlock-torture`: parse options, run, exit with the verdict.
 
 mod cli;
+mod cluster_faults;
+mod cluster_honest;
+mod cluster_run;
 mod faults;
 mod history;
 mod honest;
@@ -23,7 +26,11 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run::run(args)) {
+    let verdict = match args.cluster {
+        Some(n) => runtime.block_on(cluster_run::run(args, n)),
+        None => runtime.block_on(run::run(args)),
+    };
+    match verdict {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {

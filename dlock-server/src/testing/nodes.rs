@@ -10,7 +10,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -186,6 +186,43 @@ impl NodeProcesses {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// SIGTERM to node `i` and its exit status once it has exited; `None`
+    /// when it was not running, or did not exit within `limit` (it is then
+    /// killed: a node that ignores SIGTERM is a finding, not a hang).
+    pub fn terminate(&mut self, i: usize, limit: Duration) -> Option<ExitStatus> {
+        let mut child = self.nodes[i].child.take()?;
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        let deadline = std::time::Instant::now() + limit;
+        while sent && std::time::Instant::now() < deadline {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(_) => break,
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// Whether node `i` runs (it may be paused).
+    pub fn is_running(&self, i: usize) -> bool {
+        self.nodes[i].child.is_some()
+    }
+
+    /// How many nodes the cluster has.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the cluster has no node.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
     }
 
     /// SIGSTOP to node `i`: it keeps its sockets but does nothing.

@@ -1,0 +1,281 @@
+//! The cluster under attack: node processes, which of them a fault holds,
+//! who leads, and the faults themselves (SIGKILL of the leader, of a
+//! follower, of a majority; SIGSTOP of the leader), each healed after a
+//! random time.
+
+use crate::cluster_run::ClusterWorkload;
+use dlock::proto::{ClusterInfo, RequestType, ResponseStatus};
+use dlock::raw::RawClient;
+use dlock_server::testing::nodes::NodeProcesses;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How long a node may take to answer ClusterStatus before it counts as
+/// unreachable (paused, dead, or starved).
+const STATUS_PATIENCE: Duration = Duration::from_millis(500);
+
+/// How often a fault looks for the leader that replaced the one it hit.
+const LEADER_POLL: Duration = Duration::from_millis(50);
+
+/// The node processes, and which of them a fault holds now. The processes
+/// sit behind a std mutex touched only by synchronous calls (restarts in
+/// `spawn_blocking`), never across an `.await`.
+pub struct Cluster {
+    nodes: Mutex<NodeProcesses>,
+    addrs: Vec<String>,
+    /// Per node: held by a fault (killed or paused, or about to be).
+    claimed: Mutex<Vec<bool>>,
+}
+
+impl Cluster {
+    pub fn new(nodes: NodeProcesses) -> Cluster {
+        let addrs = (0..nodes.len())
+            .map(|i| nodes.addr(i).to_string())
+            .collect();
+        Cluster {
+            claimed: Mutex::new(vec![false; nodes.len()]),
+            nodes: Mutex::new(nodes),
+            addrs,
+        }
+    }
+
+    pub fn nodes(&self) -> MutexGuard<'_, NodeProcesses> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn claimed(&self) -> MutexGuard<'_, Vec<bool>> {
+        self.claimed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn len(&self) -> usize {
+        self.addrs.len()
+    }
+
+    /// Node `i`'s view of the cluster, or `None` if it does not answer
+    /// soon.
+    pub async fn status(&self, i: usize) -> Option<ClusterInfo> {
+        let ask = async {
+            let mut c = RawClient::connect(self.addrs[i].as_str()).await.ok()?;
+            let req = c.request(RequestType::ClusterStatus, &[]);
+            let r = c.call(&req).await.ok()?;
+            (ResponseStatus::try_from(r.status) == Ok(ResponseStatus::Ok))
+                .then_some(r.cluster)
+                .flatten()
+                .map(|b| *b)
+        };
+        tokio::time::timeout(STATUS_PATIENCE, ask).await.ok()?
+    }
+
+    /// The node that says it leads, among those no fault holds and not
+    /// `except`.
+    async fn leader(&self, except: Option<usize>) -> Option<usize> {
+        let free: Vec<usize> = {
+            let claimed = self.claimed();
+            (0..self.len())
+                .filter(|&i| !claimed[i] && Some(i) != except)
+                .collect()
+        };
+        for i in free {
+            if let Some(info) = self.status(i).await {
+                if info.role.eq_ignore_ascii_case("leader") {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
+    /// Claims `want` free nodes, `first` among them if given and free;
+    /// `None` (nothing claimed) when there are not enough.
+    fn claim(&self, first: Option<usize>, want: usize) -> Option<Vec<usize>> {
+        let mut claimed = self.claimed();
+        let mut got: Vec<usize> = first.filter(|&i| !claimed[i]).into_iter().collect();
+        if first.is_some() && got.is_empty() {
+            return None;
+        }
+        for i in 0..claimed.len() {
+            if got.len() >= want {
+                break;
+            }
+            if !claimed[i] && !got.contains(&i) {
+                got.push(i);
+            }
+        }
+        if got.len() < want {
+            return None;
+        }
+        for &i in &got {
+            claimed[i] = true;
+        }
+        Some(got)
+    }
+
+    fn release(&self, held: &[usize]) {
+        let mut claimed = self.claimed();
+        for &i in held {
+            claimed[i] = false;
+        }
+    }
+}
+
+/// The kinds of fault, chosen in turn at random.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    KillLeader,
+    KillFollower,
+    KillMajority,
+    PauseLeader,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::KillLeader => "SIGKILL leader",
+            Kind::KillFollower => "SIGKILL follower",
+            Kind::KillMajority => "SIGKILL majority",
+            Kind::PauseLeader => "SIGSTOP leader",
+        }
+    }
+}
+
+/// Starts faults about every `every` (at random, between none and twice
+/// that apart), at most `max` at once, until the run's deadline; waits for
+/// those in progress to heal.
+pub async fn schedule(
+    sh: Arc<ClusterWorkload>,
+    cluster: Arc<Cluster>,
+    every: Duration,
+    max: usize,
+    seed: u64,
+) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let limit = Arc::new(tokio::sync::Semaphore::new(max));
+    let mut set = tokio::task::JoinSet::new();
+    loop {
+        let pause = every.mul_f64(rng.f64() * 2.0);
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = tokio::time::sleep_until(sh.stop_at) => break,
+        }
+        while set.try_join_next().is_some() {}
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            continue;
+        };
+        let kind = match rng.u8(0..8) {
+            0..=1 => Kind::KillLeader,
+            2..=3 => Kind::KillFollower,
+            4 => Kind::KillMajority,
+            _ => Kind::PauseLeader,
+        };
+        let leader = cluster.leader(None).await;
+        let n = cluster.len();
+        let claimed = match kind {
+            Kind::KillLeader | Kind::PauseLeader => leader.and_then(|l| cluster.claim(Some(l), 1)),
+            Kind::KillFollower => {
+                let followers: Vec<usize> = (0..n).filter(|&i| Some(i) != leader).collect();
+                cluster.claim(Some(followers[rng.usize(..followers.len())]), 1)
+            }
+            Kind::KillMajority => cluster.claim(leader, n / 2 + 1),
+        };
+        let Some(nodes) = claimed else {
+            sh.counts.bump("fault skipped (no leader or nodes busy)");
+            continue;
+        };
+        let heal_after = match kind {
+            // Past an election (a follower waits one to two election
+            // timeouts before it stands, and its vote may be refused while
+            // the old leader's lease lasts: about 3.5 s in all with 1 s
+            // timeouts on a loaded machine), and half the time past the
+            // TTL of the clients' sessions.
+            Kind::PauseLeader => {
+                sh.election_timeout.mul_f64(3.0) + sh.session_ttl.mul_f64(rng.f64())
+            }
+            _ => Duration::from_millis(rng.u64(200..4_000)),
+        };
+        if matches!(kind, Kind::PauseLeader) && heal_after > sh.session_ttl {
+            sh.counts.bump("SIGSTOP leader past the session TTL");
+        }
+        let (sh, cluster) = (sh.clone(), cluster.clone());
+        set.spawn(async move {
+            run_fault(kind, &nodes, heal_after, &sh, &cluster).await;
+            cluster.release(&nodes);
+            drop(permit);
+        });
+    }
+    while set.join_next().await.is_some() {}
+}
+
+/// Does one fault on `nodes` (claimed), measures the failover when it hit
+/// the leader, and heals it after `heal_after`.
+async fn run_fault(
+    kind: Kind,
+    nodes: &[usize],
+    heal_after: Duration,
+    sh: &ClusterWorkload,
+    cluster: &Arc<Cluster>,
+) {
+    sh.report.fault(kind.name());
+    let began = Instant::now();
+    let heal_at = began + heal_after;
+    let pause = matches!(kind, Kind::PauseLeader);
+    let hit = nodes.to_vec();
+    let done = with_nodes(cluster, move |n| {
+        for i in hit {
+            if pause {
+                n.pause(i);
+            } else {
+                n.kill(i);
+            }
+        }
+    })
+    .await;
+    if !done {
+        sh.report.violation("fault failed", kind.name().to_string());
+    }
+    if matches!(kind, Kind::KillLeader | Kind::PauseLeader) {
+        let old = nodes[0];
+        loop {
+            if Instant::now() >= heal_at {
+                sh.counts.bump("no new leader before the heal");
+                break;
+            }
+            if cluster.leader(Some(old)).await.is_some() {
+                sh.failovers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(began.elapsed());
+                break;
+            }
+            tokio::time::sleep(LEADER_POLL).await;
+        }
+    }
+    tokio::time::sleep_until(heal_at).await;
+    let hit = nodes.to_vec();
+    let healed = with_nodes(cluster, move |n| {
+        for i in hit {
+            if pause {
+                n.resume(i);
+            } else {
+                n.restart(i);
+            }
+        }
+    })
+    .await;
+    if !healed {
+        sh.report
+            .violation("node did not come back", format!("after {}", kind.name()));
+    }
+}
+
+/// Runs `f` on the node processes on a blocking thread (a restart waits
+/// for the node to listen); false if it panicked (a node did not start).
+async fn with_nodes(
+    cluster: &Arc<Cluster>,
+    f: impl FnOnce(&mut NodeProcesses) + Send + 'static,
+) -> bool {
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || f(&mut c.nodes()))
+        .await
+        .is_ok()
+}

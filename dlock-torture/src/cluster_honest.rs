@@ -1,0 +1,268 @@
+//! An honest client of a cluster, through the cluster-aware library: it
+//! locks random keys (some as leases), writes to the fenced register while
+//! it holds them and its guard does not say the lock may be lost, and
+//! checks every answer: a lock refused or lost while its session lives and
+//! its lease runs is a violation, as is a request without an answer.
+
+use crate::cluster_run::ClusterWorkload;
+use crate::history::Hold;
+use crate::report::add;
+use dlock::{Client, ClientOptions, Error, Event, LockGuard, LockOptions, Lost};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Past its own wait, how long a request may go unanswered: through a
+/// failover, a fault's heal and a session's TTL. Longer is a hang.
+const ANSWER_BOUND: Duration = Duration::from_secs(60);
+
+pub async fn run(client: u64, sh: Arc<ClusterWorkload>, seed: u64) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let options = ClientOptions {
+        session_ttl: Some(sh.session_ttl),
+        connect_timeout: Duration::from_secs(2),
+        // A connection to a paused node is given up within the TTL.
+        keepalive: sh.session_ttl / 2,
+        ..ClientOptions::default()
+    };
+    let mut conn: Option<Client> = None;
+    while Instant::now() < sh.stop_at {
+        let c = match conn.as_ref().filter(|c| !c.is_closed()) {
+            Some(c) => c.clone(),
+            None => match Client::connect_with(sh.servers.as_str(), options.clone()).await {
+                Ok(c) => {
+                    tokio::spawn(watch_events(c.clone(), sh.clone()));
+                    conn.insert(c).clone()
+                }
+                Err(_) => {
+                    sh.counts.bump("connect failed (no leader)");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            },
+        };
+        round(client, &c, &sh, &mut rng).await;
+    }
+}
+
+/// Counts resumed sessions and how long each was without a connection.
+async fn watch_events(c: Client, sh: Arc<ClusterWorkload>) {
+    let mut events = c.events();
+    drop(c);
+    loop {
+        let e = tokio::select! {
+            e = events.recv() => e,
+            _ = tokio::time::sleep_until(sh.stop_at) => return,
+        };
+        match e {
+            Ok(Event::Resumed { after, .. }) => {
+                sh.counts.bump("sessions resumed");
+                sh.resumes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(after);
+            }
+            Ok(Event::Reconnecting { .. }) => sh.counts.bump("reconnects"),
+            Ok(_) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// One lock's life: ask, hold, leave by Unlock or by letting a lease run
+/// out.
+async fn round(client: u64, c: &Client, sh: &ClusterWorkload, rng: &mut fastrand::Rng) {
+    let n = rng.usize(1..=3.min(sh.keys.len()));
+    let keys: Vec<String> = rng.choose_multiple(sh.keys.iter().cloned(), n);
+    let mut options = LockOptions::new();
+    let wait = match rng.u8(0..3) {
+        0 => {
+            options = options.no_wait();
+            Duration::ZERO
+        }
+        1 => Duration::from_millis(rng.u64(10..500)),
+        _ => Duration::from_secs(3),
+    };
+    if !wait.is_zero() {
+        options = options.wait(wait);
+    }
+    let lease = (rng.u8(0..3) == 0).then(|| Duration::from_millis(rng.u64(500..3_000)));
+    if let Some(l) = lease {
+        options = options.lease(l);
+    }
+    add(&sh.report.ops.requests, 1);
+    let sent = Instant::now();
+    let answer = tokio::time::timeout(ANSWER_BOUND + wait, c.lock(keys.clone(), options)).await;
+    let guard = match answer {
+        Ok(Ok(g)) => g,
+        Ok(Err(Error::Busy { .. } | Error::Timeout { .. })) => {
+            add(&sh.report.ops.busy, 1);
+            return;
+        }
+        Ok(Err(Error::NotHeld { .. }))
+            if lease.is_some_and(|l| sent.elapsed() >= l.mul_f64(0.9)) =>
+        {
+            // A grant that came after most of its lease (a failover in the
+            // wait): the library's renewal found the lease run out. Sooner
+            // than that, the cluster dropped a live lease.
+            sh.counts.bump("lease ran out before its grant arrived");
+            return;
+        }
+        Ok(Err(e)) => {
+            let unreachable = matches!(
+                e,
+                Error::Connect { .. } | Error::ConnectTimeout { .. } | Error::Unreachable { .. }
+            );
+            session_or_violation(client, sh, "Lock", e);
+            if unreachable {
+                // No leader now: try again later, not in a tight loop.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            return;
+        }
+        Err(_) => {
+            sh.report.violation(
+                "request not answered",
+                format!("client {client}: Lock {keys:?}"),
+            );
+            return;
+        }
+    };
+    add(&sh.report.ops.grants, 1);
+    hold(client, guard, sh, rng).await;
+}
+
+/// An error of a request: the end of its session (counted: faults end
+/// sessions), or a violation.
+fn session_or_violation(client: u64, sh: &ClusterWorkload, what: &str, e: Error) {
+    match e {
+        Error::ConnectionLost(_) => sh.counts.bump("sessions lost"),
+        Error::Connect { .. } | Error::ConnectTimeout { .. } | Error::Unreachable { .. } => {
+            sh.counts.bump("connect failed (no leader)")
+        }
+        // An answer, if not a useful one: the leader could not commit in
+        // time. Counted; see "Not covered" in docs/RELIABILITY.md for the
+        // lock such a Lock may leave held.
+        Error::Server {
+            status: dlock::proto::ResponseStatus::Unavailable,
+            ..
+        } => sh.counts.bump("answered Unavailable (outcome unknown)"),
+        e => sh
+            .report
+            .violation("unexpected answer", format!("client {client}: {what}: {e}")),
+    }
+}
+
+/// Holds the lock for a random time, writing the register at the start and
+/// the end while the guard does not say it may be lost, perhaps renewing a
+/// lease halfway; records the hold, then lets go.
+async fn hold(client: u64, mut guard: LockGuard, sh: &ClusterWorkload, rng: &mut fastrand::Rng) {
+    let start = Instant::now();
+    if guard.is_lost() {
+        // A long wait may use up a lease before the grant arrives.
+        sh.counts.bump("granted already in jeopardy");
+        return;
+    }
+    write_register(client, sh, &guard);
+    let hold_for = Duration::from_millis(rng.u64(0..50));
+    let mut lost = None;
+    if let (Some(l), true) = (guard.lease(), rng.bool()) {
+        lost = wait_or_lost(&guard, hold_for / 2).await;
+        if lost.is_none() {
+            let deadline = guard.deadline();
+            match guard.renew(l).await {
+                Ok(()) => {}
+                Err(Error::NotHeld { .. }) if Instant::now() < deadline => {
+                    sh.report.violation(
+                        "lock lost while held",
+                        format!("client {client}: Renew of a live lease {}", guard.fence()),
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    if lost.is_none() {
+        lost = wait_or_lost(&guard, hold_for - hold_for / 2).await;
+    }
+    if lost.is_none() && !guard.is_lost() {
+        write_register(client, sh, &guard);
+    }
+    let end = Instant::now();
+    for k in guard.keys() {
+        sh.history.record(Hold {
+            key: k.clone(),
+            fence: guard.fence(),
+            client,
+            start: start.into_std(),
+            end: end.into_std(),
+        });
+    }
+    if let Some(why) = lost {
+        sh.counts.bump(match why {
+            Lost::ConnectionLost(_) => "locks lost: session ended",
+            Lost::Jeopardy { .. } => "locks lost: jeopardy",
+            _ => "locks lost: refused",
+        });
+        return;
+    }
+    release(client, guard, sh, rng).await;
+}
+
+/// Sleeps `d`, or less if the guard says the lock may be lost.
+async fn wait_or_lost(guard: &LockGuard, d: Duration) -> Option<Lost> {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => None,
+        why = guard.lost() => Some(why),
+    }
+}
+
+/// Unlocks, or now and then lets a lease run out. The cluster must still
+/// hold the keys for this client unless the guard's deadline passed or its
+/// session ended.
+async fn release(client: u64, guard: LockGuard, sh: &ClusterWorkload, rng: &mut fastrand::Rng) {
+    if guard.lease().is_some() && rng.u8(0..10) == 0 {
+        add(&sh.report.ops.lease_expiries, 1);
+        let _ = guard.into_parts();
+        return;
+    }
+    let conn = guard.client();
+    let deadline = guard.deadline();
+    let fence = guard.fence();
+    add(&sh.report.ops.requests, 1);
+    match tokio::time::timeout(ANSWER_BOUND, guard.unlock()).await {
+        Ok(Ok(())) => add(&sh.report.ops.unlocks, 1),
+        Ok(Err(Error::NotHeld { .. })) => {
+            // Answered on a live session before the deadline: the cluster
+            // dropped a lock it had to keep.
+            if Instant::now() < deadline && !conn.is_closed() {
+                sh.report.violation(
+                    "lock lost while held",
+                    format!("client {client}: Unlock of fence {fence}: not held"),
+                );
+            } else {
+                sh.counts.bump("unlock after the deadline: not held");
+            }
+        }
+        Ok(Err(e)) => session_or_violation(client, sh, "Unlock", e),
+        Err(_) => sh.report.violation(
+            "request not answered",
+            format!("client {client}: Unlock of fence {fence}"),
+        ),
+    }
+}
+
+/// Writes under the guard's fence to every key it holds; the register must
+/// accept, since the client holds them.
+fn write_register(client: u64, sh: &ClusterWorkload, guard: &LockGuard) {
+    for k in guard.keys() {
+        add(&sh.report.ops.register_writes, 1);
+        if !sh.register.write(k, guard.fence()) {
+            sh.report.violation(
+                "register rejected a holder",
+                format!("client {client} key {k:?} fence {}", guard.fence()),
+            );
+        }
+    }
+}
