@@ -279,10 +279,6 @@ async fn a_session_cut_off_longer_than_its_ttl_loses_its_locks() {
     taken.unlock().await.expect("unlock");
 }
 
-/// Found by `dlock-torture --cluster 3 --seed 2`: a leader paused past a
-/// session's TTL wakes up as a follower that knows the session ended, and
-/// answers UnknownSession on the still open connection. The client must end
-/// the session there, not keep the connection and get that answer forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_ended_under_a_paused_leader_ends_the_client() {
     let _one = ONE_AT_A_TIME.lock().await;
