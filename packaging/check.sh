@@ -17,7 +17,7 @@ if command -v systemd-analyze >/dev/null 2>&1; then
   # just built, in a copy of the unit, and check everything else as is.
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
-  bin="$PWD/target/debug/dlock-server"
+  bin="${CARGO_TARGET_DIR:-$PWD/target}/debug/dlock-server"
   [ -x "$bin" ] || cargo build --locked -p dlock-server --bin dlock-server
   sed "s|/usr/local/bin/dlock-server|$bin|" packaging/dlock-server.service \
     >"$tmp/dlock-server.service"

@@ -15,13 +15,14 @@ fi
   -r clients/python/requirements-dev.txt ./clients/python
 "$VENV/bin/python" clients/python/tools/gen_proto.py --check
 
-if [ ! -x target/debug/dlock-server ]; then
+bin="${CARGO_TARGET_DIR:-$PWD/target}/debug/dlock-server"
+if [ ! -x "$bin" ]; then
   cargo build -p dlock-server
 fi
 # `import dlock` in the tests finds the installed package: src/ is never put
 # on sys.path, so this also checks what `pip install` installs.
 status=0
-DLOCK_SERVER_BIN="$PWD/target/debug/dlock-server" \
+DLOCK_SERVER_BIN="$bin" \
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests || status=$?
 if [ "$status" -eq 5 ]; then
   echo "python client: pytest collected no tests" >&2
