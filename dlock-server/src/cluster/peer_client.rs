@@ -10,7 +10,7 @@
 //! idle, so an RPC that fails on one is tried once more on a fresh one
 //! (Raft RPCs are safe to repeat).
 
-use super::peer_tls::{PeerStream, PeerTls};
+use super::peer_tls::{self, PeerTls};
 use super::types::{Member, NodeId, TypeConfig};
 use super::wire::{self, Hello, HelloReply, PeerFrames, Reply, Request, WireError, PROTOCOL};
 use bytes::Bytes;
@@ -127,7 +127,7 @@ impl PeerClient {
         wire::tune(&tcp);
         let stream = match &self.net.tls {
             Some(tls) => tls.connect(&self.addr, tcp).await?,
-            None => PeerStream::Tcp(tcp),
+            None => peer_tls::plain(tcp),
         };
         let mut conn = wire::frame(stream);
         let hello = Hello {

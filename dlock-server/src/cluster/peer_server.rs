@@ -8,7 +8,7 @@
 //! changes. The number of connections is capped, and a connection must say
 //! hello within [`wire::HELLO_TIMEOUT`], so idle sockets cannot pile up.
 
-use super::peer_tls::{PeerStream, PeerTls};
+use super::peer_tls::{self, PeerTls};
 use super::types::{NodeId, Raft};
 use super::wire::{self, Hello, HelloReply, PeerFrames, Reply, Request, WireError, PROTOCOL};
 use openraft::raft::InstallSnapshotRequest;
@@ -86,7 +86,7 @@ impl PeerServer {
     async fn handshake(&self, tcp: TcpStream, addr: SocketAddr) {
         wire::tune(&tcp);
         let stream = match &self.tls {
-            None => PeerStream::Tcp(tcp),
+            None => peer_tls::plain(tcp),
             Some(tls) => match tokio::time::timeout(wire::HELLO_TIMEOUT, tls.accept(tcp)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {

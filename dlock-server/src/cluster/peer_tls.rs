@@ -14,12 +14,10 @@ use rustls::{ClientConfig, ServerConfig};
 use rustls_pki_types::ServerName;
 use std::io;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
+use tokio_util::either::Either;
 
 /// Both halves of the peer port's TLS.
 #[derive(Clone)]
@@ -67,7 +65,7 @@ impl PeerTls {
     /// The accepting side's handshake.
     pub(crate) async fn accept(&self, tcp: TcpStream) -> io::Result<PeerStream> {
         let tls = self.acceptor.accept(tcp).await?;
-        Ok(PeerStream::Tls(Box::new(TlsStream::Server(tls))))
+        Ok(Either::Right(Box::new(TlsStream::Server(tls))))
     }
 
     /// The dialling side's handshake with the node at `addr`.
@@ -84,54 +82,16 @@ impl PeerTls {
             )
         })?;
         let tls = self.connector.connect(name, tcp).await?;
-        Ok(PeerStream::Tls(Box::new(TlsStream::Client(tls))))
+        Ok(Either::Right(Box::new(TlsStream::Client(tls))))
     }
 }
 
-/// A peer connection's byte stream.
-#[derive(Debug)]
-pub(crate) enum PeerStream {
-    Tcp(TcpStream),
-    // Boxed: a TLS session is about 1 KB, a TcpStream a few words.
-    Tls(Box<TlsStream<TcpStream>>),
-}
+/// A peer connection's byte stream: plain TCP (`Left`) or TLS (`Right`;
+/// boxed, as a TLS session is about 1 KB and a TcpStream a few words).
+/// tokio-util's `Either` passes reads and writes on to whichever it holds.
+pub(crate) type PeerStream = Either<TcpStream, Box<TlsStream<TcpStream>>>;
 
-impl AsyncRead for PeerStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            PeerStream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            PeerStream::Tls(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for PeerStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            PeerStream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            PeerStream::Tls(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            PeerStream::Tcp(s) => Pin::new(s).poll_flush(cx),
-            PeerStream::Tls(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            PeerStream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            PeerStream::Tls(s) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
+/// A peer connection without TLS.
+pub(crate) fn plain(tcp: TcpStream) -> PeerStream {
+    Either::Left(tcp)
 }
