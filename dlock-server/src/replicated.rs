@@ -218,9 +218,9 @@ struct ConnState {
     /// The access-control identity of the latest request (empty without
     /// access control): the owner of the sessions it opens.
     identity: String,
-    /// Sessions of this connection found ended (by a keep-alive answered
-    /// UnknownSession); bounded by the sessions the connection may open.
-    ended: Vec<OwnerId>,
+    /// The first session of this connection found ended (a keep-alive or
+    /// a request answered UnknownSession).
+    ended: Option<OwnerId>,
 }
 
 impl Default for ConnSessions {
@@ -323,8 +323,11 @@ impl Replicated {
         db: Db,
         identity: &str,
     ) -> Pending {
-        if conn.state().identity != identity {
-            conn.state().identity = identity.to_owned();
+        {
+            let mut st = conn.state();
+            if st.identity != identity {
+                st.identity = identity.to_owned();
+            }
         }
         let (tx, rx) = oneshot::channel();
         let node = self.clone();
@@ -399,7 +402,7 @@ impl Replicated {
                     .keep_alive(conn)
                     .await
                     .map_err(|e| cluster_error(id, e))?;
-                if let Some(&gone) = ended.first() {
+                if let Some(gone) = ended {
                     return Err(refused(
                         id,
                         Refusal::new(
@@ -578,17 +581,17 @@ impl Replicated {
     /// Pings keep this connection's sessions alive, on the leader; a
     /// follower just answers (the client will find the leader on its next
     /// request).
-    /// Returns the sessions that turned out to have ended (their TTL ran
-    /// out while this node could not keep them, e.g. cut off from the
-    /// majority); they are forgotten here.
-    async fn keep_alive(&self, conn: &ConnSessions) -> Result<Vec<OwnerId>, ClusterError> {
+    /// Returns a session of the connection that turned out to have ended
+    /// (its TTL ran out while this node could not keep it, e.g. cut off
+    /// from the majority), now or earlier; it is forgotten here.
+    async fn keep_alive(&self, conn: &ConnSessions) -> Result<Option<OwnerId>, ClusterError> {
         for owner in conn.all() {
             let out = self.cluster.propose(Command::KeepAlive { owner }).await?;
             if out.reply == Reply::UnknownSession {
                 self.forget(conn, owner);
             }
         }
-        Ok(conn.state().ended.clone())
+        Ok(conn.state().ended)
     }
 
     /// Keeps the sessions of a live connection alive while it lives, even
@@ -774,9 +777,7 @@ impl Replicated {
         // Remembered for the connection's life, whoever found out (a
         // request, a Ping, or the keeper between Pings): no later Ping may
         // answer Ok as if every session lived. One is enough to say so.
-        if st.ended.len() < MAX_ENDED_KEPT {
-            st.ended.push(owner);
-        }
+        st.ended.get_or_insert(owner);
         drop(st);
         self.attached.detach(owner, conn.id);
     }
@@ -926,9 +927,6 @@ fn unknown_session(session: u64) -> Refusal {
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
-
-/// Ended sessions a connection remembers, to name in a Ping's refusal.
-const MAX_ENDED_KEPT: usize = 8;
 
 /// How often a waiting Lock's task checks that this node still leads.
 const LEADERSHIP_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
