@@ -91,6 +91,11 @@ async fn round(client: u64, c: &Client, sh: &ClusterWorkload, rng: &mut fastrand
     if let Some(l) = lease {
         options = options.lease(l);
     }
+    // A third of the locks read: every key shared.
+    let shared = rng.u8(0..3) == 0;
+    if shared {
+        options = options.shared();
+    }
     add(&sh.report.ops.requests, 1);
     let sent = Instant::now();
     let answer = tokio::time::timeout(ANSWER_BOUND + wait, c.lock(keys.clone(), options)).await;
@@ -130,7 +135,10 @@ async fn round(client: u64, c: &Client, sh: &ClusterWorkload, rng: &mut fastrand
         }
     };
     add(&sh.report.ops.grants, 1);
-    hold(client, guard, sh, rng).await;
+    if shared {
+        add(&sh.report.ops.shared_grants, 1);
+    }
+    hold(client, guard, shared, sh, rng).await;
 }
 
 /// An error of a request: the end of its session (counted: faults end
@@ -157,14 +165,20 @@ fn session_or_violation(client: u64, sh: &ClusterWorkload, what: &str, e: Error)
 /// Holds the lock for a random time, writing the register at the start and
 /// the end while the guard does not say it may be lost, perhaps renewing a
 /// lease halfway; records the hold, then lets go.
-async fn hold(client: u64, mut guard: LockGuard, sh: &ClusterWorkload, rng: &mut fastrand::Rng) {
+async fn hold(
+    client: u64,
+    mut guard: LockGuard,
+    shared: bool,
+    sh: &ClusterWorkload,
+    rng: &mut fastrand::Rng,
+) {
     let start = Instant::now();
     if guard.is_lost() {
         // A long wait may use up a lease before the grant arrives.
         sh.counts.bump("granted already in jeopardy");
         return;
     }
-    write_register(client, sh, &guard);
+    write_register(client, sh, &guard, shared);
     let hold_for = Duration::from_millis(rng.u64(0..50));
     let mut lost = None;
     if let (Some(l), true) = (guard.lease(), rng.bool()) {
@@ -187,7 +201,7 @@ async fn hold(client: u64, mut guard: LockGuard, sh: &ClusterWorkload, rng: &mut
         lost = wait_or_lost(&guard, hold_for - hold_for / 2).await;
     }
     if lost.is_none() && !guard.is_lost() {
-        write_register(client, sh, &guard);
+        write_register(client, sh, &guard, shared);
     }
     let end = Instant::now();
     for k in guard.keys() {
@@ -195,6 +209,7 @@ async fn hold(client: u64, mut guard: LockGuard, sh: &ClusterWorkload, rng: &mut
             key: k.clone(),
             fence: guard.fence(),
             client,
+            shared,
             start: start.into_std(),
             end: end.into_std(),
         });
@@ -253,15 +268,19 @@ async fn release(client: u64, guard: LockGuard, sh: &ClusterWorkload, rng: &mut 
     }
 }
 
-/// Writes under the guard's fence to every key it holds; the register must
-/// accept, since the client holds them.
-fn write_register(client: u64, sh: &ClusterWorkload, guard: &LockGuard) {
+/// Uses every key the guard holds under its fence, reading when held
+/// shared and writing otherwise; the register must accept, since the client
+/// holds them.
+fn write_register(client: u64, sh: &ClusterWorkload, guard: &LockGuard, shared: bool) {
     for k in guard.keys() {
         add(&sh.report.ops.register_writes, 1);
-        if !sh.register.write(k, guard.fence()) {
+        if !sh.register.touch(k, guard.fence(), shared) {
             sh.report.violation(
                 "register rejected a holder",
-                format!("client {client} key {k:?} fence {}", guard.fence()),
+                format!(
+                    "client {client} key {k:?} fence {} shared {shared}",
+                    guard.fence()
+                ),
             );
         }
     }

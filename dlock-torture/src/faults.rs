@@ -91,6 +91,7 @@ async fn take(
             key: k.clone(),
             fence: r.fence,
             client: id,
+            shared: false,
             start: start.into_std(),
             end: end.into_std(),
         });
@@ -288,6 +289,7 @@ async fn frozen_path(id: u64, sh: &Workload, rng: &mut fastrand::Rng) -> Result<
             key: k.clone(),
             fence: guard.fence(),
             client: id,
+            shared: false,
             start: start.into_std(),
             end: end.into_std(),
         });

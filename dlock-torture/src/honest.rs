@@ -25,6 +25,9 @@ const LEASE_MARGIN: Duration = Duration::from_millis(100);
 pub async fn run(client: u64, sh: Arc<Workload>, seed: u64) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut wire = None;
+    // Until when this connection may still hold a lease it let run out:
+    // a Lock naming such a key in the other mode is refused, rightly.
+    let mut abandoned = Abandoned::default();
     while Instant::now() < sh.stop_at {
         let w = match wire.as_mut() {
             Some(w) => w,
@@ -38,9 +41,12 @@ pub async fn run(client: u64, sh: Arc<Workload>, seed: u64) {
                 }
             },
         };
-        match round(client, w, &sh, &mut rng).await {
+        match round(client, w, &sh, &mut rng, &mut abandoned).await {
             Ok(Next::Keep) => {}
-            Ok(Next::Reconnect) => wire = None,
+            Ok(Next::Reconnect) => {
+                wire = None;
+                abandoned = Abandoned::default();
+            }
             Err(e) => {
                 let kind = match e {
                     CallError::Closed => "honest connection closed",
@@ -60,6 +66,22 @@ enum Next {
     Reconnect,
 }
 
+/// The leases a connection let run out and may hold still.
+#[derive(Default)]
+struct Abandoned {
+    until: Option<Instant>,
+}
+
+impl Abandoned {
+    fn add(&mut self, until: Instant) {
+        self.until = Some(self.until.map_or(until, |u| u.max(until)));
+    }
+
+    fn live(&self) -> bool {
+        self.until.is_some_and(|u| Instant::now() < u)
+    }
+}
+
 /// One lock's life: ask, hold (writing the register, perhaps renewing),
 /// then leave by Unlock, by letting the lease run out, or by disconnecting.
 async fn round(
@@ -67,18 +89,23 @@ async fn round(
     w: &mut Wire,
     sh: &Workload,
     rng: &mut fastrand::Rng,
+    abandoned: &mut Abandoned,
 ) -> Result<Next, CallError> {
     let plan = plan_lock(w, sh, rng);
     let sent = Instant::now();
     add(&sh.report.ops.requests, 1);
     let r = w.call(plan.req, plan.patience).await?;
-    let Some(fence) = granted(client, sh, &r) else {
+    let Some(fence) = granted(client, sh, &r, abandoned) else {
         return Ok(Next::Keep);
     };
     add(&sh.report.ops.grants, 1);
+    if !plan.shared.is_empty() {
+        add(&sh.report.ops.shared_grants, 1);
+    }
     let start = Instant::now();
     let mut held = Held {
         keys: plan.keys,
+        shared: plan.shared,
         fence,
         lease: plan.lease,
         start,
@@ -93,6 +120,10 @@ async fn round(
     match rng.u8(0..20) {
         0 if held.lease.is_some() => {
             add(&sh.report.ops.lease_expiries, 1);
+            if let Some(l) = held.lease {
+                // The server's lease ends before this, counted from the send.
+                abandoned.add(Instant::now() + l + Duration::from_secs(1));
+            }
             Ok(Next::Keep)
         }
         1 => Ok(Next::Reconnect), // Disconnecting releases what has no lease.
@@ -104,6 +135,8 @@ async fn round(
 struct LockPlan {
     req: Request,
     keys: Vec<String>,
+    /// Those of `keys` taken shared.
+    shared: Vec<String>,
     patience: Duration,
     lease: Option<Duration>,
 }
@@ -113,6 +146,13 @@ fn plan_lock(w: &mut Wire, sh: &Workload, rng: &mut fastrand::Rng) -> LockPlan {
     let keys: Vec<String> = rng.choose_multiple(sh.keys.iter().cloned(), n);
     let mut req = w.request(RequestType::Lock, &keys);
     let body = req.lock.get_or_insert_with(Default::default);
+    // A third of the requests read: some keys, or all, taken shared.
+    let shared: Vec<String> = if rng.u8(0..3) == 0 {
+        keys.iter().filter(|_| rng.u8(0..4) != 0).cloned().collect()
+    } else {
+        Vec::new()
+    };
+    body.shared_keys = shared.clone();
     let patience = match rng.u8(0..4) {
         0 => {
             body.try_lock = true;
@@ -130,6 +170,7 @@ fn plan_lock(w: &mut Wire, sh: &Workload, rng: &mut fastrand::Rng) -> LockPlan {
     LockPlan {
         req,
         keys,
+        shared,
         patience,
         lease,
     }
@@ -137,10 +178,14 @@ fn plan_lock(w: &mut Wire, sh: &Workload, rng: &mut fastrand::Rng) -> LockPlan {
 
 /// The fence of a grant; `None` for busy keys (counted) or an answer a
 /// Lock must not get (a violation).
-fn granted(client: u64, sh: &Workload, r: &Response) -> Option<u64> {
+fn granted(client: u64, sh: &Workload, r: &Response, abandoned: &Abandoned) -> Option<u64> {
     match status(r) {
         ResponseStatus::Ok if r.fence > 0 => Some(r.fence),
         ResponseStatus::AcquireTimeout => {
+            add(&sh.report.ops.busy, 1);
+            None
+        }
+        ResponseStatus::ModeConflict if abandoned.live() => {
             add(&sh.report.ops.busy, 1);
             None
         }
@@ -157,6 +202,7 @@ fn granted(client: u64, sh: &Workload, r: &Response) -> Option<u64> {
 /// A lock this client was granted, and its own bound on how long it holds.
 struct Held {
     keys: Vec<String>,
+    shared: Vec<String>,
     fence: u64,
     lease: Option<Duration>,
     start: Instant,
@@ -173,7 +219,7 @@ async fn hold(
     rng: &mut fastrand::Rng,
     held: &mut Held,
 ) -> Result<(), CallError> {
-    write_register(client, sh, &held.keys, held.fence);
+    write_register(client, sh, held);
     let hold = Duration::from_millis(rng.u64(0..20));
     if let (Some(l), true) = (held.lease, rng.bool()) {
         // Renew halfway: the lease then runs from the Renew.
@@ -196,7 +242,7 @@ async fn hold(
     let hold_until = held.start + hold;
     tokio::time::sleep_until(held.valid_until.map_or(hold_until, |v| v.min(hold_until))).await;
     if held.valid_until.is_none_or(|v| Instant::now() < v) {
-        write_register(client, sh, &held.keys, held.fence);
+        write_register(client, sh, held);
     }
     let end = Instant::now();
     for k in &held.keys {
@@ -204,6 +250,7 @@ async fn hold(
             key: k.clone(),
             fence: held.fence,
             client,
+            shared: held.shared.contains(k),
             start: held.start.into_std(),
             end: end.into_std(),
         });
@@ -235,15 +282,20 @@ async fn release(
     Ok(Next::Keep)
 }
 
-/// Writes under `fence` to every key; the register must accept, since the
-/// client holds the keys.
-fn write_register(client: u64, sh: &Workload, keys: &[String], fence: u64) {
-    for k in keys {
+/// Uses every key under the grant's token, reading those held shared and
+/// writing the others; the register must accept, since the client holds
+/// the keys.
+fn write_register(client: u64, sh: &Workload, held: &Held) {
+    for k in &held.keys {
         add(&sh.report.ops.register_writes, 1);
-        if !sh.register.write(k, fence) {
+        let shared = held.shared.contains(k);
+        if !sh.register.touch(k, held.fence, shared) {
             sh.report.violation(
                 "register rejected a holder",
-                format!("client {client} key {k:?} fence {fence}"),
+                format!(
+                    "client {client} key {k:?} fence {} shared {shared}",
+                    held.fence
+                ),
             );
         }
     }

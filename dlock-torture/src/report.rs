@@ -15,7 +15,10 @@ pub struct Ops {
     pub busy: AtomicU64,
     pub unlocks: AtomicU64,
     pub lease_expiries: AtomicU64,
+    /// Uses of the register: writes by exclusive holders, reads by shared.
     pub register_writes: AtomicU64,
+    /// Grants with at least one key held shared.
+    pub shared_grants: AtomicU64,
     /// Writes from a client whose lock was already taken over: rejected by
     /// the register, as fencing intends. Not violations.
     pub stale_writes_rejected: AtomicU64,
@@ -91,10 +94,11 @@ impl Report {
         for (k, v) in [
             ("requests", get(&o.requests)),
             ("locks granted", get(&o.grants)),
+            ("  of them reading", get(&o.shared_grants)),
             ("locks busy / timed out", get(&o.busy)),
             ("unlocks", get(&o.unlocks)),
             ("leases left to expire", get(&o.lease_expiries)),
-            ("register writes", get(&o.register_writes)),
+            ("register uses", get(&o.register_writes)),
             ("stale writes rejected", get(&o.stale_writes_rejected)),
         ] {
             out.push_str(&format!("  {k:<24} {v}\n"));
