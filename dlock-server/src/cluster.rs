@@ -178,6 +178,9 @@ pub struct ClusterConfig {
     pub sessions: bool,
     /// Mutual TLS on the peer port; `None`: plain TCP.
     pub peer_tls: Option<PeerTls>,
+    /// Addresses to dial instead of the members' peer addresses, by node id:
+    /// for tests that put a proxy they control on each link.
+    pub peer_routes: BTreeMap<u64, String>,
 }
 
 /// A cheap handle to a running node.

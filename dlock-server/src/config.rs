@@ -207,6 +207,12 @@ pub struct Config {
     #[arg(long, value_name = "LIST", value_parser = parse_members, help_heading = "Cluster")]
     pub initial_cluster: Option<Members>,
 
+    /// For fault-injection tests only: dial node ID at ADDR instead of the
+    /// peer address the membership names (ID=ADDR, repeatable), so a test
+    /// can put a proxy it controls on each link between two nodes.
+    #[arg(long, value_name = "ID=ADDR", value_parser = parse_route, hide = true)]
+    pub peer_route: Vec<(u64, String)>,
+
     /// Name every node of one cluster shares; a peer with another is refused.
     #[arg(long, default_value = "dlock", help_heading = "Cluster")]
     pub cluster_id: String,
@@ -233,6 +239,20 @@ pub struct Config {
 /// The initial members of a cluster: id, client address, peer address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Members(pub Vec<(u64, String, String)>);
+
+fn parse_route(s: &str) -> Result<(u64, String), String> {
+    let (id, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not ID=ADDR"))?;
+    let id = id
+        .trim()
+        .parse::<u64>()
+        .map_err(|e| format!("node id {id:?}: {e}"))?;
+    if addr.trim().is_empty() {
+        return Err(format!("{s:?} names no address"));
+    }
+    Ok((id, addr.trim().to_owned()))
+}
 
 fn parse_members(s: &str) -> Result<Members, String> {
     let mut out: Vec<(u64, String, String)> = Vec::new();

@@ -1010,6 +1010,7 @@ pub async fn start(
             }
             _ => None,
         },
+        peer_routes: config.peer_route.iter().cloned().collect(),
     };
     let attached = Arc::new(Attached::default());
     let sink_to = attached.clone();

@@ -129,6 +129,7 @@ impl Harness {
             // The engine alone: owners are bare ids, as on a single server.
             sessions: false,
             peer_tls: None,
+            peer_routes: Default::default(),
         };
         let cluster = Cluster::start(cfg, listener, sink, CancellationToken::new())
             .await

@@ -10,7 +10,8 @@ use std::time::Duration;
 ///
 /// Without --server-bin or --server, a server runs inside this process.
 /// With --cluster N, N node processes of --server-bin run on loopback and
-/// are killed and paused instead (docs/RELIABILITY.md, "Cluster torture").
+/// are killed, paused and partitioned instead (docs/RELIABILITY.md,
+/// "Cluster torture").
 /// Exits 0 when no violation was seen, 1 otherwise, 2 on bad usage.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "dlock-torture", version)]
@@ -76,4 +77,9 @@ pub struct Args {
     /// pauses run past it now and then.
     #[arg(long, default_value = "3s", value_parser = dlock::duration::parse_positive, requires = "cluster")]
     pub session_ttl: Duration,
+
+    /// With --cluster: no proxies on the links between nodes, so no
+    /// partition faults (kills and pauses only).
+    #[arg(long, requires = "cluster")]
+    pub no_partitions: bool,
 }

@@ -1,12 +1,15 @@
-//! The cluster under attack: node processes, which of them a fault holds,
-//! who leads, and the faults themselves (SIGKILL of the leader, of a
-//! follower, of a majority; SIGSTOP of the leader), each healed after a
-//! random time.
+//! The cluster under attack: node processes, the proxies on the links
+//! between them, which nodes a fault holds, who leads, and the faults
+//! themselves (SIGKILL of the leader, of a follower, of a majority; SIGSTOP
+//! of the leader; partitions: the leader isolated, the leader's side of a
+//! split in the minority, one direction of a link cut, a follower cut off),
+//! each healed after a random time.
 
 use crate::cluster_run::ClusterWorkload;
 use dlock::proto::{ClusterInfo, RequestType, ResponseStatus};
 use dlock::raw::RawClient;
 use dlock_server::testing::nodes::NodeProcesses;
+use dlock_server::testing::proxy::FreezableProxy;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -24,12 +27,85 @@ const LEADER_POLL: Duration = Duration::from_millis(50);
 pub struct Cluster {
     nodes: Mutex<NodeProcesses>,
     addrs: Vec<String>,
-    /// Per node: held by a fault (killed or paused, or about to be).
+    /// Per node: held by a fault (killed, paused or cut off, or about to
+    /// be).
     claimed: Mutex<Vec<bool>>,
+    /// The links between nodes, when partitions are on.
+    links: Option<Links>,
+}
+
+/// A proxy on every directed link `from → to` (the connections `from`
+/// dials to `to`: its requests and their answers), and how many faults
+/// hold each frozen, so overlapping partitions heal only when the last
+/// one does.
+pub struct Links {
+    proxies: Vec<Vec<Option<FreezableProxy>>>,
+    holds: Mutex<Vec<Vec<u32>>>,
+}
+
+impl Links {
+    /// Puts a proxy on every link of `nodes`, which must not run yet.
+    pub async fn install(nodes: &mut NodeProcesses) -> Links {
+        let n = nodes.len();
+        let mut proxies = Vec::with_capacity(n);
+        for from in 0..n {
+            let mut row = Vec::with_capacity(n);
+            for to in 0..n {
+                if from == to {
+                    row.push(None);
+                    continue;
+                }
+                let p = FreezableProxy::start(nodes.peer_addr(to)).await;
+                nodes.route(from, to, p.addr);
+                row.push(Some(p));
+            }
+            proxies.push(row);
+        }
+        Links {
+            proxies,
+            holds: Mutex::new(vec![vec![0; n]; n]),
+        }
+    }
+
+    /// Freezes (`cut`) or lets go of (`!cut`) each link `from → to`: nothing
+    /// passes while any fault holds it; what was held back is delivered
+    /// when the last lets go, as TCP does after a partition heals.
+    fn hold(&self, links: &[(usize, usize)], cut: bool) {
+        let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+        for &(from, to) in links {
+            let Some(p) = &self.proxies[from][to] else {
+                continue;
+            };
+            let h = &mut holds[from][to];
+            if cut {
+                *h += 1;
+                if *h == 1 {
+                    p.freeze();
+                }
+            } else if *h > 0 {
+                *h -= 1;
+                if *h == 0 {
+                    p.thaw();
+                }
+            }
+        }
+    }
+}
+
+/// Every link between a node of `side` and one outside it, both ways.
+fn across(side: &[usize], n: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for &a in side {
+        for b in (0..n).filter(|b| !side.contains(b)) {
+            out.push((a, b));
+            out.push((b, a));
+        }
+    }
+    out
 }
 
 impl Cluster {
-    pub fn new(nodes: NodeProcesses) -> Cluster {
+    pub fn new(nodes: NodeProcesses, links: Option<Links>) -> Cluster {
         let addrs = (0..nodes.len())
             .map(|i| nodes.addr(i).to_string())
             .collect();
@@ -37,6 +113,7 @@ impl Cluster {
             claimed: Mutex::new(vec![false; nodes.len()]),
             nodes: Mutex::new(nodes),
             addrs,
+            links,
         }
     }
 
@@ -126,6 +203,16 @@ enum Kind {
     KillFollower,
     KillMajority,
     PauseLeader,
+    /// Every link to and from the leader frozen.
+    IsolateLeader,
+    /// The leader and fewer than half the nodes cut from the rest (on 3
+    /// nodes, the leader alone).
+    SplitLeaderMinority,
+    /// The leader's link to one follower frozen one way: its appends and
+    /// heartbeats stop, the follower's own requests still get through.
+    CutLeaderToFollower,
+    /// Every link of one follower frozen.
+    IsolateFollower,
 }
 
 impl Kind {
@@ -135,7 +222,29 @@ impl Kind {
             Kind::KillFollower => "SIGKILL follower",
             Kind::KillMajority => "SIGKILL majority",
             Kind::PauseLeader => "SIGSTOP leader",
+            Kind::IsolateLeader => "partition: leader isolated",
+            Kind::SplitLeaderMinority => "partition: leader in the minority",
+            Kind::CutLeaderToFollower => "partition: leader -> follower cut one way",
+            Kind::IsolateFollower => "partition: follower isolated",
         }
+    }
+
+    /// Whether the fault hits the leader first, so a failover is measured.
+    fn hits_leader(self) -> bool {
+        matches!(
+            self,
+            Kind::KillLeader | Kind::PauseLeader | Kind::IsolateLeader | Kind::SplitLeaderMinority
+        )
+    }
+
+    fn is_partition(self) -> bool {
+        matches!(
+            self,
+            Kind::IsolateLeader
+                | Kind::SplitLeaderMinority
+                | Kind::CutLeaderToFollower
+                | Kind::IsolateFollower
+        )
     }
 }
 
@@ -162,27 +271,55 @@ pub async fn schedule(
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             continue;
         };
-        let kind = match rng.u8(0..8) {
+        let kinds = if cluster.links.is_some() { 12 } else { 8 };
+        let kind = match rng.u8(0..kinds) {
             0..=1 => Kind::KillLeader,
             2..=3 => Kind::KillFollower,
             4 => Kind::KillMajority,
-            _ => Kind::PauseLeader,
+            5..=7 => Kind::PauseLeader,
+            8 => Kind::IsolateLeader,
+            9 => Kind::SplitLeaderMinority,
+            10 => Kind::CutLeaderToFollower,
+            _ => Kind::IsolateFollower,
         };
         let leader = cluster.leader(None).await;
         let n = cluster.len();
+        let follower = |rng: &mut fastrand::Rng| {
+            let followers: Vec<usize> = (0..n).filter(|&i| Some(i) != leader).collect();
+            followers[rng.usize(..followers.len())]
+        };
         let claimed = match kind {
-            Kind::KillLeader | Kind::PauseLeader => leader.and_then(|l| cluster.claim(Some(l), 1)),
-            Kind::KillFollower => {
-                let followers: Vec<usize> = (0..n).filter(|&i| Some(i) != leader).collect();
-                cluster.claim(Some(followers[rng.usize(..followers.len())]), 1)
+            Kind::KillLeader | Kind::PauseLeader | Kind::IsolateLeader => {
+                leader.and_then(|l| cluster.claim(Some(l), 1))
+            }
+            Kind::KillFollower | Kind::IsolateFollower => {
+                cluster.claim(Some(follower(&mut rng)), 1)
             }
             Kind::KillMajority => cluster.claim(leader, n / 2 + 1),
+            Kind::SplitLeaderMinority => leader.and_then(|l| cluster.claim(Some(l), (n - 1) / 2)),
+            // The leader first, then the follower it is cut from.
+            Kind::CutLeaderToFollower => leader.and_then(|l| {
+                let f = follower(&mut rng);
+                let got = cluster.claim(Some(l), 1)?;
+                match cluster.claim(Some(f), 1) {
+                    Some(more) => Some([got, more].concat()),
+                    None => {
+                        cluster.release(&got);
+                        None
+                    }
+                }
+            }),
         };
         let Some(nodes) = claimed else {
             sh.counts.bump("fault skipped (no leader or nodes busy)");
             continue;
         };
         let heal_after = match kind {
+            // As long as a pause, so a cut-off leader is often replaced and
+            // sometimes outlives its clients' sessions.
+            Kind::IsolateLeader | Kind::SplitLeaderMinority => {
+                sh.election_timeout.mul_f64(3.0 * rng.f64()) + sh.session_ttl.mul_f64(rng.f64())
+            }
             // Past an election (a follower waits one to two election
             // timeouts before it stands, and its vote may be refused while
             // the old leader's lease lasts: about 3.5 s in all with 1 s
@@ -219,21 +356,28 @@ async fn run_fault(
     let began = Instant::now();
     let heal_at = began + heal_after;
     let pause = matches!(kind, Kind::PauseLeader);
-    let hit = nodes.to_vec();
-    let done = with_nodes(cluster, move |n| {
-        for i in hit {
-            if pause {
-                n.pause(i);
-            } else {
-                n.kill(i);
-            }
+    let cut = partition(kind, nodes, cluster.len());
+    if kind.is_partition() {
+        if let Some(links) = &cluster.links {
+            links.hold(&cut, true);
         }
-    })
-    .await;
-    if !done {
-        sh.report.violation("fault failed", kind.name().to_string());
+    } else {
+        let hit = nodes.to_vec();
+        let done = with_nodes(cluster, move |n| {
+            for i in hit {
+                if pause {
+                    n.pause(i);
+                } else {
+                    n.kill(i);
+                }
+            }
+        })
+        .await;
+        if !done {
+            sh.report.violation("fault failed", kind.name().to_string());
+        }
     }
-    if matches!(kind, Kind::KillLeader | Kind::PauseLeader) {
+    if kind.hits_leader() {
         let old = nodes[0];
         loop {
             if Instant::now() >= heal_at {
@@ -251,6 +395,12 @@ async fn run_fault(
         }
     }
     tokio::time::sleep_until(heal_at).await;
+    if kind.is_partition() {
+        if let Some(links) = &cluster.links {
+            links.hold(&cut, false);
+        }
+        return;
+    }
     let hit = nodes.to_vec();
     let healed = with_nodes(cluster, move |n| {
         for i in hit {
@@ -265,6 +415,16 @@ async fn run_fault(
     if !healed {
         sh.report
             .violation("node did not come back", format!("after {}", kind.name()));
+    }
+}
+
+/// The links a partition freezes: `nodes` are those it claimed, the
+/// leader first where it hits the leader.
+fn partition(kind: Kind, nodes: &[usize], n: usize) -> Vec<(usize, usize)> {
+    match kind {
+        Kind::IsolateLeader | Kind::SplitLeaderMinority | Kind::IsolateFollower => across(nodes, n),
+        Kind::CutLeaderToFollower => vec![(nodes[0], nodes[1])],
+        _ => Vec::new(),
     }
 }
 

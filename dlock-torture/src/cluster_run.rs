@@ -4,7 +4,7 @@
 //! state, without a panic, exiting 0 on SIGTERM.
 
 use crate::cli::Args;
-use crate::cluster_faults::{self, Cluster};
+use crate::cluster_faults::{self, Cluster, Links};
 use crate::cluster_honest;
 use crate::history::{History, Register};
 use crate::report::Report;
@@ -101,13 +101,20 @@ pub async fn run(args: Args, nodes: u64) -> anyhow::Result<bool> {
         "--log-level".to_string(),
         "info".to_string(),
     ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut procs = NodeProcesses::prepare(bin, nodes, &flags);
+    let links = if args.no_partitions {
+        None
+    } else {
+        Some(Links::install(&mut procs).await)
+    };
     let procs = tokio::task::spawn_blocking(move || {
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        NodeProcesses::start(bin, nodes, &flags)
+        procs.start_all();
+        procs
     })
     .await
     .context("the nodes did not start")?;
-    let cluster = Arc::new(Cluster::new(procs));
+    let cluster = Arc::new(Cluster::new(procs, links));
     let began = std::time::Instant::now();
     let sh = Arc::new(ClusterWorkload {
         servers: cluster.nodes().servers(),

@@ -24,7 +24,7 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::RPCTypes;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -46,17 +46,25 @@ pub(crate) struct Network {
     cluster_id: Arc<str>,
     pool: Arc<Pool>,
     tls: Option<PeerTls>,
+    /// Test-only detours: node id to the address dialled instead of its own.
+    routes: Arc<BTreeMap<NodeId, String>>,
 }
 
 impl Network {
     /// The network of node `local` in cluster `cluster_id`, over `tls`
-    /// when given.
-    pub(crate) fn new(local: NodeId, cluster_id: &str, tls: Option<PeerTls>) -> Network {
+    /// when given, dialling `routes` instead of the named nodes' addresses.
+    pub(crate) fn new(
+        local: NodeId,
+        cluster_id: &str,
+        tls: Option<PeerTls>,
+        routes: BTreeMap<NodeId, String>,
+    ) -> Network {
         Network {
             local,
             cluster_id: cluster_id.into(),
             pool: Arc::default(),
             tls,
+            routes: Arc::new(routes),
         }
     }
 }
@@ -103,7 +111,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         PeerClient {
             net: self.clone(),
             target,
-            addr: node.peer_addr.clone(),
+            addr: self.routes.get(&target).unwrap_or(&node.peer_addr).clone(),
         }
     }
 }

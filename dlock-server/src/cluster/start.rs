@@ -98,7 +98,12 @@ impl Cluster {
         }
         .validate()
         .context("invalid cluster timing")?;
-        let network = Network::new(cfg.node_id, &cfg.cluster_id, cfg.peer_tls.clone());
+        let network = Network::new(
+            cfg.node_id,
+            &cfg.cluster_id,
+            cfg.peer_tls.clone(),
+            cfg.peer_routes.clone(),
+        );
         let raft = Raft::new(cfg.node_id, Arc::new(config), network, log, state_machine)
             .await
             .context("cannot start the consensus engine")?;

@@ -38,6 +38,8 @@ struct Node {
     client: SocketAddr,
     peer: SocketAddr,
     dir: PathBuf,
+    /// `--peer-route`s: the address this node dials for another node's id.
+    routes: Vec<(u64, SocketAddr)>,
     child: Option<Child>,
 }
 
@@ -78,6 +80,15 @@ impl NodeProcesses {
     /// # Panics
     /// A node that does not start: a broken build or machine.
     pub fn start(bin: impl Into<PathBuf>, n: u64, extra: &[&str]) -> NodeProcesses {
+        let mut c = NodeProcesses::prepare(bin, n, extra);
+        c.start_all();
+        c
+    }
+
+    /// Like [`NodeProcesses::start`], but starts nothing yet: the caller can
+    /// see every node's addresses and [`NodeProcesses::route`] links through
+    /// proxies first, then calls [`NodeProcesses::start_all`].
+    pub fn prepare(bin: impl Into<PathBuf>, n: u64, extra: &[&str]) -> NodeProcesses {
         let dirs = tempfile::tempdir().expect("a temporary directory");
         let nodes: Vec<Node> = (1..=n)
             .map(|id| Node {
@@ -85,6 +96,7 @@ impl NodeProcesses {
                 client: free_port(),
                 peer: free_port(),
                 dir: dirs.path().join(format!("node{id}")),
+                routes: Vec::new(),
                 child: None,
             })
             .collect();
@@ -93,18 +105,37 @@ impl NodeProcesses {
             .map(|n| format!("{}={}@{}", n.id, n.client, n.peer))
             .collect::<Vec<_>>()
             .join(",");
-        let mut c = NodeProcesses {
+        NodeProcesses {
             bin: bin.into(),
             nodes,
             members,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             panicked: Arc::new(AtomicBool::new(false)),
             _dirs: dirs,
-        };
-        for i in 0..c.nodes.len() {
-            c.restart(i);
         }
-        c
+    }
+
+    /// Makes node `from` dial `via` (a proxy the test controls, forwarding
+    /// to [`NodeProcesses::peer_addr`] of `to`) whenever it talks to node
+    /// `to`, from its next (re)start on. One proxy per direction gives the
+    /// test every partition: cut one link, one direction, or a whole side.
+    pub fn route(&mut self, from: usize, to: usize, via: SocketAddr) {
+        let to_id = self.nodes[to].id;
+        let routes = &mut self.nodes[from].routes;
+        routes.retain(|(id, _)| *id != to_id);
+        routes.push((to_id, via));
+    }
+
+    /// Starts every node that is not running, and waits until each listens.
+    ///
+    /// # Panics
+    /// A node that does not start.
+    pub fn start_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].child.is_none() {
+                self.restart(i);
+            }
+        }
     }
 
     /// Every node's client address, comma-separated, as `dlock -s` takes it.
@@ -150,6 +181,11 @@ impl NodeProcesses {
             .arg(n.peer.to_string())
             .arg("--initial-cluster")
             .arg(&self.members)
+            .args(
+                n.routes
+                    .iter()
+                    .flat_map(|(id, via)| ["--peer-route".to_owned(), format!("{id}={via}")]),
+            )
             .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
