@@ -38,6 +38,8 @@ struct Node {
     client: SocketAddr,
     peer: SocketAddr,
     dir: PathBuf,
+    /// The node's two ports, held until its first start.
+    reserved: Option<(TcpListener, TcpListener)>,
     /// `--peer-route`s: the address this node dials for another node's id.
     routes: Vec<(u64, SocketAddr)>,
     child: Option<Child>,
@@ -67,10 +69,12 @@ pub fn server_binary() -> PathBuf {
     bin
 }
 
-/// A loopback port nobody listens on now; the node binds it a moment later.
-fn free_port() -> SocketAddr {
+/// A loopback port nobody else listens on, kept bound (so no other socket
+/// of this process, such as a proxy started between `prepare` and the
+/// node's first start, is given it) until the node is about to bind it.
+fn free_port() -> (SocketAddr, TcpListener) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
-    l.local_addr().expect("a bound listener has an address")
+    (l.local_addr().expect("a bound listener has an address"), l)
 }
 
 impl NodeProcesses {
@@ -91,13 +95,18 @@ impl NodeProcesses {
     pub fn prepare(bin: impl Into<PathBuf>, n: u64, extra: &[&str]) -> NodeProcesses {
         let dirs = tempfile::tempdir().expect("a temporary directory");
         let nodes: Vec<Node> = (1..=n)
-            .map(|id| Node {
-                id,
-                client: free_port(),
-                peer: free_port(),
-                dir: dirs.path().join(format!("node{id}")),
-                routes: Vec::new(),
-                child: None,
+            .map(|id| {
+                let (client, client_hold) = free_port();
+                let (peer, peer_hold) = free_port();
+                Node {
+                    id,
+                    client,
+                    peer,
+                    reserved: Some((client_hold, peer_hold)),
+                    dir: dirs.path().join(format!("node{id}")),
+                    routes: Vec::new(),
+                    child: None,
+                }
             })
             .collect();
         let members = nodes
@@ -169,6 +178,8 @@ impl NodeProcesses {
     /// It is running, or does not start.
     pub fn restart(&mut self, i: usize) {
         assert!(self.nodes[i].child.is_none(), "node {i} is running");
+        // Let go of the ports just before the node binds them.
+        self.nodes[i].reserved = None;
         let n = &self.nodes[i];
         let mut cmd = Command::new(&self.bin);
         cmd.arg("--listen")
@@ -197,21 +208,36 @@ impl NodeProcesses {
         // Reads the log to its end, so the node never blocks on a full pipe.
         std::thread::spawn(move || {
             let mut up_tx = Some(up_tx);
+            // Until the node is up: its last lines, for the panic if it
+            // never is.
+            let mut early: Vec<String> = Vec::new();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if line.contains("panicked") {
                     panicked.store(true, Ordering::Relaxed);
                 }
                 if line.contains("dlock-server listening") {
                     if let Some(tx) = up_tx.take() {
-                        let _ = tx.send(());
+                        let _ = tx.send(Ok(()));
                     }
+                } else if up_tx.is_some() && early.len() < 20 {
+                    early.push(line);
                 }
             }
+            if let Some(tx) = up_tx.take() {
+                let _ = tx.send(Err(early.join("\n")));
+            }
         });
-        if up.recv_timeout(START_LIMIT).is_err() {
-            let _ = child.kill();
-            let status = child.wait();
-            panic!("node {} did not start: {status:?}", n.id);
+        match up.recv_timeout(START_LIMIT) {
+            Ok(Ok(())) => {}
+            outcome => {
+                let _ = child.kill();
+                let status = child.wait();
+                let log = match outcome {
+                    Ok(Err(log)) => log,
+                    _ => "(no exit within the start limit)".into(),
+                };
+                panic!("node {} did not start: {status:?}; its log:\n{log}", n.id);
+            }
         }
         self.nodes[i].child = Some(child);
     }
