@@ -98,6 +98,23 @@ pub enum Workload {
         #[arg(long, default_value_t = 1000)]
         pool: usize,
     },
+    /// N connections on a few hot keys, READERS percent of them taking
+    /// their key shared (or all under a semaphore of --limit); checks that
+    /// no writer shares a key and no semaphore overfills.
+    Shared {
+        #[arg(short = 'c', long, default_value_t = 32)]
+        connections: usize,
+        /// Percent of the locks that read (shared); the rest write.
+        #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(0..=100))]
+        readers: u8,
+        /// Hot keys the connections pick from.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        keys: u32,
+        /// Every lock shared under this limit: a semaphore (0: readers and
+        /// writers as --readers says).
+        #[arg(long, default_value_t = 0)]
+        limit: u32,
+    },
     /// Take COUNT keys (16-byte names) as leases, report server memory, release, report again.
     Hold {
         #[arg(long, default_value_t = 1_000_000)]

@@ -4,6 +4,7 @@ mod checks;
 mod cli;
 mod memory;
 mod rng;
+mod sharing;
 mod stats;
 mod workloads;
 
@@ -176,6 +177,34 @@ async fn measure(
                 .report("multikey", connections, &out.rec)
                 .with("keys_per_op", keys as u64)
                 .with("pool", pool as u64)
+                .with("violations", out.violations);
+            r.errors += out.violations;
+            r
+        }
+        Workload::Shared {
+            connections,
+            readers,
+            keys,
+            limit,
+        } => {
+            let mix = sharing::Mix {
+                readers_pct: readers,
+                keys: keys as usize,
+                limit,
+            };
+            let out = sharing::shared(target, ctl, connections, mix).await;
+            let name = if limit > 0 { "semaphore" } else { "shared" };
+            let mut r = server
+                .report(name, connections, &out.rec)
+                .with(
+                    "readers_pct",
+                    u64::from(if limit > 0 { 100 } else { readers }),
+                )
+                .with("keys", u64::from(keys))
+                .with("limit", u64::from(limit))
+                .with("reads", out.reads)
+                .with("writes", out.writes)
+                .with("most_holders_seen", out.most_holders)
                 .with("violations", out.violations);
             r.errors += out.violations;
             r
