@@ -34,7 +34,7 @@ from .errors import (
     Timeout,
 )
 from .sync import Client, Lock
-from .types import KeyInfo, Limits, ServerStats
+from .types import KeyHolder, KeyInfo, Limits, ServerStats
 
 __version__ = "0.1.0"
 
@@ -44,6 +44,7 @@ __all__ = [
     "ConnectError",
     "ConnectionLost",
     "DlockError",
+    "KeyHolder",
     "KeyInfo",
     "Limits",
     "Lock",

@@ -55,6 +55,8 @@ __all__ = ["Client", "connect"]
 
 
 Keys = Union[str, Iterable[str]]
+#: Which keys a Lock takes shared: all (True), none (False), or those named.
+Shared = Union[bool, str, Iterable[str]]
 T = TypeVar("T")
 
 
@@ -63,6 +65,28 @@ def _keys(keys: Keys) -> List[str]:
     if isinstance(keys, str):
         return [keys]
     return list(keys)
+
+
+def _share(body: "pb.RequestLock", keys: List[str], shared: Shared, limit: int) -> None:
+    """Sets which of `keys` are taken shared, and the semaphore's limit.
+
+    Left unset for an exclusive Lock, so its encoding is what every older
+    client sends."""
+    if limit < 0:
+        raise ValueError(f"limit {limit} must not be negative")
+    if shared is True:
+        names = list(keys)
+    elif shared is False:
+        names = []
+    else:
+        names = _keys(shared)
+        stray = [k for k in names if k not in keys]
+        if stray:
+            raise ValueError(f"shared keys {stray!r} are not among the keys locked")
+    if limit and not names:
+        raise ValueError("limit needs shared keys (a semaphore is a shared lock)")
+    body.shared_keys.extend(names)
+    body.limit = limit
 
 
 def _micros(seconds: float) -> int:
@@ -180,6 +204,8 @@ class Client:
         wait: Optional[float] = None,
         lease: Optional[float] = None,
         renew: bool = True,
+        shared: Shared = False,
+        limit: int = 0,
     ) -> "_AwaitableContext[Lock]":
         """Takes all `keys` at once (one key or an iterable of keys).
 
@@ -187,11 +213,18 @@ class Client:
         fails at once (try-lock). `lease`: seconds; None holds the keys until
         unlocked or until the connection ends, a number takes a lease that
         outlives the connection and, with `renew`, is renewed in the
-        background. Use as `lock = await client.lock(...)` or
-        `async with client.lock(...) as lock:` (unlocked on leaving).
+        background. `shared`: True takes every key shared (a reader lock: any
+        number of shared holders, or one exclusive holder), or name the keys
+        to take shared (the others exclusively). `limit`: with `shared`, at
+        most this many holders of each shared key at once (a semaphore);
+        everyone sharing a key must name the same limit. Use as
+        `lock = await client.lock(...)` or `async with client.lock(...) as
+        lock:` (unlocked on leaving).
 
         Raises `Timeout` (with the busy keys) when the wait runs out,
-        `ServerError` for invalid keys or a server limit, `ConnectionLost`.
+        `ServerError` for invalid keys or a server limit (`ModeConflict` when
+        this connection holds a key in the other mode, `LimitMismatch` when
+        the key's holders agreed on another limit), `ConnectionLost`.
         Cancel-safe: a grant that arrives after the call was cancelled is
         released at once.
         """
@@ -199,12 +232,21 @@ class Client:
         async def unlock(lock: Lock, failed: bool) -> None:
             await lock._leave(failed)
 
-        return _AwaitableContext(lambda: self._acquire(keys, wait, lease, renew), unlock)
+        return _AwaitableContext(lambda: self._acquire(keys, wait, lease, renew, shared, limit), unlock)
 
-    async def try_lock(self, keys: Keys, *, lease: Optional[float] = None, renew: bool = True) -> Optional[Lock]:
-        """Takes `keys` if all are free now; None if any is busy."""
+    async def try_lock(
+        self,
+        keys: Keys,
+        *,
+        lease: Optional[float] = None,
+        renew: bool = True,
+        shared: Shared = False,
+        limit: int = 0,
+    ) -> Optional[Lock]:
+        """Takes `keys` if all are free now; None if any is busy. `shared`
+        and `limit` as for `lock`."""
         try:
-            return await self._acquire(keys, 0, lease, renew)
+            return await self._acquire(keys, 0, lease, renew, shared, limit)
         except Timeout:
             return None
 
@@ -256,9 +298,18 @@ class Client:
 
     # -- locks ------------------------------------------------------------
 
-    async def _acquire(self, keys: Keys, wait: Optional[float], lease: Optional[float], renew: bool) -> Lock:
+    async def _acquire(
+        self,
+        keys: Keys,
+        wait: Optional[float],
+        lease: Optional[float],
+        renew: bool,
+        shared: Shared = False,
+        limit: int = 0,
+    ) -> Lock:
         keys = _keys(keys)
         body = pb.RequestLock(keys=keys)
+        _share(body, keys, shared, limit)
         if wait is not None:
             if wait < 0:
                 raise ValueError(f"wait {wait} must not be negative")

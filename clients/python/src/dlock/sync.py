@@ -87,18 +87,29 @@ class Client:
         wait: Optional[float] = None,
         lease: Optional[float] = None,
         renew: bool = True,
+        shared: aio.Shared = False,
+        limit: int = 0,
     ) -> "Lock":
         """Takes all `keys` at once; see `dlock.aio.Client.lock`.
 
         Blocks until granted; use as `with client.lock("jobs/nightly", wait=30) as lock:`.
         Ctrl-C while waiting withdraws the request.
         """
-        lock = self._run(self._aio._acquire(keys, wait, lease, renew))
+        lock = self._run(self._aio._acquire(keys, wait, lease, renew, shared, limit))
         return Lock(self, lock, threading.Event())
 
-    def try_lock(self, keys: aio.Keys, *, lease: Optional[float] = None, renew: bool = True) -> "Optional[Lock]":
-        """Takes `keys` if all are free now; None if any is busy."""
-        lock = self._run(self._aio.try_lock(keys, lease=lease, renew=renew))
+    def try_lock(
+        self,
+        keys: aio.Keys,
+        *,
+        lease: Optional[float] = None,
+        renew: bool = True,
+        shared: aio.Shared = False,
+        limit: int = 0,
+    ) -> "Optional[Lock]":
+        """Takes `keys` if all are free now; None if any is busy. `shared`
+        and `limit` as for `lock`."""
+        lock = self._run(self._aio.try_lock(keys, lease=lease, renew=renew, shared=shared, limit=limit))
         return None if lock is None else Lock(self, lock, threading.Event())
 
     def unlock(self, keys: aio.Keys, fence: int) -> None:

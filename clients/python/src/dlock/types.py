@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from ._proto import dlock_pb2 as pb
 
@@ -50,11 +50,33 @@ DEFAULT_LIMITS = Limits(
 
 
 @dataclass(frozen=True)
+class KeyHolder:
+    """One holder of a key held shared."""
+
+    fence: int
+    #: Seconds left on this holder's lease; None when held without lease.
+    lease_remaining: Optional[float]
+    held_by_caller: bool
+    #: `ip:port` of the holder's connection, when it is connected.
+    holder_addr: Optional[str]
+
+    @classmethod
+    def from_proto(cls, h: "pb.KeyHolder") -> "KeyHolder":
+        return cls(
+            fence=h.fence,
+            lease_remaining=_seconds(h.lease_remaining_micro) if h.lease_remaining_micro else None,
+            held_by_caller=h.held_by_caller,
+            holder_addr=h.holder_addr or None,
+        )
+
+
+@dataclass(frozen=True)
 class KeyInfo:
     """One key as Inspect describes it."""
 
     key: str
-    #: Fencing token of the holder; 0 when the key is free.
+    #: Fencing token of the holder (of a key held shared: the latest
+    #: holder's); 0 when the key is free.
     fence: int
     #: Seconds left on the holder's lease; None when free or held without lease.
     lease_remaining: Optional[float]
@@ -62,6 +84,12 @@ class KeyInfo:
     held_by_caller: bool
     #: `ip:port` of the holder's connection, when it is connected.
     holder_addr: Optional[str]
+    #: Held shared (by readers, or as a semaphore).
+    shared: bool = False
+    #: The limit the shared holders agreed on; 0 is no limit.
+    limit: int = 0
+    #: Every holder of a key held shared, by fence; empty otherwise.
+    holders: Tuple[KeyHolder, ...] = ()
 
     @property
     def held(self) -> bool:
@@ -76,6 +104,9 @@ class KeyInfo:
             waiters=info.waiters,
             held_by_caller=info.held_by_caller,
             holder_addr=info.holder_addr or None,
+            shared=info.shared,
+            limit=info.limit,
+            holders=tuple(KeyHolder.from_proto(h) for h in info.holders),
         )
 
 
