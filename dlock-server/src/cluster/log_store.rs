@@ -35,6 +35,12 @@ const VOTE: &str = "vote";
 const PURGED: &str = "purged";
 const COMMITTED: &str = "committed";
 
+/// A file created beside `raft.redb` after its first commit of a vote or
+/// an entry. A log that is empty while it exists has lost what it held (a
+/// file cut short, replaced or deleted): such a node could vote twice in one
+/// term, so it must not start (see `start::open_data_dir`).
+pub(crate) const WRITTEN_MARKER: &str = "raft.redb.written";
+
 /// The log store is small (entries up to the next snapshot, 10,000 by
 /// default): redb's default 1 GiB page cache would be mostly empty.
 const CACHE_BYTES: usize = 64 << 20;
@@ -77,6 +83,8 @@ pub(crate) struct LogStore {
     committed: Arc<AtomicU64>,
     /// Appended entries the writer has not committed yet.
     pending: Pending,
+    /// Whether [`WRITTEN_MARKER`] was there when the file was opened.
+    written_before: bool,
     /// Declared last, so it is dropped last: its drop waits for the writer
     /// thread, which holds the file open until it ends.
     writer: Writer,
@@ -104,8 +112,15 @@ impl LogStore {
         txn.commit().map_err(redb)?;
         let db = Arc::new(db);
         let pending = Pending::default();
+        let marker = dir.join(WRITTEN_MARKER);
+        let written_before = marker.exists();
         let store = LogStore {
-            writer: Writer::start(db.clone(), pending.clone())?,
+            writer: Writer::start(
+                db.clone(),
+                pending.clone(),
+                (!written_before).then_some(marker),
+            )?,
+            written_before,
             db,
             committed: Arc::new(AtomicU64::new(0)),
             pending,
@@ -123,6 +138,12 @@ impl LogStore {
         let txn = self.db.begin_read().map_err(redb)?;
         let log = txn.open_table(LOG).map_err(redb)?;
         Ok(vote.is_none() && purged.is_none() && log.is_empty().map_err(redb)?)
+    }
+
+    /// Whether the log held a vote or entries before and holds nothing now:
+    /// the file lost what was written to it.
+    pub(crate) fn lost_its_writes(&self) -> Result<bool, DiskError> {
+        Ok(self.written_before && self.is_fresh()?)
     }
 
     /// The handle to the last committed index, shared with status reports.

@@ -16,6 +16,7 @@ use super::types::{Entry, LogId, TypeConfig};
 use openraft::storage::LogFlushed;
 use redb::{Database, Durability, WriteTransaction};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use tokio::sync::{mpsc, oneshot};
@@ -70,11 +71,17 @@ impl Writer {
     ///
     /// # Errors
     /// The thread cannot be spawned.
-    pub(crate) fn start(db: Arc<Database>, pending: Pending) -> Result<Writer, DiskError> {
+    /// `marker`, when given, is created (and synced) after the first
+    /// commit: see [`super::log_store::WRITTEN_MARKER`].
+    pub(crate) fn start(
+        db: Arc<Database>,
+        pending: Pending,
+        marker: Option<PathBuf>,
+    ) -> Result<Writer, DiskError> {
         let (tx, rx) = mpsc::channel(QUEUE);
         let thread = std::thread::Builder::new()
             .name("raft-log-writer".into())
-            .spawn(move || run(&db, &pending, rx))
+            .spawn(move || run(&db, &pending, rx, marker))
             .map_err(DiskError::Io)?;
         Ok(Writer {
             tx: Some(tx),
@@ -151,7 +158,26 @@ fn commit(db: &Database, durability: Durability, change: Change) -> Result<(), D
     txn.commit().map_err(redb)
 }
 
-fn run(db: &Database, pending: &Pending, mut rx: mpsc::Receiver<Op>) {
+/// Creates the marker once a commit succeeded; on failure keeps it for the
+/// next commit.
+fn mark_written(marker: &mut Option<PathBuf>) {
+    let Some(path) = marker.take() else {
+        return;
+    };
+    let written = std::fs::File::create(&path)
+        .and_then(|f| f.sync_all())
+        .and_then(|()| match path.parent() {
+            // The new name must be durable too.
+            Some(dir) => std::fs::File::open(dir).and_then(|d| d.sync_all()),
+            None => Ok(()),
+        });
+    if let Err(e) = written {
+        tracing::warn!(error = %e, path = %path.display(), "cannot create the log's written-marker; will retry");
+        *marker = Some(path);
+    }
+}
+
+fn run(db: &Database, pending: &Pending, mut rx: mpsc::Receiver<Op>, mut marker: Option<PathBuf>) {
     let mut next = None;
     loop {
         let op = match next.take() {
@@ -168,6 +194,9 @@ fn run(db: &Database, pending: &Pending, mut rx: mpsc::Receiver<Op>) {
                 done,
             } => {
                 let result = commit(db, durability, change);
+                if result.is_ok() {
+                    mark_written(&mut marker);
+                }
                 if let Err(Err(e)) = done.send(result) {
                     // Nobody waits for this one (see `write_detached`).
                     tracing::error!(error = %e, "cannot write to the raft log");
@@ -210,6 +239,7 @@ fn run(db: &Database, pending: &Pending, mut rx: mpsc::Receiver<Op>) {
         );
         match written {
             Ok(()) => {
+                mark_written(&mut marker);
                 {
                     let mut pending = pending.lock();
                     for id in ids {

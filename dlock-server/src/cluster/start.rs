@@ -45,10 +45,82 @@ fn open_data_dir(
         .with_context(|| format!("cannot open {}", dir.join("raft.redb").display()))?;
     let (file, found) = SnapshotFile::open(dir)
         .with_context(|| format!("cannot read the snapshot in {}", dir.display()))?;
+    if log.lost_its_writes().context("cannot read raft.redb")? {
+        anyhow::bail!(
+            "the data directory {} is damaged: raft.redb holds no vote and no entry although \
+             {} says it was written to (the file was cut short, replaced or deleted). A node \
+             that forgot its vote could vote twice in one term, so it does not start. Restore \
+             raft.redb from a backup, or remove this node from the cluster (dlock cluster \
+             remove), and add a node with an empty data directory and a new id in its place \
+             (dlock cluster add)",
+            dir.display(),
+            super::log_store::WRITTEN_MARKER
+        );
+    }
     let fresh = found.is_none() && log.is_fresh().context("cannot read raft.redb")?;
     let state_machine = StateMachine::open(file, found, limits, first_fence, sessions, sink)
         .with_context(|| format!("cannot restore the snapshot in {}", dir.display()))?;
     Ok((log, state_machine, fresh))
+}
+
+/// [`open_data_dir`], with a panic inside it turned into an error that
+/// names the data directory and says what to do. redb 2.x asserts, rather
+/// than returning an error, on some damaged files (one cut short, for
+/// example): a node must refuse to start from such a file with a clear
+/// message, not crash with a backtrace. Blocking; call it at start, before
+/// anything else could panic on this thread.
+fn open_data_dir_guarded(
+    dir: &Path,
+    limits: TableLimits,
+    first_fence: u64,
+    sessions: bool,
+    sink: ApplySink,
+) -> anyhow::Result<(LogStore, StateMachine, bool)> {
+    type Hook = Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send>;
+    let opener = std::thread::current().id();
+    let previous: Arc<Hook> = Arc::new(std::panic::take_hook());
+    let caught = Arc::new(std::sync::Mutex::new(String::new()));
+    {
+        let (previous, caught) = (previous.clone(), caught.clone());
+        // Only this thread's panic is kept quiet; any other goes on as
+        // before.
+        std::panic::set_hook(Box::new(move |info| {
+            if std::thread::current().id() == opener {
+                // The message and where, not the hook's "panicked at"
+                // wording: this is a refusal to start, not a crash.
+                let p = info.payload();
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                let place = info
+                    .location()
+                    .map(|l| format!(" ({l})"))
+                    .unwrap_or_default();
+                if let Ok(mut c) = caught.lock() {
+                    *c = format!("{msg}{place}");
+                }
+            } else {
+                previous(info);
+            }
+        }));
+    }
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        open_data_dir(dir, limits, first_fence, sessions, sink)
+    }));
+    drop(std::panic::take_hook());
+    std::panic::set_hook(Box::new(move |info| previous(info)));
+    outcome.unwrap_or_else(|_| {
+        let what = caught.lock().map(|c| c.clone()).unwrap_or_default();
+        Err(anyhow::anyhow!(
+            "the data directory {} is damaged and this node cannot start from it \
+             (the storage engine failed: {what}). Restore it from a backup, or remove this \
+             node from the cluster (dlock cluster remove), and add a node with an empty data \
+             directory and a new id in its place (dlock cluster add)",
+            dir.display()
+        ))
+    })
 }
 
 impl Cluster {
@@ -77,7 +149,7 @@ impl Cluster {
             let dir = dir.clone();
             let (limits, first_fence, sessions) = (cfg.limits, cfg.first_fence, cfg.sessions);
             tokio::task::spawn_blocking(move || {
-                open_data_dir(&dir, limits, first_fence, sessions, sink)
+                open_data_dir_guarded(&dir, limits, first_fence, sessions, sink)
             })
             .await
             .context("opening the data directory")??

@@ -171,12 +171,34 @@ impl NodeProcesses {
         self.nodes.iter().position(|n| n.client.to_string() == addr)
     }
 
+    /// The node whose `--node-id` is `id`.
+    pub fn index_of_id(&self, id: u64) -> Option<usize> {
+        self.nodes.iter().position(|n| n.id == id)
+    }
+
     /// Starts node `i` (again), on its old ports and data dir, and waits
     /// until it listens.
     ///
     /// # Panics
     /// It is running, or does not start.
     pub fn restart(&mut self, i: usize) {
+        if let Err(why) = self.try_restart(i) {
+            panic!("{why}");
+        }
+    }
+
+    /// Node `i`'s data directory.
+    pub fn data_dir(&self, i: usize) -> &Path {
+        &self.nodes[i].dir
+    }
+
+    /// Like [`NodeProcesses::restart`], but a node that exits (or does not
+    /// listen in time) is an `Err` with its exit status and first log
+    /// lines: what a test that damaged its data dir expects to read.
+    ///
+    /// # Panics
+    /// It is running, or cannot be spawned.
+    pub fn try_restart(&mut self, i: usize) -> Result<(), String> {
         assert!(self.nodes[i].child.is_none(), "node {i} is running");
         // Let go of the ports just before the node binds them.
         self.nodes[i].reserved = None;
@@ -236,10 +258,14 @@ impl NodeProcesses {
                     Ok(Err(log)) => log,
                     _ => "(no exit within the start limit)".into(),
                 };
-                panic!("node {} did not start: {status:?}; its log:\n{log}", n.id);
+                return Err(format!(
+                    "node {} did not start: {status:?}; its log:\n{log}",
+                    n.id
+                ));
             }
         }
         self.nodes[i].child = Some(child);
+        Ok(())
     }
 
     /// SIGKILL to node `i`, and waits for it to be gone.
