@@ -2,8 +2,8 @@
 //! between them, which nodes a fault holds, who leads, and the faults
 //! themselves (SIGKILL of the leader, of a follower, of a majority; SIGSTOP
 //! of the leader; partitions: the leader isolated, the leader's side of a
-//! split in the minority, one direction of a link cut, a follower cut off),
-//! each healed after a random time.
+//! split in the minority, one direction of a link cut, a follower cut off;
+//! a follower's log file cut short), each healed after a random time.
 
 use crate::cluster_run::ClusterWorkload;
 use dlock::proto::{ClusterInfo, RequestType, ResponseStatus};
@@ -213,6 +213,10 @@ enum Kind {
     CutLeaderToFollower,
     /// Every link of one follower frozen.
     IsolateFollower,
+    /// A follower killed, its log file cut short, and started again: it
+    /// must refuse with a clear message (or start and catch up); then the
+    /// file is put back and it restarts.
+    DamageFollowerLog,
 }
 
 impl Kind {
@@ -226,6 +230,7 @@ impl Kind {
             Kind::SplitLeaderMinority => "partition: leader in the minority",
             Kind::CutLeaderToFollower => "partition: leader -> follower cut one way",
             Kind::IsolateFollower => "partition: follower isolated",
+            Kind::DamageFollowerLog => "follower's log file cut short",
         }
     }
 
@@ -271,15 +276,17 @@ pub async fn schedule(
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             continue;
         };
-        let kinds = if cluster.links.is_some() { 12 } else { 8 };
+        let kinds = if cluster.links.is_some() { 13 } else { 9 };
         let kind = match rng.u8(0..kinds) {
             0..=1 => Kind::KillLeader,
-            2..=3 => Kind::KillFollower,
+            2 => Kind::KillFollower,
+            3 => Kind::DamageFollowerLog,
             4 => Kind::KillMajority,
             5..=7 => Kind::PauseLeader,
-            8 => Kind::IsolateLeader,
-            9 => Kind::SplitLeaderMinority,
-            10 => Kind::CutLeaderToFollower,
+            8 => Kind::KillFollower,
+            9 => Kind::IsolateLeader,
+            10 => Kind::SplitLeaderMinority,
+            11 => Kind::CutLeaderToFollower,
             _ => Kind::IsolateFollower,
         };
         let leader = cluster.leader(None).await;
@@ -292,7 +299,7 @@ pub async fn schedule(
             Kind::KillLeader | Kind::PauseLeader | Kind::IsolateLeader => {
                 leader.and_then(|l| cluster.claim(Some(l), 1))
             }
-            Kind::KillFollower | Kind::IsolateFollower => {
+            Kind::KillFollower | Kind::IsolateFollower | Kind::DamageFollowerLog => {
                 cluster.claim(Some(follower(&mut rng)), 1)
             }
             Kind::KillMajority => cluster.claim(leader, n / 2 + 1),
@@ -333,9 +340,11 @@ pub async fn schedule(
         if matches!(kind, Kind::PauseLeader) && heal_after > sh.session_ttl {
             sh.counts.bump("SIGSTOP leader past the session TTL");
         }
+        // How much of a damaged log file is kept.
+        let fraction = rng.f64();
         let (sh, cluster) = (sh.clone(), cluster.clone());
         set.spawn(async move {
-            run_fault(kind, &nodes, heal_after, &sh, &cluster).await;
+            run_fault(kind, &nodes, heal_after, fraction, &sh, &cluster).await;
             cluster.release(&nodes);
             drop(permit);
         });
@@ -349,6 +358,7 @@ async fn run_fault(
     kind: Kind,
     nodes: &[usize],
     heal_after: Duration,
+    fraction: f64,
     sh: &ClusterWorkload,
     cluster: &Arc<Cluster>,
 ) {
@@ -357,7 +367,18 @@ async fn run_fault(
     let heal_at = began + heal_after;
     let pause = matches!(kind, Kind::PauseLeader);
     let cut = partition(kind, nodes, cluster.len());
-    if kind.is_partition() {
+    let mut saved = None;
+    if let Kind::DamageFollowerLog = kind {
+        let i = nodes[0];
+        match with_nodes_value(cluster, move |n| damage_log(n, i, fraction)).await {
+            Some(Ok((whole, outcome))) => {
+                sh.counts.bump(outcome);
+                saved = Some(whole);
+            }
+            Some(Err(why)) => sh.report.violation("damaged log", why),
+            None => sh.report.violation("fault failed", kind.name().to_string()),
+        }
+    } else if kind.is_partition() {
         if let Some(links) = &cluster.links {
             links.hold(&cut, true);
         }
@@ -395,6 +416,26 @@ async fn run_fault(
         }
     }
     tokio::time::sleep_until(heal_at).await;
+    if let Some(whole) = saved {
+        let i = nodes[0];
+        let back = with_nodes_value(cluster, move |n| {
+            std::fs::write(n.data_dir(i).join("raft.redb"), whole)
+                .map_err(|e| e.to_string())
+                .and_then(|()| n.try_restart(i))
+        })
+        .await;
+        match back {
+            Some(Ok(())) => {}
+            Some(Err(why)) => sh.report.violation(
+                "node did not come back",
+                format!("with its log restored: {why}"),
+            ),
+            None => sh
+                .report
+                .violation("node did not come back", "with its log restored".into()),
+        }
+        return;
+    }
     if kind.is_partition() {
         if let Some(links) = &cluster.links {
             links.hold(&cut, false);
@@ -426,6 +467,53 @@ fn partition(kind: Kind, nodes: &[usize], n: usize) -> Vec<(usize, usize)> {
         Kind::CutLeaderToFollower => vec![(nodes[0], nodes[1])],
         _ => Vec::new(),
     }
+}
+
+/// Kills node `i`, keeps its log file, cuts it to `fraction` of its length
+/// and starts the node on it. A refusal that names the damage, or a start
+/// (the node then catches up, or the final checks find it did not), is
+/// fine; the node is stopped again either way, and the whole file returned
+/// to be put back at the heal. Any other outcome is an `Err`.
+fn damage_log(
+    n: &mut NodeProcesses,
+    i: usize,
+    fraction: f64,
+) -> Result<(Vec<u8>, &'static str), String> {
+    n.kill(i);
+    let file = n.data_dir(i).join("raft.redb");
+    let whole = std::fs::read(&file).map_err(|e| format!("read {}: {e}", file.display()))?;
+    let cut = ((whole.len() as f64) * fraction) as usize;
+    std::fs::write(&file, &whole[..cut.min(whole.len())])
+        .map_err(|e| format!("cut {}: {e}", file.display()))?;
+    let outcome = match n.try_restart(i) {
+        Err(why) if why.contains("is damaged") || why.contains("cannot open") => {
+            "damaged log: start refused"
+        }
+        Err(why) => {
+            // Put the file back before reporting, so the run can go on.
+            let _ = std::fs::write(&file, &whole);
+            return Err(format!(
+                "cut to {cut} bytes, the refusal does not say why: {why}"
+            ));
+        }
+        Ok(()) => {
+            n.kill(i);
+            "damaged log: started anyway"
+        }
+    };
+    Ok((whole, outcome))
+}
+
+/// [`with_nodes`] for a closure that returns something; `None` if it
+/// panicked.
+async fn with_nodes_value<T: Send + 'static>(
+    cluster: &Arc<Cluster>,
+    f: impl FnOnce(&mut NodeProcesses) -> T + Send + 'static,
+) -> Option<T> {
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || f(&mut c.nodes()))
+        .await
+        .ok()
 }
 
 /// Runs `f` on the node processes on a blocking thread (a restart waits
