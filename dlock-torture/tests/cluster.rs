@@ -1,7 +1,8 @@
 //! The cluster torture in every `cargo test --workspace`: three node
-//! processes killed and paused under honest clients for 45 s, with the seed
-//! that found the UnknownSession loop (see docs/RELIABILITY.md, "Cluster
-//! torture"); zero violations required. It needs the `dlock-server` binary
+//! processes killed, paused, partitioned and given a damaged log under
+//! honest clients for 60 s, with the seed that found the UnknownSession
+//! loop (see docs/RELIABILITY.md, "Cluster torture"); zero violations
+//! required. It needs the `dlock-server` binary
 //! beside `dlock-torture`, which `cargo test --workspace` builds.
 
 use std::process::Command;
@@ -13,7 +14,7 @@ fn cluster_run_has_no_violations() {
             "--cluster",
             "3",
             "--duration",
-            "45s",
+            "60s",
             "--clients",
             "8",
             "--fault-every",
@@ -46,6 +47,11 @@ fn cluster_run_has_no_violations() {
         "SIGKILL follower",
         "SIGKILL majority",
         "SIGSTOP leader",
+        "partition: leader isolated",
+        "partition: leader in the minority",
+        "partition: leader -> follower cut one way",
+        "partition: follower isolated",
+        "follower's log file cut short",
     ]
     .iter()
     .map(|k| count(k))
