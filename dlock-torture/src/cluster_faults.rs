@@ -270,7 +270,7 @@ pub async fn schedule(
         let pause = every.mul_f64(rng.f64() * 2.0);
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
-            _ = tokio::time::sleep_until(sh.stop_at) => break,
+            _ = tokio::time::sleep_until(sh.faults_until) => break,
         }
         while set.try_join_next().is_some() {}
         let Ok(permit) = limit.clone().try_acquire_owned() else {
@@ -350,6 +350,11 @@ pub async fn schedule(
         });
     }
     while set.join_next().await.is_some() {}
+    // Every fault has healed. Sessions that were already doomed may still
+    // end within a TTL, and a node that was cut off may force one more
+    // election when it returns: past that, the cluster is whole.
+    let settled = Instant::now() + sh.session_ttl + sh.election_timeout * 4;
+    *sh.calm_from.lock().unwrap_or_else(|p| p.into_inner()) = Some(settled);
 }
 
 /// Does one fault on `nodes` (claimed), measures the failover when it hit

@@ -145,6 +145,10 @@ async fn round(client: u64, c: &Client, sh: &ClusterWorkload, rng: &mut fastrand
 /// sessions), or a violation.
 fn session_or_violation(client: u64, sh: &ClusterWorkload, what: &str, e: Error) {
     match e {
+        Error::ConnectionLost(e) if sh.is_calm() => sh.report.violation(
+            "session lost with every node up",
+            format!("client {client}: {what}: {e}"),
+        ),
         Error::ConnectionLost(_) => sh.counts.bump("sessions lost"),
         Error::Connect { .. } | Error::ConnectTimeout { .. } | Error::Unreachable { .. } => {
             sh.counts.bump("connect failed (no leader)")
@@ -215,6 +219,15 @@ async fn hold(
         });
     }
     if let Some(why) = lost {
+        // A session that ends while the cluster is whole is a failure; a
+        // guard in jeopardy is the client's caution on a slow machine, and
+        // counted.
+        if matches!(why, Lost::ConnectionLost(_)) && sh.is_calm() {
+            sh.report.violation(
+                "session lost with every node up",
+                format!("client {client}: fence {}: {why:?}", guard.fence()),
+            );
+        }
         sh.counts.bump(match why {
             Lost::ConnectionLost(_) => "locks lost: session ended",
             Lost::Jeopardy { .. } => "locks lost: jeopardy",

@@ -44,6 +44,12 @@ pub struct ClusterWorkload {
     /// How long clients' sessions went without a connection.
     pub resumes: Mutex<Vec<Duration>>,
     pub stop_at: Instant,
+    /// No fault starts after this: the end of the run is calm.
+    pub faults_until: Instant,
+    /// Set once every fault has healed and the cluster had time to settle:
+    /// from then on every node is up and reachable, so a session lost is a
+    /// violation, not a count.
+    pub calm_from: Mutex<Option<Instant>>,
     pub session_ttl: Duration,
     pub election_timeout: Duration,
 }
@@ -126,6 +132,8 @@ pub async fn run(args: Args, nodes: u64) -> anyhow::Result<bool> {
         failovers: Mutex::new(Vec::new()),
         resumes: Mutex::new(Vec::new()),
         stop_at: Instant::now() + args.duration,
+        faults_until: Instant::now() + args.duration - calm_length(args.duration),
+        calm_from: Mutex::new(None),
         session_ttl: args.session_ttl,
         election_timeout: args.election_timeout,
     });
@@ -170,11 +178,38 @@ pub async fn run(args: Args, nodes: u64) -> anyhow::Result<bool> {
         ("same applied index", converged),
         ("failovers", spread(&sh.failovers)),
         ("sessions resumed after", spread(&sh.resumes)),
+        ("calm end checked", sh.calm_checked()),
     ];
     let counts = sh.counts.lines();
     header.extend(counts.iter().map(|(k, v)| (*k, v.to_string())));
     print!("{}", sh.report.summary(&header));
     Ok(sh.report.violation_count() == 0)
+}
+
+/// The fault-free end of a run: a third of it, at most 30 s.
+fn calm_length(run: Duration) -> Duration {
+    (run / 3).min(Duration::from_secs(30))
+}
+
+impl ClusterWorkload {
+    /// Whether every fault has healed and the cluster has settled: see
+    /// `calm_from`.
+    pub fn is_calm(&self) -> bool {
+        self.calm_from
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|t| Instant::now() >= t)
+    }
+
+    /// How long the calm lasted, for the summary.
+    fn calm_checked(&self) -> String {
+        match *self.calm_from.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(t) if t < self.stop_at => {
+                format!("{:.1}s", (self.stop_at - t).as_secs_f64())
+            }
+            _ => "none (the faults healed too late)".into(),
+        }
+    }
 }
 
 /// "n, p50 .., max .." of some durations.
