@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Shared locks and semaphores under load (issue 17), each beside a reference
 # measured in the same run against the same server: 32 connections on one
-# hot key, all writers (the reference), 90 % readers, and a semaphore of 4.
-# Rounds alternate so that drift on a shared machine hits every mode alike.
+# hot key, all writers (the reference), 90 % readers, and a semaphore of 4;
+# first with holds of 1 ms (where sharing pays), then unlocking at once
+# (where only the server's cost per request counts). Rounds alternate so
+# that drift on a shared machine hits every mode alike.
 #
 # Usage: bench/shared.sh [SECONDS_PER_RUN] [ROUNDS]   (defaults 3 and 3)
 set -euo pipefail
@@ -26,11 +28,13 @@ run() {
   "$BENCH" --server "$ADDR" --server-pid "$PID" --duration "${SECS}s" --json shared -c 32 "$@" |
     python3 -c 'import json,sys; r=json.load(sys.stdin); e=r["extra"]; l=r["latency"]; s=r.get("server") or {}; print(round(r["ops_per_sec"]), l["p50_us"], l["p99_us"], round(s.get("cpu_us_per_op", 0), 1), e["most_holders_seen"], e["violations"])'
 }
-printf '%-6s %-22s %10s %8s %8s %10s %8s %6s\n' round mode ops/s p50_us p99_us cpu_us/op holders viol
+printf '%-6s %-30s %10s %8s %8s %10s %8s %6s\n' round mode ops/s p50_us p99_us cpu_us/op holders viol
+for hold in 1ms 0s; do
 for r in $(seq "$ROUNDS"); do
-  for mode in "--readers 0" "--readers 90" "--limit 4"; do
+  for mode in "--readers 0 --hold $hold" "--readers 90 --hold $hold" "--limit 4 --hold $hold"; do
     # shellcheck disable=SC2086
     read -r ops p50 p99 cpu most viol < <(run $mode)
-    printf '%-6s %-22s %10s %8s %8s %10s %8s %6s\n' "$r" "$mode" "$ops" "$p50" "$p99" "$cpu" "$most" "$viol"
+    printf '%-6s %-30s %10s %8s %8s %10s %8s %6s\n' "$r" "$mode" "$ops" "$p50" "$p99" "$cpu" "$most" "$viol"
   done
+done
 done

@@ -114,6 +114,10 @@ pub enum Workload {
         /// writers as --readers says).
         #[arg(long, default_value_t = 0)]
         limit: u32,
+        /// How long each holder keeps its key before unlocking (0: unlock
+        /// at once). Readers gain from sharing only when holds last.
+        #[arg(long, default_value = "0s", value_parser = hold_time)]
+        hold: Duration,
     },
     /// Take COUNT keys (16-byte names) as leases, report server memory, release, report again.
     Hold {
@@ -147,6 +151,15 @@ pub enum Workload {
 pub enum PipelineKind {
     Ping,
     LockUnlock,
+}
+
+/// A hold is at most a second: the workload is bounded by --duration.
+fn hold_time(s: &str) -> Result<Duration, String> {
+    let d = dlock::duration::parse(s)?;
+    if d > Duration::from_secs(1) {
+        return Err("must be at most 1s".into());
+    }
+    Ok(d)
 }
 
 /// Runs are bounded: at most an hour.

@@ -186,11 +186,13 @@ async fn measure(
             readers,
             keys,
             limit,
+            hold,
         } => {
             let mix = sharing::Mix {
                 readers_pct: readers,
                 keys: keys as usize,
                 limit,
+                hold,
             };
             let out = sharing::shared(target, ctl, connections, mix).await;
             let name = if limit > 0 { "semaphore" } else { "shared" };
@@ -202,6 +204,7 @@ async fn measure(
                 )
                 .with("keys", u64::from(keys))
                 .with("limit", u64::from(limit))
+                .with("hold_us", hold.as_micros() as u64)
                 .with("reads", out.reads)
                 .with("writes", out.writes)
                 .with("most_holders_seen", out.most_holders)

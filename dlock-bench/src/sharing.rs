@@ -8,7 +8,7 @@ use crate::workloads::{run_workers, Target};
 use dlock::proto::{RequestType, ResponseStatus};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What the shared workload found.
 pub struct Sharing {
@@ -39,6 +39,8 @@ pub struct Mix {
     /// Above 0: every request takes its key shared under this limit (a
     /// semaphore), and `readers_pct` is not used.
     pub limit: u32,
+    /// How long a holder keeps the key; zero yields once instead.
+    pub hold: Duration,
 }
 
 /// N connections each lock one of `mix.keys` keys (shared with probability
@@ -81,7 +83,11 @@ pub async fn shared(t: Target, ctl: Control, conns: usize, mix: Mix) -> Sharing 
                     mark(&seen, &counts, k, read, mix.limit);
                     // Hold across a scheduling point, so another worker
                     // granted the key now would find this mark.
-                    tokio::task::yield_now().await;
+                    if mix.hold.is_zero() {
+                        tokio::task::yield_now().await;
+                    } else {
+                        tokio::time::sleep(mix.hold).await;
+                    }
                     unmark(&seen, k, read);
                     let unlock = c.request(RequestType::Unlock, &key);
                     let r = c.call(&unlock).await?;
