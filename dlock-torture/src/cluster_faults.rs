@@ -92,6 +92,17 @@ impl Links {
     }
 }
 
+impl Links {
+    /// Slows each link by `by` (zero: back to full speed).
+    fn slow(&self, links: &[(usize, usize)], by: Duration) {
+        for &(from, to) in links {
+            if let Some(p) = &self.proxies[from][to] {
+                p.delay(by);
+            }
+        }
+    }
+}
+
 /// Every link between a node of `side` and one outside it, both ways.
 fn across(side: &[usize], n: usize) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
@@ -213,6 +224,8 @@ enum Kind {
     CutLeaderToFollower,
     /// Every link of one follower frozen.
     IsolateFollower,
+    /// Every link to and from the leader slowed by 50 to 400 ms each way.
+    SlowLeader,
     /// A follower killed, its log file cut short, and started again: it
     /// must refuse with a clear message (or start and catch up); then the
     /// file is put back and it restarts.
@@ -230,6 +243,7 @@ impl Kind {
             Kind::SplitLeaderMinority => "partition: leader in the minority",
             Kind::CutLeaderToFollower => "partition: leader -> follower cut one way",
             Kind::IsolateFollower => "partition: follower isolated",
+            Kind::SlowLeader => "links of the leader slowed",
             Kind::DamageFollowerLog => "follower's log file cut short",
         }
     }
@@ -249,6 +263,7 @@ impl Kind {
                 | Kind::SplitLeaderMinority
                 | Kind::CutLeaderToFollower
                 | Kind::IsolateFollower
+                | Kind::SlowLeader
         )
     }
 }
@@ -276,7 +291,7 @@ pub async fn schedule(
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             continue;
         };
-        let kinds = if cluster.links.is_some() { 13 } else { 9 };
+        let kinds = if cluster.links.is_some() { 14 } else { 9 };
         let kind = match rng.u8(0..kinds) {
             0..=1 => Kind::KillLeader,
             2 => Kind::KillFollower,
@@ -287,6 +302,7 @@ pub async fn schedule(
             9 => Kind::IsolateLeader,
             10 => Kind::SplitLeaderMinority,
             11 => Kind::CutLeaderToFollower,
+            12 => Kind::SlowLeader,
             _ => Kind::IsolateFollower,
         };
         let leader = cluster.leader(None).await;
@@ -296,7 +312,7 @@ pub async fn schedule(
             followers[rng.usize(..followers.len())]
         };
         let claimed = match kind {
-            Kind::KillLeader | Kind::PauseLeader | Kind::IsolateLeader => {
+            Kind::KillLeader | Kind::PauseLeader | Kind::IsolateLeader | Kind::SlowLeader => {
                 leader.and_then(|l| cluster.claim(Some(l), 1))
             }
             Kind::KillFollower | Kind::IsolateFollower | Kind::DamageFollowerLog => {
@@ -383,6 +399,8 @@ async fn run_fault(
             Some(Err(why)) => sh.report.violation("damaged log", why),
             None => sh.report.violation("fault failed", kind.name().to_string()),
         }
+    } else if let (Kind::SlowLeader, Some(links)) = (kind, &cluster.links) {
+        links.slow(&cut, Duration::from_millis(50 + (fraction * 350.0) as u64));
     } else if kind.is_partition() {
         if let Some(links) = &cluster.links {
             links.hold(&cut, true);
@@ -441,6 +459,10 @@ async fn run_fault(
         }
         return;
     }
+    if let (Kind::SlowLeader, Some(links)) = (kind, &cluster.links) {
+        links.slow(&cut, Duration::ZERO);
+        return;
+    }
     if kind.is_partition() {
         if let Some(links) = &cluster.links {
             links.hold(&cut, false);
@@ -468,7 +490,10 @@ async fn run_fault(
 /// leader first where it hits the leader.
 fn partition(kind: Kind, nodes: &[usize], n: usize) -> Vec<(usize, usize)> {
     match kind {
-        Kind::IsolateLeader | Kind::SplitLeaderMinority | Kind::IsolateFollower => across(nodes, n),
+        Kind::IsolateLeader
+        | Kind::SplitLeaderMinority
+        | Kind::IsolateFollower
+        | Kind::SlowLeader => across(nodes, n),
         Kind::CutLeaderToFollower => vec![(nodes[0], nodes[1])],
         _ => Vec::new(),
     }

@@ -3,17 +3,20 @@
 //! stay open and nothing gets through, in either direction: no bytes, no
 //! FIN, no RST. Thawed, everything held back is delivered. Severed, every
 //! connection is reset (RST, as a path that broke, not a clean close) and new
-//! ones are refused until healed: a client cut off from its server.
+//! ones are refused until healed: a client cut off from its server. Delayed,
+//! every byte arrives late by the same time: a slow path.
 //!
 //! Clients connect to [`FreezableProxy::addr`]; each connection is forwarded
 //! to the upstream address given at start.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// A running forwarder on an ephemeral loopback port.
 #[derive(Debug)]
@@ -22,6 +25,7 @@ pub struct FreezableProxy {
     pub addr: SocketAddr,
     frozen: watch::Sender<bool>,
     severed: watch::Sender<bool>,
+    delay: watch::Sender<Duration>,
     accept: JoinHandle<()>,
 }
 
@@ -39,8 +43,10 @@ impl FreezableProxy {
             .expect("bound listener has an address");
         let (frozen, _) = watch::channel(false);
         let (severed, _) = watch::channel(false);
+        let (delay, _) = watch::channel(Duration::ZERO);
         let gate = frozen.clone();
         let cut = severed.clone();
+        let lag = delay.clone();
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 if *cut.borrow() {
@@ -49,6 +55,7 @@ impl FreezableProxy {
                 }
                 let gate = gate.subscribe();
                 let mut cut = cut.subscribe();
+                let lag = lag.subscribe();
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
@@ -60,8 +67,8 @@ impl FreezableProxy {
                     tokio::select! {
                         _ = async {
                             tokio::join!(
-                                forward(&mut cr, &mut sw, gate.clone()),
-                                forward(&mut sr, &mut cw, gate)
+                                forward(&mut cr, &mut sw, gate.clone(), lag.clone()),
+                                forward(&mut sr, &mut cw, gate, lag)
                             )
                         } => {}
                         _ = cut.wait_for(|severed| *severed) => {
@@ -76,6 +83,7 @@ impl FreezableProxy {
             addr,
             frozen,
             severed,
+            delay,
             accept,
         }
     }
@@ -101,6 +109,12 @@ impl FreezableProxy {
         self.severed.send_replace(true);
     }
 
+    /// Holds every byte read from now on for `d` before passing it on, in
+    /// both directions (a slow path: latency, not loss); zero ends it.
+    pub fn delay(&self, d: Duration) {
+        self.delay.send_replace(d);
+    }
+
     /// Accepts connections again after [`FreezableProxy::sever`].
     pub fn heal(&self) {
         self.severed.send_replace(false);
@@ -109,7 +123,7 @@ impl FreezableProxy {
 
 /// Makes the socket's close a reset: no linger, no FIN.
 fn reset(stream: &TcpStream) {
-    let _ = socket2::SockRef::from(stream).set_linger(Some(std::time::Duration::ZERO));
+    let _ = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO));
 }
 
 impl Drop for FreezableProxy {
@@ -118,31 +132,54 @@ impl Drop for FreezableProxy {
     }
 }
 
+/// Chunks read but not yet passed on, per direction: a bound on what a
+/// delayed path holds (the reader then waits, as a full link would).
+const IN_FLIGHT: usize = 64;
+
 /// Copies one direction, checking the gate before each read and each write,
-/// so bytes already read are held back while frozen.
+/// so bytes already read are held back while frozen. A reader and a writer
+/// joined by a bounded queue, each chunk stamped with when it may go: a
+/// delay adds latency without holding back the reads behind it.
 async fn forward(
     from: &mut OwnedReadHalf,
     to: &mut OwnedWriteHalf,
-    mut gate: watch::Receiver<bool>,
+    gate: watch::Receiver<bool>,
+    lag: watch::Receiver<Duration>,
 ) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        if gate.wait_for(|frozen| !frozen).await.is_err() {
-            return;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT);
+    let mut read_gate = gate.clone();
+    let reader = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            if read_gate.wait_for(|frozen| !frozen).await.is_err() {
+                return;
+            }
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => 0,
+                Ok(n) => n,
+            };
+            let due = Instant::now() + *lag.borrow();
+            // An empty chunk is the end of the stream.
+            if tx.send((due, buf[..n].to_vec())).await.is_err() || n == 0 {
+                return;
+            }
         }
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => 0,
-            Ok(n) => n,
-        };
-        if gate.wait_for(|frozen| !frozen).await.is_err() {
-            return;
+    };
+    let mut write_gate = gate;
+    let writer = async move {
+        while let Some((due, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if write_gate.wait_for(|frozen| !frozen).await.is_err() {
+                return;
+            }
+            if chunk.is_empty() {
+                let _ = to.shutdown().await;
+                return;
+            }
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
         }
-        if n == 0 {
-            let _ = to.shutdown().await;
-            return;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
+    };
+    tokio::join!(reader, writer);
 }
