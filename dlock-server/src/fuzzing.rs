@@ -28,6 +28,7 @@ use crate::pending::{Dropped, Pending};
 use crate::pipeline::{Next, Pipeline};
 use crate::shared::Shared;
 use crate::table::{LockTable, TableLimits};
+use crate::tickets::Tickets;
 use bytes::{Buf, BufMut, BytesMut};
 use clap::Parser;
 use dlock::codec::FrameCodec;
@@ -180,6 +181,8 @@ struct Harness<'a> {
 #[derive(Debug)]
 struct Sim {
     owners: Owners,
+    /// Its queued Enqueues.
+    tickets: Tickets,
     pipeline: Pipeline,
     /// Bytes the client sent that the server has not read yet.
     socket: BytesMut,
@@ -196,6 +199,7 @@ impl Harness<'_> {
                 SocketAddr::from((Ipv4Addr::LOCALHOST, 1)),
                 config.max_sessions,
             ),
+            tickets: Tickets::new(&self.shared.db, config.max_pipeline),
             pipeline: Pipeline::new(config.max_frame, config.max_pipeline),
             socket: BytesMut::new(),
             closed: false,
@@ -208,6 +212,7 @@ impl Harness<'_> {
         if let Some(Pending::Table(rx)) = c.pipeline.take_waiting() {
             self.shared.db.abandon(rx);
         }
+        drop(c.tickets);
         drop(c.owners);
     }
 
@@ -230,6 +235,7 @@ impl Harness<'_> {
                 owners: &mut c.owners,
                 remote: None,
                 peer_names: &[],
+                tickets: &mut c.tickets,
             });
             self.check_output(&mut c.pipeline);
             match c.pipeline.next_step() {

@@ -30,7 +30,7 @@ fn request() -> impl Strategy<Value = Request> {
     (
         prop_oneof![4 => Just(2u32), 1 => 0u32..4],
         any::<u64>(),
-        prop_oneof![1 => 0i32..12, 1 => any::<i32>()],
+        prop_oneof![1 => 0i32..14, 1 => Just(12), 1 => Just(13), 1 => any::<i32>()],
         keys,
         prop_oneof![3 => Just(0u64), 1 => 1u64..20_000, 1 => any::<u64>()],
         prop_oneof![3 => Just(0u64), 1 => 1u64..20_000, 1 => any::<u64>()],
@@ -44,9 +44,23 @@ fn request() -> impl Strategy<Value = Request> {
             any::<u16>(),
             prop_oneof![2 => Just(0u32), 2 => 1u32..3, 1 => any::<u32>()],
         ),
+        // Wait's ticket: request ids are small and count up from 1.
+        prop_oneof![2 => Just(0u64), 2 => 1u64..40, 1 => any::<u64>()],
     )
         .prop_map(
-            |(version, id, kind, keys, wait, lease, try_lock, fence, session, (mask, limit))| {
+            |(
+                version,
+                id,
+                kind,
+                keys,
+                wait,
+                lease,
+                try_lock,
+                fence,
+                session,
+                (mask, limit),
+                ticket,
+            )| {
                 Request {
                     version,
                     id,
@@ -65,6 +79,7 @@ fn request() -> impl Strategy<Value = Request> {
                         keys,
                         try_lock,
                         fence,
+                        ticket,
                     }),
                     ..Request::default()
                 }
