@@ -25,6 +25,13 @@
 //! connection has gone is dropped here: the table keeps the grant for the
 //! session, and remembers the outcome as the answer to the Lock's number.
 //!
+//! Two-phase acquire. An Enqueue is proposed as the Lock it is; one that
+//! waits is answered Queued with the table's request id as its ticket, and
+//! its outcome waits in an [`Attached`] slot until the Wait. A Wait on a
+//! node the session moved to (a failover) finds the request in the table's
+//! queues, or its outcome in the session's memory of numbered requests
+//! (`table::tickets`).
+//!
 //! Requests sent again. A Lock, Unlock or Renew of a named session that
 //! carries a `seq` is proposed as [`Command::Sequenced`]: the table answers
 //! a number it applied already from the session's memory, without acting
@@ -463,7 +470,11 @@ impl Replicated {
                 }
                 let owner = self.named(conn, id, req.session)?;
                 self.propose(id, Command::Disconnect { owner }).await?;
-                conn.state().named.retain(|&s| s != owner);
+                let mut st = conn.state();
+                st.named.retain(|&s| s != owner);
+                // Its queued requests went with it: they no longer count.
+                st.tickets.retain(|&(s, _)| s != owner);
+                drop(st);
                 self.attached.detach(owner, conn.id);
                 Ok(handler::response(id, ResponseStatus::Ok))
             }
@@ -818,6 +829,7 @@ impl Replicated {
     fn forget(&self, conn: &ConnSessions, owner: OwnerId) {
         let mut st = conn.state();
         st.named.retain(|&s| s != owner);
+        st.tickets.retain(|&(s, _)| s != owner);
         if st.implicit == Some(owner) {
             st.implicit = None;
         }
