@@ -20,6 +20,7 @@
 //! server released every lock bound to the connection.
 
 use crate::dial::Dial;
+use crate::enqueue::{Enqueued, Queued};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::guard::LockGuard;
@@ -451,25 +452,7 @@ impl Client {
     /// [`ResponseStatus::LimitMismatch`]); connection errors.
     pub async fn lock(&self, keys: impl IntoKeys, options: LockOptions) -> Result<LockGuard> {
         let keys: Vec<String> = keys.into_keys();
-        // On the wire a zero lease means none; so it does here.
-        let lease = options.lease.filter(|l| !l.is_zero());
-        let mut body = RequestLock {
-            keys: keys.clone(),
-            release_micro: lease.map_or(0, micros),
-            ..RequestLock::default()
-        };
-        if options.shares() {
-            // Only set when asked, so an exclusive Lock is encoded exactly
-            // as by every older client.
-            body.shared_keys = keys.clone();
-            body.limit = options.limit;
-        }
-        match options.wait {
-            LockWait::Forever => {}
-            // A positive limit below a microsecond still means "wait a little".
-            LockWait::AtMost(d) => body.wait_micro = micros(d).max(1),
-            LockWait::No => body.try_lock = true,
-        }
+        let body = lock_body(&keys, &options);
         // A Client whose connection is gone stays gone, for locks too:
         // there is no silent reconnect.
         self.check_open()?;
@@ -480,35 +463,51 @@ impl Client {
             Err(e) => {
                 // Busy, refused or timed out: the connection holds nothing.
                 conn.recycle();
-                return Err(match e {
-                    Error::Timeout { busy } if options.wait == LockWait::No => Error::Busy { busy },
-                    e => e,
-                });
+                return Err(busy_if_no_wait(e, &options));
             }
         };
-        let mut guard = LockGuard::new(
-            conn,
-            keys,
-            resp.fence,
-            lease.map(|lease| (sent, lease)),
-            true,
-        );
-        // The server's lease runs from the grant, but all the client knows
-        // is that the grant came after the request was sent: after a long
-        // wait that bound says little, and the guard would be in jeopardy
-        // at once. A renewal now gives a bound as fresh as the grant.
-        if let Some(lease) = lease {
-            if sent.elapsed() >= lease / 3 {
-                guard.renew(lease).await?;
+        granted(conn, keys, resp.fence, lease_of(&options), sent).await
+    }
+
+    /// Asks for all `keys` at once as [`Client::lock`] does, in two steps:
+    /// the server answers at once, with the lock if the keys were free
+    /// ([`Enqueued::Granted`]), or with the request's place in line
+    /// ([`Enqueued::Queued`]), whose [`Queued::wait`] then waits for the
+    /// grant. In between the request keeps its place in every queue, FIFO,
+    /// and the caller can act on knowing that it waits (tell someone, show
+    /// a progress line). The wait limit in `options` counts from this call.
+    ///
+    /// Cancel-safe: dropping the [`Queued`] (or this future, or the
+    /// `wait` future) closes the request's connection, and the server
+    /// withdraws the request or releases what it granted.
+    ///
+    /// # Errors
+    /// As [`Client::lock`]; [`Error::Busy`] at once with [`LockWait::No`].
+    pub async fn enqueue(&self, keys: impl IntoKeys, options: LockOptions) -> Result<Enqueued> {
+        let keys: Vec<String> = keys.into_keys();
+        let body = lock_body(&keys, &options);
+        self.check_open()?;
+        let conn = self.owner_connection().await?;
+        let sent = Instant::now();
+        let resp = match conn.call_releasing(RequestType::Enqueue, body, None).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                conn.recycle();
+                return Err(busy_if_no_wait(e, &options));
             }
-        } else if sent.elapsed() >= guard.client().session_timeout() / 3 {
-            // The same for a lock bound to the connection or session: the
-            // pings parked behind the wait are answered one by one (on a
-            // cluster, a commit each); one more round trip gives a fresh
-            // bound before the caller relies on the lock.
-            guard.client().ping().await?;
+        };
+        if resp.status == ResponseStatus::Queued as i32 {
+            return Ok(Enqueued::Queued(Queued::new(
+                conn,
+                keys,
+                resp.ticket,
+                resp.place,
+                options,
+                sent,
+            )));
         }
-        Ok(guard)
+        let guard = granted(conn, keys, resp.fence, lease_of(&options), sent).await?;
+        Ok(Enqueued::Granted(guard))
     }
 
     /// Takes over a lease held under `fence` (taken by this process on an
@@ -598,6 +597,18 @@ impl Client {
     /// Sends one request and waits for its response, mapping error statuses
     /// to [`Error`].
     pub(crate) async fn call(&self, kind: RequestType, body: RequestLock) -> Result<Response> {
+        self.call_releasing(kind, body, None).await
+    }
+
+    /// [`Client::call`] for a request whose answer may be a grant of
+    /// `release` (a Wait): a grant that arrives once nobody waits for it
+    /// is released. Lock and Enqueue name their keys themselves.
+    pub(crate) async fn call_releasing(
+        &self,
+        kind: RequestType,
+        body: RequestLock,
+        release: Option<Vec<String>>,
+    ) -> Result<Response> {
         self.check_open()?;
         let slot = self
             .inner
@@ -612,6 +623,7 @@ impl Client {
             req,
             reply: Some(tx),
             slot: Some(slot),
+            release,
         };
         self.inner
             .link
@@ -634,6 +646,7 @@ impl Client {
             req: self.request(kind, body),
             reply: None,
             slot: None,
+            release: None,
         };
         if let Err(mpsc::error::TrySendError::Full(call)) = self.inner.link.calls.try_send(call) {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -668,6 +681,70 @@ impl Client {
     }
 }
 
+/// The Lock (or Enqueue) body for `keys` under `options`.
+fn lock_body(keys: &[String], options: &LockOptions) -> RequestLock {
+    let mut body = RequestLock {
+        keys: keys.to_vec(),
+        release_micro: lease_of(options).map_or(0, micros),
+        ..RequestLock::default()
+    };
+    if options.shares() {
+        // Only set when asked, so an exclusive Lock is encoded exactly
+        // as by every older client.
+        body.shared_keys = keys.to_vec();
+        body.limit = options.limit;
+    }
+    match options.wait {
+        LockWait::Forever => {}
+        // A positive limit below a microsecond still means "wait a little".
+        LockWait::AtMost(d) => body.wait_micro = micros(d).max(1),
+        LockWait::No => body.try_lock = true,
+    }
+    body
+}
+
+/// The lease `options` ask for: on the wire a zero lease means none; so it
+/// does here.
+pub(crate) fn lease_of(options: &LockOptions) -> Option<Duration> {
+    options.lease.filter(|l| !l.is_zero())
+}
+
+/// A try-lock's "timed out" is "busy".
+pub(crate) fn busy_if_no_wait(e: Error, options: &LockOptions) -> Error {
+    match e {
+        Error::Timeout { busy } if options.wait == LockWait::No => Error::Busy { busy },
+        e => e,
+    }
+}
+
+/// The guard for keys granted under `fence` on `conn`, a connection of the
+/// lock's own, to a request sent at `sent`.
+pub(crate) async fn granted(
+    conn: Client,
+    keys: Vec<String>,
+    fence: u64,
+    lease: Option<Duration>,
+    sent: Instant,
+) -> Result<LockGuard> {
+    let mut guard = LockGuard::new(conn, keys, fence, lease.map(|lease| (sent, lease)), true);
+    // The server's lease runs from the grant, but all the client knows
+    // is that the grant came after the request was sent: after a long
+    // wait that bound says little, and the guard would be in jeopardy
+    // at once. A renewal now gives a bound as fresh as the grant.
+    if let Some(lease) = lease {
+        if sent.elapsed() >= lease / 3 {
+            guard.renew(lease).await?;
+        }
+    } else if sent.elapsed() >= guard.client().session_timeout() / 3 {
+        // The same for a lock bound to the connection or session: the
+        // pings parked behind the wait are answered one by one (on a
+        // cluster, a commit each); one more round trip gives a fresh
+        // bound before the caller relies on the lock.
+        guard.client().ping().await?;
+    }
+    Ok(guard)
+}
+
 /// Microseconds of `d`, saturating.
 pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
@@ -678,7 +755,8 @@ pub(crate) fn check(resp: Response) -> Result<Response> {
     let status = ResponseStatus::try_from(resp.status)
         .map_err(|_| Error::Protocol(format!("unknown response status {}", resp.status)))?;
     match status {
-        ResponseStatus::Ok => Ok(resp),
+        // Queued answers only an Enqueue, which reads its ticket.
+        ResponseStatus::Ok | ResponseStatus::Queued => Ok(resp),
         ResponseStatus::AcquireTimeout => Err(Error::Timeout { busy: resp.keys }),
         ResponseStatus::AccessDenied => Err(Error::AccessDenied(resp.error_text)),
         ResponseStatus::NotHeld => Err(Error::NotHeld { keys: resp.keys }),

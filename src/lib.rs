@@ -11,7 +11,8 @@
 //!   requests are pipelined. `link.rs`: one connection's writer and reader,
 //!   `dial.rs`: finding the server or the cluster's leader,
 //!   and against a cluster the session resumed across reconnects
-//!   ([`Event`], [`Servers`]).
+//!   ([`Event`], [`Servers`]). `enqueue.rs`: the two-phase acquire
+//!   ([`Client::enqueue`], [`Enqueued`], [`Queued`]).
 //! - [`safety`]: when a held lock must be given up, judged from the client's
 //!   side alone ([`Lost`]); [`Limits`] (`limits.rs`): what the server allows.
 //! - [`token_file`]: the access-token file format.
@@ -31,6 +32,7 @@ mod client;
 pub mod codec;
 mod dial;
 pub mod duration;
+mod enqueue;
 mod error;
 mod event;
 mod guard;
@@ -48,6 +50,7 @@ pub mod token_file;
 mod transport;
 
 pub use client::{Client, ClientOptions, LockOptions, LockWait};
+pub use enqueue::{Enqueued, Queued};
 pub use error::{Disconnect, Error, Result};
 pub use event::Event;
 pub use guard::LockGuard;

@@ -128,6 +128,9 @@ pub(crate) struct Call {
     pub(crate) reply: Option<oneshot::Sender<Result<Response>>>,
     /// Held until the response arrives: bounds requests in flight.
     pub(crate) slot: Option<OwnedSemaphorePermit>,
+    /// For a request whose grant names no keys of its own (Wait): the keys
+    /// to release if the grant arrives once nobody waits for it.
+    pub(crate) release: Option<Vec<String>>,
 }
 
 /// A request written and not yet answered.
@@ -140,7 +143,8 @@ struct Pending {
     /// has seen the connection alive no earlier than this.
     sent: Instant,
     reply: Option<oneshot::Sender<Result<Response>>>,
-    /// For Lock: the keys, so a grant nobody waits for any more is released.
+    /// For Lock, Enqueue and Wait: the keys, so a grant nobody waits for
+    /// any more is released.
     lock_keys: Option<Vec<String>>,
     /// On a session: the request's number, 0 for one that changes nothing.
     seq: u64,
@@ -374,7 +378,8 @@ async fn write_loop(
     (st, error, wr)
 }
 
-/// On a session: the oldest unanswered request, if it is not a Lock (which
+/// On a session: the oldest unanswered request, if it is not a Lock or a
+/// Wait (which
 /// may rightly wait, the node keeping the session alive meanwhile) and has
 /// waited half a TTL. A node that accepts but does not answer (paused,
 /// stalled, cut off behind a path that drops without a reset) would
@@ -384,8 +389,7 @@ fn unanswered_too_long(pending: &PendingQueue, ttl: Option<Duration>) -> Option<
     let queue = pending.lock().unwrap_or_else(|p| p.into_inner());
     let oldest = queue.front()?;
     let waited = oldest.sent.elapsed();
-    (oldest.kind != RequestType::Lock as i32 && waited >= ttl / 2)
-        .then_some(Disconnect::NoAnswer { waited })
+    (!may_wait(oldest.kind) && waited >= ttl / 2).then_some(Disconnect::NoAnswer { waited })
 }
 
 /// Encodes every request kept for sending again, in order, and restamps
@@ -416,6 +420,7 @@ fn heartbeat_call(ping_id: &mut u64) -> Call {
         req,
         reply: None,
         slot: None,
+        release: None,
     }
 }
 
@@ -436,10 +441,20 @@ fn with_queued_calls(first: Call, calls: &mut mpsc::Receiver<Call>) -> Vec<Call>
 /// whether it changes the table (so it is numbered).
 fn session_use(kind: i32) -> (bool, bool) {
     match RequestType::try_from(kind) {
-        Ok(RequestType::Lock | RequestType::Unlock | RequestType::Renew) => (true, true),
-        Ok(RequestType::Inspect) => (true, false),
+        Ok(RequestType::Lock | RequestType::Unlock | RequestType::Renew | RequestType::Enqueue) => {
+            (true, true)
+        }
+        // A Wait changes nothing: sent again after a failover, the new
+        // leader finds its ticket in the session (see docs/PROTOCOL.md).
+        Ok(RequestType::Inspect | RequestType::Wait) => (true, false),
         _ => (false, false),
     }
+}
+
+/// Requests whose answer may rightly take long: a Lock and a Wait wait
+/// for busy keys.
+fn may_wait(kind: i32) -> bool {
+    kind == RequestType::Lock as i32 || kind == RequestType::Wait as i32
 }
 
 /// Encodes `batch` into `out` and queues each call for its answer, in
@@ -459,7 +474,8 @@ fn encode_batch(batch: Vec<Call>, pending: &PendingQueue, st: &mut Writer, out: 
             let (owned, numbered) = session_use(call.req.r#type);
             // An Inspect without keys asks for server counts, no owner's.
             let names_keys = call.req.lock.as_ref().is_some_and(|l| !l.keys.is_empty());
-            if owned && (numbered || names_keys) {
+            let is_wait = call.req.r#type == RequestType::Wait as i32;
+            if owned && (numbered || names_keys || is_wait) {
                 call.req.session = st.session;
             }
             if numbered {
@@ -473,7 +489,8 @@ fn encode_batch(batch: Vec<Call>, pending: &PendingQueue, st: &mut Writer, out: 
             }
         }
         encode_frame(&call.req, out);
-        let is_lock = call.req.r#type == RequestType::Lock as i32;
+        let is_lock = call.req.r#type == RequestType::Lock as i32
+            || call.req.r#type == RequestType::Enqueue as i32;
         let (lock_keys, resend) = if st.session != 0 {
             let keys = is_lock.then(|| {
                 call.req
@@ -482,12 +499,12 @@ fn encode_batch(batch: Vec<Call>, pending: &PendingQueue, st: &mut Writer, out: 
                     .map(|l| l.keys.clone())
                     .unwrap_or_default()
             });
-            (keys, Some(call.req))
+            (keys.or(call.release), Some(call.req))
         } else {
             // The request is not needed once encoded: keep a Lock's keys
             // without copying them.
             let keys = is_lock.then(|| call.req.lock.take().map(|l| l.keys).unwrap_or_default());
-            (keys, None)
+            (keys.or(call.release), None)
         };
         queue.push_back(Pending {
             id,
@@ -594,7 +611,8 @@ fn elsewhere(resp: &Response) -> Option<Disconnect> {
 }
 
 /// Whether an answer with `status` to a request of type `kind` comes from a
-/// command the cluster committed for the session (which kept it alive).
+/// command the cluster committed for the session (which kept it alive). A
+/// Wait's answer is read, not committed: it proves nothing.
 fn keeps_session_alive(kind: i32, status: i32) -> bool {
     let (Ok(kind), Ok(status)) = (
         RequestType::try_from(kind),
@@ -605,9 +623,16 @@ fn keeps_session_alive(kind: i32, status: i32) -> bool {
     matches!(
         (kind, status),
         (
-            RequestType::Ping | RequestType::Lock | RequestType::Unlock | RequestType::Renew,
+            RequestType::Ping
+                | RequestType::Lock
+                | RequestType::Unlock
+                | RequestType::Renew
+                | RequestType::Enqueue,
             ResponseStatus::Ok
-        ) | (RequestType::Lock, ResponseStatus::AcquireTimeout)
+        ) | (
+            RequestType::Lock | RequestType::Enqueue,
+            ResponseStatus::AcquireTimeout
+        ) | (RequestType::Enqueue, ResponseStatus::Queued)
             | (
                 RequestType::Unlock | RequestType::Renew,
                 ResponseStatus::NotHeld
@@ -644,6 +669,7 @@ fn deliver(p: Pending, resp: Response, calls: &mpsc::WeakSender<Call>) {
             req,
             reply: None,
             slot: None,
+            release: None,
         };
         if let Err(mpsc::error::TrySendError::Full(call)) = calls.try_send(call) {
             tokio::spawn(async move {

@@ -22,6 +22,9 @@ Examples:
   # At most 3 transcoders across the fleet:
   dlock --limit 3 -k transcode -- ffmpeg -i in.mov out.mp4
 
+  # Say so when the job has to wait its turn:
+  dlock --on-queued 'echo deploy queued, $DLOCK_PLACE ahead' -k deploy -- deploy.sh
+
   # Wait at most 2.5 s, run a shell snippet:
   dlock -w 2.5s -k deploy/web -c 'git pull && systemctl restart web'
 
@@ -114,6 +117,14 @@ pub struct Args {
     /// Everyone taking the key must give the same N.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: Option<u32>,
+
+    /// Run CMD with `sh -c` once the lock request is in line (the keys are
+    /// busy; not when the lock is granted at once), then wait for the lock.
+    /// CMD runs to its end before the wait, with DLOCK_KEYS and DLOCK_PLACE
+    /// (requests ahead of this one) set; the request keeps its place
+    /// meanwhile. A failing CMD is reported, and dlock still waits.
+    #[arg(long, value_name = "CMD", conflicts_with = "nonblock")]
+    pub on_queued: Option<String>,
 
     /// Run STRING with `sh -c` instead of a command from the arguments.
     #[arg(short, long, value_name = "STRING", conflicts_with = "command_args")]

@@ -5,6 +5,7 @@ mod cli;
 mod cluster;
 mod exit;
 mod guardian;
+mod hook;
 mod inspect;
 mod keeper;
 mod run;

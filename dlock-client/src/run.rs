@@ -8,7 +8,7 @@ use crate::guardian::Guardian;
 use crate::keeper::{self, Keeper};
 use crate::say;
 use crate::signals::{self, Signals};
-use dlock::{Client, ClientOptions, Error, LockGuard, LockOptions, Lost};
+use dlock::{Client, ClientOptions, Enqueued, Error, LockGuard, LockOptions, Lost};
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
@@ -420,18 +420,26 @@ async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGu
         options = options.wait(w);
     }
     let start = Instant::now();
-    if args.verbose && !args.nonblock {
-        // Try first, so the wait can be explained before it starts.
-        match client.lock(keys.to_vec(), options.no_wait()).await {
-            Ok(g) => {
-                say!("acquired {} (fence {}) at once", keys.join(","), g.fence());
-                return Ok(g);
+    let locked = match &args.on_queued {
+        Some(hook) => enqueue_then_wait(args, client, keys, options, hook).await,
+        None => {
+            if args.verbose && !args.nonblock {
+                // Try first, so the wait can be explained before it starts.
+                match client.lock(keys.to_vec(), options.no_wait()).await {
+                    Ok(g) => {
+                        say!("acquired {} (fence {}) at once", keys.join(","), g.fence());
+                        return Ok(g);
+                    }
+                    Err(Error::Busy { busy }) => {
+                        describe_holders(client, &busy, "waiting for").await
+                    }
+                    Err(e) => return Err(exit::from_client_error(e, &args.server)),
+                }
             }
-            Err(Error::Busy { busy }) => describe_holders(client, &busy, "waiting for").await,
-            Err(e) => return Err(exit::from_client_error(e, &args.server)),
+            client.lock(keys.to_vec(), options).await
         }
-    }
-    match client.lock(keys.to_vec(), options).await {
+    };
+    match locked {
         Ok(g) => {
             if args.verbose {
                 say!(
@@ -459,6 +467,28 @@ async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGu
             Err(Failure::new(args.conflict_exit_code, message))
         }
         Err(e) => Err(exit::from_client_error(e, &args.server)),
+    }
+}
+
+/// `--on-queued`: the lock in two steps, with `hook` run in between when
+/// the request has to wait in line.
+async fn enqueue_then_wait(
+    args: &Args,
+    client: &Client,
+    keys: &[String],
+    options: LockOptions,
+    hook: &str,
+) -> Result<LockGuard, Error> {
+    match client.enqueue(keys.to_vec(), options).await? {
+        Enqueued::Granted(g) => Ok(g),
+        Enqueued::Queued(q) => {
+            if args.verbose {
+                say!("queued for {} with {} ahead", keys.join(","), q.place());
+                describe_holders(client, keys, "waiting for").await;
+            }
+            crate::hook::on_queued(hook, keys, q.place()).await;
+            q.wait().await
+        }
     }
 }
 

@@ -576,3 +576,61 @@ async fn a_semaphore_admits_its_limit_and_the_next_is_busy() {
     let out = run(&server, &["--inspect", "-k", "pool"]).await;
     assert!(stdout(&out).contains("shared 2/2"), "{}", stdout(&out));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_queued_runs_once_when_the_request_waits_and_before_the_command() {
+    let server = TestServer::start(Config::default()).await;
+    let c = client(&server).await;
+    let holder = c.lock(["oq"], LockOptions::new()).await.unwrap();
+    let mut child = dlock(
+        &server,
+        &[
+            "--on-queued",
+            "echo hook $DLOCK_PLACE $DLOCK_KEYS",
+            "-k",
+            "oq",
+            "--",
+            "echo",
+            "cmd",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("spawn dlock");
+    // The hook ran while the request waits in line: nothing holds "oq"
+    // but the holder, and its place is first.
+    let seen = await_line(&mut child, "hook 0 oq").await;
+    assert_eq!(seen, "hook 0 oq\n");
+    assert_eq!(c.inspect(["oq"]).await.unwrap()[0].waiters, 1);
+    holder.unlock().await.unwrap();
+    let out = wait_output(child).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "cmd\n", "the command after the hook, once");
+}
+
+#[tokio::test]
+async fn on_queued_does_not_run_when_the_lock_is_granted_at_once() {
+    let server = TestServer::start(Config::default()).await;
+    let out = run(
+        &server,
+        &[
+            "--on-queued",
+            "echo hook",
+            "-k",
+            "free",
+            "--",
+            "echo",
+            "cmd",
+        ],
+    )
+    .await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "cmd\n");
+    // It never goes with --nonblock, where nothing waits in line.
+    let out = run(
+        &server,
+        &["--on-queued", "echo hook", "-n", "-k", "free", "--", "true"],
+    )
+    .await;
+    assert_eq!(code(&out), 64, "{}", stderr(&out));
+}

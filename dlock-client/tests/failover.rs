@@ -435,3 +435,44 @@ async fn a_client_leaves_a_leader_that_stays_paused() {
     assert!(!c.is_closed());
     nodes.resume(old);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_enqueues_keep_their_place_and_their_grant_through_a_leader_kill() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut nodes = NodeProcesses::start(server_binary(), 3, NODE_FLAGS);
+    let c = Client::connect(nodes.servers()).await.expect("connect");
+    let hold_g = c.lock(["g"], LockOptions::new()).await.expect("g");
+    let hold_q = c.lock(["q"], LockOptions::new()).await.expect("q");
+    let queued = |e: dlock::Enqueued| match e {
+        dlock::Enqueued::Queued(q) => q,
+        dlock::Enqueued::Granted(g) => panic!("busy keys were granted: {g:?}"),
+    };
+    let early = queued(c.enqueue(["g"], LockOptions::new()).await.expect("g"));
+    let late = queued(c.enqueue(["q"], LockOptions::new()).await.expect("q"));
+    assert_eq!((early.place(), late.place()), (0, 0));
+    // g is granted to `early` before the leader dies, and not yet
+    // collected; q is still in line when it dies.
+    let old_fence = hold_g.fence();
+    hold_g.unlock().await.expect("unlock g");
+    let granted_g = c.inspect(["g"]).await.expect("inspect")[0].fence;
+    assert!(granted_g > old_fence);
+
+    let old = nodes.index_of(&c.addr()).expect("a node");
+    nodes.kill(old);
+    // The new leader answers the Wait from the session: the same grant.
+    let g = early.wait().await.expect("g after the failover");
+    assert_eq!(g.fence(), granted_g);
+    let waiting = tokio::spawn(late.wait());
+    hold_q.unlock().await.expect("unlock q on the new leader");
+    let q = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("q granted in time")
+        .expect("the task")
+        .expect("q after the failover");
+    let info = c.inspect(["g", "q"]).await.expect("inspect");
+    assert_eq!((info[0].fence, info[1].fence), (g.fence(), q.fence()));
+    assert_eq!(info[1].waiters, 0);
+    g.unlock().await.expect("unlock g");
+    q.unlock().await.expect("unlock q");
+    assert!(!nodes.any_panicked());
+}

@@ -18,6 +18,7 @@ use crate::pending::{Arrived, Dropped, Pending};
 use crate::pipeline::{Next, Pipeline, Received};
 use crate::replicated::ConnSessions;
 use crate::shared::Shared;
+use crate::tickets::Tickets;
 use crate::transport::Transport;
 use dlock::proto::ResponseStatus;
 use std::io;
@@ -65,6 +66,7 @@ pub async fn serve<S: Transport>(stream: S, shared: Arc<Shared>, shutdown: Cance
     // waiting Lock is abandoned before the connection's owners end.
     let peer_names = stream.peer_names();
     let mut owners = Owners::connect(&shared.db, peer, shared.config.max_sessions);
+    let mut tickets = Tickets::new(&shared.db, shared.config.max_pipeline);
     let remote = shared
         .cluster
         .as_ref()
@@ -79,9 +81,18 @@ pub async fn serve<S: Transport>(stream: S, shared: Arc<Shared>, shutdown: Cance
     // However this task ends, the keeper stops with it.
     let _keeper = keeper.drop_guard();
     tracing::debug!(owner = owners.own(), "connection opened");
-    let end = Session::new(stream, &shared, &mut owners, remote.as_ref(), &peer_names)
-        .run(&shutdown)
-        .await;
+    let end = Session::new(
+        stream,
+        &shared,
+        &mut owners,
+        &mut tickets,
+        remote.as_ref(),
+        &peer_names,
+    )
+    .run(&shutdown)
+    .await;
+    // Uncollected grants are released before the owners end.
+    drop(tickets);
     drop(owners);
     if let (Some(node), Some(remote)) = (&shared.cluster, &remote) {
         node.connection_ended(remote, matches!(end, End::ClientClosed));
@@ -155,6 +166,7 @@ impl<'a, S: Transport> Session<'a, S> {
         stream: S,
         shared: &'a Shared,
         owners: &'a mut Owners,
+        tickets: &'a mut Tickets,
         remote: Option<&'a Arc<ConnSessions>>,
         peer_names: &'a [String],
     ) -> Self {
@@ -169,6 +181,7 @@ impl<'a, S: Transport> Session<'a, S> {
                 owners,
                 remote,
                 peer_names,
+                tickets,
             },
         }
     }

@@ -198,6 +198,20 @@ impl Db {
         wait: WaitLimit,
         lease: Option<Duration>,
     ) -> LockReply {
+        self.lock_placed(owner, keys, sharing, wait, lease).0
+    }
+
+    /// Asks for `keys` as [`Db::lock`] does, for an Enqueue: a request that
+    /// waits also comes with its id (the ticket) and its place in line (see
+    /// [`LockTable::place_in_line`]), read under the same lock.
+    pub fn lock_placed(
+        &self,
+        owner: OwnerId,
+        keys: Vec<Key>,
+        sharing: Sharing,
+        wait: WaitLimit,
+        lease: Option<Duration>,
+    ) -> (LockReply, Option<(ReqId, usize)>) {
         let mut st = self.state();
         let mut out = self.apply(
             &mut st,
@@ -209,11 +223,13 @@ impl Db {
                 lease,
             },
         );
+        let mut place = None;
         let reply = match std::mem::take(&mut out.reply) {
             Reply::Lock(LockResult::Granted { fence }) => LockReply::Granted(fence),
             Reply::Lock(LockResult::Waiting(req)) => {
                 let (tx, rx) = oneshot::channel();
                 st.pending.insert(req, tx);
+                place = Some((req, st.table.place_in_line(req).unwrap_or(0)));
                 LockReply::Wait(rx)
             }
             Reply::Lock(LockResult::Busy(keys)) => LockReply::Busy(keys),
@@ -224,7 +240,7 @@ impl Db {
             other => unreachable!("the table answered a Lock with {other:?}"),
         };
         self.deliver(st, out);
-        reply
+        (reply, place)
     }
 
     /// Releases keys; returns the named keys that were not held.

@@ -28,11 +28,13 @@ use crate::pending::{Dropped, Pending};
 use crate::pipeline::{Next, Pipeline};
 use crate::shared::Shared;
 use crate::table::{LockTable, TableLimits};
+use crate::tickets::Tickets;
 use bytes::{Buf, BufMut, BytesMut};
 use clap::Parser;
 use dlock::codec::FrameCodec;
 use dlock::proto::{Response, ResponseStatus};
 use prost::Message;
+use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -78,7 +80,7 @@ const STEP_TICK: u8 = 3;
 ///
 /// # Panics
 /// When the lock state breaks an invariant, a response is malformed,
-/// fencing tokens go backwards, the state is not empty at the end, or a
+/// a fencing token is answered twice or was never issued, the state is not empty at the end, or a
 /// replay of the table's commands differs from the run.
 pub fn session(script: &[u8]) {
     // Parsed once: flag parsing is not under test, and a fuzzer would
@@ -93,7 +95,7 @@ pub fn session(script: &[u8]) {
     let shared = Shared::new(db.clone(), config.clone(), Access::default());
     let mut harness = Harness {
         shared: &shared,
-        last_fence: 0,
+        fences: BTreeSet::new(),
     };
     let mut conns: Vec<Sim> = (0..CONNECTIONS).map(|_| harness.open()).collect();
     let mut rest = script;
@@ -173,13 +175,16 @@ fn replay(limits: TableLimits, log: &[Applied], db: &Db) {
 
 struct Harness<'a> {
     shared: &'a Shared,
-    last_fence: u64,
+    /// Every fencing token answered so far.
+    fences: BTreeSet<u64>,
 }
 
 /// One simulated connection, as `connection::Session` keeps it.
 #[derive(Debug)]
 struct Sim {
     owners: Owners,
+    /// Its queued Enqueues.
+    tickets: Tickets,
     pipeline: Pipeline,
     /// Bytes the client sent that the server has not read yet.
     socket: BytesMut,
@@ -196,6 +201,7 @@ impl Harness<'_> {
                 SocketAddr::from((Ipv4Addr::LOCALHOST, 1)),
                 config.max_sessions,
             ),
+            tickets: Tickets::new(&self.shared.db, config.max_pipeline),
             pipeline: Pipeline::new(config.max_frame, config.max_pipeline),
             socket: BytesMut::new(),
             closed: false,
@@ -208,6 +214,7 @@ impl Harness<'_> {
         if let Some(Pending::Table(rx)) = c.pipeline.take_waiting() {
             self.shared.db.abandon(rx);
         }
+        drop(c.tickets);
         drop(c.owners);
     }
 
@@ -230,6 +237,7 @@ impl Harness<'_> {
                 owners: &mut c.owners,
                 remote: None,
                 peer_names: &[],
+                tickets: &mut c.tickets,
             });
             self.check_output(&mut c.pipeline);
             match c.pipeline.next_step() {
@@ -278,7 +286,11 @@ impl Harness<'_> {
     }
 
     /// Every response fits a client's frame limit, names a known status and,
-    /// when it grants, carries a fencing token above every earlier one.
+    /// when it grants, carries a fencing token the table issued and no
+    /// other answer carried. Not one above every earlier answer's: a grant
+    /// decided for a waiting Lock (or a queued Enqueue, until its Wait) is
+    /// answered when its connection next runs, possibly after later grants
+    /// to others were answered; the replay checks the table's own order.
     fn check(&mut self, r: &Response) {
         assert!(
             r.encoded_len() <= dlock::MAX_RESPONSE_FRAME,
@@ -289,12 +301,15 @@ impl Harness<'_> {
         if r.fence != 0 {
             assert_eq!(status, ResponseStatus::Ok, "fence on a failure");
             assert!(
-                r.fence > self.last_fence,
-                "fence {} after {}",
-                r.fence,
-                self.last_fence
+                r.fence < self.shared.db.next_fence(),
+                "fence {} was never issued",
+                r.fence
             );
-            self.last_fence = r.fence;
+            assert!(
+                self.fences.insert(r.fence),
+                "fence {} answered twice",
+                r.fence
+            );
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::shared::Shared;
 use crate::table::{
     Key, KeyView, LockResult, Mode, OwnerId, ReqId, Sharing, WaitLimit, WaitOutcome, Woken,
 };
+use crate::tickets::{Collected, Tickets};
 use bytes::BytesMut;
 use dlock::codec::encode_frame;
 use dlock::proto::{
@@ -58,6 +59,8 @@ pub struct Ctx<'a> {
     pub remote: Option<&'a Arc<ConnSessions>>,
     /// The names of the connection's TLS client certificate, if any.
     pub peer_names: &'a [String],
+    /// The connection's queued Enqueues, until their Wait (single server).
+    pub tickets: &'a mut Tickets,
 }
 
 /// Why a request is answered with an error: the status and the text that
@@ -281,6 +284,15 @@ fn execute_inner(ctx: &mut Ctx<'_>, req: Request) -> Result<Step, Refusal> {
             Ok(Step::Reply(r))
         }
         RequestType::Lock => lock(ctx.shared, owner, id, body, who.as_ref()),
+        RequestType::Enqueue => enqueue(ctx, owner, id, body, who.as_ref()),
+        RequestType::Wait => match ctx.tickets.collect(body.ticket, owner) {
+            Collected::Ticket(t) => Ok(Step::Wait {
+                request_id: id,
+                rx: t.rx,
+                grant_note: t.grant_note,
+            }),
+            Collected::Unknown => Err(unknown_ticket(body.ticket)),
+        },
         RequestType::Unlock => {
             let fence = fence_of(&body);
             let keys = checked_keys(config, body.keys)?;
@@ -312,6 +324,7 @@ fn execute_inner(ctx: &mut Ctx<'_>, req: Request) -> Result<Step, Refusal> {
                     "CloseSession needs a session; the connection's own ends with the connection",
                 ));
             }
+            ctx.tickets.close_owner(owner);
             ctx.owners.close(owner);
             Ok(Step::Reply(response(id, ResponseStatus::Ok)))
         }
@@ -389,6 +402,81 @@ fn lock(
     }
 }
 
+/// Enqueue: a Lock that answers at once. Granted at once, it is answered
+/// as a Lock; queued, its delivery is parked in the connection's tickets
+/// and the answer is Queued with the ticket and the place in line.
+fn enqueue(
+    ctx: &mut Ctx<'_>,
+    owner: OwnerId,
+    id: u64,
+    body: RequestLock,
+    who: Option<&Arc<Identity>>,
+) -> Result<Step, Refusal> {
+    let shared = ctx.shared;
+    let config = &shared.config;
+    let args = lock_args(config, body)?;
+    if ctx.tickets.is_full() {
+        return Err(too_many_tickets(ctx.tickets.max()));
+    }
+    let grant_note = who.and_then(|w| {
+        let keys: Vec<String> = args.keys.iter().map(|k| k.to_string()).collect();
+        shared.access.pending(&shared.db, w, &keys)
+    });
+    let (reply, place) =
+        shared
+            .db
+            .lock_placed(owner, args.keys, args.sharing, args.wait, args.lease);
+    match reply {
+        LockReply::Granted(fence) => {
+            metrics::granted_at_once();
+            if let Some(p) = grant_note {
+                p.granted(fence);
+            }
+            Ok(Step::Reply(granted(id, fence)))
+        }
+        LockReply::Wait(rx) => {
+            let (ticket, place) = place.unwrap_or_default();
+            ctx.tickets.insert(ticket, owner, rx, grant_note);
+            Ok(Step::Reply(queued(id, ticket, place)))
+        }
+        LockReply::Busy(keys) => Ok(Step::Reply(busy(id, keys, "keys busy"))),
+        LockReply::LimitReached(what) => Err(limit_reached(config, what)),
+        LockReply::ShuttingDown => Err(shutting_down()),
+        LockReply::ModeConflict(keys) => Ok(Step::Reply(mode_conflict(id, keys))),
+        LockReply::LimitMismatch(keys) => Ok(Step::Reply(limit_mismatch(id, keys))),
+    }
+}
+
+/// The answer to an Enqueue that waits in line.
+pub(crate) fn queued(id: u64, ticket: ReqId, place: usize) -> Response {
+    let mut r = response(id, ResponseStatus::Queued);
+    r.ticket = ticket;
+    r.place = u32::try_from(place).unwrap_or(u32::MAX);
+    r
+}
+
+/// A Wait whose ticket the session does not hold.
+pub(crate) fn unknown_ticket(ticket: u64) -> Refusal {
+    Refusal::new(
+        ResponseStatus::UnknownTicket,
+        format!(
+            "ticket {ticket} is not a queued Enqueue of this session: never issued to it, \
+             already waited for, or withdrawn"
+        ),
+    )
+}
+
+/// An Enqueue over the per-connection limit of tickets.
+pub(crate) fn too_many_tickets(max: usize) -> Refusal {
+    Refusal::new(
+        ResponseStatus::LimitReached,
+        format!(
+            "this connection holds {max} tickets not yet waited for (--max-pipeline); \
+             Wait for one first"
+        ),
+    )
+}
+
 /// A Lock's arguments, checked.
 #[derive(Debug)]
 pub(crate) struct LockArgs {
@@ -405,6 +493,12 @@ pub(crate) fn lock_args(config: &Config, body: RequestLock) -> Result<LockArgs, 
         return Err(Refusal::new(
             ResponseStatus::InvalidArgument,
             "fence names an existing lock; it applies to Unlock and Renew only",
+        ));
+    }
+    if body.ticket != 0 {
+        return Err(Refusal::new(
+            ResponseStatus::InvalidArgument,
+            "ticket names a queued Enqueue; it applies to Wait only",
         ));
     }
     if body.try_lock && body.wait_micro != 0 {

@@ -8,6 +8,7 @@
 //! | [`pipeline`] | a connection's requests: framing in place, parking, output |
 //! | [`shared`] | what every connection shares: lock state, config, tokens |
 //! | [`owners`] | the owners a connection acts for: its own and its sessions |
+//! | [`tickets`] | a connection's queued Enqueues, until their Wait |
 //! | [`handler`] | validation of one request and its response |
 //! | [`db`] | the shared table behind a mutex, timers, wake-up delivery |
 //! | [`clock`] | the one clock read that stamps the table's commands |
@@ -56,6 +57,7 @@ pub mod shared;
 pub mod table;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tickets;
 pub mod tls;
 pub mod transport;
 

@@ -370,9 +370,13 @@ mod tests {
     use crate::db::Db;
     use crate::owners::Owners;
     use crate::shared::Shared;
+    use crate::tickets::Tickets;
     use clap::Parser;
     use dlock::proto::{RequestType, Response};
     use std::net::{Ipv4Addr, SocketAddr};
+
+    /// A connection's owners and tickets.
+    type Conn = (Owners, Tickets);
 
     struct Fixture {
         shared: Shared,
@@ -392,16 +396,20 @@ mod tests {
             }
         }
 
-        fn connect(&self) -> Owners {
-            Owners::connect(&self.shared.db, peer(), self.config.max_sessions)
+        fn connect(&self) -> Conn {
+            (
+                Owners::connect(&self.shared.db, peer(), self.config.max_sessions),
+                Tickets::new(&self.shared.db, self.config.max_pipeline),
+            )
         }
 
-        fn ctx<'a>(&'a self, owners: &'a mut Owners) -> Ctx<'a> {
+        fn ctx<'a>(&'a self, conn: &'a mut Conn) -> Ctx<'a> {
             Ctx {
                 shared: &self.shared,
-                owners,
+                owners: &mut conn.0,
                 remote: None,
                 peer_names: &[],
+                tickets: &mut conn.1,
             }
         }
 
@@ -469,7 +477,7 @@ mod tests {
     /// the responses.
     fn run_all(
         f: &Fixture,
-        owner: &mut Owners,
+        owner: &mut Conn,
         p: &mut Pipeline,
         wire: &mut BytesMut,
     ) -> (Vec<usize>, Vec<Response>) {

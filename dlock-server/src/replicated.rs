@@ -25,6 +25,13 @@
 //! connection has gone is dropped here: the table keeps the grant for the
 //! session, and remembers the outcome as the answer to the Lock's number.
 //!
+//! Two-phase acquire. An Enqueue is proposed as the Lock it is; one that
+//! waits is answered Queued with the table's request id as its ticket, and
+//! its outcome waits in an [`Attached`] slot until the Wait. A Wait on a
+//! node the session moved to (a failover) finds the request in the table's
+//! queues, or its outcome in the session's memory of numbered requests
+//! (`table::tickets`).
+//!
 //! Requests sent again. A Lock, Unlock or Renew of a named session that
 //! carries a `seq` is proposed as [`Command::Sequenced`]: the table answers
 //! a number it applied already from the session's memory, without acting
@@ -40,13 +47,15 @@ use crate::db::Db;
 use crate::handler::{self, Refusal};
 use crate::pending::Pending;
 use crate::shared::Shared;
-use crate::table::{Command, Output, OwnerId, Reply, ReqId, Woken, MAX_REMEMBERED};
+use crate::table::{
+    Command, LockResult, Output, OwnerId, Reply, ReqId, TicketState, Woken, MAX_REMEMBERED,
+};
 use anyhow::{bail, Context};
 use dlock::proto::{
     ClusterInfo, ClusterMember, Request, RequestType, Response, ResponseStatus, ServerStats,
 };
-use std::collections::BTreeMap;
 use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -177,6 +186,20 @@ impl Attached {
         }
     }
 
+    /// The outcome of `req` of `session` if it was applied here and nobody
+    /// registered for it yet (a queued Enqueue before its Wait).
+    fn take_early(&self, session: OwnerId, req: ReqId) -> Option<Woken> {
+        let mut sessions = self.lock();
+        let waits = sessions.get_mut(&session)?;
+        match waits.slots.remove(&req)? {
+            Slot::Early(w) => Some(w),
+            registered => {
+                waits.slots.insert(req, registered);
+                None
+            }
+        }
+    }
+
     /// Where the outcome of `req`, a waiting Lock of `session`, arrives;
     /// `None` when the session is no longer attached here (it ended).
     fn register(&self, session: OwnerId, req: ReqId) -> Option<oneshot::Receiver<Woken>> {
@@ -221,7 +244,18 @@ struct ConnState {
     /// The first session of this connection found ended (a keep-alive or
     /// a request answered UnknownSession).
     ended: Option<OwnerId>,
+    /// Tickets of queued Enqueues answered on this connection and not yet
+    /// waited for: at most `--max-pipeline`.
+    tickets: BTreeSet<(OwnerId, ReqId)>,
+    /// The latest tickets waited for on this connection, so a second Wait
+    /// is refused: at most [`ANSWERED_TICKETS`].
+    waited: VecDeque<(OwnerId, ReqId)>,
 }
+
+/// Tickets a connection remembers as waited for. A second Wait for an
+/// older one is answered from the session's memory, as a Wait sent again
+/// after a failover is: the same outcome, never a second grant.
+const ANSWERED_TICKETS: usize = 64;
 
 impl Default for ConnSessions {
     fn default() -> Self {
@@ -436,7 +470,11 @@ impl Replicated {
                 }
                 let owner = self.named(conn, id, req.session)?;
                 self.propose(id, Command::Disconnect { owner }).await?;
-                conn.state().named.retain(|&s| s != owner);
+                let mut st = conn.state();
+                st.named.retain(|&s| s != owner);
+                // Its queued requests went with it: they no longer count.
+                st.tickets.retain(|&(s, _)| s != owner);
+                drop(st);
                 self.attached.detach(owner, conn.id);
                 Ok(handler::response(id, ResponseStatus::Ok))
             }
@@ -456,6 +494,26 @@ impl Replicated {
                 let out = self.propose(id, cmd).await?;
                 self.lock_reply(conn, id, owner, req.seq, out.reply).await
             }
+            RequestType::Enqueue => {
+                let args = handler::lock_args(config, body).map_err(|r| refused(id, r))?;
+                let owner = self.owner(conn, id, req.session).await?;
+                if conn.state().tickets.len() >= config.max_pipeline {
+                    return Err(refused(id, handler::too_many_tickets(config.max_pipeline)));
+                }
+                let cmd = numbered(
+                    &req,
+                    Command::Lock {
+                        owner,
+                        keys: args.keys,
+                        sharing: args.sharing,
+                        wait: args.wait,
+                        lease: args.lease,
+                    },
+                );
+                let out = self.propose(id, cmd).await?;
+                self.enqueue_reply(conn, id, owner, req.seq, out.reply)
+            }
+            RequestType::Wait => self.wait(conn, id, req.session, body.ticket).await,
             RequestType::Unlock | RequestType::Renew => {
                 let fence = (body.fence != 0).then_some(body.fence);
                 let lease = if kind == RequestType::Renew {
@@ -771,6 +829,7 @@ impl Replicated {
     fn forget(&self, conn: &ConnSessions, owner: OwnerId) {
         let mut st = conn.state();
         st.named.retain(|&s| s != owner);
+        st.tickets.retain(|&(s, _)| s != owner);
         if st.implicit == Some(owner) {
             st.implicit = None;
         }
@@ -826,7 +885,18 @@ impl Replicated {
             Ok(r) => return Ok(r),
             Err(req) => req,
         };
-        let Some(rx) = self.attached.register(owner, waiting) else {
+        self.await_outcome(id, owner, waiting).await
+    }
+
+    /// Waits for the outcome of `req`, a waiting Lock (or queued Enqueue)
+    /// of `owner`, and answers with it.
+    async fn await_outcome(
+        &self,
+        id: u64,
+        owner: OwnerId,
+        req: ReqId,
+    ) -> Result<Response, Refused> {
+        let Some(rx) = self.attached.register(owner, req) else {
             return Err(refused(id, unknown_session(owner)));
         };
         let mut rx = rx;
@@ -855,6 +925,109 @@ impl Replicated {
                     "the session ended while the Lock waited",
                 ),
             )),
+        }
+    }
+
+    /// The answer to an Enqueue from the table's `reply`: as a Lock's,
+    /// except that a request that waits is answered Queued with its ticket
+    /// and place in line, and noted as this connection's ticket.
+    fn enqueue_reply(
+        &self,
+        conn: &ConnSessions,
+        id: u64,
+        owner: OwnerId,
+        seq: u64,
+        reply: Reply,
+    ) -> Result<Response, Refused> {
+        let result = match reply {
+            Reply::Lock(LockResult::Waiting(req)) => {
+                conn.state().tickets.insert((owner, req));
+                // Read after the commit: the place now, which the requests
+                // decided meanwhile may have moved up.
+                let place = self
+                    .cluster
+                    .read(|table, _| table.place_in_line(req))
+                    .unwrap_or(0);
+                return Ok(handler::queued(id, req, place));
+            }
+            Reply::Lock(result) => result,
+            Reply::Waited { req, outcome } => {
+                // An Enqueue sent again whose wait ended: answered with its
+                // outcome, as a Lock sent again is.
+                self.attached.discard(owner, req);
+                let w = Woken {
+                    req,
+                    owner,
+                    keys: Vec::new(),
+                    wake: outcome,
+                };
+                return Ok(handler::woken(id, w));
+            }
+            Reply::NotHeld(_) => return Err(refused(id, not_the_same(seq))),
+            Reply::Forgotten => return Err(refused(id, forgotten(seq))),
+            other => return Err(self.unexpected(conn, id, owner, other)),
+        };
+        match handler::lock_result(&self.config, id, result) {
+            Ok(r) => Ok(r),
+            // Handled above; the table answers a Lock that waits only so.
+            Err(req) => Ok(handler::queued(id, req, 0)),
+        }
+    }
+
+    /// Wait: the outcome of queued Enqueue `ticket` of the session. Found,
+    /// in this order, where it may be: an outcome this node applied and
+    /// kept for the session; the table's queues (still waiting: wait for
+    /// it here); the session's memory of numbered requests (decided
+    /// before a failover moved the session here).
+    async fn wait(
+        &self,
+        conn: &ConnSessions,
+        id: u64,
+        session: u64,
+        ticket: ReqId,
+    ) -> Result<Response, Refused> {
+        let owner = match session {
+            0 => conn.state().implicit,
+            s => Some(self.named(conn, id, s)?),
+        };
+        let Some(owner) = owner else {
+            return Err(refused(id, handler::unknown_ticket(ticket)));
+        };
+        {
+            let mut st = conn.state();
+            if ticket == 0 || st.waited.contains(&(owner, ticket)) {
+                return Err(refused(id, handler::unknown_ticket(ticket)));
+            }
+            st.tickets.remove(&(owner, ticket));
+            if st.waited.len() >= ANSWERED_TICKETS {
+                st.waited.pop_front();
+            }
+            st.waited.push_back((owner, ticket));
+        }
+        if let Some(w) = self.attached.take_early(owner, ticket) {
+            return Ok(handler::woken(id, w));
+        }
+        self.cluster
+            .read_index()
+            .await
+            .map_err(|e| cluster_error(id, e))?;
+        match self.cluster.read(|table, _| table.ticket(owner, ticket)) {
+            TicketState::Waiting => self.await_outcome(id, owner, ticket).await,
+            TicketState::Decided(outcome) => {
+                self.attached.discard(owner, ticket);
+                let w = Woken {
+                    req: ticket,
+                    owner,
+                    keys: Vec::new(),
+                    wake: outcome,
+                };
+                Ok(handler::woken(id, w))
+            }
+            // Applied here between the first look and the read?
+            TicketState::Unknown => match self.attached.take_early(owner, ticket) {
+                Some(w) => Ok(handler::woken(id, w)),
+                None => Err(refused(id, handler::unknown_ticket(ticket))),
+            },
         }
     }
 }

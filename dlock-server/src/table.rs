@@ -60,12 +60,14 @@ mod queue;
 mod resend;
 mod sessions;
 mod snapshot;
+mod tickets;
 mod time;
 
 pub use command::{Command, LimitName, LockResult, Output, Reply, WaitOutcome, Woken};
 pub use mode::{Mode, Sharing};
 pub use resend::MAX_REMEMBERED;
 pub use snapshot::{BadSnapshot, Snapshot};
+pub use tickets::TicketState;
 pub use time::Time;
 
 pub use crate::keymap::Key;

@@ -778,3 +778,106 @@ async fn a_waiting_lock_sent_again_after_a_broken_connection_gets_its_grant_once
     assert!(r.error_text.contains("seq 1"), "{r:?}");
     assert!(inspect(&mut a, "w", sa).await.held_by_caller);
 }
+
+/// An Enqueue of `key` in `session`, numbered `seq`, waiting without limit.
+fn enqueue_req(c: &mut TestClient, key: &str, session: u64, seq: u64) -> Request {
+    let mut req = numbered(lock_req(c, key, session, Duration::ZERO, false), seq, 0);
+    req.r#type = RequestType::Enqueue as i32;
+    req
+}
+
+fn wait_req(c: &mut TestClient, ticket: u64, session: u64) -> Request {
+    let mut req = in_session(c.request(RequestType::Wait, &[]), session);
+    req.lock.get_or_insert_with(Default::default).ticket = ticket;
+    req
+}
+
+async fn must_queue(c: &mut TestClient, key: &str, session: u64, seq: u64) -> u64 {
+    let req = enqueue_req(c, key, session, seq);
+    let r = c.call(req).await;
+    assert_eq!(status(&r), ResponseStatus::Queued, "{r:?}");
+    assert_eq!(r.place, 0, "{r:?}");
+    r.ticket
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_and_wait_go_through_the_leader_and_tickets_survive_a_failover() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::new(3);
+    let l = cluster.leader(None).await;
+    let mut h = cluster.conn(l).await;
+    let sh = open(&mut h).await;
+    for key in ["x", "y", "w"] {
+        must_lock(&mut h, key, sh, Duration::ZERO).await;
+    }
+    let mut a = cluster.conn(l).await;
+    let sa = open(&mut a).await;
+    let req = enqueue_req(&mut a, "free", sa, 1);
+    let r = a.call(req).await;
+    assert!(status(&r) == ResponseStatus::Ok && r.fence > 0, "{r:?}");
+
+    // x: queued, then waited for on the leader as a Lock would.
+    let tx = must_queue(&mut a, "x", sa, 2).await;
+    let wait = wait_req(&mut a, tx, sa);
+    a.send(&wait).await;
+    await_waiters(&mut h, "x", 1).await;
+    let r = call(&mut h, RequestType::Unlock, &["x"], sh).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let got = a.recv().await;
+    assert_eq!(
+        (got.request_id, status(&got)),
+        (wait.id, ResponseStatus::Ok)
+    );
+    assert_eq!(inspect(&mut h, "x", sh).await.fence, got.fence);
+    let again = wait_req(&mut a, tx, sa);
+    let r = a.call(again).await;
+    assert_eq!(status(&r), ResponseStatus::UnknownTicket, "{r:?}");
+
+    // y: granted before the failover and not yet waited for; w: still in
+    // line when the leader dies.
+    let ty = must_queue(&mut a, "y", sa, 3).await;
+    let tw = must_queue(&mut a, "w", sa, 4).await;
+    let r = call(&mut h, RequestType::Unlock, &["y"], sh).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let fy = inspect(&mut a, "y", sa).await;
+    assert!(fy.held_by_caller, "{fy:?}");
+
+    cluster.kill(l);
+    let l2 = cluster.leader(Some(l)).await;
+    let (mut a, mut h) = (cluster.conn(l2).await, cluster.conn(l2).await);
+    for (conn, s) in [(&mut a, sa), (&mut h, sh)] {
+        let r = session(conn, s, Duration::ZERO).await;
+        assert_eq!((status(&r), r.session), (ResponseStatus::Ok, s), "{r:?}");
+    }
+    // The new leader answers y's Wait from the session's memory: the one
+    // grant, not a second.
+    let req = wait_req(&mut a, ty, sa);
+    let r = a.call(req).await;
+    assert_eq!(
+        (status(&r), r.fence),
+        (ResponseStatus::Ok, fy.fence),
+        "{r:?}"
+    );
+    // w kept its place and is granted to the Wait sent to the new leader.
+    let wait = wait_req(&mut a, tw, sa);
+    a.send(&wait).await;
+    let r = call(&mut h, RequestType::Unlock, &["w"], sh).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let got = a.recv().await;
+    assert_eq!(
+        (got.request_id, status(&got)),
+        (wait.id, ResponseStatus::Ok)
+    );
+    let info = inspect(&mut a, "w", sa).await;
+    assert!(info.held_by_caller && info.fence == got.fence, "{info:?}");
+    // Unknown tickets, and another session's, are refused.
+    for (ticket, s) in [(tw + 1000, sa), (tw, sh)] {
+        let req = wait_req(if s == sa { &mut a } else { &mut h }, ticket, s);
+        let r = if s == sa {
+            a.call(req).await
+        } else {
+            h.call(req).await
+        };
+        assert_eq!(status(&r), ResponseStatus::UnknownTicket, "{r:?}");
+    }
+}

@@ -27,7 +27,7 @@ fn request() -> impl Strategy<Value = Request> {
     );
     (
         prop_oneof![6 => Just(2u32), 1 => any::<u32>()],
-        prop_oneof![1 => 0i32..12, 1 => any::<i32>()],
+        prop_oneof![1 => 0i32..14, 1 => any::<i32>()],
         keys,
         1u64..30_000,
         prop_oneof![3 => Just(0u64), 2 => 1u64..200_000, 1 => any::<u64>()],
@@ -40,31 +40,36 @@ fn request() -> impl Strategy<Value = Request> {
             any::<u8>(),
             prop_oneof![2 => Just(0u32), 2 => 1u32..3, 1 => any::<u32>()],
         ),
+        // Wait's ticket: request ids are small and count up from 1.
+        prop_oneof![2 => Just(0u64), 2 => 1u64..40, 1 => any::<u64>()],
     )
         .prop_map(
-            |(version, kind, keys, wait, lease, try_lock, fence, token, (mask, limit))| Request {
-                version,
-                id: 0,
-                access_token: token,
-                r#type: kind,
-                session: 0,
-                session_ttl_micro: 0,
-                lock: Some(RequestLock {
-                    wait_micro: if try_lock { 0 } else { wait },
-                    release_micro: lease,
-                    shared_keys: keys
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, _)| mask & (1 << i) != 0)
-                        .map(|(_, k)| k.clone())
-                        .chain((mask & 0x80 != 0).then(|| "z".to_owned()))
-                        .collect(),
-                    limit,
-                    keys,
-                    try_lock,
-                    fence,
-                }),
-                ..Request::default()
+            |(version, kind, keys, wait, lease, try_lock, fence, token, (mask, limit), ticket)| {
+                Request {
+                    version,
+                    id: 0,
+                    access_token: token,
+                    r#type: kind,
+                    session: 0,
+                    session_ttl_micro: 0,
+                    lock: Some(RequestLock {
+                        wait_micro: if try_lock { 0 } else { wait },
+                        release_micro: lease,
+                        shared_keys: keys
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| mask & (1 << i) != 0)
+                            .map(|(_, k)| k.clone())
+                            .chain((mask & 0x80 != 0).then(|| "z".to_owned()))
+                            .collect(),
+                        limit,
+                        keys,
+                        try_lock,
+                        fence,
+                        ticket,
+                    }),
+                    ..Request::default()
+                }
             },
         )
 }

@@ -225,6 +225,28 @@ def test_mode_conflict_and_limit_mismatch_name_the_keys(server):
     assert (other_limit.status, list(other_limit.keys)) == (Status.LimitMismatch, ["pool"]) and other_limit.error_text
 
 
+@covers(Status.Queued)
+@covers(Status.UnknownTicket)
+def test_queued_enqueue_and_unknown_ticket(server):
+    # The Python client has no enqueue/wait yet: raw frames, with "tq" held
+    # on another connection so the Enqueue waits in line.
+    host, port = server.addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=LIMIT) as holder:
+        take = pb.Request(version=2, id=1, type=pb.Lock, lock=pb.RequestLock(keys=["tq"], try_lock=True))
+        holder.sendall(encode(take))
+        dec, got = FrameDecoder(), []
+        while not got:
+            data = holder.recv(65536)
+            assert data, "holder connection closed"
+            got += [pb.Response.FromString(b) for b in dec.feed(data)]
+        assert got[0].status == Status.Ok
+        enqueue = pb.Request(version=2, id=2, type=pb.Enqueue, lock=pb.RequestLock(keys=["tq"]))
+        stray = pb.Request(version=2, id=3, type=pb.Wait, lock=pb.RequestLock(ticket=987654321))
+        queued, unknown = raw_exchange(server.addr, encode(enqueue) + encode(stray), 2)
+    assert (queued.status, queued.place, queued.fence) == (Status.Queued, 0, 0) and queued.ticket > 0
+    assert unknown.status == Status.UnknownTicket and "987654321" in unknown.error_text
+
+
 @covers(Status.NotLeader)
 @covers(Status.Unavailable)
 def test_cluster_statuses_become_server_errors_that_keep_their_text():

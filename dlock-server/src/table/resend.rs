@@ -148,6 +148,11 @@ impl Answers {
         }
     }
 
+    /// The remembered replies, oldest first.
+    pub(super) fn replies(&self) -> impl Iterator<Item = &Reply> + '_ {
+        self.replies.values()
+    }
+
     /// The waiting requests remembered, for the table's invariants.
     pub(super) fn waiting(&self) -> impl Iterator<Item = ReqId> + '_ {
         self.waiting.keys().copied()

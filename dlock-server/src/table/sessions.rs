@@ -131,6 +131,11 @@ impl Sessions {
         self.open.get_mut(&owner).map(|s| &mut s.answers)
     }
 
+    /// The remembered replies of open session `owner`, to read.
+    pub(super) fn answers(&self, owner: OwnerId) -> Option<&Answers> {
+        self.open.get(&owner).map(|s| &s.answers)
+    }
+
     /// Runs `f` on every open session's remembered replies, in id order.
     pub(super) fn for_each_answers(&mut self, f: impl Fn(&mut Answers)) {
         self.open.values_mut().for_each(|s| f(&mut s.answers));

@@ -21,6 +21,8 @@ class RequestType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ClusterStatus: _ClassVar[RequestType]
     ClusterAdd: _ClassVar[RequestType]
     ClusterRemove: _ClassVar[RequestType]
+    Enqueue: _ClassVar[RequestType]
+    Wait: _ClassVar[RequestType]
 
 class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -43,6 +45,8 @@ class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UnknownSession: _ClassVar[ResponseStatus]
     ModeConflict: _ClassVar[ResponseStatus]
     LimitMismatch: _ClassVar[ResponseStatus]
+    Queued: _ClassVar[ResponseStatus]
+    UnknownTicket: _ClassVar[ResponseStatus]
 Invalid: RequestType
 Ping: RequestType
 Lock: RequestType
@@ -55,6 +59,8 @@ CloseSession: RequestType
 ClusterStatus: RequestType
 ClusterAdd: RequestType
 ClusterRemove: RequestType
+Enqueue: RequestType
+Wait: RequestType
 Ok: ResponseStatus
 General: ResponseStatus
 Version: ResponseStatus
@@ -74,6 +80,8 @@ NotHeld: ResponseStatus
 UnknownSession: ResponseStatus
 ModeConflict: ResponseStatus
 LimitMismatch: ResponseStatus
+Queued: ResponseStatus
+UnknownTicket: ResponseStatus
 
 class Request(_message.Message):
     __slots__ = ("version", "id", "access_token", "type", "session", "session_ttl_micro", "seq", "seq_done", "lock", "cluster")
@@ -148,7 +156,7 @@ class ClusterMember(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., client_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ..., voter: bool = ..., matched_index: _Optional[int] = ..., lag: _Optional[int] = ..., replication_known: bool = ...) -> None: ...
 
 class RequestLock(_message.Message):
-    __slots__ = ("wait_micro", "release_micro", "keys", "try_lock", "fence", "shared_keys", "limit")
+    __slots__ = ("wait_micro", "release_micro", "keys", "try_lock", "fence", "shared_keys", "limit", "ticket")
     WAIT_MICRO_FIELD_NUMBER: _ClassVar[int]
     RELEASE_MICRO_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +164,7 @@ class RequestLock(_message.Message):
     FENCE_FIELD_NUMBER: _ClassVar[int]
     SHARED_KEYS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     wait_micro: int
     release_micro: int
     keys: _containers.RepeatedScalarFieldContainer[str]
@@ -163,7 +172,8 @@ class RequestLock(_message.Message):
     fence: int
     shared_keys: _containers.RepeatedScalarFieldContainer[str]
     limit: int
-    def __init__(self, wait_micro: _Optional[int] = ..., release_micro: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., try_lock: bool = ..., fence: _Optional[int] = ..., shared_keys: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ...) -> None: ...
+    ticket: int
+    def __init__(self, wait_micro: _Optional[int] = ..., release_micro: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., try_lock: bool = ..., fence: _Optional[int] = ..., shared_keys: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ..., ticket: _Optional[int] = ...) -> None: ...
 
 class KeyInfo(_message.Message):
     __slots__ = ("key", "fence", "lease_remaining_micro", "waiters", "held_by_caller", "holder_addr", "shared", "limit", "holders")
@@ -200,7 +210,7 @@ class KeyHolder(_message.Message):
     def __init__(self, fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("version", "request_id", "status", "error_text", "keys", "server_unix_time", "fence", "key_info", "server_stats", "limits", "session", "session_ttl_micro", "leader_addr", "cluster")
+    __slots__ = ("version", "request_id", "status", "error_text", "keys", "server_unix_time", "fence", "key_info", "server_stats", "limits", "session", "session_ttl_micro", "leader_addr", "cluster", "ticket", "place")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +225,8 @@ class Response(_message.Message):
     SESSION_TTL_MICRO_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDR_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    PLACE_FIELD_NUMBER: _ClassVar[int]
     version: int
     request_id: int
     status: ResponseStatus
@@ -229,7 +241,9 @@ class Response(_message.Message):
     session_ttl_micro: int
     leader_addr: str
     cluster: ClusterInfo
-    def __init__(self, version: _Optional[int] = ..., request_id: _Optional[int] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., error_text: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., server_unix_time: _Optional[int] = ..., fence: _Optional[int] = ..., key_info: _Optional[_Iterable[_Union[KeyInfo, _Mapping]]] = ..., server_stats: _Optional[_Union[ServerStats, _Mapping]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., session: _Optional[int] = ..., session_ttl_micro: _Optional[int] = ..., leader_addr: _Optional[str] = ..., cluster: _Optional[_Union[ClusterInfo, _Mapping]] = ...) -> None: ...
+    ticket: int
+    place: int
+    def __init__(self, version: _Optional[int] = ..., request_id: _Optional[int] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., error_text: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., server_unix_time: _Optional[int] = ..., fence: _Optional[int] = ..., key_info: _Optional[_Iterable[_Union[KeyInfo, _Mapping]]] = ..., server_stats: _Optional[_Union[ServerStats, _Mapping]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., session: _Optional[int] = ..., session_ttl_micro: _Optional[int] = ..., leader_addr: _Optional[str] = ..., cluster: _Optional[_Union[ClusterInfo, _Mapping]] = ..., ticket: _Optional[int] = ..., place: _Optional[int] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("session_timeout_micro", "max_lease_micro", "max_keys", "max_key_len", "max_frame", "max_pipeline", "resumable_sessions")
