@@ -32,7 +32,7 @@ const SHARDS: usize = 16;
 
 /// Request type label values, indexed by the `RequestType` value; the last
 /// one is for a type number the server does not know.
-const TYPES: [&str; 13] = [
+const TYPES: [&str; 17] = [
     "invalid",
     "ping",
     "lock",
@@ -45,12 +45,17 @@ const TYPES: [&str; 13] = [
     "cluster_status",
     "cluster_add",
     "cluster_remove",
+    // 12 and 13 are reserved for the two-phase acquire's types.
+    "type_12",
+    "type_13",
+    "proclaim",
+    "watch",
     "unknown",
 ];
 
 /// Every status the server sends, in label form, dense-indexed by
 /// [`status_index`].
-const STATUSES: [(ResponseStatus, &str); 19] = [
+const STATUSES: [(ResponseStatus, &str); 21] = [
     (ResponseStatus::Ok, "ok"),
     (ResponseStatus::General, "general"),
     (ResponseStatus::Version, "version"),
@@ -70,6 +75,8 @@ const STATUSES: [(ResponseStatus, &str); 19] = [
     (ResponseStatus::UnknownSession, "unknown_session"),
     (ResponseStatus::ModeConflict, "mode_conflict"),
     (ResponseStatus::LimitMismatch, "limit_mismatch"),
+    (ResponseStatus::ValueTooLarge, "value_too_large"),
+    (ResponseStatus::WatchLimit, "watch_limit"),
 ];
 
 fn status_index(status: ResponseStatus) -> usize {
@@ -95,6 +102,8 @@ fn status_index(status: ResponseStatus) -> usize {
         ResponseStatus::UnknownSession => 16,
         ResponseStatus::ModeConflict => 17,
         ResponseStatus::LimitMismatch => 18,
+        ResponseStatus::ValueTooLarge => 19,
+        ResponseStatus::WatchLimit => 20,
     }
 }
 

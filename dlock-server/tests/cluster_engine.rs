@@ -213,6 +213,7 @@ fn lock(owner: OwnerId, key: &str, lease: Option<Duration>) -> Command {
         sharing: Sharing::exclusive(),
         wait: WaitLimit::No,
         lease,
+        value: Vec::new(),
     }
 }
 
@@ -711,6 +712,7 @@ async fn shared_grants_are_replicated_and_a_new_leader_keeps_every_reader() {
         sharing: Sharing::all(&["config".into()], 0),
         wait: WaitLimit::No,
         lease: None,
+        value: Vec::new(),
     };
     let first = granted(&propose(&nodes, read(1)).await);
     let (index, out) = propose_indexed(&nodes, read(2)).await;
