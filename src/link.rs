@@ -384,8 +384,9 @@ fn unanswered_too_long(pending: &PendingQueue, ttl: Option<Duration>) -> Option<
     let queue = pending.lock().unwrap_or_else(|p| p.into_inner());
     let oldest = queue.front()?;
     let waited = oldest.sent.elapsed();
-    (oldest.kind != RequestType::Lock as i32 && waited >= ttl / 2)
-        .then_some(Disconnect::NoAnswer { waited })
+    // A Watch waits rightly too, up to its limit.
+    let waits = oldest.kind == RequestType::Lock as i32 || oldest.kind == RequestType::Watch as i32;
+    (!waits && waited >= ttl / 2).then_some(Disconnect::NoAnswer { waited })
 }
 
 /// Encodes every request kept for sending again, in order, and restamps

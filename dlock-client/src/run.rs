@@ -19,12 +19,7 @@ use tokio::time::Instant;
 /// # Errors
 /// A [`Failure`] with its exit code and message.
 pub async fn run(args: Args) -> Result<u8, Failure> {
-    let options = ClientOptions {
-        connect_timeout: args.connect_timeout,
-        access_token: token(&args)?,
-        tls: tls(&args)?,
-        ..ClientOptions::default()
-    };
+    let options = client_options(&args)?;
     if args.ping {
         return ping(&args, options).await;
     }
@@ -33,11 +28,24 @@ pub async fn run(args: Args) -> Result<u8, Failure> {
         return crate::inspect::run(&args, options, keys).await;
     }
     let argv = command_line(&args, &keys)?;
-    run_locked(&args, options, &keys, &argv).await
+    run_locked(&args, options, &keys, &argv, &[]).await
+}
+
+/// The client's options from the command line: timeouts, token, TLS.
+///
+/// # Errors
+/// An unreadable token file or TLS file.
+pub fn client_options(args: &Args) -> Result<ClientOptions, Failure> {
+    Ok(ClientOptions {
+        connect_timeout: args.connect_timeout,
+        access_token: token(args)?,
+        tls: tls(args)?,
+        ..ClientOptions::default()
+    })
 }
 
 /// The command to run, once there are keys to lock and a command.
-fn command_line(args: &Args, keys: &[String]) -> Result<Vec<String>, Failure> {
+pub fn command_line(args: &Args, keys: &[String]) -> Result<Vec<String>, Failure> {
     if keys.is_empty() {
         return Err(Failure::new(
             exit::USAGE,
@@ -54,11 +62,13 @@ fn command_line(args: &Args, keys: &[String]) -> Result<Vec<String>, Failure> {
 
 /// dlock's main path: wait for the lock, run COMMAND under it while
 /// keeping the lock, then release it and give COMMAND's exit code.
-async fn run_locked(
+/// `value` goes with the hold (`dlock elect`'s identity); empty for none.
+pub async fn run_locked(
     args: &Args,
     options: ClientOptions,
     keys: &[String],
     argv: &[String],
+    value: &[u8],
 ) -> Result<u8, Failure> {
     // Without a terminal the command leads a process group of its own, and
     // job-control stops are dlock's to pass on.
@@ -70,7 +80,7 @@ async fn run_locked(
         report_reconnects(&client);
     }
     check_limits(args, &client, keys)?;
-    let guard = match wait_for_lock(args, &client, keys, &mut signals).await? {
+    let guard = match wait_for_lock(args, &client, keys, value, &mut signals).await? {
         Waited::Locked(guard) => guard,
         Waited::Interrupted(sig) => {
             say!(
@@ -123,10 +133,11 @@ async fn wait_for_lock(
     args: &Args,
     client: &Client,
     keys: &[String],
+    value: &[u8],
     signals: &mut Signals,
 ) -> Result<Waited, Failure> {
     tokio::select! {
-        guard = acquire(args, client, keys) => Ok(Waited::Locked(guard?)),
+        guard = acquire(args, client, keys, value) => Ok(Waited::Locked(guard?)),
         sig = interrupt(signals) => Ok(Waited::Interrupted(sig)),
     }
 }
@@ -403,7 +414,12 @@ fn left_to_server(lease: Option<Duration>) -> String {
     }
 }
 
-async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGuard, Failure> {
+async fn acquire(
+    args: &Args,
+    client: &Client,
+    keys: &[String],
+    value: &[u8],
+) -> Result<LockGuard, Failure> {
     let mut options = LockOptions {
         lease: args.lease,
         ..LockOptions::default()
@@ -422,7 +438,10 @@ async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGu
     let start = Instant::now();
     if args.verbose && !args.nonblock {
         // Try first, so the wait can be explained before it starts.
-        match client.lock(keys.to_vec(), options.no_wait()).await {
+        match client
+            .lock_with_value(keys.to_vec(), options.no_wait(), value)
+            .await
+        {
             Ok(g) => {
                 say!("acquired {} (fence {}) at once", keys.join(","), g.fence());
                 return Ok(g);
@@ -431,7 +450,7 @@ async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGu
             Err(e) => return Err(exit::from_client_error(e, &args.server)),
         }
     }
-    match client.lock(keys.to_vec(), options).await {
+    match client.lock_with_value(keys.to_vec(), options, value).await {
         Ok(g) => {
             if args.verbose {
                 say!(
@@ -469,18 +488,19 @@ async fn describe_holders(client: &Client, busy: &[String], what: &str) {
         return;
     };
     for info in infos {
-        let holder = if info.fence == 0 {
-            "free, earlier waiters first".to_string()
-        } else if info.shared {
-            let limit = match info.limit {
-                0 => String::new(),
-                n => format!(" of at most {n}"),
-            };
-            format!("held shared by {} holders{limit}", info.holders.len())
-        } else if info.holder_addr.is_empty() {
-            format!("held by a lease (fence {})", info.fence)
-        } else {
-            format!("held by {} (fence {})", info.holder_addr, info.fence)
+        let holder = match info.holders.last() {
+            None => "free, earlier waiters first".to_string(),
+            Some(_) if info.shared => {
+                let limit = match info.limit {
+                    0 => String::new(),
+                    n => format!(" of at most {n}"),
+                };
+                format!("held shared by {} holders{limit}", info.holders.len())
+            }
+            Some(h) => match h.holder_addr {
+                None => format!("held by a lease (fence {})", h.fence),
+                Some(addr) => format!("held by {addr} (fence {})", h.fence),
+            },
         };
         say!("{what} {:?}: {holder}, {} waiting", info.key, info.waiters);
     }
