@@ -134,16 +134,25 @@ impl Election {
         if let Some(lease) = self.lease {
             options = options.lease(lease);
         }
+        let value = value.into();
         let guard = self
             .client
-            .lock_with_value(self.key.as_str(), options, value)
+            .lock_with_value(self.key.as_str(), options, value.clone())
             .await?;
         let guard = Arc::new(guard);
         let (tx, lost) = watch::channel(None);
         let keeper = {
             let guard = guard.clone();
+            let this = self.clone();
             tokio::spawn(async move {
-                let reason = guard.keep_alive().await;
+                // The guard sees its connection, lease and deadline; the
+                // Watch sees the key taken from under it (released by its
+                // fence elsewhere), which a lock bound to its connection
+                // would otherwise learn only from the next Unlock.
+                let reason = tokio::select! {
+                    reason = guard.keep_alive() => reason,
+                    reason = this.deposed(guard.fence(), value) => reason,
+                };
                 let _ = tx.send(Some(reason));
             })
         };
@@ -154,6 +163,32 @@ impl Election {
             lost,
             keeper,
         })
+    }
+
+    /// Resolves when the key's first holder is no longer `fence`, as the
+    /// server pushes it; never while it is (a value proclaimed is followed,
+    /// an error retried).
+    async fn deposed(&self, fence: u64, mut value: Vec<u8>) -> Lost {
+        let limit = self.watch_limit();
+        loop {
+            let known = Some((fence, value.as_slice()));
+            match self.client.watch(self.key.as_str(), known, limit).await {
+                Ok(state) => match state.first() {
+                    Some(h) if h.fence == fence => value = h.value.clone(),
+                    _ => return Lost::NotHeld,
+                },
+                // The guard reports a lost connection itself.
+                Err(_) => tokio::time::sleep(OBSERVE_RETRY).await,
+            }
+        }
+    }
+
+    /// How long each Watch waits: within the server's session timeout, so
+    /// a connection that only waits is never taken for idle.
+    fn watch_limit(&self) -> Duration {
+        OBSERVE_WATCH
+            .min(self.client.session_timeout() / 2)
+            .max(Duration::from_millis(100))
     }
 
     /// Who leads now, if anyone.
@@ -181,8 +216,7 @@ impl Election {
         let first = self.leader().await?;
         let (tx, rx) = watch::channel(first);
         let this = self.clone();
-        let limit = OBSERVE_WATCH.min(self.client.session_timeout() / 2);
-        let limit = limit.max(Duration::from_millis(100));
+        let limit = self.watch_limit();
         tokio::spawn(async move {
             loop {
                 let known = tx.borrow().clone();
