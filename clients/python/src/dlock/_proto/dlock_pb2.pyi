@@ -21,6 +21,8 @@ class RequestType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ClusterStatus: _ClassVar[RequestType]
     ClusterAdd: _ClassVar[RequestType]
     ClusterRemove: _ClassVar[RequestType]
+    Proclaim: _ClassVar[RequestType]
+    Watch: _ClassVar[RequestType]
 
 class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -43,6 +45,8 @@ class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UnknownSession: _ClassVar[ResponseStatus]
     ModeConflict: _ClassVar[ResponseStatus]
     LimitMismatch: _ClassVar[ResponseStatus]
+    ValueTooLarge: _ClassVar[ResponseStatus]
+    WatchLimit: _ClassVar[ResponseStatus]
 Invalid: RequestType
 Ping: RequestType
 Lock: RequestType
@@ -55,6 +59,8 @@ CloseSession: RequestType
 ClusterStatus: RequestType
 ClusterAdd: RequestType
 ClusterRemove: RequestType
+Proclaim: RequestType
+Watch: RequestType
 Ok: ResponseStatus
 General: ResponseStatus
 Version: ResponseStatus
@@ -74,6 +80,8 @@ NotHeld: ResponseStatus
 UnknownSession: ResponseStatus
 ModeConflict: ResponseStatus
 LimitMismatch: ResponseStatus
+ValueTooLarge: ResponseStatus
+WatchLimit: ResponseStatus
 
 class Request(_message.Message):
     __slots__ = ("version", "id", "access_token", "type", "session", "session_ttl_micro", "seq", "seq_done", "lock", "cluster")
@@ -148,7 +156,7 @@ class ClusterMember(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., client_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ..., voter: bool = ..., matched_index: _Optional[int] = ..., lag: _Optional[int] = ..., replication_known: bool = ...) -> None: ...
 
 class RequestLock(_message.Message):
-    __slots__ = ("wait_micro", "release_micro", "keys", "try_lock", "fence", "shared_keys", "limit")
+    __slots__ = ("wait_micro", "release_micro", "keys", "try_lock", "fence", "shared_keys", "limit", "value")
     WAIT_MICRO_FIELD_NUMBER: _ClassVar[int]
     RELEASE_MICRO_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +164,7 @@ class RequestLock(_message.Message):
     FENCE_FIELD_NUMBER: _ClassVar[int]
     SHARED_KEYS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
     wait_micro: int
     release_micro: int
     keys: _containers.RepeatedScalarFieldContainer[str]
@@ -163,10 +172,11 @@ class RequestLock(_message.Message):
     fence: int
     shared_keys: _containers.RepeatedScalarFieldContainer[str]
     limit: int
-    def __init__(self, wait_micro: _Optional[int] = ..., release_micro: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., try_lock: bool = ..., fence: _Optional[int] = ..., shared_keys: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ...) -> None: ...
+    value: bytes
+    def __init__(self, wait_micro: _Optional[int] = ..., release_micro: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., try_lock: bool = ..., fence: _Optional[int] = ..., shared_keys: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class KeyInfo(_message.Message):
-    __slots__ = ("key", "fence", "lease_remaining_micro", "waiters", "held_by_caller", "holder_addr", "shared", "limit", "holders")
+    __slots__ = ("key", "fence", "lease_remaining_micro", "waiters", "held_by_caller", "holder_addr", "shared", "limit", "holders", "value", "held_micro")
     KEY_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_REMAINING_MICRO_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +186,8 @@ class KeyInfo(_message.Message):
     SHARED_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    HELD_MICRO_FIELD_NUMBER: _ClassVar[int]
     key: str
     fence: int
     lease_remaining_micro: int
@@ -185,19 +197,25 @@ class KeyInfo(_message.Message):
     shared: bool
     limit: int
     holders: _containers.RepeatedCompositeFieldContainer[KeyHolder]
-    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., waiters: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ..., shared: bool = ..., limit: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[KeyHolder, _Mapping]]] = ...) -> None: ...
+    value: bytes
+    held_micro: int
+    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., waiters: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ..., shared: bool = ..., limit: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[KeyHolder, _Mapping]]] = ..., value: _Optional[bytes] = ..., held_micro: _Optional[int] = ...) -> None: ...
 
 class KeyHolder(_message.Message):
-    __slots__ = ("fence", "lease_remaining_micro", "held_by_caller", "holder_addr")
+    __slots__ = ("fence", "lease_remaining_micro", "held_by_caller", "holder_addr", "value", "held_micro")
     FENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_REMAINING_MICRO_FIELD_NUMBER: _ClassVar[int]
     HELD_BY_CALLER_FIELD_NUMBER: _ClassVar[int]
     HOLDER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    HELD_MICRO_FIELD_NUMBER: _ClassVar[int]
     fence: int
     lease_remaining_micro: int
     held_by_caller: bool
     holder_addr: str
-    def __init__(self, fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ...) -> None: ...
+    value: bytes
+    held_micro: int
+    def __init__(self, fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ..., value: _Optional[bytes] = ..., held_micro: _Optional[int] = ...) -> None: ...
 
 class Response(_message.Message):
     __slots__ = ("version", "request_id", "status", "error_text", "keys", "server_unix_time", "fence", "key_info", "server_stats", "limits", "session", "session_ttl_micro", "leader_addr", "cluster")
