@@ -169,9 +169,8 @@ async fn on_a_cluster_the_election_and_its_observers_survive_a_leader_kill() {
         .unwrap();
     let l = loop {
         // a's resignation and b's grant may come as one change or two.
-        let l = next(&mut seen).await;
-        if l.is_some() {
-            break l.expect("b");
+        if let Some(l) = next(&mut seen).await {
+            break l;
         }
     };
     assert_eq!((l.value.as_slice(), l.fence), (&b"b"[..], lead_b.fence()));

@@ -556,10 +556,18 @@ pub(crate) fn key_info(
 /// its place, when the connection drops the answer's receiver.
 fn watch(shared: &Shared, owner: OwnerId, id: u64, body: RequestLock) -> Result<Step, Refusal> {
     let args = crate::watch::watch_args(&shared.config, body)?;
+    // A parked Watch is a task; the fuzz harness drives requests without
+    // a runtime, and there it is refused rather than answered wrongly.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return Err(Refusal::new(
+            ResponseStatus::WatchLimit,
+            "Watch needs the server's runtime, which this harness has not",
+        ));
+    };
     let permit = shared.watches.take()?;
     let db = shared.db.clone();
     let (mut tx, rx) = oneshot::channel();
-    tokio::spawn(async move {
+    runtime.spawn(async move {
         let _permit = permit;
         let key = &args.key;
         let look = || db.changed_from(owner, key, args.fence, &args.value);

@@ -11,6 +11,8 @@ use proptest::prelude::*;
 
 /// A step of a script, before encoding.
 #[derive(Debug, Clone)]
+// A test's script of a few hundred steps: boxing would only add noise.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Bytes(u8, Vec<u8>),
     Request(u8, Request, usize),
@@ -30,7 +32,7 @@ fn request() -> impl Strategy<Value = Request> {
     (
         prop_oneof![4 => Just(2u32), 1 => 0u32..4],
         any::<u64>(),
-        prop_oneof![1 => 0i32..12, 1 => any::<i32>()],
+        prop_oneof![1 => 0i32..16, 1 => any::<i32>()],
         keys,
         prop_oneof![3 => Just(0u64), 1 => 1u64..20_000, 1 => any::<u64>()],
         prop_oneof![3 => Just(0u64), 1 => 1u64..20_000, 1 => any::<u64>()],
@@ -43,10 +45,12 @@ fn request() -> impl Strategy<Value = Request> {
         (
             any::<u16>(),
             prop_oneof![2 => Just(0u32), 2 => 1u32..3, 1 => any::<u32>()],
+            // A value now and then, once too long.
+            prop_oneof![4 => Just(Vec::new()), 1 => prop::collection::vec(any::<u8>(), 1..4), 1 => Just(vec![0u8; 1025])],
         ),
     )
         .prop_map(
-            |(version, id, kind, keys, wait, lease, try_lock, fence, session, (mask, limit))| {
+            |(version, id, kind, keys, wait, lease, try_lock, fence, session, (mask, limit, value))| {
                 Request {
                     version,
                     id,
@@ -65,6 +69,7 @@ fn request() -> impl Strategy<Value = Request> {
                         keys,
                         try_lock,
                         fence,
+                        value,
                     }),
                     ..Request::default()
                 }

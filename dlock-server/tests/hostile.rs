@@ -63,6 +63,9 @@ fn request() -> impl Strategy<Value = Request> {
                     keys,
                     try_lock,
                     fence,
+                    // Values are the election tests' (a Watch with wait 0
+                    // would wait 10 minutes, so no Watch is sent here).
+                    value: Vec::new(),
                 }),
                 ..Request::default()
             },
