@@ -85,12 +85,20 @@ pub async fn run(e: ElectArgs) -> Result<u8, Failure> {
             ),
         ));
     }
+    let mut signals = crate::run::install_signals()?;
     loop {
         if args.verbose {
             say!("campaigning for {} as {id:?}", keys.join(","));
         }
-        let code =
-            crate::run::run_locked(args, options.clone(), &keys, &argv, id.as_bytes()).await?;
+        let code = crate::run::run_locked(
+            args,
+            options.clone(),
+            &keys,
+            &argv,
+            id.as_bytes(),
+            &mut signals,
+        )
+        .await?;
         if code != exit::LOCK_LOST || e.once {
             return Ok(code);
         }

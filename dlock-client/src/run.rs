@@ -28,7 +28,16 @@ pub async fn run(args: Args) -> Result<u8, Failure> {
         return crate::inspect::run(&args, options, keys).await;
     }
     let argv = command_line(&args, &keys)?;
-    run_locked(&args, options, &keys, &argv, &[]).await
+    let mut signals = install_signals()?;
+    run_locked(&args, options, &keys, &argv, &[], &mut signals).await
+}
+
+/// The signal handlers of a run: installed before anything waits, and
+/// kept across `dlock elect`'s campaigns so no signal falls between two.
+/// Without a terminal the command leads a process group of its own, and
+/// job-control stops are dlock's to pass on.
+pub fn install_signals() -> Result<Signals, Failure> {
+    Signals::install(!std::io::stdin().is_terminal())
 }
 
 /// The client's options from the command line: timeouts, token, TLS.
@@ -69,18 +78,17 @@ pub async fn run_locked(
     keys: &[String],
     argv: &[String],
     value: &[u8],
+    signals: &mut Signals,
 ) -> Result<u8, Failure> {
-    // Without a terminal the command leads a process group of its own, and
-    // job-control stops are dlock's to pass on.
+    // As `install_signals` decided.
     let own_group = !std::io::stdin().is_terminal();
-    let mut signals = Signals::install(own_group)?;
     // Kept open until dlock ends, as the connection it first made.
     let client = keeper::connect(&args.server, options.clone()).await?;
     if args.verbose {
         report_reconnects(&client);
     }
     check_limits(args, &client, keys)?;
-    let guard = match wait_for_lock(args, &client, keys, value, &mut signals).await? {
+    let guard = match wait_for_lock(args, &client, keys, value, signals).await? {
         Waited::Locked(guard) => guard,
         Waited::Interrupted(sig) => {
             say!(
@@ -100,7 +108,7 @@ pub async fn run_locked(
             return Err(f);
         }
     };
-    let outcome = supervise(args, &mut child, &mut keeper, &mut signals, acquired).await;
+    let outcome = supervise(args, &mut child, &mut keeper, signals, acquired).await;
     conclude(args, &options, keeper.into_guard(), outcome, acquired).await
 }
 
