@@ -21,6 +21,7 @@ use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::inspect::KeyState;
+use crate::proto::ResponseStatus;
 use crate::safety::Lost;
 use crate::LockOptions;
 use std::sync::Arc;
@@ -100,6 +101,9 @@ const OBSERVE_WATCH: Duration = Duration::from_secs(30);
 /// Watches, a cluster between leaders), so a broken path is not hammered.
 const OBSERVE_RETRY: Duration = Duration::from_millis(250);
 
+/// Longest pause between failed Watches of [`Election::observe`].
+const OBSERVE_MAX_RETRY: Duration = Duration::from_secs(5);
+
 impl Election {
     /// An election on `key`, through `client`.
     pub fn new(client: &Client, key: impl Into<String>) -> Election {
@@ -177,6 +181,11 @@ impl Election {
                     Some(h) if h.fence == fence => value = h.value.clone(),
                     _ => return Lost::NotHeld,
                 },
+                // A server without Watch: the guard alone tells.
+                Err(Error::Server {
+                    status: ResponseStatus::InvalidType,
+                    ..
+                }) => std::future::pending::<()>().await,
                 // The guard reports a lost connection itself.
                 Err(_) => tokio::time::sleep(OBSERVE_RETRY).await,
             }
@@ -218,6 +227,7 @@ impl Election {
         let this = self.clone();
         let limit = self.watch_limit();
         tokio::spawn(async move {
+            let mut pause = OBSERVE_RETRY;
             loop {
                 let known = tx.borrow().clone();
                 let known_ref = known.as_ref().map(|l| (l.fence, l.value.as_slice()));
@@ -228,6 +238,7 @@ impl Election {
                 };
                 match answer {
                     Ok(state) => {
+                        pause = OBSERVE_RETRY;
                         let now = Leader::of(&state);
                         if !Leader::same(&known, &now) {
                             tx.send_replace(now);
@@ -237,8 +248,12 @@ impl Election {
                     Err(_) => {
                         tokio::select! {
                             _ = tx.closed() => return,
-                            _ = tokio::time::sleep(OBSERVE_RETRY) => {}
+                            _ = tokio::time::sleep(pause) => {}
                         }
+                        // Doubling up to a bound: a server that keeps
+                        // refusing (WatchLimit, no Watch at all) is not
+                        // polled.
+                        pause = (pause * 2).min(OBSERVE_MAX_RETRY);
                     }
                 }
             }
