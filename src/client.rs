@@ -24,12 +24,11 @@ use crate::enqueue::{Enqueued, Queued};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::guard::LockGuard;
+use crate::inspect::{server_time, KeyState};
 use crate::keys::IntoKeys;
 use crate::limits::Limits;
 use crate::link::{Call, Link};
-use crate::proto::{
-    KeyInfo, Request, RequestLock, RequestType, Response, ResponseStatus, ServerStats,
-};
+use crate::proto::{Request, RequestLock, RequestType, Response, ResponseStatus, ServerStats};
 use crate::safety::DEFAULT_SAFETY_MARGIN;
 use crate::servers::Servers;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -451,8 +450,26 @@ impl Client {
     /// disagree with ([`ResponseStatus::ModeConflict`],
     /// [`ResponseStatus::LimitMismatch`]); connection errors.
     pub async fn lock(&self, keys: impl IntoKeys, options: LockOptions) -> Result<LockGuard> {
+        self.lock_with_value(keys, options, Vec::new()).await
+    }
+
+    /// [`Client::lock`], each hold carrying `value` (at most
+    /// [`crate::MAX_VALUE_LEN`] bytes): [`Client::inspect`] and
+    /// [`Client::watch`] show it, [`Client::proclaim`] replaces it. An
+    /// election's leader puts its identity here.
+    ///
+    /// # Errors
+    /// As [`Client::lock`]; [`ResponseStatus::ValueTooLarge`] for a value
+    /// over the limit.
+    pub async fn lock_with_value(
+        &self,
+        keys: impl IntoKeys,
+        options: LockOptions,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<LockGuard> {
         let keys: Vec<String> = keys.into_keys();
-        let body = lock_body(&keys, &options);
+        let mut body = lock_body(&keys, &options);
+        body.value = value.into();
         // A Client whose connection is gone stays gone, for locks too:
         // there is no silent reconnect.
         self.check_open()?;
@@ -570,16 +587,88 @@ impl Client {
         self.call(RequestType::Renew, body).await.map(drop)
     }
 
-    /// Who holds and who waits for `keys`.
+    /// Who holds and who waits for `keys`, one [`KeyState`] per key in
+    /// the order named.
     ///
     /// # Errors
     /// Any error of the connection or the server.
-    pub async fn inspect(&self, keys: impl IntoKeys) -> Result<Vec<KeyInfo>> {
+    pub async fn inspect(&self, keys: impl IntoKeys) -> Result<Vec<KeyState>> {
         let body = RequestLock {
             keys: keys.into_keys(),
             ..RequestLock::default()
         };
-        Ok(self.call(RequestType::Inspect, body).await?.key_info)
+        let resp = self.call(RequestType::Inspect, body).await?;
+        let at = server_time(resp.server_unix_time);
+        Ok(resp
+            .key_info
+            .into_iter()
+            .map(|i| KeyState::from_proto(i, at))
+            .collect())
+    }
+
+    /// Replaces the value of `keys` held under `fence` (see
+    /// [`Client::lock_with_value`]), whichever connection took them.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] with the keys not held under `fence`;
+    /// [`ResponseStatus::ValueTooLarge`] for a value over
+    /// [`crate::MAX_VALUE_LEN`].
+    pub async fn proclaim(
+        &self,
+        keys: impl IntoKeys,
+        fence: u64,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<()> {
+        let body = RequestLock {
+            keys: keys.into_keys(),
+            fence,
+            value: value.into(),
+            ..RequestLock::default()
+        };
+        self.call(RequestType::Proclaim, body).await.map(drop)
+    }
+
+    /// Waits until the first holder of `key` (the one with the lowest
+    /// fencing token: the only one of a key held exclusively) is not
+    /// `known` (its token and value; `None`: the key is free), or until
+    /// `limit` passes, and returns the key as it is then: no polling, the
+    /// server answers as soon as the change is applied (on a cluster,
+    /// committed). Compare [`KeyState::first`] with `known` to tell a
+    /// change from the limit. The server caps `limit` (10 minutes).
+    ///
+    /// Runs on a connection of its own, so it delays no other call; if the
+    /// future is dropped, that connection closes and the server forgets
+    /// the Watch. Against a cluster, a Watch is the leader's alone: after
+    /// a failover the library sends it again to the new leader.
+    ///
+    /// # Errors
+    /// [`ResponseStatus::WatchLimit`] when the server has its most
+    /// Watches parked; connection and server errors.
+    pub async fn watch(
+        &self,
+        key: impl Into<String>,
+        known: Option<(u64, &[u8])>,
+        limit: Duration,
+    ) -> Result<KeyState> {
+        let (fence, value) = known.unwrap_or((0, &[]));
+        let body = RequestLock {
+            keys: vec![key.into()],
+            fence,
+            value: value.to_vec(),
+            wait_micro: micros(limit).max(1),
+            ..RequestLock::default()
+        };
+        self.check_open()?;
+        let conn = self.owner_connection().await?;
+        let resp = conn.call(RequestType::Watch, body).await;
+        conn.recycle();
+        let resp = resp?;
+        let at = server_time(resp.server_unix_time);
+        resp.key_info
+            .into_iter()
+            .next()
+            .map(|i| KeyState::from_proto(i, at))
+            .ok_or_else(|| Error::Protocol("Watch answered without key_info".into()))
     }
 
     /// The server's counts: connections, held keys, waiting requests.

@@ -13,6 +13,9 @@
 //!   and against a cluster the session resumed across reconnects
 //!   ([`Event`], [`Servers`]). `enqueue.rs`: the two-phase acquire
 //!   ([`Client::enqueue`], [`Enqueued`], [`Queued`]).
+//! - [`Election`] (`election.rs`): leader election on a key, its
+//!   [`Leadership`] and observers of the [`Leader`]; [`KeyState`]
+//!   (`inspect.rs`): what Inspect and Watch report, as Rust types.
 //! - [`safety`]: when a held lock must be given up, judged from the client's
 //!   side alone ([`Lost`]); [`Limits`] (`limits.rs`): what the server allows.
 //! - [`token_file`]: the access-token file format.
@@ -32,10 +35,12 @@ mod client;
 pub mod codec;
 mod dial;
 pub mod duration;
+mod election;
 mod enqueue;
 mod error;
 mod event;
 mod guard;
+mod inspect;
 mod keys;
 mod limits;
 mod link;
@@ -50,10 +55,12 @@ pub mod token_file;
 mod transport;
 
 pub use client::{Client, ClientOptions, LockOptions, LockWait};
+pub use election::{Election, Leader, Leadership};
 pub use enqueue::{Enqueued, Queued};
 pub use error::{Disconnect, Error, Result};
 pub use event::Event;
 pub use guard::LockGuard;
+pub use inspect::{Holder, KeyState};
 pub use keys::{IntoKeys, Keys};
 pub use limits::{LimitError, Limits};
 pub use safety::Lost;
@@ -71,6 +78,10 @@ pub const PROTOCOL_VERSION: u32 = 2;
 /// Default address of the server: loopback only, so a fresh install is not
 /// reachable from the network until the operator says so.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7436";
+
+/// Longest value a hold may carry (Lock's and Proclaim's `value`), in
+/// bytes: an identity or an address, not data.
+pub const MAX_VALUE_LEN: usize = 1024;
 
 /// Default maximum frame body size in bytes, the original dlock's limit.
 pub const DEFAULT_MAX_FRAME: usize = 16 * 1024;

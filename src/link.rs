@@ -454,7 +454,10 @@ fn session_use(kind: i32) -> (bool, bool) {
 /// Requests whose answer may rightly take long: a Lock and a Wait wait
 /// for busy keys.
 fn may_wait(kind: i32) -> bool {
-    kind == RequestType::Lock as i32 || kind == RequestType::Wait as i32
+    // A Watch waits rightly too, up to its limit.
+    kind == RequestType::Lock as i32
+        || kind == RequestType::Wait as i32
+        || kind == RequestType::Watch as i32
 }
 
 /// Encodes `batch` into `out` and queues each call for its answer, in

@@ -32,6 +32,11 @@ Examples:
   dlock --inspect -k deploy/web
   dlock --ping
 
+  # Leader election: run the scheduler on one machine, another takes over
+  # when it goes away; who leads, and every change:
+  dlock elect -k services/scheduler --id \"$(hostname)\" -- scheduler --serve
+  dlock leader -k services/scheduler --watch
+
 Environment:
   DLOCK_SERVER   server address, or a cluster's nodes: a:7436,b:7436,c:7436
                  (default 127.0.0.1:7436)
@@ -55,7 +60,9 @@ fn after_help() -> String {
     override_usage = "dlock [OPTIONS] -k KEY... -- COMMAND [ARGS]...\n       \
                             dlock [OPTIONS] -k KEY... -c STRING\n       \
                             dlock --inspect -k KEY...\n       \
-                            dlock --ping"
+                            dlock --ping\n       \
+                            dlock elect [OPTIONS] -k KEY [--id NAME] [--once] -- COMMAND [ARGS]...\n       \
+                            dlock leader [OPTIONS] -k KEY [--watch]"
 )]
 pub struct Args {
     /// Server address, or a cluster's nodes separated by commas (any

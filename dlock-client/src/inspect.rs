@@ -4,8 +4,7 @@
 use crate::cli::Args;
 use crate::exit::{self, Failure};
 use crate::keeper;
-use dlock::proto::KeyInfo;
-use dlock::ClientOptions;
+use dlock::{ClientOptions, Holder, KeyState};
 
 /// Prints a table of `keys`, or the server's counts when there are none.
 ///
@@ -37,33 +36,30 @@ pub async fn run(args: &Args, options: ClientOptions, keys: Vec<String>) -> Resu
 /// that spaces and empty-looking keys are visible. A key held shared gets a
 /// row per holder, each naming the key, so that `grep` finds them all; its
 /// STATE says "shared", with the holder count and limit of a semaphore.
-fn table(infos: &[KeyInfo]) -> String {
-    let rows: Vec<[String; 6]> = infos
+fn table(infos: &[KeyState]) -> String {
+    let rows: Vec<[String; 7]> = infos
         .iter()
         .flat_map(|i| {
             let key = format!("{:?}", i.key);
             let waiters = i.waiters.to_string();
-            if !i.shared || i.holders.is_empty() {
-                let held = i.fence != 0;
-                let state = if held { "held" } else { "free" };
-                let holder =
-                    held.then_some((i.holder_addr.as_str(), i.fence, i.lease_remaining_micro));
-                return vec![row(key, state.into(), holder, waiters)];
+            if i.holders.is_empty() {
+                return vec![row(key, "free".into(), None, waiters)];
             }
-            let state = match i.limit {
-                0 => "shared".to_string(),
-                n => format!("shared {}/{n}", i.holders.len()),
+            let state = match (i.shared, i.limit) {
+                (false, _) => "held".to_string(),
+                (true, 0) => "shared".to_string(),
+                (true, n) => format!("shared {}/{n}", i.holders.len()),
             };
             i.holders
                 .iter()
-                .map(|h| {
-                    let holder = Some((h.holder_addr.as_str(), h.fence, h.lease_remaining_micro));
-                    row(key.clone(), state.clone(), holder, waiters.clone())
-                })
+                .map(|h| row(key.clone(), state.clone(), Some(h), waiters.clone()))
                 .collect()
         })
         .collect();
-    let header = ["KEY", "STATE", "HOLDER", "FENCE", "LEASE", "WAITERS"].map(String::from);
+    let header = [
+        "KEY", "STATE", "HOLDER", "FENCE", "LEASE", "WAITERS", "VALUE",
+    ]
+    .map(String::from);
     let mut widths = header.clone().map(|h| h.len());
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -88,33 +84,38 @@ fn table(infos: &[KeyInfo]) -> String {
     out
 }
 
-/// One row: the holder's address, fence and lease in µs, if held.
-fn row(
-    key: String,
-    state: String,
-    holder: Option<(&str, u64, u64)>,
-    waiters: String,
-) -> [String; 6] {
-    let (addr, fence, lease) = match holder {
-        None => ("-".to_string(), "-".to_string(), "-".to_string()),
-        Some((addr, fence, lease)) => (
-            match addr {
-                "" => "(disconnected)".to_string(),
-                a => a.to_string(),
-            },
-            fence.to_string(),
-            match lease {
-                0 => "-".to_string(),
-                l => format!("{:.1}s", l as f64 / 1e6),
-            },
-        ),
+/// One row: the holder's address, fence, lease and value, if held. A value
+/// is shown as text when it is printable UTF-8, else in hex.
+fn row(key: String, state: String, holder: Option<&Holder>, waiters: String) -> [String; 7] {
+    let none = || "-".to_string();
+    let Some(h) = holder else {
+        return [key, state, none(), none(), none(), waiters, none()];
     };
-    [key, state, addr, fence, lease, waiters]
+    let addr = h
+        .holder_addr
+        .map_or_else(|| "(disconnected)".to_string(), |a| a.to_string());
+    let lease = h
+        .lease_remaining
+        .map_or_else(none, |l| format!("{:.1}s", l.as_secs_f64()));
+    let value = match h.value.as_slice() {
+        [] => none(),
+        v => crate::leader::printable(v),
+    };
+    [key, state, addr, h.fence.to_string(), lease, waiters, value]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dlock::proto::KeyInfo;
+    use std::time::UNIX_EPOCH;
+
+    fn states(infos: impl IntoIterator<Item = KeyInfo>) -> Vec<KeyState> {
+        infos
+            .into_iter()
+            .map(|i| KeyState::from_proto(i, UNIX_EPOCH))
+            .collect()
+    }
 
     #[test]
     fn long_keys_widen_their_column_and_keys_are_quoted() {
@@ -131,7 +132,7 @@ mod tests {
                 ..KeyInfo::default()
             },
         ];
-        let t = table(&infos);
+        let t = table(&states(infos));
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[1].starts_with(&format!("\"{long}\"  held")), "{t}");
         assert!(lines[2].starts_with("\"a b\""), "{t}");
@@ -158,7 +159,7 @@ mod tests {
             holders: vec![holder(4, "10.0.0.1:5"), holder(9, "")],
             ..KeyInfo::default()
         }];
-        let t = table(&infos);
+        let t = table(&states(infos));
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3, "{t}");
         assert!(

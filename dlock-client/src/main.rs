@@ -3,11 +3,13 @@
 mod child;
 mod cli;
 mod cluster;
+mod elect;
 mod exit;
 mod guardian;
 mod hook;
 mod inspect;
 mod keeper;
+mod leader;
 mod run;
 mod say;
 mod signals;
@@ -22,8 +24,11 @@ fn main() -> ExitCode {
     {
         return guardian::run();
     }
-    if std::env::args_os().nth(1).is_some_and(|a| a == "cluster") {
-        return cluster::main();
+    match std::env::args_os().nth(1) {
+        Some(a) if a == "cluster" => return cluster::main(),
+        Some(a) if a == "elect" => return elect::main(),
+        Some(a) if a == "leader" => return leader::main(),
+        _ => {}
     }
     let args = match parse_args::<cli::Args>(std::env::args_os()) {
         Ok(a) => a,

@@ -19,12 +19,7 @@ use tokio::time::Instant;
 /// # Errors
 /// A [`Failure`] with its exit code and message.
 pub async fn run(args: Args) -> Result<u8, Failure> {
-    let options = ClientOptions {
-        connect_timeout: args.connect_timeout,
-        access_token: token(&args)?,
-        tls: tls(&args)?,
-        ..ClientOptions::default()
-    };
+    let options = client_options(&args)?;
     if args.ping {
         return ping(&args, options).await;
     }
@@ -33,11 +28,33 @@ pub async fn run(args: Args) -> Result<u8, Failure> {
         return crate::inspect::run(&args, options, keys).await;
     }
     let argv = command_line(&args, &keys)?;
-    run_locked(&args, options, &keys, &argv).await
+    let mut signals = install_signals()?;
+    run_locked(&args, options, &keys, &argv, &[], &mut signals).await
+}
+
+/// The signal handlers of a run: installed before anything waits, and
+/// kept across `dlock elect`'s campaigns so no signal falls between two.
+/// Without a terminal the command leads a process group of its own, and
+/// job-control stops are dlock's to pass on.
+pub fn install_signals() -> Result<Signals, Failure> {
+    Signals::install(!std::io::stdin().is_terminal())
+}
+
+/// The client's options from the command line: timeouts, token, TLS.
+///
+/// # Errors
+/// An unreadable token file or TLS file.
+pub fn client_options(args: &Args) -> Result<ClientOptions, Failure> {
+    Ok(ClientOptions {
+        connect_timeout: args.connect_timeout,
+        access_token: token(args)?,
+        tls: tls(args)?,
+        ..ClientOptions::default()
+    })
 }
 
 /// The command to run, once there are keys to lock and a command.
-fn command_line(args: &Args, keys: &[String]) -> Result<Vec<String>, Failure> {
+pub fn command_line(args: &Args, keys: &[String]) -> Result<Vec<String>, Failure> {
     if keys.is_empty() {
         return Err(Failure::new(
             exit::USAGE,
@@ -54,23 +71,24 @@ fn command_line(args: &Args, keys: &[String]) -> Result<Vec<String>, Failure> {
 
 /// dlock's main path: wait for the lock, run COMMAND under it while
 /// keeping the lock, then release it and give COMMAND's exit code.
-async fn run_locked(
+/// `value` goes with the hold (`dlock elect`'s identity); empty for none.
+pub async fn run_locked(
     args: &Args,
     options: ClientOptions,
     keys: &[String],
     argv: &[String],
+    value: &[u8],
+    signals: &mut Signals,
 ) -> Result<u8, Failure> {
-    // Without a terminal the command leads a process group of its own, and
-    // job-control stops are dlock's to pass on.
+    // As `install_signals` decided.
     let own_group = !std::io::stdin().is_terminal();
-    let mut signals = Signals::install(own_group)?;
     // Kept open until dlock ends, as the connection it first made.
     let client = keeper::connect(&args.server, options.clone()).await?;
     if args.verbose {
         report_reconnects(&client);
     }
     check_limits(args, &client, keys)?;
-    let guard = match wait_for_lock(args, &client, keys, &mut signals).await? {
+    let guard = match wait_for_lock(args, &client, keys, value, signals).await? {
         Waited::Locked(guard) => guard,
         Waited::Interrupted(sig) => {
             say!(
@@ -90,7 +108,7 @@ async fn run_locked(
             return Err(f);
         }
     };
-    let outcome = supervise(args, &mut child, &mut keeper, &mut signals, acquired).await;
+    let outcome = supervise(args, &mut child, &mut keeper, signals, acquired).await;
     conclude(args, &options, keeper.into_guard(), outcome, acquired).await
 }
 
@@ -123,10 +141,11 @@ async fn wait_for_lock(
     args: &Args,
     client: &Client,
     keys: &[String],
+    value: &[u8],
     signals: &mut Signals,
 ) -> Result<Waited, Failure> {
     tokio::select! {
-        guard = acquire(args, client, keys) => Ok(Waited::Locked(guard?)),
+        guard = acquire(args, client, keys, value) => Ok(Waited::Locked(guard?)),
         sig = interrupt(signals) => Ok(Waited::Interrupted(sig)),
     }
 }
@@ -403,7 +422,12 @@ fn left_to_server(lease: Option<Duration>) -> String {
     }
 }
 
-async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGuard, Failure> {
+async fn acquire(
+    args: &Args,
+    client: &Client,
+    keys: &[String],
+    value: &[u8],
+) -> Result<LockGuard, Failure> {
     let mut options = LockOptions {
         lease: args.lease,
         ..LockOptions::default()
@@ -425,7 +449,10 @@ async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGu
         None => {
             if args.verbose && !args.nonblock {
                 // Try first, so the wait can be explained before it starts.
-                match client.lock(keys.to_vec(), options.no_wait()).await {
+                match client
+                    .lock_with_value(keys.to_vec(), options.no_wait(), value)
+                    .await
+                {
                     Ok(g) => {
                         say!("acquired {} (fence {}) at once", keys.join(","), g.fence());
                         return Ok(g);
@@ -436,7 +463,7 @@ async fn acquire(args: &Args, client: &Client, keys: &[String]) -> Result<LockGu
                     Err(e) => return Err(exit::from_client_error(e, &args.server)),
                 }
             }
-            client.lock(keys.to_vec(), options).await
+            client.lock_with_value(keys.to_vec(), options, value).await
         }
     };
     match locked {
@@ -499,18 +526,19 @@ async fn describe_holders(client: &Client, busy: &[String], what: &str) {
         return;
     };
     for info in infos {
-        let holder = if info.fence == 0 {
-            "free, earlier waiters first".to_string()
-        } else if info.shared {
-            let limit = match info.limit {
-                0 => String::new(),
-                n => format!(" of at most {n}"),
-            };
-            format!("held shared by {} holders{limit}", info.holders.len())
-        } else if info.holder_addr.is_empty() {
-            format!("held by a lease (fence {})", info.fence)
-        } else {
-            format!("held by {} (fence {})", info.holder_addr, info.fence)
+        let holder = match info.holders.last() {
+            None => "free, earlier waiters first".to_string(),
+            Some(_) if info.shared => {
+                let limit = match info.limit {
+                    0 => String::new(),
+                    n => format!(" of at most {n}"),
+                };
+                format!("held shared by {} holders{limit}", info.holders.len())
+            }
+            Some(h) => match h.holder_addr {
+                None => format!("held by a lease (fence {})", h.fence),
+                Some(addr) => format!("held by {addr} (fence {})", h.fence),
+            },
         };
         say!("{what} {:?}: {holder}, {} waiting", info.key, info.waiters);
     }

@@ -165,7 +165,9 @@ async fn multiple_keys_are_taken_atomically() {
     let o = run(&server, &["-n", "-k", "k1", "-k", "k2", "--", "true"]).await;
     assert_eq!(code(&o), 1);
     assert_eq!(
-        holder.inspect(["k1"]).await.unwrap()[0].fence,
+        holder.inspect(["k1"]).await.unwrap()[0]
+            .fence()
+            .unwrap_or(0),
         0,
         "k1 was not taken alone"
     );
@@ -214,9 +216,12 @@ async fn hold_keeps_the_lock_after_dlock_exits() {
     assert_eq!(code(&o), 0);
     let c = client(&server).await;
     let info = c.inspect(["cron"]).await.unwrap().remove(0);
-    if info.fence != 0 {
+    if info.fence().is_some() {
         // dlock exited early and left the rest of the hold as a lease.
-        assert!(info.lease_remaining_micro > 0, "held, but not as a lease");
+        assert!(
+            info.first().and_then(|h| h.lease_remaining).is_some(),
+            "held, but not as a lease"
+        );
     } else {
         // Only a machine too slow to inspect within the hold may find the
         // key free, and then the whole hold has passed.
@@ -259,7 +264,9 @@ async fn max_time_stops_the_command() {
     assert!(stderr(&o).contains("--max-time"));
     assert!(start.elapsed() < Duration::from_secs(25));
     assert_eq!(
-        client(&server).await.inspect(["m"]).await.unwrap()[0].fence,
+        client(&server).await.inspect(["m"]).await.unwrap()[0]
+            .fence()
+            .unwrap_or(0),
         0
     );
 }
@@ -441,7 +448,11 @@ async fn lease_mode_renews_and_is_released_at_the_end() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(stdout(&o).contains("done"));
     let info = probe.inspect(["lease"]).await.unwrap().remove(0);
-    assert_eq!(info.fence, 0, "released at the end, not left to expire");
+    assert_eq!(
+        info.fence(),
+        None,
+        "released at the end, not left to expire"
+    );
 }
 
 /// A loopback TCP proxy whose connections can be cut while it keeps
@@ -503,7 +514,9 @@ async fn lease_mode_survives_a_dropped_connection() {
     .spawn()
     .unwrap();
     await_line(&mut child, "ready").await;
-    let fence = probe.inspect(["net"]).await.unwrap()[0].fence;
+    let fence = probe.inspect(["net"]).await.unwrap()[0]
+        .fence()
+        .unwrap_or(0);
     let mut stderr_lines = BufReader::new(child.stderr.take().expect("stderr piped")).lines();
     proxy.cut_all();
     let mut seen = String::new();
@@ -520,13 +533,18 @@ async fn lease_mode_survives_a_dropped_connection() {
     .await;
     assert_eq!(renewed, Ok(true), "dlock never reconnected: {seen}");
     // Still the same grant: the lease was kept, not lost and taken again.
-    assert_eq!(probe.inspect(["net"]).await.unwrap()[0].fence, fence);
+    assert_eq!(
+        probe.inspect(["net"]).await.unwrap()[0].fence(),
+        Some(fence)
+    );
     drop(child.stdin.take());
     let o = wait_output(child).await;
     assert_eq!(code(&o), 0, "{seen}");
     assert!(stdout(&o).contains("done"));
     assert_eq!(
-        probe.inspect(["net"]).await.unwrap()[0].fence,
+        probe.inspect(["net"]).await.unwrap()[0]
+            .fence()
+            .unwrap_or(0),
         0,
         "released at the end"
     );

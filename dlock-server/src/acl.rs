@@ -88,8 +88,11 @@ impl Identity {
             return Ok(());
         }
         let (verb, rules) = match kind {
-            RequestType::Lock | RequestType::Unlock | RequestType::Renew => ("lock", &self.lock),
-            RequestType::Inspect => ("inspect", &self.inspect),
+            RequestType::Lock
+            | RequestType::Unlock
+            | RequestType::Renew
+            | RequestType::Proclaim => ("lock", &self.lock),
+            RequestType::Inspect | RequestType::Watch => ("inspect", &self.inspect),
             // Ping, Hello and invalid types carry no keys: being known is enough.
             _ => return Ok(()),
         };

@@ -91,6 +91,12 @@ pub struct Config {
     #[arg(long, default_value_t = 100_000, value_parser = positive, help_heading = "Cluster")]
     pub max_cluster_sessions: usize,
 
+    /// Most Watch requests parked at once, over all connections; a Watch
+    /// beyond it is refused (WatchLimit). 0 turns Watch off. Each parked
+    /// Watch is re-checked after every change to the table.
+    #[arg(long, default_value_t = 1024)]
+    pub max_watchers: usize,
+
     /// Most Lock requests waiting at once, over all connections.
     #[arg(long, default_value_t = 100_000, value_parser = positive)]
     pub max_waiters: usize,

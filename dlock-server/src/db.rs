@@ -18,9 +18,10 @@ use crate::clock::Clock;
 use crate::fence::FenceAlarm;
 use crate::handler;
 use crate::table::{
-    Command, Key, LockResult, LockTable, Output, OwnerId, Reply, ReqId, Sharing, Snapshot,
-    TableLimits, Time, WaitLimit, WaitOutcome, Woken,
+    Command, FirstHolder, Key, LockResult, LockTable, Output, OwnerId, Reply, ReqId, Sharing,
+    Snapshot, TableLimits, Time, WaitLimit, WaitOutcome, Woken,
 };
+use crate::watch::ChangeHub;
 use dlock::proto::{KeyInfo, ServerStats};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -47,6 +48,8 @@ struct Inner {
     next_owner: AtomicU64,
     /// Outcomes handed to waiting connections so far.
     deliveries: AtomicU64,
+    /// Rung after every change, for parked Watches.
+    hub: ChangeHub,
 }
 
 #[derive(Debug)]
@@ -118,6 +121,7 @@ impl Db {
                 fence_alarm: FenceAlarm::default(),
                 next_owner: AtomicU64::new(1),
                 deliveries: AtomicU64::new(0),
+                hub: ChangeHub::default(),
             }),
         }
     }
@@ -198,12 +202,25 @@ impl Db {
         wait: WaitLimit,
         lease: Option<Duration>,
     ) -> LockReply {
-        self.lock_placed(owner, keys, sharing, wait, lease).0
+        self.lock_valued(owner, keys, sharing, wait, lease, Vec::new())
     }
 
-    /// Asks for `keys` as [`Db::lock`] does, for an Enqueue: a request that
-    /// waits also comes with its id (the ticket) and its place in line (see
-    /// [`LockTable::place_in_line`]), read under the same lock.
+    /// [`Db::lock`], the holds to get `value` (see [`Command::Lock`]).
+    pub fn lock_valued(
+        &self,
+        owner: OwnerId,
+        keys: Vec<Key>,
+        sharing: Sharing,
+        wait: WaitLimit,
+        lease: Option<Duration>,
+        value: Vec<u8>,
+    ) -> LockReply {
+        self.lock_placed(owner, keys, sharing, wait, lease, value).0
+    }
+
+    /// Asks for `keys` as [`Db::lock_valued`] does, for an Enqueue: a request
+    /// that waits also comes with its id (the ticket) and its place in line
+    /// (see [`LockTable::place_in_line`]), read under the same lock.
     pub fn lock_placed(
         &self,
         owner: OwnerId,
@@ -211,6 +228,7 @@ impl Db {
         sharing: Sharing,
         wait: WaitLimit,
         lease: Option<Duration>,
+        value: Vec<u8>,
     ) -> (LockReply, Option<(ReqId, usize)>) {
         let mut st = self.state();
         let mut out = self.apply(
@@ -221,6 +239,7 @@ impl Db {
                 sharing,
                 wait,
                 lease,
+                value,
             },
         );
         let mut place = None;
@@ -269,6 +288,59 @@ impl Db {
         self.deliver_not_held_reply(st, out)
     }
 
+    /// Replaces the value of held keys; returns the named keys that were
+    /// not held. See [`Command::Proclaim`].
+    pub fn proclaim(
+        &self,
+        owner: OwnerId,
+        keys: Vec<Key>,
+        fence: Option<u64>,
+        value: Vec<u8>,
+    ) -> Vec<Key> {
+        let mut st = self.state();
+        let cmd = Command::Proclaim {
+            owner,
+            keys,
+            fence,
+            value,
+        };
+        let out = self.apply(&mut st, cmd);
+        self.deliver_not_held_reply(st, out)
+    }
+
+    /// What tells parked Watches that the table changed.
+    pub fn hub(&self) -> &ChangeHub {
+        &self.inner.hub
+    }
+
+    /// For a Watch: `key` as seen by `owner`, if its first holder is not
+    /// the one named by `fence` and `value` (0 and empty: free).
+    pub fn changed_from(
+        &self,
+        owner: OwnerId,
+        key: &str,
+        fence: u64,
+        value: &[u8],
+    ) -> Option<KeyInfo> {
+        let st = self.state();
+        let first = st.table.first_holder(key);
+        if FirstHolder::is_known(first.as_ref(), fence, value) {
+            return None;
+        }
+        Some(self.key_info(&st, owner, key))
+    }
+
+    /// `key` as seen by `owner`, for Inspect and Watch.
+    pub fn inspect_key(&self, owner: OwnerId, key: &str) -> KeyInfo {
+        self.key_info(&self.state(), owner, key)
+    }
+
+    fn key_info(&self, st: &State, owner: OwnerId, key: &str) -> KeyInfo {
+        let view = st.table.inspect(key, self.inner.clock.now());
+        let addr = |o| st.peers.get(&o).map(|a| a.to_string()).unwrap_or_default();
+        handler::key_info(key, view, Some(owner), addr)
+    }
+
     /// `deliver` for an Unlock or Renew, returning the keys its reply
     /// says were not held.
     fn deliver_not_held_reply<'a>(
@@ -287,14 +359,7 @@ impl Db {
     /// Describes `keys` as seen by `owner`.
     pub fn inspect(&self, owner: OwnerId, keys: &[String]) -> Vec<KeyInfo> {
         let st = self.state();
-        let now = self.inner.clock.now();
-        keys.iter()
-            .map(|k| {
-                let view = st.table.inspect(k, now);
-                let addr = |o| st.peers.get(&o).map(|a| a.to_string()).unwrap_or_default();
-                handler::key_info(k, view, Some(owner), addr)
-            })
-            .collect()
+        keys.iter().map(|k| self.key_info(&st, owner, k)).collect()
     }
 
     /// Server-wide counts, for Inspect without keys.
@@ -435,6 +500,9 @@ impl Db {
     /// otherwise stay held, unknown to anyone, until it expired.
     fn deliver<'a>(&'a self, mut st: MutexGuard<'a, State>, mut out: Output) {
         loop {
+            // Watches look after the guard is dropped below; a Watch that
+            // looks before that waits for the lock and sees this command.
+            self.inner.hub.changed();
             for req in &out.withdrawn {
                 st.pending.remove(req);
             }

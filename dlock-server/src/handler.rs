@@ -306,6 +306,14 @@ fn execute_inner(ctx: &mut Ctx<'_>, req: Request) -> Result<Step, Refusal> {
             let not_held = db.renew(owner, keys, fence, lease);
             Ok(Step::Reply(held_result(id, not_held)))
         }
+        RequestType::Proclaim => {
+            let fence = fence_of(&body);
+            crate::watch::check_value(&body.value)?;
+            let keys = checked_keys(config, body.keys)?;
+            let not_held = db.proclaim(owner, keys, fence, body.value);
+            Ok(Step::Reply(held_result(id, not_held)))
+        }
+        RequestType::Watch => watch(ctx.shared, owner, id, body),
         RequestType::Inspect => {
             let mut r = response(id, ResponseStatus::Ok);
             if body.keys.is_empty() {
@@ -378,10 +386,15 @@ fn lock(
     // Only a non-admin identity's grants are noted, so only they pay for it.
     let grant_note = who.and_then(|w| shared.access.pending(&shared.db, w, &body.keys));
     let args = lock_args(config, body)?;
-    match shared
-        .db
-        .lock(owner, args.keys, args.sharing, args.wait, args.lease)
-    {
+    let db = &shared.db;
+    match db.lock_valued(
+        owner,
+        args.keys,
+        args.sharing,
+        args.wait,
+        args.lease,
+        args.value,
+    ) {
         LockReply::Granted(fence) => {
             metrics::granted_at_once();
             if let Some(p) = grant_note {
@@ -422,10 +435,14 @@ fn enqueue(
         let keys: Vec<String> = args.keys.iter().map(|k| k.to_string()).collect();
         shared.access.pending(&shared.db, w, &keys)
     });
-    let (reply, place) =
-        shared
-            .db
-            .lock_placed(owner, args.keys, args.sharing, args.wait, args.lease);
+    let (reply, place) = shared.db.lock_placed(
+        owner,
+        args.keys,
+        args.sharing,
+        args.wait,
+        args.lease,
+        args.value,
+    );
     match reply {
         LockReply::Granted(fence) => {
             metrics::granted_at_once();
@@ -484,6 +501,7 @@ pub(crate) struct LockArgs {
     pub(crate) sharing: Sharing,
     pub(crate) wait: WaitLimit,
     pub(crate) lease: Option<Duration>,
+    pub(crate) value: Vec<u8>,
 }
 
 /// A Lock's arguments, checked: its keys, which of them are shared, how long
@@ -535,11 +553,13 @@ pub(crate) fn lock_args(config: &Config, body: RequestLock) -> Result<LockArgs, 
         keys: body.shared_keys.into_iter().map(Key::from).collect(),
         limit: body.limit,
     };
+    crate::watch::check_value(&body.value)?;
     Ok(LockArgs {
         keys: checked_keys(config, body.keys)?,
         sharing,
         wait,
         lease,
+        value: body.value,
     })
 }
 
@@ -605,6 +625,8 @@ pub(crate) fn key_info(
         waiters: u32::try_from(view.waiters).unwrap_or(u32::MAX),
         held_by_caller: held && Some(holder) == caller,
         holder_addr: if held { addr(holder) } else { String::new() },
+        held_micro: if held { micros(Some(view.held_for)) } else { 0 },
+        value: view.value,
         ..KeyInfo::default()
     };
     if let Some(Mode::Shared { limit }) = view.mode {
@@ -618,10 +640,48 @@ pub(crate) fn key_info(
                 lease_remaining_micro: micros(h.lease_remaining),
                 held_by_caller: Some(h.owner) == caller,
                 holder_addr: addr(h.owner),
+                value: h.value.clone(),
+                held_micro: micros(Some(h.held_for)),
             })
             .collect();
     }
     info
+}
+
+/// Watch on a single server: a task answers it from the table, now if the
+/// key's first holder is not the one the caller knows, else after the
+/// change that makes it so, or at its wait limit. It ends, and gives back
+/// its place, when the connection drops the answer's receiver.
+fn watch(shared: &Shared, owner: OwnerId, id: u64, body: RequestLock) -> Result<Step, Refusal> {
+    let args = crate::watch::watch_args(&shared.config, body)?;
+    // A parked Watch is a task; the fuzz harness drives requests without
+    // a runtime, and there it is refused rather than answered wrongly.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return Err(Refusal::new(
+            ResponseStatus::WatchLimit,
+            "Watch needs the server's runtime, which this harness has not",
+        ));
+    };
+    let permit = shared.watches.take()?;
+    let db = shared.db.clone();
+    let (mut tx, rx) = oneshot::channel();
+    runtime.spawn(async move {
+        let _permit = permit;
+        let key = &args.key;
+        let look = || db.changed_from(owner, key, args.fence, &args.value);
+        let info = tokio::select! {
+            found = db.hub().wait_for(args.deadline, look) => match found {
+                Some(info) => info,
+                None => db.inspect_key(owner, key),
+            },
+            // The connection ended: the Watch is withdrawn.
+            _ = tx.closed() => return,
+        };
+        let mut r = response(id, ResponseStatus::Ok);
+        r.key_info = vec![info];
+        let _ = tx.send(r);
+    });
+    Ok(Step::Later(Pending::Answer(rx)))
 }
 
 fn granted(id: u64, fence: u64) -> Response {

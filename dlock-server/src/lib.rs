@@ -11,6 +11,7 @@
 //! | [`tickets`] | a connection's queued Enqueues, until their Wait |
 //! | [`handler`] | validation of one request and its response |
 //! | [`db`] | the shared table behind a mutex, timers, wake-up delivery |
+//! | [`watch`] | Watch: long polls on a key's holder, woken by table changes |
 //! | [`clock`] | the one clock read that stamps the table's commands |
 //! | [`replicated`] | a cluster node's answers to clients: sessions, proposals |
 //! | [`cluster`] | the table replicated on openraft: log, snapshots, peers |
@@ -60,6 +61,7 @@ pub mod testing;
 pub mod tickets;
 pub mod tls;
 pub mod transport;
+pub mod watch;
 
 pub use config::{Config, LogFormat};
 pub use server::run;

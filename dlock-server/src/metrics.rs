@@ -32,7 +32,7 @@ const SHARDS: usize = 16;
 
 /// Request type label values, indexed by the `RequestType` value; the last
 /// one is for a type number the server does not know.
-const TYPES: [&str; 15] = [
+const TYPES: [&str; 17] = [
     "invalid",
     "ping",
     "lock",
@@ -47,12 +47,14 @@ const TYPES: [&str; 15] = [
     "cluster_remove",
     "enqueue",
     "wait",
+    "proclaim",
+    "watch",
     "unknown",
 ];
 
 /// Every status the server sends, in label form, dense-indexed by
 /// [`status_index`].
-const STATUSES: [(ResponseStatus, &str); 21] = [
+const STATUSES: [(ResponseStatus, &str); 23] = [
     (ResponseStatus::Ok, "ok"),
     (ResponseStatus::General, "general"),
     (ResponseStatus::Version, "version"),
@@ -74,6 +76,8 @@ const STATUSES: [(ResponseStatus, &str); 21] = [
     (ResponseStatus::LimitMismatch, "limit_mismatch"),
     (ResponseStatus::Queued, "queued"),
     (ResponseStatus::UnknownTicket, "unknown_ticket"),
+    (ResponseStatus::ValueTooLarge, "value_too_large"),
+    (ResponseStatus::WatchLimit, "watch_limit"),
 ];
 
 fn status_index(status: ResponseStatus) -> usize {
@@ -101,6 +105,8 @@ fn status_index(status: ResponseStatus) -> usize {
         ResponseStatus::LimitMismatch => 18,
         ResponseStatus::Queued => 19,
         ResponseStatus::UnknownTicket => 20,
+        ResponseStatus::ValueTooLarge => 21,
+        ResponseStatus::WatchLimit => 22,
     }
 }
 

@@ -48,8 +48,10 @@ use crate::handler::{self, Refusal};
 use crate::pending::Pending;
 use crate::shared::Shared;
 use crate::table::{
-    Command, LockResult, Output, OwnerId, Reply, ReqId, TicketState, Woken, MAX_REMEMBERED,
+    Command, FirstHolder, LockResult, Output, OwnerId, Reply, ReqId, TicketState, Woken,
+    MAX_REMEMBERED,
 };
+use crate::watch::{ChangeHub, WatchPermits};
 use anyhow::{bail, Context};
 use dlock::proto::{
     ClusterInfo, ClusterMember, Request, RequestType, Response, ResponseStatus, ServerStats,
@@ -69,6 +71,8 @@ pub struct Replicated {
     cluster: Cluster,
     attached: Arc<Attached>,
     config: Config,
+    /// The bound on Watches parked on this node (`--max-watchers`).
+    watches: WatchPermits,
 }
 
 impl std::fmt::Debug for Replicated {
@@ -84,6 +88,8 @@ impl std::fmt::Debug for Replicated {
 #[derive(Debug, Default)]
 pub struct Attached {
     sessions: Mutex<HashMap<OwnerId, Waits>>,
+    /// Rung after every applied entry, for Watches parked here.
+    hub: ChangeHub,
 }
 
 /// One attached session: the connection it is attached through (a resume
@@ -115,6 +121,9 @@ impl Attached {
     /// log order. Delivers outcomes to sessions attached here.
     pub fn applied(&self, cmd: &Command, out: &Output) {
         tracing::trace!(?cmd, reply = ?out.reply, woken = out.woken.len(), "applied");
+        // The entry is committed and applied: what a Watch reads now is
+        // committed state.
+        self.hub.changed();
         if out.woken.is_empty()
             && out.ended_sessions.is_empty()
             && !matches!(cmd, Command::Disconnect { .. })
@@ -336,6 +345,7 @@ impl Replicated {
         Replicated {
             cluster,
             attached,
+            watches: WatchPermits::new(config.max_watchers),
             config,
         }
     }
@@ -368,9 +378,21 @@ impl Replicated {
         let conn = conn.clone();
         // One task per connection at a time: the pipeline runs nothing else
         // until this one is answered.
+        let mut tx = tx;
         tokio::spawn(async move {
             let id = req.id;
-            let r = match node.answer(&conn, req, kind, &db).await {
+            let answered = node.answer(&conn, req, kind, &db);
+            let r = if kind == RequestType::Watch {
+                // A Watch changes nothing: withdrawn when its connection
+                // ends (the receiver is dropped).
+                tokio::select! {
+                    r = answered => r,
+                    _ = tx.closed() => return,
+                }
+            } else {
+                answered.await
+            };
+            let r = match r {
                 Ok(r) => r,
                 Err(r) => *r,
             };
@@ -489,6 +511,7 @@ impl Replicated {
                         sharing: args.sharing,
                         wait: args.wait,
                         lease: args.lease,
+                        value: args.value,
                     },
                 );
                 let out = self.propose(id, cmd).await?;
@@ -508,6 +531,7 @@ impl Replicated {
                         sharing: args.sharing,
                         wait: args.wait,
                         lease: args.lease,
+                        value: args.value,
                     },
                 );
                 let out = self.propose(id, cmd).await?;
@@ -544,6 +568,33 @@ impl Replicated {
                     Reply::Forgotten => Err(refused(id, forgotten(req.seq))),
                     other => Err(self.unexpected(conn, id, owner, other)),
                 }
+            }
+            RequestType::Proclaim => {
+                let fence = (body.fence != 0).then_some(body.fence);
+                crate::watch::check_value(&body.value).map_err(|r| refused(id, r))?;
+                let keys = handler::checked_keys(config, body.keys).map_err(|r| refused(id, r))?;
+                // By fence, any node's client may proclaim: no session.
+                let owner = match fence {
+                    Some(_) => 0,
+                    None => self.owner(conn, id, req.session).await?,
+                };
+                let cmd = Command::Proclaim {
+                    owner,
+                    keys,
+                    fence,
+                    value: body.value,
+                };
+                match self.propose(id, cmd).await?.reply {
+                    Reply::NotHeld(not_held) => Ok(handler::held_result(id, not_held)),
+                    other => Err(self.unexpected(conn, id, owner, other)),
+                }
+            }
+            RequestType::Watch => {
+                let owner = match req.session {
+                    0 => conn.state().implicit,
+                    s => Some(self.named(conn, id, s)?),
+                };
+                self.watch(id, owner, body).await
             }
             RequestType::Inspect => {
                 let owner = match req.session {
@@ -851,6 +902,69 @@ impl Replicated {
             ResponseStatus::General,
             format!("internal error: unexpected table reply {reply:?}"),
         ))
+    }
+
+    /// Watch on a cluster node: answered from the applied table, which
+    /// holds committed state only. A read barrier first, so a deposed
+    /// leader does not answer from a state it no longer follows; then the
+    /// task waits for applied entries (see `Attached::applied`) and
+    /// checks leadership as a waiting Lock does. The watcher is this
+    /// node's alone: after a failover the client sends it again.
+    async fn watch(
+        &self,
+        id: u64,
+        owner: Option<OwnerId>,
+        body: dlock::proto::RequestLock,
+    ) -> Result<Response, Refused> {
+        let args = crate::watch::watch_args(&self.config, body).map_err(|r| refused(id, r))?;
+        let _permit = self.watches.take().map_err(|r| refused(id, r))?;
+        self.cluster
+            .read_index()
+            .await
+            .map_err(|e| cluster_error(id, e))?;
+        let key = &args.key;
+        let info = |table: &crate::table::LockTable, now| {
+            // Which connection a session came from is this node's
+            // knowledge only, as for Inspect.
+            handler::key_info(key, table.inspect(key, now), owner, |_| String::new())
+        };
+        let look = || {
+            self.cluster.read(|table, now| {
+                let first = table.first_holder(key);
+                (!FirstHolder::is_known(first.as_ref(), args.fence, &args.value))
+                    .then(|| info(table, now))
+            })
+        };
+        let found = async {
+            let waited = self.attached.hub.wait_for(args.deadline, look);
+            tokio::pin!(waited);
+            loop {
+                tokio::select! {
+                    found = &mut waited => return Ok(found),
+                    _ = tokio::time::sleep(LEADERSHIP_CHECK) => {
+                        if !self.cluster.is_leader() {
+                            let e = ClusterError::NotLeader { leader: self.cluster.leader() };
+                            return Err(cluster_error(id, e));
+                        }
+                    }
+                }
+            }
+        };
+        let info = match found.await? {
+            Some(info) => info,
+            None => {
+                // The limit ran out: the key as it is now, confirmed by a
+                // quorum.
+                self.cluster
+                    .read_index()
+                    .await
+                    .map_err(|e| cluster_error(id, e))?;
+                self.cluster.read(info)
+            }
+        };
+        let mut r = handler::response(id, ResponseStatus::Ok);
+        r.key_info = vec![info];
+        Ok(r)
     }
 
     async fn lock_reply(

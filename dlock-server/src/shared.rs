@@ -9,6 +9,7 @@ use crate::db::Db;
 use crate::replicated::Replicated;
 use crate::table::TableLimits;
 use crate::tls::Tls;
+use crate::watch::WatchPermits;
 use std::sync::Arc;
 
 /// State every connection shares.
@@ -25,6 +26,8 @@ pub struct Shared {
     /// On a cluster node: where requests that need the table go. The `db`
     /// then only counts connections.
     pub cluster: Option<Arc<Replicated>>,
+    /// The bound on parked Watches (`--max-watchers`).
+    pub watches: WatchPermits,
 }
 
 impl Shared {
@@ -32,6 +35,7 @@ impl Shared {
     pub fn new(db: Db, config: Config, access: Access) -> Shared {
         Shared {
             db,
+            watches: WatchPermits::new(config.max_watchers),
             config,
             access,
             tls: None,

@@ -62,6 +62,7 @@ mod sessions;
 mod snapshot;
 mod tickets;
 mod time;
+mod value;
 
 pub use command::{Command, LimitName, LockResult, Output, Reply, WaitOutcome, Woken};
 pub use mode::{Mode, Sharing};
@@ -69,6 +70,7 @@ pub use resend::MAX_REMEMBERED;
 pub use snapshot::{BadSnapshot, Snapshot};
 pub use tickets::TicketState;
 pub use time::Time;
+pub use value::{FirstHolder, MAX_VALUE_LEN};
 
 pub use crate::keymap::Key;
 use crate::keymap::KeyMap;
@@ -124,6 +126,10 @@ pub struct KeyView {
     pub mode: Option<Mode>,
     /// Every holder, in token order (one for a key held exclusively).
     pub holders: Vec<HolderView>,
+    /// The value of the holder in `holder`, and how long it has held.
+    pub value: Vec<u8>,
+    /// How long the holder in `holder` has held the key (since its grant).
+    pub held_for: Duration,
 }
 
 /// One holder of a key, for Inspect.
@@ -135,6 +141,10 @@ pub struct HolderView {
     pub fence: u64,
     /// Time left on its lease, if it has one.
     pub lease_remaining: Option<Duration>,
+    /// The value it set (see `value`); empty when none.
+    pub value: Vec<u8>,
+    /// How long it has held the key (since its grant).
+    pub held_for: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -142,6 +152,14 @@ struct Hold {
     owner: OwnerId,
     fence: u64,
     lease: Option<Time>,
+    /// The holder's value (see `value`): left out of the encoding when
+    /// empty, and empty in older snapshots.
+    #[serde(default, skip_serializing_if = "value::is_empty")]
+    value: Box<[u8]>,
+    /// When it was granted; older snapshots, which did not keep it, read
+    /// as the timeline's origin.
+    #[serde(default)]
+    since: Time,
 }
 
 #[derive(Debug, Default)]
@@ -171,6 +189,9 @@ struct Waiter {
     /// Which keys it takes shared; absent from older snapshots.
     #[serde(default, skip_serializing_if = "Sharing::is_exclusive")]
     sharing: Sharing,
+    /// The value its holds get when granted; absent from older snapshots.
+    #[serde(default, skip_serializing_if = "value::is_empty")]
+    value: Box<[u8]>,
 }
 
 impl Waiter {
@@ -269,7 +290,17 @@ impl LockTable {
                 sharing,
                 wait,
                 lease,
-            } => out.reply = Reply::Lock(self.lock(owner, keys, sharing, wait, lease, now)),
+                value,
+            } => {
+                let args = (sharing, wait, lease, value.into_boxed_slice());
+                out.reply = Reply::Lock(self.lock(owner, keys, args, now));
+            }
+            Command::Proclaim {
+                owner,
+                keys,
+                fence,
+                value,
+            } => out.reply = Reply::NotHeld(self.proclaim(owner, keys, fence, &value)),
             Command::Unlock { owner, keys, fence } => {
                 out.reply = Reply::NotHeld(self.unlock(owner, keys, fence, now, &mut out.woken));
             }
@@ -372,6 +403,8 @@ impl LockTable {
                 owner: h.owner,
                 fence: h.fence,
                 lease_remaining: remaining(h),
+                value: h.value.to_vec(),
+                held_for: now.saturating_duration_since(h.since),
             })
             .collect();
         holders.sort_unstable_by_key(|h| h.fence);
@@ -381,19 +414,14 @@ impl LockTable {
             lease_remaining: latest.and_then(|h| h.lease_remaining),
             waiters: state.map_or(0, |s| s.queue.len()),
             mode: state.and_then(|s| s.holds.mode()),
+            value: latest.map(|h| h.value.clone()).unwrap_or_default(),
+            held_for: latest.map_or(Duration::ZERO, |h| h.held_for),
             holders,
         }
     }
 
-    fn lock(
-        &mut self,
-        owner: OwnerId,
-        keys: Vec<Key>,
-        sharing: Sharing,
-        wait: WaitLimit,
-        lease: Option<Duration>,
-        now: Time,
-    ) -> LockResult {
+    fn lock(&mut self, owner: OwnerId, keys: Vec<Key>, args: LockArgs, now: Time) -> LockResult {
+        let (sharing, wait, lease, value) = args;
         if self.closed {
             return LockResult::ShuttingDown;
         }
@@ -414,7 +442,7 @@ impl LockTable {
             if self.held_keys + newly_held > self.limits.max_held_keys {
                 return LockResult::LimitReached("held keys");
             }
-            let fence = self.grant(owner, &keys, &sharing, lease, now);
+            let fence = self.grant(owner, &keys, &sharing, lease, &value, now);
             return LockResult::Granted { fence };
         }
         let deadline = match wait {
@@ -446,6 +474,7 @@ impl LockTable {
                 lease,
                 deadline,
                 sharing,
+                value,
             },
         );
         self.compact_heaps();
@@ -604,6 +633,10 @@ impl LockTable {
         self.compact_heaps();
     }
 }
+
+/// A Lock's arguments besides its owner and keys: sharing, wait limit,
+/// lease and value.
+type LockArgs = (Sharing, WaitLimit, Option<Duration>, Box<[u8]>);
 
 fn dedup(mut keys: Vec<Key>) -> Vec<Key> {
     // Distinct keys after dedup, so the unstable sort's order is the only one.

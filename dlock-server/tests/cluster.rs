@@ -881,3 +881,67 @@ async fn enqueue_and_wait_go_through_the_leader_and_tickets_survive_a_failover()
         assert_eq!(status(&r), ResponseStatus::UnknownTicket, "{r:?}");
     }
 }
+
+/// A Watch of `key` by a caller that knows `fence` and `value`.
+fn watch_req(c: &mut TestClient, key: &str, fence: u64, value: &[u8]) -> Request {
+    let mut req = c.request(RequestType::Watch, &[key]);
+    if let Some(l) = req.lock.as_mut() {
+        l.fence = fence;
+        l.value = value.to_vec();
+        l.wait_micro = 600_000_000;
+    }
+    req
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_proclaim_and_watch_go_through_the_leader_and_survive_its_kill() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::new(3);
+    let l = cluster.leader(None).await;
+    let mut follower = cluster.conn((l + 1) % 3).await;
+    let req = watch_req(&mut follower, "svc", 0, b"");
+    assert_eq!(status(&follower.call(req).await), ResponseStatus::NotLeader);
+
+    let (mut a, mut w) = (cluster.conn(l).await, cluster.conn(l).await);
+    let sa = open(&mut a).await;
+    let mut req = lock_req(&mut a, "svc", sa, Duration::from_secs(60), true);
+    req.lock.as_mut().expect("body").value = b"a".to_vec();
+    let r = a.call(req).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let fence = r.fence;
+    // Parked: the caller knows the holder. A Proclaim, once committed,
+    // answers it with the new value.
+    let watch = watch_req(&mut w, "svc", fence, b"a");
+    w.send(&watch).await;
+    let mut proclaim = c_proclaim(&mut a, "svc", fence, b"a2");
+    proclaim = in_session(proclaim, sa);
+    assert_eq!(status(&a.call(proclaim).await), ResponseStatus::Ok);
+    let r = w.recv().await;
+    assert_eq!(r.request_id, watch.id);
+    assert_eq!(
+        (r.key_info[0].fence, r.key_info[0].value.as_slice()),
+        (fence, &b"a2"[..])
+    );
+
+    // The leader dies; the value, as committed, is on the new leader, and
+    // a Watch sent there again is answered from it.
+    cluster.kill(l);
+    let l2 = cluster.leader(Some(l)).await;
+    let mut w2 = cluster.conn(l2).await;
+    let req = watch_req(&mut w2, "svc", 0, b"");
+    let r = w2.call(req).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    assert_eq!(
+        (r.key_info[0].fence, r.key_info[0].value.as_slice()),
+        (fence, &b"a2"[..])
+    );
+}
+
+fn c_proclaim(c: &mut TestClient, key: &str, fence: u64, value: &[u8]) -> Request {
+    let mut req = c.request(RequestType::Proclaim, &[key]);
+    if let Some(l) = req.lock.as_mut() {
+        l.fence = fence;
+        l.value = value.to_vec();
+    }
+    req
+}

@@ -214,6 +214,7 @@ fn lock(owner: OwnerId, key: &str, lease: Option<Duration>) -> Command {
         sharing: Sharing::exclusive(),
         wait: WaitLimit::No,
         lease,
+        value: Vec::new(),
     }
 }
 
@@ -712,6 +713,7 @@ async fn shared_grants_are_replicated_and_a_new_leader_keeps_every_reader() {
         sharing: Sharing::all(&["config".into()], 0),
         wait: WaitLimit::No,
         lease: None,
+        value: Vec::new(),
     };
     let first = granted(&propose(&nodes, read(1)).await);
     let (index, out) = propose_indexed(&nodes, read(2)).await;

@@ -11,6 +11,8 @@ use proptest::prelude::*;
 
 /// A step of a script, before encoding.
 #[derive(Debug, Clone)]
+// A test's script of a few hundred steps: boxing would only add noise.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Bytes(u8, Vec<u8>),
     Request(u8, Request, usize),
@@ -30,7 +32,7 @@ fn request() -> impl Strategy<Value = Request> {
     (
         prop_oneof![4 => Just(2u32), 1 => 0u32..4],
         any::<u64>(),
-        prop_oneof![1 => 0i32..14, 1 => Just(12), 1 => Just(13), 1 => any::<i32>()],
+        prop_oneof![1 => 0i32..16, 1 => Just(12), 1 => Just(13), 1 => any::<i32>()],
         keys,
         prop_oneof![3 => Just(0u64), 1 => 1u64..20_000, 1 => any::<u64>()],
         prop_oneof![3 => Just(0u64), 1 => 1u64..20_000, 1 => any::<u64>()],
@@ -43,6 +45,8 @@ fn request() -> impl Strategy<Value = Request> {
         (
             any::<u16>(),
             prop_oneof![2 => Just(0u32), 2 => 1u32..3, 1 => any::<u32>()],
+            // A value now and then, once too long.
+            prop_oneof![4 => Just(Vec::new()), 1 => prop::collection::vec(any::<u8>(), 1..4), 1 => Just(vec![0u8; 1025])],
         ),
         // Wait's ticket: request ids are small and count up from 1.
         prop_oneof![2 => Just(0u64), 2 => 1u64..40, 1 => any::<u64>()],
@@ -58,7 +62,7 @@ fn request() -> impl Strategy<Value = Request> {
                 try_lock,
                 fence,
                 session,
-                (mask, limit),
+                (mask, limit, value),
                 ticket,
             )| {
                 Request {
@@ -80,6 +84,7 @@ fn request() -> impl Strategy<Value = Request> {
                         try_lock,
                         fence,
                         ticket,
+                        value,
                     }),
                     ..Request::default()
                 }

@@ -51,8 +51,8 @@ async fn a_client_gives_up_its_lock_while_the_server_is_paused() {
     // connection lives on after the resume, so it is still held until the
     // holder lets it go.
     assert_eq!(
-        other.inspect(["bound"]).await.unwrap()[0].fence,
-        bound.fence()
+        other.inspect(["bound"]).await.unwrap()[0].fence(),
+        Some(bound.fence())
     );
     let _ = lease.into_parts();
     drop(bound);

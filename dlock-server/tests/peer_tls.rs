@@ -87,7 +87,7 @@ async fn a_cluster_whose_peers_speak_tls_elects_serves_and_fails_over() {
     assert_ne!(new, old);
     let probe = Client::connect(nodes.servers()).await.expect("connect");
     let info = probe.inspect(["tls"]).await.expect("inspect");
-    assert_eq!(info[0].fence, guard.fence());
+    assert_eq!(info[0].fence(), Some(guard.fence()));
     guard.unlock().await.expect("unlock");
     assert!(!nodes.any_panicked());
 }

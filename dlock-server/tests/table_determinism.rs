@@ -42,8 +42,8 @@ fn owned_command() -> impl Strategy<Value = Command> {
         Just(WaitLimit::For(Duration::MAX)),
     ];
     prop_oneof![
-        6 => (owner.clone(), keys(), any::<u8>(), 0u32..3, wait, prop::option::of(millis(4_000)))
-            .prop_map(|(owner, keys, mask, limit, wait, lease)| {
+        6 => (owner.clone(), keys(), any::<u8>(), 0u32..3, wait, prop::option::of(millis(4_000)), value())
+            .prop_map(|(owner, keys, mask, limit, wait, lease, value)| {
                 // Some keys shared, under a limit from a small range so
                 // that requests disagree on it now and then.
                 let sharing = Sharing {
@@ -55,13 +55,21 @@ fn owned_command() -> impl Strategy<Value = Command> {
                         .collect(),
                     limit,
                 };
-                Command::Lock { owner, keys, sharing, wait, lease }
+                Command::Lock { owner, keys, sharing, wait, lease, value }
             }),
+        2 => (owner.clone(), keys(), prop::option::of(fence.clone()), value())
+            .prop_map(|(owner, keys, fence, value)| Command::Proclaim { owner, keys, fence, value }),
         3 => (owner.clone(), keys(), prop::option::of(fence.clone()))
             .prop_map(|(owner, keys, fence)| Command::Unlock { owner, keys, fence }),
         2 => (owner, keys(), prop::option::of(fence), millis(4_000))
             .prop_map(|(owner, keys, fence, lease)| Command::Renew { owner, keys, fence, lease }),
     ]
+}
+
+/// A hold's value: often none, else one of a few, so that Proclaim both
+/// changes and repeats values.
+fn value() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(0u8..3, 0..2)
 }
 
 fn command() -> impl Strategy<Value = Command> {
@@ -188,6 +196,7 @@ fn lock(t: &mut LockTable, owner: u64, names: &[&str], wait: WaitLimit) -> LockR
         sharing: Sharing::exclusive(),
         wait,
         lease: None,
+        value: Vec::new(),
     };
     match t.apply(cmd, Time::ZERO).reply {
         Reply::Lock(r) => r,
@@ -252,6 +261,7 @@ fn a_snapshot_keeps_stale_deadlines_and_the_time() {
         sharing: Sharing::exclusive(),
         wait: WaitLimit::No,
         lease: Some(lease),
+        value: Vec::new(),
     };
     t.apply(cmd, Time::from_micros(1));
     for i in 0..100 {

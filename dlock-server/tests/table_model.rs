@@ -57,6 +57,12 @@ enum Op {
         by_fence: Option<usize>,
         lease: u64,
     },
+    Proclaim {
+        slot: u64,
+        keys: Vec<usize>,
+        by_fence: Option<usize>,
+        value: u8,
+    },
     Disconnect {
         slot: u64,
     },
@@ -75,6 +81,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(slot, keys, by_fence)| Op::Unlock { slot, keys, by_fence }),
         1 => (slot.clone(), ks, prop::option::of(0usize..8), 1u64..6)
             .prop_map(|(slot, keys, by_fence, lease)| Op::Renew { slot, keys, by_fence, lease }),
+        1 => (slot.clone(), prop::collection::vec(0usize..KEYS.len(), 1..3), prop::option::of(0usize..8), 0u8..3)
+            .prop_map(|(slot, keys, by_fence, value)| Op::Proclaim { slot, keys, by_fence, value }),
         1 => slot.prop_map(|slot| Op::Disconnect { slot }),
         2 => (0u64..4).prop_map(|ticks| Op::Advance { ticks }),
     ]
@@ -86,6 +94,10 @@ struct Holder {
     fence: u64,
     lease: Option<Time>,
     mode: Mode,
+    /// Its value: its Lock's, or the latest Proclaim's.
+    value: Vec<u8>,
+    /// When it was granted.
+    since: Time,
 }
 
 fn is_shared(m: Mode) -> bool {
@@ -111,6 +123,7 @@ struct Waiting {
     shared: BTreeMap<Key, Mode>,
     deadline: Option<Time>,
     lease: Option<Duration>,
+    value: Vec<u8>,
 }
 
 impl Waiting {
@@ -219,6 +232,8 @@ impl Model {
         keys: &BTreeSet<Key>,
         modes: &BTreeMap<Key, Mode>,
         lease: Option<Time>,
+        value: &[u8],
+        now: Time,
     ) -> u64 {
         let fence = self.next_fence;
         self.next_fence += 1;
@@ -230,6 +245,8 @@ impl Model {
                 fence,
                 lease,
                 mode: modes.get(k).copied().unwrap_or(Mode::Exclusive),
+                value: value.to_vec(),
+                since: now,
             });
         }
         fence
@@ -257,10 +274,17 @@ impl Model {
                 .all(|k| self.may_take(i, k, w.owner, w.mode(k)))
         }) {
             let w = self.waiting.remove(i);
-            let fence = self.grant(w.owner, &w.keys, &w.shared, w.lease.map(|d| at(now, d)));
+            let lease = w.lease.map(|d| at(now, d));
+            let fence = self.grant(w.owner, &w.keys, &w.shared, lease, &w.value, now);
             events.push(Event::Granted(w.req, fence));
         }
     }
+}
+
+/// The value every Lock of `owner` carries: one byte, so that a re-grant
+/// resets a proclaimed value to it.
+fn lock_value(owner: OwnerId) -> Vec<u8> {
+    vec![(owner % 100) as u8]
 }
 
 fn at(now: Time, d: Duration) -> Time {
@@ -289,7 +313,15 @@ fn lock(
     lease: Option<Duration>,
     now: Time,
 ) -> LockResult {
-    lock_shared(t, owner, keys, Sharing::exclusive(), wait, lease, now)
+    let value = Vec::new();
+    lock_shared(
+        t,
+        owner,
+        keys,
+        Sharing::exclusive(),
+        (wait, lease, value),
+        now,
+    )
 }
 
 /// Applies a Lock that may share keys; it wakes nobody.
@@ -298,8 +330,7 @@ fn lock_shared(
     owner: OwnerId,
     keys: Vec<Key>,
     sharing: Sharing,
-    wait: WaitLimit,
-    lease: Option<Duration>,
+    (wait, lease, value): (WaitLimit, Option<Duration>, Vec<u8>),
     now: Time,
 ) -> LockResult {
     let cmd = Command::Lock {
@@ -308,6 +339,7 @@ fn lock_shared(
         sharing,
         wait,
         lease,
+        value,
     };
     match t.apply(cmd, now) {
         Output {
@@ -419,8 +451,7 @@ impl Harness {
                     owner,
                     keys(&names),
                     sharing,
-                    wait_mode,
-                    lease,
+                    (wait_mode, lease, lock_value(owner)),
                     now,
                 );
                 if let Some(refused) = refusal {
@@ -435,7 +466,8 @@ impl Harness {
                     LockResult::Granted { fence } => {
                         assert!(immediate, "granted {names:?} to {owner}, model says wait");
                         let lease = lease.map(|d| at(now, d));
-                        let expected = self.model.grant(owner, &set, &modes, lease);
+                        let value = lock_value(owner);
+                        let expected = self.model.grant(owner, &set, &modes, lease, &value, now);
                         assert_eq!(fence, expected, "token of an immediate grant");
                         self.fences.push(fence);
                     }
@@ -449,6 +481,7 @@ impl Harness {
                             shared: modes.clone(),
                             deadline: wait.map(|t| at(now, self.tick(t))),
                             lease,
+                            value: lock_value(owner),
                         });
                     }
                     LockResult::Busy(busy) => {
@@ -528,6 +561,37 @@ impl Harness {
                 assert_eq!(not_held, expect_not_held);
                 assert!(woken.is_empty());
             }
+            Op::Proclaim {
+                slot,
+                keys: ks,
+                by_fence,
+                value,
+            } => {
+                let owner = self.owner(slot);
+                let fence = by_fence.and_then(|i| self.fences.get(i).copied());
+                let names: Vec<&str> = ks.iter().map(|i| KEYS[*i]).collect();
+                let value = vec![100 + value];
+                let cmd = Command::Proclaim {
+                    owner,
+                    keys: keys(&names),
+                    fence,
+                    value: value.clone(),
+                };
+                let (not_held, woken) = release(&mut self.table, cmd, now);
+                let mut expect_not_held = Vec::new();
+                for k in keys(&names).into_iter().collect::<BTreeSet<_>>() {
+                    let held = self.model.holders.get_mut(&k).and_then(|hs| {
+                        hs.iter_mut()
+                            .find(|h| fence.map_or(h.owner == owner, |f| h.fence == f))
+                    });
+                    match held {
+                        Some(h) => h.value = value.clone(),
+                        None => expect_not_held.push(k),
+                    }
+                }
+                assert_eq!(not_held, expect_not_held);
+                assert!(woken.is_empty());
+            }
             Op::Disconnect { slot } => {
                 let owner = self.owner(slot);
                 self.generation[slot as usize] += 1;
@@ -594,19 +658,27 @@ impl Harness {
             let view = self.table.inspect(name, self.now);
             let mut model = self.model.held(&Key::from(name)).to_vec();
             model.sort_by_key(|h| h.fence);
-            let holders: Vec<(OwnerId, u64, Option<Duration>)> = view
+            type Seen = (OwnerId, u64, Option<Duration>, Vec<u8>, Duration);
+            let holders: Vec<Seen> = view
                 .holders
                 .iter()
-                .map(|h| (h.owner, h.fence, h.lease_remaining))
+                .map(|h| {
+                    let (value, held) = (h.value.clone(), h.held_for);
+                    (h.owner, h.fence, h.lease_remaining, value, held)
+                })
                 .collect();
-            let expected: Vec<(OwnerId, u64, Option<Duration>)> = model
+            let expected: Vec<Seen> = model
                 .iter()
                 .map(|h| {
                     let left = h.lease.map(|t| t.saturating_duration_since(self.now));
-                    (h.owner, h.fence, left)
+                    let held = self.now.saturating_duration_since(h.since);
+                    (h.owner, h.fence, left, h.value.clone(), held)
                 })
                 .collect();
             assert_eq!(holders, expected, "holders of {name}");
+            let first = self.table.first_holder(name).map(|f| (f.fence, f.value));
+            let expected_first = model.first().map(|h| (h.fence, h.value.clone()));
+            assert_eq!(first, expected_first, "first holder of {name}");
             assert_eq!(view.mode, model.first().map(|h| h.mode), "mode of {name}");
             assert_eq!(
                 view.holder,

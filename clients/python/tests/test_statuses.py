@@ -247,6 +247,22 @@ def test_queued_enqueue_and_unknown_ticket(server):
     assert unknown.status == Status.UnknownTicket and "987654321" in unknown.error_text
 
 
+@covers(Status.ValueTooLarge)
+def test_value_too_large(server):
+    # The Python client does not set values yet: a raw Lock with one byte over the limit.
+    body = pb.RequestLock(keys=["k"], try_lock=True, value=b"v" * 1025)
+    (resp,) = raw_exchange(server.addr, encode(pb.Request(version=2, id=6, type=pb.Lock, lock=body)), 1)
+    assert (resp.status, resp.request_id) == (Status.ValueTooLarge, 6) and "1024" in resp.error_text
+
+
+@covers(Status.WatchLimit)
+def test_watch_limit(start_server):
+    server = start_server("--max-watchers", "0")
+    body = pb.RequestLock(keys=["k"], wait_micro=1000)
+    (resp,) = raw_exchange(server.addr, encode(pb.Request(version=2, id=7, type=pb.Watch, lock=body)), 1)
+    assert (resp.status, resp.request_id) == (Status.WatchLimit, 7) and "max-watchers" in resp.error_text
+
+
 @covers(Status.NotLeader)
 @covers(Status.Unavailable)
 def test_cluster_statuses_become_server_errors_that_keep_their_text():

@@ -32,6 +32,23 @@ pub enum Command {
         wait: WaitLimit,
         /// How long the keys are held once granted, from the grant's time.
         lease: Option<Duration>,
+        /// The value each hold gets (see `value`). Left out of the encoding
+        /// when empty, so a Lock without one is encoded as before.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        value: Vec<u8>,
+    },
+    /// Replaces the value of the named keys held by `owner`, or, when
+    /// `fence` is given, held under that token by any owner (see
+    /// `value`). Answered with [`Reply::NotHeld`].
+    Proclaim {
+        /// Who asks (ignored when `fence` is given).
+        owner: OwnerId,
+        /// The keys whose value changes.
+        keys: Vec<Key>,
+        /// The token the keys must be held under, if any.
+        fence: Option<u64>,
+        /// The new value.
+        value: Vec<u8>,
     },
     /// Releases the named keys held by `owner`, or, when `fence` is given,
     /// held under that token by any owner. Answered with [`Reply::NotHeld`].
@@ -139,12 +156,16 @@ impl Command {
         match self {
             Command::Lock { owner, .. }
             | Command::Unlock { owner, .. }
-            | Command::Renew { owner, .. } => Some(*owner),
+            | Command::Renew { owner, .. }
+            | Command::Proclaim {
+                owner, fence: None, ..
+            } => Some(*owner),
             Command::Sequenced { cmd, .. } => match **cmd {
                 Command::Sequenced { .. } => None,
                 ref inner => inner.owner(),
             },
             Command::Undelivered { .. }
+            | Command::Proclaim { fence: Some(_), .. }
             | Command::Disconnect { .. }
             | Command::OpenSession { .. }
             | Command::Resume { .. }
@@ -184,7 +205,7 @@ pub enum Reply {
     None,
     /// What became of a Lock.
     Lock(LockResult),
-    /// Unlock and Renew: the named keys that were not held, sorted; all
+    /// Unlock, Renew and Proclaim: the named keys that were not held, sorted; all
     /// others were acted on.
     NotHeld(Vec<Key>),
     /// OpenSession and KeepAlive: the session and its TTL.
@@ -304,6 +325,7 @@ mod tests {
             sharing: Sharing::exclusive(),
             wait: super::super::WaitLimit::Forever,
             lease: None,
+            value: Vec::new(),
         };
         let at = crate::table::Time::ZERO;
         table.apply(lock(1, "a"), at);

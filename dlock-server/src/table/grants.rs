@@ -142,6 +142,7 @@ impl LockTable {
         keys: &[Key],
         sharing: &Sharing,
         lease: Option<Duration>,
+        value: &[u8],
         now: Time,
     ) -> u64 {
         let fence = self.next_fence;
@@ -154,6 +155,8 @@ impl LockTable {
                 owner,
                 fence,
                 lease: deadline,
+                value: value.into(),
+                since: now,
             };
             let previous = state.holds.put(hold, sharing.mode(k));
             match previous {
@@ -266,7 +269,7 @@ impl LockTable {
                     s.queue.remove(&req);
                 }
             }
-            let fence = self.grant(w.owner, &w.keys, &w.sharing, w.lease, now);
+            let fence = self.grant(w.owner, &w.keys, &w.sharing, w.lease, &w.value, now);
             work.extend(w.keys.iter().cloned());
             woken.push(Woken {
                 req,

@@ -193,6 +193,36 @@ impl Holds {
         Some(hold)
     }
 
+    /// Sets `owner`'s value (see `value`); returns whether it holds the
+    /// key. Nothing else of the hold changes, so no index needs updating.
+    pub(super) fn set_value(&mut self, owner: OwnerId, value: &[u8]) -> bool {
+        let hold = match self {
+            Holds::Free => None,
+            Holds::Exclusive(h) => (h.owner == owner).then_some(h),
+            Holds::Shared(s) => s.holders.get_mut(&owner),
+        };
+        match hold {
+            Some(h) => {
+                h.value = value.into();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The first holder: the one with the lowest token, which has held the
+    /// key longest (the only one of a key held exclusively).
+    pub(super) fn first(&self) -> Option<&Hold> {
+        match self {
+            Holds::Free => None,
+            Holds::Exclusive(h) => Some(h),
+            Holds::Shared(s) => s
+                .fences
+                .first_key_value()
+                .and_then(|(_, o)| s.holders.get(o)),
+        }
+    }
+
     /// The hold under token `fence`.
     pub(super) fn with_fence(&self, fence: u64) -> Option<&Hold> {
         match self {
@@ -342,6 +372,7 @@ mod tests {
             },
             wait: WaitLimit::Forever,
             lease: None,
+            value: Vec::new(),
         }
     }
 
@@ -553,6 +584,7 @@ mod tests {
             sharing: Sharing::all(&[Key::from("s")], 2),
             wait: WaitLimit::Forever,
             lease: Some(Duration::from_millis(10)),
+            value: Vec::new(),
         };
         let f2 = granted(&apply(&mut t, leased, 0));
         let third = waiting(&apply(&mut t, lock(3, &[], &["s"], 2), 1));

@@ -302,6 +302,7 @@ mod tests {
             sharing: Sharing::exclusive(),
             wait: WaitLimit::Forever,
             lease: None,
+            value: Vec::new(),
         }
     }
 
@@ -398,6 +399,7 @@ mod tests {
             sharing: Sharing::exclusive(),
             wait: WaitLimit::For(Duration::from_millis(5)),
             lease: None,
+            value: Vec::new(),
         };
         let Reply::Lock(LockResult::Waiting(req)) = t.apply(seq(1, 0, timed.clone()), at(1)).reply
         else {

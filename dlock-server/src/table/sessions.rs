@@ -225,6 +225,7 @@ mod tests {
             sharing: Sharing::exclusive(),
             wait: WaitLimit::Forever,
             lease,
+            value: Vec::new(),
         }
     }
 

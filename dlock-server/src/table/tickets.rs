@@ -86,6 +86,7 @@ mod tests {
             sharing: Sharing::exclusive(),
             wait: WaitLimit::Forever,
             lease: None,
+            value: Vec::new(),
         }
     }
 

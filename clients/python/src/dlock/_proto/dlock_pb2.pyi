@@ -23,6 +23,8 @@ class RequestType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ClusterRemove: _ClassVar[RequestType]
     Enqueue: _ClassVar[RequestType]
     Wait: _ClassVar[RequestType]
+    Proclaim: _ClassVar[RequestType]
+    Watch: _ClassVar[RequestType]
 
 class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -47,6 +49,8 @@ class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LimitMismatch: _ClassVar[ResponseStatus]
     Queued: _ClassVar[ResponseStatus]
     UnknownTicket: _ClassVar[ResponseStatus]
+    ValueTooLarge: _ClassVar[ResponseStatus]
+    WatchLimit: _ClassVar[ResponseStatus]
 Invalid: RequestType
 Ping: RequestType
 Lock: RequestType
@@ -61,6 +65,8 @@ ClusterAdd: RequestType
 ClusterRemove: RequestType
 Enqueue: RequestType
 Wait: RequestType
+Proclaim: RequestType
+Watch: RequestType
 Ok: ResponseStatus
 General: ResponseStatus
 Version: ResponseStatus
@@ -82,6 +88,8 @@ ModeConflict: ResponseStatus
 LimitMismatch: ResponseStatus
 Queued: ResponseStatus
 UnknownTicket: ResponseStatus
+ValueTooLarge: ResponseStatus
+WatchLimit: ResponseStatus
 
 class Request(_message.Message):
     __slots__ = ("version", "id", "access_token", "type", "session", "session_ttl_micro", "seq", "seq_done", "lock", "cluster")
@@ -156,7 +164,7 @@ class ClusterMember(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., client_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ..., voter: bool = ..., matched_index: _Optional[int] = ..., lag: _Optional[int] = ..., replication_known: bool = ...) -> None: ...
 
 class RequestLock(_message.Message):
-    __slots__ = ("wait_micro", "release_micro", "keys", "try_lock", "fence", "shared_keys", "limit", "ticket")
+    __slots__ = ("wait_micro", "release_micro", "keys", "try_lock", "fence", "shared_keys", "limit", "ticket", "value")
     WAIT_MICRO_FIELD_NUMBER: _ClassVar[int]
     RELEASE_MICRO_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +173,7 @@ class RequestLock(_message.Message):
     SHARED_KEYS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     TICKET_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
     wait_micro: int
     release_micro: int
     keys: _containers.RepeatedScalarFieldContainer[str]
@@ -173,10 +182,11 @@ class RequestLock(_message.Message):
     shared_keys: _containers.RepeatedScalarFieldContainer[str]
     limit: int
     ticket: int
-    def __init__(self, wait_micro: _Optional[int] = ..., release_micro: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., try_lock: bool = ..., fence: _Optional[int] = ..., shared_keys: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ..., ticket: _Optional[int] = ...) -> None: ...
+    value: bytes
+    def __init__(self, wait_micro: _Optional[int] = ..., release_micro: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., try_lock: bool = ..., fence: _Optional[int] = ..., shared_keys: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ..., ticket: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class KeyInfo(_message.Message):
-    __slots__ = ("key", "fence", "lease_remaining_micro", "waiters", "held_by_caller", "holder_addr", "shared", "limit", "holders")
+    __slots__ = ("key", "fence", "lease_remaining_micro", "waiters", "held_by_caller", "holder_addr", "shared", "limit", "holders", "value", "held_micro")
     KEY_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_REMAINING_MICRO_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +196,8 @@ class KeyInfo(_message.Message):
     SHARED_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    HELD_MICRO_FIELD_NUMBER: _ClassVar[int]
     key: str
     fence: int
     lease_remaining_micro: int
@@ -195,19 +207,25 @@ class KeyInfo(_message.Message):
     shared: bool
     limit: int
     holders: _containers.RepeatedCompositeFieldContainer[KeyHolder]
-    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., waiters: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ..., shared: bool = ..., limit: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[KeyHolder, _Mapping]]] = ...) -> None: ...
+    value: bytes
+    held_micro: int
+    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., waiters: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ..., shared: bool = ..., limit: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[KeyHolder, _Mapping]]] = ..., value: _Optional[bytes] = ..., held_micro: _Optional[int] = ...) -> None: ...
 
 class KeyHolder(_message.Message):
-    __slots__ = ("fence", "lease_remaining_micro", "held_by_caller", "holder_addr")
+    __slots__ = ("fence", "lease_remaining_micro", "held_by_caller", "holder_addr", "value", "held_micro")
     FENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_REMAINING_MICRO_FIELD_NUMBER: _ClassVar[int]
     HELD_BY_CALLER_FIELD_NUMBER: _ClassVar[int]
     HOLDER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    HELD_MICRO_FIELD_NUMBER: _ClassVar[int]
     fence: int
     lease_remaining_micro: int
     held_by_caller: bool
     holder_addr: str
-    def __init__(self, fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ...) -> None: ...
+    value: bytes
+    held_micro: int
+    def __init__(self, fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ..., value: _Optional[bytes] = ..., held_micro: _Optional[int] = ...) -> None: ...
 
 class Response(_message.Message):
     __slots__ = ("version", "request_id", "status", "error_text", "keys", "server_unix_time", "fence", "key_info", "server_stats", "limits", "session", "session_ttl_micro", "leader_addr", "cluster", "ticket", "place")

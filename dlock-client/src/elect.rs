@@ -1,0 +1,164 @@
+//! `dlock elect -k KEY [--id NAME] [--once] -- COMMAND`: run COMMAND while
+//! this process leads the election on KEY, campaign again when leadership
+//! is lost.
+//!
+//! Campaigning is dlock's normal path with the identity as the hold's value
+//! (see `run::run_locked`): the wait in line, the keeping of the lock, the
+//! guardian, the signals and the stopping of COMMAND when the lock is lost
+//! are the same. Only the end differs: a loss (exit 75 of the normal path)
+//! starts the next campaign, unless `--once`.
+
+use crate::cli::Args;
+use crate::exit::{self, Failure};
+use crate::say;
+use clap::Parser;
+use std::process::ExitCode;
+
+const AFTER_HELP: &str = "\
+Leadership is the lock on KEY, held by this process's connection (on a
+cluster: its session) or, with --lease, a lease renewed while COMMAND runs;
+its value is the --id, which `dlock leader -k KEY` prints. Campaigners wait in
+line, first come first served. When leadership is lost (the server stopped
+answering, the connection broke, the lease ran out), COMMAND is stopped as
+dlock stops a command whose lock is lost (--on-lost, --grace), and dlock
+campaigns again. When COMMAND exits on its own, dlock resigns and exits with
+its code.
+
+Examples:
+  # Run the scheduler on one machine of the fleet; another takes over when it
+  # goes away:
+  dlock elect -k services/scheduler --id \"$(hostname)\" -- scheduler --serve
+
+  # Exit instead of campaigning again once leadership is lost:
+  dlock elect --once -k services/scheduler -- scheduler --serve
+
+Exit codes: as dlock's (dlock --help), and:
+  N    COMMAND exited on its own with N; dlock resigned
+  75   --once: leadership was lost while COMMAND ran; COMMAND was stopped";
+
+/// Run COMMAND while this process is the elected leader of KEY.
+#[derive(Debug, Parser)]
+#[command(name = "dlock elect", version, after_help = AFTER_HELP)]
+#[command(
+    override_usage = "dlock elect [OPTIONS] -k KEY [--id NAME] [--once] -- COMMAND [ARGS]..."
+)]
+pub struct ElectArgs {
+    /// The identity this process campaigns with, shown to observers
+    /// (`dlock leader`); at most 1024 bytes. Default: HOSTNAME:PID.
+    #[arg(long, value_name = "NAME")]
+    pub id: Option<String>,
+
+    /// Exit (75) when leadership is lost instead of campaigning again.
+    #[arg(long)]
+    pub once: bool,
+
+    #[command(flatten)]
+    pub run: Args,
+}
+
+/// The entry point of `dlock elect`.
+pub fn main() -> ExitCode {
+    match crate::parse_args::<ElectArgs>(std::env::args_os().skip(1)) {
+        Ok(args) => crate::run_blocking(run(args)),
+        Err(code) => code,
+    }
+}
+
+/// Campaigns and runs COMMAND while leader, again and again.
+///
+/// # Errors
+/// A [`Failure`] with its exit code and message.
+pub async fn run(e: ElectArgs) -> Result<u8, Failure> {
+    let args = &e.run;
+    check(args)?;
+    let keys = args.all_keys();
+    let argv = crate::run::command_line(args, &keys)?;
+    let options = crate::run::client_options(args)?;
+    let id = e.id.clone().unwrap_or_else(default_id);
+    if id.len() > dlock::MAX_VALUE_LEN {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "--id is {} bytes long; the limit is {}",
+                id.len(),
+                dlock::MAX_VALUE_LEN
+            ),
+        ));
+    }
+    let mut signals = crate::run::install_signals()?;
+    loop {
+        if args.verbose {
+            say!("campaigning for {} as {id:?}", keys.join(","));
+        }
+        let code = crate::run::run_locked(
+            args,
+            options.clone(),
+            &keys,
+            &argv,
+            id.as_bytes(),
+            &mut signals,
+        )
+        .await?;
+        if code != exit::LOCK_LOST || e.once {
+            return Ok(code);
+        }
+        say!("leadership of {} lost; campaigning again", keys.join(","));
+    }
+}
+
+/// Refuses what does not make sense for an election.
+fn check(args: &Args) -> Result<(), Failure> {
+    let usage = |what: &str| Err(Failure::new(exit::USAGE, format!("dlock elect: {what}")));
+    if args.keys.len() != 1 || args.auto_key.is_some() {
+        return usage("name exactly one key with -k KEY");
+    }
+    if args.shared || args.limit.is_some() {
+        return usage("leadership is exclusive: --shared and --limit do not apply");
+    }
+    if args.nonblock || args.wait.is_some() || args.hold.is_some() {
+        return usage("-n, -w and --hold do not apply: a campaign waits in line until it leads");
+    }
+    if args.inspect || args.ping {
+        return usage("--inspect and --ping do not apply; see `dlock leader`");
+    }
+    Ok(())
+}
+
+/// HOSTNAME:PID, so that two campaigners on one machine differ.
+fn default_id() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf, which
+    // lives for the call.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let host = if rc == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "localhost".to_string()
+    };
+    format!("{host}:{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elect_parses_its_own_flags_and_the_command() {
+        let e = ElectArgs::try_parse_from([
+            "elect", "--once", "--id", "a", "-k", "svc", "--", "run", "-x",
+        ])
+        .unwrap();
+        assert!(e.once);
+        assert_eq!(e.id.as_deref(), Some("a"));
+        assert_eq!(e.run.keys, ["svc"]);
+        assert_eq!(e.run.argv(), ["run", "-x"]);
+        assert!(check(&e.run).is_ok());
+        let two = ElectArgs::try_parse_from(["elect", "-k", "a", "-k", "b", "--", "x"]).unwrap();
+        assert!(check(&two.run).is_err());
+        let shared =
+            ElectArgs::try_parse_from(["elect", "--shared", "-k", "a", "--", "x"]).unwrap();
+        assert!(check(&shared.run).is_err());
+        assert!(default_id().contains(':'));
+    }
+}

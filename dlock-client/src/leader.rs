@@ -1,0 +1,180 @@
+//! `dlock leader -k KEY [--watch]`: who leads the election on KEY (its
+//! identity, fencing token and since when), and with `--watch` every
+//! change, pushed by the server, until interrupted.
+
+use crate::cli::Args;
+use crate::exit::{self, Failure};
+use clap::Parser;
+use dlock::{Election, Leader};
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const AFTER_HELP: &str = "\
+Output, one line per state:
+  leader ID fence N since 2026-11-23T22:40:01.250Z
+  no leader
+ID is the leader's --id (dlock elect), printed as text, or as 0x-hex when it
+is not printable. With --watch, a line for the current state, then one for
+every change (a new leader, a new ID), until SIGINT or SIGTERM.
+
+Exit codes:
+  0    a leader was printed; with --watch, interrupted
+  1    there is no leader (change with -E)
+  64   usage error
+  69   cannot reach the server, or the connection was lost
+  70   the server refused the request
+  77   access denied";
+
+/// Print the leader of an election, or follow it.
+#[derive(Debug, Parser)]
+#[command(name = "dlock leader", version, after_help = AFTER_HELP)]
+#[command(override_usage = "dlock leader [OPTIONS] -k KEY [--watch]")]
+pub struct LeaderArgs {
+    /// Print every change of leader until interrupted.
+    #[arg(long)]
+    pub watch: bool,
+
+    #[command(flatten)]
+    pub run: Args,
+}
+
+/// The entry point of `dlock leader`.
+pub fn main() -> ExitCode {
+    match crate::parse_args::<LeaderArgs>(std::env::args_os().skip(1)) {
+        Ok(args) => crate::run_blocking(run(args)),
+        Err(code) => code,
+    }
+}
+
+/// Prints the leader, or follows it with `--watch`.
+///
+/// # Errors
+/// A [`Failure`] with its exit code and message.
+pub async fn run(l: LeaderArgs) -> Result<u8, Failure> {
+    let args = &l.run;
+    if args.keys.len() != 1 {
+        return Err(Failure::new(
+            exit::USAGE,
+            "dlock leader: name exactly one key with -k KEY",
+        ));
+    }
+    let options = crate::run::client_options(args)?;
+    let client = crate::keeper::connect(&args.server, options).await?;
+    let failed = |e| exit::from_client_error(e, &args.server);
+    let election = Election::new(&client, args.keys[0].as_str());
+    if !l.watch {
+        let leader = election.leader().await.map_err(failed)?;
+        println!("{}", line(leader.as_ref()));
+        return Ok(if leader.is_some() {
+            0
+        } else {
+            args.conflict_exit_code
+        });
+    }
+    let mut changes = election.observe().await.map_err(failed)?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot watch for SIGTERM: {e}")))?;
+    loop {
+        println!("{}", line(changes.borrow_and_update().as_ref()));
+        tokio::select! {
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            _ = tokio::signal::ctrl_c() => return Ok(0),
+            _ = term.recv() => return Ok(0),
+            reason = client.closed() => {
+                return Err(Failure::new(exit::UNAVAILABLE, format!("connection lost: {reason}")));
+            }
+        }
+    }
+    Err(Failure::new(
+        exit::UNAVAILABLE,
+        "stopped following the leader",
+    ))
+}
+
+/// One line for a state: `leader ID fence N since TIME` or `no leader`.
+fn line(leader: Option<&Leader>) -> String {
+    match leader {
+        None => "no leader".to_string(),
+        Some(l) => format!(
+            "leader {} fence {} since {}",
+            printable(&l.value),
+            l.fence,
+            rfc3339(l.since)
+        ),
+    }
+}
+
+/// `value` as text when it is UTF-8 without spaces or control characters
+/// (so a line splits into words as documented), else as 0x-hex; `-` when
+/// empty.
+pub fn printable(value: &[u8]) -> String {
+    match std::str::from_utf8(value) {
+        Ok("") => "-".to_string(),
+        Ok(s) if !s.chars().any(|c| c.is_control() || c.is_whitespace()) => s.to_string(),
+        _ => {
+            let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
+            format!("0x{hex}")
+        }
+    }
+}
+
+/// `t` in UTC as RFC 3339 with milliseconds.
+fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, day) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+/// Year, month, day of the `days`th day after 1970-01-01 (Howard
+/// Hinnant's algorithm, for dates after the epoch).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn lines_name_the_leader_or_say_there_is_none() {
+        assert_eq!(line(None), "no leader");
+        let l = Leader {
+            value: b"web-1:42".to_vec(),
+            fence: 7,
+            since: UNIX_EPOCH + Duration::from_millis(1_795_473_601_250),
+        };
+        assert_eq!(
+            line(Some(&l)),
+            "leader web-1:42 fence 7 since 2026-11-23T22:40:01.250Z"
+        );
+        assert_eq!(printable(b"a b"), "0x612062");
+        assert_eq!(printable(b""), "-");
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00.000Z"
+        );
+    }
+}
