@@ -23,7 +23,7 @@ use crate::dial::Dial;
 use crate::enqueue::{Enqueued, Queued};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
-use crate::guard::LockGuard;
+use crate::guard::{LockGuard, LockParts};
 use crate::inspect::{server_time, KeyState};
 use crate::keys::IntoKeys;
 use crate::limits::Limits;
@@ -552,6 +552,29 @@ impl Client {
             Some((sent, lease)),
             false,
         ))
+    }
+
+    /// Takes over a lock handed over as [`LockParts`] (by
+    /// [`LockGuard::into_parts`], here or in another process): the round
+    /// trip of `into_parts`. The same as [`Client::take_over`] with the
+    /// parts' lease, renewed from now.
+    ///
+    /// # Errors
+    /// Parts without a lease are refused before anything is sent, as
+    /// [`Error::Server`] with [`ResponseStatus::InvalidArgument`]: such a
+    /// lock lives and dies with the connection that took it, and nobody
+    /// else can take it over. Otherwise as [`Client::take_over`].
+    pub async fn from_parts(&self, parts: LockParts) -> Result<LockGuard> {
+        let Some(lease) = parts.lease else {
+            return Err(Error::Server {
+                status: ResponseStatus::InvalidArgument,
+                text: format!(
+                    "the lock on {:?} (fence {}) has no lease: it is bound to the connection that took it and cannot be taken over",
+                    parts.keys, parts.fence
+                ),
+            });
+        };
+        self.take_over(parts.keys, parts.fence, lease).await
     }
 
     /// Releases `keys` held under `fence`, whichever connection took them:

@@ -10,6 +10,22 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+/// A held lock outside any guard, from [`LockGuard::into_parts`]: what a
+/// process needs to take it over ([`Client::from_parts`]) or release it
+/// ([`Client::unlock_fence`]). Plain data: store it, print it, hand it to
+/// another process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockParts {
+    /// The keys, in the order they were locked.
+    pub keys: Vec<String>,
+    /// The grant's fencing token.
+    pub fence: u64,
+    /// The lease the lock was taken or last renewed with; `None` for a lock
+    /// bound to its connection (or session), which nobody else can take
+    /// over.
+    pub lease: Option<Duration>,
+}
+
 /// Keys held by this client, on a connection of their own (see
 /// [`Client::lock`]). Dropping the guard releases them in the
 /// background without blocking; [`LockGuard::unlock`] releases them and
@@ -149,8 +165,11 @@ impl LockGuard {
     /// Stops managing the lock without releasing it: dropping the result
     /// sends nothing. The keys stay held until released by fence
     /// ([`Client::unlock_fence`]), until the lease ends, or, without a lease,
-    /// until the connection closes. Returns the keys and the fencing token.
-    pub fn into_parts(mut self) -> (Vec<String>, u64) {
+    /// until the connection closes. Returns what names the lock: the keys,
+    /// the fencing token and the lease, which [`Client::from_parts`] (in
+    /// this process or another) takes over again.
+    pub fn into_parts(mut self) -> LockParts {
+        let lease = self.lease();
         self.released = true;
         if self.own_connection && self.lease.borrow().is_none() {
             // The lock lives as long as its connection.
@@ -159,7 +178,11 @@ impl LockGuard {
         // A lease's connection is closed, never reused: the server would
         // grant its keys again to a later Lock on it.
         self.own_connection = false;
-        (std::mem::take(&mut self.keys), self.fence)
+        LockParts {
+            keys: std::mem::take(&mut self.keys),
+            fence: self.fence,
+            lease,
+        }
     }
 
     /// Sets the lease to now + `lease`. A lock taken without a lease becomes

@@ -59,7 +59,7 @@ pub use election::{Election, Leader, Leadership};
 pub use enqueue::{Enqueued, Queued};
 pub use error::{Disconnect, Error, Result};
 pub use event::Event;
-pub use guard::LockGuard;
+pub use guard::{LockGuard, LockParts};
 pub use inspect::{Holder, KeyState};
 pub use keys::{IntoKeys, Keys};
 pub use limits::{LimitError, Limits};

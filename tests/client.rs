@@ -310,8 +310,10 @@ async fn one_key_is_named_as_plainly_as_many() {
         .lock("single", LockOptions::new().lease(Duration::from_secs(60)))
         .await
         .unwrap();
-    let (keys, fence) = guard.into_parts();
+    let parts = guard.into_parts();
+    let (keys, fence) = (parts.keys.clone(), parts.fence);
     assert_eq!(keys, ["single"]);
+    assert_eq!(parts.lease, Some(Duration::from_secs(60)));
     assert_eq!(c.inspect(&key).await.unwrap()[0].fence(), Some(fence));
     c.renew_fence(key.clone(), fence, Duration::from_secs(30))
         .await
@@ -321,7 +323,26 @@ async fn one_key_is_named_as_plainly_as_many() {
         .await
         .unwrap();
     assert_eq!(taken.fence(), fence);
-    taken.into_parts();
+    // The round trip: parts out, parts in, on another connection.
+    let parts = taken.into_parts();
+    assert_eq!(parts.lease, Some(Duration::from_secs(30)));
+    let other = client(&server).await;
+    let again = other.from_parts(parts.clone()).await.unwrap();
+    assert_eq!((again.keys(), again.fence()), (&keys[..], fence));
+    assert_eq!(again.into_parts(), parts);
+    // A lock bound to its connection cannot be taken over.
+    let bound = c
+        .lock("bound", LockOptions::new())
+        .await
+        .unwrap()
+        .into_parts();
+    assert_eq!(bound.lease, None);
+    match other.from_parts(bound).await {
+        Err(dlock::Error::Server { status, .. }) => {
+            assert_eq!(status, dlock::proto::ResponseStatus::InvalidArgument)
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
     c.unlock_fence("single", fence).await.unwrap();
     assert_eq!(c.inspect(["single"]).await.unwrap()[0].fence(), None);
 }

@@ -178,7 +178,7 @@ async fn dropping_the_client_closes_every_connection_it_opened() {
             .await
             .unwrap();
     }
-    let (_keys, _fence) = c
+    let _parts = c
         .lock(["kept"], LockOptions::new())
         .await
         .unwrap()

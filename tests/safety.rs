@@ -99,7 +99,7 @@ async fn a_kept_lease_outlives_many_lease_lengths() {
 async fn a_lease_is_taken_over_from_a_new_connection() {
     let server = TestServer::start(Config::default()).await;
     let first = Client::connect(&server.addr_string()).await.unwrap();
-    let (keys, fence) = first
+    let dlock::LockParts { keys, fence, .. } = first
         .lock(
             ["handed"],
             LockOptions::new().lease(Duration::from_secs(30)),

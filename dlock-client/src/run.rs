@@ -380,9 +380,9 @@ async fn release(args: &Args, options: &ClientOptions, guard: LockGuard, acquire
         // A lease outlives its connection: release it from a new one.
         let mut guard = guard;
         if lease.is_some() && guard.client().is_closed() {
-            let (keys, fence) = guard.into_parts();
+            let parts = guard.into_parts();
             let client = Client::connect_with(&args.server, options.clone()).await?;
-            return client.unlock_fence(&keys, fence).await;
+            return client.unlock_fence(&parts.keys, parts.fence).await;
         }
         let remaining = args
             .hold

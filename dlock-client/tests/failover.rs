@@ -139,7 +139,8 @@ async fn requests_in_flight_across_a_leader_kill_are_answered_once_each() {
             .lock([key.as_str()], LockOptions::new().lease(lease))
             .await
             .expect("lease");
-        leases.push(g.into_parts());
+        let parts = g.into_parts();
+        leases.push((parts.keys, parts.fence));
     }
     // Connections for later locks, kept in the client's pool.
     let warm: Vec<_> = {

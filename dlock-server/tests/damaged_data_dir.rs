@@ -77,8 +77,9 @@ async fn a_node_with_a_cut_log_file_refuses_to_start_or_catches_up_never_crashes
         .lock("kept", LockOptions::new().lease(Duration::from_secs(600)))
         .await
         .expect("a lease");
-    let (kept, kept_fence) = lease.into_parts();
-    assert_eq!(kept, ["kept"]);
+    let kept = lease.into_parts();
+    let kept_fence = kept.fence;
+    assert_eq!(kept.keys, ["kept"]);
     let leader = nodes.index_of(&c.addr()).expect("the client's node");
     let victim = (leader + 1) % 3;
     await_caught_up(&nodes, victim).await;
