@@ -6,6 +6,7 @@
 //! the server; [`nodes`] runs a cluster of real server processes.
 
 pub mod nodes;
+pub mod ports;
 pub mod proxy;
 
 use crate::Config;

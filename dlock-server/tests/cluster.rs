@@ -31,12 +31,24 @@ struct Cluster {
     _dirs: tempfile::TempDir,
 }
 
-/// A loopback port nobody listens on now. The node binds it a moment
-/// later; nothing else on a test machine races for ephemeral ports that
-/// fast.
+/// Ports reserved for nodes not started yet: held, so that no later
+/// reservation of this process takes them.
+static HELD: std::sync::Mutex<Vec<TcpListener>> = std::sync::Mutex::new(Vec::new());
+
+/// A loopback port below the ephemeral range (see
+/// `dlock_server::testing::ports`: a node restarted after a kill finds it
+/// free), held until the node starts.
 fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("its address")
+    let (addr, l) = dlock_server::testing::ports::reserve();
+    HELD.lock().unwrap_or_else(|p| p.into_inner()).push(l);
+    addr
+}
+
+/// Lets go of `addr` just before a node binds it.
+fn release(addr: SocketAddr) {
+    HELD.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|l| l.local_addr().ok() != Some(addr));
 }
 
 impl Cluster {
@@ -69,6 +81,8 @@ impl Cluster {
 
     fn start(&mut self, i: usize) {
         let n = &self.nodes[i];
+        release(n.client);
+        release(n.peer);
         let (id, client, peer) = (n.id.to_string(), n.client.to_string(), n.peer.to_string());
         let dir = n.dir.display().to_string();
         let p = Process::start(&[

@@ -72,9 +72,10 @@ pub fn server_binary() -> PathBuf {
 /// A loopback port nobody else listens on, kept bound (so no other socket
 /// of this process, such as a proxy started between `prepare` and the
 /// node's first start, is given it) until the node is about to bind it.
+/// Below the ephemeral range (see [`super::ports`]), so a restart finds it
+/// free again.
 fn free_port() -> (SocketAddr, TcpListener) {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
-    (l.local_addr().expect("a bound listener has an address"), l)
+    super::ports::reserve()
 }
 
 impl NodeProcesses {
