@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 from typing import Optional, Tuple
 
 #: The server's default listen address, as in the Rust crate.
@@ -25,6 +26,38 @@ def server_address(server: Optional[str]) -> Tuple[str, str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return text, host, int(port)
+
+
+def tls_context(
+    ca: Optional[str],
+    cert: Optional[str],
+    key: Optional[str],
+    context: Optional[ssl.SSLContext],
+) -> Optional[ssl.SSLContext]:
+    """The TLS settings to connect with, or None for plain TCP (the default).
+
+    `context` as given wins; else `ca` (else DLOCK_TLS_CA) makes one that
+    verifies the server's certificate against that CA and its name against
+    the address's host, TLS 1.2 at least, with `cert` and `key` (else
+    DLOCK_TLS_CERT, DLOCK_TLS_KEY) as the client's own certificate for a
+    server that asks for one (mutual TLS), as the Rust client and `dlock` do.
+    """
+    if context is not None:
+        return context
+    ca = ca or os.environ.get("DLOCK_TLS_CA") or None
+    cert = cert or os.environ.get("DLOCK_TLS_CERT") or None
+    key = key or os.environ.get("DLOCK_TLS_KEY") or None
+    if (cert is None) != (key is None):
+        raise ValueError("tls_cert and tls_key go together (a client certificate needs its key)")
+    if ca is None:
+        if cert is not None:
+            raise ValueError("tls_cert needs tls_ca: the server's certificate must be verified too")
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert is not None:
+        ctx.load_cert_chain(cert, key)
+    return ctx
 
 
 def access_token(token: Optional[str]) -> str:

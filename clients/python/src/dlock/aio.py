@@ -42,6 +42,7 @@ the fencing token (see examples/fencing/).
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import Any, Awaitable, Callable, Generator, Generic, Iterable, List, Optional, TypeVar, Union
 
 from . import _env
@@ -122,11 +123,20 @@ def connect(
     connect_timeout: float = 5.0,
     max_in_flight: Optional[int] = None,
     margin: float = 0.1,
+    tls_ca: Optional[str] = None,
+    tls_cert: Optional[str] = None,
+    tls_key: Optional[str] = None,
+    ssl_context: Optional[ssl.SSLContext] = None,
 ) -> "_AwaitableContext[Client]":
     """Connects to `server` (`HOST:PORT`; default: DLOCK_SERVER, else 127.0.0.1:7436).
 
     `token` defaults to DLOCK_TOKEN. `margin` is the fraction of the session
     timeout or lease kept in reserve before a lock is reported lost.
+    TLS: `tls_ca` (default DLOCK_TLS_CA), a PEM file of the CA that signed
+    the server's certificate, turns it on; the certificate must name the
+    address's host. `tls_cert` and `tls_key` (DLOCK_TLS_CERT, DLOCK_TLS_KEY)
+    are this client's certificate for a server that requires one. Or pass a
+    ready `ssl_context`. Without any, plain TCP.
     Use as `client = await connect()` or `async with connect() as client:`.
 
     Raises `ConnectError` if the connection cannot be made, `AccessDenied`
@@ -136,8 +146,9 @@ def connect(
     async def close(client: Client, failed: bool) -> None:
         await client.close()
 
+    tls = _env.tls_context(tls_ca, tls_cert, tls_key, ssl_context)
     return _AwaitableContext(
-        lambda: Client._connect(server, token, connect_timeout, max_in_flight, margin), close
+        lambda: Client._connect(server, token, connect_timeout, max_in_flight, margin, tls), close
     )
 
 
@@ -169,11 +180,14 @@ class Client:
         connect_timeout: float,
         max_in_flight: Optional[int],
         margin: float,
+        tls: Optional[ssl.SSLContext] = None,
     ) -> "Client":
         if not 0 <= margin < 1:
             raise ValueError(f"margin {margin} must be at least 0 and below 1")
         addr, host, port = _env.server_address(server)
-        conn = await Connection.open(addr, host, port, _env.access_token(token), connect_timeout, max_in_flight)
+        conn = await Connection.open(
+            addr, host, port, _env.access_token(token), connect_timeout, max_in_flight, tls
+        )
         return cls(conn, margin)
 
     @property

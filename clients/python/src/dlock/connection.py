@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
+import ssl
 from typing import Callable, Deque, List, Optional
 
 from google.protobuf.message import DecodeError
@@ -116,6 +117,7 @@ class Connection:
         token: str,
         connect_timeout: float,
         max_in_flight: Optional[int],
+        tls: Optional[ssl.SSLContext] = None,
     ) -> "Connection":
         """Connects, says Hello, starts pinging.
 
@@ -125,11 +127,24 @@ class Connection:
         """
         loop = asyncio.get_running_loop()
         try:
+            # With TLS the handshake is part of the connect, under the same
+            # timeout; the server's name is the address's host (an IP
+            # literal is checked against the certificate's IP names).
             transport, protocol = await asyncio.wait_for(
-                loop.create_connection(_Protocol, host, port), connect_timeout
+                loop.create_connection(
+                    _Protocol,
+                    host,
+                    port,
+                    ssl=tls,
+                    server_hostname=host if tls is not None else None,
+                    ssl_handshake_timeout=connect_timeout if tls is not None else None,
+                ),
+                connect_timeout,
             )
         except asyncio.TimeoutError:
             raise ConnectError(addr, f"no answer within {connect_timeout} s") from None
+        except ssl.SSLError as e:
+            raise ConnectError(addr, f"TLS handshake failed: {e.reason or e}") from e
         except OSError as e:
             raise ConnectError(addr, str(e)) from e
         _keepalive(transport)
@@ -158,7 +173,11 @@ class Connection:
             conn.end("connect failed", closing=True)
             if conn._turned_away is not None:
                 raise conn._turned_away from e
-            raise
+            # Lost before the first answer: the connection was never made
+            # (a TLS server refusing the handshake late, as TLS 1.3 does for
+            # a missing client certificate, or one spoken to in plain TCP).
+            hint = "" if tls is not None else " (if the server speaks TLS, give tls_ca)"
+            raise ConnectError(addr, f"lost before the server answered Hello: {e}{hint}") from e
         except BaseException:
             conn.end("connect failed", closing=True)
             raise

@@ -25,7 +25,9 @@ class DlockError(Exception):
 
 
 class ConnectError(DlockError):
-    """The TCP connection could not be made (the `OSError` is `__cause__`)."""
+    """The connection could not be made: TCP, the TLS handshake, or the
+    first answer (the `OSError`, `ssl.SSLError` or `ConnectionLost` is
+    `__cause__`)."""
 
     def __init__(self, addr: str, reason: str) -> None:
         super().__init__(f"cannot connect to {addr}: {reason}")

@@ -14,11 +14,12 @@ must still check the fencing token (see examples/fencing/).
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from concurrent.futures import Future
 from typing import Any, Awaitable, List, Optional, TypeVar
 
-from . import aio
+from . import _env, aio
 from .lock import Lock as _AioLock
 from .types import KeyInfo, Limits, ServerStats
 
@@ -44,7 +45,12 @@ class Client:
         connect_timeout: float = 5.0,
         max_in_flight: Optional[int] = None,
         margin: float = 0.1,
+        tls_ca: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
+        ssl_context: Optional[ssl.SSLContext] = None,
     ) -> None:
+        tls = _env.tls_context(tls_ca, tls_cert, tls_key, ssl_context)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="dlock-client", daemon=True)
         self._thread.start()
@@ -52,7 +58,7 @@ class Client:
         self.closed = threading.Event()
         try:
             self._aio: aio.Client = self._run(
-                self._connect(server, token, connect_timeout, max_in_flight, margin)
+                self._connect(server, token, connect_timeout, max_in_flight, margin, tls)
             )
         except BaseException:
             self._stop_loop()
