@@ -470,6 +470,47 @@ impl Client {
         let keys: Vec<String> = keys.into_keys();
         let mut body = lock_body(&keys, &options);
         body.value = value.into();
+        self.send_lock(keys, body, &options).await
+    }
+
+    /// [`Client::lock`] with modes per key: all of `exclusive` and all of
+    /// `shared` at once (still all or nothing, FIFO, deadlock-free), the
+    /// first exclusively, the second shared under `options.limit` (0: a
+    /// reader lock; `options.shared` is not needed). For example exclusive
+    /// on `deploy/web`, shared on `config`.
+    ///
+    /// # Errors
+    /// As [`Client::lock`].
+    pub async fn lock_mixed(
+        &self,
+        exclusive: impl IntoKeys,
+        shared: impl IntoKeys,
+        options: LockOptions,
+    ) -> Result<LockGuard> {
+        let shared: Vec<String> = shared.into_keys();
+        let mut keys: Vec<String> = exclusive.into_keys();
+        keys.extend(shared.iter().cloned());
+        let exclusive_only = LockOptions {
+            shared: false,
+            limit: 0,
+            ..options
+        };
+        let mut body = lock_body(&keys, &exclusive_only);
+        if !shared.is_empty() {
+            body.shared_keys = shared;
+            body.limit = options.limit;
+        }
+        self.send_lock(keys, body, &options).await
+    }
+
+    /// Sends a Lock for `keys` on a connection of its own and makes its
+    /// guard.
+    async fn send_lock(
+        &self,
+        keys: Vec<String>,
+        body: RequestLock,
+        options: &LockOptions,
+    ) -> Result<LockGuard> {
         // A Client whose connection is gone stays gone, for locks too:
         // there is no silent reconnect.
         self.check_open()?;
@@ -480,10 +521,10 @@ impl Client {
             Err(e) => {
                 // Busy, refused or timed out: the connection holds nothing.
                 conn.recycle();
-                return Err(busy_if_no_wait(e, &options));
+                return Err(busy_if_no_wait(e, options));
             }
         };
-        granted(conn, keys, resp.fence, lease_of(&options), sent).await
+        granted(conn, keys, resp.fence, lease_of(options), sent).await
     }
 
     /// Asks for all `keys` at once as [`Client::lock`] does, in two steps:

@@ -346,3 +346,28 @@ async fn one_key_is_named_as_plainly_as_many() {
     c.unlock_fence("single", fence).await.unwrap();
     assert_eq!(c.inspect(["single"]).await.unwrap()[0].fence(), None);
 }
+
+#[tokio::test]
+async fn one_lock_takes_some_keys_exclusively_and_others_shared() {
+    let server = TestServer::start(Config::default()).await;
+    let (a, b) = (client(&server).await, client(&server).await);
+    let mixed = a
+        .lock_mixed("deploy/web", "config", LockOptions::new())
+        .await
+        .unwrap();
+    assert_eq!(mixed.keys(), ["deploy/web", "config"]);
+    // A reader shares `config`; `deploy/web` stays exclusive.
+    let reader = b
+        .lock("config", LockOptions::new().shared().no_wait())
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.lock("deploy/web", LockOptions::new().no_wait()).await,
+        Err(dlock::Error::Busy { .. })
+    ));
+    let infos = b.inspect(["deploy/web", "config"]).await.unwrap();
+    assert!(!infos[0].shared && infos[1].shared);
+    assert_eq!(infos[1].holders.len(), 2);
+    reader.unlock().await.unwrap();
+    mixed.unlock().await.unwrap();
+}
