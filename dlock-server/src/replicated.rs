@@ -48,8 +48,8 @@ use crate::handler::{self, Refusal};
 use crate::pending::Pending;
 use crate::shared::Shared;
 use crate::table::{
-    Command, FirstHolder, LockResult, Output, OwnerId, Reply, ReqId, TicketState, Woken,
-    MAX_REMEMBERED,
+    Command, FirstHolder, LockResult, Output, OwnerId, Reply, ReqId, TicketState, WaitOutcome,
+    Woken, MAX_REMEMBERED,
 };
 use crate::watch::{ChangeHub, WatchPermits};
 use anyhow::{bail, Context};
@@ -967,6 +967,21 @@ impl Replicated {
         Ok(r)
     }
 
+    /// The answer to a Lock or Enqueue sent again whose wait had ended: as
+    /// its outcome was (only the outcome shapes the answer). An outcome
+    /// applied here after the resume, before this answer, waits in an
+    /// Early slot nobody will take: it is dropped.
+    fn ended_wait(&self, id: u64, owner: OwnerId, req: ReqId, outcome: WaitOutcome) -> Response {
+        self.attached.discard(owner, req);
+        let w = Woken {
+            req,
+            owner,
+            keys: Vec::new(),
+            wake: outcome,
+        };
+        handler::woken(id, w)
+    }
+
     async fn lock_reply(
         &self,
         conn: &ConnSessions,
@@ -977,20 +992,7 @@ impl Replicated {
     ) -> Result<Response, Refused> {
         let result = match reply {
             Reply::Lock(result) => result,
-            Reply::Waited { req, outcome } => {
-                // A Lock sent again whose wait ended: answered as its
-                // outcome was (only the outcome shapes the answer). An
-                // outcome applied here after the resume, before this
-                // answer, waits in an Early slot nobody will take.
-                self.attached.discard(owner, req);
-                let w = Woken {
-                    req,
-                    owner,
-                    keys: Vec::new(),
-                    wake: outcome,
-                };
-                return Ok(handler::woken(id, w));
-            }
+            Reply::Waited { req, outcome } => return Ok(self.ended_wait(id, owner, req, outcome)),
             Reply::NotHeld(_) => return Err(refused(id, not_the_same(seq))),
             Reply::Forgotten => return Err(refused(id, forgotten(seq))),
             other => return Err(self.unexpected(conn, id, owner, other)),
@@ -1065,18 +1067,7 @@ impl Replicated {
                 return Ok(handler::queued(id, req, place));
             }
             Reply::Lock(result) => result,
-            Reply::Waited { req, outcome } => {
-                // An Enqueue sent again whose wait ended: answered with its
-                // outcome, as a Lock sent again is.
-                self.attached.discard(owner, req);
-                let w = Woken {
-                    req,
-                    owner,
-                    keys: Vec::new(),
-                    wake: outcome,
-                };
-                return Ok(handler::woken(id, w));
-            }
+            Reply::Waited { req, outcome } => return Ok(self.ended_wait(id, owner, req, outcome)),
             Reply::NotHeld(_) => return Err(refused(id, not_the_same(seq))),
             Reply::Forgotten => return Err(refused(id, forgotten(seq))),
             other => return Err(self.unexpected(conn, id, owner, other)),
