@@ -14,7 +14,7 @@ use crate::pending::{Arrived, Pending};
 use crate::replicated::ConnSessions;
 use crate::shared::Shared;
 use crate::table::{
-    Key, KeyView, LockResult, Mode, OwnerId, ReqId, Sharing, WaitLimit, WaitOutcome, Woken,
+    Command, Key, KeyView, LockResult, Mode, OwnerId, ReqId, Sharing, WaitLimit, WaitOutcome, Woken,
 };
 use crate::tickets::{Collected, Tickets};
 use bytes::BytesMut;
@@ -502,6 +502,21 @@ pub(crate) struct LockArgs {
     pub(crate) wait: WaitLimit,
     pub(crate) lease: Option<Duration>,
     pub(crate) value: Vec<u8>,
+}
+
+impl LockArgs {
+    /// The table command that asks for these keys for `owner`: a Lock's,
+    /// and an Enqueue's, which the table treats as a Lock.
+    pub(crate) fn into_command(self, owner: OwnerId) -> Command {
+        Command::Lock {
+            owner,
+            keys: self.keys,
+            sharing: self.sharing,
+            wait: self.wait,
+            lease: self.lease,
+            value: self.value,
+        }
+    }
 }
 
 /// A Lock's arguments, checked: its keys, which of them are shared, how long

@@ -503,17 +503,7 @@ impl Replicated {
             RequestType::Lock => {
                 let args = handler::lock_args(config, body).map_err(|r| refused(id, r))?;
                 let owner = self.owner(conn, id, req.session).await?;
-                let cmd = numbered(
-                    &req,
-                    Command::Lock {
-                        owner,
-                        keys: args.keys,
-                        sharing: args.sharing,
-                        wait: args.wait,
-                        lease: args.lease,
-                        value: args.value,
-                    },
-                );
+                let cmd = numbered(&req, args.into_command(owner));
                 let out = self.propose(id, cmd).await?;
                 self.lock_reply(conn, id, owner, req.seq, out.reply).await
             }
@@ -523,17 +513,7 @@ impl Replicated {
                 if conn.state().tickets.len() >= config.max_pipeline {
                     return Err(refused(id, handler::too_many_tickets(config.max_pipeline)));
                 }
-                let cmd = numbered(
-                    &req,
-                    Command::Lock {
-                        owner,
-                        keys: args.keys,
-                        sharing: args.sharing,
-                        wait: args.wait,
-                        lease: args.lease,
-                        value: args.value,
-                    },
-                );
+                let cmd = numbered(&req, args.into_command(owner));
                 let out = self.propose(id, cmd).await?;
                 self.enqueue_reply(conn, id, owner, req.seq, out.reply)
             }
