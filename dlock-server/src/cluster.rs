@@ -181,6 +181,9 @@ pub struct ClusterConfig {
     /// Addresses to dial instead of the members' peer addresses, by node id:
     /// for tests that put a proxy they control on each link.
     pub peer_routes: BTreeMap<u64, String>,
+    /// How fast this node's clock runs against real time while it leads:
+    /// 1, but in tests of the clients' allowance for clock rates.
+    pub clock_rate: f64,
 }
 
 /// A cheap handle to a running node.

@@ -219,6 +219,13 @@ pub struct Config {
     #[arg(long, value_name = "ID=ADDR", value_parser = parse_route, hide = true)]
     pub peer_route: Vec<(u64, String)>,
 
+    /// For fault-injection tests only: this node's clock runs at RATE
+    /// times real time while it leads (1.001: 0.1 % fast), so a test can
+    /// check that the clients' allowance for clock rates covers a node
+    /// whose clock is off.
+    #[arg(long, value_name = "RATE", default_value_t = 1.0, value_parser = parse_clock_rate, hide = true)]
+    pub test_clock_rate: f64,
+
     /// Name every node of one cluster shares; a peer with another is refused.
     #[arg(long, default_value = "dlock", help_heading = "Cluster")]
     pub cluster_id: String,
@@ -245,6 +252,16 @@ pub struct Config {
 /// The initial members of a cluster: id, client address, peer address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Members(pub Vec<(u64, String, String)>);
+
+/// A clock at most twice as fast or slow as real time: anything further
+/// is a typo, not a test.
+fn parse_clock_rate(s: &str) -> Result<f64, String> {
+    let rate: f64 = s.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if !(0.5..=2.0).contains(&rate) {
+        return Err(format!("{s}: must be between 0.5 and 2"));
+    }
+    Ok(rate)
+}
 
 fn parse_route(s: &str) -> Result<(u64, String), String> {
     let (id, addr) = s

@@ -1269,6 +1269,7 @@ pub async fn start(
             _ => None,
         },
         peer_routes: config.peer_route.iter().cloned().collect(),
+        clock_rate: config.test_clock_rate,
     };
     let attached = Arc::new(Attached::default());
     let sink_to = attached.clone();

@@ -130,6 +130,7 @@ impl Harness {
             sessions: false,
             peer_tls: None,
             peer_routes: Default::default(),
+            clock_rate: 1.0,
         };
         let cluster = Cluster::start(cfg, listener, sink, CancellationToken::new())
             .await

@@ -78,8 +78,28 @@ pub struct Args {
     #[arg(long, default_value = "3s", value_parser = dlock::duration::parse_positive, requires = "cluster")]
     pub session_ttl: Duration,
 
+    /// With --cluster: the clock of --clock-nodes nodes runs at this rate
+    /// of real time while they lead (their cluster time, leases and TTLs
+    /// with it). The default, 0.05 % fast, is what NTP allows; the clients'
+    /// allowance for clock rates must cover it. 1 for exact clocks.
+    #[arg(long, default_value_t = 1.0005, value_parser = clock_rate, requires = "cluster")]
+    pub clock_rate: f64,
+
+    /// With --cluster: how many nodes (the first ones) run at --clock-rate.
+    #[arg(long, default_value_t = 1, requires = "cluster")]
+    pub clock_nodes: u64,
+
     /// With --cluster: no proxies on the links between nodes, so no
     /// partition faults (kills and pauses only).
     #[arg(long, requires = "cluster")]
     pub no_partitions: bool,
+}
+
+/// The range a node's `--test-clock-rate` takes.
+fn clock_rate(s: &str) -> Result<f64, String> {
+    let rate: f64 = s.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if !(0.5..=2.0).contains(&rate) {
+        return Err(format!("{s}: must be between 0.5 and 2"));
+    }
+    Ok(rate)
 }

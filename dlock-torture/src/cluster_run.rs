@@ -109,6 +109,11 @@ pub async fn run(args: Args, nodes: u64) -> anyhow::Result<bool> {
     ];
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut procs = NodeProcesses::prepare(bin, nodes, &flags);
+    let skewed = args.clock_nodes.min(nodes);
+    let rate = args.clock_rate.to_string();
+    for i in 0..skewed {
+        procs.node_flags(i as usize, &["--test-clock-rate", &rate]);
+    }
     let links = if args.no_partitions {
         None
     } else {
@@ -171,6 +176,7 @@ pub async fn run(args: Args, nodes: u64) -> anyhow::Result<bool> {
         ("nodes", nodes.to_string()),
         ("clients", args.clients.to_string()),
         ("keys", args.keys.to_string()),
+        ("clock rate", clock_line(args.clock_rate, skewed, nodes)),
         ("workload", format!("{:.1}s", workload.as_secs_f64())),
         ("total", format!("{:.1}s", began.elapsed().as_secs_f64())),
         ("holds checked", sh.history.len().to_string()),
@@ -184,6 +190,19 @@ pub async fn run(args: Args, nodes: u64) -> anyhow::Result<bool> {
     header.extend(counts.iter().map(|(k, v)| (*k, v.to_string())));
     print!("{}", sh.report.summary(&header));
     Ok(sh.report.violation_count() == 0)
+}
+
+/// Which nodes' clocks run at what rate, for the summary.
+fn clock_line(rate: f64, skewed: u64, nodes: u64) -> String {
+    if skewed == 0 || rate == 1.0 {
+        return "exact on every node".into();
+    }
+    let who = match skewed {
+        1 => "node 1".to_string(),
+        n if n >= nodes => "every node".to_string(),
+        n => format!("nodes 1-{n}"),
+    };
+    format!("{rate}x real time on {who}")
 }
 
 /// The fault-free end of a run: a third of it, at most 30 s.

@@ -2,28 +2,50 @@
 //! processes killed, paused, partitioned and given a damaged log under
 //! honest clients for 60 s, with the seed that found the UnknownSession
 //! loop (see docs/RELIABILITY.md, "Cluster torture"); zero violations
-//! required. It needs the `dlock-server` binary
+//! required; node 1's clock runs 0.05 % fast (the default), which the
+//! clients' allowance must cover. And the converse: when every leader's
+//! clock runs 60 % fast, far past the clients' safety margin, the checker
+//! must find the locks handed on early. It needs the `dlock-server` binary
 //! beside `dlock-torture`, which `cargo test --workspace` builds.
 
-use std::process::Command;
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+/// One cluster at a time: two at once on a 2-core machine would test the
+/// machine's scheduler more than the cluster.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn torture(args: &[&str]) -> Output {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    Command::new(env!("CARGO_BIN_EXE_dlock-torture"))
+        .args(args)
+        .output()
+        .expect("dlock-torture runs")
+}
+
+/// The number on the summary line that starts with `name`, or 0.
+fn count(stdout: &str, name: &str) -> u64 {
+    stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(name))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+}
 
 #[test]
 fn cluster_run_has_no_violations() {
-    let out = Command::new(env!("CARGO_BIN_EXE_dlock-torture"))
-        .args([
-            "--cluster",
-            "3",
-            "--duration",
-            "60s",
-            "--clients",
-            "8",
-            "--fault-every",
-            "3s",
-            "--seed",
-            "2",
-        ])
-        .output()
-        .expect("dlock-torture runs");
+    let out = torture(&[
+        "--cluster",
+        "3",
+        "--duration",
+        "60s",
+        "--clients",
+        "8",
+        "--fault-every",
+        "3s",
+        "--seed",
+        "2",
+    ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -31,13 +53,7 @@ fn cluster_run_has_no_violations() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("violations                 0"), "{stdout}");
-    let count = |name: &str| {
-        stdout
-            .lines()
-            .find_map(|l| l.trim().strip_prefix(name))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let count = |name: &str| count(&stdout, name);
     assert!(
         count("locks granted") > 0,
         "the workload did nothing:\n{stdout}"
@@ -57,4 +73,41 @@ fn cluster_run_has_no_violations() {
     .map(|k| count(k))
     .sum();
     assert!(faults >= 3, "too few faults:\n{stdout}");
+}
+
+#[test]
+fn leaders_whose_clocks_run_past_the_clients_margin_are_caught() {
+    let out = torture(&[
+        "--cluster",
+        "3",
+        "--duration",
+        "20s",
+        "--clients",
+        "8",
+        "--seed",
+        "5",
+        "--fault-every",
+        "30s",
+        "--clock-rate",
+        "1.6",
+        "--clock-nodes",
+        "3",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        count(&stdout, "leases held to the edge") > 0,
+        "no lease was held long enough to tell:\n{stdout}"
+    );
+    // A lease ends at 1/1.6 of its length, before the client's alarm at
+    // three quarters of it: its last use or its Unlock finds it gone.
+    let caught = count(&stdout, "lock lost while held")
+        + count(&stdout, "register rejected a holder")
+        + count(&stdout, "history (overlap or fence order)");
+    assert!(caught > 0, "early hand-offs not caught:\n{stdout}");
 }

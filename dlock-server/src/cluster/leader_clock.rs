@@ -26,12 +26,47 @@ struct Office {
 }
 
 /// This node's clock for the terms it leads.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct LeaderClock {
     office: Mutex<Option<Office>>,
+    /// How fast this node's time runs against real time: 1 but in the
+    /// fault-injection tests that make one node's clock run fast or slow.
+    rate: f64,
+}
+
+impl Default for LeaderClock {
+    fn default() -> Self {
+        Self::with_rate(1.0)
+    }
 }
 
 impl LeaderClock {
+    /// A clock whose time runs at `rate` times real time (for tests of the
+    /// client's allowance for clock rates; see `--test-clock-rate`).
+    pub(crate) fn with_rate(rate: f64) -> Self {
+        LeaderClock {
+            office: Mutex::new(None),
+            rate,
+        }
+    }
+
+    /// `real` as this clock measures it; saturating, so that no rate can
+    /// panic the conversion.
+    fn scaled(&self, real: Duration) -> Duration {
+        if self.rate == 1.0 {
+            return real;
+        }
+        Duration::try_from_secs_f64(real.as_secs_f64() * self.rate).unwrap_or(Duration::MAX)
+    }
+
+    /// The real time this clock takes to measure `d`.
+    fn unscaled(&self, d: Duration) -> Duration {
+        if self.rate == 1.0 {
+            return d;
+        }
+        Duration::try_from_secs_f64(d.as_secs_f64() / self.rate).unwrap_or(Duration::MAX)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Option<Office>> {
         // Plain data, valid whatever a panicking holder did.
         self.office.lock().unwrap_or_else(|p| p.into_inner())
@@ -42,7 +77,7 @@ impl LeaderClock {
     /// office.
     pub(crate) fn now(&self, term: u64, applied: Time) -> Time {
         let office = self.office(term, applied);
-        let elapsed = office.since.elapsed();
+        let elapsed = self.scaled(office.since.elapsed());
         office.base.saturating_add(elapsed).max(applied)
     }
 
@@ -53,9 +88,8 @@ impl LeaderClock {
         let ahead = t.saturating_duration_since(office.base);
         // Half a million years of u64 microseconds do not fit an Instant;
         // a deadline that far is never due.
-        office
-            .since
-            .checked_add(ahead.min(Duration::from_secs(100 * 365 * 24 * 3600)))
+        let ahead = self.unscaled(ahead.min(Duration::from_secs(100 * 365 * 24 * 3600)));
+        office.since.checked_add(ahead)
     }
 
     fn office(&self, term: u64, applied: Time) -> Office {
@@ -101,5 +135,19 @@ mod tests {
         let at = clock.instant_of(4, applied, due).expect("soon");
         tokio::time::advance(at - Instant::now()).await;
         assert_eq!(clock.now(4, applied), due);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fast_clock_runs_ahead_by_its_rate_and_its_deadlines_come_early() {
+        let clock = LeaderClock::with_rate(1.5);
+        let t0 = Time::from_micros(1_000_000);
+        assert_eq!(clock.now(1, t0), t0);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(clock.now(1, t0), Time::from_micros(4_000_000));
+        let due = Time::from_micros(7_000_000);
+        let at = clock.instant_of(1, t0, due).expect("soon");
+        assert_eq!(at - Instant::now(), Duration::from_secs(2));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(clock.now(1, t0), due);
     }
 }

@@ -217,7 +217,7 @@ impl Cluster {
                 id: cfg.node_id,
                 raft: raft.clone(),
                 machine,
-                clock: LeaderClock::default(),
+                clock: LeaderClock::with_rate(cfg.clock_rate),
                 committed,
                 stop: stop.clone(),
                 stopped: CancellationToken::new(),

@@ -42,6 +42,8 @@ struct Node {
     reserved: Option<(TcpListener, TcpListener)>,
     /// `--peer-route`s: the address this node dials for another node's id.
     routes: Vec<(u64, SocketAddr)>,
+    /// Flags this node alone gets.
+    own: Vec<String>,
     child: Option<Child>,
 }
 
@@ -106,6 +108,7 @@ impl NodeProcesses {
                     reserved: Some((client_hold, peer_hold)),
                     dir: dirs.path().join(format!("node{id}")),
                     routes: Vec::new(),
+                    own: Vec::new(),
                     child: None,
                 }
             })
@@ -134,6 +137,12 @@ impl NodeProcesses {
         let routes = &mut self.nodes[from].routes;
         routes.retain(|(id, _)| *id != to_id);
         routes.push((to_id, via));
+    }
+
+    /// Gives node `i` these flags besides every node's, from its next
+    /// (re)start on: a fault only one node has, such as a skewed clock.
+    pub fn node_flags(&mut self, i: usize, flags: &[&str]) {
+        self.nodes[i].own = flags.iter().map(|s| (*s).to_owned()).collect();
     }
 
     /// Starts every node that is not running, and waits until each listens.
@@ -221,6 +230,7 @@ impl NodeProcesses {
                     .flat_map(|(id, via)| ["--peer-route".to_owned(), format!("{id}={via}")]),
             )
             .args(&self.extra)
+            .args(&n.own)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
