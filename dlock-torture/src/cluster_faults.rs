@@ -3,7 +3,8 @@
 //! themselves (SIGKILL of the leader, of a follower, of a majority; SIGSTOP
 //! of the leader; partitions: the leader isolated, the leader's side of a
 //! split in the minority, one direction of a link cut, a follower cut off;
-//! a follower's log file cut short), each healed after a random time.
+//! a follower's log file cut short; the clients cut from the leader, silently
+//! or by resets), each healed after a random time.
 
 use crate::cluster_run::ClusterWorkload;
 use dlock::proto::{ClusterInfo, RequestType, ResponseStatus};
@@ -41,6 +42,10 @@ pub struct Cluster {
 pub struct Links {
     proxies: Vec<Vec<Option<FreezableProxy>>>,
     holds: Mutex<Vec<Vec<u32>>>,
+    /// Per node, a proxy between the clients and its client port, which
+    /// the membership names as the node's address: a client sent on to the
+    /// leader goes through it too.
+    clients: Vec<FreezableProxy>,
 }
 
 impl Links {
@@ -61,9 +66,16 @@ impl Links {
             }
             proxies.push(row);
         }
+        let mut clients = Vec::with_capacity(n);
+        for i in 0..n {
+            let p = FreezableProxy::start(nodes.addr(i)).await;
+            nodes.advertise_client(i, p.addr);
+            clients.push(p);
+        }
         Links {
             proxies,
             holds: Mutex::new(vec![vec![0; n]; n]),
+            clients,
         }
     }
 
@@ -93,6 +105,19 @@ impl Links {
 }
 
 impl Links {
+    /// Cuts the clients from node `i` (`silent`: their packets vanish;
+    /// otherwise every connection is reset and new ones refused), or lets
+    /// them through again.
+    fn cut_clients(&self, i: usize, cut: bool, silent: bool) {
+        let p = &self.clients[i];
+        match (cut, silent) {
+            (true, true) => p.freeze(),
+            (true, false) => p.sever(),
+            (false, true) => p.thaw(),
+            (false, false) => p.heal(),
+        }
+    }
+
     /// Slows each link by `by` (zero: back to full speed).
     fn slow(&self, links: &[(usize, usize)], by: Duration) {
         for &(from, to) in links {
@@ -134,6 +159,20 @@ impl Cluster {
 
     fn claimed(&self) -> MutexGuard<'_, Vec<bool>> {
         self.claimed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The addresses clients are given: the proxies in front of the nodes
+    /// when there are any, so that clients can be cut off.
+    pub fn client_addrs(&self) -> String {
+        match &self.links {
+            Some(l) => l
+                .clients
+                .iter()
+                .map(FreezableProxy::addr_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            None => self.addrs.join(","),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -226,6 +265,11 @@ enum Kind {
     IsolateFollower,
     /// Every link to and from the leader slowed by 50 to 400 ms each way.
     SlowLeader,
+    /// The clients' packets to and from the leader vanish (the leader
+    /// and its peers see nothing wrong).
+    CutClientsSilently,
+    /// The clients' connections to the leader reset, new ones refused.
+    ResetClients,
     /// A follower killed, its log file cut short, and started again: it
     /// must refuse with a clear message (or start and catch up); then the
     /// file is put back and it restarts.
@@ -245,6 +289,8 @@ impl Kind {
             Kind::IsolateFollower => "partition: follower isolated",
             Kind::SlowLeader => "links of the leader slowed",
             Kind::DamageFollowerLog => "follower's log file cut short",
+            Kind::CutClientsSilently => "clients cut from the leader (silent)",
+            Kind::ResetClients => "clients cut from the leader (reset)",
         }
     }
 
@@ -265,6 +311,10 @@ impl Kind {
                 | Kind::IsolateFollower
                 | Kind::SlowLeader
         )
+    }
+
+    fn cuts_clients(self) -> bool {
+        matches!(self, Kind::CutClientsSilently | Kind::ResetClients)
     }
 }
 
@@ -291,7 +341,7 @@ pub async fn schedule(
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             continue;
         };
-        let kinds = if cluster.links.is_some() { 14 } else { 9 };
+        let kinds = if cluster.links.is_some() { 16 } else { 9 };
         let kind = match rng.u8(0..kinds) {
             0..=1 => Kind::KillLeader,
             2 => Kind::KillFollower,
@@ -303,7 +353,9 @@ pub async fn schedule(
             10 => Kind::SplitLeaderMinority,
             11 => Kind::CutLeaderToFollower,
             12 => Kind::SlowLeader,
-            _ => Kind::IsolateFollower,
+            13 => Kind::IsolateFollower,
+            14 => Kind::CutClientsSilently,
+            _ => Kind::ResetClients,
         };
         let leader = cluster.leader(None).await;
         let n = cluster.len();
@@ -312,9 +364,12 @@ pub async fn schedule(
             followers[rng.usize(..followers.len())]
         };
         let claimed = match kind {
-            Kind::KillLeader | Kind::PauseLeader | Kind::IsolateLeader | Kind::SlowLeader => {
-                leader.and_then(|l| cluster.claim(Some(l), 1))
-            }
+            Kind::KillLeader
+            | Kind::PauseLeader
+            | Kind::IsolateLeader
+            | Kind::SlowLeader
+            | Kind::CutClientsSilently
+            | Kind::ResetClients => leader.and_then(|l| cluster.claim(Some(l), 1)),
             Kind::KillFollower | Kind::IsolateFollower | Kind::DamageFollowerLog => {
                 cluster.claim(Some(follower(&mut rng)), 1)
             }
@@ -399,6 +454,8 @@ async fn run_fault(
             Some(Err(why)) => sh.report.violation("damaged log", why),
             None => sh.report.violation("fault failed", kind.name().to_string()),
         }
+    } else if let (true, Some(links)) = (kind.cuts_clients(), &cluster.links) {
+        links.cut_clients(nodes[0], true, matches!(kind, Kind::CutClientsSilently));
     } else if let (Kind::SlowLeader, Some(links)) = (kind, &cluster.links) {
         links.slow(&cut, Duration::from_millis(50 + (fraction * 350.0) as u64));
     } else if kind.is_partition() {
@@ -457,6 +514,10 @@ async fn run_fault(
                 .report
                 .violation("node did not come back", "with its log restored".into()),
         }
+        return;
+    }
+    if let (true, Some(links)) = (kind.cuts_clients(), &cluster.links) {
+        links.cut_clients(nodes[0], false, matches!(kind, Kind::CutClientsSilently));
         return;
     }
     if let (Kind::SlowLeader, Some(links)) = (kind, &cluster.links) {

@@ -128,7 +128,7 @@ pub async fn run(args: Args, nodes: u64) -> anyhow::Result<bool> {
     let cluster = Arc::new(Cluster::new(procs, links));
     let began = std::time::Instant::now();
     let sh = Arc::new(ClusterWorkload {
-        servers: cluster.nodes().servers(),
+        servers: cluster.client_addrs(),
         keys: (0..args.keys).map(|i| format!("key-{i}")).collect(),
         register: Register::default(),
         history: History::default(),

@@ -68,6 +68,8 @@ fn cluster_run_has_no_violations() {
         "partition: leader -> follower cut one way",
         "partition: follower isolated",
         "follower's log file cut short",
+        "clients cut from the leader (silent)",
+        "clients cut from the leader (reset)",
     ]
     .iter()
     .map(|k| count(k))

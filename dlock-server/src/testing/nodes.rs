@@ -23,8 +23,6 @@ const START_LIMIT: Duration = Duration::from_secs(30);
 pub struct NodeProcesses {
     bin: PathBuf,
     nodes: Vec<Node>,
-    /// `--initial-cluster`.
-    members: String,
     /// Flags every node gets besides its own.
     extra: Vec<String>,
     /// Set by a node's log reader when a line says a thread panicked.
@@ -44,6 +42,9 @@ struct Node {
     routes: Vec<(u64, SocketAddr)>,
     /// Flags this node alone gets.
     own: Vec<String>,
+    /// The client address the membership names, when not `client`: a
+    /// proxy between clients and this node.
+    advertised: Option<SocketAddr>,
     child: Option<Child>,
 }
 
@@ -109,19 +110,14 @@ impl NodeProcesses {
                     dir: dirs.path().join(format!("node{id}")),
                     routes: Vec::new(),
                     own: Vec::new(),
+                    advertised: None,
                     child: None,
                 }
             })
             .collect();
-        let members = nodes
-            .iter()
-            .map(|n| format!("{}={}@{}", n.id, n.client, n.peer))
-            .collect::<Vec<_>>()
-            .join(",");
         NodeProcesses {
             bin: bin.into(),
             nodes,
-            members,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             panicked: Arc::new(AtomicBool::new(false)),
             _dirs: dirs,
@@ -137,6 +133,24 @@ impl NodeProcesses {
         let routes = &mut self.nodes[from].routes;
         routes.retain(|(id, _)| *id != to_id);
         routes.push((to_id, via));
+    }
+
+    /// Makes every node name `via` (a proxy the test controls, forwarding
+    /// to [`NodeProcesses::addr`] of `i`) as node `i`'s client address, so
+    /// that clients sent on to node `i` go through it. Before the first
+    /// start only: the membership is fixed then.
+    pub fn advertise_client(&mut self, i: usize, via: SocketAddr) {
+        self.nodes[i].advertised = Some(via);
+    }
+
+    /// `--initial-cluster`: every node's advertised client address and
+    /// peer address.
+    fn members(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("{}={}@{}", n.id, n.advertised.unwrap_or(n.client), n.peer))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// Gives node `i` these flags besides every node's, from its next
@@ -212,6 +226,7 @@ impl NodeProcesses {
         assert!(self.nodes[i].child.is_none(), "node {i} is running");
         // Let go of the ports just before the node binds them.
         self.nodes[i].reserved = None;
+        let members = self.members();
         let n = &self.nodes[i];
         let mut cmd = Command::new(&self.bin);
         cmd.arg("--listen")
@@ -223,7 +238,12 @@ impl NodeProcesses {
             .arg("--peer-listen")
             .arg(n.peer.to_string())
             .arg("--initial-cluster")
-            .arg(&self.members)
+            .arg(&members)
+            .args(
+                n.advertised
+                    .iter()
+                    .flat_map(|a| ["--advertise-client".to_owned(), a.to_string()]),
+            )
             .args(
                 n.routes
                     .iter()
