@@ -108,6 +108,15 @@ impl Identity {
         }
     }
 
+    /// The refusal of an Unlock, Renew or Proclaim by the fencing token of
+    /// a lock another identity took.
+    pub fn not_your_fence(&self) -> String {
+        self.missing(
+            "admin",
+            "to unlock, renew or proclaim by fence a lock another identity took",
+        )
+    }
+
     fn missing(&self, rule: &str, why: &str) -> String {
         format!(
             "access denied: identity {:?} has no rule \"{rule}\" ({why})",
@@ -392,7 +401,7 @@ impl Access {
         })
     }
 
-    /// For Unlock and Renew by fence: a non-admin may act only on locks its
+    /// For Unlock, Renew and Proclaim by fence: a non-admin may act only on locks its
     /// own identity took (or its own connection holds).
     ///
     /// # Errors
@@ -412,10 +421,7 @@ impl Access {
             .iter()
             .any(|info| info.fence == body.fence && !info.held_by_caller);
         if others && self.grants.holder(body.fence).as_deref() != Some(who.name.as_str()) {
-            return Err(who.missing(
-                "admin",
-                "to unlock or renew by fence a lock another identity took",
-            ));
+            return Err(who.not_your_fence());
         }
         Ok(())
     }

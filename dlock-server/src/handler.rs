@@ -242,10 +242,12 @@ fn execute_inner(ctx: &mut Ctx<'_>, req: Request) -> Result<Step, Refusal> {
         let body = req.lock.as_ref().unwrap_or(&none);
         let deny = |text| Refusal::new(ResponseStatus::AccessDenied, text);
         who.permits(kind, body).map_err(deny)?;
-        // On a cluster node the record of who took a fence is this node's
-        // alone, so Unlock/Renew by another identity's fence is not checked
-        // there (docs/CLUSTER.md).
-        if matches!(kind, RequestType::Unlock | RequestType::Renew) && ctx.shared.cluster.is_none()
+        // A cluster node checks Unlock/Renew/Proclaim by another
+        // identity's fence against the replicated record instead.
+        if matches!(
+            kind,
+            RequestType::Unlock | RequestType::Renew | RequestType::Proclaim
+        ) && ctx.shared.cluster.is_none()
         {
             let owner = ctx.owners.resolve(req.session).unwrap_or(ctx.owners.own());
             access
@@ -255,8 +257,7 @@ fn execute_inner(ctx: &mut Ctx<'_>, req: Request) -> Result<Step, Refusal> {
     }
     if let (Some(node), Some(conn)) = (&ctx.shared.cluster, ctx.remote) {
         let db = ctx.shared.db.clone();
-        let identity = who.as_ref().map_or("", |w| w.name.as_str());
-        return Ok(Step::Later(node.execute(conn, req, kind, db, identity)));
+        return Ok(Step::Later(node.execute(conn, req, kind, db, who.as_ref())));
     }
     if kind == RequestType::OpenSession {
         return open_session(ctx, id, req.session);

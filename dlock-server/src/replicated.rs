@@ -41,6 +41,7 @@
 //! registers again for its outcome, or gets the outcome it came to), one
 //! that was not is applied now.
 
+use crate::acl::Identity;
 use crate::cluster::{ApplySink, Cluster, ClusterConfig, ClusterError, ClusterStatus, Member};
 use crate::config::Config;
 use crate::db::Db;
@@ -48,7 +49,7 @@ use crate::handler::{self, Refusal};
 use crate::pending::Pending;
 use crate::shared::Shared;
 use crate::table::{
-    Command, FirstHolder, LockResult, Output, OwnerId, Reply, ReqId, TicketState, WaitOutcome,
+    Command, FirstHolder, Key, LockResult, Output, OwnerId, Reply, ReqId, TicketState, WaitOutcome,
     Woken, MAX_REMEMBERED,
 };
 use crate::watch::{ChangeHub, WatchPermits};
@@ -357,16 +358,20 @@ impl Replicated {
 
     /// Answers `req` (already checked for version, token and type) in a
     /// task; `db` counts this node's connections, for Inspect's stats.
-    /// `identity` is the sender's access-control identity (empty without
-    /// access control): sessions it opens are its own to resume.
+    /// `who` is the sender's access-control identity (`None` without
+    /// access control): sessions it opens are its own to resume, and its
+    /// Unlock, Renew and Proclaim by fence act only on its own locks
+    /// unless it is an admin.
     pub fn execute(
         self: &Arc<Self>,
         conn: &Arc<ConnSessions>,
         req: Request,
         kind: RequestType,
         db: Db,
-        identity: &str,
+        who: Option<&Arc<Identity>>,
     ) -> Pending {
+        let identity = who.map_or("", |w| w.name.as_str());
+        let who = who.cloned();
         {
             let mut st = conn.state();
             if st.identity != identity {
@@ -381,7 +386,7 @@ impl Replicated {
         let mut tx = tx;
         tokio::spawn(async move {
             let id = req.id;
-            let answered = node.answer(&conn, req, kind, &db);
+            let answered = node.answer(&conn, req, kind, &db, who.as_deref());
             let r = if kind == RequestType::Watch {
                 // A Watch changes nothing: withdrawn when its connection
                 // ends (the receiver is dropped).
@@ -443,6 +448,7 @@ impl Replicated {
         req: Request,
         kind: RequestType,
         db: &Db,
+        who: Option<&Identity>,
     ) -> Result<Response, Refused> {
         let id = req.id;
         let config = &self.config;
@@ -530,6 +536,9 @@ impl Replicated {
                 };
                 let keys = handler::checked_keys(config, body.keys).map_err(|r| refused(id, r))?;
                 let owner = self.owner(conn, id, req.session).await?;
+                if let Some(fence) = fence {
+                    self.check_fence(id, who, owner, &keys, fence).await?;
+                }
                 let cmd = match lease {
                     Some(lease) => Command::Renew {
                         owner,
@@ -555,7 +564,10 @@ impl Replicated {
                 let keys = handler::checked_keys(config, body.keys).map_err(|r| refused(id, r))?;
                 // By fence, any node's client may proclaim: no session.
                 let owner = match fence {
-                    Some(_) => 0,
+                    Some(fence) => {
+                        self.check_fence(id, who, 0, &keys, fence).await?;
+                        0
+                    }
                     None => self.owner(conn, id, req.session).await?,
                 };
                 let cmd = Command::Proclaim {
@@ -870,6 +882,42 @@ impl Replicated {
         st.ended.get_or_insert(owner);
         drop(st);
         self.attached.detach(owner, conn.id);
+    }
+
+    /// With access control, Unlock, Renew and Proclaim by `fence` act on
+    /// another owner's lock only for the identity that took it, or for an
+    /// admin. Read from the replicated record after a read index, so a
+    /// grant committed under an earlier leader is known; a fence's taker
+    /// never changes once noted, so no command in between can make the
+    /// answer wrong. A fence not issued yet is refused as well: whoever
+    /// names it guessed.
+    async fn check_fence(
+        &self,
+        id: u64,
+        who: Option<&Identity>,
+        owner: OwnerId,
+        keys: &[Key],
+        fence: u64,
+    ) -> Result<(), Refused> {
+        let Some(who) = who.filter(|w| !w.is_admin()) else {
+            return Ok(());
+        };
+        self.cluster
+            .read_index()
+            .await
+            .map_err(|e| cluster_error(id, e))?;
+        let denied = self.cluster.read(|table, _| {
+            fence >= table.next_fence()
+                || (table.fence_held_by_another(keys, fence, owner)
+                    && table.taker(fence) != Some(who.name.as_str()))
+        });
+        if denied {
+            return Err(refused(
+                id,
+                Refusal::new(ResponseStatus::AccessDenied, who.not_your_fence()),
+            ));
+        }
+        Ok(())
     }
 
     fn unexpected(&self, conn: &ConnSessions, id: u64, owner: OwnerId, reply: Reply) -> Refused {

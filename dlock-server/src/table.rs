@@ -60,6 +60,7 @@ mod queue;
 mod resend;
 mod sessions;
 mod snapshot;
+mod takers;
 mod tickets;
 mod time;
 mod value;
@@ -81,6 +82,7 @@ use serde::{Deserialize, Serialize};
 use sessions::Sessions;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
+use takers::Takers;
 
 /// Who holds or waits: one id per client connection, chosen by the caller
 /// and never reused. The table needs no command to open an owner: one with
@@ -227,6 +229,8 @@ pub struct LockTable {
     next_fence: u64,
     next_req: ReqId,
     sessions: Sessions,
+    /// Who took each grant, for access control by fence (see `takers`).
+    takers: Takers,
 }
 
 impl LockTable {
@@ -246,6 +250,7 @@ impl LockTable {
             next_fence: first_fence.max(1),
             next_req: 1,
             sessions: Sessions::default(),
+            takers: Takers::default(),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Access control by key prefix over TCP: rules allow and deny, a denial
 //! names the missing rule and changes nothing, bare tokens keep every
-//! right, Unlock/Renew by fence of another identity's lock needs `admin`,
-//! and SIGHUP reloads the rules of a running `dlock-server` process without
+//! right, Unlock/Renew/Proclaim by fence of another identity's lock needs
+//! `admin` (on a cluster node too, across a restart), and SIGHUP reloads the rules of a running `dlock-server` process without
 //! dropping its connections.
 
 mod common;
@@ -172,7 +172,11 @@ async fn by_fence_only_the_identity_that_took_a_lock_or_an_admin_may_act_on_it()
     .await;
     assert_eq!(status(&r), ResponseStatus::Ok, "{}", r.error_text);
     // Another identity whose prefix rules cover the key: not its lock.
-    for kind in [RequestType::Renew, RequestType::Unlock] {
+    for kind in [
+        RequestType::Renew,
+        RequestType::Unlock,
+        RequestType::Proclaim,
+    ] {
         let r = with_fence(&mut c, "jobs2-secret", kind, "jobs/lease", fence).await;
         assert_eq!(status(&r), ResponseStatus::AccessDenied, "{kind:?}");
         assert!(r.error_text.contains("\"admin\""), "{}", r.error_text);
@@ -277,6 +281,89 @@ fn flags(args: &[&str]) -> dlock_server::Config {
         std::iter::once("dlock-server").chain(args.iter().copied()),
     )
     .expect("flags parse")
+}
+
+/// A durable node (a cluster of one) on `data` with the rules in `acl`,
+/// once it leads.
+async fn cluster_node(acl: &str, data: &Path) -> TestServer {
+    let server = TestServer::start(flags(&[
+        "--token-file",
+        acl,
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]))
+    .await;
+    let mut c = TestClient::connect(server.addr).await;
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    loop {
+        // Inspect, unlike Ping, needs a leader.
+        let inspect = c.request(RequestType::Inspect, &["jobs/a"]);
+        let r = as_(&mut c, "root-secret", inspect).await;
+        if status(&r) == ResponseStatus::Ok {
+            return server;
+        }
+        assert_eq!(status(&r), ResponseStatus::NotLeader, "{}", r.error_text);
+        assert!(std::time::Instant::now() < deadline, "never a leader");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn on_a_cluster_by_fence_only_the_taker_or_an_admin_may_act_even_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = format!("{RULES}token jobs2 jobs2-secret\n    lock jobs/*\n");
+    let acl = write(dir.path(), &rules);
+    let data = dir.path().join("node1");
+    let server = cluster_node(&acl, &data).await;
+    let mut taker = TestClient::connect(server.addr).await;
+    let r = lock(&mut taker, "jobs-secret", &["jobs/lease"], 60_000_000).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{}", r.error_text);
+    let fence = r.fence;
+    // A fence nobody was granted yet is nobody's to name.
+    let mut c = TestClient::connect(server.addr).await;
+    let r = with_fence(
+        &mut c,
+        "jobs2-secret",
+        RequestType::Unlock,
+        "jobs/lease",
+        fence + 1000,
+    )
+    .await;
+    assert_eq!(status(&r), ResponseStatus::AccessDenied, "{}", r.error_text);
+    drop(taker);
+
+    // The record is part of the replicated table: a restarted node (its
+    // log replayed) still knows who took the lease.
+    server.stop().await.unwrap();
+    let server = cluster_node(&acl, &data).await;
+    let mut c = TestClient::connect(server.addr).await;
+    for kind in [
+        RequestType::Renew,
+        RequestType::Unlock,
+        RequestType::Proclaim,
+    ] {
+        let r = with_fence(&mut c, "jobs2-secret", kind, "jobs/lease", fence).await;
+        assert_eq!(status(&r), ResponseStatus::AccessDenied, "{kind:?}");
+        assert!(r.error_text.contains("\"admin\""), "{}", r.error_text);
+    }
+    assert_eq!(holder_fence(&mut c, "jobs/lease").await, fence);
+    // The identity that took it may, from any connection.
+    for kind in [RequestType::Renew, RequestType::Proclaim] {
+        let r = with_fence(&mut c, "jobs-secret", kind, "jobs/lease", fence).await;
+        assert_eq!(status(&r), ResponseStatus::Ok, "{kind:?}: {}", r.error_text);
+    }
+    // And an admin may.
+    let r = with_fence(
+        &mut c,
+        "ops-secret",
+        RequestType::Unlock,
+        "jobs/lease",
+        fence,
+    )
+    .await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{}", r.error_text);
+    assert_eq!(holder_fence(&mut c, "jobs/lease").await, 0);
+    server.stop().await.unwrap();
 }
 
 /// OpenSession (resuming `session` when not 0) with `token`.

@@ -176,6 +176,7 @@ impl LockTable {
             }
         }
         self.forget_owner_if_idle(owner);
+        self.note_taker(owner, fence, keys);
         self.compact_heaps();
         fence
     }

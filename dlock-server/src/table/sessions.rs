@@ -93,6 +93,11 @@ impl Sessions {
         Some(s.ttl)
     }
 
+    /// The identity that opened `owner`, if it is an open session.
+    pub(super) fn identity(&self, owner: OwnerId) -> Option<&str> {
+        self.open.get(&owner).map(|s| s.identity.as_str())
+    }
+
     /// Whether `owner` is open and was opened by `identity`.
     pub(super) fn opened_by(&self, owner: OwnerId, identity: &str) -> bool {
         self.open

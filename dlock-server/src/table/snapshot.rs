@@ -15,6 +15,7 @@
 use super::deadlines::{Deadlines, LeaseEntry, TimeoutEntry};
 use super::mode::{Holds, SharedHolds};
 use super::sessions::Sessions;
+use super::takers::Takers;
 use super::{
     Hold, Key, KeyState, LockTable, Mode, OwnerId, OwnerState, ReqId, TableLimits, Time, Waiter,
 };
@@ -46,6 +47,10 @@ pub struct Snapshot {
     /// Sessions, when the table has them.
     #[serde(default)]
     sessions: Sessions,
+    /// Who took each grant (access control by fence); absent from older
+    /// snapshots and from tables without access control.
+    #[serde(default, skip_serializing_if = "Takers::is_empty")]
+    takers: Takers,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,6 +102,7 @@ impl LockTable {
             leases,
             timeouts,
             sessions: self.sessions.clone(),
+            takers: self.takers.clone(),
         }
     }
 
@@ -119,6 +125,7 @@ impl LockTable {
             leases,
             timeouts,
             sessions,
+            takers,
         } = snapshot;
         if next_fence == 0 {
             return Err(BadSnapshot("next fence is 0, which means no token".into()));
@@ -168,6 +175,7 @@ impl LockTable {
             next_fence,
             next_req,
             sessions,
+            takers,
         };
         table.check_invariants().map_err(BadSnapshot)?;
         Ok(table)
