@@ -206,6 +206,9 @@ struct Inner {
     raft: Raft,
     machine: Arc<machine::MachineHandle>,
     clock: LeaderClock,
+    /// The peer port's TLS, shared with the peer server and the dialler,
+    /// so that a reload reaches both.
+    peer_tls: Option<PeerTls>,
     /// The last committed index plus one (0: none), from the log store.
     committed: Arc<AtomicU64>,
     /// Cancelled when the node starts stopping, for any reason.
@@ -215,6 +218,14 @@ struct Inner {
     /// Serialises [`Cluster::shutdown`] calls.
     shutting_down: tokio::sync::Mutex<()>,
     tasks: TaskTracker,
+}
+
+impl Cluster {
+    /// Re-reads the peer port's certificates (SIGHUP); `None` without
+    /// peer TLS.
+    pub fn reload_peer_tls(&self) -> Option<anyhow::Result<()>> {
+        self.inner.peer_tls.as_ref().map(PeerTls::reload)
+    }
 }
 
 impl Cluster {

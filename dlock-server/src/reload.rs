@@ -1,5 +1,6 @@
 //! SIGHUP: re-read what may change while the server runs (the access rules
-//! of `--token-file`, and TLS certificates) without touching a connection.
+//! of `--token-file`, and the TLS certificates of the client and peer
+//! ports) without touching a connection.
 //! A file that cannot be used is reported and the settings in force stay.
 
 use crate::shared::Shared;
@@ -33,7 +34,22 @@ pub fn reload(shared: &Shared) -> bool {
             false
         }
     };
-    access && tls
+    let peer_tls = match shared
+        .cluster
+        .as_ref()
+        .and_then(|node| node.cluster().reload_peer_tls())
+    {
+        None => true,
+        Some(Ok(())) => {
+            tracing::info!("peer TLS certificates reloaded");
+            true
+        }
+        Some(Err(e)) => {
+            tracing::warn!(error = %format!("{e:#}"), "reload failed; the peer TLS certificates in force stay");
+            false
+        }
+    };
+    access && tls && peer_tls
 }
 
 /// Reloads on every SIGHUP until `shutdown`.

@@ -1,7 +1,8 @@
 //! Mutual TLS on the peer port: three node processes whose peer traffic
 //! (replication, votes) runs over TLS elect a leader, serve, and elect a
 //! new one when it is killed; a peer that speaks plain TCP, or presents no
-//! certificate of the cluster's CA, gets no welcome.
+//! certificate of the cluster's CA, gets no welcome; SIGHUP rotates the
+//! certificates while the cluster serves.
 
 mod common;
 
@@ -88,6 +89,117 @@ async fn a_cluster_whose_peers_speak_tls_elects_serves_and_fails_over() {
     let probe = Client::connect(nodes.servers()).await.expect("connect");
     let info = probe.inspect(["tls"]).await.expect("inspect");
     assert_eq!(info[0].fence(), Some(guard.fence()));
+    guard.unlock().await.expect("unlock");
+    assert!(!nodes.any_panicked());
+}
+
+/// Whether a handshake with the peer port at `addr` succeeds for a client
+/// that trusts only `ca` and presents `cert`/`key`.
+async fn handshake(
+    addr: std::net::SocketAddr,
+    ca: &std::path::Path,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> bool {
+    use std::sync::Arc;
+    let config = rustls::ClientConfig::builder_with_provider(dlock::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(dlock::tls::read_roots(ca).unwrap())
+        .with_client_auth_cert(
+            dlock::tls::read_certs(cert).unwrap(),
+            dlock::tls::read_key(key).unwrap(),
+        )
+        .unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let connect = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp);
+    matches!(
+        tokio::time::timeout(common::PATIENCE, connect).await,
+        Ok(Ok(_))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_rotates_the_peer_certificates_and_the_cluster_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let both = [
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let one = Ca::new(dir.path(), "one");
+    let (cert1, key1) = one.issue_for("node1", &["127.0.0.1"], both.to_vec());
+    let two = Ca::new(dir.path(), "two");
+    let (cert2, key2) = two.issue_for("node2", &["127.0.0.1"], both.to_vec());
+    // The files the nodes read, replaced in place as an operator would.
+    let live = |name: &str| dir.path().join(name);
+    let (cert, key, ca) = (live("live.pem"), live("live.key"), live("live-ca.pem"));
+    std::fs::copy(&cert1, &cert).unwrap();
+    std::fs::copy(&key1, &key).unwrap();
+    std::fs::copy(one.ca_file(), &ca).unwrap();
+    let flag = |p: &std::path::Path| p.display().to_string();
+    let (cert_flag, key_flag, ca_flag) = (flag(&cert), flag(&key), flag(&ca));
+    let mut nodes = NodeProcesses::start(
+        env!("CARGO_BIN_EXE_dlock-server"),
+        3,
+        &[
+            "--heartbeat",
+            "100ms",
+            "--election-timeout",
+            "1s",
+            "--peer-tls-cert",
+            &cert_flag,
+            "--peer-tls-key",
+            &key_flag,
+            "--peer-tls-ca",
+            &ca_flag,
+        ],
+    );
+    let c = Client::connect(nodes.servers()).await.expect("a leader");
+    let guard = c.lock(["rotate"], LockOptions::new()).await.expect("lock");
+    let peer0 = nodes.peer_addr(0);
+    assert!(handshake(peer0, &one.ca_file(), &cert1, &key1).await);
+
+    // Rotation: the new certificate, and for the switch both CAs trusted.
+    let bundle = [
+        std::fs::read(one.ca_file()).unwrap(),
+        std::fs::read(two.ca_file()).unwrap(),
+    ]
+    .concat();
+    std::fs::write(&ca, bundle).unwrap();
+    std::fs::copy(&cert2, &cert).unwrap();
+    std::fs::copy(&key2, &key).unwrap();
+    for i in 0..3 {
+        nodes.reload(i);
+    }
+    // Node 0 presents the new certificate once it has reloaded: a client
+    // that trusts only the old CA can no longer verify it, and one that
+    // trusts the new CA (with a certificate of it) can.
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    while handshake(peer0, &one.ca_file(), &cert1, &key1).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node 0 still presents the old certificate"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(handshake(peer0, &two.ca_file(), &cert2, &key2).await);
+
+    // Connections open before the reload still carry the cluster, and new
+    // ones (a failover dials afresh) use the new certificates.
+    guard
+        .client()
+        .ping()
+        .await
+        .expect("served after the reload");
+    let old = nodes.index_of(&guard.client().addr()).expect("a node");
+    nodes.kill(old);
+    guard
+        .client()
+        .ping()
+        .await
+        .expect("answered by a leader elected over the new certificates");
+    assert_ne!(nodes.index_of(&guard.client().addr()), Some(old));
     guard.unlock().await.expect("unlock");
     assert!(!nodes.any_panicked());
 }

@@ -7,6 +7,10 @@
 //! The dialling node checks the other's certificate against the host of
 //! the peer address it dials, so each certificate must name its node's peer
 //! host (an IP or DNS subject alternative name).
+//!
+//! SIGHUP re-reads the three files: connections already open keep the
+//! session they have, and every handshake after it uses the new
+//! certificates; files that cannot be used leave the old ones in force.
 
 use anyhow::Context as _;
 use rustls::server::WebPkiClientVerifier;
@@ -14,14 +18,28 @@ use rustls::{ClientConfig, ServerConfig};
 use rustls_pki_types::ServerName;
 use std::io;
 use std::path::Path;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 use tokio_util::either::Either;
 
-/// Both halves of the peer port's TLS.
+/// Both halves of the peer port's TLS; clones share one set of
+/// certificates, which [`PeerTls::reload`] swaps.
 #[derive(Clone)]
 pub struct PeerTls {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
+    halves: RwLock<Halves>,
+}
+
+#[derive(Clone)]
+struct Halves {
     acceptor: TlsAcceptor,
     connector: TlsConnector,
 }
@@ -38,6 +56,41 @@ impl PeerTls {
     /// # Errors
     /// A file cannot be read or parsed, or the key does not fit.
     pub fn from_files(cert: &Path, key: &Path, ca: &Path) -> anyhow::Result<PeerTls> {
+        let halves = Halves::read(cert, key, ca)?;
+        Ok(PeerTls {
+            inner: Arc::new(Inner {
+                cert: cert.to_owned(),
+                key: key.to_owned(),
+                ca: ca.to_owned(),
+                halves: RwLock::new(halves),
+            }),
+        })
+    }
+
+    /// Re-reads the files given at start; the next handshakes use them.
+    ///
+    /// # Errors
+    /// As [`PeerTls::from_files`]; the certificates in force stay then.
+    pub fn reload(&self) -> anyhow::Result<()> {
+        let i = &self.inner;
+        let fresh = Halves::read(&i.cert, &i.key, &i.ca)?;
+        *i.halves.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+        Ok(())
+    }
+
+    /// The halves in force, cloned out so no guard is held across a
+    /// handshake.
+    fn halves(&self) -> Halves {
+        self.inner
+            .halves
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl Halves {
+    fn read(cert: &Path, key: &Path, ca: &Path) -> anyhow::Result<Halves> {
         let provider = dlock::tls::provider();
         let roots = Arc::new(dlock::tls::read_roots(ca)?);
         let chain = dlock::tls::read_certs(cert)?;
@@ -56,15 +109,18 @@ impl PeerTls {
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, dlock::tls::read_key(key)?)
             .with_context(|| format!("cannot use {} with {}", cert.display(), key.display()))?;
-        Ok(PeerTls {
+        Ok(Halves {
             acceptor: TlsAcceptor::from(Arc::new(server)),
             connector: TlsConnector::from(Arc::new(client)),
         })
     }
+}
 
+impl PeerTls {
     /// The accepting side's handshake.
     pub(crate) async fn accept(&self, tcp: TcpStream) -> io::Result<PeerStream> {
-        let tls = self.acceptor.accept(tcp).await?;
+        let acceptor = self.halves().acceptor;
+        let tls = acceptor.accept(tcp).await?;
         Ok(Either::Right(Box::new(TlsStream::Server(tls))))
     }
 
@@ -81,7 +137,8 @@ impl PeerTls {
                 format!("peer address {addr:?} has no host TLS can check: {e}"),
             )
         })?;
-        let tls = self.connector.connect(name, tcp).await?;
+        let connector = self.halves().connector;
+        let tls = connector.connect(name, tcp).await?;
         Ok(Either::Right(Box::new(TlsStream::Client(tls))))
     }
 }

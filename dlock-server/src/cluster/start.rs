@@ -218,6 +218,7 @@ impl Cluster {
                 raft: raft.clone(),
                 machine,
                 clock: LeaderClock::with_rate(cfg.clock_rate),
+                peer_tls: cfg.peer_tls.clone(),
                 committed,
                 stop: stop.clone(),
                 stopped: CancellationToken::new(),

@@ -354,6 +354,11 @@ impl NodeProcesses {
         self.signal(i, "CONT");
     }
 
+    /// Sends node `i` SIGHUP: it re-reads its certificates and rules.
+    pub fn reload(&self, i: usize) {
+        self.signal(i, "HUP");
+    }
+
     fn signal(&self, i: usize, name: &str) {
         let child = self.nodes[i].child.as_ref().expect("node is running");
         let ok = Command::new("kill")
