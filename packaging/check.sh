@@ -32,7 +32,7 @@ else
   echo "SKIPPED: systemd-analyze not installed; the unit was not verified"
 fi
 for key in DynamicUser=yes ProtectSystem=strict NoNewPrivileges=yes PrivateTmp=yes \
-  LimitNOFILE=65536 Restart=on-failure EnvironmentFile=; do
+  LimitNOFILE=65536 Restart=on-failure EnvironmentFile= ExecReload= SupplementaryGroups=dlock; do
   grep -q "^$key" packaging/dlock-server.service || fail "unit lacks $key"
 done
 
