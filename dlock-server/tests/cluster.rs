@@ -1,124 +1,45 @@
 //! A cluster of real `dlock-server` processes on loopback (issue 12): a
 //! leader serves, followers redirect, and every acknowledged lock survives
 //! the leader's SIGKILL, a paused leader, and the whole cluster's restart.
-//! Faults come from the test: SIGKILL, SIGSTOP/SIGCONT, an RST.
+//! Faults come from the test: SIGKILL, SIGSTOP/SIGCONT, an RST. The nodes
+//! are `dlock_server::testing::nodes::NodeProcesses`, as in every process
+//! test of a cluster.
 
 mod common;
 
-use common::process::Process;
 use common::{in_session, status, TestClient, PATIENCE};
 use dlock::proto::{Request, RequestType, Response, ResponseStatus};
-use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
+use dlock_server::testing::nodes::NodeProcesses;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 /// One cluster at a time: three processes each are load enough, and a
 /// starved heartbeat would move leadership under a test.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// A node of a test cluster: fixed addresses, a data dir, maybe a process.
-struct Node {
-    id: u64,
-    client: SocketAddr,
-    peer: SocketAddr,
-    dir: PathBuf,
-    process: Option<Process>,
-}
-
+/// The nodes (`dlock_server::testing::nodes`), with settings generous for
+/// a loaded 2-core machine running other tests: a leader must not lose
+/// office to a slow heartbeat mid-test.
 struct Cluster {
-    nodes: Vec<Node>,
-    members: String,
-    _dirs: tempfile::TempDir,
-}
-
-/// Ports reserved for nodes not started yet: held, so that no later
-/// reservation of this process takes them.
-static HELD: std::sync::Mutex<Vec<TcpListener>> = std::sync::Mutex::new(Vec::new());
-
-/// A loopback port below the ephemeral range (see
-/// `dlock_server::testing::ports`: a node restarted after a kill finds it
-/// free), held until the node starts.
-fn free_port() -> SocketAddr {
-    let (addr, l) = dlock_server::testing::ports::reserve();
-    HELD.lock().unwrap_or_else(|p| p.into_inner()).push(l);
-    addr
-}
-
-/// Lets go of `addr` just before a node binds it.
-fn release(addr: SocketAddr) {
-    HELD.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|l| l.local_addr().ok() != Some(addr));
+    nodes: NodeProcesses,
 }
 
 impl Cluster {
     fn new(n: u64) -> Cluster {
-        let dirs = tempfile::tempdir().expect("temp dir");
-        let nodes: Vec<Node> = (1..=n)
-            .map(|id| Node {
-                id,
-                client: free_port(),
-                peer: free_port(),
-                dir: dirs.path().join(format!("node{id}")),
-                process: None,
-            })
-            .collect();
-        let members = nodes
-            .iter()
-            .map(|n| format!("{}={}@{}", n.id, n.client, n.peer))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut c = Cluster {
-            nodes,
-            members,
-            _dirs: dirs,
-        };
-        for i in 0..c.nodes.len() {
-            c.start(i);
-        }
-        c
+        let nodes = NodeProcesses::start(
+            env!("CARGO_BIN_EXE_dlock-server"),
+            n,
+            &["--heartbeat", "100ms", "--election-timeout", "1s"],
+        );
+        Cluster { nodes }
     }
 
     fn start(&mut self, i: usize) {
-        let n = &self.nodes[i];
-        release(n.client);
-        release(n.peer);
-        let (id, client, peer) = (n.id.to_string(), n.client.to_string(), n.peer.to_string());
-        let dir = n.dir.display().to_string();
-        let p = Process::start(&[
-            "--listen",
-            &client,
-            "--data-dir",
-            &dir,
-            "--node-id",
-            &id,
-            "--peer-listen",
-            &peer,
-            "--initial-cluster",
-            &self.members,
-            // Generous for a loaded 2-core machine running other tests: a
-            // leader must not lose office to a slow heartbeat mid-test.
-            "--heartbeat",
-            "100ms",
-            "--election-timeout",
-            "1s",
-        ]);
-        self.nodes[i].process = Some(p);
-    }
-
-    fn signal(&self, i: usize, name: &str) {
-        self.nodes[i]
-            .process
-            .as_ref()
-            .expect("running")
-            .signal(name);
+        self.nodes.restart(i);
     }
 
     fn kill(&mut self, i: usize) {
-        self.signal(i, "KILL");
-        if let Some(p) = self.nodes[i].process.take() {
-            p.wait();
-        }
+        self.nodes.kill(i);
     }
 
     /// The leader, once it is settled: it answers an Inspect (only a
@@ -134,7 +55,7 @@ impl Cluster {
                 .map(|(i, _)| *i)
                 .collect();
             if let [l] = leaders[..] {
-                let named = self.nodes[l].client.to_string();
+                let named = self.nodes.addr(l).to_string();
                 let settled = answers.iter().all(|(i, r)| {
                     *i == l || (status(r) == ResponseStatus::NotLeader && r.leader_addr == named)
                 });
@@ -154,20 +75,19 @@ impl Cluster {
     /// does not answer within a second is left out.
     async fn ask_all(&self, except: Option<usize>) -> Vec<(usize, Response)> {
         let mut out = Vec::new();
-        for (i, n) in self.nodes.iter().enumerate() {
-            if Some(i) == except || n.process.is_none() {
+        for i in 0..self.nodes.len() {
+            if Some(i) == except || !self.nodes.is_running(i) {
                 continue;
             }
-            let Ok(Ok(stream)) = tokio::time::timeout(
-                Duration::from_secs(1),
-                tokio::net::TcpStream::connect(n.client),
-            )
-            .await
+            let addr = self.nodes.addr(i);
+            let Ok(Ok(stream)) =
+                tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr))
+                    .await
             else {
                 continue;
             };
             drop(stream);
-            let mut c = TestClient::connect(n.client).await;
+            let mut c = TestClient::connect(addr).await;
             let req = c.request(RequestType::Inspect, &[]);
             c.send(&req).await;
             if let Ok(Some(r)) = tokio::time::timeout(Duration::from_secs(2), c.try_recv()).await {
@@ -178,7 +98,7 @@ impl Cluster {
     }
 
     async fn conn(&self, i: usize) -> TestClient {
-        TestClient::connect(self.nodes[i].client).await
+        TestClient::connect(self.nodes.addr(i)).await
     }
 }
 
@@ -249,7 +169,7 @@ async fn the_leader_serves_and_followers_name_it() {
         let r = follower.try_lock(&["k"]).await;
         assert_eq!(status(&r), ResponseStatus::NotLeader, "{r:?}");
         if !r.leader_addr.is_empty() {
-            assert_eq!(r.leader_addr, cluster.nodes[l].client.to_string());
+            assert_eq!(r.leader_addr, cluster.nodes.addr(l).to_string());
             break;
         }
         assert!(
@@ -373,7 +293,7 @@ async fn a_paused_leader_grants_nothing_once_replaced() {
     let l = cluster.leader(None).await;
     let mut stale = cluster.conn(l).await;
     let s = open(&mut stale).await;
-    cluster.signal(l, "STOP");
+    cluster.nodes.pause(l);
     let l2 = cluster.leader(Some(l)).await;
     let mut fresh = cluster.conn(l2).await;
     let sf = open(&mut fresh).await;
@@ -381,7 +301,7 @@ async fn a_paused_leader_grants_nothing_once_replaced() {
 
     // Awake, the old leader still believes it leads until it hears the
     // new term: whatever it answers, it must not be a grant.
-    cluster.signal(l, "CONT");
+    cluster.nodes.resume(l);
     let req = lock_req(&mut stale, "k", s, Duration::ZERO, true);
     let r = stale.call(req).await;
     assert_ne!(status(&r), ResponseStatus::Ok, "two holders: {r:?}");
@@ -521,18 +441,32 @@ async fn a_session_outlives_a_broken_connection_for_its_ttl_only() {
     assert!(info.held_by_caller && info.fence == fence, "{info:?}");
 }
 
+/// ClusterAdd or ClusterRemove of the node with these id and addresses.
 async fn cluster_request(
     c: &mut TestClient,
     kind: RequestType,
-    node: &Node,
+    node_id: u64,
+    client: SocketAddr,
+    peer: SocketAddr,
 ) -> dlock::proto::Response {
     let mut req = c.request(kind, &[]);
     req.cluster = Some(dlock::proto::RequestCluster {
-        node_id: node.id,
-        client_addr: node.client.to_string(),
-        peer_addr: node.peer.to_string(),
+        node_id,
+        client_addr: client.to_string(),
+        peer_addr: peer.to_string(),
     });
     c.call(req).await
+}
+
+/// [`cluster_request`] naming node `i` of `cluster`.
+async fn about_node(
+    c: &mut TestClient,
+    kind: RequestType,
+    cluster: &Cluster,
+    i: usize,
+) -> dlock::proto::Response {
+    let n = &cluster.nodes;
+    cluster_request(c, kind, n.id(i), n.addr(i), n.peer_addr(i)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -545,16 +479,9 @@ async fn a_node_is_added_and_another_removed_while_locks_are_served() {
     let first = must_lock(&mut a, "before", s, Duration::ZERO).await;
 
     // A fourth node, started with the current members, waits to be added.
-    let dirs = tempfile::tempdir().expect("temp dir");
-    cluster.nodes.push(Node {
-        id: 4,
-        client: free_port(),
-        peer: free_port(),
-        dir: dirs.path().join("node4"),
-        process: None,
-    });
-    cluster.start(3);
-    let r = cluster_request(&mut a, RequestType::ClusterAdd, &cluster.nodes[3]).await;
+    let fourth = cluster.nodes.add_joiner();
+    cluster.start(fourth);
+    let r = about_node(&mut a, RequestType::ClusterAdd, &cluster, fourth).await;
     assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
     let info = r.cluster.expect("the new view");
     assert_eq!(info.members.len(), 4);
@@ -564,19 +491,19 @@ async fn a_node_is_added_and_another_removed_while_locks_are_served() {
 
     // Remove a follower, then check the status every node gives.
     let gone = (0..3).find(|&i| i != l).expect("a follower");
-    let r = cluster_request(&mut a, RequestType::ClusterRemove, &cluster.nodes[gone]).await;
+    let r = about_node(&mut a, RequestType::ClusterRemove, &cluster, gone).await;
     assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
     cluster.kill(gone);
     let third = must_lock(&mut a, "after", s, Duration::ZERO).await;
     assert!(third > second);
-    let mut new_node = cluster.conn(3).await;
+    let mut new_node = cluster.conn(fourth).await;
     let deadline = Instant::now() + PATIENCE;
     loop {
         let r = call(&mut new_node, RequestType::ClusterStatus, &[], 0).await;
         assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
         let info = r.cluster.expect("a status");
         let ids: Vec<u64> = info.members.iter().map(|m| m.node_id).collect();
-        if ids.len() == 3 && !ids.contains(&cluster.nodes[gone].id) {
+        if ids.len() == 3 && !ids.contains(&cluster.nodes.id(gone)) {
             assert_eq!(info.node_id, 4);
             assert!(info.last_applied_index > 0);
             break;
@@ -587,18 +514,11 @@ async fn a_node_is_added_and_another_removed_while_locks_are_served() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Bad admin requests are refused without effect.
-    let bogus = Node {
-        id: 0,
-        client: free_port(),
-        peer: free_port(),
-        dir: PathBuf::new(),
-        process: None,
-    };
-    let r = cluster_request(&mut a, RequestType::ClusterAdd, &bogus).await;
+    // Bad admin requests are refused without effect: node id 0.
+    let (client, _c) = dlock_server::testing::ports::reserve();
+    let (peer, _p) = dlock_server::testing::ports::reserve();
+    let r = cluster_request(&mut a, RequestType::ClusterAdd, 0, client, peer).await;
     assert_eq!(status(&r), ResponseStatus::InvalidArgument, "{r:?}");
-    drop(cluster);
-    drop(dirs);
 }
 
 /// `req` numbered `seq` in its session, the client holding every answer

@@ -27,7 +27,7 @@ pub struct NodeProcesses {
     extra: Vec<String>,
     /// Set by a node's log reader when a line says a thread panicked.
     panicked: Arc<AtomicBool>,
-    _dirs: tempfile::TempDir,
+    dirs: tempfile::TempDir,
 }
 
 #[derive(Debug)]
@@ -45,6 +45,9 @@ struct Node {
     /// The client address the membership names, when not `client`: a
     /// proxy between clients and this node.
     advertised: Option<SocketAddr>,
+    /// Added after the cluster was formed: not in `--initial-cluster`, so
+    /// it waits to be added by the leader (ClusterAdd).
+    joiner: bool,
     child: Option<Child>,
 }
 
@@ -111,6 +114,7 @@ impl NodeProcesses {
                     routes: Vec::new(),
                     own: Vec::new(),
                     advertised: None,
+                    joiner: false,
                     child: None,
                 }
             })
@@ -120,7 +124,7 @@ impl NodeProcesses {
             nodes,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             panicked: Arc::new(AtomicBool::new(false)),
-            _dirs: dirs,
+            dirs,
         }
     }
 
@@ -148,9 +152,38 @@ impl NodeProcesses {
     fn members(&self) -> String {
         self.nodes
             .iter()
+            .filter(|n| !n.joiner)
             .map(|n| format!("{}={}@{}", n.id, n.advertised.unwrap_or(n.client), n.peer))
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// Prepares one more node (the next id, fresh ports and data dir) that
+    /// is not one of the initial members: started, it waits until a
+    /// ClusterAdd names it. Returns its index; start it with
+    /// [`NodeProcesses::restart`].
+    pub fn add_joiner(&mut self) -> usize {
+        let id = self.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
+        let (client, client_hold) = free_port();
+        let (peer, peer_hold) = free_port();
+        self.nodes.push(Node {
+            id,
+            client,
+            peer,
+            reserved: Some((client_hold, peer_hold)),
+            dir: self.dirs.path().join(format!("node{id}")),
+            routes: Vec::new(),
+            own: Vec::new(),
+            advertised: None,
+            joiner: true,
+            child: None,
+        });
+        self.nodes.len() - 1
+    }
+
+    /// Node `i`'s id.
+    pub fn id(&self, i: usize) -> u64 {
+        self.nodes[i].id
     }
 
     /// Gives node `i` these flags besides every node's, from its next
