@@ -10,46 +10,34 @@ use tokio_util::sync::CancellationToken;
 /// Re-reads every reloadable file of `shared`; logs what happened. Returns
 /// whether everything was reloaded.
 pub fn reload(shared: &Shared) -> bool {
-    let access = match shared.access.reload() {
-        Ok(()) => {
-            if shared.access.enabled() {
-                tracing::info!("access rules reloaded");
-            }
-            true
-        }
-        Err(e) => {
-            // The error names the file and line, never a token.
-            tracing::warn!(error = %format!("{e:#}"), "reload failed; the access rules in force stay");
-            false
-        }
-    };
-    let tls = match shared.tls.as_ref().map(|t| t.reload()) {
-        None => true,
-        Some(Ok(())) => {
-            tracing::info!("TLS certificates reloaded");
-            true
-        }
-        Some(Err(e)) => {
-            tracing::warn!(error = %format!("{e:#}"), "reload failed; the TLS certificates in force stay");
-            false
-        }
-    };
-    let peer_tls = match shared
+    let access = shared.access.enabled().then(|| shared.access.reload());
+    let tls = shared.tls.as_ref().map(|t| t.reload());
+    let peer_tls = shared
         .cluster
         .as_ref()
-        .and_then(|node| node.cluster().reload_peer_tls())
-    {
+        .and_then(|node| node.cluster().reload_peer_tls());
+    // Every one is tried, whatever the others did.
+    let access = logged("access rules", access);
+    let tls = logged("TLS certificates", tls);
+    let peer_tls = logged("peer TLS certificates", peer_tls);
+    access && tls && peer_tls
+}
+
+/// Logs the outcome of reloading `what` (`None`: not configured); whether
+/// it was reloaded or had nothing to reload. Errors name the file and
+/// line, never a token.
+fn logged(what: &str, outcome: Option<anyhow::Result<()>>) -> bool {
+    match outcome {
         None => true,
         Some(Ok(())) => {
-            tracing::info!("peer TLS certificates reloaded");
+            tracing::info!("{what} reloaded");
             true
         }
         Some(Err(e)) => {
-            tracing::warn!(error = %format!("{e:#}"), "reload failed; the peer TLS certificates in force stay");
+            tracing::warn!(error = %format!("{e:#}"), "reload failed; the {what} in force stay");
             false
         }
-    };
-    access && tls && peer_tls
+    }
 }
 
 /// Reloads on every SIGHUP until `shutdown`.
