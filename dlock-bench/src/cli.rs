@@ -144,6 +144,21 @@ pub enum Workload {
         #[arg(short = 'c', long, default_value_t = 8)]
         connections: usize,
     },
+    /// etcd's v3 lock as a reference: N clients, each with a session lease,
+    /// Lock then Unlock through etcd's Lock service (built with --features
+    /// etcd; --server is not used).
+    #[cfg(feature = "etcd")]
+    EtcdLock {
+        #[arg(short = 'c', long, default_value_t = 32)]
+        connections: usize,
+        /// etcd client URLs, comma-separated (give the leader's alone to
+        /// spare requests a follower's hop).
+        #[arg(long, default_value = "http://127.0.0.1:2379")]
+        endpoints: String,
+        /// Every client on one lock name: each cycle is a hand-off.
+        #[arg(long)]
+        contended: bool,
+    },
 }
 
 /// Request mix of the pipeline workload.

@@ -2,6 +2,8 @@
 
 mod checks;
 mod cli;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod memory;
 mod rng;
 mod sharing;
@@ -231,6 +233,21 @@ async fn measure(
         }
         Workload::Conns { idle, active } => {
             memory::conns(target, duration, idle, active.max(1), server.pid).await
+        }
+        #[cfg(feature = "etcd")]
+        Workload::EtcdLock {
+            connections,
+            endpoints,
+            contended,
+        } => {
+            let endpoints: Vec<String> = endpoints.split(',').map(str::to_owned).collect();
+            let rec = etcd::lock_unlock(endpoints, ctl, connections, contended).await;
+            let name = if contended {
+                "etcd-contended"
+            } else {
+                "etcd-lock-unlock"
+            };
+            server.report(name, connections, &rec)
         }
     }
 }

@@ -4,7 +4,9 @@
 //! FIN, no RST. Thawed, everything held back is delivered. Severed, every
 //! connection is reset (RST, as a path that broke, not a clean close) and new
 //! ones are refused until healed: a client cut off from its server. Delayed,
-//! every byte arrives late by the same time: a slow path.
+//! every byte arrives late by the same time: a slow path. A reset from
+//! either end is passed on as a reset (after what was sent before it), a
+//! clean close as a clean close.
 //!
 //! Clients connect to [`FreezableProxy::addr`]; each connection is forwarded
 //! to the upstream address given at start.
@@ -17,6 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// A running forwarder on an ephemeral loopback port.
 #[derive(Debug)]
@@ -64,13 +67,20 @@ impl FreezableProxy {
                     let _ = server.set_nodelay(true);
                     let (mut cr, mut cw) = client.into_split();
                     let (mut sr, mut sw) = server.into_split();
+                    let broken = CancellationToken::new();
                     tokio::select! {
                         _ = async {
                             tokio::join!(
-                                forward(&mut cr, &mut sw, gate.clone(), lag.clone()),
-                                forward(&mut sr, &mut cw, gate, lag)
+                                forward(&mut cr, &mut sw, gate.clone(), lag.clone(), &broken),
+                                forward(&mut sr, &mut cw, gate, lag, &broken)
                             )
                         } => {}
+                        // One end reset its connection: so does the other
+                        // end's, as a path passes a reset on.
+                        _ = broken.cancelled() => {
+                            reset(cr.as_ref());
+                            reset(sr.as_ref());
+                        }
                         _ = cut.wait_for(|severed| *severed) => {
                             reset(cr.as_ref());
                             reset(sr.as_ref());
@@ -136,17 +146,30 @@ impl Drop for FreezableProxy {
 /// delayed path holds (the reader then waits, as a full link would).
 const IN_FLIGHT: usize = 64;
 
+/// What one read from a side brought.
+enum Chunk {
+    Data(Vec<u8>),
+    /// A clean close (FIN): passed on as one.
+    End,
+    /// A reset or other error: passed on as a reset of the whole
+    /// connection, never as a clean close, which a cluster node takes as
+    /// the client ending its session.
+    Reset,
+}
+
 /// Copies one direction, checking the gate before each read and each write,
 /// so bytes already read are held back while frozen. A reader and a writer
 /// joined by a bounded queue, each chunk stamped with when it may go: a
-/// delay adds latency without holding back the reads behind it.
+/// delay adds latency without holding back the reads behind it. A reset
+/// read from `from` is delivered in order, by cancelling `broken`.
 async fn forward(
     from: &mut OwnedReadHalf,
     to: &mut OwnedWriteHalf,
     gate: watch::Receiver<bool>,
     lag: watch::Receiver<Duration>,
+    broken: &CancellationToken,
 ) {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(Instant, Chunk)>(IN_FLIGHT);
     let mut read_gate = gate.clone();
     let reader = async move {
         let mut buf = vec![0u8; 16 * 1024];
@@ -154,13 +177,14 @@ async fn forward(
             if read_gate.wait_for(|frozen| !frozen).await.is_err() {
                 return;
             }
-            let n = match from.read(&mut buf).await {
-                Ok(0) | Err(_) => 0,
-                Ok(n) => n,
+            let chunk = match from.read(&mut buf).await {
+                Ok(0) => Chunk::End,
+                Ok(n) => Chunk::Data(buf[..n].to_vec()),
+                Err(_) => Chunk::Reset,
             };
+            let last = !matches!(chunk, Chunk::Data(_));
             let due = Instant::now() + *lag.borrow();
-            // An empty chunk is the end of the stream.
-            if tx.send((due, buf[..n].to_vec())).await.is_err() || n == 0 {
+            if tx.send((due, chunk)).await.is_err() || last {
                 return;
             }
         }
@@ -172,12 +196,20 @@ async fn forward(
             if write_gate.wait_for(|frozen| !frozen).await.is_err() {
                 return;
             }
-            if chunk.is_empty() {
-                let _ = to.shutdown().await;
-                return;
-            }
-            if to.write_all(&chunk).await.is_err() {
-                return;
+            match chunk {
+                Chunk::Data(bytes) => {
+                    if to.write_all(&bytes).await.is_err() {
+                        return;
+                    }
+                }
+                Chunk::End => {
+                    let _ = to.shutdown().await;
+                    return;
+                }
+                Chunk::Reset => {
+                    broken.cancel();
+                    return;
+                }
             }
         }
     };

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# A dlock cluster beside etcd, in one run on this machine: three dlock-server
+# nodes (fsync on: --data-dir) and three etcd 3.4 nodes (its default fsync),
+# all on loopback; then, against each one's leader, lock cycles of clients on
+# keys of their own (1 and 32 clients) and hand-offs of 32 clients on one key.
+# etcd takes its own v3 lock (a session lease, Lock, Unlock: what its
+# `concurrency` mutex does) through dlock-bench's etcd-lock workload.
+#
+# Usage: bench/cluster.sh [SECONDS-PER-POINT] [BINARY-DIR]   (default 10, target/release)
+# Needs: etcd (Debian: etcd-server), etcdctl (etcd-client), python3, and
+#   protoc (protobuf-compiler) for: cargo build --release -p dlock-server -p dlock-client
+#   -p dlock-bench --features dlock-bench/etcd
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS=${1:-10}
+BIN=${2:-target/release}
+for need in etcd etcdctl python3 "$BIN/dlock-server" "$BIN/dlock" "$BIN/dlock-bench"; do
+  command -v "$need" >/dev/null || [[ -x $need ]] || { echo "cluster.sh: $need is missing" >&2; exit 2; }
+done
+"$BIN/dlock-bench" etcd-lock --help >/dev/null 2>&1 ||
+  { echo "cluster.sh: $BIN/dlock-bench was built without --features etcd" >&2; exit 2; }
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
+trap cleanup EXIT
+
+CLIENT=(127.0.0.1:17601 127.0.0.1:17602 127.0.0.1:17603)
+PEER=(127.0.0.1:17611 127.0.0.1:17612 127.0.0.1:17613)
+MEMBERS="1=${CLIENT[0]}@${PEER[0]},2=${CLIENT[1]}@${PEER[1]},3=${CLIENT[2]}@${PEER[2]}"
+for n in 1 2 3; do
+  i=$((n - 1))
+  "$BIN/dlock-server" --node-id "$n" --data-dir "$TMP/d$n" --listen "${CLIENT[$i]}" \
+    --peer-listen "${PEER[$i]}" --initial-cluster "$MEMBERS" --log-level warn 2>>"$TMP/d$n.log" &
+  PIDS+=($!)
+  disown
+done
+
+ECLIENT=(http://127.0.0.1:23791 http://127.0.0.1:23792 http://127.0.0.1:23793)
+EPEER=(http://127.0.0.1:23801 http://127.0.0.1:23802 http://127.0.0.1:23803)
+EMEMBERS="e1=${EPEER[0]},e2=${EPEER[1]},e3=${EPEER[2]}"
+for n in 1 2 3; do
+  i=$((n - 1))
+  etcd --name "e$n" --data-dir "$TMP/e$n" --listen-client-urls "${ECLIENT[$i]}" \
+    --advertise-client-urls "${ECLIENT[$i]}" --listen-peer-urls "${EPEER[$i]}" \
+    --initial-advertise-peer-urls "${EPEER[$i]}" --initial-cluster "$EMEMBERS" \
+    --initial-cluster-state new --initial-cluster-token dlock-bench --log-level warn \
+    2>>"$TMP/e$n.log" &
+  PIDS+=($!)
+  disown
+done
+
+# The leaders, once each cluster has one (60 s at most).
+deadline=$((SECONDS + 60))
+DLEADER="" ELEADER=""
+while [[ -z $DLEADER || -z $ELEADER ]]; do
+  (( SECONDS < deadline )) || { echo "cluster.sh: no leader within 60 s" >&2; tail "$TMP"/*.log >&2; exit 1; }
+  sleep 0.5
+  if [[ -z $DLEADER ]]; then
+    id=$("$BIN/dlock" cluster -s "${CLIENT[0]}" status 2>/dev/null | sed -n 's/.*; leader \([0-9]*\);.*/\1/p' | head -1 || true)
+    [[ -n $id ]] && DLEADER=${CLIENT[$((id - 1))]}
+  fi
+  if [[ -z $ELEADER ]]; then
+    ELEADER=$(etcdctl --endpoints="$(IFS=,; echo "${ECLIENT[*]}")" endpoint status 2>/dev/null |
+      awk -F', ' '$5 == "true" { print $1 }' | head -1 || true)
+  fi
+done
+echo "dlock leader $DLEADER, etcd leader $ELEADER; $SECS s per point; $(nproc) cores: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)"
+
+# One point: prints "name clients ops/s p50_us p99_us".
+point() { # LABEL ARGS...
+  local label=$1; shift
+  "$BIN/dlock-bench" --json --duration "${SECS}s" "$@" >"$TMP/point.json" ||
+    { echo "cluster.sh: $label failed" >&2; cat "$TMP/point.json" >&2; exit 1; }
+  python3 - "$label" "$TMP/point.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[2]))
+print(f"{sys.argv[1]:<22} {r['connections']:>3} {r['ops_per_sec']:>9.0f} {r['latency']['p50_us']/1000:>8.2f} {r['latency']['p99_us']/1000:>8.2f}")
+EOF
+}
+printf '%-22s %3s %9s %8s %8s\n' workload c "cycles/s" "p50 ms" "p99 ms"
+for c in 1 32; do
+  point "dlock lock-unlock" --server "$DLEADER" lock-unlock -c "$c"
+  point "etcd lock-unlock" etcd-lock -c "$c" --endpoints "$ELEADER"
+done
+point "dlock contended" --server "$DLEADER" contended -c 32
+point "etcd contended" etcd-lock -c 32 --contended --endpoints "$ELEADER"
