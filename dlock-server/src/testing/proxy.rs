@@ -68,23 +68,25 @@ impl FreezableProxy {
                     let (mut cr, mut cw) = client.into_split();
                     let (mut sr, mut sw) = server.into_split();
                     let broken = CancellationToken::new();
-                    tokio::select! {
+                    let reset_both = tokio::select! {
                         _ = async {
                             tokio::join!(
                                 forward(&mut cr, &mut sw, gate.clone(), lag.clone(), &broken),
                                 forward(&mut sr, &mut cw, gate, lag, &broken)
                             )
-                        } => {}
+                        } => false,
                         // One end reset its connection: so does the other
                         // end's, as a path passes a reset on.
-                        _ = broken.cancelled() => {
-                            reset(cr.as_ref());
-                            reset(sr.as_ref());
-                        }
-                        _ = cut.wait_for(|severed| *severed) => {
-                            reset(cr.as_ref());
-                            reset(sr.as_ref());
-                        }
+                        _ = broken.cancelled() => true,
+                        _ = cut.wait_for(|severed| *severed) => true,
+                    };
+                    if reset_both {
+                        reset(cr.as_ref());
+                        reset(sr.as_ref());
+                        // A write half dropped sends a FIN first, which
+                        // the other end would read as a clean close.
+                        cw.forget();
+                        sw.forget();
                     }
                 });
             }
