@@ -313,6 +313,15 @@ impl Kind {
         )
     }
 
+    /// Whether the fault may legitimately cost a session its life: it cuts
+    /// clients from the leader, or may end the leader's term (a failover
+    /// takes about as long as the clients' 3 s TTL, which a client counts
+    /// from its last answer). A follower killed or given a damaged log
+    /// does neither: the leader keeps a majority and its clients.
+    fn may_cost_sessions(self) -> bool {
+        !matches!(self, Kind::KillFollower | Kind::DamageFollowerLog)
+    }
+
     fn cuts_clients(self) -> bool {
         matches!(self, Kind::CutClientsSilently | Kind::ResetClients)
     }
@@ -415,7 +424,14 @@ pub async fn schedule(
         let fraction = rng.f64();
         let (sh, cluster) = (sh.clone(), cluster.clone());
         set.spawn(async move {
+            let disrupts = kind.may_cost_sessions();
+            if disrupts {
+                sh.disruption_began();
+            }
             run_fault(kind, &nodes, heal_after, fraction, &sh, &cluster).await;
+            if disrupts {
+                sh.disruption_healed();
+            }
             cluster.release(&nodes);
             drop(permit);
         });

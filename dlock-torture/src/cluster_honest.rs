@@ -149,8 +149,8 @@ async fn round(client: u64, c: &Client, sh: &ClusterWorkload, rng: &mut fastrand
 /// sessions), or a violation.
 fn session_or_violation(client: u64, sh: &ClusterWorkload, what: &str, e: Error) {
     match e {
-        Error::ConnectionLost(e) if sh.is_calm() => sh.report.violation(
-            "session lost with every node up",
+        Error::ConnectionLost(e) if sh.sessions_owed() => sh.report.violation(
+            "session lost with the leader and a majority up",
             format!("client {client}: {what}: {e}"),
         ),
         Error::ConnectionLost(_) => sh.counts.bump("sessions lost"),
@@ -244,9 +244,9 @@ async fn hold(
         // A session that ends while the cluster is whole is a failure; a
         // guard in jeopardy is the client's caution on a slow machine, and
         // counted.
-        if matches!(why, Lost::ConnectionLost(_)) && sh.is_calm() {
+        if matches!(why, Lost::ConnectionLost(_)) && sh.sessions_owed() {
             sh.report.violation(
-                "session lost with every node up",
+                "session lost with the leader and a majority up",
                 format!("client {client}: fence {}: {why:?}", guard.fence()),
             );
         }

@@ -50,6 +50,9 @@ pub struct ClusterWorkload {
     /// from then on every node is up and reachable, so a session lost is a
     /// violation, not a count.
     pub calm_from: Mutex<Option<Instant>>,
+    /// Faults that may cost a session its life in progress, and when the
+    /// last one to heal has settled: see [`ClusterWorkload::sessions_owed`].
+    pub disrupted: Mutex<(u32, Instant)>,
     pub session_ttl: Duration,
     pub election_timeout: Duration,
 }
@@ -139,6 +142,8 @@ pub async fn run(args: Args, nodes: u64) -> anyhow::Result<bool> {
         stop_at: Instant::now() + args.duration,
         faults_until: Instant::now() + args.duration - calm_length(args.duration),
         calm_from: Mutex::new(None),
+        // A fresh cluster elects its first leader meanwhile.
+        disrupted: Mutex::new((0, Instant::now() + args.election_timeout * 4)),
         session_ttl: args.session_ttl,
         election_timeout: args.election_timeout,
     });
@@ -211,13 +216,34 @@ fn calm_length(run: Duration) -> Duration {
 }
 
 impl ClusterWorkload {
-    /// Whether every fault has healed and the cluster has settled: see
-    /// `calm_from`.
-    pub fn is_calm(&self) -> bool {
-        self.calm_from
+    /// Whether the cluster owes every client its session now: no fault
+    /// that can cut a client from the leader (or end the leader's term) is
+    /// in progress or settling, so a majority with the leader has been up
+    /// and reachable from every client for a TTL and a few elections. Only
+    /// followers may be down (killed, their log damaged). Always so in the
+    /// calm end.
+    pub fn sessions_owed(&self) -> bool {
+        let calm = self
+            .calm_from
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|t| Instant::now() >= t)
+            .is_some_and(|t| Instant::now() >= t);
+        let (active, settles) = *self.disrupted.lock().unwrap_or_else(|p| p.into_inner());
+        calm || (active == 0 && Instant::now() >= settles)
+    }
+
+    /// A fault that may cost sessions starts.
+    pub fn disruption_began(&self) {
+        self.disrupted.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
+    }
+
+    /// Such a fault healed: sessions it doomed may still end within a TTL,
+    /// and the cluster may need elections to settle.
+    pub fn disruption_healed(&self) {
+        let settled = Instant::now() + self.session_ttl + self.election_timeout * 4;
+        let mut d = self.disrupted.lock().unwrap_or_else(|p| p.into_inner());
+        d.0 = d.0.saturating_sub(1);
+        d.1 = d.1.max(settled);
     }
 
     /// How long the calm lasted, for the summary.
