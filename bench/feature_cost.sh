@@ -9,15 +9,17 @@
 #   tls:     TLS on the client port (a throwaway ECDSA P-256 certificate made
 #            with openssl), and churn added: a new connection per lock, so
 #            the handshake's cost shows apart from the steady state
-# Needs release builds of dlock-server and dlock-bench (cargo build --release).
+# Needs release builds of dlock-server and dlock-bench (cargo build --release),
+# in target/release or in $BIN.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FEATURE=${1:?usage: bench/feature_cost.sh metrics|tls [SECONDS]}
 SECS=${2:-5}
 ADDR=127.0.0.1:17437
 METRICS=127.0.0.1:17438
-SERVER=target/release/dlock-server
-BENCH=target/release/dlock-bench
+BIN=${BIN:-target/release}
+SERVER=$BIN/dlock-server
+BENCH=$BIN/dlock-bench
 
 PIDS=()
 TMP=$(mktemp -d)
