@@ -147,6 +147,30 @@ async fn a_bare_token_keeps_every_right() {
     server.stop().await.unwrap();
 }
 
+/// `key`, held under `fence` by a lease that identity "jobs" took on
+/// another connection: "jobs2", whose rules cover the key, can neither
+/// renew, release nor proclaim it by fence; "jobs" can, from this
+/// connection; an admin ("ops") can release it.
+async fn only_the_taker_or_an_admin(c: &mut TestClient, key: &str, fence: u64) {
+    for kind in [
+        RequestType::Renew,
+        RequestType::Unlock,
+        RequestType::Proclaim,
+    ] {
+        let r = with_fence(c, "jobs2-secret", kind, key, fence).await;
+        assert_eq!(status(&r), ResponseStatus::AccessDenied, "{kind:?}");
+        assert!(r.error_text.contains("\"admin\""), "{}", r.error_text);
+    }
+    assert_eq!(holder_fence(c, key).await, fence);
+    for kind in [RequestType::Renew, RequestType::Proclaim] {
+        let r = with_fence(c, "jobs-secret", kind, key, fence).await;
+        assert_eq!(status(&r), ResponseStatus::Ok, "{kind:?}: {}", r.error_text);
+    }
+    let r = with_fence(c, "ops-secret", RequestType::Unlock, key, fence).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{}", r.error_text);
+    assert_eq!(holder_fence(c, key).await, 0);
+}
+
 #[tokio::test]
 async fn by_fence_only_the_identity_that_took_a_lock_or_an_admin_may_act_on_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -161,38 +185,7 @@ async fn by_fence_only_the_identity_that_took_a_lock_or_an_admin_may_act_on_it()
     drop(taker);
 
     let mut c = TestClient::connect(server.addr).await;
-    // The same identity, from another connection: allowed.
-    let r = with_fence(
-        &mut c,
-        "jobs-secret",
-        RequestType::Renew,
-        "jobs/lease",
-        fence,
-    )
-    .await;
-    assert_eq!(status(&r), ResponseStatus::Ok, "{}", r.error_text);
-    // Another identity whose prefix rules cover the key: not its lock.
-    for kind in [
-        RequestType::Renew,
-        RequestType::Unlock,
-        RequestType::Proclaim,
-    ] {
-        let r = with_fence(&mut c, "jobs2-secret", kind, "jobs/lease", fence).await;
-        assert_eq!(status(&r), ResponseStatus::AccessDenied, "{kind:?}");
-        assert!(r.error_text.contains("\"admin\""), "{}", r.error_text);
-    }
-    assert_eq!(holder_fence(&mut c, "jobs/lease").await, fence);
-    // An admin may.
-    let r = with_fence(
-        &mut c,
-        "ops-secret",
-        RequestType::Unlock,
-        "jobs/lease",
-        fence,
-    )
-    .await;
-    assert_eq!(status(&r), ResponseStatus::Ok);
-    assert_eq!(holder_fence(&mut c, "jobs/lease").await, 0);
+    only_the_taker_or_an_admin(&mut c, "jobs/lease", fence).await;
 
     // A lock granted after a wait is noted too.
     let mut holder = TestClient::connect(server.addr).await;
@@ -337,32 +330,7 @@ async fn on_a_cluster_by_fence_only_the_taker_or_an_admin_may_act_even_after_a_r
     server.stop().await.unwrap();
     let server = cluster_node(&acl, &data).await;
     let mut c = TestClient::connect(server.addr).await;
-    for kind in [
-        RequestType::Renew,
-        RequestType::Unlock,
-        RequestType::Proclaim,
-    ] {
-        let r = with_fence(&mut c, "jobs2-secret", kind, "jobs/lease", fence).await;
-        assert_eq!(status(&r), ResponseStatus::AccessDenied, "{kind:?}");
-        assert!(r.error_text.contains("\"admin\""), "{}", r.error_text);
-    }
-    assert_eq!(holder_fence(&mut c, "jobs/lease").await, fence);
-    // The identity that took it may, from any connection.
-    for kind in [RequestType::Renew, RequestType::Proclaim] {
-        let r = with_fence(&mut c, "jobs-secret", kind, "jobs/lease", fence).await;
-        assert_eq!(status(&r), ResponseStatus::Ok, "{kind:?}: {}", r.error_text);
-    }
-    // And an admin may.
-    let r = with_fence(
-        &mut c,
-        "ops-secret",
-        RequestType::Unlock,
-        "jobs/lease",
-        fence,
-    )
-    .await;
-    assert_eq!(status(&r), ResponseStatus::Ok, "{}", r.error_text);
-    assert_eq!(holder_fence(&mut c, "jobs/lease").await, 0);
+    only_the_taker_or_an_admin(&mut c, "jobs/lease", fence).await;
     server.stop().await.unwrap();
 }
 

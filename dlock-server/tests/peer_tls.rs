@@ -10,7 +10,30 @@ use common::pki::Ca;
 use dlock::{Client, LockOptions};
 use dlock_server::testing::nodes::NodeProcesses;
 use rcgen::ExtendedKeyUsagePurpose;
+use std::path::Path;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Three nodes whose peer port speaks mutual TLS with these files.
+fn tls_cluster(cert: &Path, key: &Path, ca: &Path) -> NodeProcesses {
+    let flag = |p: &Path| p.display().to_string();
+    let (cert, key, ca) = (flag(cert), flag(key), flag(ca));
+    NodeProcesses::start(
+        env!("CARGO_BIN_EXE_dlock-server"),
+        3,
+        &[
+            "--heartbeat",
+            "100ms",
+            "--election-timeout",
+            "1s",
+            "--peer-tls-cert",
+            &cert,
+            "--peer-tls-key",
+            &key,
+            "--peer-tls-ca",
+            &ca,
+        ],
+    )
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_whose_peers_speak_tls_elects_serves_and_fails_over() {
@@ -26,27 +49,7 @@ async fn a_cluster_whose_peers_speak_tls_elects_serves_and_fails_over() {
             ExtendedKeyUsagePurpose::ClientAuth,
         ],
     );
-    let (cert, key, ca_file) = (
-        cert.display().to_string(),
-        key.display().to_string(),
-        ca.ca_file().display().to_string(),
-    );
-    let mut nodes = NodeProcesses::start(
-        env!("CARGO_BIN_EXE_dlock-server"),
-        3,
-        &[
-            "--heartbeat",
-            "100ms",
-            "--election-timeout",
-            "1s",
-            "--peer-tls-cert",
-            &cert,
-            "--peer-tls-key",
-            &key,
-            "--peer-tls-ca",
-            &ca_file,
-        ],
-    );
+    let mut nodes = tls_cluster(&cert, &key, &ca.ca_file());
     // A leader (elected over TLS) commits a lock on a majority.
     let c = Client::connect(nodes.servers()).await.expect("a leader");
     let guard = c.lock(["tls"], LockOptions::new()).await.expect("lock");
@@ -95,12 +98,7 @@ async fn a_cluster_whose_peers_speak_tls_elects_serves_and_fails_over() {
 
 /// Whether a handshake with the peer port at `addr` succeeds for a client
 /// that trusts only `ca` and presents `cert`/`key`.
-async fn handshake(
-    addr: std::net::SocketAddr,
-    ca: &std::path::Path,
-    cert: &std::path::Path,
-    key: &std::path::Path,
-) -> bool {
+async fn handshake(addr: std::net::SocketAddr, ca: &Path, cert: &Path, key: &Path) -> bool {
     use std::sync::Arc;
     let config = rustls::ClientConfig::builder_with_provider(dlock::tls::provider())
         .with_safe_default_protocol_versions()
@@ -137,24 +135,7 @@ async fn sighup_rotates_the_peer_certificates_and_the_cluster_keeps_serving() {
     std::fs::copy(&cert1, &cert).unwrap();
     std::fs::copy(&key1, &key).unwrap();
     std::fs::copy(one.ca_file(), &ca).unwrap();
-    let flag = |p: &std::path::Path| p.display().to_string();
-    let (cert_flag, key_flag, ca_flag) = (flag(&cert), flag(&key), flag(&ca));
-    let mut nodes = NodeProcesses::start(
-        env!("CARGO_BIN_EXE_dlock-server"),
-        3,
-        &[
-            "--heartbeat",
-            "100ms",
-            "--election-timeout",
-            "1s",
-            "--peer-tls-cert",
-            &cert_flag,
-            "--peer-tls-key",
-            &key_flag,
-            "--peer-tls-ca",
-            &ca_flag,
-        ],
-    );
+    let mut nodes = tls_cluster(&cert, &key, &ca);
     let c = Client::connect(nodes.servers()).await.expect("a leader");
     let guard = c.lock(["rotate"], LockOptions::new()).await.expect("lock");
     let peer0 = nodes.peer_addr(0);
