@@ -127,6 +127,10 @@ pub enum Workload {
         connections: usize,
         #[arg(long, default_value_t = 128)]
         depth: usize,
+        /// Keys per Lock (a cluster commits each request once: batches
+        /// fill its table faster). At most the server's --max-keys.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
+        batch: u64,
         /// Leave the keys held (as one-hour leases) instead of releasing
         /// them, to measure other workloads against a full table.
         #[arg(long)]

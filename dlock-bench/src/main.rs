@@ -218,18 +218,16 @@ async fn measure(
             count,
             connections,
             depth,
+            batch,
             keep,
         } => {
-            memory::hold(
-                target,
-                ctl,
-                count,
-                connections,
-                depth.max(1),
-                keep,
-                server.pid,
-            )
-            .await
+            let pace = memory::Pace {
+                depth: depth.max(1),
+                batch,
+            };
+            memory::hold(target, ctl, count, connections, pace, keep, server.pid)
+                .await
+                .with("keys_per_request", batch)
         }
         Workload::Conns { idle, active } => {
             memory::conns(target, duration, idle, active.max(1), server.pid).await

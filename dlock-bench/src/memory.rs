@@ -17,30 +17,52 @@ fn hold_key(i: u64) -> String {
     format!("hold/{i:011}")
 }
 
-/// Sends `Lock` (or `Unlock`) for keys `from..to`, `depth` in flight.
+/// How `hold` sends its requests.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Requests in flight per connection.
+    pub depth: usize,
+    /// Keys per request.
+    pub batch: u64,
+}
+
+/// Sends `Lock` (or `Unlock`) for keys `from..to`, `pace.batch` keys a
+/// request, `pace.depth` requests in flight.
 async fn pipelined(
     c: &mut RawClient<Stream>,
     kind: RequestType,
     from: u64,
     to: u64,
-    depth: usize,
+    pace: Pace,
     rec: &mut Recorder,
 ) -> io::Result<()> {
     let mut in_flight: VecDeque<Instant> = VecDeque::new();
     let mut next = from;
     while next < to || !in_flight.is_empty() {
-        while next < to && in_flight.len() < depth {
-            let mut req = c.request(kind, &[hold_key(next)]);
+        while next < to && in_flight.len() < pace.depth {
+            let last = (next + pace.batch.max(1)).min(to);
+            let keys: Vec<String> = (next..last).map(hold_key).collect();
+            let mut req = c.request(kind, &keys);
             if let (RequestType::Lock, Some(lock)) = (kind, req.lock.as_mut()) {
                 lock.release_micro = HOLD_LEASE_MICROS;
             }
             c.queue(&req);
             in_flight.push_back(Instant::now());
-            next += 1;
+            next = last;
         }
         c.flush().await?;
         let sent = in_flight.pop_front().unwrap_or_else(Instant::now);
-        rec.outcome(c.recv().await?.status == ResponseStatus::Ok as i32, sent);
+        let r = c.recv().await?;
+        let ok = r.status == ResponseStatus::Ok as i32;
+        if !ok && rec.errors == 0 {
+            // The first refusal says why; the rest are counted.
+            eprintln!(
+                "dlock-bench: {kind:?} refused: {:?}: {}",
+                ResponseStatus::try_from(r.status),
+                r.error_text
+            );
+        }
+        rec.outcome(ok, sent);
     }
     Ok(())
 }
@@ -52,7 +74,7 @@ pub async fn hold(
     ctl: Control,
     count: u64,
     conns: usize,
-    depth: usize,
+    pace: Pace,
     keep: bool,
     pid: Option<u32>,
 ) -> Report {
@@ -71,7 +93,7 @@ pub async fn hold(
             let mut end = from;
             while end < to && Instant::now() < ctl.deadline() {
                 let chunk = (end + 10_000).min(to);
-                pipelined(&mut c, RequestType::Lock, end, chunk, depth, &mut rec).await?;
+                pipelined(&mut c, RequestType::Lock, end, chunk, pace, &mut rec).await?;
                 end = chunk;
             }
             Ok::<_, io::Error>((c, from, end, rec))
@@ -105,7 +127,7 @@ pub async fn hold(
         }
         releases.push(tokio::spawn(async move {
             let mut rec = Recorder::default();
-            let r = pipelined(&mut c, RequestType::Unlock, from, to, depth, &mut rec).await;
+            let r = pipelined(&mut c, RequestType::Unlock, from, to, pace, &mut rec).await;
             (rec, r)
         }));
     }
