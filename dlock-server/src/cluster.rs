@@ -16,7 +16,8 @@
 //! | `cluster.rs` | the handle: proposing, reads, status, shutdown |
 //! | `start` | starting a node: data directory, openraft, first-start init |
 //! | `membership` | adding and removing nodes |
-//! | `types` | openraft's type configuration: [`Member`], the stamped command |
+//! | `types` | openraft's type configuration: [`Member`], the stamped commands |
+//! | `batcher` | proposals queued behind each other written as one entry |
 //! | `log_store` | the Raft log and vote in redb |
 //! | `log_writer` | the one thread writing redb, appends grouped per commit |
 //! | `machine` | the state machine: the table, applied entries, snapshots |
@@ -82,6 +83,7 @@
 //! added by the leader with [`Cluster::add_node`]. Later starts read the
 //! membership from the data directory and ignore the list.
 
+mod batcher;
 mod error;
 mod leader_clock;
 mod log_store;
@@ -117,7 +119,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use types::{Raft, Stamped};
+use types::Raft;
 
 /// A good [`ClusterConfig::heartbeat`] for nodes on one network.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(100);
@@ -206,6 +208,8 @@ struct Inner {
     raft: Raft,
     machine: Arc<machine::MachineHandle>,
     clock: LeaderClock,
+    /// Proposals for the batcher, which writes them as entries.
+    proposals: tokio::sync::mpsc::Sender<batcher::Proposal>,
     /// The peer port's TLS, shared with the peer server and the dialler,
     /// so that a reload reaches both.
     peer_tls: Option<PeerTls>,
@@ -250,9 +254,11 @@ impl Cluster {
         Err(ClusterError::NotLeader { leader })
     }
 
-    /// Stamps `cmd` with the leader's cluster time, replicates it, and waits
-    /// until it is committed and applied on this node; returns the command's
-    /// own output (which the [`ApplySink`] saw too).
+    /// Replicates `cmd`, stamped with the leader's cluster time, in the
+    /// next log entry (with whatever else was proposed meanwhile: see
+    /// `batcher`), and waits until it is committed and applied on this
+    /// node; returns the command's own output (which the [`ApplySink`] saw
+    /// too).
     ///
     /// # Errors
     /// [`ClusterError::NotLeader`] when this node is not the leader, or its
@@ -273,14 +279,19 @@ impl Cluster {
     /// # Errors
     /// As [`Cluster::propose`].
     pub async fn propose_indexed(&self, cmd: Command) -> Result<(u64, Output), ClusterError> {
-        let term = self.leading_term()?;
-        let applied = self.inner.machine.lock().at;
-        let at = self.inner.clock.now(term, applied);
-        let write = self.inner.raft.client_write(Stamped { at, cmd });
-        match self.bounded(COMMIT_TIMEOUT, write).await? {
-            Ok(response) => Ok((response.log_id.index, response.data)),
-            Err(e) => Err(self.write_error(e)),
-        }
+        // Refused here already, so a follower never queues anything.
+        self.leading_term()?;
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let stopping = || ClusterError::Unavailable("this node is shutting down".into());
+        let proposed = async {
+            self.inner
+                .proposals
+                .send(batcher::Proposal { cmd, answer })
+                .await
+                .map_err(|_| stopping())?;
+            answered.await.map_err(|_| stopping())?
+        };
+        self.bounded(COMMIT_TIMEOUT, proposed).await?
     }
 
     /// A linearizable read barrier (openraft's read index): confirms with a

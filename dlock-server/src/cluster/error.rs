@@ -3,7 +3,7 @@
 use super::types::{Member, NodeId};
 
 /// Why a [`super::Cluster`] request did not succeed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ClusterError {
     /// This node is not the leader (or stopped being it before the request
     /// was taken), and the request was not acted on. `leader` is the leader

@@ -5,9 +5,10 @@
 //! An append returns to openraft as soon as its entries are queued (they
 //! are readable from then on through [`Pending`]); the writer calls
 //! openraft's flush callback once the commit holding them returned, which
-//! with `Durability::Immediate` is after the fsync. So the leader sends new
-//! entries to its followers while its own disk write is still under way,
-//! and a busy node writes many entries per fsync. Every other change (vote,
+//! with `Durability::Immediate` is after the fsync, so a busy node writes
+//! many entries per fsync. (openraft 0.9 waits for that callback before it
+//! takes its next write; the cluster's `batcher` is what puts concurrent
+//! commands into one entry.) Every other change (vote,
 //! truncation, purge) goes through the same queue and is awaited, which
 //! keeps openraft's rule that storage writes complete in order.
 

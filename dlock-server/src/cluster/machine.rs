@@ -15,9 +15,11 @@
 //! entries again.
 
 use super::snapshot_file::{SnapshotFile, Stored};
-use super::types::{Entry, LogId, NodeId, SnapshotMeta, Stamped, StoredMembership, TypeConfig};
+use super::types::{
+    Entry, LogId, NodeId, Outputs, SnapshotMeta, Stamped, StoredMembership, TypeConfig,
+};
 use super::ApplySink;
-use crate::table::{self, LockTable, Output, TableLimits, Time};
+use crate::table::{self, LockTable, TableLimits, Time};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, StorageError, StorageIOError,
@@ -178,32 +180,42 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok((st.last_applied, st.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Output>, StorageError<NodeId>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Outputs>, StorageError<NodeId>>
     where
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
         let mut outputs = Vec::new();
         for entry in entries {
-            let mut st = self.shared.lock();
-            st.last_applied = Some(entry.log_id);
-            match entry.payload {
-                EntryPayload::Blank => outputs.push(Output::default()),
-                EntryPayload::Membership(m) => {
-                    st.membership = StoredMembership::new(Some(entry.log_id), m);
-                    outputs.push(Output::default());
+            let cmds = {
+                let mut st = self.shared.lock();
+                st.last_applied = Some(entry.log_id);
+                match entry.payload {
+                    EntryPayload::Blank => None,
+                    EntryPayload::Membership(m) => {
+                        st.membership = StoredMembership::new(Some(entry.log_id), m);
+                        None
+                    }
+                    EntryPayload::Normal(stamped) => Some(stamped),
                 }
-                EntryPayload::Normal(Stamped { at, cmd }) => {
-                    let out = st.table.apply(cmd.clone(), at);
-                    st.at = st.at.max(at);
-                    rearm(&self.shared, &mut st);
-                    // The sink runs without the lock, so it may read the
-                    // table; applying waits for it, which keeps log order.
-                    drop(st);
-                    (self.shared.sink)(&cmd, &out);
-                    outputs.push(out);
-                }
+            };
+            let Some(Stamped { at, cmds }) = cmds else {
+                outputs.push(Outputs::new());
+                continue;
+            };
+            let mut outs = Outputs::with_capacity(cmds.len());
+            for cmd in cmds {
+                let mut st = self.shared.lock();
+                let out = st.table.apply(cmd.clone(), at);
+                st.at = st.at.max(at);
+                rearm(&self.shared, &mut st);
+                // The sink runs without the lock, so it may read the
+                // table; applying waits for it, which keeps log order.
+                drop(st);
+                (self.shared.sink)(&cmd, &out);
+                outs.push(out);
             }
+            outputs.push(outs);
         }
         Ok(outputs)
     }

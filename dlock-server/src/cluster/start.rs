@@ -10,8 +10,8 @@ use super::peer_server::PeerServer;
 use super::snapshot_file::SnapshotFile;
 use super::types::{Member, Raft};
 use super::{
-    timer, wire, ApplySink, Cluster, ClusterConfig, Inner, LOG_KEPT_AFTER_SNAPSHOT, SNAPSHOT_EVERY,
-    SNAPSHOT_INSTALL_TIMEOUT,
+    batcher, timer, wire, ApplySink, Cluster, ClusterConfig, Inner, LOG_KEPT_AFTER_SNAPSHOT,
+    SNAPSHOT_EVERY, SNAPSHOT_INSTALL_TIMEOUT,
 };
 use crate::table::TableLimits;
 use anyhow::Context;
@@ -212,12 +212,14 @@ impl Cluster {
 
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
+        let (proposals, queued) = tokio::sync::mpsc::channel(batcher::QUEUE);
         let cluster = Cluster {
             inner: Arc::new(Inner {
                 id: cfg.node_id,
                 raft: raft.clone(),
                 machine,
                 clock: LeaderClock::with_rate(cfg.clock_rate),
+                proposals,
                 peer_tls: cfg.peer_tls.clone(),
                 committed,
                 stop: stop.clone(),
@@ -234,6 +236,7 @@ impl Cluster {
         };
         tasks.spawn(server.run(peer_listener, stop.clone(), tasks.clone()));
         tasks.spawn(timer::run(cluster.clone(), stop.clone()));
+        tasks.spawn(batcher::run(cluster.clone(), queued, stop.clone()));
         // Not tracked: it calls shutdown, which waits for the tracked tasks.
         tokio::spawn(cluster.clone().supervise(shutdown));
         tracing::info!(node = cfg.node_id, data_dir = %dir.display(), fresh, "cluster node started");
