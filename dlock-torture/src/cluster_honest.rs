@@ -229,7 +229,16 @@ async fn hold(
     if lost.is_none() && !guard.is_lost() {
         write_register(client, sh, &guard, shared);
     }
-    let end = Instant::now();
+    let mut end = Instant::now();
+    if let Some(Lost::Jeopardy { deadline, .. }) = &lost {
+        // An honest client stops using the lock when its guard says so,
+        // even while a call is still out (a Renew held up by a failover):
+        // the hold ends at the guard's alarm, not when this task next
+        // looked. Whether the cluster kept the keys until then is what the
+        // history checks.
+        let alarm = deadline.checked_sub(guard.margin()).unwrap_or(start);
+        end = end.min(alarm.max(start));
+    }
     for k in guard.keys() {
         sh.history.record(Hold {
             key: k.clone(),
