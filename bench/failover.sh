@@ -29,17 +29,21 @@ start() { # start NODE (1-based)
   PID[$1]=$!
 }
 
-# The leader every live node names, once they all agree; empty until then.
+# The leader every live node names, once they all agree and have applied
+# the same log (the node restarted in the last trial has caught up: a
+# healthy cluster); empty until then.
 settled_leader() {
-  local seen=""
+  local seen="" applied=""
   for n in 1 2 3; do
     local out
     out=$("$DLOCK" cluster -s "${CLIENT[$((n - 1))]}" status 2>/dev/null) || return 0
-    local l
+    local l a
     l=$(sed -n 's/.*; leader \([0-9]*\);.*/\1/p' <<<"$out" | head -1)
-    [[ -n $l ]] || return 0
+    a=$(sed -n 's/.*, applied \([0-9]*\)$/\1/p' <<<"$out" | head -1)
+    [[ -n $l && -n $a ]] || return 0
     [[ -z $seen || $seen == "$l" ]] || return 0
-    seen=$l
+    [[ -z $applied || $applied == "$a" ]] || return 0
+    seen=$l applied=$a
   done
   echo "$seen"
 }
