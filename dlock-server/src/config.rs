@@ -243,9 +243,13 @@ pub struct Config {
     #[arg(long, default_value = "100ms", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
     pub heartbeat: Duration,
 
-    /// A follower that hears no leader for a random time between this and
-    /// twice this starts an election.
-    #[arg(long, default_value = "500ms", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
+    /// Each node draws a timeout between this and twice this. A follower
+    /// that stops hearing its leader refuses other candidates for twice
+    /// this (openraft's leader lease) and stands itself after the lease
+    /// plus its own timeout: a dead leader is replaced after 3 to 4 times
+    /// this. Raise it where a leader's fsync or scheduling can stall for
+    /// hundreds of milliseconds, or such stalls start needless elections.
+    #[arg(long, default_value = "200ms", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
     pub election_timeout: Duration,
 }
 
