@@ -1,7 +1,9 @@
 //! A cluster of real `dlock-server` processes on loopback (issue 12): a
 //! leader serves, followers redirect, and every acknowledged lock survives
-//! the leader's SIGKILL, a paused leader, and the whole cluster's restart.
-//! Faults come from the test: SIGKILL, SIGSTOP/SIGCONT, an RST. The nodes
+//! the leader's SIGKILL, a paused or cut-off leader, and the whole
+//! cluster's restart.
+//! Faults come from the test: SIGKILL, SIGSTOP/SIGCONT, an RST, and
+//! proxies on the peer links that cut a leader off. The nodes
 //! are `dlock_server::testing::nodes::NodeProcesses`, as in every process
 //! test of a cluster.
 
@@ -10,6 +12,7 @@ mod common;
 use common::{in_session, status, TestClient, PATIENCE};
 use dlock::proto::{Request, RequestType, Response, ResponseStatus};
 use dlock_server::testing::nodes::NodeProcesses;
+use dlock_server::testing::proxy::FreezableProxy;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -310,6 +313,96 @@ async fn a_paused_leader_grants_nothing_once_replaced() {
     // Nor does it tell the stale client that its session lives.
     let r = stale.ping().await;
     assert_ne!(status(&r), ResponseStatus::Ok, "{r:?}");
+}
+
+/// Every directed peer link of a cluster of `n`, through a proxy the test
+/// controls: `links[a][b]` carries what node `a` sends to node `b`.
+async fn with_peer_proxies(n: u64) -> (Cluster, Vec<Vec<Option<FreezableProxy>>>) {
+    let mut nodes = NodeProcesses::prepare(
+        env!("CARGO_BIN_EXE_dlock-server"),
+        n,
+        &["--heartbeat", "100ms", "--election-timeout", "1s"],
+    );
+    let mut links = Vec::new();
+    for a in 0..nodes.len() {
+        let mut row = Vec::new();
+        for b in 0..nodes.len() {
+            if a == b {
+                row.push(None);
+                continue;
+            }
+            let proxy = FreezableProxy::start(nodes.peer_addr(b)).await;
+            nodes.route(a, b, proxy.addr);
+            row.push(Some(proxy));
+        }
+        links.push(row);
+    }
+    nodes.start_all();
+    (Cluster { nodes }, links)
+}
+
+/// Freezes (or thaws) every link to and from node `i`.
+fn isolate(links: &[Vec<Option<FreezableProxy>>], i: usize, frozen: bool) {
+    for (a, row) in links.iter().enumerate() {
+        for (b, proxy) in row.iter().enumerate() {
+            if let (Some(p), true) = (proxy, a == i || b == i) {
+                if frozen {
+                    p.freeze();
+                } else {
+                    p.thaw();
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_others_grants_nothing() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let (cluster, links) = with_peer_proxies(3).await;
+    let l = cluster.leader(None).await;
+    let mut stale = cluster.conn(l).await;
+    let s = open(&mut stale).await;
+    let held = must_lock(&mut stale, "held", s, Duration::from_secs(120)).await;
+
+    // Cut off, the old leader still believes it leads: it takes the Lock
+    // into its log but can never commit it.
+    isolate(&links, l, true);
+    let cut_off = lock_req(&mut stale, "k", s, Duration::ZERO, true);
+    stale.send(&cut_off).await;
+
+    // The others elect a leader, which grants the key to someone else.
+    let l2 = cluster.leader(Some(l)).await;
+    assert_ne!(l2, l);
+    let mut fresh = cluster.conn(l2).await;
+    let sf = open(&mut fresh).await;
+    let fence = must_lock(&mut fresh, "k", sf, Duration::ZERO).await;
+
+    // The stale client is told (within the commit timeout, while the cut
+    // lasts), never granted.
+    let r = stale.recv().await;
+    assert!(
+        matches!(
+            status(&r),
+            ResponseStatus::Unavailable | ResponseStatus::NotLeader
+        ),
+        "a cut-off leader must not grant: {r:?}"
+    );
+
+    // Healed, the old leader learns the new term and steps down: the log
+    // entry it could not commit is gone, the new holder keeps the key, the
+    // lease taken before the cut is still held under its fence.
+    isolate(&links, l, false);
+    assert_eq!(cluster.leader(None).await, l2, "the new leader stays");
+    let info = inspect(&mut fresh, "k", sf).await;
+    assert!(info.held_by_caller && info.fence == fence, "{info:?}");
+    let info = inspect(&mut fresh, "held", sf).await;
+    assert_eq!(info.fence, held, "the lease outlives the cut: {info:?}");
+    let mut again = cluster.conn(l).await;
+    let req = lock_req(&mut again, "k", 0, Duration::ZERO, true);
+    let r = again.call(req).await;
+    assert_eq!(status(&r), ResponseStatus::NotLeader, "{r:?}");
+    assert_eq!(r.leader_addr, cluster.nodes.addr(l2).to_string());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
