@@ -3,9 +3,11 @@
 //! and available to anyone testing code against dlock, with the feature
 //! `testing` (a dev-dependency's feature, so the shipped server has none of
 //! it). [`proxy`] puts a forwarder the test can freeze between a client and
-//! the server; [`nodes`] runs a cluster of real server processes.
+//! the server; [`nodes`] runs a cluster of real server processes, and
+//! [`peer_links`] puts such a forwarder on every link between them.
 
 pub mod nodes;
+pub mod peer_links;
 pub mod ports;
 pub mod proxy;
 

@@ -12,7 +12,7 @@ mod common;
 use common::{in_session, status, TestClient, PATIENCE};
 use dlock::proto::{Request, RequestType, Response, ResponseStatus};
 use dlock_server::testing::nodes::NodeProcesses;
-use dlock_server::testing::proxy::FreezableProxy;
+use dlock_server::testing::peer_links::PeerLinks;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -315,45 +315,17 @@ async fn a_paused_leader_grants_nothing_once_replaced() {
     assert_ne!(status(&r), ResponseStatus::Ok, "{r:?}");
 }
 
-/// Every directed peer link of a cluster of `n`, through a proxy the test
-/// controls: `links[a][b]` carries what node `a` sends to node `b`.
-async fn with_peer_proxies(n: u64) -> (Cluster, Vec<Vec<Option<FreezableProxy>>>) {
+/// A cluster of `n` whose every peer link goes through a proxy the test
+/// controls.
+async fn with_peer_proxies(n: u64) -> (Cluster, PeerLinks) {
     let mut nodes = NodeProcesses::prepare(
         env!("CARGO_BIN_EXE_dlock-server"),
         n,
         &["--heartbeat", "100ms", "--election-timeout", "1s"],
     );
-    let mut links = Vec::new();
-    for a in 0..nodes.len() {
-        let mut row = Vec::new();
-        for b in 0..nodes.len() {
-            if a == b {
-                row.push(None);
-                continue;
-            }
-            let proxy = FreezableProxy::start(nodes.peer_addr(b)).await;
-            nodes.route(a, b, proxy.addr);
-            row.push(Some(proxy));
-        }
-        links.push(row);
-    }
+    let links = PeerLinks::install(&mut nodes).await;
     nodes.start_all();
     (Cluster { nodes }, links)
-}
-
-/// Freezes (or thaws) every link to and from node `i`.
-fn isolate(links: &[Vec<Option<FreezableProxy>>], i: usize, frozen: bool) {
-    for (a, row) in links.iter().enumerate() {
-        for (b, proxy) in row.iter().enumerate() {
-            if let (Some(p), true) = (proxy, a == i || b == i) {
-                if frozen {
-                    p.freeze();
-                } else {
-                    p.thaw();
-                }
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,7 +339,7 @@ async fn a_leader_cut_off_from_the_others_grants_nothing() {
 
     // Cut off, the old leader still believes it leads: it takes the Lock
     // into its log but can never commit it.
-    isolate(&links, l, true);
+    links.isolate(l, true);
     let cut_off = lock_req(&mut stale, "k", s, Duration::ZERO, true);
     stale.send(&cut_off).await;
 
@@ -392,7 +364,7 @@ async fn a_leader_cut_off_from_the_others_grants_nothing() {
     // Healed, the old leader learns the new term and steps down: the log
     // entry it could not commit is gone, the new holder keeps the key, the
     // lease taken before the cut is still held under its fence.
-    isolate(&links, l, false);
+    links.isolate(l, false);
     assert_eq!(cluster.leader(None).await, l2, "the new leader stays");
     let info = inspect(&mut fresh, "k", sf).await;
     assert!(info.held_by_caller && info.fence == fence, "{info:?}");

@@ -10,6 +10,7 @@ use crate::cluster_run::ClusterWorkload;
 use dlock::proto::{ClusterInfo, RequestType, ResponseStatus};
 use dlock::raw::RawClient;
 use dlock_server::testing::nodes::NodeProcesses;
+use dlock_server::testing::peer_links::PeerLinks;
 use dlock_server::testing::proxy::FreezableProxy;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -40,7 +41,7 @@ pub struct Cluster {
 /// hold each frozen, so overlapping partitions heal only when the last
 /// one does.
 pub struct Links {
-    proxies: Vec<Vec<Option<FreezableProxy>>>,
+    proxies: PeerLinks,
     holds: Mutex<Vec<Vec<u32>>>,
     /// Per node, a proxy between the clients and its client port, which
     /// the membership names as the node's address: a client sent on to the
@@ -52,20 +53,7 @@ impl Links {
     /// Puts a proxy on every link of `nodes`, which must not run yet.
     pub async fn install(nodes: &mut NodeProcesses) -> Links {
         let n = nodes.len();
-        let mut proxies = Vec::with_capacity(n);
-        for from in 0..n {
-            let mut row = Vec::with_capacity(n);
-            for to in 0..n {
-                if from == to {
-                    row.push(None);
-                    continue;
-                }
-                let p = FreezableProxy::start(nodes.peer_addr(to)).await;
-                nodes.route(from, to, p.addr);
-                row.push(Some(p));
-            }
-            proxies.push(row);
-        }
+        let proxies = PeerLinks::install(nodes).await;
         let mut clients = Vec::with_capacity(n);
         for i in 0..n {
             let p = FreezableProxy::start(nodes.addr(i)).await;
@@ -85,7 +73,7 @@ impl Links {
     fn hold(&self, links: &[(usize, usize)], cut: bool) {
         let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
         for &(from, to) in links {
-            let Some(p) = &self.proxies[from][to] else {
+            let Some(p) = self.proxies.link(from, to) else {
                 continue;
             };
             let h = &mut holds[from][to];
@@ -121,7 +109,7 @@ impl Links {
     /// Slows each link by `by` (zero: back to full speed).
     fn slow(&self, links: &[(usize, usize)], by: Duration) {
         for &(from, to) in links {
-            if let Some(p) = &self.proxies[from][to] {
+            if let Some(p) = self.proxies.link(from, to) {
                 p.delay(by);
             }
         }
