@@ -33,9 +33,10 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 pub(crate) const PROTOCOL: &str = "dlock-peer/1";
 /// Largest hello frame: a cluster id and two numbers.
 pub(crate) const HELLO_MAX_FRAME: usize = 4 << 10;
-/// Largest frame after the hello. Append requests are bounded by openraft's
-/// `max_payload_entries` and the client limits on keys per request, far
-/// below it; a request that would be larger is split by openraft.
+/// Largest frame after the hello. One entry holds about a megabyte of keys
+/// and values at most (`batcher`'s limit, plus one command), far below
+/// it; an append request of many entries that would be larger is refused
+/// here as too large, and openraft sends it again in halves.
 pub(crate) const MAX_FRAME: usize = 64 << 20;
 /// Snapshot chunk size: large enough that a 100 MB snapshot is 25 round
 /// trips, small enough to stay far below [`MAX_FRAME`].
