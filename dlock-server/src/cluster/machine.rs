@@ -187,31 +187,36 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let mut outputs = Vec::new();
         for entry in entries {
-            let cmds = {
+            // An entry is applied whole under one lock: openraft builds
+            // snapshots in a task of their own, and a snapshot must hold
+            // all of an entry's commands or none, as its log id says.
+            let applied = {
                 let mut st = self.shared.lock();
                 st.last_applied = Some(entry.log_id);
                 match entry.payload {
-                    EntryPayload::Blank => None,
+                    EntryPayload::Blank => Vec::new(),
                     EntryPayload::Membership(m) => {
                         st.membership = StoredMembership::new(Some(entry.log_id), m);
-                        None
+                        Vec::new()
                     }
-                    EntryPayload::Normal(stamped) => Some(stamped),
+                    EntryPayload::Normal(Stamped { at, cmds }) => {
+                        let applied: Vec<_> = cmds
+                            .into_iter()
+                            .map(|cmd| {
+                                let out = st.table.apply(cmd.clone(), at);
+                                (cmd, out)
+                            })
+                            .collect();
+                        st.at = st.at.max(at);
+                        rearm(&self.shared, &mut st);
+                        applied
+                    }
                 }
             };
-            let Some(Stamped { at, cmds }) = cmds else {
-                outputs.push(Outputs::new());
-                continue;
-            };
-            let mut outs = Outputs::with_capacity(cmds.len());
-            for cmd in cmds {
-                let mut st = self.shared.lock();
-                let out = st.table.apply(cmd.clone(), at);
-                st.at = st.at.max(at);
-                rearm(&self.shared, &mut st);
-                // The sink runs without the lock, so it may read the
-                // table; applying waits for it, which keeps log order.
-                drop(st);
+            // The sink runs without the lock, so it may read the table;
+            // applying waits for it, which keeps log order.
+            let mut outs = Outputs::with_capacity(applied.len());
+            for (cmd, out) in applied {
                 (self.shared.sink)(&cmd, &out);
                 outs.push(out);
             }
