@@ -340,6 +340,20 @@ impl Cluster {
         Some((id, node))
     }
 
+    /// Resolves once this node does not lead: at once if it does not lead
+    /// now, else when it steps down (deposed, cut off, shutting down).
+    pub async fn stops_leading(&self) {
+        let mut server = self.inner.raft.server_metrics();
+        loop {
+            if server.borrow_and_update().state != ServerState::Leader {
+                return;
+            }
+            if server.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Whether this node is the leader, as far as it knows.
     pub fn is_leader(&self) -> bool {
         self.inner.raft.server_metrics().borrow().state == ServerState::Leader

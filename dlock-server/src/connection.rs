@@ -45,6 +45,9 @@ enum Event {
 #[derive(Debug)]
 enum End {
     ClientClosed,
+    /// This cluster node stopped leading while keeping the connection's
+    /// sessions; the connection was reset.
+    Deposed,
     Idle,
     Shutdown,
     FrameTooLarge,
@@ -126,6 +129,7 @@ impl End {
     fn reason(&self) -> CloseReason {
         match self {
             End::ClientClosed => CloseReason::ClientClosed,
+            End::Deposed => CloseReason::Deposed,
             End::Idle => CloseReason::Idle,
             End::Shutdown => CloseReason::Shutdown,
             End::FrameTooLarge => CloseReason::FrameTooLarge,
@@ -192,6 +196,7 @@ impl<'a, S: Transport> Session<'a, S> {
         let idle = tokio::time::sleep(idle_timeout);
         tokio::pin!(idle);
         let mut closing: Option<End> = None;
+        let deposed = self.ctx.remote.map(|r| r.deposed.clone());
         loop {
             let db = &self.ctx.shared.db;
             let deliveries = self.grant_first.then(|| db.deliveries());
@@ -223,6 +228,12 @@ impl<'a, S: Transport> Session<'a, S> {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return self.end_with_shutdown().await,
+                _ = cancelled(deposed.as_ref()) => {
+                    // No answer goes out: what is unanswered is sent again
+                    // to the new leader, which answers it from the log.
+                    self.stream.reset_on_close();
+                    return End::Deposed;
+                }
                 event = std::future::poll_fn(|cx| self.poll_event(cx, can_read)) => match event {
                     Event::Outcome(Ok(outcome)) => self.pipeline.answer(outcome),
                     Event::Outcome(Err(_)) => {
@@ -325,5 +336,13 @@ impl<'a, S: Transport> Session<'a, S> {
             Ok(Err(e)) => Err(End::Io(e)),
             Err(_) => Err(End::WriteTimeout),
         }
+    }
+}
+
+/// Resolves when `token` is cancelled; never without one.
+async fn cancelled(token: Option<&CancellationToken>) {
+    match token {
+        Some(t) => t.cancelled().await,
+        None => std::future::pending().await,
     }
 }

@@ -217,9 +217,12 @@ pub enum CloseReason {
     Shutdown,
     /// The TLS handshake failed or took too long.
     TlsHandshake,
+    /// A cluster node stopped leading and reset the connections whose
+    /// sessions it kept.
+    Deposed,
 }
 
-const CLOSE_REASONS: [(CloseReason, &str); 8] = [
+const CLOSE_REASONS: [(CloseReason, &str); 9] = [
     (CloseReason::ClientClosed, "client_closed"),
     (CloseReason::Idle, "idle"),
     (CloseReason::WriteTimeout, "write_timeout"),
@@ -228,6 +231,7 @@ const CLOSE_REASONS: [(CloseReason, &str); 8] = [
     (CloseReason::Io, "io_error"),
     (CloseReason::Shutdown, "shutdown"),
     (CloseReason::TlsHandshake, "tls_handshake"),
+    (CloseReason::Deposed, "deposed"),
 ];
 
 // Counts that change once per connection or per timer batch, never per

@@ -12,9 +12,10 @@
 //! first request that needs one, the connection's *implicit* session. A
 //! clean end of the connection (the client closes it) ends its sessions at
 //! once, as a disconnect does on a single server; any other end (a broken
-//! path, this node stopping) leaves them to their TTL, so the client can
-//! resume them through the new leader (OpenSession naming the session) and
-//! find its locks and its place in every queue.
+//! path, this node stopping) leaves the named ones to their TTL, so the
+//! client can resume them through the new leader (OpenSession naming the
+//! session) and find its locks and its place in every queue. The implicit
+//! session ends with its connection however it ends: nobody can resume it.
 //!
 //! Waiting Locks. The table decides a waiting request's outcome in a later
 //! command (a release, a lease or wait limit running out). Every node sees
@@ -236,6 +237,10 @@ pub struct ConnSessions {
     inner: Mutex<ConnState>,
     /// Wakes the keeper when a session with a shorter TTL appears.
     ttl_changed: tokio::sync::Notify,
+    /// Cancelled when this node stops leading while keeping the
+    /// connection's sessions: the connection is then reset (see
+    /// [`Replicated::keep_connection_alive`]).
+    pub deposed: CancellationToken,
 }
 
 #[derive(Debug, Default)]
@@ -274,6 +279,7 @@ impl Default for ConnSessions {
             id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             inner: Mutex::default(),
             ttl_changed: tokio::sync::Notify::new(),
+            deposed: CancellationToken::new(),
         }
     }
 }
@@ -408,9 +414,14 @@ impl Replicated {
     }
 
     /// The end of a client connection: a clean one (`clean`: the client
-    /// closed it) ends its sessions now; any other leaves them to their TTL.
+    /// closed it) ends its sessions now; any other leaves the sessions the
+    /// client opened by name to their TTL, so it can resume them. The
+    /// implicit session ends now either way: its client never learnt its id,
+    /// so no resume can come for it, and keeping its locks for a TTL would
+    /// only keep them from others (a single server frees them at once).
     pub fn connection_ended(self: &Arc<Self>, conn: &ConnSessions, clean: bool) {
         conn.close();
+        let implicit = conn.state().implicit;
         // A session resumed on another connection is that one's now: a
         // clean close here must not end it.
         let sessions: Vec<OwnerId> = conn
@@ -421,7 +432,11 @@ impl Replicated {
         for &s in &sessions {
             self.attached.detach(s, conn.id);
         }
-        if !clean || sessions.is_empty() {
+        let sessions: Vec<OwnerId> = sessions
+            .into_iter()
+            .filter(|&s| clean || Some(s) == implicit)
+            .collect();
+        if sessions.is_empty() {
             return;
         }
         let node = self.clone();
@@ -699,6 +714,13 @@ impl Replicated {
     /// while its requests (Pings included) are parked behind a waiting
     /// Lock: a session must not run out while its client waits on an open
     /// connection. Ends with the connection (`ended`).
+    ///
+    /// When this node stops leading while the connection has sessions, it
+    /// can keep them no longer: it cancels `conn.deposed`, and the
+    /// connection is reset, so the client looks for the new leader at once
+    /// rather than after a silence (a leader paused and deposed may wake to
+    /// a client still waiting on it). A reset, unlike the client's own
+    /// clean close, leaves the sessions to be resumed.
     pub async fn keep_connection_alive(
         self: Arc<Self>,
         conn: Arc<ConnSessions>,
@@ -706,10 +728,17 @@ impl Replicated {
     ) {
         loop {
             let ttl = conn.state().shortest_ttl.unwrap_or(self.config.session_ttl);
+            let has_sessions = !conn.all().is_empty();
             tokio::select! {
                 _ = ended.cancelled() => return,
-                // A shorter TTL: sleep again for a third of it.
+                // A new session (its TTL is noted) or a shorter TTL: look
+                // again, and sleep again for a third of it.
                 _ = conn.ttl_changed.notified() => continue,
+                _ = self.cluster.stops_leading(), if has_sessions => {
+                    tracing::debug!(sessions = ?conn.all(), "not leading: resetting the connection");
+                    conn.deposed.cancel();
+                    return;
+                }
                 _ = tokio::time::sleep(ttl / 3) => {}
             }
             if conn.all().is_empty() || !self.cluster.is_leader() {

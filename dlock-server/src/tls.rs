@@ -185,4 +185,8 @@ impl Transport for TlsStream<TcpStream> {
     fn peer_names(&self) -> Vec<String> {
         peer_names(self)
     }
+
+    fn reset_on_close(&self) {
+        crate::transport::reset_on_close(self.get_ref().0);
+    }
 }

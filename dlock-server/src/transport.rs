@@ -22,6 +22,10 @@ pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn peer_names(&self) -> Vec<String> {
         Vec::new()
     }
+
+    /// Makes the coming close a reset (RST) instead of a FIN: the client
+    /// learns at once, even with answers unsent, that it must go elsewhere.
+    fn reset_on_close(&self);
 }
 
 impl Transport for TcpStream {
@@ -32,4 +36,13 @@ impl Transport for TcpStream {
     fn peer_addr(&self) -> io::Result<SocketAddr> {
         TcpStream::peer_addr(self)
     }
+
+    fn reset_on_close(&self) {
+        reset_on_close(self);
+    }
+}
+
+/// Linger 0: closing the socket sends an RST and drops what is unsent.
+pub(crate) fn reset_on_close(tcp: &TcpStream) {
+    let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
 }

@@ -29,11 +29,13 @@ struct Cluster {
 
 impl Cluster {
     fn new(n: u64) -> Cluster {
-        let nodes = NodeProcesses::start(
-            env!("CARGO_BIN_EXE_dlock-server"),
-            n,
-            &["--heartbeat", "100ms", "--election-timeout", "1s"],
-        );
+        Cluster::with_flags(n, &[])
+    }
+
+    fn with_flags(n: u64, extra: &[&str]) -> Cluster {
+        let mut flags = vec!["--heartbeat", "100ms", "--election-timeout", "1s"];
+        flags.extend_from_slice(extra);
+        let nodes = NodeProcesses::start(env!("CARGO_BIN_EXE_dlock-server"), n, &flags);
         Cluster { nodes }
     }
 
@@ -315,6 +317,41 @@ async fn a_paused_leader_grants_nothing_once_replaced() {
     assert_ne!(status(&r), ResponseStatus::Ok, "{r:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_resets_the_connections_whose_sessions_it_kept() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::new(3);
+    let l = cluster.leader(None).await;
+    let mut held = cluster.conn(l).await;
+    // A TTL longer than the pause and election below, so the session is
+    // there to resume.
+    let s = session(&mut held, 0, Duration::from_secs(120)).await.session;
+    let fence = must_lock(&mut held, "k", s, Duration::ZERO).await;
+    let mut bystander = cluster.conn(l).await;
+    let r = bystander.ping().await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+
+    cluster.nodes.pause(l);
+    let l2 = cluster.leader(Some(l)).await;
+    cluster.nodes.resume(l);
+    // Awake, the old leader hears the new term and steps down. The client
+    // sent nothing, yet learns at once: its connection is reset, with no
+    // answer that could be taken for proof that the session lives.
+    held.expect_closed().await;
+
+    // The reset did not end the session: it resumes on the new leader,
+    // its lock kept.
+    let mut again = cluster.conn(l2).await;
+    let r = session(&mut again, s, Duration::ZERO).await;
+    assert_eq!((status(&r), r.session), (ResponseStatus::Ok, s), "{r:?}");
+    let info = inspect(&mut again, "k", s).await;
+    assert!(info.held_by_caller && info.fence == fence, "{info:?}");
+    // A connection with no session is not the old leader's to reset: it
+    // stays, and is told where the leader is.
+    let r = bystander.call_in(RequestType::Inspect, &["k"], 0).await;
+    assert_eq!(status(&r), ResponseStatus::NotLeader, "{r:?}");
+}
+
 /// A cluster of `n` whose every peer link goes through a proxy the test
 /// controls.
 async fn with_peer_proxies(n: u64) -> (Cluster, PeerLinks) {
@@ -504,6 +541,53 @@ async fn a_session_outlives_a_broken_connection_for_its_ttl_only() {
     );
     let info = inspect(&mut new, "moved", so).await;
     assert!(info.held_by_caller && info.fence == fence, "{info:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_opened_a_session_loses_its_locks_when_its_connection_is_reset() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    // A TTL far beyond the waits below: a grant within them can only come
+    // from the reset ending the implicit session, not from its TTL.
+    let cluster = Cluster::with_flags(3, &["--session-ttl", "5min"]);
+    let l = cluster.leader(None).await;
+    let mut a = cluster.conn(l).await;
+    let r = a.lock(&["k"], 0, 0).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    let mut b = cluster.conn(l).await;
+    let waiting = b.lock_request(&["k"], 30_000_000, 0);
+    b.send(&waiting).await;
+    let mut look = cluster.conn(l).await;
+    look.await_waiters("k", 1).await;
+    // An RST, as a crashed client's kernel sends: not a clean close.
+    socket2::SockRef::from(&*a.stream())
+        .set_linger(Some(Duration::ZERO))
+        .expect("linger 0");
+    drop(a);
+    let r = b.recv().await;
+    assert_eq!(
+        status(&r),
+        ResponseStatus::Ok,
+        "the waiter is granted when the holder's connection is reset: {r:?}"
+    );
+
+    // A session opened by name still outlives a reset (it can be resumed).
+    let mut c = cluster.conn(l).await;
+    let sc = session(&mut c, 0, Duration::from_secs(60)).await.session;
+    must_lock(&mut c, "named", sc, Duration::ZERO).await;
+    let before = look.stats().await.connections;
+    socket2::SockRef::from(&*c.stream())
+        .set_linger(Some(Duration::ZERO))
+        .expect("linger 0");
+    drop(c);
+    // The count drops right before the node decides whether to end the
+    // connection's sessions; a later proposal queues behind any it made.
+    let deadline = Instant::now() + PATIENCE;
+    while look.stats().await.connections != before - 1 {
+        assert!(Instant::now() < deadline, "the reset connection never ended");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = b.try_lock(&["named"]).await;
+    assert_eq!(status(&r), ResponseStatus::AcquireTimeout, "{r:?}");
 }
 
 /// ClusterAdd or ClusterRemove of the node with these id and addresses.
