@@ -251,6 +251,11 @@ async fn try_node(
             },
             answered: false,
         })?;
+    // Until the node has answered, an attempt given up (its time ran out,
+    // `establish` dropped it) ends with a reset: a clean close would end a
+    // session the node may just have resumed for it, under the feet of the
+    // next attempt (docs/PROTOCOL.md, "Cluster").
+    stream.reset_on_close(true);
     let hello_sent = Instant::now();
     let limits = hello(&mut stream, &token).await.map_err(|e| match e {
         e @ (Error::AccessDenied(_) | Error::Protocol(_)) => NodeError::Fatal(e),
@@ -266,6 +271,7 @@ async fn try_node(
                 answered: true,
             });
         }
+        stream.reset_on_close(false);
         return Ok(Established {
             stream,
             addr: addr.to_owned(),
@@ -294,13 +300,18 @@ async fn try_node(
             answered: false,
         })?;
     match ResponseStatus::try_from(resp.status) {
-        Ok(ResponseStatus::Ok) => Ok(Established {
-            stream,
-            addr: addr.to_owned(),
-            limits,
-            session: Some((resp.session, Duration::from_micros(resp.session_ttl_micro))),
-            acked_from: sent,
-        }),
+        Ok(ResponseStatus::Ok) => {
+            // The link's to close now: cleanly when the client is done,
+            // with a reset when the path broke (`link.rs`).
+            stream.reset_on_close(false);
+            Ok(Established {
+                stream,
+                addr: addr.to_owned(),
+                limits,
+                session: Some((resp.session, Duration::from_micros(resp.session_ttl_micro))),
+                acked_from: sent,
+            })
+        }
         Ok(ResponseStatus::NotLeader) => Err(NodeError::NotLeader(
             Some(resp.leader_addr).filter(|a| !a.is_empty()),
         )),

@@ -26,11 +26,18 @@ impl Stream {
     /// session; a reset means the path broke and the session is to be
     /// resumed.
     pub(crate) fn abort(self) {
-        let tcp = match &self {
+        self.reset_on_close(true);
+    }
+
+    /// Whether dropping the stream sends a reset (linger 0) or, as by
+    /// default, a clean close.
+    pub(crate) fn reset_on_close(&self, reset: bool) {
+        let tcp = match self {
             Stream::Tcp(s) => s,
             Stream::Tls(s) => s.get_ref().0,
         };
-        let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
+        let linger = reset.then_some(std::time::Duration::ZERO);
+        let _ = socket2::SockRef::from(tcp).set_linger(linger);
     }
 }
 

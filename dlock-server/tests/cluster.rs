@@ -325,7 +325,9 @@ async fn a_deposed_leader_resets_the_connections_whose_sessions_it_kept() {
     let mut held = cluster.conn(l).await;
     // A TTL longer than the pause and election below, so the session is
     // there to resume.
-    let s = session(&mut held, 0, Duration::from_secs(120)).await.session;
+    let s = session(&mut held, 0, Duration::from_secs(120))
+        .await
+        .session;
     let fence = must_lock(&mut held, "k", s, Duration::ZERO).await;
     let mut bystander = cluster.conn(l).await;
     let r = bystander.ping().await;
@@ -583,7 +585,10 @@ async fn a_client_that_never_opened_a_session_loses_its_locks_when_its_connectio
     // connection's sessions; a later proposal queues behind any it made.
     let deadline = Instant::now() + PATIENCE;
     while look.stats().await.connections != before - 1 {
-        assert!(Instant::now() < deadline, "the reset connection never ended");
+        assert!(
+            Instant::now() < deadline,
+            "the reset connection never ended"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let r = b.try_lock(&["named"]).await;
