@@ -879,14 +879,15 @@ pub(crate) async fn granted(
     lease: Option<Duration>,
     sent: Instant,
 ) -> Result<LockGuard> {
-    let mut guard = LockGuard::new(conn, keys, fence, lease.map(|lease| (sent, lease)), true);
+    let guard = LockGuard::new(conn, keys, fence, lease.map(|lease| (sent, lease)), true);
     // The server's lease runs from the grant, but all the client knows
     // is that the grant came after the request was sent: after a long
     // wait that bound says little, and the guard would be in jeopardy
-    // at once. A renewal now gives a bound as fresh as the grant.
+    // at once. A renewal now gives a bound as fresh as the grant (not
+    // `renew`, which would fail at an alarm this renewal is to lift).
     if let Some(lease) = lease {
         if sent.elapsed() >= lease / 3 {
-            guard.renew(lease).await?;
+            guard.renew_shared(lease).await?;
         }
     } else if sent.elapsed() >= guard.client().session_timeout() / 3 {
         // The same for a lock bound to the connection or session: the

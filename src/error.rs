@@ -70,6 +70,11 @@ pub enum Error {
     /// error that ended it, if one did.
     #[error(transparent)]
     ConnectionLost(#[from] Disconnect),
+    /// The lock fell into jeopardy (or its connection ended) before the
+    /// renewal was answered: it can no longer be assumed held, though the
+    /// renewal may still reach the server.
+    #[error("lock lost before the renewal was answered: {0}")]
+    Lost(crate::safety::Lost),
 }
 
 /// Why a connection to the server ended: the reason every call on it fails

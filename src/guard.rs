@@ -188,15 +188,28 @@ impl LockGuard {
     /// Sets the lease to now + `lease`. A lock taken without a lease becomes
     /// a lease: it then survives the connection.
     ///
+    /// Returns by the lock's alarm ([`LockGuard::lost`]) at the latest: a
+    /// renewal held up (a failover, a frozen path) never keeps its caller
+    /// past the moment the lock must be given up. Called after the alarm,
+    /// it fails at once (the Renew may still go out, and extend the lease
+    /// on the server, but the caller has already been told to stop).
+    ///
     /// # Errors
-    /// [`crate::Error::NotHeld`] if the keys are no longer held; connection errors.
+    /// [`crate::Error::NotHeld`] if the keys are no longer held;
+    /// [`crate::Error::Lost`] if the lock was lost before the answer came
+    /// (use it no more); connection errors.
     pub async fn renew(&mut self, lease: Duration) -> Result<()> {
-        self.renew_shared(lease).await
+        tokio::select! {
+            // An answer that came with the alarm still moved the deadline.
+            biased;
+            renewed = self.renew_shared(lease) => renewed,
+            lost = self.lost() => Err(Error::Lost(lost)),
+        }
     }
 
     /// Renews through `&self`, so [`LockGuard::keep_alive`] can watch the
     /// deadline while a renewal is in flight.
-    async fn renew_shared(&self, lease: Duration) -> Result<()> {
+    pub(crate) async fn renew_shared(&self, lease: Duration) -> Result<()> {
         let sent = Instant::now();
         let body = RequestLock {
             keys: self.keys.clone(),

@@ -152,11 +152,15 @@ async fn a_lease_granted_after_a_long_wait_is_not_lost_at_once() {
     let first = holder.lock(["slow"], LockOptions::new()).await.unwrap();
     let waiter = Client::connect(&server.addr_string()).await.unwrap();
     let lease = Duration::from_millis(600);
+    // Judged when the grant arrives, not when this test gets to look: on a
+    // loaded machine that may be later than the lease's safety margin.
     let waiting = tokio::spawn(async move {
-        waiter
+        let g = waiter
             .lock(["slow"], LockOptions::new().lease(lease))
-            .await
-            .map(|g| (g, waiter))
+            .await?;
+        let granted_at = Instant::now();
+        let lost_at_grant = g.is_lost();
+        Ok::<_, dlock::Error>((g, granted_at, lost_at_grant, waiter))
     });
     // Wait two lease lengths before releasing, as the waiter sees it.
     let deadline = Instant::now() + PATIENCE;
@@ -166,9 +170,9 @@ async fn a_lease_granted_after_a_long_wait_is_not_lost_at_once() {
     }
     tokio::time::sleep(2 * lease).await;
     first.unlock().await.unwrap();
-    let (g, _waiter) = waiting.await.unwrap().unwrap();
-    assert!(!g.is_lost(), "a fresh grant must not start in jeopardy");
-    assert!(g.deadline() > Instant::now() + lease / 2);
+    let (g, granted_at, lost_at_grant, _waiter) = waiting.await.unwrap().unwrap();
+    assert!(!lost_at_grant, "a fresh grant must not start in jeopardy");
+    assert!(g.deadline() > granted_at + lease / 2);
 }
 
 #[tokio::test]
@@ -238,4 +242,29 @@ async fn keep_alive_recovers_a_lease_on_a_new_connection_after_a_reset() {
     drop(keeping);
     guard.unlock().await.unwrap();
     assert_eq!(probe.inspect(["recover"]).await.unwrap()[0].fence(), None);
+}
+
+#[tokio::test]
+async fn a_renewal_that_gets_no_answer_fails_at_the_alarm_not_later() {
+    let server = TestServer::start(Config::default()).await;
+    let proxy = FreezableProxy::start(server.addr).await;
+    let c = Client::connect(proxy.addr_string()).await.unwrap();
+    let mut g = c
+        .lock(["stuck"], LockOptions::new().lease(Duration::from_secs(4)))
+        .await
+        .unwrap();
+    let deadline = g.deadline();
+    // Nothing gets through, and nothing tells the client so.
+    proxy.freeze();
+    let renewed = tokio::time::timeout(PATIENCE, g.renew(Duration::from_secs(4)))
+        .await
+        .expect("the renewal returns by the alarm, not when TCP gives up");
+    match renewed {
+        Err(dlock::Error::Lost(Lost::Jeopardy { lease: true, .. })) => {}
+        other => panic!("expected the lock lost, got {other:?}"),
+    }
+    // The unanswered renewal did not move the deadline it failed at.
+    assert_eq!(g.deadline(), deadline);
+    assert!(g.is_lost());
+    proxy.thaw();
 }
