@@ -9,12 +9,14 @@ use crate::codec::{encode_frame, FrameCodec};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::limits::Limits;
+use crate::liveness::NodeWatch;
 use crate::proto::{Request, RequestType, Response, ResponseStatus};
 use crate::servers::Servers;
 use crate::transport::{self, Stream};
 use bytes::BytesMut;
+use std::collections::HashMap;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -31,6 +33,11 @@ pub(crate) struct Dial {
     /// The node that last opened or resumed a session: tried first, since
     /// it was the leader.
     leader: Mutex<Option<String>>,
+    /// Nodes a probe found silent and that have not answered since: tried
+    /// last (see `liveness.rs`).
+    suspects: Mutex<Vec<String>>,
+    /// The probe of each node some link is on.
+    watches: Mutex<HashMap<String, Weak<NodeWatch>>>,
     pub(crate) events: broadcast::Sender<Event>,
 }
 
@@ -44,6 +51,8 @@ impl Dial {
             servers,
             options,
             leader: Mutex::new(None),
+            suspects: Mutex::new(Vec::new()),
+            watches: Mutex::new(HashMap::new()),
             events: broadcast::channel(EVENTS_KEPT).0,
         }
     }
@@ -69,6 +78,36 @@ impl Dial {
 
     fn set_leader(&self, addr: &str) {
         *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr.to_owned());
+    }
+
+    /// Marks `addr` as found silent (tried last, and no longer first as
+    /// the leader), or as answering again.
+    pub(crate) fn suspect(&self, addr: &str, silent: bool) {
+        let mut suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+        suspects.retain(|a| a != addr);
+        if silent {
+            suspects.push(addr.to_owned());
+            drop(suspects);
+            self.forget_leader(addr);
+        }
+    }
+
+    fn is_suspect(&self, addr: &str) -> bool {
+        let suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+        suspects.iter().any(|a| a == addr)
+    }
+
+    /// The probe of `addr`, started if no link has one running: see
+    /// `liveness.rs`.
+    pub(crate) fn watch_node(self: &Arc<Self>, addr: &str, limit: Duration) -> Arc<NodeWatch> {
+        let mut watches = self.watches.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = watches.get(addr).and_then(Weak::upgrade) {
+            return w;
+        }
+        watches.retain(|_, w| w.strong_count() > 0);
+        let w = Arc::new(NodeWatch::start(self.clone(), addr.to_owned(), limit));
+        watches.insert(addr.to_owned(), Arc::downgrade(&w));
+        w
     }
 }
 
@@ -115,7 +154,13 @@ pub(crate) async fn establish(
     let mut pause = Duration::from_millis(20);
     loop {
         let mut queue: VecDeque<String> = dial.leader().into_iter().collect();
-        for a in dial.servers.addrs() {
+        // A node found silent goes last: it may cost a whole attempt's time.
+        let (quiet, live): (Vec<&String>, Vec<&String>) = dial
+            .servers
+            .addrs()
+            .iter()
+            .partition(|a| dial.is_suspect(a));
+        for a in live.into_iter().chain(quiet) {
             if !queue.contains(a) {
                 queue.push_back(a.clone());
             }
@@ -338,7 +383,7 @@ async fn try_node(
 }
 
 /// Asks the server for its limits on a fresh connection.
-async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
+pub(crate) async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     token: &str,
 ) -> Result<Option<Limits>> {
@@ -362,7 +407,7 @@ async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Sends `req` and reads its answer, before the stream is split between
 /// the writer and the reader.
-async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     req: &Request,
 ) -> Result<Response> {
@@ -390,7 +435,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// See [`ClientOptions::keepalive`]. tokio exposes neither keepalive timing
 /// nor TCP_USER_TIMEOUT, hence socket2.
-fn configure(stream: &TcpStream, options: &ClientOptions) {
+pub(crate) fn configure(stream: &TcpStream, options: &ClientOptions) {
     let _ = stream.set_nodelay(true);
     let sock = socket2::SockRef::from(stream);
     let interval = (options.keepalive / 3).max(Duration::from_secs(1));

@@ -44,6 +44,7 @@ mod inspect;
 mod keys;
 mod limits;
 mod link;
+mod liveness;
 #[cfg(feature = "proc-sample")]
 pub mod proc_sample;
 #[cfg(feature = "raw")]

@@ -22,6 +22,10 @@ pub struct Limits {
     /// Sessions outlive a broken connection and can be resumed through
     /// another node: the server is a cluster node.
     pub resumable_sessions: bool,
+    /// A cluster node's election timeout: a silent leader is replaced
+    /// within about 3 to 4 times this. `None` for a single server, or a
+    /// node that does not say.
+    pub election_timeout: Option<Duration>,
 }
 
 /// A request the server would refuse, found before sending it.
@@ -114,6 +118,8 @@ impl From<&proto::ServerLimits> for Limits {
             max_frame: size(l.max_frame),
             max_pipeline: size(l.max_pipeline),
             resumable_sessions: l.resumable_sessions,
+            election_timeout: (l.election_timeout_micro > 0)
+                .then(|| Duration::from_micros(l.election_timeout_micro)),
         }
     }
 }

@@ -98,6 +98,12 @@ impl Link {
             acked: acked.clone(),
             heartbeat,
             session_ttl: session_timeout,
+            silence_limit: (session != 0).then(|| {
+                crate::liveness::silence_limit(
+                    est.limits.and_then(|l| l.election_timeout),
+                    session_timeout,
+                )
+            }),
         };
         let writer = Writer {
             calls: calls_rx,
@@ -185,6 +191,9 @@ struct Driver {
     acked: Arc<AckClock>,
     heartbeat: Duration,
     session_ttl: Duration,
+    /// On a session: how long the node may leave its probe unanswered
+    /// before the link resumes elsewhere (see `liveness.rs`).
+    silence_limit: Option<Duration>,
 }
 
 impl Driver {
@@ -208,7 +217,27 @@ impl Driver {
                 self.acked.clone(),
                 on_session,
             ));
+            // On a session, a node found silent ends the stream too, while
+            // a Lock waits as much as while nothing does.
+            let silence = self.silence_limit.filter(|_| on_session).map(|limit| {
+                let watch = self.dial.watch_node(&self.addr(), limit);
+                let seen = watch.seen();
+                let ended = ended.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = ended.cancelled() => None,
+                        _ = watch.silent_after(seen) => {
+                            ended.cancel();
+                            Some(Disconnect::NoAnswer { waited: limit })
+                        }
+                    }
+                })
+            });
             let (written, read) = (write.await, read.await);
+            let silent = match silence {
+                Some(task) => task.await.ok().flatten(),
+                None => None,
+            };
             let Ok((w, write_error, wr)) = written else {
                 // The writer panicked and took the call queue with it.
                 return self.finish(None, Disconnect::Closed);
@@ -218,7 +247,7 @@ impl Driver {
                 Ok((e, rd)) => (e, Some(rd)),
                 Err(_) => (None, None),
             };
-            let reason = read_error.or(write_error);
+            let reason = silent.or(read_error).or(write_error);
             if writer.session != 0 && !writer.closed {
                 // A reset, not a clean close, which would tell the node
                 // to end the session the client is about to resume.

@@ -51,6 +51,7 @@ async fn hello(listener: &TcpListener) -> (TcpStream, Request) {
         max_frame: 16384,
         max_pipeline: 1024,
         resumable_sessions: true,
+        election_timeout_micro: 200_000,
     };
     let resp = Response {
         request_id: req.id,

@@ -350,6 +350,7 @@ impl Config {
             max_frame: small(self.max_frame),
             max_pipeline: small(self.max_pipeline),
             resumable_sessions: false,
+            election_timeout_micro: 0,
         }
     }
 }

@@ -497,6 +497,8 @@ impl Replicated {
                 // request that named it, however the connection ends.
                 limits.session_timeout_micro = micros(config.session_ttl);
                 limits.resumable_sessions = true;
+                // So a client can tell a silent node from a busy one.
+                limits.election_timeout_micro = micros(config.election_timeout);
                 r.limits = Some(limits);
                 Ok(r)
             }

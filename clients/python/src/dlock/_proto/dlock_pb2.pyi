@@ -264,7 +264,7 @@ class Response(_message.Message):
     def __init__(self, version: _Optional[int] = ..., request_id: _Optional[int] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., error_text: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., server_unix_time: _Optional[int] = ..., fence: _Optional[int] = ..., key_info: _Optional[_Iterable[_Union[KeyInfo, _Mapping]]] = ..., server_stats: _Optional[_Union[ServerStats, _Mapping]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., session: _Optional[int] = ..., session_ttl_micro: _Optional[int] = ..., leader_addr: _Optional[str] = ..., cluster: _Optional[_Union[ClusterInfo, _Mapping]] = ..., ticket: _Optional[int] = ..., place: _Optional[int] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("session_timeout_micro", "max_lease_micro", "max_keys", "max_key_len", "max_frame", "max_pipeline", "resumable_sessions")
+    __slots__ = ("session_timeout_micro", "max_lease_micro", "max_keys", "max_key_len", "max_frame", "max_pipeline", "resumable_sessions", "election_timeout_micro")
     SESSION_TIMEOUT_MICRO_FIELD_NUMBER: _ClassVar[int]
     MAX_LEASE_MICRO_FIELD_NUMBER: _ClassVar[int]
     MAX_KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +272,7 @@ class ServerLimits(_message.Message):
     MAX_FRAME_FIELD_NUMBER: _ClassVar[int]
     MAX_PIPELINE_FIELD_NUMBER: _ClassVar[int]
     RESUMABLE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    ELECTION_TIMEOUT_MICRO_FIELD_NUMBER: _ClassVar[int]
     session_timeout_micro: int
     max_lease_micro: int
     max_keys: int
@@ -279,7 +280,8 @@ class ServerLimits(_message.Message):
     max_frame: int
     max_pipeline: int
     resumable_sessions: bool
-    def __init__(self, session_timeout_micro: _Optional[int] = ..., max_lease_micro: _Optional[int] = ..., max_keys: _Optional[int] = ..., max_key_len: _Optional[int] = ..., max_frame: _Optional[int] = ..., max_pipeline: _Optional[int] = ..., resumable_sessions: bool = ...) -> None: ...
+    election_timeout_micro: int
+    def __init__(self, session_timeout_micro: _Optional[int] = ..., max_lease_micro: _Optional[int] = ..., max_keys: _Optional[int] = ..., max_key_len: _Optional[int] = ..., max_frame: _Optional[int] = ..., max_pipeline: _Optional[int] = ..., resumable_sessions: bool = ..., election_timeout_micro: _Optional[int] = ...) -> None: ...
 
 class ServerStats(_message.Message):
     __slots__ = ("connections", "held_keys", "waiting_requests")

@@ -1,0 +1,153 @@
+//! Noticing that a cluster node has gone silent, even while every request
+//! on a link waits rightly (a Lock in line holds back the answers behind
+//! it, Pings included).
+//!
+//! A node that stalls instead of dying (SIGSTOP, a VM freeze, an fsync
+//! stall) or sits behind a path that drops packets without a reset keeps
+//! its sockets open and says nothing. The rest of the cluster replaces it
+//! as leader within 3 to 4 election timeouts, and from then on nobody keeps
+//! the client's session alive: it must resume on the new leader well
+//! within the session's TTL. The links' own answers cannot tell in time
+//! (they come in request order), so one *probe* per client and node pings
+//! on a connection of its own, with no session, which the node answers at
+//! once without a commit. When a Ping (or the probe's Hello) goes
+//! unanswered for [`silence_limit`], every link on that node breaks off and
+//! resumes its session elsewhere (`link.rs`), and the node is tried last
+//! until it answers again. A node that refuses the probe outright (down,
+//! full, access denied) is left to the links, which see that themselves.
+
+use crate::dial::{configure, exchange, hello, Dial};
+use crate::proto::{Request, RequestType, ResponseStatus};
+use crate::transport;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// The election timeout assumed for a node that does not state one
+/// (dlock-server's default).
+const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// The shortest silence taken for a stall: a healthy node on a loaded
+/// machine may take a few hundred milliseconds to answer a Ping, and a
+/// false alarm costs a reconnect.
+const MIN_SILENCE: Duration = Duration::from_millis(1500);
+
+/// The longest pause between probe attempts on a node that refuses them.
+const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// How long a node may leave a probe unanswered before it is taken for
+/// gone: three election timeouts (by then the others have replaced it if it
+/// led), at least [`MIN_SILENCE`], and at most a quarter of the session's
+/// TTL, so that finding a new leader and resuming there fit in what is left
+/// (docs/PROTOCOL.md, "Cluster", has the whole budget).
+pub(crate) fn silence_limit(election_timeout: Option<Duration>, ttl: Duration) -> Duration {
+    let election = election_timeout.unwrap_or(DEFAULT_ELECTION_TIMEOUT);
+    (3 * election).max(MIN_SILENCE).min(ttl / 4)
+}
+
+/// The probe of one node, shared by every link of a client on it; the
+/// probing stops when the last link lets go.
+#[derive(Debug)]
+pub(crate) struct NodeWatch {
+    /// How many times the node was found silent.
+    silences: watch::Receiver<u64>,
+    _stop: DropGuard,
+}
+
+impl NodeWatch {
+    /// Starts probing `addr` for `dial`'s links.
+    pub(crate) fn start(dial: Arc<Dial>, addr: String, limit: Duration) -> NodeWatch {
+        let (tx, silences) = watch::channel(0);
+        let stop = CancellationToken::new();
+        tokio::spawn(probe(dial, addr, limit, tx, stop.clone()));
+        NodeWatch {
+            silences,
+            _stop: stop.drop_guard(),
+        }
+    }
+
+    /// How many silences were seen so far: pass it to
+    /// [`NodeWatch::silent_after`].
+    pub(crate) fn seen(&self) -> u64 {
+        *self.silences.borrow()
+    }
+
+    /// Resolves when the node is found silent after the `seen`th silence.
+    pub(crate) async fn silent_after(&self, seen: u64) {
+        let mut rx = self.silences.clone();
+        // The sender lives as long as the probe, which lives as long as
+        // this watch: an error cannot come while `self` is borrowed.
+        let _ = rx.wait_for(|&n| n > seen).await;
+    }
+}
+
+/// Probes `addr` until `stop`: each silence bumps `silences`. (The links
+/// announce the reconnects it causes, so it says nothing itself.)
+async fn probe(
+    dial: Arc<Dial>,
+    addr: String,
+    limit: Duration,
+    silences: watch::Sender<u64>,
+    stop: CancellationToken,
+) {
+    let mut retry = limit / 2;
+    loop {
+        let silent = tokio::select! {
+            _ = stop.cancelled() => return,
+            silent = until_silent(&dial, &addr, limit) => silent,
+        };
+        match silent {
+            Some(_) => {
+                dial.suspect(&addr, true);
+                silences.send_modify(|n| *n += 1);
+                retry = limit / 2;
+            }
+            None => retry = (retry * 2).min(MAX_RETRY),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(retry) => {}
+        }
+    }
+}
+
+/// Pings `addr` on a connection of the probe's own, a third of `limit`
+/// apart, until an answer is `limit` late: returns how long it waited.
+/// `None` when the node refuses or the connection breaks (not a silence).
+async fn until_silent(dial: &Dial, addr: &str, limit: Duration) -> Option<Duration> {
+    let token = dial.token();
+    let started = Instant::now();
+    let connect = async {
+        let mut stream = transport::connect(addr, &dial.options, |s| configure(s, &dial.options))
+            .await
+            .ok()?;
+        hello(&mut stream, &token).await.ok()?;
+        Some(stream)
+    };
+    let mut stream = match tokio::time::timeout(limit, connect).await {
+        Err(_) => return Some(started.elapsed()),
+        Ok(None) => return None,
+        Ok(Some(stream)) => stream,
+    };
+    dial.suspect(addr, false);
+    let mut id = 0u64;
+    loop {
+        tokio::time::sleep(limit / 3).await;
+        id += 1;
+        let ping = Request {
+            version: crate::PROTOCOL_VERSION,
+            id,
+            access_token: token.clone(),
+            r#type: RequestType::Ping as i32,
+            ..Request::default()
+        };
+        let sent = Instant::now();
+        match tokio::time::timeout(limit, exchange(&mut stream, &ping)).await {
+            Err(_) => return Some(sent.elapsed()),
+            Ok(Ok(r)) if r.status == ResponseStatus::Ok as i32 => {}
+            Ok(_) => return None,
+        }
+    }
+}
