@@ -94,6 +94,7 @@ mod peer_client;
 mod peer_server;
 mod peer_tls;
 mod snapshot_file;
+mod standing;
 mod start;
 mod status;
 #[cfg(test)]
@@ -165,6 +166,10 @@ pub struct ClusterConfig {
     /// Used only when `data_dir` is fresh: see the module documentation.
     /// Empty, or only this node, makes a cluster of one.
     pub initial_members: BTreeMap<u64, Member>,
+    /// A fresh `data_dir` joins a cluster that already runs (it waits to be
+    /// added, or to hear from the leader) instead of bootstrapping the
+    /// initial members; see `cluster/standing.rs`.
+    pub join_existing: bool,
     /// How often the leader sends heartbeats (about 100 ms).
     pub heartbeat: Duration,
     /// A follower that hears no leader for a random time in this range

@@ -213,6 +213,15 @@ pub struct Config {
     #[arg(long, value_name = "LIST", value_parser = parse_members, help_heading = "Cluster")]
     pub initial_cluster: Option<Members>,
 
+    /// With an empty data directory: `new` bootstraps the --initial-cluster
+    /// members (a cluster's first start), and refuses to start if a running
+    /// cluster already had this node (its directory was wiped: it lost its
+    /// vote); `existing` joins a running cluster instead, waiting for its
+    /// leader (a node added with `dlock cluster add`). Ignored once the
+    /// directory holds data.
+    #[arg(long, env = "DLOCK_INITIAL_CLUSTER_STATE", value_enum, default_value_t = InitialClusterState::New, help_heading = "Cluster")]
+    pub initial_cluster_state: InitialClusterState,
+
     /// For fault-injection tests only: dial node ID at ADDR instead of the
     /// peer address the membership names (ID=ADDR, repeatable), so a test
     /// can put a proxy it controls on each link between two nodes.
@@ -308,6 +317,16 @@ fn parse_members(s: &str) -> Result<Members, String> {
         return Err("no members listed".into());
     }
     Ok(Members(out))
+}
+
+/// Whether a node with an empty data directory starts a cluster or joins
+/// one (`--initial-cluster-state`, as etcd names it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum InitialClusterState {
+    /// Bootstrap the initial members: the cluster's first start.
+    New,
+    /// Join a cluster that already runs.
+    Existing,
 }
 
 /// How log lines are written to stderr.

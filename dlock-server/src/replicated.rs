@@ -44,7 +44,7 @@
 
 use crate::acl::Identity;
 use crate::cluster::{ApplySink, Cluster, ClusterConfig, ClusterError, ClusterStatus, Member};
-use crate::config::Config;
+use crate::config::{Config, InitialClusterState};
 use crate::db::Db;
 use crate::handler::{self, Refusal};
 use crate::pending::Pending;
@@ -1328,6 +1328,7 @@ pub async fn start(
         client_addr: client,
         peer_addr,
         initial_members: members,
+        join_existing: config.initial_cluster_state == InitialClusterState::Existing,
         heartbeat: config.heartbeat,
         election_timeout: (config.election_timeout, config.election_timeout * 2),
         limits: Shared::table_limits(config),

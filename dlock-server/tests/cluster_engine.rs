@@ -117,6 +117,7 @@ impl Harness {
             client_addr: spec.member.client_addr.clone(),
             peer_addr: spec.member.peer_addr.clone(),
             initial_members: initial,
+            join_existing: false,
             heartbeat: Duration::from_millis(100),
             // Twice the usual, so that a loaded test machine does not
             // start elections nobody asked for.

@@ -125,3 +125,111 @@ async fn a_node_with_a_cut_log_file_refuses_to_start_or_catches_up_never_crashes
     );
     assert!(!nodes.any_panicked(), "a node's log says it panicked");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_node_does_not_bootstrap_again_and_joins_only_when_told() {
+    let mut nodes = NodeProcesses::start(
+        env!("CARGO_BIN_EXE_dlock-server"),
+        3,
+        &["--heartbeat", "100ms", "--election-timeout", "1s"],
+    );
+    let c = Client::connect(nodes.servers()).await.expect("a leader");
+    let lease = c
+        .lock("kept", LockOptions::new().lease(Duration::from_secs(600)))
+        .await
+        .expect("a lease")
+        .into_parts();
+    let leader = nodes.index_of(&c.addr()).expect("the client's node");
+    let victim = (leader + 1) % 3;
+    await_caught_up(&nodes, victim).await;
+    nodes.kill(victim);
+    // The whole directory gone, as with a new disk: nothing left to say it
+    // was ever written to.
+    let dir = nodes.data_dir(victim).to_path_buf();
+    std::fs::remove_dir_all(&dir).expect("wipe the data directory");
+
+    let why = nodes
+        .try_restart(victim)
+        .expect_err("a wiped member must not bootstrap again");
+    assert!(why.contains("lost its log and its vote"), "{why}");
+    assert!(why.contains("--initial-cluster-state existing"), "{why}");
+    assert!(why.contains(&dir.display().to_string()), "{why}");
+
+    // Not under its old id even when told that it joins: openraft does not
+    // let a follower's log go back, and its vote is gone.
+    nodes.node_flags(victim, &["--initial-cluster-state", "existing"]);
+    let why = nodes
+        .try_restart(victim)
+        .expect_err("a wiped member must not come back under its id");
+    assert!(why.contains("lost its log and its vote"), "{why}");
+
+    // What the refusal says to do: remove it, add a node with a new id.
+    let mut admin = RawClient::connect(nodes.addr(leader).to_string().as_str())
+        .await
+        .expect("connect");
+    let r = cluster_change(&mut admin, RequestType::ClusterRemove, &nodes, victim).await;
+    assert_eq!(r.status, 0, "{}", r.error_text);
+    let fresh = nodes.add_joiner();
+    nodes.restart(fresh);
+    let r = cluster_change(&mut admin, RequestType::ClusterAdd, &nodes, fresh).await;
+    assert_eq!(r.status, 0, "{}", r.error_text);
+    await_caught_up(&nodes, fresh).await;
+    let infos = c.inspect("kept").await.expect("inspect");
+    assert_eq!(infos[0].fence(), Some(lease.fence));
+
+    // A node outside --initial-cluster, not told that it joins, refuses.
+    let stray = nodes.add_joiner();
+    let why = {
+        // Without the joiner's flag: as an operator who forgot it.
+        nodes.node_flags(stray, &["--initial-cluster-state", "new"]);
+        nodes
+            .try_restart(stray)
+            .expect_err("a stray node must not start")
+    };
+    assert!(why.contains("not in --initial-cluster"), "{why}");
+    assert!(!nodes.any_panicked(), "a node's log says it panicked");
+}
+
+/// ClusterAdd or ClusterRemove of node `i`.
+async fn cluster_change(
+    c: &mut RawClient,
+    kind: RequestType,
+    nodes: &NodeProcesses,
+    i: usize,
+) -> dlock::proto::Response {
+    let mut req = c.request(kind, &[]);
+    req.cluster = Some(dlock::proto::RequestCluster {
+        node_id: nodes.id(i),
+        client_addr: nodes.addr(i).to_string(),
+        peer_addr: nodes.peer_addr(i).to_string(),
+    });
+    c.call(&req).await.expect("an answer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_first_started_after_the_others_formed_the_cluster_bootstraps() {
+    let mut nodes = NodeProcesses::prepare(
+        env!("CARGO_BIN_EXE_dlock-server"),
+        3,
+        &["--heartbeat", "100ms", "--election-timeout", "1s"],
+    );
+    nodes.restart(0);
+    nodes.restart(1);
+    let first_two = format!("{},{}", nodes.addr(0), nodes.addr(1));
+    let deadline = Instant::now() + common::PATIENCE;
+    let c = loop {
+        match Client::connect(first_two.as_str()).await {
+            Ok(c) => break c,
+            Err(e) => assert!(Instant::now() < deadline, "no leader of two: {e}"),
+        }
+    };
+    let g = c.lock("early", LockOptions::new()).await.expect("lock");
+    // Its first start, late: the leader has nothing from it, so it is new.
+    nodes.restart(2);
+    await_caught_up(&nodes, 2).await;
+    assert_eq!(
+        c.inspect("early").await.expect("inspect")[0].fence(),
+        Some(g.fence())
+    );
+    assert!(!nodes.any_panicked(), "a node's log says it panicked");
+}

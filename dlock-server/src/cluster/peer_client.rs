@@ -12,7 +12,9 @@
 
 use super::peer_tls::{self, PeerTls};
 use super::types::{Member, NodeId, TypeConfig};
-use super::wire::{self, Hello, HelloReply, PeerFrames, Reply, Request, WireError, PROTOCOL};
+use super::wire::{
+    self, Hello, HelloReply, PeerFrames, Reply, Request, Standing, WireError, PROTOCOL,
+};
 use bytes::Bytes;
 use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
@@ -100,6 +102,18 @@ impl Pool {
         let conns = idle.entry(key).or_default();
         if conns.len() < IDLE_PER_TARGET {
             conns.push((Instant::now(), conn));
+        }
+    }
+}
+
+impl Network {
+    /// A client of node `target` at `peer_addr` (or its test route), for
+    /// asking outside openraft.
+    pub(crate) fn client(&self, target: NodeId, peer_addr: &str) -> PeerClient {
+        PeerClient {
+            net: self.clone(),
+            target,
+            addr: self.routes.get(&target).map_or(peer_addr, |a| a).to_owned(),
         }
     }
 }
@@ -233,6 +247,19 @@ impl PeerClient {
             "peer answered with the wrong kind of reply: {reply:?}"
         ));
         RPCError::Network(NetworkError::new(&e))
+    }
+}
+
+impl PeerClient {
+    /// Asks the target what it knows of this node's place in its cluster
+    /// (see `standing.rs`); the error says why it did not answer.
+    pub(crate) async fn standing(&self, ttl: Duration) -> Result<Standing, String> {
+        match self.call(&Request::Standing, None, ttl).await {
+            Ok(Reply::Standing(s)) => Ok(s),
+            Ok(other) => Err(format!("answered with {other:?}")),
+            Err(ExchangeError::Timeout) => Err(format!("no answer within {ttl:?}")),
+            Err(ExchangeError::Wire(e)) => Err(e.to_string()),
+        }
     }
 }
 

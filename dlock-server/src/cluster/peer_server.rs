@@ -10,8 +10,11 @@
 
 use super::peer_tls::{self, PeerTls};
 use super::types::{NodeId, Raft};
-use super::wire::{self, Hello, HelloReply, PeerFrames, Reply, Request, WireError, PROTOCOL};
+use super::wire::{
+    self, Hello, HelloReply, PeerFrames, Reply, Request, Standing, WireError, PROTOCOL,
+};
 use openraft::raft::InstallSnapshotRequest;
+use openraft::ServerState;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,7 +115,7 @@ impl PeerServer {
         };
         wire::established(&mut conn);
         tracing::debug!(peer = %addr, node = from, "peer connected");
-        if let Err(e) = self.requests(&mut conn).await {
+        if let Err(e) = self.requests(&mut conn, from).await {
             match e {
                 WireError::Closed => {
                     tracing::debug!(peer = %addr, node = from, "peer closed the connection")
@@ -165,7 +168,7 @@ impl PeerServer {
         Ok(hello.from)
     }
 
-    async fn requests(&self, conn: &mut PeerFrames) -> Result<(), WireError> {
+    async fn requests(&self, conn: &mut PeerFrames, from: NodeId) -> Result<(), WireError> {
         loop {
             let request: Request = tokio::time::timeout(wire::IDLE_TIMEOUT, wire::recv(conn))
                 .await
@@ -195,8 +198,34 @@ impl PeerServer {
                     };
                     Reply::Snapshot(self.raft.install_snapshot(rpc).await)
                 }
+                Request::Standing => Reply::Standing(self.standing(from)),
             };
             wire::send(conn, &reply).await?;
+        }
+    }
+}
+
+impl PeerServer {
+    /// What this node knows of node `of`'s place in its cluster.
+    fn standing(&self, of: NodeId) -> Standing {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let leader = m.current_leader.and_then(|id| {
+            membership
+                .get_node(&id)
+                .map(|node| (id, node.peer_addr.clone()))
+        });
+        let leading = m.state == ServerState::Leader;
+        let acknowledged = match (&m.replication, leading) {
+            (Some(r), true) => r.get(&of).copied().flatten().map(|l| l.index),
+            _ => None,
+        };
+        Standing {
+            term: m.current_term,
+            leader,
+            acknowledged,
+            leading,
+            member: membership.get_node(&of).is_some(),
         }
     }
 }

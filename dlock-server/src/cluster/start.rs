@@ -8,6 +8,7 @@ use super::machine::StateMachine;
 use super::peer_client::Network;
 use super::peer_server::PeerServer;
 use super::snapshot_file::SnapshotFile;
+use super::standing;
 use super::types::{Member, Raft};
 use super::{
     batcher, timer, wire, ApplySink, Cluster, ClusterConfig, Inner, LOG_KEPT_AFTER_SNAPSHOT,
@@ -123,6 +124,54 @@ fn open_data_dir_guarded(
     })
 }
 
+/// Stops a node with an empty data directory from starting where it
+/// would harm a running cluster (see `standing.rs`): a member that lost its
+/// data, a bootstrap beside a cluster that runs without this node, or a node
+/// outside `--initial-cluster` not told that it joins.
+async fn refuse_a_start_that_would_harm(
+    cfg: &ClusterConfig,
+    network: &Network,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let id = cfg.node_id;
+    let listed = cfg.initial_members.contains_key(&id);
+    if !cfg.join_existing && !cfg.initial_members.is_empty() && !listed {
+        anyhow::bail!(
+            "node {id} is not in --initial-cluster and its data directory {} is empty: to add it \
+             to a running cluster, start it with --initial-cluster-state existing and run \
+             `dlock cluster add {id} CLIENT_ADDR PEER_ADDR` against the cluster",
+            dir.display()
+        );
+    }
+    if cfg.initial_members.keys().all(|&m| m == id) {
+        return Ok(());
+    }
+    // Before openraft runs and the peer port serves, so the leader's record
+    // of what this node acknowledged is still as it was.
+    match standing::ask_the_cluster(network, id, &cfg.initial_members).await {
+        Some(found @ standing::Finding::LostItsLog { .. }) => anyhow::bail!(
+            "{found}. Data directory: {}. Do not start a node under id {id} again: remove it \
+             (dlock cluster remove {id}), then add a node with a new id and an empty data \
+             directory (dlock cluster add) and start it with --initial-cluster-state existing",
+            dir.display()
+        ),
+        Some(found @ standing::Finding::NotAMember { .. }) if !cfg.join_existing => {
+            anyhow::bail!(
+                "{found}, so node {id} must not start a cluster of its own. To add it, start it \
+                 with --initial-cluster-state existing and run `dlock cluster add` against the \
+                 cluster. (Data directory: {}.)",
+                dir.display()
+            )
+        }
+        Some(standing::Finding::NotAMember { .. }) => tracing::info!(
+            node = id,
+            "fresh node joining a running cluster: waiting to be added (dlock cluster add)"
+        ),
+        None => {}
+    }
+    Ok(())
+}
+
 impl Cluster {
     /// Starts this node: opens (or creates) its data directory, restores the
     /// table, starts openraft, the peer port on `peer_listener` and the
@@ -176,6 +225,9 @@ impl Cluster {
             cfg.peer_tls.clone(),
             cfg.peer_routes.clone(),
         );
+        if fresh {
+            refuse_a_start_that_would_harm(&cfg, &network, &dir).await?;
+        }
         let raft = Raft::new(cfg.node_id, Arc::new(config), network, log, state_machine)
             .await
             .context("cannot start the consensus engine")?;
@@ -185,7 +237,14 @@ impl Cluster {
                 client_addr: cfg.client_addr.clone(),
                 peer_addr: cfg.peer_addr.clone(),
             };
-            let members = if cfg.initial_members.is_empty() {
+            let members = if cfg.join_existing {
+                tracing::info!(
+                    node = cfg.node_id,
+                    "fresh node joining a running cluster (--initial-cluster-state existing): \
+                     waiting to hear from its leader"
+                );
+                None
+            } else if cfg.initial_members.is_empty() {
                 Some(BTreeMap::from([(cfg.node_id, me)]))
             } else if let Some(listed) = cfg.initial_members.get(&cfg.node_id) {
                 // As given, whatever this node's own addresses: every
@@ -195,10 +254,7 @@ impl Cluster {
                 }
                 Some(cfg.initial_members.clone())
             } else {
-                tracing::info!(
-                    node = cfg.node_id,
-                    "fresh node outside the initial members: waiting to be added"
-                );
+                // Refused above unless told to join: it waits to be added.
                 None
             };
             if let Some(members) = members {

@@ -89,6 +89,28 @@ pub(crate) enum Request {
         /// Whether it is the last chunk.
         done: bool,
     },
+    /// What the answering node knows of the dialler's place in its
+    /// cluster: asked by a node about to bootstrap from an empty data
+    /// directory (`standing.rs`). An older node cannot decode it and
+    /// closes the connection, which the asker takes as "cannot tell".
+    Standing,
+}
+
+/// The answer to [`Request::Standing`].
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Standing {
+    /// The answering node's term (0: it has never been part of a cluster).
+    pub(crate) term: u64,
+    /// The leader it knows of, with its peer address.
+    pub(crate) leader: Option<(NodeId, String)>,
+    /// Set by a leader: the last log index the dialler acknowledged, if it
+    /// ever acknowledged one. A node that did and now starts empty has
+    /// lost its log and its vote.
+    pub(crate) acknowledged: Option<u64>,
+    /// The answering node leads.
+    pub(crate) leading: bool,
+    /// The dialler is in the membership the answering node knows.
+    pub(crate) member: bool,
 }
 
 /// The answer to a [`Request`], of the same kind.
@@ -100,6 +122,8 @@ pub(crate) enum Reply {
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     /// To [`Request::Snapshot`].
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    /// To [`Request::Standing`].
+    Standing(Standing),
 }
 
 /// Why a peer connection failed.

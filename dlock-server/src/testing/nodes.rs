@@ -272,6 +272,14 @@ impl NodeProcesses {
             .arg(n.peer.to_string())
             .arg("--initial-cluster")
             .arg(&members)
+            // A node added at run time says it joins a running cluster,
+            // unless the test says otherwise.
+            .args(
+                (n.joiner && !n.own.iter().any(|f| f == "--initial-cluster-state"))
+                    .then_some(["--initial-cluster-state", "existing"])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(
                 n.advertised
                     .iter()
@@ -291,6 +299,7 @@ impl NodeProcesses {
         let stderr = child.stderr.take().expect("stderr is piped");
         let (up_tx, up) = mpsc::sync_channel(1);
         let panicked = self.panicked.clone();
+        let id = n.id;
         // Reads the log to its end, so the node never blocks on a full pipe.
         std::thread::spawn(move || {
             let mut up_tx = Some(up_tx);
@@ -299,6 +308,8 @@ impl NodeProcesses {
             let mut early: Vec<String> = Vec::new();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if line.contains("panicked") {
+                    // Into the test's output, shown when it fails.
+                    eprintln!("node {id}: {line}");
                     panicked.store(true, Ordering::Relaxed);
                 }
                 if line.contains("dlock-server listening") {

@@ -50,6 +50,12 @@ impl TestClient {
         self.raw.send(req).await.expect("write to server");
     }
 
+    /// Sends `req`; false if the server has closed (or reset) the
+    /// connection already.
+    pub async fn try_send(&mut self, req: &Request) -> bool {
+        self.raw.send(req).await.is_ok()
+    }
+
     pub async fn send_raw(&mut self, bytes: &[u8]) {
         self.raw.send_bytes(bytes).await.expect("write to server");
     }

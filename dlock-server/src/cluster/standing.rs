@@ -1,0 +1,132 @@
+//! Before a node bootstraps from an empty data directory: is a cluster
+//! already running that once had this node in it?
+//!
+//! A node listed in `--initial-cluster` whose data directory is fresh
+//! writes the initial membership and joins the election. At the cluster's
+//! first start that is right, however late the node comes. But a node whose
+//! directory was wiped (a new disk, a mistaken `rm`) would do the same: it
+//! comes back under its old id with its log and its vote forgotten, and may
+//! vote twice in one term. A lost `raft.redb` beside other files is caught
+//! when the directory is opened; a wholly empty directory looks fresh.
+//!
+//! So a fresh node asks the other initial members over the peer port (same
+//! cluster id, same TLS) what they know of it, and the leader they name. A
+//! leader whose replication shows this node once acknowledged entries means
+//! the node lost its data: it refuses to start under that id at all (see
+//! [`Finding::LostItsLog`]). A leader whose membership lacks this node means
+//! the cluster runs without it: it refuses to bootstrap, and starts only
+//! when told it joins (`--initial-cluster-state existing`), to wait for
+//! `dlock cluster add`. A member that cannot be asked (down, older, still
+//! starting) says nothing either way: at a first start of all the nodes
+//! together none of them can answer yet, and they bootstrap as before.
+
+use super::peer_client::Network;
+use super::types::{Member, NodeId};
+use super::wire::Standing;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// How long each member gets to answer. Bounded so that a member that
+/// accepts and never answers (still opening its own data directory,
+/// paused) delays a start by this at most.
+const ASK_LIMIT: Duration = Duration::from_secs(2);
+
+/// What a running cluster's leader said of this node.
+#[derive(Debug)]
+pub(crate) enum Finding {
+    /// This node once acknowledged log entries: starting empty, it has
+    /// lost its log and its vote. openraft does not let a follower's log go
+    /// back, and a forgotten vote could be cast twice in one term: it must
+    /// not come back under its id at all.
+    LostItsLog {
+        /// The leader that said so.
+        leader: NodeId,
+        /// The last index this node acknowledged.
+        index: u64,
+    },
+    /// A cluster runs without this node among its members.
+    NotAMember {
+        /// The leader that said so.
+        leader: NodeId,
+        /// Its term.
+        term: u64,
+    },
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Finding::LostItsLog { leader, index } => write!(
+                f,
+                "this node is a member of a running cluster whose leader, node {leader}, has log \
+                 entries up to index {index} acknowledged by it, but its data directory is empty: it \
+                 has lost its log and its vote, and could vote twice in one term"
+            ),
+            Finding::NotAMember { leader, term } => write!(
+                f,
+                "a cluster is running (leader: node {leader}, term {term}) and this node is not (or \
+                 no longer) one of its members"
+            ),
+        }
+    }
+}
+
+/// What the leader of a running cluster says of node `me`, found by
+/// asking `members` (and the leader they name); `None` when no leader
+/// answered, or it had nothing to say.
+pub(crate) async fn ask_the_cluster(
+    network: &Network,
+    me: NodeId,
+    members: &BTreeMap<NodeId, Member>,
+) -> Option<Finding> {
+    let asks = members
+        .iter()
+        .filter(|(id, _)| **id != me)
+        .map(|(id, m)| ask(network, *id, m.peer_addr.clone()));
+    let answers: Vec<(NodeId, Standing)> = futures_util::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut leaders: Vec<(NodeId, Standing)> = Vec::new();
+    for (_, s) in &answers {
+        if s.leading {
+            continue;
+        }
+        // A follower names the leader: ask it too, unless it answered.
+        if let Some((leader, addr)) = &s.leader {
+            let asked = answers.iter().chain(&leaders).any(|(a, _)| a == leader);
+            if !asked && *leader != me {
+                if let Some(answer) = ask(network, *leader, addr.clone()).await {
+                    leaders.push(answer);
+                }
+            }
+        }
+    }
+    answers
+        .iter()
+        .chain(&leaders)
+        .filter(|(_, s)| s.leading)
+        .find_map(|(leader, s)| finding(*leader, s))
+}
+
+/// What a leader's answer says of the asking node.
+fn finding(leader: NodeId, s: &Standing) -> Option<Finding> {
+    if let Some(index) = s.acknowledged {
+        return Some(Finding::LostItsLog { leader, index });
+    }
+    (!s.member).then_some(Finding::NotAMember {
+        leader,
+        term: s.term,
+    })
+}
+
+async fn ask(network: &Network, id: NodeId, peer_addr: String) -> Option<(NodeId, Standing)> {
+    match network.client(id, &peer_addr).standing(ASK_LIMIT).await {
+        Ok(s) => Some((id, s)),
+        Err(why) => {
+            tracing::debug!(node = id, addr = %peer_addr, reason = %why, "cannot ask before bootstrapping");
+            None
+        }
+    }
+}
