@@ -23,7 +23,10 @@ still holds it for us, which is before the server could give it away:
   arrived to a request sent within the last `session_timeout × (1 − margin)`
   (the server may end a connection that it heard nothing from for the
   session timeout, and an answer to a request proves the server had not when
-  it read that request);
+  it read that request). On a cluster node only answers from commands that
+  kept the session alive count (`Ok` to a Ping, Lock, Unlock, Renew; see
+  `connection.keeps_session_alive`): a deposed leader's `NotLeader` proves
+  nothing;
 - a lease: when `lease × (1 − margin)` has passed since the last Lock or
   Renew that was answered was sent, or when Renew is answered NotHeld.
   Leases are renewed in the background every third of the lease; a lease

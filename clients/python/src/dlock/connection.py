@@ -12,9 +12,15 @@ answers InvalidType and the server defaults are assumed). Then a Ping goes
 out whenever nothing was sent for a quarter of the session timeout, so the
 server never ends a healthy, quiet connection.
 
-`fresh` is the send time of the last answered request, the input of the
-client-side safety rule (`dlock.aio`): the server was reading the connection
-then, so it cannot have ended it before `fresh + session_timeout`.
+`fresh` is the send time of the last request whose answer proves the owner
+alive, the input of the client-side safety rule (`dlock.aio`). On a single
+server any answer does: the server was reading the connection then, so it
+cannot have ended it before `fresh + session_timeout`. On a cluster node
+(Hello says `resumable_sessions`) the owner is a session that ends a TTL
+after the last command that kept it alive was committed, so only answers
+from such commands count (`keeps_session_alive`): a `NotLeader` or
+`Unavailable` answer, from a deposed leader say, proves nothing, and
+counting it would keep a lock "held" here after the cluster gave it away.
 """
 
 from __future__ import annotations
@@ -239,7 +245,10 @@ class Connection:
             )
         now = self._loop.time()
         self._pending.append(_Pending(self._next_id, rtype, future, now, counted, lock_keys))
-        self._last_send = now
+        if not self.limits.resumable_sessions or rtype in _KEEPS_ALIVE:
+            # On a cluster an Inspect or a Hello keeps nothing alive that the
+            # client could prove: a Ping is still due.
+            self._last_send = now
         self._out.append(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -275,7 +284,8 @@ class Connection:
             p = self._pending.popleft()
             if p.counted and self._slots is not None:
                 self._slots.release()
-            self.fresh = p.sent
+            if not self.limits.resumable_sessions or keeps_session_alive(p.rtype, resp.status):
+                self.fresh = max(self.fresh, p.sent)
             if p.rtype == pb.Ping and p.future is None:
                 self._pings_out -= 1
             fut = p.future
@@ -329,6 +339,31 @@ class Connection:
                 self.send(pb.Ping, None, None)
             else:
                 self._last_send = now
+
+
+#: Requests whose answer can prove a cluster session alive.
+_KEEPS_ALIVE = frozenset((pb.Ping, pb.Lock, pb.Unlock, pb.Renew, pb.Enqueue))
+
+
+def keeps_session_alive(rtype: int, status: int) -> bool:
+    """Whether an answer with `status` to a request of type `rtype` comes, on
+    a cluster, from a command committed for the session (which kept it
+    alive), as src/link.rs decides: `Ok` to a Ping or to a Lock, Unlock,
+    Renew or Enqueue; `AcquireTimeout` to a Lock or Enqueue; `Queued` to an
+    Enqueue; `NotHeld` to an Unlock or Renew. A refusal (`NotLeader`,
+    `Unavailable`, `InvalidArgument`, ...), an Inspect or a Wait (read, not
+    committed) proves nothing."""
+    if rtype not in _KEEPS_ALIVE:
+        return False
+    if status == Status.Ok:
+        return True
+    if status == Status.AcquireTimeout:
+        return rtype in (pb.Lock, pb.Enqueue)
+    if status == Status.Queued:
+        return rtype == pb.Enqueue
+    if status == Status.NotHeld:
+        return rtype in (pb.Unlock, pb.Renew)
+    return False
 
 
 def _keepalive(transport: asyncio.BaseTransport) -> None:

@@ -24,6 +24,10 @@ class Limits:
     max_key_len: int
     max_frame: int
     max_pipeline: int
+    #: A cluster node: sessions outlive a broken connection for their TTL
+    #: and can be resumed through the leader; only answers from commands
+    #: that kept the session alive prove it lives (see `dlock.connection`).
+    resumable_sessions: bool = False
 
     @classmethod
     def from_proto(cls, limits: "pb.ServerLimits") -> "Limits":
@@ -34,6 +38,7 @@ class Limits:
             max_key_len=limits.max_key_len,
             max_frame=limits.max_frame,
             max_pipeline=limits.max_pipeline,
+            resumable_sessions=limits.resumable_sessions,
         )
 
 
