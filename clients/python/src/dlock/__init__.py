@@ -16,9 +16,13 @@ asyncio, with many tasks on one connection::
         async with client.lock(["a", "b"], lease=60) as lock:
             ...
 
-Layout: `aio` (the asyncio client), `connection` (its pipelined connection), `lock` (an asyncio
-`Lock` and its safety deadlines), `sync` (the blocking client, the asyncio
-one on a thread), `framing`, `errors`, `types`, `_proto` (generated).
+Against a cluster, name its nodes: ``dlock.Client("10.0.0.1:7436,10.0.0.2:7436,10.0.0.3:7436")``
+(or a list, or DLOCK_SERVER so); the client follows the leader and keeps its locks through failovers.
+
+Layout: `aio` (the asyncio client), `connection` (its pipelined connection, and on a cluster
+the session that outlives it), `dial` (finding the server or the cluster's leader), `lock` (an
+asyncio `Lock` and its safety deadlines), `sync` (the blocking client, the asyncio one on a
+thread), `framing`, `errors`, `types`, `_proto` (generated).
 """
 
 from .errors import (
@@ -34,7 +38,7 @@ from .errors import (
     Timeout,
 )
 from .sync import Client, Lock
-from .types import KeyHolder, KeyInfo, Limits, ServerStats
+from .types import Event, KeyHolder, KeyInfo, Limits, Reconnecting, Resumed, ServerStats
 
 __version__ = "0.1.0"
 
@@ -44,6 +48,7 @@ __all__ = [
     "ConnectError",
     "ConnectionLost",
     "DlockError",
+    "Event",
     "KeyHolder",
     "KeyInfo",
     "Limits",
@@ -51,6 +56,8 @@ __all__ = [
     "LockLost",
     "NotHeld",
     "ProtocolError",
+    "Reconnecting",
+    "Resumed",
     "ServerError",
     "ServerStats",
     "Status",

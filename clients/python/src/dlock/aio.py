@@ -5,15 +5,28 @@ matched in order, Hello on connect, pings at a quarter of the session
 timeout). This module owns the calls and the locks: which are held, and
 when each must be reported lost.
 
-Locks belong to the connection, as in every dlock client: the server grants a
-key that this connection already holds again at once, under a new fencing
-token. Two tasks of one client therefore do not exclude each other on a key;
-when it happens the older `Lock` is reported lost. Tasks (or threads, or
-processes) that must exclude each other use clients of their own.
+Locks belong to the connection (on a cluster, to its session), as in every
+dlock client: the server grants a key that this owner already holds again at
+once, under a new fencing token. Two tasks of one client therefore do not
+exclude each other on a key; when it happens the older `Lock` is reported
+lost. Tasks (or threads, or processes) that must exclude each other use
+clients of their own.
 
-When the connection ends, every pending call fails with `ConnectionLost`,
-later calls fail at once, and `Client.closed` is set. There is no reconnect:
-the server has released every lock held without a lease.
+Against a single server, when the connection ends every pending call fails
+with `ConnectionLost`, later calls fail at once, and `Client.closed` is set.
+There is no reconnect: the server has released every lock held without a
+lease.
+
+Clusters: given a cluster's nodes (a list, or DLOCK_SERVER as a
+comma-separated list), the client connects to the leader and opens a
+session, which owns its locks and outlives a broken connection for its TTL.
+When the leader dies, stops leading, cannot commit, or goes silent, the
+client resumes the session on the new leader and sends again what was not
+answered (connection.py), so calls just take longer and locks stay held
+(`on_event` and the "dlock" logger tell of it). Only when the session ends
+(no node resumed it within its TTL, or the cluster says it ended) does the
+client end as above, with every lock without a lease lost. A program that
+closes the client ends its session at once.
 
 Client-side safety (the rule of docs/PROTOCOL.md): a lock is reported lost
 (`Lock.lost` is set) as soon as this client can no longer be sure the server
@@ -51,9 +64,10 @@ from typing import Any, Awaitable, Callable, Generator, Generic, Iterable, List,
 from . import _env
 from ._proto import dlock_pb2 as pb
 from .connection import Connection
+from .dial import Dial
 from .errors import LockLost, NotHeld, Timeout
 from .lock import Lock
-from .types import KeyInfo, Limits, ServerStats
+from .types import Event, KeyInfo, Limits, ServerStats
 
 __all__ = ["Client", "connect"]
 
@@ -120,7 +134,7 @@ class _AwaitableContext(Generic[T]):
 
 
 def connect(
-    server: Optional[str] = None,
+    server: _env.Servers = None,
     *,
     token: Optional[str] = None,
     connect_timeout: float = 5.0,
@@ -130,11 +144,24 @@ def connect(
     tls_cert: Optional[str] = None,
     tls_key: Optional[str] = None,
     ssl_context: Optional[ssl.SSLContext] = None,
+    session_ttl: Optional[float] = None,
+    on_event: Optional[Callable[[Event], None]] = None,
 ) -> "_AwaitableContext[Client]":
-    """Connects to `server` (`HOST:PORT`; default: DLOCK_SERVER, else 127.0.0.1:7436).
+    """Connects to `server`: `HOST:PORT`, or a cluster's nodes as a list or a
+    comma-separated string (default: DLOCK_SERVER, else 127.0.0.1:7436).
+
+    Given a cluster, the client finds the leader (following the `NotLeader`
+    answers of the others), opens a session there with a TTL of
+    `session_ttl` seconds (default: the cluster's), and rides through leader
+    changes: see "Clusters" in the module doc. `on_event` is called with a
+    `dlock.Reconnecting` or `dlock.Resumed` when the session moves (the
+    same is logged on the "dlock" logger).
 
     `token` defaults to DLOCK_TOKEN. `margin` is the fraction of the session
     timeout or lease kept in reserve before a lock is reported lost.
+    `connect_timeout` bounds the whole connect; given several servers, each
+    gets a share of it (at least half a second), so one that accepts but
+    never answers cannot use it up.
     TLS: `tls_ca` (default DLOCK_TLS_CA), a PEM file of the CA that signed
     the server's certificate, turns it on; the certificate must name the
     address's host. `tls_cert` and `tls_key` (DLOCK_TLS_CERT, DLOCK_TLS_KEY)
@@ -142,21 +169,24 @@ def connect(
     ready `ssl_context`. Without any, plain TCP.
     Use as `client = await connect()` or `async with connect() as client:`.
 
-    Raises `ConnectError` if the connection cannot be made, `AccessDenied`
-    if the server refuses the token, `ValueError` for a malformed address.
+    Raises `ConnectError` if no server answers in time (given several, it
+    names each address and why it failed), `AccessDenied` if the server
+    refuses the token, `ValueError` for a malformed address.
     """
 
     async def close(client: Client, failed: bool) -> None:
         await client.close()
 
+    addrs = _env.server_addresses(server)
     tls = _env.tls_context(tls_ca, tls_cert, tls_key, ssl_context)
-    return _AwaitableContext(
-        lambda: Client._connect(server, token, connect_timeout, max_in_flight, margin, tls), close
-    )
+    if session_ttl is not None and session_ttl <= 0:
+        raise ValueError(f"session_ttl {session_ttl} must be positive")
+    dial = Dial(addrs, _env.access_token(token), connect_timeout, tls, session_ttl, on_event)
+    return _AwaitableContext(lambda: Client._connect(dial, max_in_flight, margin), close)
 
 
 class Client:
-    """A connection to a dlock server; make one with `connect()`.
+    """A connection to a dlock server or cluster; make one with `connect()`.
 
     Every method may be called from any number of tasks of the event loop
     that connected it; their requests share the connection.
@@ -168,39 +198,34 @@ class Client:
         self._margin = margin
         self._bound: "set[Lock]" = set()  # held without a lease
         # Which Lock holds each key. The server keeps one holder per key and
-        # connection: a Lock on a key this connection holds is granted at once
-        # under a new fence, and the older Lock is then no longer held.
+        # owner: a Lock on a key this owner holds is granted at once under a
+        # new fence, and the older Lock is then no longer held.
         self._holding: "dict[str, Lock]" = {}
         self._leases: "set[Lock]" = set()
         self._watchdog: Optional[asyncio.TimerHandle] = None
         conn.on_end = self._on_end
 
     @classmethod
-    async def _connect(
-        cls,
-        server: Optional[str],
-        token: Optional[str],
-        connect_timeout: float,
-        max_in_flight: Optional[int],
-        margin: float,
-        tls: Optional[ssl.SSLContext] = None,
-    ) -> "Client":
+    async def _connect(cls, dial: Dial, max_in_flight: Optional[int], margin: float) -> "Client":
         if not 0 <= margin < 1:
             raise ValueError(f"margin {margin} must be at least 0 and below 1")
-        addr, host, port = _env.server_address(server)
-        conn = await Connection.open(
-            addr, host, port, _env.access_token(token), connect_timeout, max_in_flight, tls
-        )
+        conn = await Connection.open(dial, max_in_flight)
         return cls(conn, margin)
 
     @property
     def addr(self) -> str:
-        """The address connected to, as given."""
+        """The address of the node connected to now (on a cluster, the leader's)."""
         return self._conn.addr
 
     @property
+    def session(self) -> Optional[int]:
+        """The cluster session this client acts for; None on a single server."""
+        return self._conn.session or None
+
+    @property
     def limits(self) -> Limits:
-        """The server's limits, from its answer to Hello."""
+        """The server's limits, from its answer to Hello; on a cluster,
+        `session_timeout` is the session's TTL."""
         return self._conn.limits
 
     @property

@@ -17,11 +17,11 @@ import asyncio
 import ssl
 import threading
 from concurrent.futures import Future
-from typing import Any, Awaitable, List, Optional, TypeVar
+from typing import Any, Awaitable, Callable, List, Optional, TypeVar
 
 from . import _env, aio
 from .lock import Lock as _AioLock
-from .types import KeyInfo, Limits, ServerStats
+from .types import Event, KeyInfo, Limits, ServerStats
 
 __all__ = ["Client", "Lock"]
 
@@ -29,17 +29,19 @@ T = TypeVar("T")
 
 
 class Client:
-    """A connection to a dlock server, for blocking code.
+    """A connection to a dlock server or cluster, for blocking code.
 
-    `Client()` connects to DLOCK_SERVER (else 127.0.0.1:7436) with the token
-    DLOCK_TOKEN; the arguments are those of `dlock.aio.connect`. Raises
-    `ConnectError`, `AccessDenied` or `ValueError` like it. Use as a context
-    manager, or call `close()`.
+    `Client()` connects to DLOCK_SERVER (one address, or a cluster's nodes
+    comma-separated; else 127.0.0.1:7436) with the token DLOCK_TOKEN; the
+    arguments are those of `dlock.aio.connect` (`server` may be a list).
+    `on_event` is called on the client's own thread. Raises `ConnectError`,
+    `AccessDenied` or `ValueError` like it. Use as a context manager, or call
+    `close()`.
     """
 
     def __init__(
         self,
-        server: Optional[str] = None,
+        server: _env.Servers = None,
         *,
         token: Optional[str] = None,
         connect_timeout: float = 5.0,
@@ -49,23 +51,35 @@ class Client:
         tls_cert: Optional[str] = None,
         tls_key: Optional[str] = None,
         ssl_context: Optional[ssl.SSLContext] = None,
+        session_ttl: Optional[float] = None,
+        on_event: Optional[Callable[[Event], None]] = None,
     ) -> None:
-        tls = _env.tls_context(tls_ca, tls_cert, tls_key, ssl_context)
+        connecting = aio.connect(
+            server,
+            token=token,
+            connect_timeout=connect_timeout,
+            max_in_flight=max_in_flight,
+            margin=margin,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            ssl_context=ssl_context,
+            session_ttl=session_ttl,
+            on_event=on_event,
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="dlock-client", daemon=True)
         self._thread.start()
         #: Set when the connection has ended; `close_reason` says why.
         self.closed = threading.Event()
         try:
-            self._aio: aio.Client = self._run(
-                self._connect(server, token, connect_timeout, max_in_flight, margin, tls)
-            )
+            self._aio: aio.Client = self._run(self._connect(connecting))
         except BaseException:
             self._stop_loop()
             raise
 
-    async def _connect(self, *args: Any) -> aio.Client:
-        client = await aio.Client._connect(*args)
+    async def _connect(self, connecting: Awaitable[aio.Client]) -> aio.Client:
+        client = await connecting
 
         async def watch() -> None:
             await client.closed.wait()
@@ -76,7 +90,13 @@ class Client:
 
     @property
     def addr(self) -> str:
+        """The address of the node connected to now (on a cluster, the leader's)."""
         return self._aio.addr
+
+    @property
+    def session(self) -> Optional[int]:
+        """The cluster session this client acts for; None on a single server."""
+        return self._aio.session
 
     @property
     def limits(self) -> Limits:

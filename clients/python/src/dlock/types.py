@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 from ._proto import dlock_pb2 as pb
 
@@ -122,3 +122,28 @@ class ServerStats:
     connections: int
     held_keys: int
     waiting_requests: int
+
+
+@dataclass(frozen=True)
+class Reconnecting:
+    """The connection to the node at `addr` failed (`reason`: broken, the node
+    stopped leading, could not commit, or went silent); the client looks for
+    the leader to resume `session` there. Its locks are still held."""
+
+    addr: str
+    reason: str
+    session: int
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """`session` was resumed on the node at `addr`, `after` seconds after the
+    connection failed; the requests not yet answered were sent again."""
+
+    addr: str
+    session: int
+    after: float
+
+
+#: What `on_event` is told about a client's connection.
+Event = Union[Reconnecting, Resumed]
