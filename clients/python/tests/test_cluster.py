@@ -16,6 +16,7 @@ import dlock
 import dlock.aio
 from dlock import ConnectError, Reconnecting, Resumed, Status, Timeout
 from dlock._proto import dlock_pb2 as pb
+from dlock.aio import Election, Queued
 from dlock.connection import keeps_session_alive
 from conftest import LIMIT, run
 
@@ -243,3 +244,47 @@ def test_the_blocking_client_takes_a_list_and_follows_the_leader(start_cluster):
         with pytest.raises(Timeout):
             with dlock.Client(cluster.servers) as other, client.lock("busy"):
                 other.lock("busy", wait=0)
+
+
+def test_enqueued_requests_and_an_election_ride_through_a_leader_kill(start_cluster):
+    cluster = start_cluster(3, "--session-ttl", f"{TTL:g}s")
+    old = cluster.leader()
+
+    async def body():
+        events = Events()
+        h = await dlock.aio.connect(cluster.servers)
+        e = await dlock.aio.connect(cluster.servers, on_event=events)
+        leader = await dlock.aio.connect(cluster.servers)
+        observer = await dlock.aio.connect(cluster.servers)
+        lead = await Election(leader, "svc").campaign("l")
+        seen = Election(observer, "svc").observe()
+        first = await asyncio.wait_for(seen.__anext__(), LIMIT)
+        assert (first.value, first.fence) == (b"l", lead.fence)
+        hold_g, hold_q = await h.lock("g"), await h.lock("q")
+        queued_g = await e.enqueue("g", wait=LIMIT)
+        queued_q = await e.enqueue("q", wait=LIMIT)
+        assert isinstance(queued_g, Queued) and isinstance(queued_q, Queued)
+        # More numbered requests on e's session before the Waits: seq_done
+        # must still not let the cluster forget the Enqueues' outcomes.
+        await (await e.lock("other")).unlock()
+        # g is granted to the queued request before the leader dies, and
+        # not yet collected; q is still in line when it dies.
+        await hold_g.unlock()
+        granted_g = (await h.inspect("g"))[0].fence
+        assert granted_g > hold_g.fence
+        cluster.kill(old)
+        await lead.proclaim("l-after")  # answered by the new leader
+        now = await asyncio.wait_for(seen.__anext__(), LIMIT)
+        assert (now.value, now.fence) == (b"l-after", lead.fence)
+        got_g = await asyncio.wait_for(queued_g.wait(), LIMIT)
+        assert got_g.fence == granted_g
+        await hold_q.unlock()
+        got_q = await asyncio.wait_for(queued_q.wait(), LIMIT)
+        assert got_q.fence > granted_g
+        assert not lead.lost.is_set() and not got_g.lost.is_set()
+        await events.next(Resumed, addr_not=cluster.addrs[old])
+        await seen.aclose()
+        for client in (h, e, leader, observer):
+            await client.close()
+
+    run(body())

@@ -37,7 +37,8 @@ from .errors import (
     Status,
     Timeout,
 )
-from .sync import Client, Lock
+from .election import Leader
+from .sync import Client, Election, Leadership, Lock, Queued
 from .types import Event, KeyHolder, KeyInfo, Limits, Reconnecting, Resumed, ServerStats
 
 __version__ = "0.1.0"
@@ -48,14 +49,18 @@ __all__ = [
     "ConnectError",
     "ConnectionLost",
     "DlockError",
+    "Election",
     "Event",
     "KeyHolder",
     "KeyInfo",
+    "Leader",
+    "Leadership",
     "Limits",
     "Lock",
     "LockLost",
     "NotHeld",
     "ProtocolError",
+    "Queued",
     "Reconnecting",
     "Resumed",
     "ServerError",

@@ -59,20 +59,27 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Any, Awaitable, Callable, Generator, Generic, Iterable, List, Optional, TypeVar, Union
+from typing import Any, Awaitable, Callable, Generator, Generic, Iterable, List, Optional, Tuple, TypeVar, Union
 
 from . import _env
 from ._proto import dlock_pb2 as pb
 from .connection import Connection
 from .dial import Dial
-from .errors import LockLost, NotHeld, Timeout
+from .election import Election, Leader, Leadership
+from .enqueue import Queued
+from .errors import ConnectionLost, LockLost, NotHeld, ProtocolError, Status, Timeout
 from .lock import Lock
 from .types import Event, KeyInfo, Limits, ServerStats
 
-__all__ = ["Client", "connect"]
+__all__ = ["Client", "Election", "Leader", "Leadership", "Lock", "Queued", "connect"]
+
+#: Idle Watch connections kept for the next Watch.
+_IDLE_WATCHERS = 2
 
 
 Keys = Union[str, Iterable[str]]
+#: A hold's value: bytes, or a str sent as UTF-8.
+Value = Union[bytes, str, None]
 #: Which keys a Lock takes shared: all (True), none (False), or those named.
 Shared = Union[bool, str, Iterable[str]]
 T = TypeVar("T")
@@ -105,6 +112,15 @@ def _share(body: "pb.RequestLock", keys: List[str], shared: Shared, limit: int) 
         raise ValueError("limit needs shared keys (a semaphore is a shared lock)")
     body.shared_keys.extend(names)
     body.limit = limit
+
+
+def _value(value: Value) -> bytes:
+    """A hold's value on the wire: bytes as given, a str as UTF-8."""
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
 
 
 def _micros(seconds: float) -> int:
@@ -203,6 +219,10 @@ class Client:
         self._holding: "dict[str, Lock]" = {}
         self._leases: "set[Lock]" = set()
         self._watchdog: Optional[asyncio.TimerHandle] = None
+        # Connections of Watches (a parked Watch holds back the answers
+        # behind it): every one open, and those idle for the next Watch.
+        self._side: "set[Connection]" = set()
+        self._watchers: List[Connection] = []
         conn.on_end = self._on_end
 
     @classmethod
@@ -248,6 +268,7 @@ class Client:
         renew: bool = True,
         shared: Shared = False,
         limit: int = 0,
+        value: Value = None,
     ) -> "_AwaitableContext[Lock]":
         """Takes all `keys` at once (one key or an iterable of keys).
 
@@ -259,7 +280,9 @@ class Client:
         number of shared holders, or one exclusive holder), or name the keys
         to take shared (the others exclusively). `limit`: with `shared`, at
         most this many holders of each shared key at once (a semaphore);
-        everyone sharing a key must name the same limit. Use as
+        everyone sharing a key must name the same limit. `value` (bytes, or
+        a str sent as UTF-8; at most 1024 bytes): what Inspect and Watch
+        show for this hold, an election's leader identity. Use as
         `lock = await client.lock(...)` or `async with client.lock(...) as
         lock:` (unlocked on leaving).
 
@@ -274,7 +297,7 @@ class Client:
         async def unlock(lock: Lock, failed: bool) -> None:
             await lock._leave(failed)
 
-        return _AwaitableContext(lambda: self._acquire(keys, wait, lease, renew, shared, limit), unlock)
+        return _AwaitableContext(lambda: self._acquire(keys, wait, lease, renew, shared, limit, value), unlock)
 
     async def try_lock(
         self,
@@ -307,6 +330,91 @@ class Client:
         """
         await self._call(pb.Renew, pb.RequestLock(keys=_keys(keys), fence=fence, release_micro=_micros(lease)))
 
+    async def enqueue(
+        self,
+        keys: Keys,
+        *,
+        wait: Optional[float] = None,
+        lease: Optional[float] = None,
+        renew: bool = True,
+        shared: Shared = False,
+        limit: int = 0,
+        value: Value = None,
+    ) -> Union[Lock, Queued]:
+        """A Lock in two steps: answered at once with the `Lock` when the keys
+        are free, else with a `Queued` place in line whose `wait()` collects
+        the grant. The arguments are `lock`'s; the wait limit counts from
+        now. The request keeps its FIFO place meanwhile (on a cluster, across
+        a leader change too).
+
+        A `Queued` belongs to this client's connection until its `wait()` is
+        answered: answers come in request order, so a `wait()` holds back the
+        answers to calls made after it; while that matters, enqueue on a
+        client of its own. Raises as `lock` does, `Timeout` at once when
+        `wait` is 0 and a key is busy.
+        """
+        keys = _keys(keys)
+        body = self._lock_body(keys, wait, lease, shared, limit, value)
+        sent = self._loop.time()
+        resp = await self._call(pb.Enqueue, body, lock_keys=keys)
+        if resp.status == Status.Queued:
+            return Queued(self, tuple(keys), resp.ticket, resp.place, lease, renew, sent)
+        return await self._granted(keys, resp.fence, lease, renew, sent)
+
+    async def proclaim(self, keys: Keys, fence: int, value: Value) -> None:
+        """Replaces the value of `keys` held under `fence`, whichever
+        connection took them (an election's leader announcing a new
+        identity). Raises `NotHeld` with the keys not so held."""
+        await self._call(pb.Proclaim, pb.RequestLock(keys=_keys(keys), fence=fence, value=_value(value)))
+
+    async def watch(
+        self,
+        key: str,
+        known: Optional[Tuple[int, Value]] = None,
+        limit: Optional[float] = None,
+    ) -> KeyInfo:
+        """Waits until the first holder of `key` (the one with the lowest
+        fencing token, `KeyInfo.first()`) is not `known` (its fence and
+        value; None: the key is free), or until `limit` seconds pass
+        (default: 30, or half the session timeout if shorter), and returns
+        the key as it is then: no polling, the server answers as soon as
+        the change is applied (on a cluster, committed). Compare
+        `info.first()` with `known` to tell a change from the limit.
+
+        Runs on a connection of its own (kept for the next Watch), so it
+        holds back no other call; cancelled, that connection is closed and
+        the server forgets the Watch. Against a cluster a parked Watch is
+        the leader's alone: after a failover it is sent again to the new
+        leader. Raises `ServerError` (`WatchLimit`) when the server has its
+        most Watches parked, connection errors.
+        """
+        if limit is None:
+            limit = max(0.1, min(30.0, self.limits.session_timeout / 2))
+        fence, value = known if known is not None else (0, b"")
+        body = pb.RequestLock(keys=[key], fence=fence, value=_value(value), wait_micro=_micros(limit))
+        conn = self._watchers.pop() if self._watchers else None
+        if conn is None:
+            if self._conn.close_reason is not None:
+                raise ConnectionLost(self._conn.close_reason)
+            conn = await Connection.open(self._conn._dial, 1)
+            self._side.add(conn)
+        try:
+            resp = await conn.call(pb.Watch, body, counted=False)
+        except BaseException:
+            # Cancelled or failed: a clean close withdraws the parked Watch
+            # (and ends the connection's session, which holds nothing).
+            self._side.discard(conn)
+            conn.end("watch abandoned", closing=True)
+            raise
+        if self._conn.close_reason is None and conn.close_reason is None and len(self._watchers) < _IDLE_WATCHERS:
+            self._watchers.append(conn)
+        else:
+            self._side.discard(conn)
+            conn.end("not needed", closing=True)
+        if not resp.key_info:
+            raise ProtocolError("Watch answered without key_info")
+        return KeyInfo.from_proto(resp.key_info[0])
+
     async def inspect(self, keys: Keys) -> List[KeyInfo]:
         """Holder, lease and waiters of each of `keys`, in order. Changes nothing."""
         keys = _keys(keys)
@@ -331,6 +439,10 @@ class Client:
         lease; leases stop being renewed and are reported lost at once (they
         stay on the server until they run out or are unlocked by fence)."""
         self._conn.end("closed by the client", closing=True)
+        for conn in list(self._side):
+            conn.end("closed by the client", closing=True)
+        self._side.clear()
+        self._watchers.clear()
 
     async def __aenter__(self) -> "Client":
         return self
@@ -340,16 +452,16 @@ class Client:
 
     # -- locks ------------------------------------------------------------
 
-    async def _acquire(
+    def _lock_body(
         self,
-        keys: Keys,
+        keys: List[str],
         wait: Optional[float],
         lease: Optional[float],
-        renew: bool,
-        shared: Shared = False,
-        limit: int = 0,
-    ) -> Lock:
-        keys = _keys(keys)
+        shared: Shared,
+        limit: int,
+        value: Value,
+    ) -> "pb.RequestLock":
+        """The arguments of a Lock or Enqueue."""
         body = pb.RequestLock(keys=keys)
         _share(body, keys, shared, limit)
         if wait is not None:
@@ -363,12 +475,32 @@ class Client:
             if lease <= 0:
                 raise ValueError(f"lease {lease} must be positive")
             body.release_micro = _micros(lease)
+        if value is not None:
+            body.value = _value(value)
+        return body
+
+    async def _acquire(
+        self,
+        keys: Keys,
+        wait: Optional[float],
+        lease: Optional[float],
+        renew: bool,
+        shared: Shared = False,
+        limit: int = 0,
+        value: Value = None,
+    ) -> Lock:
+        keys = _keys(keys)
+        body = self._lock_body(keys, wait, lease, shared, limit, value)
         # Taken before the request is queued: never later than the real send
         # time, so deadlines counted from it are conservative.
         sent = self._loop.time()
         resp = await self._call(pb.Lock, body, lock_keys=keys)
-        sent = await self._refresh_after_wait(keys, resp.fence, lease, sent)
-        lock = Lock(self, tuple(keys), resp.fence, lease, sent, renew)
+        return await self._granted(keys, resp.fence, lease, renew, sent)
+
+    async def _granted(self, keys: List[str], fence: int, lease: Optional[float], renew: bool, sent: float) -> Lock:
+        """The `Lock` for a grant of `keys` under `fence` to a request sent at `sent`."""
+        sent = await self._refresh_after_wait(keys, fence, lease, sent)
+        lock = Lock(self, tuple(keys), fence, lease, sent, renew)
         for key in keys:
             older = self._holding.get(key)
             self._holding[key] = lock
@@ -466,6 +598,10 @@ class Client:
 
     def _on_end(self, reason: str, closing: bool) -> None:
         """The connection ended: locks without a lease are gone with it."""
+        for conn in list(self._side):
+            conn.end(f"the client's connection ended: {reason}", closing=True)
+        self._side.clear()
+        self._watchers.clear()
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None

@@ -74,7 +74,7 @@ _MAY_WAIT = frozenset((pb.Lock, pb.Wait, pb.Watch))
 class _Pending:
     """A request written (or, while the session moves, to be written) and not yet answered."""
 
-    __slots__ = ("id", "rtype", "future", "sent", "counted", "lock_keys", "seq", "frame")
+    __slots__ = ("id", "rtype", "future", "sent", "counted", "lock_keys", "seq", "frame", "ticket")
 
     def __init__(
         self,
@@ -86,6 +86,7 @@ class _Pending:
         lock_keys: Optional[List[str]],
         seq: int,
         frame: Optional[bytes],
+        ticket: int = 0,
     ) -> None:
         self.id = id
         self.rtype = rtype
@@ -94,13 +95,16 @@ class _Pending:
         # the owner alive no earlier than this.
         self.sent = sent
         self.counted = counted
-        # For Lock: the keys, so a grant nobody waits for any more is released.
+        # For Lock, Enqueue and Wait: the keys, so a grant nobody waits for
+        # any more is released.
         self.lock_keys = lock_keys
         # Its number in the session; 0 if it changes nothing or there is none.
         self.seq = seq
         # On a session: the request as written, to send again after a
         # reconnect. None against a single server, which never resumes.
         self.frame = frame
+        # For Wait: the ticket it collects.
+        self.ticket = ticket
 
 
 class Connection:
@@ -124,6 +128,12 @@ class Connection:
         # The numbers of the numbered requests in `_pending`, oldest first:
         # everything below the first has been answered (`seq_done`).
         self._numbered: Deque[int] = collections.deque()
+        # Ticket -> number of each Enqueue answered Queued whose Wait has not
+        # been answered: `seq_done` stays below them, so that after a
+        # failover the new leader still remembers an outcome decided before
+        # it (docs/PROTOCOL.md, "Two-phase acquire"). At most the server's
+        # max_pipeline tickets are open per connection.
+        self._queued: "dict[int, int]" = {}
         self._next_id = 0
         self._next_seq = 1
         self._pings_out = 0
@@ -181,7 +191,8 @@ class Connection:
                 self._slots.release()
             raise
         resp = await future
-        if resp.status != Status.Ok:
+        # Queued is no error: an Enqueue waiting in line, with its ticket.
+        if resp.status != Status.Ok and not (rtype == pb.Enqueue and resp.status == Status.Queued):
             raise from_response(resp)
         return resp
 
@@ -203,7 +214,10 @@ class Connection:
                 seq = self._next_seq
                 req.session = self.session
                 req.seq = seq
-                req.seq_done = (self._numbered[0] if self._numbered else seq) - 1
+                done_below = self._numbered[0] if self._numbered else seq
+                if self._queued:
+                    done_below = min(done_below, min(self._queued.values()))
+                req.seq_done = done_below - 1
             elif rtype == pb.Wait or (rtype == pb.Inspect and body is not None and len(body.keys) > 0):
                 # An Inspect without keys asks for server counts, no owner's.
                 req.session = self.session
@@ -222,7 +236,8 @@ class Connection:
             self._numbered.append(seq)
         now = self._loop.time()
         keep = frame if self.session else None
-        self._pending.append(_Pending(self._next_id, rtype, future, now, counted, lock_keys, seq, keep))
+        ticket = body.ticket if rtype == pb.Wait and body is not None else 0
+        self._pending.append(_Pending(self._next_id, rtype, future, now, counted, lock_keys, seq, keep, ticket))
         if not self.limits.resumable_sessions or rtype in _KEEPS_ALIVE:
             # On a cluster an Inspect keeps nothing alive that the client
             # could prove: a Ping is still due.
@@ -289,6 +304,10 @@ class Connection:
         p = self._pending.popleft()
         if p.seq:
             self._numbered.popleft()
+        if p.rtype == pb.Enqueue and resp.status == Status.Queued and p.seq:
+            self._queued[resp.ticket] = p.seq
+        elif p.rtype == pb.Wait:
+            self._queued.pop(p.ticket, None)
         if p.counted:
             self._slots.release()
         if not self.limits.resumable_sessions or keeps_session_alive(p.rtype, resp.status):
@@ -391,6 +410,7 @@ class Connection:
             self._resuming.cancel()
         pending, self._pending = self._pending, collections.deque()
         self._numbered.clear()
+        self._queued.clear()
         for p in pending:
             if p.counted:
                 self._slots.release()

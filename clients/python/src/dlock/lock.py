@@ -9,7 +9,7 @@ from ._proto import dlock_pb2 as pb
 from .errors import ConnectionLost, DlockError, LockLost, NotHeld
 
 if TYPE_CHECKING:
-    from .aio import Client
+    from .aio import Client, Value
 
 
 class Lock:
@@ -94,6 +94,11 @@ class Lock:
         self._released = True
         self._stop()
         await self._client._call(pb.Unlock, pb.RequestLock(keys=self.keys, fence=self.fence))
+
+    async def proclaim(self, value: "Value") -> None:
+        """Replaces the value of the keys held under this lock's fence (what
+        Inspect and Watch show). Raises `NotHeld` if they are no longer held."""
+        await self._client.proclaim(self.keys, self.fence, value)
 
     async def renew(self, lease: Optional[float] = None) -> None:
         """Sets the lease to now + `lease` seconds (default: the lease it has).

@@ -17,13 +17,17 @@ import asyncio
 import ssl
 import threading
 from concurrent.futures import Future
-from typing import Any, Awaitable, Callable, List, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, List, Optional, Tuple, TypeVar, Union
 
 from . import _env, aio
+from .election import Election as _AioElection
+from .election import Leader
+from .election import Leadership as _AioLeadership
+from .enqueue import Queued as _AioQueued
 from .lock import Lock as _AioLock
 from .types import Event, KeyInfo, Limits, ServerStats
 
-__all__ = ["Client", "Lock"]
+__all__ = ["Client", "Election", "Leader", "Leadership", "Lock", "Queued"]
 
 T = TypeVar("T")
 
@@ -115,14 +119,45 @@ class Client:
         renew: bool = True,
         shared: aio.Shared = False,
         limit: int = 0,
+        value: aio.Value = None,
     ) -> "Lock":
         """Takes all `keys` at once; see `dlock.aio.Client.lock`.
 
         Blocks until granted; use as `with client.lock("jobs/nightly", wait=30) as lock:`.
         Ctrl-C while waiting withdraws the request.
         """
-        lock = self._run(self._aio._acquire(keys, wait, lease, renew, shared, limit))
+        lock = self._run(self._aio._acquire(keys, wait, lease, renew, shared, limit, value))
         return Lock(self, lock, threading.Event())
+
+    def enqueue(
+        self,
+        keys: aio.Keys,
+        *,
+        wait: Optional[float] = None,
+        lease: Optional[float] = None,
+        renew: bool = True,
+        shared: aio.Shared = False,
+        limit: int = 0,
+        value: aio.Value = None,
+    ) -> "Union[Lock, Queued]":
+        """A Lock in two steps: the `Lock` at once if the keys are free, else
+        a `Queued` place in line whose `wait()` blocks for the grant; see
+        `dlock.aio.Client.enqueue`."""
+        got = self._run(
+            self._aio.enqueue(keys, wait=wait, lease=lease, renew=renew, shared=shared, limit=limit, value=value)
+        )
+        if isinstance(got, _AioQueued):
+            return Queued(self, got)
+        return Lock(self, got, threading.Event())
+
+    def proclaim(self, keys: aio.Keys, fence: int, value: aio.Value) -> None:
+        """Replaces the value of `keys` held under `fence`; see `dlock.aio.Client.proclaim`."""
+        self._run(self._aio.proclaim(keys, fence, value))
+
+    def watch(self, key: str, known: "Optional[Tuple[int, aio.Value]]" = None, limit: Optional[float] = None) -> KeyInfo:
+        """Blocks until the first holder of `key` is not `known`, or `limit`
+        seconds pass; see `dlock.aio.Client.watch`."""
+        return self._run(self._aio.watch(key, known, limit))
 
     def try_lock(
         self,
@@ -248,6 +283,10 @@ class Lock:
         """Releases the keys; see `dlock.aio.Lock.unlock`."""
         self._client._run(self._lock.unlock())
 
+    def proclaim(self, value: aio.Value) -> None:
+        """Replaces the value of the keys held under this lock's fence."""
+        self._client._run(self._lock.proclaim(value))
+
     def renew(self, lease: Optional[float] = None) -> None:
         """Sets the lease to now + `lease` seconds; see `dlock.aio.Lock.renew`."""
         self._client._run(self._lock.renew(lease))
@@ -258,3 +297,94 @@ class Lock:
     def __exit__(self, et: Any, e: Any, tb: Any) -> None:
         self._client._run(self._lock._leave(et is not None))
 
+
+
+class Queued:
+    """A request waiting in line, from `Client.enqueue`; see `dlock.aio.Queued`."""
+
+    def __init__(self, client: Client, queued: _AioQueued) -> None:
+        self._client = client
+        self._queued = queued
+
+    def __repr__(self) -> str:
+        return repr(self._queued)
+
+    @property
+    def keys(self) -> "tuple[str, ...]":
+        return self._queued.keys
+
+    @property
+    def ticket(self) -> int:
+        return self._queued.ticket
+
+    @property
+    def place(self) -> int:
+        return self._queued.place
+
+    def wait(self) -> Lock:
+        """Blocks for the grant; see `dlock.aio.Queued.wait`."""
+        return Lock(self._client, self._client._run(self._queued.wait()), threading.Event())
+
+
+class Election:
+    """An election on `key` through a blocking `client`; see `dlock.election`.
+
+    `campaign` blocks until this process leads; `leader` says who leads;
+    `observe` yields the leader now and then every change (each `next`
+    blocks until one comes).
+    """
+
+    def __init__(self, client: Client, key: str, *, lease: Optional[float] = None) -> None:
+        self._client = client
+        self.key = key
+        self._aio = _AioElection(client._aio, key, lease=lease)
+
+    def campaign(self, value: aio.Value, *, wait: Optional[float] = None) -> "Leadership":
+        return Leadership(self._client, self._client._run(self._aio.campaign(value, wait=wait)))
+
+    def leader(self) -> "Optional[Leader]":
+        return self._client._run(self._aio.leader())
+
+    def observe(self) -> "Iterator[Optional[Leader]]":
+        changes = self._aio.observe()
+        try:
+            while True:
+                try:
+                    yield self._client._run(changes.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if self._client._thread.is_alive():
+                self._client._run(changes.aclose())
+
+
+class Leadership:
+    """This process leads an election; see `dlock.election.Leadership`.
+    `lost` is a `threading.Event`."""
+
+    def __init__(self, client: Client, leadership: _AioLeadership) -> None:
+        self._client = client
+        self._leadership = leadership
+        self.lost = threading.Event()
+        self._lock = Lock(client, leadership.lock, self.lost)
+
+    def __repr__(self) -> str:
+        return repr(self._leadership)
+
+    @property
+    def fence(self) -> int:
+        return self._leadership.fence
+
+    @property
+    def key(self) -> str:
+        return self._leadership.key
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        return self._leadership.lost_reason
+
+    def proclaim(self, value: aio.Value) -> None:
+        self._client._run(self._leadership.proclaim(value))
+
+    def resign(self) -> None:
+        self._client._run(self._leadership.resign())
