@@ -22,7 +22,8 @@ Against a cluster, name its nodes: ``dlock.Client("10.0.0.1:7436,10.0.0.2:7436,1
 Layout: `aio` (the asyncio client), `connection` (its pipelined connection, and on a cluster
 the session that outlives it), `dial` (finding the server or the cluster's leader), `lock` (an
 asyncio `Lock` and its safety deadlines), `sync` (the blocking client, the asyncio one on a
-thread), `framing`, `errors`, `types`, `_proto` (generated).
+thread), `enqueue` (a queued request), `election`, `framing`, `errors`, `types`, `_args` (request
+arguments), `_env` (DLOCK_* variables), `_proto` (generated).
 """
 
 from .errors import (

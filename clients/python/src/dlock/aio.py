@@ -59,9 +59,10 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Any, Awaitable, Callable, Generator, Generic, Iterable, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Awaitable, Callable, Generator, Generic, List, Optional, Tuple, TypeVar, Union
 
 from . import _env
+from ._args import Keys, Shared, Value, keys_of, lock_body, micros, value_bytes
 from ._proto import dlock_pb2 as pb
 from .connection import Connection
 from .dial import Dial
@@ -71,62 +72,13 @@ from .errors import ConnectionLost, LockLost, NotHeld, ProtocolError, Status, Ti
 from .lock import Lock
 from .types import Event, KeyInfo, Limits, ServerStats
 
-__all__ = ["Client", "Election", "Leader", "Leadership", "Lock", "Queued", "connect"]
+__all__ = ["Client", "Election", "Keys", "Leader", "Leadership", "Lock", "Queued", "Shared", "Value", "connect"]
 
 #: Idle Watch connections kept for the next Watch.
 _IDLE_WATCHERS = 2
 
 
-Keys = Union[str, Iterable[str]]
-#: A hold's value: bytes, or a str sent as UTF-8.
-Value = Union[bytes, str, None]
-#: Which keys a Lock takes shared: all (True), none (False), or those named.
-Shared = Union[bool, str, Iterable[str]]
 T = TypeVar("T")
-
-
-def _keys(keys: Keys) -> List[str]:
-    """One key or several: a bare string is one key, not its characters."""
-    if isinstance(keys, str):
-        return [keys]
-    return list(keys)
-
-
-def _share(body: "pb.RequestLock", keys: List[str], shared: Shared, limit: int) -> None:
-    """Sets which of `keys` are taken shared, and the semaphore's limit.
-
-    Left unset for an exclusive Lock, so its encoding is what every older
-    client sends."""
-    if limit < 0:
-        raise ValueError(f"limit {limit} must not be negative")
-    if shared is True:
-        names = list(keys)
-    elif shared is False:
-        names = []
-    else:
-        names = _keys(shared)
-        stray = [k for k in names if k not in keys]
-        if stray:
-            raise ValueError(f"shared keys {stray!r} are not among the keys locked")
-    if limit and not names:
-        raise ValueError("limit needs shared keys (a semaphore is a shared lock)")
-    body.shared_keys.extend(names)
-    body.limit = limit
-
-
-def _value(value: Value) -> bytes:
-    """A hold's value on the wire: bytes as given, a str as UTF-8."""
-    if value is None:
-        return b""
-    if isinstance(value, str):
-        return value.encode()
-    return bytes(value)
-
-
-def _micros(seconds: float) -> int:
-    # A positive duration below a microsecond still means "a little", not 0
-    # (which means "no limit" for wait and "no lease" for release).
-    return max(1, round(seconds * 1_000_000))
 
 
 class _AwaitableContext(Generic[T]):
@@ -321,14 +273,14 @@ class Client:
         How a restarted process releases a lease it took earlier. Raises
         `NotHeld` with the keys not held under `fence`.
         """
-        await self._call(pb.Unlock, pb.RequestLock(keys=_keys(keys), fence=fence))
+        await self._call(pb.Unlock, pb.RequestLock(keys=keys_of(keys), fence=fence))
 
     async def renew(self, keys: Keys, fence: int, lease: float) -> None:
         """Sets the lease of `keys` held under `fence` to now + `lease` seconds.
 
         Raises `NotHeld` with the keys not held under `fence`.
         """
-        await self._call(pb.Renew, pb.RequestLock(keys=_keys(keys), fence=fence, release_micro=_micros(lease)))
+        await self._call(pb.Renew, pb.RequestLock(keys=keys_of(keys), fence=fence, release_micro=micros(lease)))
 
     async def enqueue(
         self,
@@ -353,8 +305,8 @@ class Client:
         client of its own. Raises as `lock` does, `Timeout` at once when
         `wait` is 0 and a key is busy.
         """
-        keys = _keys(keys)
-        body = self._lock_body(keys, wait, lease, shared, limit, value)
+        keys = keys_of(keys)
+        body = lock_body(keys, wait, lease, shared, limit, value)
         sent = self._loop.time()
         resp = await self._call(pb.Enqueue, body, lock_keys=keys)
         if resp.status == Status.Queued:
@@ -365,7 +317,7 @@ class Client:
         """Replaces the value of `keys` held under `fence`, whichever
         connection took them (an election's leader announcing a new
         identity). Raises `NotHeld` with the keys not so held."""
-        await self._call(pb.Proclaim, pb.RequestLock(keys=_keys(keys), fence=fence, value=_value(value)))
+        await self._call(pb.Proclaim, pb.RequestLock(keys=keys_of(keys), fence=fence, value=value_bytes(value)))
 
     async def watch(
         self,
@@ -391,12 +343,12 @@ class Client:
         if limit is None:
             limit = max(0.1, min(30.0, self.limits.session_timeout / 2))
         fence, value = known if known is not None else (0, b"")
-        body = pb.RequestLock(keys=[key], fence=fence, value=_value(value), wait_micro=_micros(limit))
+        body = pb.RequestLock(keys=[key], fence=fence, value=value_bytes(value), wait_micro=micros(limit))
         conn = self._watchers.pop() if self._watchers else None
         if conn is None:
             if self._conn.close_reason is not None:
                 raise ConnectionLost(self._conn.close_reason)
-            conn = await Connection.open(self._conn._dial, 1)
+            conn = await Connection.open(self._conn._dial, 1, quiet=True)
             self._side.add(conn)
         try:
             resp = await conn.call(pb.Watch, body, counted=False)
@@ -417,7 +369,7 @@ class Client:
 
     async def inspect(self, keys: Keys) -> List[KeyInfo]:
         """Holder, lease and waiters of each of `keys`, in order. Changes nothing."""
-        keys = _keys(keys)
+        keys = keys_of(keys)
         if not keys:
             raise ValueError("inspect needs at least one key; stats() describes the server")
         resp = await self._call(pb.Inspect, pb.RequestLock(keys=keys))
@@ -452,33 +404,6 @@ class Client:
 
     # -- locks ------------------------------------------------------------
 
-    def _lock_body(
-        self,
-        keys: List[str],
-        wait: Optional[float],
-        lease: Optional[float],
-        shared: Shared,
-        limit: int,
-        value: Value,
-    ) -> "pb.RequestLock":
-        """The arguments of a Lock or Enqueue."""
-        body = pb.RequestLock(keys=keys)
-        _share(body, keys, shared, limit)
-        if wait is not None:
-            if wait < 0:
-                raise ValueError(f"wait {wait} must not be negative")
-            if wait == 0:
-                body.try_lock = True
-            else:
-                body.wait_micro = _micros(wait)
-        if lease is not None:
-            if lease <= 0:
-                raise ValueError(f"lease {lease} must be positive")
-            body.release_micro = _micros(lease)
-        if value is not None:
-            body.value = _value(value)
-        return body
-
     async def _acquire(
         self,
         keys: Keys,
@@ -489,8 +414,8 @@ class Client:
         limit: int = 0,
         value: Value = None,
     ) -> Lock:
-        keys = _keys(keys)
-        body = self._lock_body(keys, wait, lease, shared, limit, value)
+        keys = keys_of(keys)
+        body = lock_body(keys, wait, lease, shared, limit, value)
         # Taken before the request is queued: never later than the real send
         # time, so deadlines counted from it are conservative.
         sent = self._loop.time()
@@ -533,7 +458,7 @@ class Client:
             return sent
         try:
             if lease is not None:
-                await self._call(pb.Renew, pb.RequestLock(keys=keys, fence=fence, release_micro=_micros(lease)))
+                await self._call(pb.Renew, pb.RequestLock(keys=keys, fence=fence, release_micro=micros(lease)))
                 return now
             await self._call(pb.Ping, None)
             return sent

@@ -110,9 +110,12 @@ class _Pending:
 class Connection:
     """The connection under a `dlock.aio.Client`; see the module doc."""
 
-    def __init__(self, dial: Dial, est: Established, max_in_flight: Optional[int]) -> None:
+    def __init__(self, dial: Dial, est: Established, max_in_flight: Optional[int], *, quiet: bool = False) -> None:
         self._loop = asyncio.get_running_loop()
         self._dial = dial
+        # A connection the client opened for itself (a Watch's): its moves
+        # are logged at debug level and not reported to on_event.
+        self._quiet = quiet
         self._stream: Optional[Stream] = None
         #: The node connected to now.
         self.addr = est.addr
@@ -151,7 +154,7 @@ class Connection:
         self._take(est.stream)
 
     @classmethod
-    async def open(cls, dial: Dial, max_in_flight: Optional[int]) -> "Connection":
+    async def open(cls, dial: Dial, max_in_flight: Optional[int], *, quiet: bool = False) -> "Connection":
         """Connects (on a cluster: to the leader, with a new session), says
         Hello, starts pinging.
 
@@ -162,7 +165,7 @@ class Connection:
         loop = asyncio.get_running_loop()
         est = await establish(dial, 0, loop.time() + dial.connect_timeout, persist=False)
         try:
-            return cls(dial, est, max_in_flight)
+            return cls(dial, est, max_in_flight, quiet=quiet)
         except BaseException:
             reset(est.stream.transport)  # type: ignore[arg-type]
             raise
@@ -344,8 +347,10 @@ class Connection:
         if stream.transport is not None:
             reset(stream.transport)
         self._out.clear()  # every frame in it is pending, and is sent again
-        log.warning("dlock: connection to %s lost (%s); resuming session %d", self.addr, reason, self.session)
-        self._dial.event(Reconnecting(self.addr, reason, self.session))
+        level = logging.DEBUG if self._quiet else logging.WARNING
+        log.log(level, "dlock: connection to %s lost (%s); resuming session %d", self.addr, reason, self.session)
+        if not self._quiet:
+            self._dial.event(Reconnecting(self.addr, reason, self.session))
         self._resuming = self._loop.create_task(
             self._resume(reason, leader, self.addr if silent else None)
         )
@@ -385,8 +390,10 @@ class Connection:
         if frames and est.stream.transport is not None:
             est.stream.transport.write(b"".join(frames))
         after = now - broke
-        log.warning("dlock: session %d resumed on %s after %.3g s", self.session, est.addr, after)
-        self._dial.event(Resumed(est.addr, self.session, after))
+        level = logging.DEBUG if self._quiet else logging.INFO
+        log.log(level, "dlock: session %d resumed on %s after %.3g s", self.session, est.addr, after)
+        if not self._quiet:
+            self._dial.event(Resumed(est.addr, self.session, after))
 
     def end(self, reason: str, *, head: Optional[DlockError] = None, closing: bool = False) -> None:
         """Ends the connection once: fails what is pending, then tells `on_end`.

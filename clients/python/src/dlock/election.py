@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator, Optional, Tuple
+from typing import TYPE_CHECKING, AsyncGenerator, Optional, Tuple
 
+from ._args import value_bytes
 from .errors import ConnectionLost, DlockError, ServerError, Status
 from .types import KeyInfo
 
 if TYPE_CHECKING:
-    from .aio import Client, Value
+    from ._args import Value
+    from .aio import Client
     from .lock import Lock
 
 #: Pause after a failed Watch before the next (a server that refuses
@@ -84,7 +86,7 @@ class Election:
         [info] = await self._client.inspect(self.key)
         return Leader.of(info)
 
-    async def observe(self) -> AsyncIterator[Optional[Leader]]:
+    async def observe(self) -> AsyncGenerator[Optional[Leader], None]:
         """The leader now (None: nobody), then every new leader or
         proclaimed value as the server pushes it (one Watch at a time, sent
         again after its limit or an error; against a cluster, to the new
@@ -149,10 +151,8 @@ class Leadership:
         leadership, as the server pushes it (a lock bound to its connection
         would otherwise learn only from its next Unlock). A value proclaimed
         is followed; errors are retried, the lock reporting its own loss."""
-        from .aio import _value
-
         client = self._election._client
-        known = (self.fence, _value(value))
+        known = (self.fence, value_bytes(value))
         pause = _RETRY
         while not self.lost.is_set():
             try:

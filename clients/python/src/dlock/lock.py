@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
+from ._args import micros
 from ._proto import dlock_pb2 as pb
 from .errors import ConnectionLost, DlockError, LockLost, NotHeld
 
 if TYPE_CHECKING:
-    from .aio import Client, Value
+    from ._args import Value
+    from .aio import Client
 
 
 class Lock:
@@ -120,9 +122,7 @@ class Lock:
             self._start_keeper()
 
     async def _renew_once(self, lease: float, sent: float) -> None:
-        from .aio import _micros
-
-        body = pb.RequestLock(keys=self.keys, fence=self.fence, release_micro=_micros(lease))
+        body = pb.RequestLock(keys=self.keys, fence=self.fence, release_micro=micros(lease))
         await self._client._call(pb.Renew, body)
         if sent > self._lease_sent or self.lease != lease:
             self.lease = lease
