@@ -1,9 +1,12 @@
-"""Starts real dlock-server processes for the tests.
+"""Starts real dlock-server processes for the tests: single servers and clusters.
 
 The binary is DLOCK_SERVER_BIN, else target/debug/dlock-server of this
-checkout (what `cargo test` builds). Each server listens on 127.0.0.1:0 and
-the tests read the port it got from its "listening" log line, so no port is
-guessed and none can be taken by someone else in between.
+checkout (what `cargo test` builds). Each single server listens on
+127.0.0.1:0 and the tests read the port it got from its "listening" log
+line, so no port is guessed and none can be taken by someone else in
+between. A cluster's nodes must know each other's addresses before they
+start, so their ports are reserved first (see `_reserve_port`), as
+dlock-server/src/testing/nodes.rs does for the Rust tests.
 """
 
 from __future__ import annotations
@@ -11,15 +14,21 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import random
 import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Coroutine, Iterator, List, Optional, TypeVar
 
 import pytest
+
+from dlock._proto import dlock_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[3]
 SERVER_BIN = Path(os.environ.get("DLOCK_SERVER_BIN") or REPO / "target" / "debug" / "dlock-server")
@@ -35,13 +44,14 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = LIMIT) -> T:
 
 
 class Server:
-    """One dlock-server process on a loopback port it chose itself."""
+    """One dlock-server process on a loopback port it chose itself (or on
+    `listen`, for a cluster node)."""
 
-    def __init__(self, *flags: str) -> None:
+    def __init__(self, *flags: str, listen: str = "127.0.0.1:0") -> None:
         if not SERVER_BIN.exists():
             pytest.fail(f"{SERVER_BIN} not found: build it with `cargo build -p dlock-server` or set DLOCK_SERVER_BIN")
         self.proc = subprocess.Popen(
-            [str(SERVER_BIN), "--listen", "127.0.0.1:0", "--log-level", "info", *flags],
+            [str(SERVER_BIN), "--listen", listen, "--log-level", "info", *flags],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -116,3 +126,172 @@ def server(start_server: Any) -> Server:
 def python() -> str:
     """The interpreter running the tests, for child processes."""
     return sys.executable
+
+
+# -- clusters ------------------------------------------------------------
+
+#: Flags every node of a test cluster gets. A short election timeout keeps
+#: failovers to a second or two; 500 ms still rides out the scheduling
+#: stalls of a loaded two-core CI machine (a needless election is harmless:
+#: the clients under test follow it).
+NODE_FLAGS = ("--heartbeat", "100ms", "--election-timeout", "500ms")
+
+
+def _reserve_port() -> socket.socket:
+    """A listening socket on a free loopback port below the ephemeral range.
+
+    Held until its node is about to bind the port, so nothing else on the
+    machine is given it meanwhile; below the ephemeral range, so no outgoing
+    connection (a node dialling its peers) can take it from a node being
+    restarted or started late.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            high = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    low = 10_000
+    start = random.randrange(low, high)
+    for i in range(high - low):
+        port = low + (start - low + i) % (high - low)
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen(1)
+            return s
+        except OSError:
+            s.close()
+    pytest.fail(f"no free loopback port between {low} and {high}")
+
+
+def _frame_call(addr: str, req: "pb.Request", timeout: float) -> Optional["pb.Response"]:
+    """One request on a connection of its own, outside the client under test;
+    None if the node does not answer within `timeout` (down or paused)."""
+    host, _, port = addr.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as s:
+            s.settimeout(timeout)
+            body = req.SerializeToString()
+            s.sendall(struct.pack(">I", len(body)) + body)
+            data = b""
+            while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
+                chunk = s.recv(65536)
+                if not chunk:
+                    return None
+                data += chunk
+            (n,) = struct.unpack(">I", data[:4])
+            return pb.Response.FromString(data[4 : 4 + n])
+    except OSError:
+        return None
+
+
+class Cluster:
+    """Node processes of one cluster on reserved loopback ports, with a data
+    dir each under `root`: started, SIGKILLed, paused (SIGSTOP) and resumed
+    by the test."""
+
+    def __init__(self, root: Path, n: int, flags: "tuple[str, ...]") -> None:
+        self._root = root
+        self._flags = (*NODE_FLAGS, *flags)
+        self._held = [(_reserve_port(), _reserve_port()) for _ in range(n)]
+        self.addrs = [f"127.0.0.1:{c.getsockname()[1]}" for c, _ in self._held]
+        self._peers = [f"127.0.0.1:{p.getsockname()[1]}" for _, p in self._held]
+        self._members = ",".join(f"{i + 1}={self.addrs[i]}@{self._peers[i]}" for i in range(n))
+        self.nodes: List[Optional[Server]] = [None] * n
+        self._paused: "set[int]" = set()
+        for i in range(n):
+            self.start(i)
+
+    @property
+    def servers(self) -> str:
+        """Every node's client address, comma-separated, as DLOCK_SERVER takes it."""
+        return ",".join(self.addrs)
+
+    def start(self, i: int) -> None:
+        """Starts node `i` (again, on its ports and data dir) and waits until it listens."""
+        assert self.nodes[i] is None, f"node {i} runs"
+        for s in self._held[i]:
+            s.close()
+        flags = (
+            "--data-dir", str(self._root / f"node{i + 1}"),
+            "--node-id", str(i + 1),
+            "--peer-listen", self._peers[i],
+            "--initial-cluster", self._members,
+            *self._flags,
+        )
+        self.nodes[i] = Server(*flags, listen=self.addrs[i])
+
+    def kill(self, i: int) -> None:
+        node = self.nodes[i]
+        if node is not None:
+            node.kill()
+            self.nodes[i] = None
+            self._paused.discard(i)
+
+    def pause(self, i: int) -> None:
+        node = self.nodes[i]
+        assert node is not None
+        node.pause()
+        self._paused.add(i)
+
+    def resume(self, i: int) -> None:
+        node = self.nodes[i]
+        if node is not None and i in self._paused:
+            node.resume()
+            self._paused.discard(i)
+
+    def status(self, i: int, timeout: float = 0.5) -> "Optional[pb.ClusterInfo]":
+        """Node `i`'s view of the cluster (ClusterStatus), None if it does not answer."""
+        if self.nodes[i] is None or i in self._paused:
+            return None
+        resp = _frame_call(self.addrs[i], pb.Request(version=2, id=1, type=pb.ClusterStatus), timeout)
+        if resp is None or resp.status != pb.Ok:
+            return None
+        return resp.cluster
+
+    def leader(self, *, other_than: Optional[int] = None, limit: float = LIMIT) -> int:
+        """The index of the node that leads, other than `other_than`; waits up
+        to `limit` for one.
+
+        A node that says it leads is taken once it also answers an Inspect,
+        which it does only after a majority confirmed its lead (read index):
+        a node says it leads for a moment longer than it does, at start.
+        """
+        deadline = time.monotonic() + limit
+        stats = pb.Request(version=2, id=1, type=pb.Inspect)
+        while True:
+            for i in range(len(self.nodes)):
+                if i == other_than:
+                    continue
+                info = self.status(i)
+                if info is None or info.role != "Leader":
+                    continue
+                resp = _frame_call(self.addrs[i], stats, 1.0)
+                if resp is not None and resp.status == pb.Ok:
+                    return i
+            if time.monotonic() > deadline:
+                pytest.fail(f"no leader (other than node {other_than}) within {limit} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for i in range(len(self.nodes)):
+            self.resume(i)
+            self.kill(i)
+        for pair in self._held:
+            for s in pair:
+                s.close()
+
+
+@pytest.fixture
+def start_cluster(tmp_path: Path) -> Iterator[Any]:
+    """A factory: start_cluster(n=3, *flags) -> Cluster, every node killed after the test."""
+    started: List[Cluster] = []
+
+    def start(n: int = 3, *flags: str) -> Cluster:
+        cluster = Cluster(tmp_path / f"cluster{len(started)}", n, flags)
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()

@@ -286,10 +286,21 @@ def test_dlock_server_and_dlock_token_come_from_the_environment(start_server, tm
     run(body())
 
 
-def test_a_list_of_servers_is_refused_until_clusters_land(monkeypatch):
-    monkeypatch.setenv("DLOCK_SERVER", "127.0.0.1:1,127.0.0.1:2")
-    with pytest.raises(ValueError, match="not supported yet"):
+def test_a_list_of_servers_none_of_which_answers_names_each_and_why(monkeypatch):
+    monkeypatch.setenv("DLOCK_SERVER", " 127.0.0.1:1, 127.0.0.1:2,,")
+    with pytest.raises(dlock.ConnectError) as e:
         run(dlock.aio.connect())
+    assert [addr for addr, _ in e.value.attempts] == ["127.0.0.1:1", "127.0.0.1:2"]
+    assert all("refused" in why.lower() for _, why in e.value.attempts), e.value.attempts
+    assert "127.0.0.1:1: " in str(e.value) and "127.0.0.1:2: " in str(e.value)
+
+
+def test_a_malformed_server_in_a_list_is_named(monkeypatch):
+    with pytest.raises(ValueError, match="'nowhere' is not HOST:PORT"):
+        dlock.aio.connect(["127.0.0.1:1", "nowhere"])
+    monkeypatch.setenv("DLOCK_SERVER", " , ")
+    with pytest.raises(ValueError, match="names no address"):
+        dlock.aio.connect()
 
 
 def test_connecting_to_nothing_is_a_connect_error(server):

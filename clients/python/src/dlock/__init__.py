@@ -16,9 +16,14 @@ asyncio, with many tasks on one connection::
         async with client.lock(["a", "b"], lease=60) as lock:
             ...
 
-Layout: `aio` (the asyncio client), `connection` (its pipelined connection), `lock` (an asyncio
-`Lock` and its safety deadlines), `sync` (the blocking client, the asyncio
-one on a thread), `framing`, `errors`, `types`, `_proto` (generated).
+Against a cluster, name its nodes: ``dlock.Client("10.0.0.1:7436,10.0.0.2:7436,10.0.0.3:7436")``
+(or a list, or DLOCK_SERVER so); the client follows the leader and keeps its locks through failovers.
+
+Layout: `aio` (the asyncio client), `connection` (its pipelined connection, and on a cluster
+the session that outlives it), `dial` (finding the server or the cluster's leader), `lock` (an
+asyncio `Lock` and its safety deadlines), `sync` (the blocking client, the asyncio one on a
+thread), `enqueue` (a queued request), `election`, `framing`, `errors`, `types`, `_args` (request
+arguments), `_env` (DLOCK_* variables), `_proto` (generated).
 """
 
 from .errors import (
@@ -33,8 +38,9 @@ from .errors import (
     Status,
     Timeout,
 )
-from .sync import Client, Lock
-from .types import KeyHolder, KeyInfo, Limits, ServerStats
+from .election import Leader
+from .sync import Client, Election, Leadership, Lock, Queued
+from .types import Event, KeyHolder, KeyInfo, Limits, Reconnecting, Resumed, ServerStats
 
 __version__ = "0.1.0"
 
@@ -44,13 +50,20 @@ __all__ = [
     "ConnectError",
     "ConnectionLost",
     "DlockError",
+    "Election",
+    "Event",
     "KeyHolder",
     "KeyInfo",
+    "Leader",
+    "Leadership",
     "Limits",
     "Lock",
     "LockLost",
     "NotHeld",
     "ProtocolError",
+    "Queued",
+    "Reconnecting",
+    "Resumed",
     "ServerError",
     "ServerStats",
     "Status",

@@ -4,22 +4,42 @@ from __future__ import annotations
 
 import os
 import ssl
-from typing import Optional, Tuple
+from typing import Iterable, List, Optional, Tuple, Union
 
 #: The server's default listen address, as in the Rust crate.
 DEFAULT_SERVER = "127.0.0.1:7436"
 
+#: Where to connect: one address, a comma-separated list, or a list.
+Servers = Union[str, Iterable[str], None]
 
-def server_address(server: Optional[str]) -> Tuple[str, str, int]:
-    """(text, host, port) of `server`, else of DLOCK_SERVER, else the default.
 
-    One address only: the cluster work (a list of servers, following
-    NotLeader) has not landed yet, so a list is refused instead of half-used.
+def server_addresses(server: Servers) -> List[str]:
+    """The addresses of `server`, else of DLOCK_SERVER, else the default.
+
+    One `HOST:PORT`, a comma-separated list of them (as `dlock -s` and the
+    Rust library take it), or a list: a cluster's nodes, tried in order.
+    Blanks around commas and empty entries are ignored. Raises `ValueError`
+    for an entry that is not `HOST:PORT`, naming it.
     """
-    text = server or os.environ.get("DLOCK_SERVER") or DEFAULT_SERVER
+    if server is None or server == "":
+        server = os.environ.get("DLOCK_SERVER") or DEFAULT_SERVER
+    items = server.split(",") if isinstance(server, str) else list(server)
+    addrs = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ValueError(f"dlock server {item!r} is not a HOST:PORT string")
+        item = item.strip()
+        if item:
+            parse_address(item)
+            addrs.append(item)
+    if not addrs:
+        raise ValueError(f"dlock server list {server!r} names no address")
+    return addrs
+
+
+def parse_address(text: str) -> Tuple[str, str, int]:
+    """(text, host, port) of one `HOST:PORT` (`[::1]:7436` for IPv6)."""
     text = text.strip()
-    if "," in text:
-        raise ValueError(f"dlock server {text!r}: a list of servers is not supported yet; give one HOST:PORT")
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"dlock server {text!r} is not HOST:PORT")

@@ -5,15 +5,28 @@ matched in order, Hello on connect, pings at a quarter of the session
 timeout). This module owns the calls and the locks: which are held, and
 when each must be reported lost.
 
-Locks belong to the connection, as in every dlock client: the server grants a
-key that this connection already holds again at once, under a new fencing
-token. Two tasks of one client therefore do not exclude each other on a key;
-when it happens the older `Lock` is reported lost. Tasks (or threads, or
-processes) that must exclude each other use clients of their own.
+Locks belong to the connection (on a cluster, to its session), as in every
+dlock client: the server grants a key that this owner already holds again at
+once, under a new fencing token. Two tasks of one client therefore do not
+exclude each other on a key; when it happens the older `Lock` is reported
+lost. Tasks (or threads, or processes) that must exclude each other use
+clients of their own.
 
-When the connection ends, every pending call fails with `ConnectionLost`,
-later calls fail at once, and `Client.closed` is set. There is no reconnect:
-the server has released every lock held without a lease.
+Against a single server, when the connection ends every pending call fails
+with `ConnectionLost`, later calls fail at once, and `Client.closed` is set.
+There is no reconnect: the server has released every lock held without a
+lease.
+
+Clusters: given a cluster's nodes (a list, or DLOCK_SERVER as a
+comma-separated list), the client connects to the leader and opens a
+session, which owns its locks and outlives a broken connection for its TTL.
+When the leader dies, stops leading, cannot commit, or goes silent, the
+client resumes the session on the new leader and sends again what was not
+answered (connection.py), so calls just take longer and locks stay held
+(`on_event` and the "dlock" logger tell of it). Only when the session ends
+(no node resumed it within its TTL, or the cluster says it ended) does the
+client end as above, with every lock without a lease lost. A program that
+closes the client ends its session at once.
 
 Client-side safety (the rule of docs/PROTOCOL.md): a lock is reported lost
 (`Lock.lost` is set) as soon as this client can no longer be sure the server
@@ -23,7 +36,10 @@ still holds it for us, which is before the server could give it away:
   arrived to a request sent within the last `session_timeout × (1 − margin)`
   (the server may end a connection that it heard nothing from for the
   session timeout, and an answer to a request proves the server had not when
-  it read that request);
+  it read that request). On a cluster node only answers from commands that
+  kept the session alive count (`Ok` to a Ping, Lock, Unlock, Renew; see
+  `connection.keeps_session_alive`): a deposed leader's `NotLeader` proves
+  nothing;
 - a lease: when `lease × (1 − margin)` has passed since the last Lock or
   Renew that was answered was sent, or when Renew is answered NotHeld.
   Leases are renewed in the background every third of the lease; a lease
@@ -43,57 +59,26 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Any, Awaitable, Callable, Generator, Generic, Iterable, List, Optional, TypeVar, Union
+from typing import Any, Awaitable, Callable, Generator, Generic, List, Optional, Tuple, TypeVar, Union
 
 from . import _env
+from ._args import Keys, Shared, Value, keys_of, lock_body, micros, value_bytes
 from ._proto import dlock_pb2 as pb
 from .connection import Connection
-from .errors import LockLost, NotHeld, Timeout
+from .dial import Dial
+from .election import Election, Leader, Leadership
+from .enqueue import Queued
+from .errors import ConnectionLost, LockLost, NotHeld, ProtocolError, Status, Timeout
 from .lock import Lock
-from .types import KeyInfo, Limits, ServerStats
+from .types import Event, KeyInfo, Limits, ServerStats
 
-__all__ = ["Client", "connect"]
+__all__ = ["Client", "Election", "Keys", "Leader", "Leadership", "Lock", "Queued", "Shared", "Value", "connect"]
+
+#: Idle Watch connections kept for the next Watch.
+_IDLE_WATCHERS = 2
 
 
-Keys = Union[str, Iterable[str]]
-#: Which keys a Lock takes shared: all (True), none (False), or those named.
-Shared = Union[bool, str, Iterable[str]]
 T = TypeVar("T")
-
-
-def _keys(keys: Keys) -> List[str]:
-    """One key or several: a bare string is one key, not its characters."""
-    if isinstance(keys, str):
-        return [keys]
-    return list(keys)
-
-
-def _share(body: "pb.RequestLock", keys: List[str], shared: Shared, limit: int) -> None:
-    """Sets which of `keys` are taken shared, and the semaphore's limit.
-
-    Left unset for an exclusive Lock, so its encoding is what every older
-    client sends."""
-    if limit < 0:
-        raise ValueError(f"limit {limit} must not be negative")
-    if shared is True:
-        names = list(keys)
-    elif shared is False:
-        names = []
-    else:
-        names = _keys(shared)
-        stray = [k for k in names if k not in keys]
-        if stray:
-            raise ValueError(f"shared keys {stray!r} are not among the keys locked")
-    if limit and not names:
-        raise ValueError("limit needs shared keys (a semaphore is a shared lock)")
-    body.shared_keys.extend(names)
-    body.limit = limit
-
-
-def _micros(seconds: float) -> int:
-    # A positive duration below a microsecond still means "a little", not 0
-    # (which means "no limit" for wait and "no lease" for release).
-    return max(1, round(seconds * 1_000_000))
 
 
 class _AwaitableContext(Generic[T]):
@@ -117,7 +102,7 @@ class _AwaitableContext(Generic[T]):
 
 
 def connect(
-    server: Optional[str] = None,
+    server: _env.Servers = None,
     *,
     token: Optional[str] = None,
     connect_timeout: float = 5.0,
@@ -127,11 +112,24 @@ def connect(
     tls_cert: Optional[str] = None,
     tls_key: Optional[str] = None,
     ssl_context: Optional[ssl.SSLContext] = None,
+    session_ttl: Optional[float] = None,
+    on_event: Optional[Callable[[Event], None]] = None,
 ) -> "_AwaitableContext[Client]":
-    """Connects to `server` (`HOST:PORT`; default: DLOCK_SERVER, else 127.0.0.1:7436).
+    """Connects to `server`: `HOST:PORT`, or a cluster's nodes as a list or a
+    comma-separated string (default: DLOCK_SERVER, else 127.0.0.1:7436).
+
+    Given a cluster, the client finds the leader (following the `NotLeader`
+    answers of the others), opens a session there with a TTL of
+    `session_ttl` seconds (default: the cluster's), and rides through leader
+    changes: see "Clusters" in the module doc. `on_event` is called with a
+    `dlock.Reconnecting` or `dlock.Resumed` when the session moves (the
+    same is logged on the "dlock" logger).
 
     `token` defaults to DLOCK_TOKEN. `margin` is the fraction of the session
     timeout or lease kept in reserve before a lock is reported lost.
+    `connect_timeout` bounds the whole connect; given several servers, each
+    gets a share of it (at least half a second), so one that accepts but
+    never answers cannot use it up.
     TLS: `tls_ca` (default DLOCK_TLS_CA), a PEM file of the CA that signed
     the server's certificate, turns it on; the certificate must name the
     address's host. `tls_cert` and `tls_key` (DLOCK_TLS_CERT, DLOCK_TLS_KEY)
@@ -139,21 +137,24 @@ def connect(
     ready `ssl_context`. Without any, plain TCP.
     Use as `client = await connect()` or `async with connect() as client:`.
 
-    Raises `ConnectError` if the connection cannot be made, `AccessDenied`
-    if the server refuses the token, `ValueError` for a malformed address.
+    Raises `ConnectError` if no server answers in time (given several, it
+    names each address and why it failed), `AccessDenied` if the server
+    refuses the token, `ValueError` for a malformed address.
     """
 
     async def close(client: Client, failed: bool) -> None:
         await client.close()
 
+    addrs = _env.server_addresses(server)
     tls = _env.tls_context(tls_ca, tls_cert, tls_key, ssl_context)
-    return _AwaitableContext(
-        lambda: Client._connect(server, token, connect_timeout, max_in_flight, margin, tls), close
-    )
+    if session_ttl is not None and session_ttl <= 0:
+        raise ValueError(f"session_ttl {session_ttl} must be positive")
+    dial = Dial(addrs, _env.access_token(token), connect_timeout, tls, session_ttl, on_event)
+    return _AwaitableContext(lambda: Client._connect(dial, max_in_flight, margin), close)
 
 
 class Client:
-    """A connection to a dlock server; make one with `connect()`.
+    """A connection to a dlock server or cluster; make one with `connect()`.
 
     Every method may be called from any number of tasks of the event loop
     that connected it; their requests share the connection.
@@ -165,39 +166,38 @@ class Client:
         self._margin = margin
         self._bound: "set[Lock]" = set()  # held without a lease
         # Which Lock holds each key. The server keeps one holder per key and
-        # connection: a Lock on a key this connection holds is granted at once
-        # under a new fence, and the older Lock is then no longer held.
+        # owner: a Lock on a key this owner holds is granted at once under a
+        # new fence, and the older Lock is then no longer held.
         self._holding: "dict[str, Lock]" = {}
         self._leases: "set[Lock]" = set()
         self._watchdog: Optional[asyncio.TimerHandle] = None
+        # Connections of Watches (a parked Watch holds back the answers
+        # behind it): every one open, and those idle for the next Watch.
+        self._side: "set[Connection]" = set()
+        self._watchers: List[Connection] = []
         conn.on_end = self._on_end
 
     @classmethod
-    async def _connect(
-        cls,
-        server: Optional[str],
-        token: Optional[str],
-        connect_timeout: float,
-        max_in_flight: Optional[int],
-        margin: float,
-        tls: Optional[ssl.SSLContext] = None,
-    ) -> "Client":
+    async def _connect(cls, dial: Dial, max_in_flight: Optional[int], margin: float) -> "Client":
         if not 0 <= margin < 1:
             raise ValueError(f"margin {margin} must be at least 0 and below 1")
-        addr, host, port = _env.server_address(server)
-        conn = await Connection.open(
-            addr, host, port, _env.access_token(token), connect_timeout, max_in_flight, tls
-        )
+        conn = await Connection.open(dial, max_in_flight)
         return cls(conn, margin)
 
     @property
     def addr(self) -> str:
-        """The address connected to, as given."""
+        """The address of the node connected to now (on a cluster, the leader's)."""
         return self._conn.addr
 
     @property
+    def session(self) -> Optional[int]:
+        """The cluster session this client acts for; None on a single server."""
+        return self._conn.session or None
+
+    @property
     def limits(self) -> Limits:
-        """The server's limits, from its answer to Hello."""
+        """The server's limits, from its answer to Hello; on a cluster,
+        `session_timeout` is the session's TTL."""
         return self._conn.limits
 
     @property
@@ -220,6 +220,7 @@ class Client:
         renew: bool = True,
         shared: Shared = False,
         limit: int = 0,
+        value: Value = None,
     ) -> "_AwaitableContext[Lock]":
         """Takes all `keys` at once (one key or an iterable of keys).
 
@@ -231,7 +232,9 @@ class Client:
         number of shared holders, or one exclusive holder), or name the keys
         to take shared (the others exclusively). `limit`: with `shared`, at
         most this many holders of each shared key at once (a semaphore);
-        everyone sharing a key must name the same limit. Use as
+        everyone sharing a key must name the same limit. `value` (bytes, or
+        a str sent as UTF-8; at most 1024 bytes): what Inspect and Watch
+        show for this hold, an election's leader identity. Use as
         `lock = await client.lock(...)` or `async with client.lock(...) as
         lock:` (unlocked on leaving).
 
@@ -246,7 +249,7 @@ class Client:
         async def unlock(lock: Lock, failed: bool) -> None:
             await lock._leave(failed)
 
-        return _AwaitableContext(lambda: self._acquire(keys, wait, lease, renew, shared, limit), unlock)
+        return _AwaitableContext(lambda: self._acquire(keys, wait, lease, renew, shared, limit, value), unlock)
 
     async def try_lock(
         self,
@@ -270,18 +273,103 @@ class Client:
         How a restarted process releases a lease it took earlier. Raises
         `NotHeld` with the keys not held under `fence`.
         """
-        await self._call(pb.Unlock, pb.RequestLock(keys=_keys(keys), fence=fence))
+        await self._call(pb.Unlock, pb.RequestLock(keys=keys_of(keys), fence=fence))
 
     async def renew(self, keys: Keys, fence: int, lease: float) -> None:
         """Sets the lease of `keys` held under `fence` to now + `lease` seconds.
 
         Raises `NotHeld` with the keys not held under `fence`.
         """
-        await self._call(pb.Renew, pb.RequestLock(keys=_keys(keys), fence=fence, release_micro=_micros(lease)))
+        await self._call(pb.Renew, pb.RequestLock(keys=keys_of(keys), fence=fence, release_micro=micros(lease)))
+
+    async def enqueue(
+        self,
+        keys: Keys,
+        *,
+        wait: Optional[float] = None,
+        lease: Optional[float] = None,
+        renew: bool = True,
+        shared: Shared = False,
+        limit: int = 0,
+        value: Value = None,
+    ) -> Union[Lock, Queued]:
+        """A Lock in two steps: answered at once with the `Lock` when the keys
+        are free, else with a `Queued` place in line whose `wait()` collects
+        the grant. The arguments are `lock`'s; the wait limit counts from
+        now. The request keeps its FIFO place meanwhile (on a cluster, across
+        a leader change too).
+
+        A `Queued` belongs to this client's connection until its `wait()` is
+        answered: answers come in request order, so a `wait()` holds back the
+        answers to calls made after it; while that matters, enqueue on a
+        client of its own. Raises as `lock` does, `Timeout` at once when
+        `wait` is 0 and a key is busy.
+        """
+        keys = keys_of(keys)
+        body = lock_body(keys, wait, lease, shared, limit, value)
+        sent = self._loop.time()
+        resp = await self._call(pb.Enqueue, body, lock_keys=keys)
+        if resp.status == Status.Queued:
+            return Queued(self, tuple(keys), resp.ticket, resp.place, lease, renew, sent)
+        return await self._granted(keys, resp.fence, lease, renew, sent)
+
+    async def proclaim(self, keys: Keys, fence: int, value: Value) -> None:
+        """Replaces the value of `keys` held under `fence`, whichever
+        connection took them (an election's leader announcing a new
+        identity). Raises `NotHeld` with the keys not so held."""
+        await self._call(pb.Proclaim, pb.RequestLock(keys=keys_of(keys), fence=fence, value=value_bytes(value)))
+
+    async def watch(
+        self,
+        key: str,
+        known: Optional[Tuple[int, Value]] = None,
+        limit: Optional[float] = None,
+    ) -> KeyInfo:
+        """Waits until the first holder of `key` (the one with the lowest
+        fencing token, `KeyInfo.first()`) is not `known` (its fence and
+        value; None: the key is free), or until `limit` seconds pass
+        (default: 30, or half the session timeout if shorter), and returns
+        the key as it is then: no polling, the server answers as soon as
+        the change is applied (on a cluster, committed). Compare
+        `info.first()` with `known` to tell a change from the limit.
+
+        Runs on a connection of its own (kept for the next Watch), so it
+        holds back no other call; cancelled, that connection is closed and
+        the server forgets the Watch. Against a cluster a parked Watch is
+        the leader's alone: after a failover it is sent again to the new
+        leader. Raises `ServerError` (`WatchLimit`) when the server has its
+        most Watches parked, connection errors.
+        """
+        if limit is None:
+            limit = max(0.1, min(30.0, self.limits.session_timeout / 2))
+        fence, value = known if known is not None else (0, b"")
+        body = pb.RequestLock(keys=[key], fence=fence, value=value_bytes(value), wait_micro=micros(limit))
+        conn = self._watchers.pop() if self._watchers else None
+        if conn is None:
+            if self._conn.close_reason is not None:
+                raise ConnectionLost(self._conn.close_reason)
+            conn = await Connection.open(self._conn._dial, 1, quiet=True)
+            self._side.add(conn)
+        try:
+            resp = await conn.call(pb.Watch, body, counted=False)
+        except BaseException:
+            # Cancelled or failed: a clean close withdraws the parked Watch
+            # (and ends the connection's session, which holds nothing).
+            self._side.discard(conn)
+            conn.end("watch abandoned", closing=True)
+            raise
+        if self._conn.close_reason is None and conn.close_reason is None and len(self._watchers) < _IDLE_WATCHERS:
+            self._watchers.append(conn)
+        else:
+            self._side.discard(conn)
+            conn.end("not needed", closing=True)
+        if not resp.key_info:
+            raise ProtocolError("Watch answered without key_info")
+        return KeyInfo.from_proto(resp.key_info[0])
 
     async def inspect(self, keys: Keys) -> List[KeyInfo]:
         """Holder, lease and waiters of each of `keys`, in order. Changes nothing."""
-        keys = _keys(keys)
+        keys = keys_of(keys)
         if not keys:
             raise ValueError("inspect needs at least one key; stats() describes the server")
         resp = await self._call(pb.Inspect, pb.RequestLock(keys=keys))
@@ -303,6 +391,10 @@ class Client:
         lease; leases stop being renewed and are reported lost at once (they
         stay on the server until they run out or are unlocked by fence)."""
         self._conn.end("closed by the client", closing=True)
+        for conn in list(self._side):
+            conn.end("closed by the client", closing=True)
+        self._side.clear()
+        self._watchers.clear()
 
     async def __aenter__(self) -> "Client":
         return self
@@ -320,27 +412,20 @@ class Client:
         renew: bool,
         shared: Shared = False,
         limit: int = 0,
+        value: Value = None,
     ) -> Lock:
-        keys = _keys(keys)
-        body = pb.RequestLock(keys=keys)
-        _share(body, keys, shared, limit)
-        if wait is not None:
-            if wait < 0:
-                raise ValueError(f"wait {wait} must not be negative")
-            if wait == 0:
-                body.try_lock = True
-            else:
-                body.wait_micro = _micros(wait)
-        if lease is not None:
-            if lease <= 0:
-                raise ValueError(f"lease {lease} must be positive")
-            body.release_micro = _micros(lease)
+        keys = keys_of(keys)
+        body = lock_body(keys, wait, lease, shared, limit, value)
         # Taken before the request is queued: never later than the real send
         # time, so deadlines counted from it are conservative.
         sent = self._loop.time()
         resp = await self._call(pb.Lock, body, lock_keys=keys)
-        sent = await self._refresh_after_wait(keys, resp.fence, lease, sent)
-        lock = Lock(self, tuple(keys), resp.fence, lease, sent, renew)
+        return await self._granted(keys, resp.fence, lease, renew, sent)
+
+    async def _granted(self, keys: List[str], fence: int, lease: Optional[float], renew: bool, sent: float) -> Lock:
+        """The `Lock` for a grant of `keys` under `fence` to a request sent at `sent`."""
+        sent = await self._refresh_after_wait(keys, fence, lease, sent)
+        lock = Lock(self, tuple(keys), fence, lease, sent, renew)
         for key in keys:
             older = self._holding.get(key)
             self._holding[key] = lock
@@ -373,7 +458,7 @@ class Client:
             return sent
         try:
             if lease is not None:
-                await self._call(pb.Renew, pb.RequestLock(keys=keys, fence=fence, release_micro=_micros(lease)))
+                await self._call(pb.Renew, pb.RequestLock(keys=keys, fence=fence, release_micro=micros(lease)))
                 return now
             await self._call(pb.Ping, None)
             return sent
@@ -438,6 +523,10 @@ class Client:
 
     def _on_end(self, reason: str, closing: bool) -> None:
         """The connection ended: locks without a lease are gone with it."""
+        for conn in list(self._side):
+            conn.end(f"the client's connection ended: {reason}", closing=True)
+        self._side.clear()
+        self._watchers.clear()
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None

@@ -1,44 +1,80 @@
-"""One connection to a dlock server: pipelined requests, answers matched in order, pings, its end.
+"""A client's connection to dlock: pipelined requests, answers matched in
+order, pings, and on a cluster the session that outlives each stream.
 
 Every request is framed and queued for writing at once, and the frames
 queued during one turn of the event loop go out in one write. The server
 answers in order, so each answer belongs to the oldest unanswered request;
-an answer out of order ends the connection. At most `max_in_flight`
-requests (default: the server's `max_pipeline`) are unanswered at once,
-which bounds what is buffered here; further calls wait for a slot.
+an answer out of order ends the stream. At most `max_in_flight` requests
+(default: the server's `max_pipeline`) are unanswered at once, which bounds
+what is buffered here; further calls wait for a slot.
 
-Opening sends Hello to learn the server's limits (a server older than Hello
-answers InvalidType and the server defaults are assumed). Then a Ping goes
-out whenever nothing was sent for a quarter of the session timeout, so the
-server never ends a healthy, quiet connection.
+Opening (dial.py) says Hello to learn the server's limits and, on a cluster
+node (Hello says `resumable_sessions`), opens a session on the leader. Then
+a Ping goes out whenever nothing was sent for a quarter of the session
+timeout (on a cluster: the session's TTL), so the server never ends a
+healthy, quiet owner.
 
-`fresh` is the send time of the last answered request, the input of the
-client-side safety rule (`dlock.aio`): the server was reading the connection
-then, so it cannot have ended it before `fresh + session_timeout`.
+Against a single server the connection ends with its stream: every pending
+call fails, and so does every later one, since the server released the
+locks bound to it. Against a cluster, as src/link.rs does, the connection
+names the session in every request that acts for an owner and numbers those
+that change the table (`seq`, with `seq_done`). When the stream breaks, a
+node answers `NotLeader` or `Unavailable`, or a request that should be
+answered at once is not (a paused or cut-off node), the stream is reset
+(never closed with a FIN, which would end the session on the node), the
+leader is looked for among the known addresses and those nodes name, the
+session is resumed there (OpenSession naming it) and the requests not yet
+answered are sent again, in order and under their first numbers: the leader
+answers one it already applied as it did the first time, and a waiting Lock
+keeps its place in line. Only when the session is really gone (a node says
+`UnknownSession`, or no node resumed it within its TTL) does the connection
+end as it would against a single server.
+
+`fresh` is the send time of the last request whose answer proves the owner
+alive, the input of the client-side safety rule (`dlock.aio`). On a single
+server any answer does: the server was reading the connection then, so it
+cannot have ended it before `fresh + session_timeout`. On a cluster the
+owner is a session that ends a TTL after the last command that kept it
+alive was committed, so only answers from such commands count
+(`keeps_session_alive`): a `NotLeader` or `Unavailable` answer, from a
+deposed leader say, proves nothing, and counting it would keep a lock "held"
+here after the cluster gave it away.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import socket
-import ssl
+import dataclasses
+import logging
 from typing import Callable, Deque, List, Optional
 
 from google.protobuf.message import DecodeError
 
 from ._proto import dlock_pb2 as pb
-from .errors import ConnectError, ConnectionLost, DlockError, ProtocolError, ServerError, Status, from_response
-from .framing import FrameDecoder, encode
-from .types import DEFAULT_LIMITS, Limits
+from .dial import PROTOCOL_VERSION, Dial, Established, SessionEnded, Stream, establish, reset
+from .errors import ConnectionLost, DlockError, ServerError, Status, from_response
+from .framing import encode
+from .types import Limits, Reconnecting, Resumed
 
-PROTOCOL_VERSION = 2
+__all__ = ["Connection", "PROTOCOL_VERSION", "keeps_session_alive"]
+
+log = logging.getLogger("dlock")
+
+#: Requests that change the table: numbered in a session, so that one sent
+#: again after a reconnect is recognised instead of acted on twice.
+_NUMBERED = frozenset((pb.Lock, pb.Unlock, pb.Renew, pb.Enqueue))
+#: Requests whose answer can prove a cluster session alive.
+_KEEPS_ALIVE = frozenset((pb.Ping, *_NUMBERED))
+#: Requests whose answer may rightly take long: they wait for busy keys, or
+#: for a change.
+_MAY_WAIT = frozenset((pb.Lock, pb.Wait, pb.Watch))
 
 
 class _Pending:
-    """A request written and not yet answered."""
+    """A request written (or, while the session moves, to be written) and not yet answered."""
 
-    __slots__ = ("id", "rtype", "future", "sent", "counted", "lock_keys")
+    __slots__ = ("id", "rtype", "future", "sent", "counted", "lock_keys", "seq", "frame", "ticket")
 
     def __init__(
         self,
@@ -48,142 +84,91 @@ class _Pending:
         sent: float,
         counted: bool,
         lock_keys: Optional[List[str]],
+        seq: int,
+        frame: Optional[bytes],
+        ticket: int = 0,
     ) -> None:
         self.id = id
         self.rtype = rtype
         self.future = future
+        # When it was (last) written: once it is answered, the server had
+        # the owner alive no earlier than this.
         self.sent = sent
         self.counted = counted
-        # For Lock: the keys, so a grant nobody waits for any more is released.
+        # For Lock, Enqueue and Wait: the keys, so a grant nobody waits for
+        # any more is released.
         self.lock_keys = lock_keys
-
-
-class _Protocol(asyncio.Protocol):
-    """asyncio's callbacks, handed to the Connection once it exists."""
-
-    def __init__(self) -> None:
-        self.conn: Optional[Connection] = None
-        self.early: List[bytes] = []
-        self.gone: Optional[str] = None
-
-    def data_received(self, data: bytes) -> None:
-        if self.conn is None:
-            self.early.append(data)
-        else:
-            self.conn._on_data(data)
-
-    def connection_lost(self, exc: Optional[Exception]) -> None:
-        reason = f"connection error: {exc}" if exc else "server closed the connection"
-        if self.conn is None:
-            self.gone = reason
-        else:
-            self.conn.end(reason)
+        # Its number in the session; 0 if it changes nothing or there is none.
+        self.seq = seq
+        # On a session: the request as written, to send again after a
+        # reconnect. None against a single server, which never resumes.
+        self.frame = frame
+        # For Wait: the ticket it collects.
+        self.ticket = ticket
 
 
 class Connection:
     """The connection under a `dlock.aio.Client`; see the module doc."""
 
-    def __init__(self, addr: str, transport: asyncio.Transport, token: str) -> None:
+    def __init__(self, dial: Dial, est: Established, max_in_flight: Optional[int], *, quiet: bool = False) -> None:
         self._loop = asyncio.get_running_loop()
-        self.addr = addr
-        self._transport = transport
-        self._token = token
-        self._decoder = FrameDecoder()
-        self._pending: Deque[_Pending] = collections.deque()
+        self._dial = dial
+        # A connection the client opened for itself (a Watch's): its moves
+        # are logged at debug level and not reported to on_event.
+        self._quiet = quiet
+        self._stream: Optional[Stream] = None
+        #: The node connected to now.
+        self.addr = est.addr
+        #: The cluster session this connection acts for; 0 on a single server.
+        self.session = est.session
+        #: The server's limits; on a cluster `session_timeout` is the session's TTL.
+        self.limits: Limits = est.limits
+        if est.session:
+            self.limits = _with_timeout(est.limits, est.session_timeout)
         self._out: List[bytes] = []
         self._flush_scheduled = False
+        self._pending: Deque[_Pending] = collections.deque()
+        # The numbers of the numbered requests in `_pending`, oldest first:
+        # everything below the first has been answered (`seq_done`).
+        self._numbered: Deque[int] = collections.deque()
+        # Ticket -> number of each Enqueue answered Queued whose Wait has not
+        # been answered: `seq_done` stays below them, so that after a
+        # failover the new leader still remembers an outcome decided before
+        # it (docs/PROTOCOL.md, "Two-phase acquire"). At most the server's
+        # max_pipeline tickets are open per connection.
+        self._queued: "dict[int, int]" = {}
         self._next_id = 0
+        self._next_seq = 1
         self._pings_out = 0
-        self._slots: Optional[asyncio.Semaphore] = None
-        self.limits: Limits = DEFAULT_LIMITS
-        now = self._loop.time()
-        self._last_send = now
-        #: Send time of the last answered request.
-        self.fresh = now
-        self._pinger: Optional["asyncio.Task[None]"] = None
-        self._turned_away: Optional[DlockError] = None
+        self._slots = asyncio.Semaphore(max_in_flight or est.limits.max_pipeline)
+        self._last_send = est.acked_from
+        #: Send time of the last request whose answer proves the owner alive.
+        self.fresh = est.acked_from
+        self._resuming: "Optional[asyncio.Task[None]]" = None
         #: Called once when the connection ends: (reason, closed by us).
         self.on_end: Callable[[str, bool], None] = lambda reason, closing: None
         #: Set when the connection has ended; `close_reason` says why.
         self.closed = asyncio.Event()
         self.close_reason: Optional[str] = None
+        self._pinger = self._loop.create_task(self._ping_loop())
+        self._take(est.stream)
 
     @classmethod
-    async def open(
-        cls,
-        addr: str,
-        host: str,
-        port: int,
-        token: str,
-        connect_timeout: float,
-        max_in_flight: Optional[int],
-        tls: Optional[ssl.SSLContext] = None,
-    ) -> "Connection":
-        """Connects, says Hello, starts pinging.
+    async def open(cls, dial: Dial, max_in_flight: Optional[int], *, quiet: bool = False) -> "Connection":
+        """Connects (on a cluster: to the leader, with a new session), says
+        Hello, starts pinging.
 
-        Raises `ConnectError` if no connection or no answer to Hello comes
-        within `connect_timeout`, the error of the server's refusal
-        (`AccessDenied`, `ServerError(LimitReached)`), or `ConnectionLost`.
+        Raises `ConnectError` if no server answers in time (naming each
+        address tried and why it failed), or the error of the server's
+        refusal (`AccessDenied`, `ServerError(LimitReached)`).
         """
         loop = asyncio.get_running_loop()
+        est = await establish(dial, 0, loop.time() + dial.connect_timeout, persist=False)
         try:
-            # With TLS the handshake is part of the connect, under the same
-            # timeout; the server's name is the address's host (an IP
-            # literal is checked against the certificate's IP names).
-            transport, protocol = await asyncio.wait_for(
-                loop.create_connection(
-                    _Protocol,
-                    host,
-                    port,
-                    ssl=tls,
-                    server_hostname=host if tls is not None else None,
-                    ssl_handshake_timeout=connect_timeout if tls is not None else None,
-                ),
-                connect_timeout,
-            )
-        except asyncio.TimeoutError:
-            raise ConnectError(addr, f"no answer within {connect_timeout} s") from None
-        except ssl.SSLError as e:
-            raise ConnectError(addr, f"TLS handshake failed: {e.reason or e}") from e
-        except OSError as e:
-            raise ConnectError(addr, str(e)) from e
-        _keepalive(transport)
-        conn = cls(addr, transport, token)  # type: ignore[arg-type]
-        protocol.conn = conn
-        for data in protocol.early:
-            conn._on_data(data)
-        if protocol.gone:
-            conn.end(protocol.gone)
-        try:
-            try:
-                # The connect timeout covers the first answer too: a server
-                # that accepts but never answers (paused, overloaded) is as
-                # unreachable as one that does not accept.
-                resp = await asyncio.wait_for(conn.call(pb.Hello, None, counted=False), connect_timeout)
-                conn.limits = Limits.from_proto(resp.limits)
-            except asyncio.TimeoutError:
-                conn.end("no answer to Hello", closing=True)
-                raise ConnectError(addr, f"no answer to Hello within {connect_timeout} s") from None
-            except ServerError as e:
-                if e.status != Status.InvalidType:
-                    raise
-                # A server older than Hello: assume its defaults.
-                conn.limits = DEFAULT_LIMITS
-        except ConnectionLost as e:
-            conn.end("connect failed", closing=True)
-            if conn._turned_away is not None:
-                raise conn._turned_away from e
-            # Lost before the first answer: the connection was never made
-            # (a TLS server refusing the handshake late, as TLS 1.3 does for
-            # a missing client certificate, or one spoken to in plain TCP).
-            hint = "" if tls is not None else " (if the server speaks TLS, give tls_ca)"
-            raise ConnectError(addr, f"lost before the server answered Hello: {e}{hint}") from e
+            return cls(dial, est, max_in_flight, quiet=quiet)
         except BaseException:
-            conn.end("connect failed", closing=True)
+            reset(est.stream.transport)  # type: ignore[arg-type]
             raise
-        conn._slots = asyncio.Semaphore(max_in_flight or conn.limits.max_pipeline)
-        conn._pinger = loop.create_task(conn._ping_loop())
-        return conn
 
     async def call(
         self,
@@ -196,9 +181,7 @@ class Connection:
         """Sends one request, waits for its answer; error statuses raise."""
         if self.close_reason is not None:
             raise ConnectionLost(self.close_reason)
-        counted = counted and self._slots is not None
         if counted:
-            assert self._slots is not None
             await self._slots.acquire()
             if self.close_reason is not None:
                 self._slots.release()
@@ -208,11 +191,11 @@ class Connection:
             self.send(rtype, body, future, counted, lock_keys)
         except BaseException:
             if counted:
-                assert self._slots is not None
                 self._slots.release()
             raise
         resp = await future
-        if resp.status != Status.Ok:
+        # Queued is no error: an Enqueue waiting in line, with its ticket.
+        if resp.status != Status.Ok and not (rtype == pb.Enqueue and resp.status == Status.Queued):
             raise from_response(resp)
         return resp
 
@@ -224,10 +207,23 @@ class Connection:
         counted: bool = False,
         lock_keys: Optional[List[str]] = None,
     ) -> None:
-        self._next_id += 1
-        req = pb.Request(version=PROTOCOL_VERSION, id=self._next_id, access_token=self._token, type=rtype)  # type: ignore[arg-type]
+        """Queues one request; its answer goes to `future` (None: nobody waits)."""
+        req = pb.Request(version=PROTOCOL_VERSION, id=self._next_id + 1, access_token=self._dial.token, type=rtype)  # type: ignore[arg-type]
         if body is not None:
             req.lock.CopyFrom(body)
+        seq = 0
+        if self.session:
+            if rtype in _NUMBERED:
+                seq = self._next_seq
+                req.session = self.session
+                req.seq = seq
+                done_below = self._numbered[0] if self._numbered else seq
+                if self._queued:
+                    done_below = min(done_below, min(self._queued.values()))
+                req.seq_done = done_below - 1
+            elif rtype == pb.Wait or (rtype == pb.Inspect and body is not None and len(body.keys) > 0):
+                # An Inspect without keys asks for server counts, no owner's.
+                req.session = self.session
         frame = encode(req)
         if len(frame) - 4 > self.limits.max_frame:
             # The server would answer FrameTooLarge and close the connection,
@@ -237,9 +233,20 @@ class Connection:
                 f"request of {len(frame) - 4} bytes is over the server's max_frame of "
                 f"{self.limits.max_frame} (not sent)",
             )
+        self._next_id += 1
+        if seq:
+            self._next_seq += 1
+            self._numbered.append(seq)
         now = self._loop.time()
-        self._pending.append(_Pending(self._next_id, rtype, future, now, counted, lock_keys))
-        self._last_send = now
+        keep = frame if self.session else None
+        ticket = body.ticket if rtype == pb.Wait and body is not None else 0
+        self._pending.append(_Pending(self._next_id, rtype, future, now, counted, lock_keys, seq, keep, ticket))
+        if not self.limits.resumable_sessions or rtype in _KEEPS_ALIVE:
+            # On a cluster an Inspect keeps nothing alive that the client
+            # could prove: a Ping is still due.
+            self._last_send = now
+        if self._stream is None:
+            return  # the session is moving: sent with the rest once resumed
         self._out.append(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -247,79 +254,204 @@ class Connection:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self.close_reason is None and self._out:
-            self._transport.write(b"".join(self._out))
+        if self._stream is not None and self._out:
+            assert self._stream.transport is not None
+            self._stream.transport.write(b"".join(self._out))
         self._out.clear()
 
-    def _on_data(self, data: bytes) -> None:
-        try:
-            bodies = self._decoder.feed(data)
-        except ProtocolError as e:
-            self.end(str(e))
+    # -- streams --------------------------------------------------------
+
+    def _take(self, stream: Stream) -> None:
+        self._stream = stream
+        stream.attach(self._on_stream)
+
+    def _on_stream(self, stream: Stream, bodies: Optional[List[bytes]], gone: Optional[str]) -> None:
+        if stream is not self._stream:
+            return  # a stream given up already
+        if gone is not None:
+            self._stream_failed(gone)
             return
+        assert bodies is not None
         for body in bodies:
+            if stream is not self._stream:
+                return
             resp = pb.Response()
             try:
                 resp.ParseFromString(body)
             except DecodeError as e:
-                self.end(f"undecodable response: {e}")
+                self._stream_failed(f"undecodable response: {e}")
                 return
-            if not self._pending or self._pending[0].id != resp.request_id:
-                # An answer to nothing: the server turned the connection away
-                # (request_id 0: too many connections, frame too large) or
-                # broke ordering.
-                head = from_response(resp) if resp.request_id == 0 and resp.status != Status.Ok else None
-                text = resp.error_text or f"unexpected answer to request {resp.request_id}"
-                self.end(f"server: {text}", head=head)
+            self._on_response(resp)
+
+    def _on_response(self, resp: "pb.Response") -> None:
+        if not self._pending or self._pending[0].id != resp.request_id:
+            # An answer to nothing: the server turned the connection away
+            # (request_id 0: too many connections, frame too large) or
+            # broke ordering.
+            head = from_response(resp) if resp.request_id == 0 and resp.status != Status.Ok else None
+            text = resp.error_text or f"unexpected answer to request {resp.request_id}"
+            self._stream_failed(f"server: {text}", head=head)
+            return
+        if self.session:
+            # Answers that send the session elsewhere leave the request in
+            # place, to be sent again there.
+            if resp.status == Status.UnknownSession:
+                self.end(f"session {self.session} has ended ({resp.error_text}): its locks may be another's")
                 return
-            p = self._pending.popleft()
-            if p.counted and self._slots is not None:
-                self._slots.release()
-            self.fresh = p.sent
-            if p.rtype == pb.Ping and p.future is None:
-                self._pings_out -= 1
-            fut = p.future
-            if fut is None:
-                continue
-            if fut.cancelled():
-                if p.lock_keys is not None and resp.status == Status.Ok:
-                    # The caller stopped waiting: release what it was granted.
-                    self.send(pb.Unlock, pb.RequestLock(keys=p.lock_keys, fence=resp.fence), None)
-                continue
-            fut.set_result(resp)
+            if resp.status == Status.NotLeader:
+                self._stream_failed(f"{self.addr} stopped leading", leader=resp.leader_addr or None)
+                return
+            if resp.status == Status.Unavailable:
+                self._stream_failed(f"{self.addr} could not commit in time (Unavailable)")
+                return
+        p = self._pending.popleft()
+        if p.seq:
+            self._numbered.popleft()
+        if p.rtype == pb.Enqueue and resp.status == Status.Queued and p.seq:
+            self._queued[resp.ticket] = p.seq
+        elif p.rtype == pb.Wait:
+            self._queued.pop(p.ticket, None)
+        if p.counted:
+            self._slots.release()
+        if not self.limits.resumable_sessions or keeps_session_alive(p.rtype, resp.status):
+            self.fresh = max(self.fresh, p.sent)
+        if p.rtype == pb.Ping and p.future is None:
+            self._pings_out -= 1
+        fut = p.future
+        if fut is None:
+            return
+        if fut.cancelled():
+            if p.lock_keys is not None and resp.status == Status.Ok:
+                # The caller stopped waiting: release what it was granted.
+                self.send(pb.Unlock, pb.RequestLock(keys=p.lock_keys, fence=resp.fence), None)
+            return
+        fut.set_result(resp)
+
+    def _stream_failed(
+        self,
+        reason: str,
+        *,
+        head: Optional[DlockError] = None,
+        leader: Optional[str] = None,
+        silent: bool = False,
+    ) -> None:
+        """The stream is of no more use: on a session, move it to the leader;
+        otherwise end the connection."""
+        if self.close_reason is not None or self._stream is None:
+            return
+        if not self.session:
+            self.end(reason, head=head)
+            return
+        stream, self._stream = self._stream, None
+        stream.detach()
+        if stream.transport is not None:
+            reset(stream.transport)
+        self._out.clear()  # every frame in it is pending, and is sent again
+        level = logging.DEBUG if self._quiet else logging.WARNING
+        log.log(level, "dlock: connection to %s lost (%s); resuming session %d", self.addr, reason, self.session)
+        if not self._quiet:
+            self._dial.event(Reconnecting(self.addr, reason, self.session))
+        self._resuming = self._loop.create_task(
+            self._resume(reason, leader, self.addr if silent else None)
+        )
+
+    async def _resume(self, reason: str, leader: Optional[str], avoid: Optional[str]) -> None:
+        broke = self._loop.time()
+        # The session lives a TTL after the last command that kept it alive:
+        # the last answered request, or, while the stream was open, the
+        # node's own keep-alives (a third of a TTL apart), which the client
+        # does not see while a Lock waits. Past this no node knows it; before
+        # it, a node that does not answers UnknownSession. (Locks enforce the
+        # safety deadline apart.)
+        deadline = max(self.fresh, broke) + self.limits.session_timeout
+        try:
+            est = await establish(self._dial, self.session, deadline, persist=True, prefer=leader, avoid=avoid)
+        except SessionEnded as e:
+            self.end(str(e))
+            return
+        except Exception as e:  # noqa: BLE001 - whatever it was, the session is not resumed
+            self.end(f"session {self.session} not resumed after {reason}: {e}")
+            return
+        if self.close_reason is not None:
+            reset(est.stream.transport)  # type: ignore[arg-type]
+            return
+        self._resuming = None
+        self.addr = est.addr
+        self.fresh = max(self.fresh, est.acked_from)
+        # Everything not answered, first, in order, under its first number
+        # (and id): its answer will come from this stream.
+        now = self._loop.time()
+        frames = []
+        for p in self._pending:
+            if p.frame is not None:
+                frames.append(p.frame)
+                p.sent = now
+        self._take(est.stream)
+        if frames and est.stream.transport is not None:
+            est.stream.transport.write(b"".join(frames))
+        after = now - broke
+        level = logging.DEBUG if self._quiet else logging.INFO
+        log.log(level, "dlock: session %d resumed on %s after %.3g s", self.session, est.addr, after)
+        if not self._quiet:
+            self._dial.event(Resumed(est.addr, self.session, after))
 
     def end(self, reason: str, *, head: Optional[DlockError] = None, closing: bool = False) -> None:
-        """Ends the connection once: fails what is pending, then tells `on_end`."""
+        """Ends the connection once: fails what is pending, then tells `on_end`.
+
+        `closing`: the client closes it, cleanly (a FIN: a cluster node ends
+        the session at once and releases its locks). Otherwise it is reset.
+        """
         if self.close_reason is not None:
             return
         self._flush()  # a close by the client still sends what was queued
         self.close_reason = reason
-        if closing:
-            self._transport.close()
-        else:
-            self._transport.abort()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.detach()
+            if stream.transport is not None:
+                if closing:
+                    stream.transport.close()
+                else:
+                    reset(stream.transport)
+        if self._resuming is not None and self._resuming is not asyncio.current_task():
+            self._resuming.cancel()
         pending, self._pending = self._pending, collections.deque()
+        self._numbered.clear()
+        self._queued.clear()
         for p in pending:
-            if p.counted and self._slots is not None:
+            if p.counted:
                 self._slots.release()
             if p.future is not None and not p.future.done():
                 p.future.set_exception(head or ConnectionLost(reason))
                 head = None
-        # An answer with request_id 0 that no request took: the server turned
-        # the connection away before reading any; connect() raises it.
-        self._turned_away = head
-        if self._pinger is not None:
-            self._pinger.cancel()
+        self._pinger.cancel()
         self.closed.set()
         self.on_end(reason, closing)
 
     async def _ping_loop(self) -> None:
         interval = self.limits.session_timeout / 4
+        # On a session: how long a request that should be answered at once
+        # may go unanswered before the node counts as gone (paused, cut off
+        # behind a path that drops without a reset). A quarter of the TTL,
+        # not src/link.rs's half: the safety deadline of a lock falls 0.9 TTL
+        # after the last answered Ping, which may be a quarter TTL before the
+        # silence began, so noticing it later leaves no time to resume.
+        silence = self.limits.session_timeout / 4
         while self.close_reason is None:
-            due = self._last_send + interval
             now = self._loop.time()
-            if now < due:
-                await asyncio.sleep(due - now)
+            if self._stream is None:
+                await asyncio.sleep(interval)  # the session is moving
+                continue
+            wake = self._last_send + interval
+            if self.session and self._pending:
+                head = self._pending[0]
+                if head.rtype not in _MAY_WAIT:
+                    if now - head.sent >= silence:
+                        self._stream_failed(f"no answer for {now - head.sent:.3g} s", silent=True)
+                        continue
+                    wake = min(wake, head.sent + silence)
+            if now < wake:
+                await asyncio.sleep(wake - now)
                 continue
             # Pings behind a waiting Lock are read (they keep the session
             # alive) but not answered until the Lock is; past max_pipeline
@@ -331,16 +463,26 @@ class Connection:
                 self._last_send = now
 
 
-def _keepalive(transport: asyncio.BaseTransport) -> None:
-    """TCP keepalive so a silently dead path is noticed while the client is quiet."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        if hasattr(socket, "TCP_KEEPIDLE"):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 10)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 3)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
-    except OSError:
-        pass  # an optimisation; the session-timeout rule does not rely on it
+def _with_timeout(limits: Limits, timeout: float) -> Limits:
+    return dataclasses.replace(limits, session_timeout=timeout)
+
+
+def keeps_session_alive(rtype: int, status: int) -> bool:
+    """Whether an answer with `status` to a request of type `rtype` comes, on
+    a cluster, from a command committed for the session (which kept it
+    alive), as src/link.rs decides: `Ok` to a Ping or to a Lock, Unlock,
+    Renew or Enqueue; `AcquireTimeout` to a Lock or Enqueue; `Queued` to an
+    Enqueue; `NotHeld` to an Unlock or Renew. A refusal (`NotLeader`,
+    `Unavailable`, `InvalidArgument`, ...), an Inspect or a Wait (read, not
+    committed) proves nothing."""
+    if rtype not in _KEEPS_ALIVE:
+        return False
+    if status == Status.Ok:
+        return True
+    if status == Status.AcquireTimeout:
+        return rtype in (pb.Lock, pb.Enqueue)
+    if status == Status.Queued:
+        return rtype == pb.Enqueue
+    if status == Status.NotHeld:
+        return rtype in (pb.Unlock, pb.Renew)
+    return False

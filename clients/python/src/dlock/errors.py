@@ -7,7 +7,7 @@ Every error that comes from a server answer carries its `status`; the others
 from __future__ import annotations
 
 import enum
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from ._proto import dlock_pb2 as pb
 
@@ -27,11 +27,18 @@ class DlockError(Exception):
 class ConnectError(DlockError):
     """The connection could not be made: TCP, the TLS handshake, or the
     first answer (the `OSError`, `ssl.SSLError` or `ConnectionLost` is
-    `__cause__`)."""
+    `__cause__`). Given several servers, none would do: `attempts` lists
+    each address tried and why it failed, and the message names them all."""
 
-    def __init__(self, addr: str, reason: str) -> None:
-        super().__init__(f"cannot connect to {addr}: {reason}")
+    def __init__(self, addr: str, reason: str, attempts: Optional[Sequence[Tuple[str, str]]] = None) -> None:
+        if attempts is not None and len(attempts) > 1:
+            super().__init__(f"cannot connect to any of {len(attempts)} servers: {reason}")
+        else:
+            super().__init__(f"cannot connect to {addr}: {reason}")
         self.addr = addr
+        self.reason = reason
+        #: (address, why) of each server tried, in the order first tried.
+        self.attempts: List[Tuple[str, str]] = list(attempts) if attempts is not None else [(addr, reason)]
 
 
 class ConnectionLost(DlockError):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
+from ._args import micros
 from ._proto import dlock_pb2 as pb
 from .errors import ConnectionLost, DlockError, LockLost, NotHeld
 
 if TYPE_CHECKING:
+    from ._args import Value
     from .aio import Client
 
 
@@ -95,6 +97,11 @@ class Lock:
         self._stop()
         await self._client._call(pb.Unlock, pb.RequestLock(keys=self.keys, fence=self.fence))
 
+    async def proclaim(self, value: "Value") -> None:
+        """Replaces the value of the keys held under this lock's fence (what
+        Inspect and Watch show). Raises `NotHeld` if they are no longer held."""
+        await self._client.proclaim(self.keys, self.fence, value)
+
     async def renew(self, lease: Optional[float] = None) -> None:
         """Sets the lease to now + `lease` seconds (default: the lease it has).
 
@@ -115,9 +122,7 @@ class Lock:
             self._start_keeper()
 
     async def _renew_once(self, lease: float, sent: float) -> None:
-        from .aio import _micros
-
-        body = pb.RequestLock(keys=self.keys, fence=self.fence, release_micro=_micros(lease))
+        body = pb.RequestLock(keys=self.keys, fence=self.fence, release_micro=micros(lease))
         await self._client._call(pb.Renew, body)
         if sent > self._lease_sent or self.lease != lease:
             self.lease = lease

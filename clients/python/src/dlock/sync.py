@@ -17,29 +17,35 @@ import asyncio
 import ssl
 import threading
 from concurrent.futures import Future
-from typing import Any, Awaitable, List, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, List, Optional, Tuple, TypeVar, Union
 
 from . import _env, aio
+from .election import Election as _AioElection
+from .election import Leader
+from .election import Leadership as _AioLeadership
+from .enqueue import Queued as _AioQueued
 from .lock import Lock as _AioLock
-from .types import KeyInfo, Limits, ServerStats
+from .types import Event, KeyInfo, Limits, ServerStats
 
-__all__ = ["Client", "Lock"]
+__all__ = ["Client", "Election", "Leader", "Leadership", "Lock", "Queued"]
 
 T = TypeVar("T")
 
 
 class Client:
-    """A connection to a dlock server, for blocking code.
+    """A connection to a dlock server or cluster, for blocking code.
 
-    `Client()` connects to DLOCK_SERVER (else 127.0.0.1:7436) with the token
-    DLOCK_TOKEN; the arguments are those of `dlock.aio.connect`. Raises
-    `ConnectError`, `AccessDenied` or `ValueError` like it. Use as a context
-    manager, or call `close()`.
+    `Client()` connects to DLOCK_SERVER (one address, or a cluster's nodes
+    comma-separated; else 127.0.0.1:7436) with the token DLOCK_TOKEN; the
+    arguments are those of `dlock.aio.connect` (`server` may be a list).
+    `on_event` is called on the client's own thread. Raises `ConnectError`,
+    `AccessDenied` or `ValueError` like it. Use as a context manager, or call
+    `close()`.
     """
 
     def __init__(
         self,
-        server: Optional[str] = None,
+        server: _env.Servers = None,
         *,
         token: Optional[str] = None,
         connect_timeout: float = 5.0,
@@ -49,23 +55,35 @@ class Client:
         tls_cert: Optional[str] = None,
         tls_key: Optional[str] = None,
         ssl_context: Optional[ssl.SSLContext] = None,
+        session_ttl: Optional[float] = None,
+        on_event: Optional[Callable[[Event], None]] = None,
     ) -> None:
-        tls = _env.tls_context(tls_ca, tls_cert, tls_key, ssl_context)
+        connecting = aio.connect(
+            server,
+            token=token,
+            connect_timeout=connect_timeout,
+            max_in_flight=max_in_flight,
+            margin=margin,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            ssl_context=ssl_context,
+            session_ttl=session_ttl,
+            on_event=on_event,
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="dlock-client", daemon=True)
         self._thread.start()
         #: Set when the connection has ended; `close_reason` says why.
         self.closed = threading.Event()
         try:
-            self._aio: aio.Client = self._run(
-                self._connect(server, token, connect_timeout, max_in_flight, margin, tls)
-            )
+            self._aio: aio.Client = self._run(self._connect(connecting))
         except BaseException:
             self._stop_loop()
             raise
 
-    async def _connect(self, *args: Any) -> aio.Client:
-        client = await aio.Client._connect(*args)
+    async def _connect(self, connecting: Awaitable[aio.Client]) -> aio.Client:
+        client = await connecting
 
         async def watch() -> None:
             await client.closed.wait()
@@ -76,7 +94,13 @@ class Client:
 
     @property
     def addr(self) -> str:
+        """The address of the node connected to now (on a cluster, the leader's)."""
         return self._aio.addr
+
+    @property
+    def session(self) -> Optional[int]:
+        """The cluster session this client acts for; None on a single server."""
+        return self._aio.session
 
     @property
     def limits(self) -> Limits:
@@ -95,14 +119,45 @@ class Client:
         renew: bool = True,
         shared: aio.Shared = False,
         limit: int = 0,
+        value: aio.Value = None,
     ) -> "Lock":
         """Takes all `keys` at once; see `dlock.aio.Client.lock`.
 
         Blocks until granted; use as `with client.lock("jobs/nightly", wait=30) as lock:`.
         Ctrl-C while waiting withdraws the request.
         """
-        lock = self._run(self._aio._acquire(keys, wait, lease, renew, shared, limit))
+        lock = self._run(self._aio._acquire(keys, wait, lease, renew, shared, limit, value))
         return Lock(self, lock, threading.Event())
+
+    def enqueue(
+        self,
+        keys: aio.Keys,
+        *,
+        wait: Optional[float] = None,
+        lease: Optional[float] = None,
+        renew: bool = True,
+        shared: aio.Shared = False,
+        limit: int = 0,
+        value: aio.Value = None,
+    ) -> "Union[Lock, Queued]":
+        """A Lock in two steps: the `Lock` at once if the keys are free, else
+        a `Queued` place in line whose `wait()` blocks for the grant; see
+        `dlock.aio.Client.enqueue`."""
+        got = self._run(
+            self._aio.enqueue(keys, wait=wait, lease=lease, renew=renew, shared=shared, limit=limit, value=value)
+        )
+        if isinstance(got, _AioQueued):
+            return Queued(self, got)
+        return Lock(self, got, threading.Event())
+
+    def proclaim(self, keys: aio.Keys, fence: int, value: aio.Value) -> None:
+        """Replaces the value of `keys` held under `fence`; see `dlock.aio.Client.proclaim`."""
+        self._run(self._aio.proclaim(keys, fence, value))
+
+    def watch(self, key: str, known: "Optional[Tuple[int, aio.Value]]" = None, limit: Optional[float] = None) -> KeyInfo:
+        """Blocks until the first holder of `key` is not `known`, or `limit`
+        seconds pass; see `dlock.aio.Client.watch`."""
+        return self._run(self._aio.watch(key, known, limit))
 
     def try_lock(
         self,
@@ -228,6 +283,10 @@ class Lock:
         """Releases the keys; see `dlock.aio.Lock.unlock`."""
         self._client._run(self._lock.unlock())
 
+    def proclaim(self, value: aio.Value) -> None:
+        """Replaces the value of the keys held under this lock's fence."""
+        self._client._run(self._lock.proclaim(value))
+
     def renew(self, lease: Optional[float] = None) -> None:
         """Sets the lease to now + `lease` seconds; see `dlock.aio.Lock.renew`."""
         self._client._run(self._lock.renew(lease))
@@ -238,3 +297,94 @@ class Lock:
     def __exit__(self, et: Any, e: Any, tb: Any) -> None:
         self._client._run(self._lock._leave(et is not None))
 
+
+
+class Queued:
+    """A request waiting in line, from `Client.enqueue`; see `dlock.aio.Queued`."""
+
+    def __init__(self, client: Client, queued: _AioQueued) -> None:
+        self._client = client
+        self._queued = queued
+
+    def __repr__(self) -> str:
+        return repr(self._queued)
+
+    @property
+    def keys(self) -> "tuple[str, ...]":
+        return self._queued.keys
+
+    @property
+    def ticket(self) -> int:
+        return self._queued.ticket
+
+    @property
+    def place(self) -> int:
+        return self._queued.place
+
+    def wait(self) -> Lock:
+        """Blocks for the grant; see `dlock.aio.Queued.wait`."""
+        return Lock(self._client, self._client._run(self._queued.wait()), threading.Event())
+
+
+class Election:
+    """An election on `key` through a blocking `client`; see `dlock.election`.
+
+    `campaign` blocks until this process leads; `leader` says who leads;
+    `observe` yields the leader now and then every change (each `next`
+    blocks until one comes).
+    """
+
+    def __init__(self, client: Client, key: str, *, lease: Optional[float] = None) -> None:
+        self._client = client
+        self.key = key
+        self._aio = _AioElection(client._aio, key, lease=lease)
+
+    def campaign(self, value: aio.Value, *, wait: Optional[float] = None) -> "Leadership":
+        return Leadership(self._client, self._client._run(self._aio.campaign(value, wait=wait)))
+
+    def leader(self) -> "Optional[Leader]":
+        return self._client._run(self._aio.leader())
+
+    def observe(self) -> "Iterator[Optional[Leader]]":
+        changes = self._aio.observe()
+        try:
+            while True:
+                try:
+                    yield self._client._run(changes.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if self._client._thread.is_alive():
+                self._client._run(changes.aclose())
+
+
+class Leadership:
+    """This process leads an election; see `dlock.election.Leadership`.
+    `lost` is a `threading.Event`."""
+
+    def __init__(self, client: Client, leadership: _AioLeadership) -> None:
+        self._client = client
+        self._leadership = leadership
+        self.lost = threading.Event()
+        self._lock = Lock(client, leadership.lock, self.lost)
+
+    def __repr__(self) -> str:
+        return repr(self._leadership)
+
+    @property
+    def fence(self) -> int:
+        return self._leadership.fence
+
+    @property
+    def key(self) -> str:
+        return self._leadership.key
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        return self._leadership.lost_reason
+
+    def proclaim(self, value: aio.Value) -> None:
+        self._client._run(self._leadership.proclaim(value))
+
+    def resign(self) -> None:
+        self._client._run(self._leadership.resign())

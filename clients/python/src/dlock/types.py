@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 from ._proto import dlock_pb2 as pb
 
@@ -24,6 +24,10 @@ class Limits:
     max_key_len: int
     max_frame: int
     max_pipeline: int
+    #: A cluster node: sessions outlive a broken connection for their TTL
+    #: and can be resumed through the leader; only answers from commands
+    #: that kept the session alive prove it lives (see `dlock.connection`).
+    resumable_sessions: bool = False
 
     @classmethod
     def from_proto(cls, limits: "pb.ServerLimits") -> "Limits":
@@ -34,6 +38,7 @@ class Limits:
             max_key_len=limits.max_key_len,
             max_frame=limits.max_frame,
             max_pipeline=limits.max_pipeline,
+            resumable_sessions=limits.resumable_sessions,
         )
 
 
@@ -51,7 +56,7 @@ DEFAULT_LIMITS = Limits(
 
 @dataclass(frozen=True)
 class KeyHolder:
-    """One holder of a key held shared."""
+    """One holder of a key."""
 
     fence: int
     #: Seconds left on this holder's lease; None when held without lease.
@@ -59,6 +64,11 @@ class KeyHolder:
     held_by_caller: bool
     #: `ip:port` of the holder's connection, when it is connected.
     holder_addr: Optional[str]
+    #: The hold's value: what its Lock or a later Proclaim set (b"": none).
+    value: bytes = b""
+    #: Seconds since the grant, when the server says (it counts again on a
+    #: re-grant to the same owner).
+    held_for: Optional[float] = None
 
     @classmethod
     def from_proto(cls, h: "pb.KeyHolder") -> "KeyHolder":
@@ -67,6 +77,8 @@ class KeyHolder:
             lease_remaining=_seconds(h.lease_remaining_micro) if h.lease_remaining_micro else None,
             held_by_caller=h.held_by_caller,
             holder_addr=h.holder_addr or None,
+            value=h.value,
+            held_for=_seconds(h.held_micro) if h.held_micro else None,
         )
 
 
@@ -90,10 +102,24 @@ class KeyInfo:
     limit: int = 0
     #: Every holder of a key held shared, by fence; empty otherwise.
     holders: Tuple[KeyHolder, ...] = ()
+    #: The value of the holder `fence` names (b"": free, or none set).
+    value: bytes = b""
+    #: Seconds since that holder's grant; None when free.
+    held_for: Optional[float] = None
 
     @property
     def held(self) -> bool:
         return self.fence != 0
+
+    def first(self) -> Optional[KeyHolder]:
+        """The holder with the lowest fencing token, the one that has held the
+        key longest (the only one of a key held exclusively: an election's
+        leader); None when the key is free. What Watch compares."""
+        if self.holders:
+            return min(self.holders, key=lambda h: h.fence)
+        if not self.fence:
+            return None
+        return KeyHolder(self.fence, self.lease_remaining, self.held_by_caller, self.holder_addr, self.value, self.held_for)
 
     @classmethod
     def from_proto(cls, info: "pb.KeyInfo") -> "KeyInfo":
@@ -107,6 +133,8 @@ class KeyInfo:
             shared=info.shared,
             limit=info.limit,
             holders=tuple(KeyHolder.from_proto(h) for h in info.holders),
+            value=info.value,
+            held_for=_seconds(info.held_micro) if info.held_micro else None,
         )
 
 
@@ -117,3 +145,28 @@ class ServerStats:
     connections: int
     held_keys: int
     waiting_requests: int
+
+
+@dataclass(frozen=True)
+class Reconnecting:
+    """The connection to the node at `addr` failed (`reason`: broken, the node
+    stopped leading, could not commit, or went silent); the client looks for
+    the leader to resume `session` there. Its locks are still held."""
+
+    addr: str
+    reason: str
+    session: int
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """`session` was resumed on the node at `addr`, `after` seconds after the
+    connection failed; the requests not yet answered were sent again."""
+
+    addr: str
+    session: int
+    after: float
+
+
+#: What `on_event` is told about a client's connection.
+Event = Union[Reconnecting, Resumed]
