@@ -15,33 +15,58 @@ use std::io::ErrorKind;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 const SESSION: u64 = 42;
 const TTL: Duration = Duration::from_secs(60);
 
-async fn read_request(s: &mut TcpStream) -> Request {
+/// A fake cluster node: answers every connection's Hello, keeps answering
+/// the Pings of the client's liveness probe (a connection of its own), and
+/// hands each connection that asks for a session to the test, with its
+/// OpenSession.
+fn fake_node(listener: TcpListener) -> mpsc::Receiver<(TcpStream, Request)> {
+    let (tx, rx) = mpsc::channel(8);
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = listener.accept().await else {
+                return;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let Some((s, first)) = hello(s).await else {
+                    return;
+                };
+                match first.r#type() {
+                    RequestType::OpenSession => {
+                        let _ = tx.send((s, first)).await;
+                    }
+                    _ => pong(s, first).await,
+                }
+            });
+        }
+    });
+    rx
+}
+
+async fn read_request(s: &mut TcpStream) -> Option<Request> {
     let mut len = [0u8; 4];
-    s.read_exact(&mut len).await.expect("a frame's length");
+    s.read_exact(&mut len).await.ok()?;
     let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
-    s.read_exact(&mut body).await.expect("a frame's body");
-    prost::Message::decode(body.as_slice()).expect("a Request")
+    s.read_exact(&mut body).await.ok()?;
+    prost::Message::decode(body.as_slice()).ok()
 }
 
 async fn answer(s: &mut TcpStream, resp: Response) {
     let mut buf = BytesMut::new();
     encode_frame(&resp, &mut buf);
-    s.write_all(&buf).await.expect("write an answer");
+    let _ = s.write_all(&buf).await;
 }
 
-/// Accepts a connection and answers its Hello as a cluster node does;
-/// returns the stream and the OpenSession that follows.
-async fn hello(listener: &TcpListener) -> (TcpStream, Request) {
-    let (mut s, _) = tokio::time::timeout(PATIENCE, listener.accept())
-        .await
-        .expect("the client connects in time")
-        .expect("accept");
-    let req = read_request(&mut s).await;
+/// Answers the connection's Hello as a cluster node does; returns the
+/// request after it.
+async fn hello(mut s: TcpStream) -> Option<(TcpStream, Request)> {
+    let req = read_request(&mut s).await?;
     assert_eq!(req.r#type(), RequestType::Hello);
     let limits = ServerLimits {
         session_timeout_micro: TTL.as_micros() as u64,
@@ -59,9 +84,31 @@ async fn hello(listener: &TcpListener) -> (TcpStream, Request) {
         ..Response::default()
     };
     answer(&mut s, resp).await;
-    let open = read_request(&mut s).await;
-    assert_eq!(open.r#type(), RequestType::OpenSession);
-    (s, open)
+    let next = read_request(&mut s).await?;
+    Some((s, next))
+}
+
+/// Answers Pings until the connection ends.
+async fn pong(mut s: TcpStream, mut req: Request) {
+    loop {
+        let resp = Response {
+            request_id: req.id,
+            ..Response::default()
+        };
+        answer(&mut s, resp).await;
+        match read_request(&mut s).await {
+            Some(next) => req = next,
+            None => return,
+        }
+    }
+}
+
+/// The next connection that asks for a session.
+async fn next_session(links: &mut mpsc::Receiver<(TcpStream, Request)>) -> (TcpStream, Request) {
+    tokio::time::timeout(PATIENCE, links.recv())
+        .await
+        .expect("the client connects in time")
+        .expect("the fake node runs")
 }
 
 fn session_opened(req: &Request) -> Response {
@@ -81,8 +128,9 @@ async fn a_resume_attempt_given_up_resets_its_connection_and_the_next_resumes() 
         connect_timeout: Duration::from_millis(500),
         ..ClientOptions::default()
     };
+    let mut links = fake_node(listener);
     let connecting = tokio::spawn(Client::connect_with(addr, options));
-    let (mut first, open) = hello(&listener).await;
+    let (mut first, open) = next_session(&mut links).await;
     assert_eq!(open.session, 0, "a new session");
     answer(&mut first, session_opened(&open)).await;
     let client = connecting.await.expect("task").expect("connected");
@@ -97,7 +145,7 @@ async fn a_resume_attempt_given_up_resets_its_connection_and_the_next_resumes() 
 
     // The next connection asks to resume, and the node, slow to answer,
     // has resumed the session when the client's time runs out.
-    let (mut slow, open) = hello(&listener).await;
+    let (mut slow, open) = next_session(&mut links).await;
     assert_eq!(open.session, SESSION, "a resume of the session");
     let mut rest = [0u8; 64];
     let end = tokio::time::timeout(PATIENCE, slow.read(&mut rest))
@@ -110,7 +158,7 @@ async fn a_resume_attempt_given_up_resets_its_connection_and_the_next_resumes() 
     }
 
     // The attempt after it resumes; the client never saw its session end.
-    let (mut good, open) = hello(&listener).await;
+    let (mut good, open) = next_session(&mut links).await;
     assert_eq!(open.session, SESSION);
     answer(&mut good, session_opened(&open)).await;
     loop {
