@@ -93,6 +93,7 @@ mod membership;
 mod peer_client;
 mod peer_server;
 mod peer_tls;
+mod restore;
 mod snapshot_file;
 mod standing;
 mod start;
@@ -105,6 +106,7 @@ mod wire;
 
 pub use error::ClusterError;
 pub use peer_tls::PeerTls;
+pub use restore::{restore_backup, Restored};
 pub use status::{ClusterStatus, MemberStatus, Role};
 pub use types::{Member, NodeId};
 

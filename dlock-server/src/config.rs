@@ -235,6 +235,20 @@ pub struct Config {
     #[arg(long, value_name = "RATE", default_value_t = 1.0, value_parser = parse_clock_rate, hide = true)]
     pub test_clock_rate: f64,
 
+    /// Prepare the backup in --data-dir (a copy of one node's data
+    /// directory, no node running on it) to restore a whole cluster, then
+    /// exit: fences issued afterwards start above --fence-floor and every
+    /// session in the backup ends. Copy the directory to every node and
+    /// start them as usual (docs/CLUSTER.md, "Backup and restore").
+    #[arg(long, requires = "data_dir", help_heading = "Cluster")]
+    pub restore_backup: bool,
+
+    /// With --restore-backup: the least fencing token granted after the
+    /// restore (default: the wall clock in nanoseconds, as a single server
+    /// starts its tokens).
+    #[arg(long, value_name = "TOKEN", requires = "restore_backup", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Cluster")]
+    pub fence_floor: Option<u64>,
+
     /// Name every node of one cluster shares; a peer with another is refused.
     #[arg(long, default_value = "dlock", help_heading = "Cluster")]
     pub cluster_id: String,

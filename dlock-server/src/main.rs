@@ -39,9 +39,37 @@ fn main() -> std::process::ExitCode {
             .with_span_list(false)
             .init(),
     }
+    if config.restore_backup {
+        return restore(&config);
+    }
     raise_fd_limit();
     match serve(config) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dlock-server: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--restore-backup`: prepares the directory, says what was done, exits.
+fn restore(config: &Config) -> std::process::ExitCode {
+    let Some(dir) = &config.data_dir else {
+        eprintln!("dlock-server: --restore-backup needs --data-dir");
+        return std::process::ExitCode::from(2);
+    };
+    match dlock_server::cluster::restore_backup(dir, config.fence_floor) {
+        Ok(r) => {
+            println!(
+                "dlock-server: {} is ready to restore a cluster: every session in the backup ends \
+                 and fences start at {} or above (log entry {}). Copy it to every node's data \
+                 directory and start the nodes with their usual flags.",
+                dir.display(),
+                r.fence_floor,
+                r.index
+            );
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("dlock-server: {e:#}");
             std::process::ExitCode::FAILURE

@@ -350,6 +350,7 @@ impl LockTable {
                 self.note_shut_down();
             }
             Command::Advance => self.advance(now, out),
+            Command::Restore { fence_floor } => self.restore_backup(fence_floor, now, out),
         }
     }
 
@@ -567,6 +568,36 @@ impl LockTable {
         }
         self.grant_waiters(work, now, &mut out.woken);
         self.compact_heaps();
+    }
+
+    /// See [`Command::Restore`].
+    fn restore_backup(&mut self, fence_floor: u64, now: Time, out: &mut Output) {
+        self.next_fence = self.next_fence.max(fence_floor);
+        let mut ended = Vec::new();
+        while let Some(owner) = self.sessions.first() {
+            self.sessions.end(owner);
+            ended.push(owner);
+        }
+        // Every wait goes before any key is released: a key released here
+        // must not be granted to a request that is itself withdrawn.
+        let mut work = Vec::new();
+        for owner in &ended {
+            let waiting = match self.owners.get_mut(owner) {
+                Some(o) => std::mem::take(&mut o.waiting),
+                None => continue,
+            };
+            for req in waiting {
+                if let Some(w) = self.waiters.remove(&req) {
+                    self.dequeue(req, &w.keys, &mut work);
+                    out.withdrawn.push(req);
+                }
+            }
+        }
+        for owner in ended {
+            self.disconnect(owner, now, out);
+            out.ended_sessions.push(owner);
+        }
+        self.grant_waiters(work, now, &mut out.woken);
     }
 
     /// Withdraws every waiting request and refuses later ones; returns the

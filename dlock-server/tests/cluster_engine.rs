@@ -116,8 +116,9 @@ impl Harness {
             data_dir: spec.dir.clone(),
             client_addr: spec.member.client_addr.clone(),
             peer_addr: spec.member.peer_addr.clone(),
+            // A node outside the initial members is one added at run time.
+            join_existing: !initial.is_empty() && !initial.contains_key(&id),
             initial_members: initial,
-            join_existing: false,
             heartbeat: Duration::from_millis(100),
             // Twice the usual, so that a loaded test machine does not
             // start elections nobody asked for.

@@ -6,57 +6,12 @@
 
 mod common;
 
-use dlock::proto::{ClusterInfo, RequestType, ResponseStatus};
+use common::nodes::await_caught_up;
+use dlock::proto::RequestType;
 use dlock::raw::RawClient;
 use dlock::{Client, LockOptions};
 use dlock_server::testing::nodes::NodeProcesses;
 use std::time::{Duration, Instant};
-
-/// Node `i`'s own view, or `None` if it does not answer.
-async fn status(nodes: &NodeProcesses, i: usize) -> Option<ClusterInfo> {
-    let ask = async {
-        let mut c = RawClient::connect(nodes.addr(i).to_string().as_str())
-            .await
-            .ok()?;
-        let req = c.request(RequestType::ClusterStatus, &[]);
-        let r = c.call(&req).await.ok()?;
-        (ResponseStatus::try_from(r.status) == Ok(ResponseStatus::Ok))
-            .then_some(r.cluster)
-            .flatten()
-            .map(|b| *b)
-    };
-    tokio::time::timeout(Duration::from_secs(2), ask)
-        .await
-        .ok()
-        .flatten()
-}
-
-/// Waits until node `i` follows the current leader (whichever node that
-/// is: a restarted node may cause an election) and has applied what it has.
-async fn await_caught_up(nodes: &NodeProcesses, i: usize) {
-    let deadline = Instant::now() + common::PATIENCE;
-    loop {
-        let mine = status(nodes, i).await;
-        if let Some(m) = &mine {
-            let leader = nodes.index_of_id(m.leader_id);
-            if let Some(l) = leader.filter(|&l| l != i) {
-                if let Some(l) = status(nodes, l).await {
-                    if l.role == "Leader"
-                        && l.term == m.term
-                        && m.last_applied_index >= l.last_applied_index
-                    {
-                        return;
-                    }
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {i} did not catch up with a leader: {mine:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_a_cut_log_file_refuses_to_start_or_catches_up_never_crashes() {

@@ -205,6 +205,61 @@ impl LogStore {
     }
 }
 
+/// With no node running on `dir` (a backup being restored): appends one
+/// normal entry holding `payload` after the log's last entry, in that
+/// entry's term (as if its leader had appended it), and marks it committed,
+/// so every node started from a copy of the directory applies it. Entries
+/// the backup held uncommitted at its tail are committed with it, as a new
+/// leader's first entry would commit them. Returns the entry's id.
+///
+/// `None` when the log holds no entry at all (nothing to restore).
+///
+/// # Errors
+/// The file cannot be opened (missing, or open in a running node) or
+/// cannot be written.
+pub(crate) fn append_committed_offline(
+    dir: &Path,
+    payload: super::types::Stamped,
+) -> Result<Option<LogId>, DiskError> {
+    let db = Database::open(dir.join("raft.redb")).map_err(redb)?;
+    let last = {
+        let txn = db.begin_read().map_err(redb)?;
+        let log = txn.open_table(LOG).map_err(redb)?;
+        let last: Option<Entry> = match log.last().map_err(redb)? {
+            Some((_, v)) => Some(serde_json::from_slice(v.value())?),
+            None => None,
+        };
+        let purged: Option<LogId> = match txn.open_table(META).map_err(redb)?.get(PURGED) {
+            Ok(Some(v)) => serde_json::from_slice(v.value())?,
+            Ok(None) => None,
+            Err(e) => return Err(redb(e)),
+        };
+        last.map(|e| e.log_id).or(purged)
+    };
+    let Some(last) = last else {
+        return Ok(None);
+    };
+    let id = LogId::new(last.leader_id, last.index.saturating_add(1));
+    let entry = Entry {
+        log_id: id,
+        payload: openraft::EntryPayload::Normal(payload),
+    };
+    let bytes = serde_json::to_vec(&entry)?;
+    let committed = serde_json::to_vec(&Some(id))?;
+    let mut txn = db.begin_write().map_err(redb)?;
+    txn.set_durability(Durability::Immediate);
+    txn.open_table(LOG)
+        .map_err(redb)?
+        .insert(id.index, bytes.as_slice())
+        .map_err(redb)?;
+    txn.open_table(META)
+        .map_err(redb)?
+        .insert(COMMITTED, committed.as_slice())
+        .map_err(redb)?;
+    txn.commit().map_err(redb)?;
+    Ok(Some(id))
+}
+
 fn entries<R: RangeBounds<u64>>(
     db: &Database,
     pending: &Pending,

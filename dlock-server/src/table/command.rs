@@ -142,6 +142,17 @@ pub enum Command {
     /// later Lock is answered [`LockResult::ShuttingDown`], so keys released
     /// from now on are handed to nobody. Unlock, Renew and time still work.
     Close,
+    /// The table is a backup being restored as a whole cluster's state
+    /// (`dlock-server --restore-backup`): the next fencing token becomes at
+    /// least `fence_floor`, above every token the old cluster may have
+    /// issued after the backup, and every session ends as a disconnect ends
+    /// it (its waits withdrawn, its keys without a lease released), so no
+    /// client resumes into a table that forgot its later grants. Leases
+    /// stay, under their old tokens.
+    Restore {
+        /// The least token the next grant gets.
+        fence_floor: u64,
+    },
     /// Time has reached the command's time: leases and wait limits due by
     /// then expire. The only command that expires anything: the others run
     /// at their time but leave what fell due before it for the next Advance,
@@ -171,6 +182,7 @@ impl Command {
             | Command::Resume { .. }
             | Command::KeepAlive { .. }
             | Command::Close
+            | Command::Restore { .. }
             | Command::Advance => None,
         }
     }

@@ -116,6 +116,11 @@ impl Sessions {
         }
     }
 
+    /// The open session with the lowest id.
+    pub(super) fn first(&self) -> Option<OwnerId> {
+        self.open.keys().next().copied()
+    }
+
     /// The earliest open session whose TTL has run out by `now`.
     pub(super) fn pop_expired(&mut self, now: Time) -> Option<OwnerId> {
         let &(t, id) = self.expiry.first()?;
@@ -306,6 +311,32 @@ mod tests {
         assert_eq!(t.held_keys(), 1, "the lease stays");
         t.apply(Command::Advance, at(60.0));
         assert_eq!(t.held_keys(), 0);
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_restore_raises_the_next_fence_and_ends_every_session_but_keeps_leases() {
+        let mut t = table();
+        let a = open(&mut t, at(0.0));
+        let b = open(&mut t, at(0.0));
+        t.apply(lock(a, "lease", Some(Duration::from_secs(60))), at(0.0));
+        t.apply(lock(a, "bound", None), at(0.0));
+        let out = t.apply(lock(b, "bound", None), at(0.0));
+        assert!(matches!(out.reply, Reply::Lock(LockResult::Waiting(_))));
+        let out = t.apply(Command::Restore { fence_floor: 1_000 }, at(1.0));
+        assert_eq!(out.ended_sessions, [a, b]);
+        assert!(out.woken.is_empty(), "b's wait was withdrawn, not granted");
+        assert_eq!(t.sessions(), 0);
+        assert_eq!(t.held_keys(), 1, "the lease stays");
+        assert_eq!(t.next_fence(), 1_000);
+        let c = open(&mut t, at(1.0));
+        match t.apply(lock(c, "bound", None), at(1.0)).reply {
+            Reply::Lock(LockResult::Granted { fence, .. }) => assert_eq!(fence, 1_000),
+            other => panic!("{other:?}"),
+        }
+        // A floor below the next token changes nothing.
+        t.apply(Command::Restore { fence_floor: 5 }, at(2.0));
+        assert_eq!(t.next_fence(), 1_001);
         t.check_invariants().unwrap();
     }
 

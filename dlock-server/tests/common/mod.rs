@@ -1,6 +1,7 @@
 //! Shared test helpers: a real server on 127.0.0.1:0 and a raw-frame client.
 #![allow(dead_code)]
 
+pub mod nodes;
 pub mod pki;
 pub mod process;
 

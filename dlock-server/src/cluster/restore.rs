@@ -1,0 +1,86 @@
+//! Restoring a whole cluster from a backup without handing out a fencing
+//! token twice (`dlock-server --restore-backup`).
+//!
+//! A backup is one node's data directory, copied while that node was
+//! stopped. The cluster went on after it: it issued fences the backup does
+//! not know, and its clients' sessions moved on. Started from the backup as
+//! it is, the cluster would issue those fences again, and a client whose
+//! session is in the backup could resume it and go on reporting a lock the
+//! restored table has free and may grant again. So the directory is
+//! prepared once, offline, before it is copied to every node: one more log
+//! entry, committed, holding [`Command::Restore`], which every node applies
+//! at its first start: the next fence jumps above anything the old cluster
+//! could have issued, and every session in the backup ends (its clients
+//! are told `UnknownSession` when they try to resume).
+//!
+//! The floor is the wall clock in nanoseconds unless given: the old
+//! cluster's fences grew by one per grant from 1 (or from an earlier
+//! restore's floor, itself a clock reading), and no cluster grants a lock
+//! per nanosecond, so as long as the clock of the machine preparing the
+//! restore does not run behind the one that prepared the last, the floor is
+//! above every fence issued. The single server's fence file makes the same
+//! assumption. Give `--fence-floor` to choose it yourself.
+
+use super::log_store::{append_committed_offline, DiskError};
+use super::types::Stamped;
+use crate::table::{Command, Time};
+use anyhow::Context;
+use std::path::Path;
+use std::time::SystemTime;
+
+/// What a restore did, for the operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restored {
+    /// The index of the entry it appended.
+    pub index: u64,
+    /// Every fence issued from now on is at least this.
+    pub fence_floor: u64,
+}
+
+/// Prepares the backup in `dir` (no node may run on it) to be a whole
+/// cluster's state: see the module documentation. `fence_floor`: the least
+/// token granted afterwards; `None`, the wall clock in nanoseconds.
+///
+/// # Errors
+/// `dir` holds no cluster log (not a data directory, or one never used),
+/// a node runs on it, or it cannot be written.
+pub fn restore_backup(dir: &Path, fence_floor: Option<u64>) -> anyhow::Result<Restored> {
+    if !dir.join("raft.redb").is_file() {
+        anyhow::bail!(
+            "{} holds no raft.redb: give the copy of a node's data directory",
+            dir.display()
+        );
+    }
+    let fence_floor = match fence_floor {
+        Some(f) => f,
+        None => clock_nanos()?,
+    };
+    let entry = Stamped {
+        at: Time::ZERO,
+        cmds: vec![Command::Restore { fence_floor }],
+    };
+    let appended = append_committed_offline(dir, entry).map_err(|e| match e {
+        DiskError::Redb(_) => anyhow::Error::new(e).context(format!(
+            "cannot open {} (is a node running on it?)",
+            dir.join("raft.redb").display()
+        )),
+        e => anyhow::Error::new(e),
+    })?;
+    let Some(id) = appended else {
+        anyhow::bail!(
+            "{}'s log holds no entry: this directory never belonged to a running cluster",
+            dir.display()
+        );
+    };
+    Ok(Restored {
+        index: id.index,
+        fence_floor,
+    })
+}
+
+fn clock_nanos() -> anyhow::Result<u64> {
+    let since = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .context("the system clock is before 1970: give --fence-floor")?;
+    u64::try_from(since.as_nanos()).context("the system clock is past 2554: give --fence-floor")
+}
