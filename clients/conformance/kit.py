@@ -100,25 +100,35 @@ def inspect(addr: str, key: str) -> Optional["pb.Response"]:
 
 
 class Cluster:
+    """Node processes of one cluster on reserved loopback ports (below the
+    ephemeral range, so a node restarted after a kill finds its ports free),
+    a data dir each under `root`."""
+
     def __init__(self, server_bin: str, root: Path, n: int = 3) -> None:
         held = [(reserve_port(), reserve_port()) for _ in range(n)]
         self.addrs = [f"127.0.0.1:{c.getsockname()[1]}" for c, _ in held]
         peers = [f"127.0.0.1:{p.getsockname()[1]}" for _, p in held]
         members = ",".join(f"{i + 1}={self.addrs[i]}@{peers[i]}" for i in range(n))
-        self.procs: List[Optional[subprocess.Popen]] = []
+        self._argv = [
+            [server_bin, "--listen", self.addrs[i], "--peer-listen", peers[i],
+             "--node-id", str(i + 1), "--data-dir", str(root / f"node{i + 1}"),
+             "--initial-cluster", members, *NODE_FLAGS]
+            for i in range(n)
+        ]
+        self.procs: List[Optional[subprocess.Popen]] = [None] * n
         for i in range(n):
             for s in held[i]:
                 s.close()
-            self.procs.append(
-                subprocess.Popen(
-                    [server_bin, "--listen", self.addrs[i], "--peer-listen", peers[i],
-                     "--node-id", str(i + 1), "--data-dir", str(root / f"node{i + 1}"),
-                     "--initial-cluster", members, *NODE_FLAGS],
-                    # The checks say what went wrong; the nodes' logs
-                    # (elections, peers unreachable) would only bury it.
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )
-            )
+            self.start(i)
+
+    def start(self, i: int) -> None:
+        """Starts node `i` (again, after a kill), on its ports and data dir."""
+        self.procs[i] = subprocess.Popen(
+            self._argv[i],
+            # The checks say what went wrong; the nodes' logs (elections,
+            # peers unreachable) would only bury it.
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
 
     def running(self) -> List[int]:
         return [i for i, p in enumerate(self.procs) if p is not None and p.poll() is None]
