@@ -232,8 +232,9 @@ pub(crate) async fn establish(
         if give_up {
             return Err(unreachable(attempts));
         }
-        // An election takes a few heartbeats: do not hammer the nodes.
-        let wake = (Instant::now() + pause).min(deadline);
+        // An election takes a few heartbeats: do not hammer the nodes, nor
+        // arrive in step with every other client of the old leader.
+        let wake = (Instant::now() + crate::jitter::jittered(pause)).min(deadline);
         tokio::time::sleep_until(wake).await;
         pause = (pause * 2).min(MAX_PAUSE);
         // Keep the report to the latest round of each address.

@@ -248,7 +248,7 @@ impl Election {
                     Err(_) => {
                         tokio::select! {
                             _ = tx.closed() => return,
-                            _ = tokio::time::sleep(pause) => {}
+                            _ = tokio::time::sleep(crate::jitter::jittered(pause)) => {}
                         }
                         // Doubling up to a bound: a server that keeps
                         // refusing (WatchLimit, no Watch at all) is not

@@ -41,6 +41,7 @@ mod error;
 mod event;
 mod guard;
 mod inspect;
+mod jitter;
 mod keys;
 mod limits;
 mod link;

@@ -108,7 +108,7 @@ async fn probe(
         }
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(retry) => {}
+            _ = tokio::time::sleep(crate::jitter::jittered(retry)) => {}
         }
     }
 }
