@@ -11,7 +11,7 @@ import time
 import dlock
 import dlock.aio
 from dlock import Reconnecting, Resumed
-from dlock.dial import Dial
+from dlock.dial import Dial, establish
 from dlock.liveness import silence_limit, watch_node
 from conftest import LIMIT, run
 from test_cluster import Events, new_leader
@@ -61,6 +61,26 @@ def test_a_node_that_accepts_and_never_answers_is_found_silent_and_tried_last():
             assert not dial.probes and probe.stopped
             await asyncio.sleep(0)
             assert probe._task.done()
+
+        run(body())
+
+
+def test_a_node_found_silent_is_tried_last_until_it_answers_again(server):
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        silent = "127.0.0.1:%d" % mute.getsockname()[1]
+
+        async def body():
+            dial = Dial([silent, server.addr], "", 2.0, None, None, None)
+            dial.suspect(silent, True)
+            start = time.monotonic()
+            est = await establish(dial, 0, asyncio.get_running_loop().time() + 2.0, persist=False)
+            # Not first: it would have taken its share (1 s) before the server.
+            assert est.addr == server.addr and time.monotonic() - start < 0.5
+            est.stream.transport.abort()
+            dial.suspect(silent, False)
+            assert dial.suspects() == []
 
         run(body())
 
