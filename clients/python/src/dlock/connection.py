@@ -19,8 +19,10 @@ call fails, and so does every later one, since the server released the
 locks bound to it. Against a cluster, as src/link.rs does, the connection
 names the session in every request that acts for an owner and numbers those
 that change the table (`seq`, with `seq_done`). When the stream breaks, a
-node answers `NotLeader` or `Unavailable`, or a request that should be
-answered at once is not (a paused or cut-off node), the stream is reset
+node answers `NotLeader` or `Unavailable`, the client's liveness probe of
+the node goes unanswered (a paused or cut-off node, noticed even while a
+Lock waits: liveness.py), or a request that should be answered at once is
+not (the same, noticed later: a fallback), the stream is reset
 (never closed with a FIN, which would end the session on the node), the
 leader is looked for among the known addresses and those nodes name, the
 session is resumed there (OpenSession naming it) and the requests not yet
@@ -55,6 +57,7 @@ from ._proto import dlock_pb2 as pb
 from .dial import PROTOCOL_VERSION, Dial, Established, SessionEnded, Stream, establish, reset
 from .errors import ConnectionLost, DlockError, ServerError, Status, from_response
 from .framing import encode
+from .liveness import silence_limit, watch_node
 from .types import Limits, Reconnecting, Resumed
 
 __all__ = ["Connection", "PROTOCOL_VERSION", "keeps_session_alive"]
@@ -145,6 +148,11 @@ class Connection:
         #: Send time of the last request whose answer proves the owner alive.
         self.fresh = est.acked_from
         self._resuming: "Optional[asyncio.Task[None]]" = None
+        # On a session: how long the node may leave the client's liveness
+        # probe unanswered before the stream is given up (liveness.py), and
+        # how to stop watching the probe of the node of the current stream.
+        self._silence_limit = silence_limit(est.limits.election_timeout, est.session_timeout) if est.session else None
+        self._unwatch: Optional[Callable[[], None]] = None
         #: Called once when the connection ends: (reason, closed by us).
         self.on_end: Callable[[str, bool], None] = lambda reason, closing: None
         #: Set when the connection has ended; `close_reason` says why.
@@ -263,7 +271,24 @@ class Connection:
 
     def _take(self, stream: Stream) -> None:
         self._stream = stream
+        if self._silence_limit is not None:
+            # A node found silent ends the stream while a Lock waits as much
+            # as while nothing does: its answers cannot tell in time.
+            self._stop_watching()
+            self._unwatch = watch_node(
+                self._dial, self.addr, self._silence_limit, lambda waited: self._on_silent(stream, waited)
+            )
         stream.attach(self._on_stream)
+
+    def _stop_watching(self) -> None:
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
+
+    def _on_silent(self, stream: Stream, waited: float) -> None:
+        """The client's probe found the node of `stream` silent."""
+        if stream is self._stream:
+            self._stream_failed(f"{self.addr} left the liveness probe unanswered for {waited:.3g} s", silent=True)
 
     def _on_stream(self, stream: Stream, bodies: Optional[List[bytes]], gone: Optional[str]) -> None:
         if stream is not self._stream:
@@ -346,6 +371,7 @@ class Connection:
         stream.detach()
         if stream.transport is not None:
             reset(stream.transport)
+        self._stop_watching()
         self._out.clear()  # every frame in it is pending, and is sent again
         level = logging.DEBUG if self._quiet else logging.WARNING
         log.log(level, "dlock: connection to %s lost (%s); resuming session %d", self.addr, reason, self.session)
@@ -424,6 +450,7 @@ class Connection:
             if p.future is not None and not p.future.done():
                 p.future.set_exception(head or ConnectionLost(reason))
                 head = None
+        self._stop_watching()
         self._pinger.cancel()
         self.closed.set()
         self.on_end(reason, closing)

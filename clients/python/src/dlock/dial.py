@@ -19,7 +19,7 @@ import socket
 import ssl
 import struct
 from dataclasses import dataclass
-from typing import Callable, Deque, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Tuple
 
 from google.protobuf.message import DecodeError
 
@@ -28,6 +28,9 @@ from ._proto import dlock_pb2 as pb
 from .errors import AccessDenied, ConnectError, ConnectionLost, DlockError, ProtocolError, Status, from_response
 from .framing import FrameDecoder, encode
 from .types import DEFAULT_LIMITS, Event, Limits
+
+if TYPE_CHECKING:
+    from .liveness import Probe
 
 log = logging.getLogger("dlock")
 
@@ -44,6 +47,9 @@ MIN_ATTEMPT = 0.5
 #: few hundred milliseconds at best, and every pause adds to the failover.
 FIRST_PAUSE = 0.02
 MAX_PAUSE = 0.25
+#: Nodes remembered as found silent (`Dial.suspect`); the oldest is
+#: forgotten first.
+MAX_SUSPECTS = 16
 
 
 class SessionEnded(DlockError):
@@ -76,6 +82,12 @@ class Dial:
         #: The node that last opened or resumed a session: tried first,
         #: since it was the leader.
         self.leader: Optional[str] = None
+        # Nodes a probe found silent and that have not answered since,
+        # oldest first: tried last (see liveness.py).
+        self._suspects: List[str] = []
+        #: The liveness probe of each node some connection of the client is
+        #: on (liveness.py); each stops with its last connection.
+        self.probes: "Dict[str, Probe]" = {}
 
     def event(self, event: Event) -> None:
         if self._on_event is not None:
@@ -88,6 +100,20 @@ class Dial:
         """Stops trying `addr` first: it did not answer."""
         if self.leader == addr:
             self.leader = None
+
+    def suspect(self, addr: str, silent: bool) -> None:
+        """Marks `addr` as found silent (tried last, and no longer first as
+        the leader), or as answering again."""
+        if addr in self._suspects:
+            self._suspects.remove(addr)
+        if silent:
+            self._suspects.append(addr)
+            del self._suspects[:-MAX_SUSPECTS]
+            self.forget_leader(addr)
+
+    def suspects(self) -> List[str]:
+        """The nodes found silent that have not answered since, oldest first."""
+        return list(self._suspects)
 
 
 @dataclass
@@ -231,10 +257,12 @@ async def establish(
     cluster the leader, opening a session (`session` 0) or resuming
     `session`. Tried in order: `prefer` (a leader some node named), the last
     known leader, the servers in order; each leader a node names right after
-    that node. `avoid` (a node that just went silent) comes last, and only
-    in a round in which no other node answered or the others name it
-    leader, with at most `MIN_ATTEMPT`: a paused node would take its whole
-    share of the time, every round, while the others elect a new leader.
+    that node. `avoid` (a node that just went silent) and the nodes a
+    liveness probe found silent since they last answered
+    (`Dial.suspect`) come last, and only in a round in which no other node
+    answered or the others name them leader, with at most `MIN_ATTEMPT`
+    each: a paused node would take its whole share of the time, every
+    round, while the others elect a new leader.
 
     `persist`: keep going round the servers until the deadline (a session
     to resume). Otherwise (a new client) stop after a round in which no node
@@ -250,23 +278,31 @@ async def establish(
     n = max(1, len(dial.addrs))
     per_node = dial.connect_timeout if n == 1 else max(dial.connect_timeout / n, MIN_ATTEMPT)
     while True:
+        # The silent: `avoid` first, then the probe's suspects, oldest
+        # first (the likeliest to answer again).
+        late = [a for a in dict.fromkeys((avoid, *dial.suspects())) if a]
         queue: Deque[str] = collections.deque()
         for a in (prefer, dial.leader, *dial.addrs):
-            if a and a != avoid and a not in queue:
+            if a and a not in late and a not in queue:
                 queue.append(a)
         tried: "set[str]" = set()
         answered = False
-        named_avoided = False
-        while queue or (avoid and (named_avoided or not answered) and avoid not in tried):
-            addr = queue.popleft() if queue else avoid
-            assert addr is not None
+        named: "set[str]" = set()  # silent ones another node names leader
+        while True:
+            if queue:
+                addr = queue.popleft()
+            else:
+                left = [a for a in late if a not in tried and (a in named or not answered)]
+                if not left:
+                    break
+                addr = left[0]
             if addr in tried:
                 continue
             tried.add(addr)
             now = loop.time()
             if now >= deadline and attempts:
                 break
-            share = per_node if addr != avoid else min(per_node, MIN_ATTEMPT)
+            share = per_node if addr not in late else min(per_node, MIN_ATTEMPT)
             limit = max(min(share, deadline - now), 0.001)
             stage = ["connect"]
             try:
@@ -285,14 +321,17 @@ async def establish(
                     raise e.error
                 answered |= e.answered
                 attempts.append((addr, e.why, e.error or e))
+                if e.answered:
+                    dial.suspect(addr, False)  # it answers again
                 if e.kind == "not_leader":
-                    if e.leader == avoid:
-                        named_avoided = True
+                    if e.leader in late:
+                        named.add(e.leader)
                     elif e.leader:
                         queue.appendleft(e.leader)
                 elif not e.answered:
                     dial.forget_leader(addr)
                 continue
+            dial.suspect(addr, False)
             if est.session:
                 dial.leader = est.addr
             return est
@@ -330,27 +369,19 @@ async def _try_node(dial: Dial, addr: str, session: int, stage: List[str]) -> Es
     message of a timeout."""
     loop = asyncio.get_running_loop()
     try:
-        _, host, port = _env.parse_address(addr)
+        _env.parse_address(addr)
     except ValueError as e:
         raise _NodeError("failed", str(e), e, answered=True) from None
     tls = dial.tls
     try:
-        # With TLS the handshake is part of the connect, under the same
-        # timeout; the server's name is the address's host (an IP literal
-        # is checked against the certificate's IP names).
-        transport, stream = await loop.create_connection(
-            Stream,
-            host,
-            port,
-            ssl=tls,
-            server_hostname=host if tls is not None else None,
-        )
+        stream = await connect_stream(dial, addr)
     except ssl.SSLError as e:
         raise _NodeError("failed", f"TLS handshake failed: {e.reason or e}", e) from None
     except OSError as e:
         raise _NodeError("failed", _os_reason(e), e) from None
+    transport = stream.transport
+    assert transport is not None
     try:
-        _keepalive(transport)
         stage[0] = "Hello"
         hello_sent = loop.time()
         try:
@@ -404,6 +435,28 @@ async def _try_node(dial: Dial, addr: str, session: int, stage: List[str]) -> Es
     except BaseException:
         reset(transport)
         raise
+
+
+async def connect_stream(dial: Dial, addr: str) -> Stream:
+    """A TCP (with `dial.tls`, TLS) connection to `addr`, with keepalive on.
+
+    Raises `ValueError` for a malformed address, `ssl.SSLError`, `OSError`.
+    """
+    loop = asyncio.get_running_loop()
+    _, host, port = _env.parse_address(addr)
+    tls = dial.tls
+    # With TLS the handshake is part of the connect, under the caller's
+    # timeout; the server's name is the address's host (an IP literal is
+    # checked against the certificate's IP names).
+    transport, stream = await loop.create_connection(
+        Stream,
+        host,
+        port,
+        ssl=tls,
+        server_hostname=host if tls is not None else None,
+    )
+    _keepalive(transport)
+    return stream
 
 
 def _os_reason(e: OSError) -> str:

@@ -28,6 +28,10 @@ class Limits:
     #: and can be resumed through the leader; only answers from commands
     #: that kept the session alive prove it lives (see `dlock.connection`).
     resumable_sessions: bool = False
+    #: A cluster node's election timeout: a silent leader is replaced within
+    #: about 3 to 4 times this (`dlock.liveness`). None: not stated (a
+    #: single server, or a node that predates the field).
+    election_timeout: Optional[float] = None
 
     @classmethod
     def from_proto(cls, limits: "pb.ServerLimits") -> "Limits":
@@ -39,6 +43,7 @@ class Limits:
             max_frame=limits.max_frame,
             max_pipeline=limits.max_pipeline,
             resumable_sessions=limits.resumable_sessions,
+            election_timeout=_seconds(limits.election_timeout_micro) or None,
         )
 
 

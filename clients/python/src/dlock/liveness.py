@@ -1,0 +1,206 @@
+"""Noticing that a cluster node has gone silent, even while every request
+on a connection waits rightly (a Lock in line holds back the answers behind
+it, Pings included). Mirrors src/liveness.rs of the Rust library.
+
+A node that stalls instead of dying (SIGSTOP, a VM freeze, an fsync stall)
+or sits behind a path that drops packets without a reset keeps its sockets
+open and says nothing. The rest of the cluster replaces it as leader within
+3 to 4 election timeouts, and from then on nobody keeps the client's
+session alive: it must resume on the new leader well within the session's
+TTL. The connection's own answers cannot tell in time (they come in request
+order), so one *probe* per client and node pings on a connection of its
+own, with no session, which the node answers at once without a commit.
+When a Ping (or the probe's Hello) goes unanswered for `silence_limit`,
+every connection of the client on that node is reset and resumes its
+session elsewhere (connection.py), and the node is tried last until it
+answers again (`Dial.suspect`). A node that refuses the probe outright
+(down, full, access denied, closed) is not silent: that is left to the
+connections, which see it themselves, and the probe tries again later,
+backing off up to `MAX_RETRY`.
+
+The probe of a node runs while at least one of the client's connections is
+on it (`watch_node`) and stops with the last one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from typing import TYPE_CHECKING, Callable, Dict, Optional
+
+from ._proto import dlock_pb2 as pb
+from .dial import HELLO_ID, PROTOCOL_VERSION, Stream, connect_stream, reset
+from .errors import DlockError, Status
+
+if TYPE_CHECKING:
+    from .dial import Dial
+
+__all__ = ["DEFAULT_ELECTION_TIMEOUT", "MAX_RETRY", "MIN_SILENCE", "Probe", "silence_limit", "watch_node"]
+
+log = logging.getLogger("dlock")
+
+#: The election timeout assumed for a node that does not state one
+#: (dlock-server's default), in seconds.
+DEFAULT_ELECTION_TIMEOUT = 0.2
+#: The shortest silence taken for a stall: a healthy node on a loaded
+#: machine may take a few hundred milliseconds to answer a Ping, and a false
+#: alarm costs a reconnect.
+MIN_SILENCE = 1.5
+#: The longest pause between probe attempts on a node that refuses them.
+MAX_RETRY = 5.0
+
+
+def silence_limit(election_timeout: Optional[float], ttl: float) -> float:
+    """How long a node may leave a probe unanswered before it is taken for
+    gone: three election timeouts (by then the others have replaced it if
+    it led; `election_timeout` None or 0: `DEFAULT_ELECTION_TIMEOUT`), at
+    least `MIN_SILENCE`, and at most a quarter of the session's `ttl`, so
+    that finding a new leader and resuming there fit in what is left
+    (docs/PROTOCOL.md, "Cluster", has the whole budget)."""
+    election = election_timeout or DEFAULT_ELECTION_TIMEOUT
+    return min(max(3 * election, MIN_SILENCE), ttl / 4)
+
+
+#: Told how long the node left the probe unanswered, in seconds.
+OnSilent = Callable[[float], None]
+
+
+def watch_node(dial: "Dial", addr: str, limit: float, on_silent: OnSilent) -> Callable[[], None]:
+    """Calls `on_silent` each time the probe of `addr` finds it silent,
+    starting the probe if no connection of `dial`'s client has one running
+    (with `limit`: the first watcher's). Returns the function that stops
+    watching; the probe stops when its last watcher does. Call it on the
+    event loop that runs the client."""
+    probe = dial.probes.get(addr)
+    if probe is None or probe.stopped:
+        probe = Probe(dial, addr, limit)
+        dial.probes[addr] = probe
+    return probe.watch(on_silent)
+
+
+class Probe:
+    """The probe of one node for one client (`Dial`): a connection of its
+    own, Hello, then a Ping every third of `limit`; see the module doc."""
+
+    def __init__(self, dial: "Dial", addr: str, limit: float) -> None:
+        self.dial = dial
+        self.addr = addr
+        self.limit = limit
+        #: How many times the node was found silent.
+        self.silences = 0
+        #: Set once the last watcher let go: the probe sends nothing more.
+        self.stopped = False
+        self._loop = asyncio.get_running_loop()
+        # At most one per connection of the client on this node.
+        self._watchers: Dict[int, OnSilent] = {}
+        self._next = 0
+        self._stream: Optional[Stream] = None
+        self._task = self._loop.create_task(self._run())
+
+    def watch(self, on_silent: OnSilent) -> Callable[[], None]:
+        self._next += 1
+        key = self._next
+        self._watchers[key] = on_silent
+
+        def unwatch() -> None:
+            if self._watchers.pop(key, None) is not None and not self._watchers:
+                self.stop()
+
+        return unwatch
+
+    def stop(self) -> None:
+        """Stops probing and closes the probe's connection."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self.dial.probes.get(self.addr) is self:
+            del self.dial.probes[self.addr]
+        self._close()
+        if self._task is not asyncio.current_task():
+            self._task.cancel()
+        # Otherwise the watcher that let go was told of a silence by this
+        # very task, which sees `stopped` as soon as it has told them all.
+
+    def _close(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None and stream.transport is not None:
+            # No session on it: a reset only spares the kernel a
+            # half-closed socket to a node that may never answer.
+            reset(stream.transport)
+
+    async def _run(self) -> None:
+        retry = self.limit / 2
+        try:
+            while not self.stopped:
+                waited = await self._until_silent()
+                self._close()
+                if self.stopped:
+                    return
+                if waited is not None:
+                    self.silences += 1
+                    self.dial.suspect(self.addr, True)
+                    log.info(
+                        "dlock: %s left the liveness probe unanswered for %.3g s (limit %.3g s): "
+                        "taken for gone, its connections resume elsewhere",
+                        self.addr,
+                        waited,
+                        self.limit,
+                    )
+                    for on_silent in list(self._watchers.values()):
+                        try:
+                            on_silent(waited)
+                        except Exception:  # one connection's bug must not blind the others
+                            log.exception("dlock: a watcher of %s failed", self.addr)
+                    retry = self.limit / 2
+                else:
+                    retry = min(retry * 2, MAX_RETRY)
+                if self.stopped:
+                    return
+                await asyncio.sleep(retry)
+        finally:
+            self._close()
+
+    async def _until_silent(self) -> Optional[float]:
+        """Pings the node, a third of the limit apart, until an answer is
+        `limit` late: returns how long it waited. None when the node refuses
+        or the connection breaks (not a silence)."""
+        started = self._loop.time()
+        try:
+            await asyncio.wait_for(self._connect(), self.limit)
+        except asyncio.TimeoutError:
+            return self._loop.time() - started
+        except (OSError, ssl.SSLError, ValueError, DlockError) as e:
+            log.debug("dlock: liveness probe of %s refused: %s", self.addr, e)
+            return None
+        # It answers (again): no longer tried last.
+        self.dial.suspect(self.addr, False)
+        ping_id = 0
+        while True:
+            await asyncio.sleep(self.limit / 3)
+            stream = self._stream
+            if stream is None:
+                return None
+            ping_id += 1
+            ping = pb.Request(version=PROTOCOL_VERSION, id=ping_id, access_token=self.dial.token, type=pb.Ping)
+            sent = self._loop.time()
+            try:
+                resp = await asyncio.wait_for(stream.exchange(ping), self.limit)
+            except asyncio.TimeoutError:
+                return self._loop.time() - sent
+            except DlockError as e:
+                log.debug("dlock: liveness probe of %s ended: %s", self.addr, e)
+                return None
+            if resp.status != Status.Ok:
+                log.debug("dlock: liveness probe of %s refused: %s", self.addr, resp.error_text or resp.status)
+                return None
+
+    async def _connect(self) -> None:
+        """Connects and says Hello; raises what refused it."""
+        stream = await connect_stream(self.dial, self.addr)
+        self._stream = stream
+        hello = pb.Request(version=PROTOCOL_VERSION, id=HELLO_ID, access_token=self.dial.token, type=pb.Hello)
+        resp = await stream.exchange(hello)
+        # InvalidType: a server older than Hello, alive all the same.
+        if resp.status not in (Status.Ok, Status.InvalidType):
+            raise DlockError(f"Hello answered {resp.error_text or resp.status}")
