@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI for the client conformance kit (called by .ci/run after the Python
 # client's CI, whose venv has the protobuf runtime the kit reads frames
-# with): the kit against the `dlock` command and against the Python client.
+# with and the dlock package the Python adapter uses): the kit against the
+# `dlock` command and against the Python client.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -9,7 +10,5 @@ py=.ci-venv/bin/python
 target="${CARGO_TARGET_DIR:-$PWD/target}/debug"
 DLOCK="$target/dlock" "$py" clients/conformance/kit.py --server-bin "$target/dlock-server" \
   -- clients/conformance/dlock-cli.sh
-if [ -f clients/python/tools/conformance_client.py ]; then
-  "$py" clients/conformance/kit.py --server-bin "$target/dlock-server" \
-    -- "$py" clients/python/tools/conformance_client.py
-fi
+"$py" clients/conformance/kit.py --server-bin "$target/dlock-server" \
+  -- "$py" clients/python/tools/conformance_client.py
