@@ -23,7 +23,8 @@ key, then:
      higher fence.
 It prints one line per check and exits 0 only if every one passed. It needs
 python3 and the `protobuf` package (the Python client's dependency), and
-reads the wire types from clients/python/src/dlock/_proto.
+reads the wire types from the installed Python client or, without it, from
+clients/python/src/dlock/_proto.
 """
 
 from __future__ import annotations
@@ -44,8 +45,13 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[0] / "python" / "src" / "dlock" / "_proto"))
-import dlock_pb2 as pb  # noqa: E402  (generated from proto/dlock.proto)
+try:
+    # The Python client's copy, when it is installed: a second copy of the
+    # same generated module in one process would clash in protobuf's pool.
+    from dlock._proto import dlock_pb2 as pb
+except ImportError:
+    sys.path.insert(0, str(HERE.parents[0] / "python" / "src" / "dlock" / "_proto"))
+    import dlock_pb2 as pb  # type: ignore[no-redef]  # generated from proto/dlock.proto
 
 #: The cluster's session TTL (the nodes' default) and how long the leader is
 #: stalled: longer, so a client that only waited would find its session gone.

@@ -7,8 +7,7 @@
 //! or by resets), each healed after a random time.
 
 use crate::cluster_run::ClusterWorkload;
-use dlock::proto::{ClusterInfo, RequestType, ResponseStatus};
-use dlock::raw::RawClient;
+use dlock::proto::ClusterInfo;
 use dlock_server::testing::nodes::NodeProcesses;
 use dlock_server::testing::peer_links::PeerLinks;
 use dlock_server::testing::proxy::FreezableProxy;
@@ -170,16 +169,7 @@ impl Cluster {
     /// Node `i`'s view of the cluster, or `None` if it does not answer
     /// soon.
     pub async fn status(&self, i: usize) -> Option<ClusterInfo> {
-        let ask = async {
-            let mut c = RawClient::connect(self.addrs[i].as_str()).await.ok()?;
-            let req = c.request(RequestType::ClusterStatus, &[]);
-            let r = c.call(&req).await.ok()?;
-            (ResponseStatus::try_from(r.status) == Ok(ResponseStatus::Ok))
-                .then_some(r.cluster)
-                .flatten()
-                .map(|b| *b)
-        };
-        tokio::time::timeout(STATUS_PATIENCE, ask).await.ok()?
+        dlock_server::testing::nodes::cluster_status(&self.addrs[i], STATUS_PATIENCE).await
     }
 
     /// The node that says it leads, among those no fault holds and not

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
-import random
 import re
 import signal
 import socket
@@ -27,6 +26,9 @@ from pathlib import Path
 from typing import Any, Coroutine, Iterator, List, Optional, TypeVar
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "conformance"))
+import kit  # noqa: E402  (the conformance kit: node processes on reserved ports)
 
 from dlock._proto import dlock_pb2 as pb
 
@@ -138,30 +140,10 @@ NODE_FLAGS = ("--heartbeat", "100ms", "--election-timeout", "500ms")
 
 
 def _reserve_port() -> socket.socket:
-    """A listening socket on a free loopback port below the ephemeral range.
-
-    Held until its node is about to bind the port, so nothing else on the
-    machine is given it meanwhile; below the ephemeral range, so no outgoing
-    connection (a node dialling its peers) can take it from a node being
-    restarted or started late.
-    """
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            high = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        high = 32768
-    low = 10_000
-    start = random.randrange(low, high)
-    for i in range(high - low):
-        port = low + (start - low + i) % (high - low)
-        s = socket.socket()
-        try:
-            s.bind(("127.0.0.1", port))
-            s.listen(1)
-            return s
-        except OSError:
-            s.close()
-    pytest.fail(f"no free loopback port between {low} and {high}")
+    """A listening socket on a free loopback port below the ephemeral range
+    (the conformance kit's: see `kit.reserve_port`), held until its node is
+    about to bind the port."""
+    return kit.reserve_port()
 
 
 def _frame_call(addr: str, req: "pb.Request", timeout: float) -> Optional["pb.Response"]:

@@ -1,28 +1,13 @@
 //! Helpers for tests of cluster node processes.
 
-use dlock::proto::{ClusterInfo, RequestType, ResponseStatus};
-use dlock::raw::RawClient;
-use dlock_server::testing::nodes::NodeProcesses;
+use dlock::proto::ClusterInfo;
+use dlock_server::testing::nodes::{cluster_status, NodeProcesses};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Node `i`'s own view, or `None` if it does not answer.
 pub async fn status(nodes: &NodeProcesses, i: usize) -> Option<ClusterInfo> {
-    let ask = async {
-        let mut c = RawClient::connect(nodes.addr(i).to_string().as_str())
-            .await
-            .ok()?;
-        let req = c.request(RequestType::ClusterStatus, &[]);
-        let r = c.call(&req).await.ok()?;
-        (ResponseStatus::try_from(r.status) == Ok(ResponseStatus::Ok))
-            .then_some(r.cluster)
-            .flatten()
-            .map(|b| *b)
-    };
-    tokio::time::timeout(Duration::from_secs(2), ask)
-        .await
-        .ok()
-        .flatten()
+    cluster_status(&nodes.addr(i).to_string(), Duration::from_secs(2)).await
 }
 
 /// Waits until node `i` follows the current leader (whichever node that
