@@ -74,6 +74,30 @@ pub fn format(d: Duration) -> String {
     format!("{}us", nanos as f64 / 1e3)
 }
 
+/// `d` as people read it in a log line, to about three figures: `815 ms`,
+/// `0.82 s` is `820 ms`, `4.2 s`, `12 s`, `3 min 5 s`. Not for parsing
+/// back (see [`format`] for that).
+pub fn human(d: Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs < 0.001 {
+        return format!("{} us", d.as_micros());
+    }
+    if secs < 1.0 {
+        return format!("{} ms", (secs * 1000.0).round());
+    }
+    if secs < 10.0 {
+        return format!("{:.2} s", secs);
+    }
+    if secs < 60.0 {
+        return format!("{:.1} s", secs);
+    }
+    let whole = d.as_secs();
+    match (whole / 3600, (whole % 3600) / 60, whole % 60) {
+        (0, m, s) => format!("{m} min {s} s"),
+        (h, m, _) => format!("{h} h {m} min"),
+    }
+}
+
 fn seconds(secs: f64, original: &str) -> Result<Duration, String> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("'{original}' is not a valid duration"));
@@ -96,6 +120,18 @@ pub fn parse_positive(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn human_durations_read_as_people_say_them() {
+        let ms = Duration::from_millis;
+        assert_eq!(human(Duration::from_micros(250)), "250 us");
+        assert_eq!(human(ms(815)), "815 ms");
+        assert_eq!(human(Duration::from_nanos(815_200_675)), "815 ms");
+        assert_eq!(human(ms(4_210)), "4.21 s");
+        assert_eq!(human(ms(12_340)), "12.3 s");
+        assert_eq!(human(ms(185_000)), "3 min 5 s");
+        assert_eq!(human(Duration::from_secs(7_500)), "2 h 5 min");
+    }
 
     #[test]
     fn format_reads_back() {

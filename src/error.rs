@@ -177,7 +177,7 @@ impl fmt::Display for Reason<'_> {
             Disconnect::NotLeader { leader: None } => write!(f, "the node is no longer the leader"),
             Disconnect::NoQuorum => write!(f, "the node could not commit in time (no quorum)"),
             Disconnect::NoAnswer { waited } => {
-                write!(f, "no answer for {}", crate::duration::format(*waited))
+                write!(f, "no answer for {}", crate::duration::human(*waited))
             }
             Disconnect::NotResumed(why) => {
                 write!(f, "the session was not resumed within its TTL: {why}")

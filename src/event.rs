@@ -59,12 +59,12 @@ impl std::fmt::Display for Event {
             } => write!(
                 f,
                 "session {session} resumed on {addr} after {}",
-                crate::duration::format(*after)
+                crate::duration::human(*after)
             ),
             Event::LeaseRecovered { addr, fence, after } => write!(
                 f,
                 "reconnected to {addr}; lease renewed by its fencing token {fence} after {}",
-                crate::duration::format(*after)
+                crate::duration::human(*after)
             ),
         }
     }

@@ -38,7 +38,11 @@ mod tests {
         let drawn: Vec<Duration> = (0..200).map(|_| jittered(pause)).collect();
         assert!(drawn.iter().all(|d| *d >= pause / 2 && *d <= pause));
         let distinct: std::collections::BTreeSet<_> = drawn.iter().collect();
-        assert!(distinct.len() > 100, "only {} distinct pauses", distinct.len());
+        assert!(
+            distinct.len() > 100,
+            "only {} distinct pauses",
+            distinct.len()
+        );
         assert_eq!(jittered(Duration::ZERO), Duration::ZERO);
     }
 }

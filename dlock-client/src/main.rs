@@ -10,6 +10,7 @@ mod hook;
 mod inspect;
 mod keeper;
 mod leader;
+mod reconnects;
 mod run;
 mod say;
 mod signals;

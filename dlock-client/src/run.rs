@@ -117,9 +117,14 @@ pub async fn run_locked(
 fn report_reconnects(client: &Client) {
     let mut events = client.events();
     tokio::spawn(async move {
+        let mut report = crate::reconnects::Reconnects::default();
         loop {
             match events.recv().await {
-                Ok(e) => say!("{e}"),
+                Ok(e) => {
+                    if let Some(line) = report.line(&e) {
+                        say!("{line}");
+                    }
+                }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                     say!("({n} connection events not shown)");
                 }
