@@ -84,6 +84,7 @@ func TestSilenceLimitFollowsTheRustLibrary(t *testing.T) {
 }
 
 func TestAClusterClientFollowsNotLeaderAndOpensASession(t *testing.T) {
+	covers(t, pb.ResponseStatus_NotLeader)
 	cl := startCluster(t, 3, "--session-ttl", "6s")
 	lead := cl.leader(-1)
 	follower := (lead + 1) % 3

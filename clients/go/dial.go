@@ -410,7 +410,9 @@ func (d *dialer) tryNode(ctx context.Context, addr string, session uint64, limit
 		limits = legacyLimits // a server older than Hello: assume its defaults
 	default:
 		e := errorOf(pb.RequestType_Hello, resp)
-		return nil, &nodeError{err: e, fatal: resp.Status == pb.ResponseStatus_AccessDenied, answered: true}
+		// Not "answered": a node that turns clients away (LimitReached,
+		// ShuttingDown) is no reason to go round the nodes again.
+		return nil, &nodeError{err: e, fatal: resp.Status == pb.ResponseStatus_AccessDenied}
 	}
 	if !limits.ResumableSessions {
 		if session != 0 {
