@@ -34,6 +34,14 @@ import (
 const limit = 30 * time.Second
 
 func serverBin(t testing.TB) string {
+	bin := serverPath()
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("dlock-server not found at %s: build it with `cargo build -p dlock-server` or set DLOCK_SERVER_BIN", bin)
+	}
+	return bin
+}
+
+func serverPath() string {
 	bin := os.Getenv("DLOCK_SERVER_BIN")
 	if bin == "" {
 		target := os.Getenv("CARGO_TARGET_DIR")
@@ -42,9 +50,6 @@ func serverBin(t testing.TB) string {
 			target = filepath.Join(wd, "..", "..", "target")
 		}
 		bin = filepath.Join(target, "debug", "dlock-server")
-	}
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("dlock-server not found at %s: build it with `cargo build -p dlock-server` or set DLOCK_SERVER_BIN", bin)
 	}
 	return bin
 }
@@ -64,17 +69,28 @@ var listening = regexp.MustCompile(`listening addr=(\S+)`)
 // and waits until it says where it listens; t's cleanup kills it.
 func startServer(t testing.TB, listen string, flags ...string) *testServer {
 	t.Helper()
+	s, err := launch(serverBin(t), listen, flags...)
+	if s != nil {
+		t.Cleanup(s.kill)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func launch(bin, listen string, flags ...string) (*testServer, error) {
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
 	args := append([]string{"--listen", listen, "--log-level", "info"}, flags...)
-	cmd := exec.Command(serverBin(t), args...)
+	cmd := exec.Command(bin, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting dlock-server: %v", err)
+		return nil, fmt.Errorf("starting dlock-server: %w", err)
 	}
 	s := &testServer{cmd: cmd, exit: make(chan struct{})}
 	addr := make(chan string, 1)
@@ -100,16 +116,15 @@ func startServer(t testing.TB, listen string, flags ...string) *testServer {
 		_ = cmd.Wait()
 		close(s.exit)
 	}()
-	t.Cleanup(s.kill)
 	select {
 	case s.Addr = <-addr:
+		return s, nil
 	case <-s.exit:
-		t.Fatalf("dlock-server exited before listening: %s", s.logText())
+		return s, fmt.Errorf("dlock-server exited before listening: %s", s.logText())
 	case <-time.After(10 * time.Second):
 		s.kill()
-		t.Fatalf("dlock-server did not say where it listens within 10 s: %s", s.logText())
+		return s, fmt.Errorf("dlock-server did not say where it listens within 10 s: %s", s.logText())
 	}
-	return s
 }
 
 func (s *testServer) logText() string {

@@ -9,8 +9,8 @@ package dlock
 import (
 	"bufio"
 	"context"
-	"flag"
 	"errors"
+	"flag"
 	"net"
 	"os"
 	"path/filepath"
