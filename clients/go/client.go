@@ -1,0 +1,462 @@
+package dlock
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	pb "dlock/clients/go/dlockpb"
+)
+
+// Options are the settings of a Client; the zero value (or nil) takes the
+// defaults and the environment.
+type Options struct {
+	// Token is sent with every request; "" reads DLOCK_TOKEN.
+	Token string
+	// TLS turns TLS on with this configuration; the server's certificate
+	// must name the host dialled. nil reads DLOCK_TLS_CA, DLOCK_TLS_CERT and
+	// DLOCK_TLS_KEY (see TLSFromEnv); without DLOCK_TLS_CA, plain TCP.
+	TLS *tls.Config
+	// ConnectTimeout bounds a connect; given several servers each gets a
+	// share of it (at least half a second), so one that accepts and never
+	// answers cannot use it all. Default 5 s.
+	ConnectTimeout time.Duration
+	// SafetyMargin is how long before a lock's safety deadline it is
+	// reported lost when no answer from the server moved the deadline: the
+	// time its holder gets to stop. At most a quarter of the lease or
+	// session timeout is used. Default 2 s.
+	SafetyMargin time.Duration
+	// MaxInFlight bounds the requests unanswered at once; further calls
+	// wait. Default 256 (and never more than the server's max_pipeline).
+	MaxInFlight int
+	// SessionTTL asked for the client's session on a cluster: how long it
+	// outlives a broken connection. 0: the cluster's default.
+	SessionTTL time.Duration
+	// OnEvent is told when the session moves between cluster nodes. It is
+	// called on a goroutine of its own.
+	OnEvent func(Event)
+}
+
+// Client is a connection to a dlock server, or to a cluster's leader with a
+// session. Its methods may be called from any number of goroutines: their
+// requests are pipelined on the one connection and answered in order.
+//
+// Locks belong to the connection (on a cluster, to its session), as in
+// every dlock client: the server grants a key that this owner already
+// holds again at once, under a new fencing token. Goroutines that must
+// exclude each other use Clients of their own (the older Lock of the same
+// Client is reported lost with LostRegranted if it happens).
+//
+// Against a single server, when the connection ends every pending call
+// fails with a *ConnectionLostError, later calls fail at once, and Done is
+// closed: there is no reconnect, since the server released every lock held
+// without a lease. Against a cluster, the client resumes its session on
+// the new leader through failovers (see Options.OnEvent); it ends only when
+// the session does.
+type Client struct {
+	l      *link
+	d      *dialer
+	margin time.Duration
+	inFl   int
+
+	mu sync.Mutex
+	// holding names the Lock that holds each key.
+	holding map[string]*Lock
+	locks   map[*Lock]bool
+	// Connections of Watches (a parked Watch holds back the answers behind
+	// it): every one open, and those idle for the next Watch.
+	side     map[*link]bool
+	watchers []*link
+}
+
+// idleWatchers is how many Watch connections are kept for the next Watch.
+const idleWatchers = 2
+
+// Connect connects to servers: one HOST:PORT, or a cluster's nodes as a
+// comma-separated list ("" reads DLOCK_SERVER, else DefaultServer). It says
+// Hello to learn the server's limits and session timeout and, on a cluster,
+// finds the leader (following the others' NotLeader answers) and opens a
+// session there.
+//
+// The error is a *ConnectError naming each address tried and why it
+// failed; errors.Is(err, ErrAccessDenied) for a refused token.
+func Connect(ctx context.Context, servers string, opts *Options) (*Client, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	addrs, err := Servers(servers)
+	if err != nil {
+		return nil, err
+	}
+	if o.Token == "" {
+		o.Token = os.Getenv("DLOCK_TOKEN")
+	}
+	if o.TLS == nil {
+		if o.TLS, err = TLSFromEnv(); err != nil {
+			return nil, err
+		}
+	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 5 * time.Second
+	}
+	if o.SafetyMargin <= 0 {
+		o.SafetyMargin = 2 * time.Second
+	}
+	d := &dialer{
+		addrs: addrs, token: o.Token, tls: o.TLS, connectTimeout: o.ConnectTimeout,
+		sessionTTL: o.SessionTTL, onEvent: o.OnEvent,
+		suspects: map[string]bool{}, watches: map[string]*nodeWatch{},
+	}
+	l, err := openLink(ctx, d, o.MaxInFlight, false)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{l: l, d: d, margin: o.SafetyMargin, inFl: o.MaxInFlight,
+		holding: map[string]*Lock{}, locks: map[*Lock]bool{}, side: map[*link]bool{}}
+	l.mu.Lock()
+	l.onEnd = c.onEnd
+	ended := l.err
+	l.mu.Unlock()
+	if ended != nil {
+		go c.onEnd(ended, false)
+	}
+	return c, nil
+}
+
+// Limits are what the server said in answer to Hello; on a cluster,
+// SessionTimeout is the session's TTL.
+func (c *Client) Limits() Limits { return c.l.limits }
+
+// Session is the cluster session the client acts for; 0 on a single server.
+func (c *Client) Session() uint64 { return c.l.session }
+
+// Addr is the node the client is connected to now (on a cluster, the leader).
+func (c *Client) Addr() string {
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	return c.l.addr
+}
+
+// Done is closed when the connection (on a cluster: the session) has
+// ended; Err then says why.
+func (c *Client) Done() <-chan struct{} { return c.l.done }
+
+// Err is nil while the client is connected, then why it ended (a
+// *ConnectionLostError).
+func (c *Client) Err() error { return c.l.failure() }
+
+// Close ends the connection cleanly (on a cluster, the session too): the
+// server releases the locks held without a lease. Leases stop being
+// renewed and their Locks are reported lost (LostClosed); on the server
+// they run until they end or are unlocked by fence.
+func (c *Client) Close() error {
+	c.l.close("closed by the client")
+	c.onEnd(c.l.failure(), true)
+	return nil
+}
+
+func (c *Client) onEnd(err error, closing bool) {
+	c.mu.Lock()
+	side := c.side
+	c.side, c.watchers = map[*link]bool{}, nil
+	var lost []*Lock
+	for l := range c.locks {
+		l.mu.Lock()
+		bound := l.lease == 0
+		l.mu.Unlock()
+		if bound || closing {
+			lost = append(lost, l)
+		}
+	}
+	c.mu.Unlock()
+	for s := range side {
+		s.close("the client's connection ended")
+	}
+	for _, l := range lost {
+		if closing {
+			l.setLost(LostClosed, "the client was closed", err)
+		} else {
+			// A lease outlives the connection: it is reported lost only
+			// when it could have run out (its watchdog).
+			l.setLost(LostConnection, err.Error(), err)
+		}
+	}
+}
+
+// LockOptions are the options of a Lock; nil takes the defaults: wait as
+// long as ctx allows, exclusive, no lease.
+type LockOptions struct {
+	// Wait is the longest the server keeps the request in line for busy
+	// keys; 0 waits as long as ctx allows (ctx's deadline, if it has one,
+	// is sent as the limit, so the server withdraws the request then).
+	Wait time.Duration
+	// Try fails at once (ErrBusy) if any key is busy.
+	Try bool
+	// Lease takes the keys as a lease of this length: it outlives the
+	// connection and ends unless renewed (Lock.Renew, Lock.KeepAlive).
+	// 0: held until unlocked or until the connection (session) ends.
+	Lease time.Duration
+	// Shared takes every key shared (a reader lock): any number of shared
+	// holders at once, or one exclusive holder.
+	Shared bool
+	// Limit takes every key as a semaphore of Limit holders (implies
+	// Shared). Everyone sharing a key must name the same limit.
+	Limit uint32
+	// Value (at most 1024 bytes) is what Inspect and Watch show for this
+	// hold: an election's leader identity.
+	Value []byte
+}
+
+func lockBody(ctx context.Context, keys []string, o *LockOptions) *pb.RequestLock {
+	body := &pb.RequestLock{Keys: keys, ReleaseMicro: toMicros(o.Lease), Value: o.Value}
+	if o.Shared || o.Limit > 0 {
+		// Only set when asked, so an exclusive Lock is encoded exactly as
+		// by every older client.
+		body.SharedKeys = keys
+		body.Limit = o.Limit
+	}
+	switch {
+	case o.Try:
+		body.TryLock = true
+	case o.Wait > 0:
+		body.WaitMicro = toMicros(o.Wait)
+	default:
+		if dl, ok := ctx.Deadline(); ok {
+			body.WaitMicro = toMicros(time.Until(dl))
+			if body.WaitMicro == 0 {
+				body.WaitMicro = 1
+			}
+		}
+	}
+	return body
+}
+
+// Lock takes all keys at once, waiting in line (FIFO) for busy ones as
+// opts say, and returns the held Lock with its fencing token.
+//
+// Errors: ErrTimeout (a *ServerError listing the busy keys) when the wait
+// runs out, ErrBusy with opts.Try; a *ServerError for invalid keys or a
+// server limit (ModeConflict when this client holds a key in the other
+// mode, LimitMismatch when the holders agreed on another limit);
+// ErrConnectionLost; ctx's error. If ctx ends while the request waits, Lock
+// returns at once; the request stays in the server's line until its wait
+// limit (ctx's deadline, when it has one) and a grant that arrives
+// meanwhile is released at once.
+func (c *Client) Lock(ctx context.Context, keys []string, opts *LockOptions) (*Lock, error) {
+	var o LockOptions
+	if opts != nil {
+		o = *opts
+	}
+	body := lockBody(ctx, keys, &o)
+	// Taken before the request is queued: never later than the real send
+	// time, so deadlines counted from it are on the safe side.
+	sent := time.Now()
+	resp, err := c.l.call(ctx, pb.RequestType_Lock, body, keys)
+	if err != nil {
+		return nil, tryErr(err, o.Try)
+	}
+	return c.granted(ctx, keys, resp.Fence, o.Lease, sent)
+}
+
+func tryErr(err error, try bool) error {
+	var se *ServerError
+	if try && errors.As(err, &se) {
+		se.try = true
+	}
+	return err
+}
+
+// granted is the Lock for a grant of keys under fence to a request sent at
+// sent.
+func (c *Client) granted(ctx context.Context, keys []string, fence uint64, lease time.Duration, sent time.Time) (*Lock, error) {
+	// The safety deadline counts from the Lock's send time, which after a
+	// long wait may be about to pass when the grant arrives, although the
+	// server started the lease only at the grant. The answer cannot prove
+	// when that was, so a lease is renewed and a lock without one pinged,
+	// which moves the deadline to now.
+	now := time.Now()
+	refresh := false
+	if lease > 0 {
+		refresh = now.Sub(sent) > lease/3
+	} else {
+		refresh = now.Sub(c.l.freshness()) > c.l.limits.SessionTimeout/4
+	}
+	if refresh {
+		var err error
+		if lease > 0 {
+			_, err = c.l.call(ctx, pb.RequestType_Renew, &pb.RequestLock{Keys: keys, Fence: fence, ReleaseMicro: toMicros(lease)}, nil)
+			sent = now
+		} else {
+			_, err = c.l.call(ctx, pb.RequestType_Ping, nil, nil)
+		}
+		if err != nil {
+			// Nobody will hold this grant: release it.
+			c.l.detached(pb.RequestType_Unlock, &pb.RequestLock{Keys: keys, Fence: fence})
+			if errors.Is(err, ErrNotHeld) {
+				return nil, &LostError{Reason: LostNotHeld, Keys: keys, Fence: fence, Err: err,
+					Text: fmt.Sprintf("the lease of %v ran out before its grant could be renewed", lease)}
+			}
+			return nil, err
+		}
+	}
+	l := &Lock{c: c, keys: keys, fence: fence, lease: lease, leaseSent: sent,
+		lost: make(chan struct{}), changed: make(chan struct{}, 1)}
+	c.mu.Lock()
+	var older []*Lock
+	for _, k := range keys {
+		if o := c.holding[k]; o != nil && o != l {
+			older = append(older, o)
+		}
+		c.holding[k] = l
+	}
+	c.locks[l] = true
+	c.mu.Unlock()
+	for _, o := range older {
+		o.setLost(LostRegranted, fmt.Sprintf(
+			"a key was granted again to this client (fence %d): locks belong to connections, so goroutines that must exclude each other need Clients of their own", fence), nil)
+	}
+	if err := c.Err(); err != nil && lease == 0 {
+		l.setLost(LostConnection, err.Error(), err)
+	}
+	go l.watchdog()
+	return l, nil
+}
+
+func (c *Client) forget(l *Lock) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.locks, l)
+	for _, k := range l.keys {
+		if c.holding[k] == l {
+			delete(c.holding, k)
+		}
+	}
+}
+
+// Unlock releases keys held under fence, whichever connection took them:
+// how a restarted process releases a lease it took earlier. ErrNotHeld
+// (with the keys) if they are not so held.
+func (c *Client) Unlock(ctx context.Context, keys []string, fence uint64) error {
+	_, err := c.l.call(ctx, pb.RequestType_Unlock, &pb.RequestLock{Keys: keys, Fence: fence}, nil)
+	return err
+}
+
+// Renew sets the lease of keys held under fence to now + lease.
+// ErrNotHeld (with the keys) if they are not so held.
+func (c *Client) Renew(ctx context.Context, keys []string, fence uint64, lease time.Duration) error {
+	_, err := c.l.call(ctx, pb.RequestType_Renew, &pb.RequestLock{Keys: keys, Fence: fence, ReleaseMicro: toMicros(lease)}, nil)
+	return err
+}
+
+// Proclaim replaces the value of keys held under fence (what Inspect and
+// Watch show). ErrNotHeld if they are not so held.
+func (c *Client) Proclaim(ctx context.Context, keys []string, fence uint64, value []byte) error {
+	_, err := c.l.call(ctx, pb.RequestType_Proclaim, &pb.RequestLock{Keys: keys, Fence: fence, Value: value}, nil)
+	return err
+}
+
+// Ping is a round trip to the server.
+func (c *Client) Ping(ctx context.Context) (time.Duration, error) {
+	start := time.Now()
+	_, err := c.l.call(ctx, pb.RequestType_Ping, nil, nil)
+	return time.Since(start), err
+}
+
+// Inspect says who holds and who waits for each of keys, in order. It
+// changes nothing.
+func (c *Client) Inspect(ctx context.Context, keys []string) ([]KeyInfo, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("dlock: Inspect needs at least one key; Stats describes the server")
+	}
+	resp, err := c.l.call(ctx, pb.RequestType_Inspect, &pb.RequestLock{Keys: keys}, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]KeyInfo, 0, len(resp.KeyInfo))
+	for _, i := range resp.KeyInfo {
+		out = append(out, keyInfoOf(i))
+	}
+	return out, nil
+}
+
+// Stats are the server's counts of connections, held keys and waiting requests.
+func (c *Client) Stats(ctx context.Context) (ServerStats, error) {
+	resp, err := c.l.call(ctx, pb.RequestType_Inspect, &pb.RequestLock{}, nil)
+	if err != nil {
+		return ServerStats{}, err
+	}
+	s := resp.GetServerStats()
+	return ServerStats{Connections: s.GetConnections(), HeldKeys: s.GetHeldKeys(), WaitingRequests: s.GetWaitingRequests()}, nil
+}
+
+// Watch waits until the first holder of key (the one with the lowest
+// fence, KeyInfo.First) is not the one named by knownFence and knownValue
+// (0 and nil: the key is free), or until limit passes (0: 30 s, or half the
+// session timeout if shorter), and returns the key as it is then: the
+// server answers as soon as the change is applied (on a cluster,
+// committed). Compare First with what you knew to tell a change from the
+// limit.
+//
+// It runs on a connection of its own (kept for the next Watch), so it
+// holds back no other call; if ctx ends, that connection is closed and the
+// server forgets the Watch. ServerError WatchLimit when the server has its
+// most Watches parked.
+func (c *Client) Watch(ctx context.Context, key string, knownFence uint64, knownValue []byte, limit time.Duration) (KeyInfo, error) {
+	if limit <= 0 {
+		limit = 30 * time.Second
+		if h := c.l.limits.SessionTimeout / 2; h < limit {
+			limit = h
+		}
+	}
+	body := &pb.RequestLock{Keys: []string{key}, Fence: knownFence, Value: knownValue, WaitMicro: toMicros(limit)}
+	c.mu.Lock()
+	var w *link
+	if n := len(c.watchers); n > 0 {
+		w, c.watchers = c.watchers[n-1], c.watchers[:n-1]
+	}
+	c.mu.Unlock()
+	if w == nil {
+		if err := c.Err(); err != nil {
+			return KeyInfo{}, err
+		}
+		var err error
+		if w, err = openLink(ctx, c.d, 1, true); err != nil {
+			return KeyInfo{}, err
+		}
+		c.mu.Lock()
+		c.side[w] = true
+		c.mu.Unlock()
+	}
+	resp, err := w.call(ctx, pb.RequestType_Watch, body, nil)
+	if err != nil && (ctx.Err() != nil || errors.Is(err, ErrConnectionLost)) {
+		// Abandoned or broken: a clean close withdraws the parked Watch.
+		c.mu.Lock()
+		delete(c.side, w)
+		c.mu.Unlock()
+		w.close("watch abandoned")
+		return KeyInfo{}, err
+	}
+	c.mu.Lock()
+	if c.side[w] && len(c.watchers) < idleWatchers && c.Err() == nil {
+		c.watchers = append(c.watchers, w)
+		w = nil
+	} else {
+		delete(c.side, w)
+	}
+	c.mu.Unlock()
+	if w != nil {
+		w.close("not needed")
+	}
+	if err != nil {
+		return KeyInfo{}, err
+	}
+	if len(resp.KeyInfo) == 0 {
+		return KeyInfo{}, errors.New("dlock: Watch answered without key_info")
+	}
+	return keyInfoOf(resp.KeyInfo[0]), nil
+}

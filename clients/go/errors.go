@@ -1,0 +1,239 @@
+package dlock
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	pb "dlock/clients/go/dlockpb"
+)
+
+// Sentinels to test errors with errors.Is. Every error this package returns
+// for a refusal is a *ServerError, for a broken connection a
+// *ConnectionLostError, for a lost lock a *LostError; each says which of
+// these it is.
+var (
+	// ErrBusy: a Lock that was not to wait (LockOptions.Try) found keys busy.
+	ErrBusy = errors.New("dlock: keys busy")
+	// ErrTimeout: the wait limit passed with keys still busy (AcquireTimeout).
+	ErrTimeout = errors.New("dlock: lock not acquired in time")
+	// ErrAccessDenied: the token is missing, wrong, or has no rule for the keys.
+	ErrAccessDenied = errors.New("dlock: access denied")
+	// ErrNotHeld: Unlock, Renew or Proclaim named keys not held (under that fence).
+	ErrNotHeld = errors.New("dlock: keys not held")
+	// ErrNotLeader: a cluster node that does not lead refused the request.
+	ErrNotLeader = errors.New("dlock: not the leader")
+	// ErrUnavailable: a cluster could not commit in time, or no server
+	// could be reached to connect or resume a session.
+	ErrUnavailable = errors.New("dlock: unavailable")
+	// ErrConnectionLost: the connection (on a cluster: the session) ended;
+	// the server released every lock it held without a lease.
+	ErrConnectionLost = errors.New("dlock: connection lost")
+	// ErrLockLost: a lock can no longer be assumed held (see Lock.Err).
+	ErrLockLost = errors.New("dlock: lock lost")
+)
+
+// ServerError is a request the server refused: its status, its explanation
+// (which names the key, limit or option at fault) and the keys it lists.
+type ServerError struct {
+	// Request is the type of the request refused.
+	Request pb.RequestType
+	Status  pb.ResponseStatus
+	// Text is the server's error_text.
+	Text string
+	// Keys the answer lists: busy keys (AcquireTimeout), keys not held
+	// (NotHeld), keys in conflict (ModeConflict, LimitMismatch).
+	Keys []string
+	// Leader is the leader's address a NotLeader answer names, if known.
+	Leader string
+	// try marks an AcquireTimeout to a try-lock: ErrBusy, not ErrTimeout.
+	try bool
+}
+
+func (e *ServerError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "dlock: %s refused: %s", e.Request, e.Status)
+	if e.Text != "" {
+		fmt.Fprintf(&b, ": %s", e.Text)
+	}
+	if len(e.Keys) > 0 && !strings.Contains(e.Text, e.Keys[0]) {
+		fmt.Fprintf(&b, " (keys %q)", e.Keys)
+	}
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrBusy) and the other sentinels work.
+func (e *ServerError) Is(target error) bool {
+	switch target {
+	case ErrBusy:
+		return e.Status == pb.ResponseStatus_AcquireTimeout && e.try
+	case ErrTimeout:
+		return e.Status == pb.ResponseStatus_AcquireTimeout && !e.try
+	case ErrAccessDenied:
+		return e.Status == pb.ResponseStatus_AccessDenied
+	case ErrNotHeld:
+		return e.Status == pb.ResponseStatus_NotHeld
+	case ErrNotLeader:
+		return e.Status == pb.ResponseStatus_NotLeader
+	case ErrUnavailable:
+		return e.Status == pb.ResponseStatus_Unavailable
+	case ErrConnectionLost:
+		// The cluster ended the session: as good as a lost connection.
+		return e.Status == pb.ResponseStatus_UnknownSession
+	}
+	return false
+}
+
+// errorOf is the error for a non-Ok answer to a request of type kind; nil
+// for Ok (and for Queued, an Enqueue's answer that is no error).
+func errorOf(kind pb.RequestType, resp *pb.Response) error {
+	switch resp.Status {
+	case pb.ResponseStatus_Ok:
+		return nil
+	case pb.ResponseStatus_Queued:
+		if kind == pb.RequestType_Enqueue {
+			return nil
+		}
+	}
+	return &ServerError{
+		Request: kind,
+		Status:  resp.Status,
+		Text:    resp.ErrorText,
+		Keys:    resp.Keys,
+		Leader:  resp.LeaderAddr,
+	}
+}
+
+// ConnectionLostError says why a connection (on a cluster: a session)
+// ended. Every call pending on it, and every later one, fails with it.
+type ConnectionLostError struct {
+	// Reason says what happened, naming the node.
+	Reason string
+	// Err is the I/O or decoding error that ended it, if one did.
+	Err error
+}
+
+func (e *ConnectionLostError) Error() string {
+	if e.Err != nil && !strings.Contains(e.Reason, e.Err.Error()) {
+		return fmt.Sprintf("dlock: connection lost: %s: %v", e.Reason, e.Err)
+	}
+	return "dlock: connection lost: " + e.Reason
+}
+
+// Is makes errors.Is(err, ErrConnectionLost) work.
+func (e *ConnectionLostError) Is(target error) bool { return target == ErrConnectionLost }
+
+// Unwrap gives the cause.
+func (e *ConnectionLostError) Unwrap() error { return e.Err }
+
+// Attempt is one address tried while connecting, and why it did not serve.
+type Attempt struct {
+	Addr string
+	Err  error
+}
+
+// ConnectError is a connect (or a session's resume) that found no server
+// to use: every address tried and why each failed.
+type ConnectError struct {
+	Attempts []Attempt
+}
+
+func (e *ConnectError) Error() string {
+	parts := make([]string, 0, len(e.Attempts))
+	for _, a := range e.Attempts {
+		parts = append(parts, fmt.Sprintf("%s: %v", a.Addr, a.Err))
+	}
+	if len(parts) == 0 {
+		return "dlock: no server to connect to"
+	}
+	return "dlock: no server reachable: " + strings.Join(parts, "; ")
+}
+
+// Is makes errors.Is(err, ErrUnavailable) true (no server could be used),
+// and errors.Is(err, ErrAccessDenied) for a refused token: it looks into
+// every attempt (by hand: Go 1.19's errors has no multiple unwrapping).
+func (e *ConnectError) Is(target error) bool {
+	if target == ErrUnavailable {
+		return true
+	}
+	for _, a := range e.Attempts {
+		if errors.Is(a.Err, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// As finds an attempt's error of target's type (a *ServerError, say).
+func (e *ConnectError) As(target interface{}) bool {
+	for _, a := range e.Attempts {
+		if errors.As(a.Err, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// LostReason is why a lock can no longer be assumed held.
+type LostReason int
+
+const (
+	// LostConnection: the connection (on a cluster: the session) of a lock
+	// without a lease ended; the server released the lock.
+	LostConnection LostReason = iota + 1
+	// LostDeadline: no answer from the server proves the lock held much
+	// longer; its safety deadline is within the margin. The server may
+	// hand it on after Lock.Deadline.
+	LostDeadline
+	// LostNotHeld: the server says the keys are not held under this fence
+	// (the lease ran out, or someone released it by fence).
+	LostNotHeld
+	// LostRenewRefused: the server refused to renew the lease for another reason.
+	LostRenewRefused
+	// LostRegranted: a later Lock of the same client was granted a key of
+	// this lock: locks belong to connections, so the server granted it
+	// again to the same owner, and this Lock no longer stands alone.
+	LostRegranted
+	// LostClosed: the client was closed.
+	LostClosed
+)
+
+func (r LostReason) String() string {
+	switch r {
+	case LostConnection:
+		return "connection lost"
+	case LostDeadline:
+		return "safety deadline"
+	case LostNotHeld:
+		return "not held"
+	case LostRenewRefused:
+		return "renew refused"
+	case LostRegranted:
+		return "granted again"
+	case LostClosed:
+		return "client closed"
+	}
+	return fmt.Sprintf("LostReason(%d)", int(r))
+}
+
+// LostError is what Lock.Err returns once the lock is lost.
+type LostError struct {
+	Reason LostReason
+	Keys   []string
+	Fence  uint64
+	// Text says what happened.
+	Text string
+	// Err is the error behind it (a ConnectionLostError, a ServerError).
+	Err error
+}
+
+func (e *LostError) Error() string {
+	return fmt.Sprintf("dlock: lock on %q (fence %d) lost: %s", e.Keys, e.Fence, e.Text)
+}
+
+// Is makes errors.Is(err, ErrLockLost) work; a loss through the connection
+// also matches ErrConnectionLost, one through NotHeld ErrNotHeld.
+func (e *LostError) Is(target error) bool { return target == ErrLockLost }
+
+// Unwrap gives the cause.
+func (e *LostError) Unwrap() error { return e.Err }

@@ -1,0 +1,694 @@
+package dlock
+
+// The connection under a Client: pipelined requests, answers matched in
+// order, pings, and on a cluster the session that outlives each stream.
+// Mirrors src/link.rs of the Rust library and connection.py of the Python
+// client.
+//
+// Every request is framed and queued for a writer goroutine at once; the
+// frames queued while it writes go out in its next write, so many
+// goroutines' requests share one write under load. The server answers in
+// order, so each answer belongs to the oldest unanswered request, and a
+// reader goroutine hands it over; an answer out of order ends the stream.
+// At most maxInFlight requests are unanswered at once, which bounds what
+// is buffered here; further calls wait for a slot.
+//
+// Against a single server the link ends with its stream: every pending
+// call fails, and so does every later one, since the server released the
+// locks bound to the connection. Against a cluster the link names its
+// session in every request that acts for an owner and numbers those that
+// change the table (seq, seq_done). When the stream breaks, a node answers
+// NotLeader or Unavailable, a request that should be answered at once is
+// not, or the node's probe finds it silent (liveness.go), the stream is
+// reset (never closed with a FIN, which would end the session), the leader
+// is looked for, the session resumed there and the requests not answered
+// are sent again, in order and under their first numbers.
+//
+// fresh is the send time of the last request whose answer proves the owner
+// alive: the input of the client-side safety rule (lock.go). On a single
+// server any answer does; on a cluster only answers from commands that kept
+// the session alive (keepsSessionAlive).
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	pb "dlock/clients/go/dlockpb"
+)
+
+type result struct {
+	resp *pb.Response
+	err  error
+}
+
+// pending is a request written (or, while the session moves, to be
+// written) and not yet answered.
+type pending struct {
+	id   uint64
+	kind pb.RequestType
+	// sent is when it was (last) written: once it is answered, the server
+	// had the owner alive no earlier than this.
+	sent time.Time
+	// reply gets the answer (buffered: never blocks); nil when nobody waits.
+	reply chan result
+	// answered: taken off the queue (answered, or failed with the link).
+	answered bool
+	// abandoned: the caller stopped waiting (its context ended).
+	abandoned bool
+	counted   bool
+	// lockKeys of a Lock, Enqueue or Wait: a grant nobody collects is released.
+	lockKeys []string
+	// seq is its number in the session; 0 if it changes nothing or there is none.
+	seq uint64
+	// frame is the request as written, to send again after a reconnect; nil
+	// against a single server, which never resumes.
+	frame []byte
+	// ticket a Wait collects.
+	ticket uint64
+}
+
+// stream is one connection to one node, with its writer and reader.
+type stream struct {
+	conn net.Conn
+	rd   *bufio.Reader
+	addr string
+	wake chan struct{}
+	stop chan struct{}
+	// final is written before a clean close (the client's Close).
+	final []byte
+	clean bool
+}
+
+type link struct {
+	d       *dialer
+	quiet   bool
+	limits  Limits
+	session uint64
+	slots   chan struct{}
+	// silenceLimit is how long the node's probe may go unanswered (on a
+	// session): see liveness.go.
+	silenceLimit time.Duration
+	done         chan struct{}
+
+	mu       sync.Mutex
+	addr     string
+	cur      *stream // nil while the session moves
+	out      []byte
+	pend     []*pending
+	numbered []uint64
+	// queued maps the ticket of each Enqueue answered Queued whose Wait has
+	// not been answered to its number: seq_done stays below it, so that
+	// after a failover the new leader still remembers an outcome decided
+	// before it (docs/PROTOCOL.md, "Two-phase acquire").
+	queued   map[uint64]uint64
+	nextID   uint64
+	nextSeq  uint64
+	pingsOut int
+	lastSend time.Time
+	fresh    time.Time
+	err      error
+	watch    *nodeWatch
+	// onEnd is told once when the link ends (in a goroutine of its own).
+	onEnd func(err error, closing bool)
+}
+
+// numberedKinds change the table: numbered in a session, so that one sent
+// again after a reconnect is recognised instead of acted on twice.
+func numbered(k pb.RequestType) bool {
+	switch k {
+	case pb.RequestType_Lock, pb.RequestType_Unlock, pb.RequestType_Renew, pb.RequestType_Enqueue:
+		return true
+	}
+	return false
+}
+
+// mayWait: requests whose answer may rightly take long (they wait for busy
+// keys, or for a change).
+func mayWait(k pb.RequestType) bool {
+	return k == pb.RequestType_Lock || k == pb.RequestType_Wait || k == pb.RequestType_Watch
+}
+
+// keepsSessionAlive says whether an answer with status to a request of
+// type kind comes, on a cluster, from a command committed for the session
+// (which kept it alive), as src/link.rs decides: Ok to a Ping or to a
+// Lock, Unlock, Renew or Enqueue; AcquireTimeout to a Lock or Enqueue;
+// Queued to an Enqueue; NotHeld to an Unlock or Renew. A refusal
+// (NotLeader from a deposed leader, Unavailable, ...), an Inspect or a
+// Wait (read, not committed) proves nothing: counting it would keep a lock
+// "held" here after the cluster gave it away.
+func keepsSessionAlive(kind pb.RequestType, status pb.ResponseStatus) bool {
+	switch status {
+	case pb.ResponseStatus_Ok:
+		return kind == pb.RequestType_Ping || numbered(kind)
+	case pb.ResponseStatus_AcquireTimeout:
+		return kind == pb.RequestType_Lock || kind == pb.RequestType_Enqueue
+	case pb.ResponseStatus_Queued:
+		return kind == pb.RequestType_Enqueue
+	case pb.ResponseStatus_NotHeld:
+		return kind == pb.RequestType_Unlock || kind == pb.RequestType_Renew
+	}
+	return false
+}
+
+// openLink connects (on a cluster: to the leader, with a new session) and
+// starts the link's goroutines.
+func openLink(ctx context.Context, d *dialer, maxInFlight int, quiet bool) (*link, error) {
+	deadline := time.Now().Add(d.connectTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	est, err := d.establish(ctx, 0, deadline, false, "", "")
+	if err != nil {
+		return nil, err
+	}
+	if maxInFlight <= 0 {
+		maxInFlight = 256
+	}
+	if p := int(est.limits.MaxPipeline); p > 0 && maxInFlight > p {
+		// Past max_pipeline the server stops reading: more in flight only
+		// buffers here.
+		maxInFlight = p
+	}
+	l := &link{
+		d:        d,
+		quiet:    quiet,
+		limits:   est.limits,
+		session:  est.session,
+		slots:    make(chan struct{}, maxInFlight),
+		done:     make(chan struct{}),
+		queued:   map[uint64]uint64{},
+		nextSeq:  1,
+		lastSend: est.ackedFrom,
+		fresh:    est.ackedFrom,
+		onEnd:    func(error, bool) {},
+	}
+	if l.session != 0 {
+		l.silenceLimit = silenceLimit(est.limits.ElectionTimeout, est.limits.SessionTimeout)
+	}
+	l.mu.Lock()
+	l.attachLocked(est)
+	l.mu.Unlock()
+	go l.tick()
+	return l, nil
+}
+
+// attachLocked makes est the link's stream and starts its goroutines.
+func (l *link) attachLocked(est *established) {
+	s := &stream{conn: est.conn, rd: est.rd, addr: est.addr, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	l.cur = s
+	l.addr = est.addr
+	if l.session != 0 {
+		l.watch = l.d.watchNode(est.addr, l.silenceLimit, l)
+	}
+	go l.writer(s)
+	go l.reader(s)
+	if len(l.out) > 0 {
+		s.wake <- struct{}{}
+	}
+}
+
+// detachLocked takes the stream away from the link: reset, or with clean
+// closed after what is queued is written.
+func (l *link) detachLocked(clean bool) {
+	s := l.cur
+	if s == nil {
+		return
+	}
+	l.cur = nil
+	if l.watch != nil {
+		l.watch.unsubscribe(l)
+		l.watch = nil
+	}
+	if clean {
+		s.clean = true
+		s.final, l.out = l.out, nil
+		// A write stuck on a node that stopped reading must not hold the
+		// close up.
+		_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
+	} else {
+		l.out = nil // every frame in it is pending, and is sent again
+		reset(s.conn)
+	}
+	close(s.stop)
+}
+
+func (l *link) writer(s *stream) {
+	for {
+		stopped := false
+		select {
+		case <-s.wake:
+		case <-s.stop:
+			stopped = true
+		}
+		l.mu.Lock()
+		var buf []byte
+		if l.cur == s {
+			buf, l.out = l.out, nil
+		} else if s.clean {
+			buf, s.final = s.final, nil
+			stopped = true
+		} else {
+			stopped = true
+		}
+		l.mu.Unlock()
+		if len(buf) > 0 {
+			if _, err := s.conn.Write(buf); err != nil {
+				l.streamFailed(s, fmt.Sprintf("writing to %s failed", s.addr), err)
+				stopped = true
+			}
+		}
+		if stopped {
+			if s.clean {
+				// A clean close: on a cluster the node ends the session at once.
+				_ = s.conn.Close()
+			}
+			return
+		}
+	}
+}
+
+func (l *link) reader(s *stream) {
+	for {
+		resp, err := readFrame(s.rd)
+		if err != nil {
+			l.streamFailed(s, fmt.Sprintf("reading from %s failed", s.addr), err)
+			return
+		}
+		if !l.onResponse(s, resp) {
+			return
+		}
+	}
+}
+
+// streamFailed: s is of no more use (if it is still the link's).
+func (l *link) streamFailed(s *stream, reason string, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.cur != s || l.err != nil {
+		return
+	}
+	l.failLocked(reason, err, "", "")
+}
+
+// failLocked moves the session to the leader (prefer: a leader a node
+// named; avoid: a node found silent), or without a session ends the link.
+func (l *link) failLocked(reason string, err error, prefer, avoid string) {
+	if l.session == 0 {
+		l.endLocked(&ConnectionLostError{Reason: reason, Err: err}, false)
+		return
+	}
+	from := l.addr
+	l.detachLocked(false)
+	if err != nil {
+		reason = fmt.Sprintf("%s: %v", reason, err)
+	}
+	if !l.quiet {
+		go l.d.event(Event{Kind: Reconnecting, Addr: from, Session: l.session, Reason: reason})
+	}
+	go l.resume(reason, prefer, avoid)
+}
+
+func (l *link) resume(reason, prefer, avoid string) {
+	l.mu.Lock()
+	broke := time.Now()
+	// The session lives a TTL after the last command that kept it alive:
+	// the last answered request, or, while the stream was open, the node's
+	// own keep-alives, which the client does not see while a Lock waits.
+	// Past this no node knows it. (Locks enforce the safety deadline apart.)
+	from := l.fresh
+	if broke.After(from) {
+		from = broke
+	}
+	deadline := from.Add(l.limits.SessionTimeout)
+	l.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-l.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	est, err := l.d.establish(ctx, l.session, deadline, true, prefer, avoid)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		if est != nil {
+			reset(est.conn)
+		}
+		return
+	}
+	if err != nil {
+		var lost *ConnectionLostError
+		if !asLost(err, &lost) {
+			lost = &ConnectionLostError{Reason: fmt.Sprintf("session %d not resumed after %s", l.session, reason), Err: err}
+		}
+		l.endLocked(lost, false)
+		return
+	}
+	if est.ackedFrom.After(l.fresh) {
+		l.fresh = est.ackedFrom
+	}
+	// Everything not answered, first, in order, under its first number:
+	// its answer will come from this stream.
+	now := time.Now()
+	var resend []byte
+	for _, p := range l.pend {
+		if p.frame != nil {
+			resend = append(resend, p.frame...)
+			p.sent = now
+		}
+	}
+	l.out = append(resend, l.out...)
+	l.attachLocked(est)
+	if !l.quiet {
+		go l.d.event(Event{Kind: Resumed, Addr: est.addr, Session: l.session, After: now.Sub(broke)})
+	}
+}
+
+func asLost(err error, target **ConnectionLostError) bool {
+	e, ok := err.(*ConnectionLostError)
+	if ok {
+		*target = e
+	}
+	return ok
+}
+
+// nodeSilent: the probe found addr silent; leave it if the link is there.
+func (l *link) nodeSilent(addr string, waited time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil || l.cur == nil || l.addr != addr {
+		return
+	}
+	l.failLocked(fmt.Sprintf("%s did not answer its probe for %v", addr, waited.Round(time.Millisecond)), nil, "", addr)
+}
+
+// onResponse takes one answer off the queue; false ends the reader.
+func (l *link) onResponse(s *stream, resp *pb.Response) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.cur != s || l.err != nil {
+		return false
+	}
+	if len(l.pend) == 0 || l.pend[0].id != resp.RequestId {
+		// An answer to nothing: the server turned the connection away
+		// (request_id 0: too many connections, frame too large) or broke
+		// ordering.
+		reason := fmt.Sprintf("%s answered request %d, which was not the next one due", s.addr, resp.RequestId)
+		var err error
+		if resp.RequestId == 0 && resp.Status != pb.ResponseStatus_Ok {
+			err = errorOf(pb.RequestType_Invalid, resp)
+			reason = fmt.Sprintf("%s turned the connection away", s.addr)
+		}
+		l.failLocked(reason, err, "", "")
+		return false
+	}
+	if l.session != 0 {
+		// Answers that send the session elsewhere leave the request in
+		// place, to be sent again there.
+		switch resp.Status {
+		case pb.ResponseStatus_UnknownSession:
+			l.endLocked(&ConnectionLostError{
+				Reason: fmt.Sprintf("session %d has ended (%s): its locks without a lease may be another's", l.session, resp.ErrorText),
+				Err:    errorOf(l.pend[0].kind, resp),
+			}, false)
+			return false
+		case pb.ResponseStatus_NotLeader:
+			l.failLocked(fmt.Sprintf("%s stopped leading", s.addr), nil, resp.LeaderAddr, "")
+			return false
+		case pb.ResponseStatus_Unavailable:
+			l.failLocked(fmt.Sprintf("%s could not commit in time (Unavailable)", s.addr), nil, "", "")
+			return false
+		}
+	}
+	p := l.pend[0]
+	l.pend[0] = nil
+	l.pend = l.pend[1:]
+	p.answered = true
+	if p.seq != 0 && len(l.numbered) > 0 {
+		l.numbered = l.numbered[1:]
+	}
+	if p.kind == pb.RequestType_Enqueue && resp.Status == pb.ResponseStatus_Queued && p.seq != 0 {
+		l.queued[resp.Ticket] = p.seq
+	} else if p.kind == pb.RequestType_Wait {
+		delete(l.queued, p.ticket)
+	}
+	if p.counted {
+		<-l.slots
+	}
+	if !l.limits.ResumableSessions || keepsSessionAlive(p.kind, resp.Status) {
+		if p.sent.After(l.fresh) {
+			l.fresh = p.sent
+		}
+	}
+	if p.kind == pb.RequestType_Ping && p.reply == nil {
+		l.pingsOut--
+	}
+	switch {
+	case p.abandoned:
+		if p.lockKeys != nil && resp.Status == pb.ResponseStatus_Ok {
+			// The caller stopped waiting: release what it was granted.
+			_ = l.sendLocked(pb.RequestType_Unlock, &pb.RequestLock{Keys: p.lockKeys, Fence: resp.Fence}, &pending{})
+		}
+	case p.reply != nil:
+		p.reply <- result{resp: resp}
+	}
+	return true
+}
+
+// endLocked ends the link once: fails what is pending, then tells onEnd.
+// clean: the client closes it with a FIN (a cluster node ends the session
+// at once and releases its locks); otherwise it is reset.
+func (l *link) endLocked(err error, clean bool) {
+	if l.err != nil {
+		return
+	}
+	l.err = err
+	l.detachLocked(clean)
+	close(l.done)
+	pend := l.pend
+	l.pend, l.numbered = nil, nil
+	for _, p := range pend {
+		p.answered = true
+		if p.counted {
+			<-l.slots
+		}
+		if p.reply != nil && !p.abandoned {
+			p.reply <- result{err: err}
+		}
+	}
+	go l.onEnd(err, clean)
+}
+
+// close ends the link cleanly: what is queued is still sent.
+func (l *link) close(reason string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.endLocked(&ConnectionLostError{Reason: reason}, true)
+}
+
+// sendLocked queues one request; its answer goes to p.reply.
+func (l *link) sendLocked(kind pb.RequestType, body *pb.RequestLock, p *pending) error {
+	req := &pb.Request{Version: ProtocolVersion, Id: l.nextID + 1, AccessToken: l.d.token, Type: kind, Lock: body}
+	var seq uint64
+	if l.session != 0 {
+		switch {
+		case numbered(kind):
+			seq = l.nextSeq
+			req.Session = l.session
+			req.Seq = seq
+			below := seq
+			if len(l.numbered) > 0 {
+				below = l.numbered[0]
+			}
+			for _, s := range l.queued {
+				if s < below {
+					below = s
+				}
+			}
+			req.SeqDone = below - 1
+		case kind == pb.RequestType_Wait, kind == pb.RequestType_Inspect && len(body.GetKeys()) > 0:
+			// An Inspect without keys asks for server counts, no owner's.
+			req.Session = l.session
+		}
+	}
+	frame, err := encodeFrame(nil, req)
+	if err != nil {
+		return fmt.Errorf("dlock: cannot encode %s: %w", kind, err)
+	}
+	if max := l.limits.MaxFrame; max > 0 && len(frame)-4 > int(max) {
+		// The server would answer FrameTooLarge and close the connection,
+		// taking every lock on it along: refuse here instead.
+		return &ServerError{Request: kind, Status: pb.ResponseStatus_FrameTooLarge,
+			Text: fmt.Sprintf("request of %d bytes is over the server's max_frame of %d (not sent)", len(frame)-4, max)}
+	}
+	l.nextID++
+	if seq != 0 {
+		l.nextSeq++
+		l.numbered = append(l.numbered, seq)
+	}
+	now := time.Now()
+	p.id, p.kind, p.sent, p.seq = req.Id, kind, now, seq
+	if kind == pb.RequestType_Wait {
+		p.ticket = body.GetTicket()
+	}
+	if l.session != 0 {
+		p.frame = frame
+	}
+	l.pend = append(l.pend, p)
+	if !l.limits.ResumableSessions || kind == pb.RequestType_Ping || numbered(kind) {
+		// On a cluster an Inspect keeps nothing alive that the client could
+		// prove: a Ping is still due.
+		l.lastSend = now
+	}
+	if l.cur == nil {
+		return nil // the session is moving: sent with the rest once resumed
+	}
+	l.out = append(l.out, frame...)
+	select {
+	case l.cur.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// call sends one request and waits for its answer; a refusal is an error
+// (and the answer is returned too). If ctx ends first, the call returns
+// ctx's error at once and a grant that arrives later for lockKeys is
+// released.
+func (l *link) call(ctx context.Context, kind pb.RequestType, body *pb.RequestLock, lockKeys []string) (*pb.Response, error) {
+	select {
+	case <-l.done:
+		return nil, l.failure()
+	default:
+	}
+	select {
+	case l.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-l.done:
+		return nil, l.failure()
+	}
+	p := &pending{reply: make(chan result, 1), counted: true, lockKeys: lockKeys}
+	l.mu.Lock()
+	if l.err != nil {
+		l.mu.Unlock()
+		<-l.slots
+		return nil, l.err
+	}
+	if err := l.sendLocked(kind, body, p); err != nil {
+		l.mu.Unlock()
+		<-l.slots
+		return nil, err
+	}
+	l.mu.Unlock()
+	var r result
+	select {
+	case r = <-p.reply:
+	case <-ctx.Done():
+		l.mu.Lock()
+		if !p.answered {
+			p.abandoned = true
+			l.mu.Unlock()
+			return nil, ctx.Err()
+		}
+		l.mu.Unlock()
+		r = <-p.reply
+		if r.err == nil && lockKeys != nil && r.resp.Status == pb.ResponseStatus_Ok {
+			l.detached(pb.RequestType_Unlock, &pb.RequestLock{Keys: lockKeys, Fence: r.resp.Fence})
+		}
+		return nil, ctx.Err()
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return r.resp, errorOf(kind, r.resp)
+}
+
+// detached sends a request whose answer nobody reads (best effort).
+func (l *link) detached(kind pb.RequestType, body *pb.RequestLock) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil {
+		_ = l.sendLocked(kind, body, &pending{})
+	}
+}
+
+func (l *link) failure() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// freshness is the send time of the last request whose answer proves the
+// owner alive.
+func (l *link) freshness() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.fresh
+}
+
+// tick sends a Ping whenever nothing was sent for a quarter of the session
+// timeout, and on a session leaves a node that leaves a request that
+// should be answered at once unanswered for a quarter of the TTL. A
+// quarter, not src/link.rs's half: a lock's deadline falls 0.999 TTL after
+// the last answered Ping, which may be a quarter TTL before the silence
+// began, and finding the leader takes time too. (The probe, liveness.go,
+// usually notices first.)
+func (l *link) tick() {
+	interval := l.limits.SessionTimeout / 4
+	if interval < 10*time.Millisecond {
+		interval = 10 * time.Millisecond
+	}
+	silence := interval
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
+	for {
+		l.mu.Lock()
+		if l.err != nil {
+			l.mu.Unlock()
+			return
+		}
+		now := time.Now()
+		wake := now.Add(interval)
+		if l.cur != nil {
+			wake = l.lastSend.Add(interval)
+			if l.session != 0 && len(l.pend) > 0 && !mayWait(l.pend[0].kind) {
+				head := l.pend[0]
+				if waited := now.Sub(head.sent); waited >= silence {
+					l.failLocked(fmt.Sprintf("no answer from %s for %v", l.addr, waited.Round(time.Millisecond)), nil, "", l.addr)
+					l.mu.Unlock()
+					continue
+				}
+				if h := head.sent.Add(silence); h.Before(wake) {
+					wake = h
+				}
+			}
+			if !now.Before(wake) {
+				// Pings behind a waiting Lock are read (they keep the owner
+				// alive) but not answered until the Lock is; past
+				// max_pipeline unanswered requests the server stops reading.
+				if l.pingsOut < int(l.limits.MaxPipeline) || l.limits.MaxPipeline == 0 && l.pingsOut < 1024 {
+					l.pingsOut++
+					_ = l.sendLocked(pb.RequestType_Ping, nil, &pending{})
+				} else {
+					l.lastSend = now
+				}
+				wake = now.Add(interval)
+			}
+		}
+		l.mu.Unlock()
+		timer.Reset(time.Until(wake))
+		select {
+		case <-timer.C:
+		case <-l.done:
+			return
+		}
+	}
+}

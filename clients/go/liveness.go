@@ -1,0 +1,209 @@
+package dlock
+
+// Noticing that a cluster node has gone silent, even while every request
+// on a link waits rightly (a Lock in line holds back the answers behind it,
+// Pings included). Mirrors src/liveness.rs.
+//
+// A node that stalls instead of dying (SIGSTOP, a VM freeze, an fsync
+// stall) or sits behind a path that drops packets without a reset keeps its
+// sockets open and says nothing. The rest of the cluster replaces it as
+// leader within 3 to 4 election timeouts, and from then on nobody keeps the
+// client's session alive: it must resume on the new leader well within the
+// session's TTL. The links' own answers cannot tell in time (they come in
+// request order), so one probe per client and node pings on a connection of
+// its own, with no session, which the node answers at once without a
+// commit. When a Ping (or the probe's Hello) goes unanswered for
+// silenceLimit, every link on that node breaks off and resumes its session
+// elsewhere, and the node is tried last until it answers again. A node that
+// refuses the probe outright (down, full, access denied) is left to the
+// links, which see that themselves.
+
+import (
+	"bufio"
+	"context"
+	"time"
+
+	pb "dlock/clients/go/dlockpb"
+)
+
+const (
+	// defaultElectionTimeout is assumed for a node that does not state one
+	// (dlock-server's default).
+	defaultElectionTimeout = 200 * time.Millisecond
+	// minSilence is the shortest silence taken for a stall: a healthy node
+	// on a loaded machine may take a few hundred milliseconds to answer a
+	// Ping, and a false alarm costs a reconnect.
+	minSilence = 1500 * time.Millisecond
+	// maxProbeRetry is the longest pause between probe attempts on a node
+	// that refuses them.
+	maxProbeRetry = 5 * time.Second
+)
+
+// silenceLimit is how long a node may leave a probe unanswered before it
+// is taken for gone: three election timeouts (by then the others have
+// replaced it if it led), at least minSilence, at most a quarter of the
+// session's TTL, so that finding a new leader and resuming there fit in
+// what is left.
+func silenceLimit(election, ttl time.Duration) time.Duration {
+	if election <= 0 {
+		election = defaultElectionTimeout
+	}
+	limit := 3 * election
+	if limit < minSilence {
+		limit = minSilence
+	}
+	if q := ttl / 4; limit > q {
+		limit = q
+	}
+	return limit
+}
+
+// nodeWatch is the probe of one node, shared by every link of a client on
+// it; it stops when the last link lets go.
+type nodeWatch struct {
+	d     *dialer
+	addr  string
+	limit time.Duration
+	stop  chan struct{}
+	// links on the node, guarded by d.mu.
+	links map[*link]bool
+}
+
+// watchNode subscribes l to the probe of addr, starting one if no link of
+// the client has one running.
+func (d *dialer) watchNode(addr string, limit time.Duration, l *link) *nodeWatch {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	w := d.watches[addr]
+	if w == nil {
+		w = &nodeWatch{d: d, addr: addr, limit: limit, stop: make(chan struct{}), links: map[*link]bool{}}
+		d.watches[addr] = w
+		go w.run()
+	}
+	w.links[l] = true
+	return w
+}
+
+// unsubscribe lets go of the probe; the last link stops it.
+func (w *nodeWatch) unsubscribe(l *link) {
+	d := w.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(w.links, l)
+	if len(w.links) == 0 && d.watches[w.addr] == w {
+		delete(d.watches, w.addr)
+		close(w.stop)
+	}
+}
+
+func (w *nodeWatch) run() {
+	retry := w.limit / 2
+	for {
+		waited, silent := w.untilSilent()
+		if silent {
+			w.d.suspect(w.addr, true)
+			w.d.mu.Lock()
+			links := make([]*link, 0, len(w.links))
+			for l := range w.links {
+				links = append(links, l)
+			}
+			w.d.mu.Unlock()
+			// Told outside d.mu: a link takes its own lock, then d.mu to
+			// unsubscribe.
+			for _, l := range links {
+				l.nodeSilent(w.addr, waited)
+			}
+			retry = w.limit / 2
+		} else if retry *= 2; retry > maxProbeRetry {
+			retry = maxProbeRetry
+		}
+		t := time.NewTimer(retry)
+		select {
+		case <-w.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// untilSilent pings the node on a connection of the probe's own, a third of
+// the limit apart, until an answer is the limit late: returns how long it
+// waited, true. False when the node refuses or the connection breaks (not
+// a silence) or the probe is stopped.
+func (w *nodeWatch) untilSilent() (time.Duration, bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-w.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	started := time.Now()
+	conn, err := w.d.connect(ctx, w.addr, started.Add(w.limit))
+	if err != nil {
+		if ctx.Err() == nil && time.Since(started) >= w.limit {
+			return time.Since(started), true
+		}
+		return 0, false
+	}
+	// No session on it: a clean close ends nothing.
+	defer conn.Close()
+	go func() {
+		<-ctx.Done()
+		_ = conn.SetDeadline(time.Unix(1, 0))
+	}()
+	rd := bufio.NewReaderSize(conn, 4096)
+	_ = conn.SetDeadline(started.Add(w.limit))
+	resp, err := exchange(conn, rd, &pb.Request{Version: ProtocolVersion, Id: helloID, AccessToken: w.d.token, Type: pb.RequestType_Hello})
+	if err != nil {
+		if ctx.Err() == nil && isTimeout(err) {
+			return time.Since(started), true
+		}
+		return 0, false
+	}
+	if resp.Status != pb.ResponseStatus_Ok && resp.Status != pb.ResponseStatus_InvalidType {
+		return 0, false
+	}
+	w.d.suspect(w.addr, false)
+	var id uint64
+	for {
+		t := time.NewTimer(w.limit / 3)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, false
+		case <-t.C:
+		}
+		id++
+		sent := time.Now()
+		_ = conn.SetDeadline(sent.Add(w.limit))
+		resp, err := exchange(conn, rd, &pb.Request{Version: ProtocolVersion, Id: id, AccessToken: w.d.token, Type: pb.RequestType_Ping})
+		if err != nil {
+			if ctx.Err() == nil && isTimeout(err) {
+				return time.Since(sent), true
+			}
+			return 0, false
+		}
+		if resp.Status != pb.ResponseStatus_Ok {
+			return 0, false
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	type timeout interface{ Timeout() bool }
+	for err != nil {
+		if t, ok := err.(timeout); ok && t.Timeout() {
+			return true
+		}
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		err = u.Unwrap()
+	}
+	return false
+}

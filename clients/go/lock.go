@@ -1,0 +1,309 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	pb "dlock/clients/go/dlockpb"
+)
+
+// ClockRateBound is how much faster the server's clock may run than the
+// client's, as a fraction of elapsed time. Clocks disciplined by NTP differ
+// in rate by at most 500 ppm (the kernel's slew limit); 0.1 % leaves room
+// beyond that. Only rates matter: the clocks' values never meet.
+const ClockRateBound = 0.001
+
+// Lock is keys held together under one fencing token, from Client.Lock.
+//
+// Every Lock has a safety deadline (Deadline): the latest moment it is
+// certainly still held, judged from this side alone (docs/CLIENTS.md,
+// "Sessions, pings and when a lock is lost"):
+//
+//   - a lease ends no sooner than the lease after the last answered Lock
+//     or Renew was sent;
+//   - a lock without a lease is released when the server ends the
+//     connection (on a cluster: the session), which it may do once nothing
+//     kept it alive for the session timeout; so the deadline is the send
+//     time of the last request whose answer proves the owner alive, plus
+//     the session timeout. On a single server any answer proves it; on a
+//     cluster only the answer to a command the cluster committed for the
+//     session (a deposed leader's NotLeader proves nothing).
+//
+// Both are shortened by ClockRateBound. Lost is closed a safety margin
+// before the deadline unless an answer moved it on, and at once when the
+// connection of a lock without a lease ends; Err then says why. Stop using
+// the lock when Lost is closed, and pass Fence to the resource you protect,
+// which should refuse a lower fence than it has seen: a paused process
+// cannot notice in time that its lock was lost.
+type Lock struct {
+	c     *Client
+	keys  []string
+	fence uint64
+
+	mu sync.Mutex
+	// lease is 0 for a lock bound to the connection (session).
+	lease time.Duration
+	// leaseSent is the send time of the last answered Lock or Renew.
+	leaseSent time.Time
+	released  bool
+	err       error
+	lost      chan struct{}
+	// changed wakes the watchdog when the lease moved.
+	changed chan struct{}
+}
+
+// Keys are the keys held, in the order locked.
+func (l *Lock) Keys() []string { return append([]string(nil), l.keys...) }
+
+// Fence is the grant's fencing token: pass it to the resource the lock
+// protects, which should refuse writes with a lower token than it has seen.
+func (l *Lock) Fence() uint64 { return l.fence }
+
+// Lease is the lease length; 0 for a lock held without a lease.
+func (l *Lock) Lease() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lease
+}
+
+// Lost is closed when the lock can no longer be assumed held; Err says why.
+func (l *Lock) Lost() <-chan struct{} { return l.lost }
+
+// Err is nil while the lock is held (or once unlocked), then a *LostError
+// saying why it was lost.
+func (l *Lock) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Deadline is the safety deadline: after it the server may hand the lock
+// to someone else.
+func (l *Lock) Deadline() time.Time {
+	d, _ := l.deadline()
+	return d
+}
+
+// deadline is the safety deadline and the alarm a margin before it.
+func (l *Lock) deadline() (time.Time, time.Time) {
+	l.mu.Lock()
+	lease, sent := l.lease, l.leaseSent
+	l.mu.Unlock()
+	window := lease
+	if lease == 0 {
+		window = l.c.l.limits.SessionTimeout
+		sent = l.c.l.freshness()
+	}
+	deadline := sent.Add(window - time.Duration(float64(window)*ClockRateBound))
+	margin := l.c.margin
+	if q := window / 4; margin > q {
+		margin = q
+	}
+	return deadline, deadline.Add(-margin)
+}
+
+// Check returns Err, or a LostError if the alarm has passed though the
+// watchdog has not run yet: it reads the clock now (a paused or starved
+// process runs its timers late).
+func (l *Lock) Check() error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	if _, alarm := l.deadline(); !time.Now().Before(alarm) {
+		l.setLost(LostDeadline, l.pastDeadline(), nil)
+	}
+	return l.Err()
+}
+
+func (l *Lock) pastDeadline() string {
+	if lease := l.Lease(); lease > 0 {
+		return fmt.Sprintf("the lease of %v was not renewed in time", lease)
+	}
+	t := l.c.l.limits.SessionTimeout
+	return fmt.Sprintf("no answer from the server proves the owner alive within the session timeout of %v; the server may end it and hand the lock on", t)
+}
+
+// watchdog reports the lock lost at its alarm unless an answer moved it.
+// Timers are re-armed lazily: answers move the deadline without touching
+// the timer, which looks again when it fires.
+func (l *Lock) watchdog() {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if l.Err() != nil || l.isReleased() {
+			return
+		}
+		_, alarm := l.deadline()
+		wait := time.Until(alarm)
+		if wait <= 0 {
+			l.setLost(LostDeadline, l.pastDeadline(), nil)
+			return
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(wait)
+		select {
+		case <-timer.C:
+		case <-l.changed:
+		case <-l.lost:
+			return
+		}
+	}
+}
+
+func (l *Lock) isReleased() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.released
+}
+
+// setLost reports the lock lost, once (not once released).
+func (l *Lock) setLost(reason LostReason, text string, cause error) {
+	l.mu.Lock()
+	if l.err != nil || l.released {
+		l.mu.Unlock()
+		return
+	}
+	l.err = &LostError{Reason: reason, Keys: l.keys, Fence: l.fence, Text: text, Err: cause}
+	close(l.lost)
+	l.mu.Unlock()
+	l.c.forget(l)
+}
+
+// Unlock releases the keys, by fence (so a later grant to someone else is
+// never touched). ErrNotHeld if they were no longer held (the lease ran
+// out); ErrConnectionLost if the connection is gone (a lock without a
+// lease is then released already).
+func (l *Lock) Unlock(ctx context.Context) error {
+	l.mu.Lock()
+	if l.released {
+		l.mu.Unlock()
+		return nil
+	}
+	l.released = true
+	l.mu.Unlock()
+	l.c.forget(l)
+	select {
+	case l.changed <- struct{}{}:
+	default:
+	}
+	_, err := l.c.l.call(ctx, pb.RequestType_Unlock, &pb.RequestLock{Keys: l.keys, Fence: l.fence}, nil)
+	return err
+}
+
+// Renew sets the lease to now + lease. A lock taken without a lease
+// becomes a lease: it then outlives the connection.
+//
+// It returns when the lock is lost at the latest: a renewal held up (a
+// failover, a frozen path) never keeps its caller past the moment the lock
+// must be given up; the error is then the *LostError. ErrNotHeld if the
+// keys are no longer held.
+func (l *Lock) Renew(ctx context.Context, lease time.Duration) error {
+	if lease <= 0 {
+		return fmt.Errorf("dlock: Renew of %q needs a positive lease, not %v", l.keys, lease)
+	}
+	if err := l.Err(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-l.lost:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	sent := time.Now()
+	_, err := l.c.l.call(ctx, pb.RequestType_Renew, &pb.RequestLock{Keys: l.keys, Fence: l.fence, ReleaseMicro: toMicros(lease)}, nil)
+	if err != nil {
+		if lerr := l.Err(); lerr != nil {
+			return lerr
+		}
+		return err
+	}
+	l.mu.Lock()
+	// The server replaces the lease end with each Renew, in the order sent,
+	// so the latest-sent renewal is the one in force.
+	if l.lease == 0 || !sent.Before(l.leaseSent) {
+		l.lease, l.leaseSent = lease, sent
+	}
+	l.mu.Unlock()
+	select {
+	case l.changed <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// KeepAlive renews a lease every third of it until ctx ends or the lock is
+// lost, and returns why it stopped: the *LostError, or ctx's error. For a
+// lock without a lease it only waits (the client's pings keep it). A
+// renewal that gets no answer does not delay the verdict: the deadline is
+// watched throughout. Run it beside the work:
+//
+//	go lock.KeepAlive(ctx)
+//	select { case <-lock.Lost(): ...; case <-done: }
+func (l *Lock) KeepAlive(ctx context.Context) error {
+	for {
+		lease := l.Lease()
+		if lease == 0 {
+			select {
+			case <-l.lost:
+				return l.Err()
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-l.changed:
+				// Renewed into a lease: keep it.
+				continue
+			}
+		}
+		l.mu.Lock()
+		at := l.leaseSent.Add(lease / 3)
+		l.mu.Unlock()
+		t := time.NewTimer(time.Until(at))
+		select {
+		case <-l.lost:
+			t.Stop()
+			return l.Err()
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		if l.isReleased() {
+			return nil
+		}
+		err := l.Renew(ctx, lease)
+		var se *ServerError
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, ErrLockLost):
+			return err
+		case errors.Is(err, ErrNotHeld):
+			l.setLost(LostNotHeld, "the server no longer holds the lease (NotHeld on Renew)", err)
+			return l.Err()
+		case errors.As(err, &se):
+			l.setLost(LostRenewRefused, "the server refused to renew the lease", err)
+			return l.Err()
+		default:
+			// The connection is gone: the lease outlives it, and the
+			// watchdog reports it lost when it could have run out.
+			select {
+			case <-l.lost:
+				return l.Err()
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+}

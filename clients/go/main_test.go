@@ -1,0 +1,24 @@
+package dlock
+
+import (
+	"fmt"
+	"os"
+	"testing"
+)
+
+// TestMain starts one server for the Example functions, which connect as a
+// program would: to DLOCK_SERVER.
+func TestMain(m *testing.M) {
+	s, err := launch(serverPath(), "")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dlock tests:", err)
+		if s != nil {
+			s.kill()
+		}
+		os.Exit(1)
+	}
+	os.Setenv("DLOCK_SERVER", s.Addr)
+	code := m.Run()
+	s.kill()
+	os.Exit(code)
+}
