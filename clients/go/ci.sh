@@ -2,7 +2,8 @@
 # CI for the Go client (for .ci/run, after `cargo test` built the server):
 # installs Go, protoc and the protobuf runtime from Debian's packages when
 # missing, checks that the generated code is current, then gofmt, go vet and
-# go test against the dlock-server binary.
+# go test against the dlock-server binary, and the client conformance kit
+# on the Go client (after clients/python/tools/ci.sh made the venv).
 #
 # Only Debian's packages are used: no module proxy. Debian ships
 # google.golang.org/protobuf as source under /usr/share/gocode, which GOPATH
@@ -30,7 +31,7 @@ export GOCACHE="${GOCACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dlock-go-build}"
 
 GOCODE="$gocode" "$here/tools/gen_proto.sh" --check
 
-unformatted="$(gofmt -l "$here"/*.go "$here"/bench/*.go)"
+unformatted="$(gofmt -l "$here"/*.go "$here"/bench/*.go "$here"/cmd/conformance/*.go)"
 if [ -n "$unformatted" ]; then
   echo "gofmt would change: $unformatted" >&2
   exit 1
@@ -44,3 +45,9 @@ fi
 cd "$work/gopath/src/dlock/clients/go"
 go vet ./...
 go test -count=1 -timeout 5m ./...
+
+# The conformance kit (docs/CLIENTS.md) on the Go client, with the Python
+# venv the Python client's CI made (the kit reads frames with protobuf).
+go build -o "$work/conformance" ./cmd/conformance
+"$root/.ci-venv/bin/python" "$root/clients/conformance/kit.py" \
+  --server-bin "$DLOCK_SERVER_BIN" -- "$work/conformance"
