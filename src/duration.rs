@@ -75,23 +75,27 @@ pub fn format(d: Duration) -> String {
 }
 
 /// `d` as people read it in a log line, to about three figures: `815 ms`,
-/// `0.82 s` is `820 ms`, `4.2 s`, `12 s`, `3 min 5 s`. Not for parsing
-/// back (see [`format`] for that).
+/// `4.21 s`, `12.3 s`, `3 min 5 s`, `2 h 5 min`. Not for parsing back (see
+/// [`format`] for that).
 pub fn human(d: Duration) -> String {
     let secs = d.as_secs_f64();
-    if secs < 0.001 {
+    if secs < 0.000_999_5 {
         return format!("{} us", d.as_micros());
     }
-    if secs < 1.0 {
-        return format!("{} ms", (secs * 1000.0).round());
+    // Each step rounds first, so 999.6 ms is "1.00 s", not "1000 ms".
+    let ms = (secs * 1e3).round();
+    if ms < 1e3 {
+        return format!("{ms} ms");
     }
-    if secs < 10.0 {
-        return format!("{:.2} s", secs);
+    let centis = (secs * 1e2).round();
+    if centis < 1e3 {
+        return format!("{:.2} s", centis / 1e2);
     }
-    if secs < 60.0 {
-        return format!("{:.1} s", secs);
+    let decis = (secs * 10.0).round();
+    if decis < 600.0 {
+        return format!("{:.1} s", decis / 10.0);
     }
-    let whole = d.as_secs();
+    let whole = secs.round() as u64;
     match (whole / 3600, (whole % 3600) / 60, whole % 60) {
         (0, m, s) => format!("{m} min {s} s"),
         (h, m, _) => format!("{h} h {m} min"),
@@ -131,6 +135,10 @@ mod tests {
         assert_eq!(human(ms(12_340)), "12.3 s");
         assert_eq!(human(ms(185_000)), "3 min 5 s");
         assert_eq!(human(Duration::from_secs(7_500)), "2 h 5 min");
+        // Rounded before the unit is chosen.
+        assert_eq!(human(Duration::from_micros(999_600)), "1.00 s");
+        assert_eq!(human(ms(9_996)), "10.0 s");
+        assert_eq!(human(ms(59_960)), "1 min 0 s");
     }
 
     #[test]

@@ -209,26 +209,37 @@ impl Driver {
                 self.heartbeat,
                 ended.clone(),
             ));
+            let heard = Arc::new(Mutex::new(Instant::now()));
             let read = tokio::spawn(read_loop(
                 rd,
                 self.pending.clone(),
                 self.calls.clone(),
                 ended.clone(),
                 self.acked.clone(),
-                on_session,
+                on_session.then(|| heard.clone()),
             ));
             // On a session, a node found silent ends the stream too, while
             // a Lock waits as much as while nothing does.
             let silence = self.silence_limit.filter(|_| on_session).map(|limit| {
                 let watch = self.dial.watch_node(&self.addr(), limit);
-                let seen = watch.seen();
                 let ended = ended.clone();
                 tokio::spawn(async move {
-                    tokio::select! {
-                        _ = ended.cancelled() => None,
-                        _ = watch.silent_after(seen) => {
+                    let mut seen = watch.seen();
+                    loop {
+                        tokio::select! {
+                            _ = ended.cancelled() => return None,
+                            _ = watch.silent_after(seen) => {}
+                        }
+                        seen = watch.seen();
+                        // This stream heard from the node within the limit:
+                        // the probe's own connection was slow (a new leader
+                        // flooded with resumes), not the node.
+                        let last = *heard.lock().unwrap_or_else(|p| p.into_inner());
+                        if last.elapsed() >= limit {
                             ended.cancel();
-                            Some(Disconnect::NoAnswer { waited: limit })
+                            return Some(Disconnect::NoAnswer {
+                                waited: last.elapsed(),
+                            });
                         }
                     }
                 })
@@ -552,15 +563,17 @@ fn encode_batch(batch: Vec<Call>, pending: &PendingQueue, st: &mut Writer, out: 
 }
 
 /// The reader task of one stream: hands each answer to its caller, in
-/// order. Returns why the stream ended, if it broke.
+/// order. Returns why the stream ended, if it broke. On a session, `heard`
+/// is when a frame last arrived (for the silence check in `Driver::run`).
 async fn read_loop(
     rd: ReadHalf<Stream>,
     pending: PendingQueue,
     calls: mpsc::WeakSender<Call>,
     ended: CancellationToken,
     acked: Arc<AckClock>,
-    on_session: bool,
+    heard: Option<Arc<Mutex<Instant>>>,
 ) -> (Option<Disconnect>, ReadHalf<Stream>) {
+    let on_session = heard.is_some();
     // Ends the stream for the writer too, even if this task panics.
     let _end = ended.clone().drop_guard();
     let mut reader =
@@ -571,7 +584,12 @@ async fn read_loop(
             frame = reader.next() => frame,
         };
         let body = match frame {
-            Some(Ok(body)) => body,
+            Some(Ok(body)) => {
+                if let Some(heard) = &heard {
+                    *heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                }
+                body
+            }
             Some(Err(FrameError::Io(e))) => break Some(Disconnect::Read(Arc::new(e))),
             Some(Err(FrameError::TooLarge { len, max })) => {
                 break Some(Disconnect::FrameTooLarge { len, max })

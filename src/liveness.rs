@@ -2,8 +2,8 @@
 //! on a link waits rightly (a Lock in line holds back the answers behind
 //! it, Pings included).
 //!
-//! A node that stalls instead of dying (SIGSTOP, a VM freeze, an fsync
-//! stall) or sits behind a path that drops packets without a reset keeps
+//! A node that stalls instead of dying (SIGSTOP, a VM freeze, a process
+//! stuck whole) or sits behind a path that drops packets without a reset keeps
 //! its sockets open and says nothing. The rest of the cluster replaces it
 //! as leader within 3 to 4 election timeouts, and from then on nobody keeps
 //! the client's session alive: it must resume on the new leader well
@@ -11,9 +11,9 @@
 //! (they come in request order), so one *probe* per client and node pings
 //! on a connection of its own, with no session, which the node answers at
 //! once without a commit. When a Ping (or the probe's Hello) goes
-//! unanswered for [`silence_limit`], every link on that node breaks off and
-//! resumes its session elsewhere (`link.rs`), and the node is tried last
-//! until it answers again. A node that refuses the probe outright (down,
+//! unanswered for [`silence_limit`], every link on that node that has not
+//! heard from it within the limit either breaks off and resumes its session
+//! elsewhere (`link.rs`), and the node is tried last until it answers again. A node that refuses the probe outright (down,
 //! full, access denied) is left to the links, which see that themselves.
 
 use crate::dial::{configure, exchange, hello, Dial};
@@ -40,12 +40,19 @@ const MAX_RETRY: Duration = Duration::from_secs(5);
 /// How long a node may leave a probe unanswered before it is taken for
 /// gone: three election timeouts (by then the others have replaced it if it
 /// led), at least [`MIN_SILENCE`], and at most a quarter of the session's
-/// TTL, so that finding a new leader and resuming there fit in what is left
+/// TTL (which wins: a short TTL must leave room to resume), so that finding
+/// a new leader and resuming there fit in what is left
 /// (docs/PROTOCOL.md, "Cluster", has the whole budget).
 pub(crate) fn silence_limit(election_timeout: Option<Duration>, ttl: Duration) -> Duration {
     let election = election_timeout.unwrap_or(DEFAULT_ELECTION_TIMEOUT);
-    (3 * election).max(MIN_SILENCE).min(ttl / 4)
+    // A quarter TTL wins over MIN_SILENCE (a short TTL leaves no time), but
+    // never below FLOOR: a node stating no TTL must not make the probe spin.
+    (3 * election).max(MIN_SILENCE).min(ttl / 4).max(FLOOR)
 }
+
+/// The shortest silence limit whatever the TTL: below it a healthy node's
+/// scheduling delays would count as silence.
+const FLOOR: Duration = Duration::from_millis(250);
 
 /// The probe of one node, shared by every link of a client on it; the
 /// probing stops when the last link lets go.

@@ -31,6 +31,10 @@ impl Reconnects {
                     return None;
                 }
                 self.to = Some(addr.clone());
+                // Back on the node that was left: its next break is news.
+                if self.from.as_deref() == Some(addr.as_str()) {
+                    self.from = None;
+                }
             }
             _ => {}
         }
@@ -57,6 +61,16 @@ mod tests {
             session,
             after: Duration::from_millis(820),
         }
+    }
+
+    #[test]
+    fn a_break_after_resuming_on_the_same_node_is_said_again() {
+        let mut r = Reconnects::default();
+        let said = [broke("a:1"), resumed("a:1", 7), broke("a:1")]
+            .iter()
+            .filter_map(|e| r.line(e))
+            .count();
+        assert_eq!(said, 3);
     }
 
     #[test]

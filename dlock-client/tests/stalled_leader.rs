@@ -180,3 +180,67 @@ async fn a_leader_cut_off_by_a_silent_path_costs_no_lock_and_no_place_in_line() 
     assert!(next.fence() > fence);
     assert!(!nodes.any_panicked());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_its_clients_only_keeps_their_lock_and_place_once_the_path_heals() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut nodes = NodeProcesses::prepare(server_binary(), 3, NODE_FLAGS);
+    let mut clients = Vec::new();
+    for i in 0..nodes.len() {
+        let p = FreezableProxy::start(nodes.addr(i)).await;
+        nodes.advertise_client(i, p.addr);
+        clients.push(p);
+    }
+    nodes.start_all();
+    let servers = clients
+        .iter()
+        .map(FreezableProxy::addr_string)
+        .collect::<Vec<_>>();
+    let holder = Client::connect(servers.clone()).await.expect("connect");
+    let guard = holder.lock(["y"], LockOptions::new()).await.expect("lock");
+    let waiter = Client::connect(servers.clone()).await.expect("connect");
+    let waiting = tokio::spawn(async move { waiter.lock(["y"], LockOptions::new()).await });
+    let deadline = Instant::now() + PATIENCE;
+    while holder.inspect(["y"]).await.expect("inspect")[0].waiters != 1 {
+        assert!(Instant::now() < deadline, "the waiter never got in line");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let leader = clients
+        .iter()
+        .position(|p| p.addr_string() == holder.addr())
+        .expect("the holder is on a node's proxy");
+
+    // The leader keeps leading (its peers hear it); only the clients' path
+    // to it goes silent, longer than the probe's limit. The clients find
+    // no other leader and keep trying it until the path heals, well within
+    // the session's TTL.
+    clients[leader].freeze();
+    let mut events = holder.events();
+    match tokio::time::timeout(PATIENCE, events.recv()).await {
+        Ok(Ok(dlock::Event::Reconnecting { .. })) => {}
+        other => panic!("expected the silence noticed, got {other:?}"),
+    }
+    clients[leader].thaw();
+    loop {
+        match tokio::time::timeout(PATIENCE, events.recv()).await {
+            Ok(Ok(dlock::Event::Resumed { addr, .. })) => {
+                assert_eq!(addr, servers[leader], "resumed on the same leader");
+                break;
+            }
+            Ok(Ok(_)) => continue,
+            other => panic!("expected the session resumed, got {other:?}"),
+        }
+    }
+    assert!(!guard.is_lost(), "the holder kept its lock");
+    let (held, in_line) = seen_by_the_others(&nodes, usize::MAX, "y").await;
+    assert_eq!((held, in_line), (guard.fence(), 1));
+    let fence = guard.fence();
+    guard.unlock().await.expect("unlock");
+    let next = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("granted in time")
+        .expect("task")
+        .expect("the waiter kept its place and gets the key");
+    assert!(next.fence() > fence);
+    assert!(!nodes.any_panicked());
+}

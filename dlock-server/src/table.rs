@@ -573,6 +573,13 @@ impl LockTable {
     /// See [`Command::Restore`].
     fn restore_backup(&mut self, fence_floor: u64, now: Time, out: &mut Output) {
         self.next_fence = self.next_fence.max(fence_floor);
+        // The old cluster went on opening sessions and queueing requests
+        // after the backup: their ids must not come round again, or a
+        // client of the old cluster could resume another's session, or
+        // wait on another's ticket. The floor is above them for the same
+        // reason it is above the old fences.
+        self.sessions.raise_next(fence_floor);
+        self.next_req = self.next_req.max(fence_floor);
         let mut ended = Vec::new();
         while let Some(owner) = self.sessions.first() {
             self.sessions.end(owner);

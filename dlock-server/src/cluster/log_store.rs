@@ -206,8 +206,11 @@ impl LogStore {
 }
 
 /// With no node running on `dir` (a backup being restored): appends one
-/// normal entry holding `payload` after the log's last entry, in that
-/// entry's term (as if its leader had appended it), and marks it committed,
+/// normal entry holding `payload` after the log's last entry (or after
+/// `snapshot`, the last log id the directory's snapshot covers, when that is
+/// later: a node can stop between installing a snapshot and purging the log
+/// it covers, and an entry at or below it would be purged unapplied), in
+/// that entry's term (as if its leader had appended it), and marks it committed,
 /// so every node started from a copy of the directory applies it. Entries
 /// the backup held uncommitted at its tail are committed with it, as a new
 /// leader's first entry would commit them. Returns the entry's id.
@@ -219,6 +222,7 @@ impl LogStore {
 /// cannot be written.
 pub(crate) fn append_committed_offline(
     dir: &Path,
+    snapshot: Option<LogId>,
     payload: super::types::Stamped,
 ) -> Result<Option<LogId>, DiskError> {
     let db = Database::open(dir.join("raft.redb")).map_err(redb)?;
@@ -234,7 +238,10 @@ pub(crate) fn append_committed_offline(
             Ok(None) => None,
             Err(e) => return Err(redb(e)),
         };
-        last.map(|e| e.log_id).or(purged)
+        [last.map(|e| e.log_id), purged, snapshot]
+            .into_iter()
+            .flatten()
+            .max_by_key(|id| id.index)
     };
     let Some(last) = last else {
         return Ok(None);

@@ -22,6 +22,7 @@
 //! assumption. Give `--fence-floor` to choose it yourself.
 
 use super::log_store::{append_committed_offline, DiskError};
+use super::snapshot_file::SnapshotFile;
 use super::types::Stamped;
 use crate::table::{Command, Time};
 use anyhow::Context;
@@ -59,7 +60,10 @@ pub fn restore_backup(dir: &Path, fence_floor: Option<u64>) -> anyhow::Result<Re
         at: Time::ZERO,
         cmds: vec![Command::Restore { fence_floor }],
     };
-    let appended = append_committed_offline(dir, entry).map_err(|e| match e {
+    let (_, snapshot) = SnapshotFile::open(dir)
+        .with_context(|| format!("cannot read the snapshot in {}", dir.display()))?;
+    let covered = snapshot.and_then(|(meta, _)| meta.last_log_id);
+    let appended = append_committed_offline(dir, covered, entry).map_err(|e| match e {
         DiskError::Redb(_) => anyhow::Error::new(e).context(format!(
             "cannot open {} (is a node running on it?)",
             dir.join("raft.redb").display()

@@ -143,9 +143,10 @@ pub enum Command {
     /// from now on are handed to nobody. Unlock, Renew and time still work.
     Close,
     /// The table is a backup being restored as a whole cluster's state
-    /// (`dlock-server --restore-backup`): the next fencing token becomes at
-    /// least `fence_floor`, above every token the old cluster may have
-    /// issued after the backup, and every session ends as a disconnect ends
+    /// (`dlock-server --restore-backup`): the next fencing token, session id
+    /// and request id (ticket) become at least `fence_floor`, above every
+    /// one the old cluster may have issued after the backup, and every
+    /// session ends as a disconnect ends
     /// it (its waits withdrawn, its keys without a lease released), so no
     /// client resumes into a table that forgot its later grants. Leases
     /// stay, under their old tokens.

@@ -116,6 +116,11 @@ impl Sessions {
         }
     }
 
+    /// The next session opened gets an id of at least `floor`.
+    pub(super) fn raise_next(&mut self, floor: OwnerId) {
+        self.next = self.next.max(floor);
+    }
+
     /// The open session with the lowest id.
     pub(super) fn first(&self) -> Option<OwnerId> {
         self.open.keys().next().copied()
@@ -330,8 +335,17 @@ mod tests {
         assert_eq!(t.held_keys(), 1, "the lease stays");
         assert_eq!(t.next_fence(), 1_000);
         let c = open(&mut t, at(1.0));
+        assert!(
+            c >= 1_000,
+            "a session id the old cluster may have used: {c}"
+        );
         match t.apply(lock(c, "bound", None), at(1.0)).reply {
             Reply::Lock(LockResult::Granted { fence, .. }) => assert_eq!(fence, 1_000),
+            other => panic!("{other:?}"),
+        }
+        let out = t.apply(lock(c, "lease", None), at(1.0));
+        match out.reply {
+            Reply::Lock(LockResult::Waiting(req)) => assert!(req >= 1_000, "request id {req}"),
             other => panic!("{other:?}"),
         }
         // A floor below the next token changes nothing.
