@@ -84,8 +84,10 @@ type stream struct {
 }
 
 type link struct {
-	d       *dialer
-	quiet   bool
+	d     *dialer
+	quiet bool
+	// forLock: a Lock's connection of its own (set before it is shared).
+	forLock bool
 	limits  Limits
 	session uint64
 	slots   chan struct{}
