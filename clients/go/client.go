@@ -381,7 +381,7 @@ func (c *Client) granted(ctx context.Context, ln *link, keys []string, fence uin
 		}
 	}
 	l := &Lock{c: c, ln: ln, own: own, keys: keys, fence: fence, lease: lease, leaseSent: sent,
-		lost: make(chan struct{}), changed: make(chan struct{}, 1)}
+		lost: make(chan struct{}), changed: make(chan struct{}, 1), ended: make(chan struct{})}
 	c.mu.Lock()
 	var older []*Lock
 	for _, k := range keys {

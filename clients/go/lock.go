@@ -57,6 +57,17 @@ type Lock struct {
 	lost      chan struct{}
 	// changed wakes the watchdog when the lease moved.
 	changed chan struct{}
+	// ended is closed when the lock is unlocked or lost.
+	ended     chan struct{}
+	endClosed bool
+}
+
+// endLocked closes ended, once; l.mu is held.
+func (l *Lock) endLocked() {
+	if !l.endClosed {
+		l.endClosed = true
+		close(l.ended)
+	}
 }
 
 // Keys are the keys held, in the order locked.
@@ -177,6 +188,7 @@ func (l *Lock) setLost(reason LostReason, text string, cause error) {
 	}
 	l.err = &LostError{Reason: reason, Keys: l.keys, Fence: l.fence, Text: text, Err: cause}
 	close(l.lost)
+	l.endLocked()
 	l.mu.Unlock()
 	l.c.forget(l)
 }
@@ -192,6 +204,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		return nil
 	}
 	l.released = true
+	l.endLocked()
 	l.mu.Unlock()
 	l.c.forget(l)
 	select {
