@@ -11,7 +11,7 @@ import (
 // cancelled; the server withdraws it at once, the client's other calls are
 // answered while the key is still held, and the next in line gets the key
 // as soon as the holder lets go.
-func checkCancelWithdraws(t *testing.T, servers string) {
+func checkCancelWithdraws(t *testing.T, servers string, opts *LockOptions) {
 	ctx := testCtx(t)
 	holder := connect(t, servers, nil)
 	waiter := connect(t, servers, nil)
@@ -32,7 +32,7 @@ func checkCancelWithdraws(t *testing.T, servers string) {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() {
-		_, err := waiter.Lock(wctx, []string{key}, nil)
+		_, err := waiter.Lock(wctx, []string{key}, opts)
 		errc <- err
 	}()
 	waitFor(t, "the Lock waits in line", func() bool { return waiters() == 1 })
@@ -79,12 +79,13 @@ func checkCancelWithdraws(t *testing.T, servers string) {
 
 func TestCancellingAWaitingLockWithdrawsIt(t *testing.T) {
 	s := startServer(t, "")
-	checkCancelWithdraws(t, s.Addr)
+	checkCancelWithdraws(t, s.Addr, nil)
+	t.Run("Lease", func(t *testing.T) { checkCancelWithdraws(t, s.Addr, &LockOptions{Lease: time.Minute}) })
 }
 
 func TestCancellingAWaitingLockWithdrawsItOnACluster(t *testing.T) {
 	cl := startCluster(t, 3, "--session-ttl", "6s")
-	checkCancelWithdraws(t, cl.Servers())
+	checkCancelWithdraws(t, cl.Servers(), nil)
 }
 
 // A Lock that waits is granted on a connection of its own: it keeps the
@@ -141,5 +142,46 @@ func TestAWaitedLockIsHeldOnAConnectionOfItsOwn(t *testing.T) {
 	case <-c.Done():
 	case <-time.After(limit):
 		t.Fatal("Close")
+	}
+}
+
+// A lease granted while its Lock is being cancelled (the grant crosses the
+// cancel) is released all the same: the key is free again long before the
+// lease of a minute could end. Raced many times over.
+func TestALeaseGrantedAsItsLockIsCancelledIsReleased(t *testing.T) {
+	s := startServer(t, "")
+	ctx := testCtx(t)
+	holder, waiter, third := connect(t, s.Addr, nil), connect(t, s.Addr, nil), connect(t, s.Addr, nil)
+	key := []string{"crossing"}
+	for i := 0; i < 20; i++ {
+		held, err := holder.Lock(ctx, key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		got := make(chan *Lock, 1)
+		go func() {
+			l, _ := waiter.Lock(wctx, key, &LockOptions{Lease: time.Minute})
+			got <- l
+		}()
+		waitFor(t, "in line", func() bool {
+			info, err := third.Inspect(ctx, key)
+			return err == nil && info[0].Waiters == 1
+		})
+		go func() { _ = held.Unlock(ctx) }()
+		cancel()
+		if l := <-got; l != nil {
+			// The grant won the race: an ordinary Lock.
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, "the key free again", func() bool {
+			l, err := third.Lock(ctx, key, &LockOptions{Try: true})
+			if err != nil {
+				return false
+			}
+			return l.Unlock(ctx) == nil
+		})
 	}
 }

@@ -269,9 +269,9 @@ func lockBody(ctx context.Context, keys []string, o *LockOptions) *pb.RequestLoc
 // connection (on a cluster, a session) of its own, so the wait holds back
 // no other call, and the Lock it returns is held by that connection, which
 // Unlock closes. If ctx ends while the request waits, Lock returns at once
-// and closes that connection cleanly: the server withdraws the request
-// (a grant that crossed is released with the connection, unless it is a
-// lease, which then runs until unlocked by fence or until it ends).
+// and half-closes that connection: the server withdraws the request (on a
+// cluster, ends that session), and a grant that crossed the cancel, a
+// lease too, is released by fence.
 func (c *Client) Lock(ctx context.Context, keys []string, opts *LockOptions) (*Lock, error) {
 	var o LockOptions
 	if opts != nil {
@@ -318,6 +318,18 @@ func (c *Client) lockAside(ctx context.Context, keys []string, o *LockOptions) (
 	body := lockBody(ctx, keys, o)
 	sent := time.Now()
 	resp, err := ln.call(ctx, pb.RequestType_Lock, body, keys)
+	if err != nil && ctx.Err() != nil {
+		// Given up: half-closed, the server withdraws the request, and a
+		// grant that crossed (a lease outlives the connection) is released
+		// by fence on the client's connection.
+		c.mu.Lock()
+		delete(c.side, ln)
+		c.mu.Unlock()
+		ln.drain(func(keys []string, fence uint64) {
+			c.l.detached(pb.RequestType_Unlock, &pb.RequestLock{Keys: keys, Fence: fence})
+		}, 10*time.Second)
+		return nil, err
+	}
 	if err != nil {
 		c.dropSide(ln)
 		return nil, err
