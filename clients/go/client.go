@@ -49,7 +49,8 @@ type Options struct {
 // every dlock client: the server grants a key that this owner already
 // holds again at once, under a new fencing token. Goroutines that must
 // exclude each other use Clients of their own (the older Lock of the same
-// Client is reported lost with LostRegranted if it happens).
+// Client is reported lost with LostRegranted if it happens). A Lock that
+// had to wait is held by a connection of its own (see Lock).
 //
 // Against a single server, when the connection ends every pending call
 // fails with a *ConnectionLostError, later calls fail at once, and Done is
@@ -57,6 +58,10 @@ type Options struct {
 // without a lease. Against a cluster, the client resumes its session on
 // the new leader through failovers (see Options.OnEvent); it ends only when
 // the session does.
+//
+// A Lock that had to wait lives on a connection (session) of its own: it
+// is not lost when the client's connection ends, only when its own does or
+// the client is closed.
 type Client struct {
 	l      *link
 	d      *dialer
@@ -164,8 +169,21 @@ func (c *Client) onEnd(err error, closing bool) {
 	c.mu.Lock()
 	side := c.side
 	c.side, c.watchers = map[*link]bool{}, nil
+	if !closing {
+		// A Lock's connection of its own is another owner, which lives on
+		// (and ends) by itself; the client's Close closes it.
+		for s := range side {
+			if s.forLock {
+				delete(side, s)
+				c.side[s] = true
+			}
+		}
+	}
 	var lost []*Lock
 	for l := range c.locks {
+		if l.own && !closing {
+			continue
+		}
 		l.mu.Lock()
 		bound := l.lease == 0
 		l.mu.Unlock()
@@ -243,24 +261,90 @@ func lockBody(ctx context.Context, keys []string, o *LockOptions) *pb.RequestLoc
 // runs out, ErrBusy with opts.Try; a *ServerError for invalid keys or a
 // server limit (ModeConflict when this client holds a key in the other
 // mode, LimitMismatch when the holders agreed on another limit);
-// ErrConnectionLost; ctx's error. If ctx ends while the request waits, Lock
-// returns at once; the request stays in the server's line until its wait
-// limit (ctx's deadline, when it has one) and a grant that arrives
-// meanwhile is released at once.
+// ErrConnectionLost; ctx's error.
+//
+// The request is first sent without waiting on the client's connection
+// (pipelined with every other call): free keys, or keys this client holds,
+// are granted at once. If keys are busy, the Lock waits in line on a
+// connection (on a cluster, a session) of its own, so the wait holds back
+// no other call, and the Lock it returns is held by that connection, which
+// Unlock closes. If ctx ends while the request waits, Lock returns at once
+// and half-closes that connection: the server withdraws the request (on a
+// cluster, ends that session), and a grant that crossed the cancel, a
+// lease too, is released by fence.
 func (c *Client) Lock(ctx context.Context, keys []string, opts *LockOptions) (*Lock, error) {
 	var o LockOptions
 	if opts != nil {
 		o = *opts
 	}
-	body := lockBody(ctx, keys, &o)
+	// First without waiting, pipelined on the client's connection: a free
+	// key (or one this client holds) is granted at once.
+	t := o
+	t.Try = true
 	// Taken before the request is queued: never later than the real send
 	// time, so deadlines counted from it are on the safe side.
 	sent := time.Now()
-	resp, err := c.l.call(ctx, pb.RequestType_Lock, body, keys)
-	if err != nil {
+	resp, err := c.l.call(ctx, pb.RequestType_Lock, lockBody(ctx, keys, &t), keys)
+	if err == nil {
+		return c.granted(ctx, c.l, keys, resp.Fence, o.Lease, sent)
+	}
+	var se *ServerError
+	if o.Try || !errors.As(err, &se) || se.Status != pb.ResponseStatus_AcquireTimeout {
 		return nil, tryErr(err, o.Try)
 	}
-	return c.granted(ctx, keys, resp.Fence, o.Lease, sent)
+	return c.lockAside(ctx, keys, &o)
+}
+
+// lockAside waits for busy keys on a connection (on a cluster, a session)
+// of its own, as the Rust library takes every lock: the wait holds back no
+// other call, and giving it up closes that connection cleanly, so the
+// server withdraws the request (or releases a grant that crossed).
+func (c *Client) lockAside(ctx context.Context, keys []string, o *LockOptions) (*Lock, error) {
+	if err := c.Err(); err != nil {
+		return nil, err
+	}
+	ln, err := openLink(ctx, c.d, 0, true)
+	if err != nil {
+		return nil, err
+	}
+	ln.forLock = true
+	c.mu.Lock()
+	c.side[ln] = true
+	c.mu.Unlock()
+	if err := c.Err(); err != nil {
+		c.dropSide(ln)
+		return nil, err
+	}
+	body := lockBody(ctx, keys, o)
+	sent := time.Now()
+	resp, err := ln.call(ctx, pb.RequestType_Lock, body, keys)
+	if err != nil && ctx.Err() != nil {
+		// Given up: half-closed, the server withdraws the request, and a
+		// grant that crossed (a lease outlives the connection) is released
+		// by fence on the client's connection.
+		c.mu.Lock()
+		delete(c.side, ln)
+		c.mu.Unlock()
+		ln.drain(func(keys []string, fence uint64) {
+			c.l.detached(pb.RequestType_Unlock, &pb.RequestLock{Keys: keys, Fence: fence})
+		}, 10*time.Second)
+		return nil, err
+	}
+	if err != nil {
+		c.dropSide(ln)
+		return nil, err
+	}
+	return c.granted(ctx, ln, keys, resp.Fence, o.Lease, sent)
+}
+
+// dropSide closes a connection of the client's own cleanly (on a cluster
+// ending its session): what it holds without a lease is released, what it
+// waits for withdrawn.
+func (c *Client) dropSide(ln *link) {
+	c.mu.Lock()
+	delete(c.side, ln)
+	c.mu.Unlock()
+	ln.close("not needed")
 }
 
 func tryErr(err error, try bool) error {
@@ -272,8 +356,9 @@ func tryErr(err error, try bool) error {
 }
 
 // granted is the Lock for a grant of keys under fence to a request sent at
-// sent.
-func (c *Client) granted(ctx context.Context, keys []string, fence uint64, lease time.Duration, sent time.Time) (*Lock, error) {
+// sent on ln: the client's connection, or one of the lock's own.
+func (c *Client) granted(ctx context.Context, ln *link, keys []string, fence uint64, lease time.Duration, sent time.Time) (*Lock, error) {
+	own := ln != c.l
 	// The safety deadline counts from the Lock's send time, which after a
 	// long wait may be about to pass when the grant arrives, although the
 	// server started the lease only at the grant. The answer cannot prove
@@ -284,19 +369,22 @@ func (c *Client) granted(ctx context.Context, keys []string, fence uint64, lease
 	if lease > 0 {
 		refresh = now.Sub(sent) > lease/3
 	} else {
-		refresh = now.Sub(c.l.freshness()) > c.l.limits.SessionTimeout/4
+		refresh = now.Sub(ln.freshness()) > ln.limits.SessionTimeout/4
 	}
 	if refresh {
 		var err error
 		if lease > 0 {
-			_, err = c.l.call(ctx, pb.RequestType_Renew, &pb.RequestLock{Keys: keys, Fence: fence, ReleaseMicro: toMicros(lease)}, nil)
+			_, err = ln.call(ctx, pb.RequestType_Renew, &pb.RequestLock{Keys: keys, Fence: fence, ReleaseMicro: toMicros(lease)}, nil)
 			sent = now
 		} else {
-			_, err = c.l.call(ctx, pb.RequestType_Ping, nil, nil)
+			_, err = ln.call(ctx, pb.RequestType_Ping, nil, nil)
 		}
 		if err != nil {
 			// Nobody will hold this grant: release it.
-			c.l.detached(pb.RequestType_Unlock, &pb.RequestLock{Keys: keys, Fence: fence})
+			ln.detached(pb.RequestType_Unlock, &pb.RequestLock{Keys: keys, Fence: fence})
+			if own {
+				c.dropSide(ln)
+			}
 			if errors.Is(err, ErrNotHeld) {
 				return nil, &LostError{Reason: LostNotHeld, Keys: keys, Fence: fence, Err: err,
 					Text: fmt.Sprintf("the lease of %v ran out before its grant could be renewed", lease)}
@@ -304,11 +392,15 @@ func (c *Client) granted(ctx context.Context, keys []string, fence uint64, lease
 			return nil, err
 		}
 	}
-	l := &Lock{c: c, keys: keys, fence: fence, lease: lease, leaseSent: sent,
-		lost: make(chan struct{}), changed: make(chan struct{}, 1)}
+	l := &Lock{c: c, ln: ln, own: own, keys: keys, fence: fence, lease: lease, leaseSent: sent,
+		lost: make(chan struct{}), changed: make(chan struct{}, 1), ended: make(chan struct{})}
 	c.mu.Lock()
 	var older []*Lock
 	for _, k := range keys {
+		if own {
+			// Held by a connection of its own: no other Lock's owner.
+			break
+		}
 		if o := c.holding[k]; o != nil && o != l {
 			older = append(older, o)
 		}
@@ -320,7 +412,18 @@ func (c *Client) granted(ctx context.Context, keys []string, fence uint64, lease
 		o.setLost(LostRegranted, fmt.Sprintf(
 			"a key was granted again to this client (fence %d): locks belong to connections, so goroutines that must exclude each other need Clients of their own", fence), nil)
 	}
-	if err := c.Err(); err != nil && lease == 0 {
+	if own {
+		ln.mu.Lock()
+		ln.onEnd = func(err error, closing bool) {
+			if closing {
+				l.setLost(LostClosed, "the client was closed", err)
+			} else if l.Lease() == 0 {
+				l.setLost(LostConnection, err.Error(), err)
+			}
+		}
+		ln.mu.Unlock()
+	}
+	if err := ln.failure(); err != nil && lease == 0 {
 		l.setLost(LostConnection, err.Error(), err)
 	}
 	go l.watchdog()

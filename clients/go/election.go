@@ -3,6 +3,7 @@ package dlock
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -40,10 +41,64 @@ func (c *Client) Election(key string) *Election { return &Election{c: c, key: ke
 // announcing value (at most 1024 bytes), and returns the leadership: a Lock
 // bound to the client's connection (on a cluster, its session), so a
 // leader whose process ends hands over at once. Lost says when leading
-// can no longer be assumed. ctx ending withdraws the campaign as it does a
-// Lock.
+// can no longer be assumed: besides a Lock's reasons, at once when the key
+// is taken from the leader (released by fence by someone else), which a
+// Watch kept on it while it leads reports (LostNotHeld). ctx ending
+// withdraws the campaign as it does a Lock.
 func (e *Election) Campaign(ctx context.Context, value []byte) (*Lock, error) {
-	return e.c.Lock(ctx, []string{e.key}, &LockOptions{Value: value})
+	l, err := e.c.Lock(ctx, []string{e.key}, &LockOptions{Value: value})
+	if err != nil {
+		return nil, err
+	}
+	go e.watchLeadership(l, value)
+	return l, nil
+}
+
+// watchLeadership watches the key while l leads: when its first holder is
+// no longer l, the leadership is lost. It stops when l is unlocked or lost,
+// or the client ends. A Watch that fails is tried again after a pause of
+// 250 ms doubling up to 5 s, as in Observe.
+func (e *Election) watchLeadership(l *Lock, value []byte) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-l.ended:
+		case <-e.c.Done():
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	known := value
+	pause := 250 * time.Millisecond
+	for ctx.Err() == nil {
+		info, err := e.c.Watch(ctx, e.key, l.fence, known, 0)
+		if err != nil {
+			t := time.NewTimer(pause)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			if pause *= 2; pause > 5*time.Second {
+				pause = 5 * time.Second
+			}
+			continue
+		}
+		pause = 250 * time.Millisecond
+		f := info.First()
+		if f != nil && f.Fence == l.fence {
+			known = f.Value // proclaimed anew: still leading
+			continue
+		}
+		holder := "nobody holds it"
+		if f != nil {
+			holder = fmt.Sprintf("fence %d holds it", f.Fence)
+		}
+		l.setLost(LostNotHeld, fmt.Sprintf("the key %q was taken from the leader (%s)", e.key, holder), nil)
+		return
+	}
 }
 
 // Leader says who leads now; nil when nobody does.

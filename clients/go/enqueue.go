@@ -42,7 +42,7 @@ func (c *Client) Enqueue(ctx context.Context, keys []string, opts *LockOptions) 
 	if resp.Status == pb.ResponseStatus_Queued {
 		return nil, &Queued{c: c, keys: keys, lease: o.Lease, sent: sent, Ticket: resp.Ticket, Place: resp.Place}, nil
 	}
-	l, err := c.granted(ctx, keys, resp.Fence, o.Lease, sent)
+	l, err := c.granted(ctx, c.l, keys, resp.Fence, o.Lease, sent)
 	return l, nil, err
 }
 
@@ -54,5 +54,5 @@ func (q *Queued) Wait(ctx context.Context) (*Lock, error) {
 	if err != nil {
 		return nil, err
 	}
-	return q.c.granted(ctx, q.keys, resp.Fence, q.lease, q.sent)
+	return q.c.granted(ctx, q.c.l, q.keys, resp.Fence, q.lease, q.sent)
 }

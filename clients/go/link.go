@@ -84,8 +84,10 @@ type stream struct {
 }
 
 type link struct {
-	d       *dialer
-	quiet   bool
+	d     *dialer
+	quiet bool
+	// forLock: a Lock's connection of its own (set before it is shared).
+	forLock bool
 	limits  Limits
 	session uint64
 	slots   chan struct{}
@@ -112,6 +114,10 @@ type link struct {
 	fresh    time.Time
 	err      error
 	watch    *nodeWatch
+	// draining: a Lock's connection of its own given up (drain); late is
+	// told of a grant that still arrives.
+	draining bool
+	late     func(keys []string, fence uint64)
 	// onEnd is told once when the link ends (in a goroutine of its own).
 	onEnd func(err error, closing bool)
 }
@@ -261,6 +267,9 @@ func (l *link) writer(s *stream) {
 				stopped = true
 			}
 		}
+		if !stopped && l.halfClose(s) {
+			stopped = true
+		}
 		if stopped {
 			if s.clean {
 				// A clean close: on a cluster the node ends the session at once.
@@ -297,7 +306,7 @@ func (l *link) streamFailed(s *stream, reason string, err error) {
 // failLocked moves the session to the leader (prefer: a leader a node
 // named; avoid: a node found silent), or without a session ends the link.
 func (l *link) failLocked(reason string, err error, prefer, avoid string) {
-	if l.session == 0 {
+	if l.session == 0 || l.draining {
 		l.endLocked(&ConnectionLostError{Reason: reason, Err: err}, false)
 		return
 	}
@@ -452,7 +461,12 @@ func (l *link) onResponse(s *stream, resp *pb.Response) bool {
 	}
 	switch {
 	case p.abandoned:
-		if p.lockKeys != nil && resp.Status == pb.ResponseStatus_Ok {
+		if p.lockKeys != nil && resp.Status == pb.ResponseStatus_Ok && l.draining {
+			// The grant crossed the half-close: released elsewhere.
+			if l.late != nil {
+				go l.late(p.lockKeys, resp.Fence)
+			}
+		} else if p.lockKeys != nil && resp.Status == pb.ResponseStatus_Ok {
 			// The caller stopped waiting: release what it was granted.
 			_ = l.sendLocked(pb.RequestType_Unlock, &pb.RequestLock{Keys: p.lockKeys, Fence: resp.Fence}, &pending{})
 		}
@@ -484,6 +498,47 @@ func (l *link) endLocked(err error, clean bool) {
 		}
 	}
 	go l.onEnd(err, clean)
+}
+
+// drain gives up a Lock's connection of its own whose Lock waits: once
+// what is queued is written, the connection is half-closed. The server
+// then withdraws the request (on a cluster, ends the session) and closes
+// its side; a grant it sent before is still read, and late is told of it
+// (the connection cannot release it any more: a lease outlives it). After
+// bound the connection is closed whatever happened.
+func (l *link) drain(late func(keys []string, fence uint64), bound time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return
+	}
+	l.draining, l.late = true, late
+	if l.cur == nil {
+		// The session is moving: end it cleanly instead.
+		l.endLocked(&ConnectionLostError{Reason: "withdrawn"}, true)
+		return
+	}
+	select {
+	case l.cur.wake <- struct{}{}:
+	default:
+	}
+	time.AfterFunc(bound, func() { l.close("withdrawn") })
+}
+
+// halfClose closes s's writing side when the link drains and nothing is
+// left to write; true if s is done with writing.
+func (l *link) halfClose(s *stream) bool {
+	l.mu.Lock()
+	half := l.draining && l.cur == s && len(l.out) == 0
+	l.mu.Unlock()
+	if !half {
+		return false
+	}
+	cw, ok := s.conn.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		l.streamFailed(s, "withdrawn", nil)
+	}
+	return true
 }
 
 // close ends the link cleanly: what is queued is still sent.
@@ -615,7 +670,7 @@ func (l *link) call(ctx context.Context, kind pb.RequestType, body *pb.RequestLo
 func (l *link) detached(kind pb.RequestType, body *pb.RequestLock) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.err == nil {
+	if l.err == nil && !l.draining {
 		_ = l.sendLocked(kind, body, &pending{})
 	}
 }
@@ -674,7 +729,9 @@ func (l *link) tick() {
 				// Pings behind a waiting Lock are read (they keep the owner
 				// alive) but not answered until the Lock is; past
 				// max_pipeline unanswered requests the server stops reading.
-				if l.pingsOut < int(l.limits.MaxPipeline) || l.limits.MaxPipeline == 0 && l.pingsOut < 1024 {
+				if l.draining {
+					l.lastSend = now
+				} else if l.pingsOut < int(l.limits.MaxPipeline) || l.limits.MaxPipeline == 0 && l.pingsOut < 1024 {
 					l.pingsOut++
 					_ = l.sendLocked(pb.RequestType_Ping, nil, &pending{})
 				} else {

@@ -39,7 +39,11 @@ const ClockRateBound = 0.001
 // which should refuse a lower fence than it has seen: a paused process
 // cannot notice in time that its lock was lost.
 type Lock struct {
-	c     *Client
+	c *Client
+	// ln is the connection that holds it: the client's, or (own) one of
+	// its own, taken for a wait and closed when the lock is unlocked.
+	ln    *link
+	own   bool
 	keys  []string
 	fence uint64
 
@@ -53,6 +57,17 @@ type Lock struct {
 	lost      chan struct{}
 	// changed wakes the watchdog when the lease moved.
 	changed chan struct{}
+	// ended is closed when the lock is unlocked or lost.
+	ended     chan struct{}
+	endClosed bool
+}
+
+// endLocked closes ended, once; l.mu is held.
+func (l *Lock) endLocked() {
+	if !l.endClosed {
+		l.endClosed = true
+		close(l.ended)
+	}
 }
 
 // Keys are the keys held, in the order locked.
@@ -94,8 +109,8 @@ func (l *Lock) deadline() (time.Time, time.Time) {
 	l.mu.Unlock()
 	window := lease
 	if lease == 0 {
-		window = l.c.l.limits.SessionTimeout
-		sent = l.c.l.freshness()
+		window = l.ln.limits.SessionTimeout
+		sent = l.ln.freshness()
 	}
 	deadline := sent.Add(window - time.Duration(float64(window)*ClockRateBound))
 	margin := l.c.margin
@@ -122,7 +137,7 @@ func (l *Lock) pastDeadline() string {
 	if lease := l.Lease(); lease > 0 {
 		return fmt.Sprintf("the lease of %v was not renewed in time", lease)
 	}
-	t := l.c.l.limits.SessionTimeout
+	t := l.ln.limits.SessionTimeout
 	return fmt.Sprintf("no answer from the server proves the owner alive within the session timeout of %v; the server may end it and hand the lock on", t)
 }
 
@@ -173,6 +188,7 @@ func (l *Lock) setLost(reason LostReason, text string, cause error) {
 	}
 	l.err = &LostError{Reason: reason, Keys: l.keys, Fence: l.fence, Text: text, Err: cause}
 	close(l.lost)
+	l.endLocked()
 	l.mu.Unlock()
 	l.c.forget(l)
 }
@@ -188,13 +204,17 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		return nil
 	}
 	l.released = true
+	l.endLocked()
 	l.mu.Unlock()
 	l.c.forget(l)
 	select {
 	case l.changed <- struct{}{}:
 	default:
 	}
-	_, err := l.c.l.call(ctx, pb.RequestType_Unlock, &pb.RequestLock{Keys: l.keys, Fence: l.fence}, nil)
+	_, err := l.ln.call(ctx, pb.RequestType_Unlock, &pb.RequestLock{Keys: l.keys, Fence: l.fence}, nil)
+	if l.own {
+		l.c.dropSide(l.ln)
+	}
 	return err
 }
 
@@ -222,7 +242,7 @@ func (l *Lock) Renew(ctx context.Context, lease time.Duration) error {
 		}
 	}()
 	sent := time.Now()
-	_, err := l.c.l.call(ctx, pb.RequestType_Renew, &pb.RequestLock{Keys: l.keys, Fence: l.fence, ReleaseMicro: toMicros(lease)}, nil)
+	_, err := l.ln.call(ctx, pb.RequestType_Renew, &pb.RequestLock{Keys: l.keys, Fence: l.fence, ReleaseMicro: toMicros(lease)}, nil)
 	if err != nil {
 		if lerr := l.Err(); lerr != nil {
 			return lerr

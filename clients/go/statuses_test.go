@@ -220,7 +220,7 @@ func TestStatuses(t *testing.T) {
 	})
 	t.Run("LimitReached", func(t *testing.T) {
 		covers(t, pb.ResponseStatus_LimitReached)
-		full := startServer(t, "", "--max-waiters", "1", "--max-connections", "3")
+		full := startServer(t, "", "--max-waiters", "1", "--max-connections", "4")
 		a, b, cc := connect(t, full.Addr, nil), connect(t, full.Addr, nil), connect(t, full.Addr, nil)
 		if _, err := a.Lock(ctx, []string{"k"}, nil); err != nil {
 			t.Fatal(err)
@@ -232,13 +232,15 @@ func TestStatuses(t *testing.T) {
 			info, err := a.Inspect(ctx, []string{"k"})
 			return err == nil && info[0].Waiters == 1
 		})
-		_, err := cc.Lock(ctx, []string{"k"}, &LockOptions{Wait: 5 * time.Second})
+		// (b's Lock waits on a fourth connection of its own; an Enqueue
+		// stays on cc's.)
+		_, _, err := cc.Enqueue(ctx, []string{"k"}, &LockOptions{Wait: 5 * time.Second})
 		serverErr(t, err, pb.ResponseStatus_LimitReached)
-		// A fourth connection is turned away with request_id 0.
+		// A fifth connection is turned away with request_id 0.
 		_, err = Connect(ctx, full.Addr, nil)
 		var se *ServerError
 		if !errors.As(err, &se) || se.Status != pb.ResponseStatus_LimitReached {
-			t.Fatalf("a fourth connection: %v", err)
+			t.Fatalf("a fifth connection: %v", err)
 		}
 	})
 	t.Run("ShuttingDownAnswersAWaitingLock", func(t *testing.T) {

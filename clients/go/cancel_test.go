@@ -1,0 +1,187 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// checkCancelWithdraws: a Lock waiting without a deadline on a held key is
+// cancelled; the server withdraws it at once, the client's other calls are
+// answered while the key is still held, and the next in line gets the key
+// as soon as the holder lets go.
+func checkCancelWithdraws(t *testing.T, servers string, opts *LockOptions) {
+	ctx := testCtx(t)
+	holder := connect(t, servers, nil)
+	waiter := connect(t, servers, nil)
+	third := connect(t, servers, nil)
+	key := "cancel/" + t.Name()
+	held, err := holder.Lock(ctx, []string{key}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiters := func() uint32 {
+		info, err := holder.Inspect(ctx, []string{key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info[0].Waiters
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := waiter.Lock(wctx, []string{key}, opts)
+		errc <- err
+	}()
+	waitFor(t, "the Lock waits in line", func() bool { return waiters() == 1 })
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled Lock: %v, want context.Canceled", err)
+		}
+	case <-time.After(limit):
+		t.Fatal("cancelled Lock did not return")
+	}
+	// (a) The server withdraws the request.
+	waitFor(t, "the cancelled request is withdrawn", func() bool { return waiters() == 0 })
+	// (b) Nothing on the waiter's Client is held back behind it.
+	pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer pcancel()
+	if _, err := waiter.Ping(pctx); err != nil {
+		t.Fatalf("Ping after the cancelled Lock: %v", err)
+	}
+	if err := held.Check(); err != nil {
+		t.Fatalf("the holder lost its lock: %v", err)
+	}
+	// (c) Nothing stands between the holder and the next one.
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := third.Lock(ctx, []string{key}, &LockOptions{Try: true})
+	if err != nil {
+		t.Fatalf("a third client after the unlock: %v (want the key at once)", err)
+	}
+	if err := got.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The waiter's Client still takes locks, waiting ones too.
+	again, err := waiter.Lock(ctx, []string{key}, &LockOptions{Wait: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCancellingAWaitingLockWithdrawsIt(t *testing.T) {
+	s := startServer(t, "")
+	checkCancelWithdraws(t, s.Addr, nil)
+	t.Run("Lease", func(t *testing.T) { checkCancelWithdraws(t, s.Addr, &LockOptions{Lease: time.Minute}) })
+}
+
+func TestCancellingAWaitingLockWithdrawsItOnACluster(t *testing.T) {
+	cl := startCluster(t, 3, "--session-ttl", "6s")
+	checkCancelWithdraws(t, cl.Servers(), nil)
+}
+
+// A Lock that waits is granted on a connection of its own: it keeps the
+// key, a Lock of another goroutine of the same Client waits for it, and
+// closing the Client releases it.
+func TestAWaitedLockIsHeldOnAConnectionOfItsOwn(t *testing.T) {
+	s := startServer(t, "")
+	ctx := testCtx(t)
+	holder := connect(t, s.Addr, nil)
+	c := connect(t, s.Addr, nil)
+	key := "aside"
+	held, err := holder.Lock(ctx, []string{key}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Lock, 1)
+	go func() {
+		l, err := c.Lock(ctx, []string{key}, nil)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	waitFor(t, "in line", func() bool {
+		info, err := holder.Inspect(ctx, []string{key})
+		return err == nil && info[0].Waiters == 1
+	})
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := <-got
+	if l == nil {
+		t.FailNow()
+	}
+	if _, err := c.Lock(ctx, []string{key}, &LockOptions{Try: true}); !errors.Is(err, ErrBusy) {
+		t.Fatalf("the same Client's Try on a key its waited Lock holds: %v, want ErrBusy", err)
+	}
+	if err := l.Renew(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Check(); err != nil {
+		t.Fatalf("after Unlock: %v", err)
+	}
+	l2, err := holder.Lock(ctx, []string{key}, &LockOptions{Try: true})
+	if err != nil {
+		t.Fatalf("after the waited Lock's Unlock: %v", err)
+	}
+	_ = l2.Unlock(ctx)
+	_ = c.Close()
+	select {
+	case <-c.Done():
+	case <-time.After(limit):
+		t.Fatal("Close")
+	}
+}
+
+// A lease granted while its Lock is being cancelled (the grant crosses the
+// cancel) is released all the same: the key is free again long before the
+// lease of a minute could end. Raced many times over.
+func TestALeaseGrantedAsItsLockIsCancelledIsReleased(t *testing.T) {
+	s := startServer(t, "")
+	ctx := testCtx(t)
+	holder, waiter, third := connect(t, s.Addr, nil), connect(t, s.Addr, nil), connect(t, s.Addr, nil)
+	key := []string{"crossing"}
+	for i := 0; i < 20; i++ {
+		held, err := holder.Lock(ctx, key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		got := make(chan *Lock, 1)
+		go func() {
+			l, _ := waiter.Lock(wctx, key, &LockOptions{Lease: time.Minute})
+			got <- l
+		}()
+		waitFor(t, "in line", func() bool {
+			info, err := third.Inspect(ctx, key)
+			return err == nil && info[0].Waiters == 1
+		})
+		go func() { _ = held.Unlock(ctx) }()
+		cancel()
+		if l := <-got; l != nil {
+			// The grant won the race: an ordinary Lock.
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, "the key free again", func() bool {
+			l, err := third.Lock(ctx, key, &LockOptions{Try: true})
+			if err != nil {
+				return false
+			}
+			return l.Unlock(ctx) == nil
+		})
+	}
+}
