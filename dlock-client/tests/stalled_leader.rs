@@ -10,7 +10,7 @@
 mod common;
 
 use common::{code, dlock_at, lines, stderr, wait_output, PATIENCE};
-use dlock::{Client, LockOptions};
+use dlock::{Client, LockGuard, LockOptions};
 use dlock_server::testing::nodes::{server_binary, NodeProcesses};
 use dlock_server::testing::peer_links::PeerLinks;
 use dlock_server::testing::proxy::FreezableProxy;
@@ -121,126 +121,134 @@ async fn a_stalled_leader_costs_no_lease_and_no_place_in_line() {
     holder_and_waiter_ride_through_a_stalled_leader(&["--lease", "30s"]).await;
 }
 
+/// A cluster whose clients reach each node through a proxy the test
+/// freezes (with `peers`, every peer link too), a holder of `key` and a
+/// waiter in line behind it.
+struct Proxied {
+    nodes: NodeProcesses,
+    links: Option<PeerLinks>,
+    clients: Vec<FreezableProxy>,
+    servers: Vec<String>,
+    holder: Client,
+    guard: LockGuard,
+    waiting: tokio::task::JoinHandle<dlock::Result<LockGuard>>,
+    /// The node the holder is on: the leader.
+    leader: usize,
+}
+
+impl Proxied {
+    async fn start(key: &'static str, peers: bool) -> Proxied {
+        let mut nodes = NodeProcesses::prepare(server_binary(), 3, NODE_FLAGS);
+        let links = if peers {
+            Some(PeerLinks::install(&mut nodes).await)
+        } else {
+            None
+        };
+        let mut clients = Vec::new();
+        for i in 0..nodes.len() {
+            let p = FreezableProxy::start(nodes.addr(i)).await;
+            nodes.advertise_client(i, p.addr);
+            clients.push(p);
+        }
+        nodes.start_all();
+        let servers = clients
+            .iter()
+            .map(FreezableProxy::addr_string)
+            .collect::<Vec<_>>();
+        let holder = Client::connect(servers.clone()).await.expect("connect");
+        let guard = holder.lock([key], LockOptions::new()).await.expect("lock");
+        let waiter = Client::connect(servers.clone()).await.expect("connect");
+        let waiting = tokio::spawn(async move { waiter.lock([key], LockOptions::new()).await });
+        let deadline = Instant::now() + PATIENCE;
+        while holder.inspect([key]).await.expect("inspect")[0].waiters != 1 {
+            assert!(Instant::now() < deadline, "the waiter never got in line");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let leader = clients
+            .iter()
+            .position(|p| p.addr_string() == holder.addr())
+            .expect("the holder is on a node's proxy");
+        Proxied {
+            nodes,
+            links,
+            clients,
+            servers,
+            holder,
+            guard,
+            waiting,
+            leader,
+        }
+    }
+
+    /// The holder releases; the waiter, still in line, gets the key under a
+    /// higher fence.
+    async fn hand_off(self) {
+        let fence = self.guard.fence();
+        self.guard.unlock().await.expect("unlock");
+        let next = tokio::time::timeout(PATIENCE, self.waiting)
+            .await
+            .expect("granted in time")
+            .expect("task")
+            .expect("the waiter kept its place and gets the key");
+        assert!(next.fence() > fence);
+        assert!(!self.nodes.any_panicked());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_by_a_silent_path_costs_no_lock_and_no_place_in_line() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let mut nodes = NodeProcesses::prepare(server_binary(), 3, NODE_FLAGS);
     // Every path to and from a node goes through a proxy the test freezes:
     // packets dropped, no reset, both ends' sockets open.
-    let links = PeerLinks::install(&mut nodes).await;
-    let mut clients = Vec::new();
-    for i in 0..nodes.len() {
-        let p = FreezableProxy::start(nodes.addr(i)).await;
-        nodes.advertise_client(i, p.addr);
-        clients.push(p);
-    }
-    nodes.start_all();
-    let servers = clients
-        .iter()
-        .map(FreezableProxy::addr_string)
-        .collect::<Vec<_>>();
-    let holder = Client::connect(servers.clone()).await.expect("connect");
-    let guard = holder.lock(["x"], LockOptions::new()).await.expect("lock");
-    let waiter = Client::connect(servers.clone()).await.expect("connect");
-    let waiting = tokio::spawn(async move { waiter.lock(["x"], LockOptions::new()).await });
-    let deadline = Instant::now() + PATIENCE;
-    while holder.inspect(["x"]).await.expect("inspect")[0].waiters != 1 {
-        assert!(Instant::now() < deadline, "the waiter never got in line");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let old = clients
-        .iter()
-        .position(|p| p.addr_string() == holder.addr())
-        .expect("the holder is on a node's proxy");
-
+    let c = Proxied::start("x", true).await;
+    let (old, links) = (c.leader, c.links.as_ref().expect("peer proxies"));
     links.isolate(old, true);
-    clients[old].freeze();
+    c.clients[old].freeze();
     let cut = Instant::now();
-    let (held, in_line) = seen_by_the_others(&nodes, old, "x").await;
-    assert_eq!((held, in_line), (guard.fence(), 1), "after the election");
+    let (held, in_line) = seen_by_the_others(&c.nodes, old, "x").await;
+    assert_eq!((held, in_line), (c.guard.fence(), 1), "after the election");
     tokio::time::sleep_until((cut + STALL).into()).await;
-    let (held, in_line) = seen_by_the_others(&nodes, old, "x").await;
+    let (held, in_line) = seen_by_the_others(&c.nodes, old, "x").await;
     assert_eq!(
         (held, in_line),
-        (guard.fence(), 1),
+        (c.guard.fence(), 1),
         "a TTL after the cut, both sessions live"
     );
-    assert!(!guard.is_lost(), "the holder kept its lock throughout");
-    assert_ne!(holder.addr(), servers[old], "the holder moved");
+    assert!(!c.guard.is_lost(), "the holder kept its lock throughout");
+    assert_ne!(c.holder.addr(), c.servers[old], "the holder moved");
     links.isolate(old, false);
-    clients[old].thaw();
-
-    let fence = guard.fence();
-    guard.unlock().await.expect("unlock on the new leader");
-    let next = tokio::time::timeout(PATIENCE, waiting)
-        .await
-        .expect("granted in time")
-        .expect("task")
-        .expect("the waiter kept its place and gets the key");
-    assert!(next.fence() > fence);
-    assert!(!nodes.any_panicked());
+    c.clients[old].thaw();
+    c.hand_off().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_its_clients_only_keeps_their_lock_and_place_once_the_path_heals() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let mut nodes = NodeProcesses::prepare(server_binary(), 3, NODE_FLAGS);
-    let mut clients = Vec::new();
-    for i in 0..nodes.len() {
-        let p = FreezableProxy::start(nodes.addr(i)).await;
-        nodes.advertise_client(i, p.addr);
-        clients.push(p);
-    }
-    nodes.start_all();
-    let servers = clients
-        .iter()
-        .map(FreezableProxy::addr_string)
-        .collect::<Vec<_>>();
-    let holder = Client::connect(servers.clone()).await.expect("connect");
-    let guard = holder.lock(["y"], LockOptions::new()).await.expect("lock");
-    let waiter = Client::connect(servers.clone()).await.expect("connect");
-    let waiting = tokio::spawn(async move { waiter.lock(["y"], LockOptions::new()).await });
-    let deadline = Instant::now() + PATIENCE;
-    while holder.inspect(["y"]).await.expect("inspect")[0].waiters != 1 {
-        assert!(Instant::now() < deadline, "the waiter never got in line");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let leader = clients
-        .iter()
-        .position(|p| p.addr_string() == holder.addr())
-        .expect("the holder is on a node's proxy");
-
+    let c = Proxied::start("y", false).await;
+    let leader = c.leader;
     // The leader keeps leading (its peers hear it); only the clients' path
     // to it goes silent, longer than the probe's limit. The clients find
     // no other leader and keep trying it until the path heals, well within
     // the session's TTL.
-    clients[leader].freeze();
-    let mut events = holder.events();
+    c.clients[leader].freeze();
+    let mut events = c.holder.events();
     match tokio::time::timeout(PATIENCE, events.recv()).await {
         Ok(Ok(dlock::Event::Reconnecting { .. })) => {}
         other => panic!("expected the silence noticed, got {other:?}"),
     }
-    clients[leader].thaw();
+    c.clients[leader].thaw();
     loop {
         match tokio::time::timeout(PATIENCE, events.recv()).await {
             Ok(Ok(dlock::Event::Resumed { addr, .. })) => {
-                assert_eq!(addr, servers[leader], "resumed on the same leader");
+                assert_eq!(addr, c.servers[leader], "resumed on the same leader");
                 break;
             }
             Ok(Ok(_)) => continue,
             other => panic!("expected the session resumed, got {other:?}"),
         }
     }
-    assert!(!guard.is_lost(), "the holder kept its lock");
-    let (held, in_line) = seen_by_the_others(&nodes, usize::MAX, "y").await;
-    assert_eq!((held, in_line), (guard.fence(), 1));
-    let fence = guard.fence();
-    guard.unlock().await.expect("unlock");
-    let next = tokio::time::timeout(PATIENCE, waiting)
-        .await
-        .expect("granted in time")
-        .expect("task")
-        .expect("the waiter kept its place and gets the key");
-    assert!(next.fence() > fence);
-    assert!(!nodes.any_panicked());
+    assert!(!c.guard.is_lost(), "the holder kept its lock");
+    let (held, in_line) = seen_by_the_others(&c.nodes, usize::MAX, "y").await;
+    assert_eq!((held, in_line), (c.guard.fence(), 1));
+    c.hand_off().await;
 }
