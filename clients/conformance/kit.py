@@ -83,16 +83,15 @@ def reserve_port() -> socket.socket:
     raise SystemExit(f"kit: no free loopback port between {low} and {high}")
 
 
-def inspect(addr: str, key: str) -> Optional["pb.Response"]:
-    """An Inspect of `key` on a connection of its own: the answer, or None if
-    the node does not answer within a second (down, paused)."""
-    req = pb.Request(version=2, id=1, type=pb.Inspect)
-    req.lock.keys.append(key)
+def call(addr: str, req: "pb.Request", timeout: float) -> Optional["pb.Response"]:
+    """One request on a connection of its own, outside any client under
+    test: the answer, or None if the node does not answer within `timeout`
+    (down or paused)."""
     body = req.SerializeToString()
     host, _, port = addr.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=1.0) as s:
-            s.settimeout(1.0)
+        with socket.create_connection((host, int(port)), timeout=timeout) as s:
+            s.settimeout(timeout)
             s.sendall(struct.pack(">I", len(body)) + body)
             data = b""
             while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
@@ -103,6 +102,13 @@ def inspect(addr: str, key: str) -> Optional["pb.Response"]:
             return pb.Response.FromString(data[4 : 4 + struct.unpack(">I", data[:4])[0]])
     except OSError:
         return None
+
+
+def inspect(addr: str, key: str) -> Optional["pb.Response"]:
+    """An Inspect of `key` (see `call`), given a second to answer."""
+    req = pb.Request(version=2, id=1, type=pb.Inspect)
+    req.lock.keys.append(key)
+    return call(addr, req, 1.0)
 
 
 class Cluster:

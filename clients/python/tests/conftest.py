@@ -17,7 +17,6 @@ import queue
 import re
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -147,24 +146,10 @@ def _reserve_port() -> socket.socket:
 
 
 def _frame_call(addr: str, req: "pb.Request", timeout: float) -> Optional["pb.Response"]:
-    """One request on a connection of its own, outside the client under test;
-    None if the node does not answer within `timeout` (down or paused)."""
-    host, _, port = addr.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout) as s:
-            s.settimeout(timeout)
-            body = req.SerializeToString()
-            s.sendall(struct.pack(">I", len(body)) + body)
-            data = b""
-            while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
-                chunk = s.recv(65536)
-                if not chunk:
-                    return None
-                data += chunk
-            (n,) = struct.unpack(">I", data[:4])
-            return pb.Response.FromString(data[4 : 4 + n])
-    except OSError:
-        return None
+    """One request on a connection of its own, outside the client under
+    test (the conformance kit's `call`); None if the node does not answer
+    within `timeout` (down or paused)."""
+    return kit.call(addr, req, timeout)
 
 
 class Cluster:
