@@ -74,15 +74,8 @@ func (e *Election) watchLeadership(l *Lock, value []byte) {
 	for ctx.Err() == nil {
 		info, err := e.c.Watch(ctx, e.key, l.fence, known, 0)
 		if err != nil {
-			t := time.NewTimer(pause)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !backOff(ctx, &pause) {
 				return
-			case <-t.C:
-			}
-			if pause *= 2; pause > 5*time.Second {
-				pause = 5 * time.Second
 			}
 			continue
 		}
@@ -130,15 +123,8 @@ func (e *Election) Observe(ctx context.Context) <-chan *Leader {
 			}
 			info, err := e.c.Watch(ctx, e.key, fence, value, 0)
 			if err != nil {
-				t := time.NewTimer(pause)
-				select {
-				case <-ctx.Done():
-					t.Stop()
+				if !backOff(ctx, &pause) {
 					return
-				case <-t.C:
-				}
-				if pause *= 2; pause > 5*time.Second {
-					pause = 5 * time.Second
 				}
 				continue
 			}
@@ -163,4 +149,21 @@ func sameLeader(a, b *Leader) bool {
 		return a == b
 	}
 	return a.Fence == b.Fence && bytes.Equal(a.Value, b.Value)
+}
+
+// backOff waits *pause (a Watch was refused or failed: a server that keeps
+// refusing is not polled), then doubles it up to 5 s. It returns false if
+// ctx ended first.
+func backOff(ctx context.Context, pause *time.Duration) bool {
+	t := time.NewTimer(*pause)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	}
+	if *pause *= 2; *pause > 5*time.Second {
+		*pause = 5 * time.Second
+	}
+	return true
 }
