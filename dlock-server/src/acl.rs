@@ -21,12 +21,11 @@
 //! not parse leaves the rules in force unchanged. Secrets never appear in a
 //! log line, an error or `Debug` output.
 
-use crate::db::Db;
 use anyhow::{anyhow, bail, Context};
 use dlock::proto::{RequestLock, RequestType};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 /// A key pattern: a whole key, or a prefix written with a trailing `*`
@@ -261,73 +260,11 @@ fn add_rule(id: &mut Identity, line: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Which identity took the lock under each fencing token, for identities
-/// that are not admins: Unlock and Renew by fence from another connection
-/// are theirs only for their own locks.
-#[derive(Debug, Default)]
-pub struct Grants {
-    map: Mutex<GrantMap>,
-}
-
-#[derive(Debug, Default)]
-struct GrantMap {
-    by_fence: HashMap<u64, (String, Vec<String>)>,
-    /// Size at which the next record looks for grants no longer held.
-    prune_at: usize,
-}
-
-/// The map is swept when it has doubled since the last sweep, so a sweep's
-/// cost is spread over the grants recorded since: constant per grant.
-const MIN_PRUNE: usize = 1024;
-
-impl Grants {
-    /// Notes that `who` was granted `keys` under `fence`.
-    pub fn record(&self, db: &Db, who: &Identity, fence: u64, keys: &[String]) {
-        if who.admin {
-            return;
-        }
-        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        m.by_fence.insert(fence, (who.name.clone(), keys.to_vec()));
-        if m.by_fence.len() >= m.prune_at.max(MIN_PRUNE) {
-            // A grant whose keys are no longer held under its fence is
-            // over: unlocked, expired, or taken over by a later Lock.
-            m.by_fence.retain(|&fence, (_, keys)| {
-                db.inspect(0, keys).iter().any(|info| info.fence == fence)
-            });
-            m.prune_at = 2 * m.by_fence.len();
-        }
-    }
-
-    /// The identity that took the lock under `fence`, if recorded.
-    pub fn holder(&self, fence: u64) -> Option<String> {
-        let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        m.by_fence.get(&fence).map(|(name, _)| name.clone())
-    }
-}
-
-/// A non-admin's Lock that waits: recorded in [`Grants`] if it is granted.
-#[derive(Debug)]
-pub struct Pending {
-    grants: Arc<Grants>,
-    db: Db,
-    who: Arc<Identity>,
-    keys: Vec<String>,
-}
-
-impl Pending {
-    /// The Lock was granted under `fence`.
-    pub fn granted(self, fence: u64) {
-        self.grants.record(&self.db, &self.who, fence, &self.keys);
-    }
-}
-
 /// The server's access control: off (no `--token-file`), or the rules of
 /// the file, swapped whole on reload.
 #[derive(Debug, Default)]
 pub struct Access {
     file: Option<(PathBuf, RwLock<Arc<Acl>>)>,
-    /// Non-admin grants, kept across reloads.
-    pub grants: Arc<Grants>,
 }
 
 /// Why a request cannot be attributed to anyone.
@@ -342,7 +279,6 @@ impl Access {
         let acl = read(path)?;
         Ok(Access {
             file: Some((path.to_owned(), RwLock::new(Arc::new(acl)))),
-            grants: Arc::default(),
         })
     }
 
@@ -388,42 +324,6 @@ impl Access {
             acl.by_token(token.as_bytes())
         };
         found.cloned().map(Some).ok_or(UNKNOWN)
-    }
-
-    /// What to record if a Lock of `who` on `keys` is granted later; `None`
-    /// when nothing needs recording (admins).
-    pub fn pending(&self, db: &Db, who: &Arc<Identity>, keys: &[String]) -> Option<Pending> {
-        (!who.admin).then(|| Pending {
-            grants: self.grants.clone(),
-            db: db.clone(),
-            who: who.clone(),
-            keys: keys.to_vec(),
-        })
-    }
-
-    /// For Unlock, Renew and Proclaim by fence: a non-admin may act only on locks its
-    /// own identity took (or its own connection holds).
-    ///
-    /// # Errors
-    /// The text for an `AccessDenied` response.
-    pub fn check_fence(
-        &self,
-        db: &Db,
-        owner: crate::table::OwnerId,
-        who: &Identity,
-        body: &RequestLock,
-    ) -> Result<(), String> {
-        if who.admin || body.fence == 0 {
-            return Ok(());
-        }
-        let others = db
-            .inspect(owner, &body.keys)
-            .iter()
-            .any(|info| info.fence == body.fence && !info.held_by_caller);
-        if others && self.grants.holder(body.fence).as_deref() != Some(who.name.as_str()) {
-            return Err(who.not_your_fence());
-        }
-        Ok(())
     }
 }
 

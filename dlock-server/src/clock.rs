@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Where a [`crate::db::Db`] reads the time it stamps commands with.
+/// Where the local engine ([`crate::engine::Local`]) reads the time it stamps commands with.
 #[derive(Debug, Clone)]
 pub enum Clock {
     /// tokio's monotonic clock, in microseconds from `origin`.
@@ -23,7 +23,7 @@ pub enum Clock {
     /// A clock that moves only when its owner sets it: the fuzz harness's,
     /// so that a run replays exactly from its input. The timer task does
     /// not run deadlines of a manual clock; its owner calls
-    /// [`crate::db::Db::advance`].
+    /// [`crate::engine::Local::advance`].
     Manual(ManualClock),
 }
 

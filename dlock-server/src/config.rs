@@ -361,6 +361,14 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The limits the lock table enforces.
+    pub fn table_limits(&self) -> crate::table::TableLimits {
+        crate::table::TableLimits {
+            max_waiters: self.max_waiters,
+            max_held_keys: self.max_held_keys,
+        }
+    }
+
     /// How long after the last request this server may end a connection:
     /// the idle timeout, or sooner the keepalive give-up time (first probe,
     /// then every unanswered retry), or the write timeout (an answer to a

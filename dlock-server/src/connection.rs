@@ -11,14 +11,11 @@
 //! request for `--idle-timeout` is closed.
 
 use crate::config::Config;
-use crate::handler::Ctx;
 use crate::metrics::{self, CloseReason};
-use crate::owners::Owners;
-use crate::pending::{Arrived, Dropped, Pending};
+use crate::pending::{Arrived, Dropped};
 use crate::pipeline::{Next, Pipeline, Received};
-use crate::replicated::ConnSessions;
+use crate::service::{Conn, Service};
 use crate::shared::Shared;
-use crate::tickets::Tickets;
 use crate::transport::Transport;
 use dlock::proto::ResponseStatus;
 use std::io;
@@ -65,41 +62,23 @@ pub async fn serve<S: Transport>(stream: S, shared: Arc<Shared>, shutdown: Cance
             return;
         }
     };
-    // Declared before the session, so it is dropped after it: the session's
-    // waiting Lock is abandoned before the connection's owners end.
-    let peer_names = stream.peer_names();
-    let mut owners = Owners::connect(&shared.db, peer, shared.config.max_sessions);
-    let mut tickets = Tickets::new(&shared.db, shared.config.max_pipeline);
-    let remote = shared
-        .cluster
-        .as_ref()
-        .map(|_| Arc::new(ConnSessions::default()));
+    let service = shared.service.clone();
+    let conn = service.connect(peer, stream.peer_names());
     let keeper = CancellationToken::new();
-    if let (Some(node), Some(remote)) = (&shared.cluster, &remote) {
+    if service.engine().sessions_outlive_connections() {
         tokio::spawn(
-            node.clone()
-                .keep_connection_alive(remote.clone(), keeper.clone()),
+            service
+                .clone()
+                .keep_connection_alive(conn.clone(), keeper.clone()),
         );
     }
     // However this task ends, the keeper stops with it.
     let _keeper = keeper.drop_guard();
-    tracing::debug!(owner = owners.own(), "connection opened");
-    let end = Session::new(
-        stream,
-        &shared,
-        &mut owners,
-        &mut tickets,
-        remote.as_ref(),
-        &peer_names,
-    )
-    .run(&shutdown)
-    .await;
-    // Uncollected grants are released before the owners end.
-    drop(tickets);
-    drop(owners);
-    if let (Some(node), Some(remote)) = (&shared.cluster, &remote) {
-        node.connection_ended(remote, matches!(end, End::ClientClosed));
-    }
+    tracing::debug!("connection opened");
+    // The session's waiting request is abandoned (its Drop) before the
+    // connection's sessions end.
+    let end = Session::new(stream, &shared, &conn).run(&shutdown).await;
+    service.disconnect(&conn, matches!(end, End::ClientClosed));
     metrics::connection_closed(end.reason());
     // The server's own decisions to drop a client are worth an operator's
     // line (one per connection, never per request); a client leaving, a
@@ -107,17 +86,17 @@ pub async fn serve<S: Transport>(stream: S, shared: Arc<Shared>, shutdown: Cance
     match end {
         End::Idle => tracing::info!(
             reason = "idle",
-            after = %humantime::format_duration(shared.config.idle_timeout),
+            after = %humantime::format_duration(shared.config().idle_timeout),
             "client dropped"
         ),
         End::WriteTimeout => tracing::info!(
             reason = "write timeout",
-            after = %humantime::format_duration(shared.config.write_timeout),
+            after = %humantime::format_duration(shared.config().write_timeout),
             "client dropped: it stopped reading responses"
         ),
         End::FrameTooLarge => tracing::info!(
             reason = "frame too large",
-            max_frame = shared.config.max_frame,
+            max_frame = shared.config().max_frame,
             "client dropped"
         ),
         End::Io(e) => tracing::debug!(error = %e, "connection closed"),
@@ -152,41 +131,30 @@ struct Session<'a, S> {
     /// made hand-offs slower (22.5k/s to 17.3k/s), so it is not done there.
     grant_first: bool,
     config: &'a Config,
-    ctx: Ctx<'a>,
+    service: &'a Arc<Service>,
+    conn: &'a Arc<Conn>,
 }
 
 impl<S> Drop for Session<'_, S> {
     /// A Lock granted after the session stopped listening is released, so
     /// no lease outlives a client that never learned its fencing token.
     fn drop(&mut self) {
-        if let Some(Pending::Table(rx)) = self.pipeline.take_waiting() {
-            self.ctx.shared.db.abandon(rx);
+        if let Some(pending) = self.pipeline.take_waiting() {
+            self.service.abandon(pending);
         }
     }
 }
 
 impl<'a, S: Transport> Session<'a, S> {
-    fn new(
-        stream: S,
-        shared: &'a Shared,
-        owners: &'a mut Owners,
-        tickets: &'a mut Tickets,
-        remote: Option<&'a Arc<ConnSessions>>,
-        peer_names: &'a [String],
-    ) -> Self {
+    fn new(stream: S, shared: &'a Shared, conn: &'a Arc<Conn>) -> Self {
         Session {
             stream,
-            pipeline: Pipeline::new(shared.config.max_frame, shared.config.max_pipeline),
+            pipeline: Pipeline::new(shared.config().max_frame, shared.config().max_pipeline),
             grant_first: tokio::runtime::Handle::current().runtime_flavor()
                 == tokio::runtime::RuntimeFlavor::CurrentThread,
-            config: &shared.config,
-            ctx: Ctx {
-                shared,
-                owners,
-                remote,
-                peer_names,
-                tickets,
-            },
+            config: shared.config(),
+            service: &shared.service,
+            conn,
         }
     }
 
@@ -196,12 +164,18 @@ impl<'a, S: Transport> Session<'a, S> {
         let idle = tokio::time::sleep(idle_timeout);
         tokio::pin!(idle);
         let mut closing: Option<End> = None;
-        let deposed = self.ctx.remote.map(|r| r.deposed.clone());
+        // Only a cluster node deposes: a single server's connection does not
+        // pay for waiting on a token that never fires.
+        let deposed = self
+            .service
+            .engine()
+            .sessions_outlive_connections()
+            .then(|| self.conn.deposed.clone());
         loop {
-            let db = &self.ctx.shared.db;
-            let deliveries = self.grant_first.then(|| db.deliveries());
-            self.pipeline.execute(&mut self.ctx);
-            if deliveries.is_some_and(|d| d != self.ctx.shared.db.deliveries()) {
+            let outcomes = self.service.outcomes();
+            let deliveries = self.grant_first.then(|| outcomes.deliveries());
+            self.pipeline.execute(self.service, self.conn);
+            if deliveries.is_some_and(|d| d != outcomes.deliveries()) {
                 tokio::task::yield_now().await;
             }
             if let Err(end) = self.flush().await {
@@ -237,7 +211,7 @@ impl<'a, S: Transport> Session<'a, S> {
                 event = std::future::poll_fn(|cx| self.poll_event(cx, can_read)) => match event {
                     Event::Outcome(Ok(outcome)) => self.pipeline.answer(outcome),
                     Event::Outcome(Err(_)) => {
-                        // Only Db::close drops a delivery: the server is
+                        // Only the engine's close drops a delivery: the server is
                         // stopping, and on another worker the cancellation
                         // may not have reached this task yet. The requests
                         // parked behind the Lock must not run now.

@@ -21,14 +21,12 @@
 use crate::acl::Access;
 use crate::clock::{Clock, ManualClock};
 use crate::config::Config;
-use crate::db::{Applied, Db};
-use crate::handler::Ctx;
-use crate::owners::Owners;
-use crate::pending::{Dropped, Pending};
+use crate::engine::local::{self, Applied};
+use crate::engine::{Engine, Local};
+use crate::pending::Dropped;
 use crate::pipeline::{Next, Pipeline};
-use crate::shared::Shared;
+use crate::service::{Conn, Service};
 use crate::table::{LockTable, TableLimits};
-use crate::tickets::Tickets;
 use bytes::{Buf, BufMut, BytesMut};
 use clap::Parser;
 use dlock::codec::FrameCodec;
@@ -36,7 +34,7 @@ use dlock::proto::{Response, ResponseStatus};
 use prost::Message;
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio_util::codec::Decoder;
 
@@ -88,13 +86,21 @@ pub fn session(script: &[u8]) {
     static CONFIG: OnceLock<Config> = OnceLock::new();
     let config =
         CONFIG.get_or_init(|| Config::try_parse_from(FLAGS).expect("the harness's flags parse"));
-    let limits = Shared::table_limits(config);
+    let limits = config.table_limits();
     let clock = ManualClock::default();
-    let db = Db::from_table(LockTable::new(limits, 1), Clock::Manual(clock.clone()));
+    let service = Service::local_with(
+        config.clone(),
+        Access::default(),
+        local::table(limits, 1),
+        Clock::Manual(clock.clone()),
+    );
+    let Engine::Local(db) = service.engine().clone() else {
+        unreachable!("Service::local_with builds a local engine");
+    };
     db.record_commands();
-    let shared = Shared::new(db.clone(), config.clone(), Access::default());
     let mut harness = Harness {
-        shared: &shared,
+        service: &service,
+        db: &db,
         fences: BTreeSet::new(),
     };
     let mut conns: Vec<Sim> = (0..CONNECTIONS).map(|_| harness.open()).collect();
@@ -141,7 +147,7 @@ pub fn session(script: &[u8]) {
     if let Err(e) = db.check_invariants() {
         panic!("invariant broken at the end: {e}");
     }
-    let stats = db.stats();
+    let stats = service.stats();
     assert_eq!(
         (stats.connections, stats.held_keys, stats.waiting_requests),
         (0, 0, 0),
@@ -153,8 +159,8 @@ pub fn session(script: &[u8]) {
 /// Applies `log` to a fresh table, moving to a table restored from its
 /// snapshot halfway through; every output and the final state must be what
 /// the run produced.
-fn replay(limits: TableLimits, log: &[Applied], db: &Db) {
-    let mut table = LockTable::new(limits, 1);
+fn replay(limits: TableLimits, log: &[Applied], db: &Local) {
+    let mut table = local::table(limits, 1);
     for (i, step) in log.iter().enumerate() {
         if i == log.len() / 2 {
             table = LockTable::restore(table.snapshot())
@@ -174,7 +180,8 @@ fn replay(limits: TableLimits, log: &[Applied], db: &Db) {
 }
 
 struct Harness<'a> {
-    shared: &'a Shared,
+    service: &'a Arc<Service>,
+    db: &'a Local,
     /// Every fencing token answered so far.
     fences: BTreeSet<u64>,
 }
@@ -182,9 +189,7 @@ struct Harness<'a> {
 /// One simulated connection, as `connection::Session` keeps it.
 #[derive(Debug)]
 struct Sim {
-    owners: Owners,
-    /// Its queued Enqueues.
-    tickets: Tickets,
+    conn: Arc<Conn>,
     pipeline: Pipeline,
     /// Bytes the client sent that the server has not read yet.
     socket: BytesMut,
@@ -194,14 +199,11 @@ struct Sim {
 
 impl Harness<'_> {
     fn open(&self) -> Sim {
-        let config = &self.shared.config;
+        let config = self.service.config();
         Sim {
-            owners: Owners::connect(
-                &self.shared.db,
-                SocketAddr::from((Ipv4Addr::LOCALHOST, 1)),
-                config.max_sessions,
-            ),
-            tickets: Tickets::new(&self.shared.db, config.max_pipeline),
+            conn: self
+                .service
+                .connect(SocketAddr::from((Ipv4Addr::LOCALHOST, 1)), Vec::new()),
             pipeline: Pipeline::new(config.max_frame, config.max_pipeline),
             socket: BytesMut::new(),
             closed: false,
@@ -211,11 +213,10 @@ impl Harness<'_> {
     /// Ends a connection the way the server does: an outcome that arrived
     /// unanswered is released, then the connection's state goes.
     fn close(&self, mut c: Sim) {
-        if let Some(Pending::Table(rx)) = c.pipeline.take_waiting() {
-            self.shared.db.abandon(rx);
+        if let Some(pending) = c.pipeline.take_waiting() {
+            self.service.abandon(pending);
         }
-        drop(c.tickets);
-        drop(c.owners);
+        self.service.disconnect(&c.conn, false);
     }
 
     /// Runs everything the connection can run now, the way
@@ -232,13 +233,7 @@ impl Harness<'_> {
                     Err(Dropped) => panic!("a waiting Lock lost its delivery without an answer"),
                 }
             }
-            c.pipeline.execute(&mut Ctx {
-                shared: self.shared,
-                owners: &mut c.owners,
-                remote: None,
-                peer_names: &[],
-                tickets: &mut c.tickets,
-            });
+            c.pipeline.execute(self.service, &c.conn);
             self.check_output(&mut c.pipeline);
             match c.pipeline.next_step() {
                 Next::Execute => continue,
@@ -301,7 +296,7 @@ impl Harness<'_> {
         if r.fence != 0 {
             assert_eq!(status, ResponseStatus::Ok, "fence on a failure");
             assert!(
-                r.fence < self.shared.db.next_fence(),
+                r.fence < self.db.next_fence(),
                 "fence {} was never issued",
                 r.fence
             );

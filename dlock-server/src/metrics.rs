@@ -8,14 +8,14 @@
 //! the stripes up. The counts are process-wide statics, like the limit log's
 //! throttles: a process runs one server, and the hooks in the connection
 //! and request code need no handle passed down to them. The gauges (held
-//! keys, waiters, connections) are read from the [`Db`] at scrape time, so
+//! keys, waiters, connections) are read through a callback at scrape time, so
 //! they cost the request path nothing at all.
 //!
 //! [`http`](crate::metrics_http) serves what [`Scrape`] encodes.
 
-use crate::cluster::{Cluster, ClusterStatus};
-use crate::db::Db;
+use crate::cluster::ClusterStatus;
 use dlock::proto::ResponseStatus;
+use dlock::proto::ServerStats;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -24,6 +24,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Stripes of the per-request counts: more than the cores of the machines
@@ -296,20 +297,36 @@ fn total(f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
     STRIPES.iter().map(|s| f(s).load(Relaxed)).sum()
 }
 
-/// Writes every dlock metric on a scrape: the static counts above, and the
-/// gauges read from the lock table at that moment.
-#[derive(Debug)]
-pub struct Scrape {
-    db: Db,
-    /// On a cluster node: where the table and the Raft state are.
-    cluster: Option<Cluster>,
+/// The gauges read at a scrape: the server's counts and, on a cluster
+/// node, its Raft state.
+#[derive(Debug, Clone)]
+pub struct Gauges {
+    /// Connections, held keys and waiting requests now.
+    pub stats: ServerStats,
+    /// A cluster node's view of the cluster.
+    pub raft: Option<ClusterStatus>,
 }
 
-/// A registry holding dlock's metrics for `db` (and, on a cluster node,
-/// for `cluster`), ready to encode.
-pub fn registry(db: Db, cluster: Option<Cluster>) -> Registry {
+/// Reads the gauges at a scrape.
+pub type ReadGauges = Arc<dyn Fn() -> Gauges + Send + Sync>;
+
+/// Writes every dlock metric on a scrape: the static counts above, and the
+/// gauges read from the server at that moment.
+pub struct Scrape {
+    gauges: ReadGauges,
+}
+
+impl std::fmt::Debug for Scrape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scrape").finish_non_exhaustive()
+    }
+}
+
+/// A registry holding dlock's metrics, whose gauges `gauges` reads, ready
+/// to encode.
+pub fn registry(gauges: ReadGauges) -> Registry {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(Scrape { db, cluster }));
+    registry.register_collector(Box::new(Scrape { gauges }));
     registry
 }
 
@@ -463,15 +480,12 @@ impl Collector for Scrape {
             total(|s| &s.bytes_out),
         )?;
 
-        let mut stats = self.db.stats();
+        // On a cluster node, this node's copy of the table (a follower's
+        // lags by its replication delay).
+        let Gauges { stats, raft } = (self.gauges)();
         let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        if let Some(cluster) = &self.cluster {
-            // The table lives in the replicated state machine; this node's
-            // copy (a follower's lags by its replication delay).
-            let (held, waiting) = cluster.read(|t, _| (t.held_keys(), t.waiting()));
-            stats.held_keys = held as u64;
-            stats.waiting_requests = waiting as u64;
-            raft_gauges(e, &cluster.status())?;
+        if let Some(status) = &raft {
+            raft_gauges(e, status)?;
         }
         gauge(
             e,

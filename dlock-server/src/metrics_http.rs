@@ -4,7 +4,6 @@
 //! connections at once, headers within a timeout, nothing read from a
 //! request body.
 
-use crate::db::Db;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -85,21 +84,20 @@ pub struct MetricsServer {
     tasks: TaskTracker,
 }
 
-/// Binds `addr` and serves the metrics of `db` and the probes of `health`
+/// Binds `addr` and serves the metrics `gauges` reads and the probes of `health`
 /// there until [`MetricsServer::stop`].
 ///
 /// # Errors
 /// The address cannot be bound.
 pub async fn start(
     addr: SocketAddr,
-    db: Db,
-    cluster: Option<crate::cluster::Cluster>,
+    gauges: crate::metrics::ReadGauges,
     health: Arc<Health>,
 ) -> std::io::Result<MetricsServer> {
     let listener = TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
     let state = Arc::new(State {
-        registry: crate::metrics::registry(db, cluster),
+        registry: crate::metrics::registry(gauges),
         health,
     });
     // How an operator (and a test) learns the port of 127.0.0.1:0.

@@ -13,17 +13,18 @@
 //! It does no I/O. `connection` moves bytes between the socket and a
 //! `Pipeline`; the fuzz harness feeds one directly, so both run the same
 //! code. The only clock read on its path is the wall clock stamped on each
-//! response (`server_unix_time`, in `handler`); the lock table's time is
-//! read once per command in `db`.
+//! response (`server_unix_time`, in `service::reply`); the lock table's
+//! time is read once per command by the engine.
 
-use crate::handler::{self, Ctx, Waiting};
 use crate::pending::{Arrived, Dropped, Pending};
+use crate::service::{reply, Conn, Service, Waiting};
 use bytes::buf::Limit;
 use bytes::{Buf, BufMut, BytesMut};
 use dlock::codec::{encode_frame, frame_len, FrameError, LEN_PREFIX};
 use dlock::proto::{Request, ResponseStatus};
 use prost::Message;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Parked requests may add up to this many maximum-size frames: enough for
@@ -211,7 +212,7 @@ impl Pipeline {
     /// Runs accepted requests in order until one has to wait, the output
     /// reaches its high-water mark (write it, then call again), or none is
     /// left. An oversize frame is answered once everything before it is.
-    pub fn execute(&mut self, ctx: &mut Ctx<'_>) {
+    pub fn execute(&mut self, service: &Arc<Service>, conn: &Arc<Conn>) {
         loop {
             // Before every way out, so `runnable` sees every frame that can
             // be accepted: with --max-pipeline 1 the next frame is accepted
@@ -225,10 +226,10 @@ impl Pipeline {
                 return;
             }
             match self.pop_request() {
-                Ok(req) => self.waiting = handler::execute(ctx, req, &mut self.out),
+                Ok(req) => self.waiting = service.execute(conn, req, &mut self.out),
                 Err(e) => {
                     crate::metrics::request(-1, ResponseStatus::General, Duration::ZERO);
-                    encode_frame(&handler::undecodable(&e), &mut self.out);
+                    encode_frame(&reply::undecodable(&e), &mut self.out);
                 }
             }
         }
@@ -278,7 +279,7 @@ impl Pipeline {
     fn answer_too_large(&mut self) {
         if let Some(t) = self.too_large.as_mut().filter(|t| !t.answered) {
             t.answered = true;
-            let r = handler::error(
+            let r = reply::error(
                 0,
                 ResponseStatus::FrameTooLarge,
                 format!(
@@ -318,14 +319,14 @@ impl Pipeline {
             w.answer.close();
             let response = match w.answer.try_take() {
                 Ok(Some(arrived)) => w.respond(arrived),
-                Ok(None) | Err(Dropped) => handler::error(w.request_id, status, text),
+                Ok(None) | Err(Dropped) => reply::error(w.request_id, status, text),
             };
             encode_frame(&response, &mut self.out);
         }
         while self.frames > 0 {
             let response = match self.pop_request() {
-                Ok(req) => handler::error(req.id, status, text),
-                Err(e) => handler::undecodable(&e),
+                Ok(req) => reply::error(req.id, status, text),
+                Err(e) => reply::undecodable(&e),
             };
             encode_frame(&response, &mut self.out);
         }
@@ -367,19 +368,12 @@ mod tests {
     use super::*;
     use crate::acl::Access;
     use crate::config::Config;
-    use crate::db::Db;
-    use crate::owners::Owners;
-    use crate::shared::Shared;
-    use crate::tickets::Tickets;
     use clap::Parser;
     use dlock::proto::{RequestType, Response};
     use std::net::{Ipv4Addr, SocketAddr};
 
-    /// A connection's owners and tickets.
-    type Conn = (Owners, Tickets);
-
     struct Fixture {
-        shared: Shared,
+        service: Arc<Service>,
         config: Config,
     }
 
@@ -389,28 +383,18 @@ mod tests {
                 std::iter::once("dlock-server").chain(flags.iter().copied()),
             )
             .expect("flags parse");
-            let db = Db::new(Shared::table_limits(&config), 1);
             Fixture {
-                shared: Shared::new(db, config.clone(), Access::default()),
+                service: Service::local(config.clone(), Access::default(), 1),
                 config,
             }
         }
 
-        fn connect(&self) -> Conn {
-            (
-                Owners::connect(&self.shared.db, peer(), self.config.max_sessions),
-                Tickets::new(&self.shared.db, self.config.max_pipeline),
-            )
+        fn connect(&self) -> Arc<Conn> {
+            self.service.connect(peer(), Vec::new())
         }
 
-        fn ctx<'a>(&'a self, conn: &'a mut Conn) -> Ctx<'a> {
-            Ctx {
-                shared: &self.shared,
-                owners: &mut conn.0,
-                remote: None,
-                peer_names: &[],
-                tickets: &mut conn.1,
-            }
+        fn execute(&self, p: &mut Pipeline, conn: &Arc<Conn>) {
+            p.execute(&self.service, conn);
         }
 
         fn pipeline(&self) -> Pipeline {
@@ -477,14 +461,14 @@ mod tests {
     /// the responses.
     fn run_all(
         f: &Fixture,
-        owner: &mut Conn,
+        owner: &Arc<Conn>,
         p: &mut Pipeline,
         wire: &mut BytesMut,
     ) -> (Vec<usize>, Vec<Response>) {
         let (mut offered, mut answers) = (Vec::new(), Vec::new());
         loop {
             offered.extend(feed(p, wire));
-            p.execute(&mut f.ctx(owner));
+            f.execute(p, owner);
             answers.extend(responses(p));
             if wire.is_empty() && p.unanswered() == 0 {
                 return (offered, answers);
@@ -495,10 +479,10 @@ mod tests {
     #[test]
     fn a_burst_is_read_in_growing_bites_not_frame_by_frame() {
         let f = Fixture::new(&["--max-pipeline", "100000"]);
-        let mut owner = f.connect();
+        let owner = f.connect();
         let mut p = f.pipeline();
         let mut wire = pings(20_000);
-        let (offered, answers) = run_all(&f, &mut owner, &mut p, &mut wire);
+        let (offered, answers) = run_all(&f, &owner, &mut p, &mut wire);
         let ids: Vec<u64> = answers.iter().map(|r| r.request_id).collect();
         assert_eq!(ids, (1..=20_000).collect::<Vec<_>>());
         // About 200 KB: reads start small, grow, never pass the maximum.
@@ -518,14 +502,14 @@ mod tests {
     #[test]
     fn frames_behind_a_waiting_lock_are_parked_up_to_the_limit_and_answered_in_order() {
         let f = Fixture::new(&["--max-pipeline", "4"]);
-        let mut holder = f.connect();
+        let holder = f.connect();
         let mut h = f.pipeline();
         let mut wire = BytesMut::new();
         encode_frame(&request(1, RequestType::Lock, &["k"]), &mut wire);
-        let (_, r) = run_all(&f, &mut holder, &mut h, &mut wire);
+        let (_, r) = run_all(&f, &holder, &mut h, &mut wire);
         assert_eq!(r[0].status, ResponseStatus::Ok as i32);
 
-        let mut owner = f.connect();
+        let owner = f.connect();
         let mut p = f.pipeline();
         let mut wire = BytesMut::new();
         encode_frame(&request(10, RequestType::Lock, &["k"]), &mut wire);
@@ -533,7 +517,7 @@ mod tests {
             encode_frame(&request(id, RequestType::Ping, &[]), &mut wire);
         }
         feed(&mut p, &mut wire);
-        p.execute(&mut f.ctx(&mut owner));
+        f.execute(&mut p, &owner);
         feed(&mut p, &mut wire);
         // The Lock waits and three Pings are parked: the limit of 4 is
         // reached, and the rest is not accepted.
@@ -543,10 +527,10 @@ mod tests {
 
         let mut unlock = BytesMut::new();
         encode_frame(&request(2, RequestType::Unlock, &["k"]), &mut unlock);
-        run_all(&f, &mut holder, &mut h, &mut unlock);
+        run_all(&f, &holder, &mut h, &mut unlock);
         let outcome = p.waiting().expect("the Lock waits").try_take();
         p.answer(outcome.ok().flatten().expect("granted on the unlock"));
-        let (_, answers) = run_all(&f, &mut owner, &mut p, &mut wire);
+        let (_, answers) = run_all(&f, &owner, &mut p, &mut wire);
         let ids: Vec<u64> = answers.iter().map(|r| r.request_id).collect();
         assert_eq!(ids, (10..20).collect::<Vec<_>>());
         assert_eq!(answers[0].status, ResponseStatus::Ok as i32);
@@ -563,7 +547,7 @@ mod tests {
             "--max-frame",
             "65536",
         ]);
-        let mut owner = f.connect();
+        let owner = f.connect();
         let mut p = f.pipeline();
         let key = "k".repeat(1000);
         let mut wire = BytesMut::new();
@@ -575,7 +559,7 @@ mod tests {
         let (mut largest, mut answered, mut paused) = (0, 0, 0);
         while !(wire.is_empty() && p.unanswered() == 0) {
             feed(&mut p, &mut wire);
-            p.execute(&mut f.ctx(&mut owner));
+            f.execute(&mut p, &owner);
             largest = largest.max(p.output().len());
             paused += usize::from(p.runnable());
             answered += responses(&mut p).len();
@@ -591,16 +575,16 @@ mod tests {
     #[test]
     fn a_pipeline_limit_of_one_still_answers_everything() {
         let f = Fixture::new(&["--max-pipeline", "1"]);
-        let mut holder = f.connect();
+        let holder = f.connect();
         let mut h = f.pipeline();
         let mut wire = BytesMut::new();
         encode_frame(&request(1, RequestType::Lock, &["k"]), &mut wire);
-        run_all(&f, &mut holder, &mut h, &mut wire);
+        run_all(&f, &holder, &mut h, &mut wire);
         // An Inspect naming the held key 256 times: about 0.8 KB asking for
         // 5 KB of answer. 36 of them arrive in reads of 4, 8 and then about
         // 16 KB (reads grow while they fill up), and the answers to the last
         // read's 21 requests pass the output limit with requests left over.
-        let mut owner = f.connect();
+        let owner = f.connect();
         let mut p = f.pipeline();
         let keys = vec!["k"; 256];
         let mut wire = BytesMut::new();
@@ -612,7 +596,7 @@ mod tests {
         // read; with nothing left to read it would wait for the client, so
         // everything sent must have been answered by then.
         for _ in 0..10_000 {
-            p.execute(&mut f.ctx(&mut owner));
+            f.execute(&mut p, &owner);
             answered += responses(&mut p).len();
             if p.runnable() {
                 continue;
@@ -638,13 +622,13 @@ mod tests {
     #[test]
     fn trim_keeps_a_partial_frame_but_not_the_large_read_around_it() {
         let f = Fixture::new(&[]);
-        let mut owner = f.connect();
+        let owner = f.connect();
         let mut p = f.pipeline();
         let mut wire = pings(3_000);
         wire.put_slice(&[0, 0, 0, 9, 1, 2]);
         while !wire.is_empty() {
             feed(&mut p, &mut wire);
-            p.execute(&mut f.ctx(&mut owner));
+            f.execute(&mut p, &owner);
             responses(&mut p);
         }
         assert_eq!(p.input.len(), 6);
@@ -656,14 +640,14 @@ mod tests {
     #[test]
     fn an_oversize_length_is_answered_after_the_frames_before_it() {
         let f = Fixture::new(&["--max-frame", "64"]);
-        let mut owner = f.connect();
+        let owner = f.connect();
         let mut p = f.pipeline();
         let mut wire = pings(2);
         wire.put_u32(65);
         wire.put_slice(&[0; 10]);
         feed(&mut p, &mut wire);
         assert!(p.broken() && !p.can_read());
-        p.execute(&mut f.ctx(&mut owner));
+        f.execute(&mut p, &owner);
         let r = responses(&mut p);
         assert_eq!(r.len(), 3);
         assert_eq!((r[0].request_id, r[1].request_id), (1, 2));
@@ -676,11 +660,11 @@ mod tests {
     #[test]
     fn trim_frees_empty_buffers() {
         let f = Fixture::new(&[]);
-        let mut owner = f.connect();
+        let owner = f.connect();
         let mut p = f.pipeline();
         let mut wire = pings(3);
         feed(&mut p, &mut wire);
-        p.execute(&mut f.ctx(&mut owner));
+        f.execute(&mut p, &owner);
         assert_eq!(responses(&mut p).len(), 3);
         p.trim();
         assert_eq!((p.input.capacity(), p.out.capacity()), (0, 0));

@@ -10,12 +10,14 @@ use tokio_util::sync::CancellationToken;
 /// Re-reads every reloadable file of `shared`; logs what happened. Returns
 /// whether everything was reloaded.
 pub fn reload(shared: &Shared) -> bool {
-    let access = shared.access.enabled().then(|| shared.access.reload());
+    let access = shared.service.access();
+    let access = access.enabled().then(|| access.reload());
     let tls = shared.tls.as_ref().map(|t| t.reload());
     let peer_tls = shared
-        .cluster
-        .as_ref()
-        .and_then(|node| node.cluster().reload_peer_tls());
+        .service
+        .engine()
+        .cluster()
+        .and_then(|c| c.reload_peer_tls());
     // Every one is tried, whatever the others did.
     let access = logged("access rules", access);
     let tls = logged("TLS certificates", tls);

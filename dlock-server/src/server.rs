@@ -3,11 +3,10 @@
 use crate::acl::Access;
 use crate::config::Config;
 use crate::connection;
-use crate::db::Db;
-use crate::fence;
-use crate::metrics::{self, CloseReason};
+use crate::engine::{fence, raft, Engine};
+use crate::metrics::{self, CloseReason, Gauges};
 use crate::metrics_http::{self, Health};
-use crate::replicated;
+use crate::service::{reply, Service};
 use crate::shared::Shared;
 use crate::tls::{self, Tls};
 use anyhow::Context;
@@ -75,40 +74,46 @@ impl Server {
         let (first_fence, fence_file) =
             fence::start(config.fence_file.as_deref(), SystemTime::now())
                 .context("cannot set up fencing tokens")?;
-        let db = Db::new(Shared::table_limits(&config), first_fence);
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
-        tracker.spawn(db.clone().run_timer(cancel.clone()));
-        if let Some(file) = fence_file {
-            tracker.spawn(fence::run_keeper(db.clone(), file, cancel.clone()));
-        }
         let limit = Arc::new(Semaphore::new(config.max_connections));
-        let node = match config.data_dir {
-            None => None,
+        let service = match config.data_dir {
+            None => Service::local(config, access, first_fence),
             Some(_) => {
                 let addr = listener.local_addr()?;
                 let stop = CancellationToken::new();
-                Some(replicated::start(&config, addr, stop).await?)
+                Service::raft(config, access, addr, stop).await?
             }
         };
+        match service.engine() {
+            Engine::Local(local) => {
+                tracker.spawn(local.clone().run_timer(cancel.clone()));
+                if let Some(file) = fence_file {
+                    tracker.spawn(fence::run_keeper(local.clone(), file, cancel.clone()));
+                }
+            }
+            Engine::Raft(_) => {}
+        }
         let health = Arc::new(Health::default());
-        let cluster = node.as_ref().map(|n| n.cluster().clone());
-        if let Some(c) = &cluster {
+        if let Some(c) = service.engine().cluster() {
             health.set_cluster(c.clone());
         }
-        let metrics = match config.metrics_listen {
-            Some(addr) => Some(
-                metrics_http::start(addr, db.clone(), cluster, health.clone())
-                    .await
-                    .with_context(|| format!("cannot serve metrics on {addr}"))?,
-            ),
+        let metrics = match service.config().metrics_listen {
+            Some(addr) => {
+                let svc = service.clone();
+                let gauges = Arc::new(move || Gauges {
+                    stats: svc.stats(),
+                    raft: svc.engine().cluster().map(|c| c.status()),
+                });
+                Some(
+                    metrics_http::start(addr, gauges, health.clone())
+                        .await
+                        .with_context(|| format!("cannot serve metrics on {addr}"))?,
+                )
+            }
             None => None,
         };
-        let mut shared = Shared::new(db, config, access).with_tls(tls);
-        if let Some(node) = node {
-            shared = shared.with_cluster(node);
-        }
-        let shared = Arc::new(shared);
+        let shared = Arc::new(Shared::new(service).with_tls(tls));
         tracker.spawn(crate::reload::on_sighup(shared.clone(), cancel.clone()));
         let server = Server {
             listener,
@@ -130,15 +135,15 @@ impl Server {
     /// One line an operator can check the running limits against; `addr`
     /// is also how tests find the ephemeral port.
     fn log_start(&self, first_fence: u64) {
-        let c = &self.shared.config;
-        let node = self.shared.cluster.as_ref().map(|n| n.cluster().node_id());
+        let c = self.shared.config();
+        let node = self.shared.service.engine().cluster().map(|c| c.node_id());
         tracing::info!(
             addr = %self.listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()),
             version = env!("CARGO_PKG_VERSION"),
-            access_tokens = self.shared.access.enabled(),
+            access_tokens = self.shared.service.access().enabled(),
             tls = self.shared.tls.as_ref().map_or("off", |t| if t.mutual() { "mutual" } else { "on" }),
             fence_file = c.fence_file.is_some(),
-            first_fence = if node.is_some() { replicated::CLUSTER_FIRST_FENCE } else { first_fence },
+            first_fence = if node.is_some() { raft::CLUSTER_FIRST_FENCE } else { first_fence },
             max_connections = c.max_connections,
             max_frame = c.max_frame,
             max_keys = c.max_keys,
@@ -188,10 +193,10 @@ impl Server {
     fn serve(&self, stream: TcpStream, peer: std::net::SocketAddr) {
         metrics::connection_accepted();
         let Ok(permit) = self.limit.clone().try_acquire_owned() else {
-            reject(&stream, self.shared.config.max_connections);
+            reject(&stream, self.shared.config().max_connections);
             return;
         };
-        configure(&stream, &self.shared.config);
+        configure(&stream, self.shared.config());
         let span = tracing::info_span!("conn", %peer);
         let tls = self.shared.tls.as_ref().map(Tls::acceptor);
         let shared = self.shared.clone();
@@ -200,7 +205,15 @@ impl Server {
             async move {
                 match tls {
                     None => connection::serve(stream, shared, cancel).await,
-                    Some(acceptor) => tls::serve(acceptor, stream, shared, cancel).await,
+                    Some(acceptor) => {
+                        // In the connection's own task, so a slow handshake
+                        // holds up nobody else.
+                        let timeout = shared.config().idle_timeout;
+                        if let Some(tls) = tls::handshake(acceptor, stream, timeout, &cancel).await
+                        {
+                            connection::serve(tls, shared, cancel).await;
+                        }
+                    }
                 }
                 drop(permit);
             }
@@ -218,17 +231,17 @@ impl Server {
         // its keys to a waiter whose connection is about to close too. (A
         // cluster node keeps its sessions' waits: their clients resume them
         // elsewhere.)
-        self.shared.db.close();
+        self.shared.service.engine().close();
         self.cancel.cancel();
         self.tracker.close();
-        if tokio::time::timeout(self.shared.config.shutdown_timeout, self.tracker.wait())
+        if tokio::time::timeout(self.shared.config().shutdown_timeout, self.tracker.wait())
             .await
             .is_err()
         {
             tracing::warn!("connections still open after the shutdown timeout; leaving them");
         }
-        if let Some(node) = &self.shared.cluster {
-            node.cluster().shutdown().await;
+        if let Some(cluster) = self.shared.service.engine().cluster() {
+            cluster.shutdown().await;
         }
         if let Some(m) = self.metrics {
             m.stop().await;
@@ -259,7 +272,7 @@ fn configure(stream: &TcpStream, config: &Config) {
 fn reject(stream: &TcpStream, max: usize) {
     let mut buf = bytes::BytesMut::new();
     encode_frame(
-        &crate::handler::error(
+        &reply::error(
             0,
             ResponseStatus::LimitReached,
             format!("too many connections (limit {max}); try again later"),

@@ -5,9 +5,7 @@
 //! access control (its subject CN and DNS names).
 
 use crate::config::Config;
-use crate::connection;
 use crate::metrics::{self, CloseReason};
-use crate::shared::Shared;
 use crate::transport::Transport;
 use anyhow::Context as _;
 use rustls::server::WebPkiClientVerifier;
@@ -99,24 +97,9 @@ fn server_config(
     Ok(Arc::new(config))
 }
 
-/// Serves one TLS connection: the handshake, in the connection's own task
-/// so a slow one holds up nobody else and within `--idle-timeout`, then
-/// the connection as over TCP.
-pub async fn serve(
-    acceptor: TlsAcceptor,
-    stream: TcpStream,
-    shared: Arc<Shared>,
-    shutdown: CancellationToken,
-) {
-    let timeout = shared.config.idle_timeout;
-    if let Some(tls) = handshake(acceptor, stream, timeout, &shutdown).await {
-        connection::serve(tls, shared, shutdown).await;
-    }
-}
-
 /// Completes the server side of the handshake within `timeout`, or before
 /// `shutdown`. A failure is logged and counted, and ends the connection.
-async fn handshake(
+pub async fn handshake(
     acceptor: TlsAcceptor,
     stream: TcpStream,
     timeout: std::time::Duration,

@@ -87,6 +87,11 @@ impl Sessions {
     pub(super) fn keep_alive(&mut self, owner: OwnerId, now: Time) -> Option<Duration> {
         let s = self.open.get_mut(&owner)?;
         let expires = now.saturating_add(s.ttl).max(s.expires);
+        if expires == s.expires {
+            // A session that never expires (a single server's, ended with
+            // its connection) is kept alive by every command: no heap work.
+            return Some(s.ttl);
+        }
         self.expiry.remove(&(s.expires, owner));
         s.expires = expires;
         self.expiry.insert((expires, owner));
@@ -138,7 +143,12 @@ impl Sessions {
 
     /// When the next session expires.
     pub(super) fn next_expiry(&self) -> Option<Time> {
-        self.expiry.first().map(|&(t, _)| t)
+        // The end of the timeline is never reached: a session whose TTL
+        // saturated there has no deadline to wake a timer for.
+        self.expiry
+            .first()
+            .map(|&(t, _)| t)
+            .filter(|&t| t != Time::END)
     }
 
     /// The remembered replies of open session `owner`.

@@ -22,6 +22,9 @@ impl Time {
     /// The origin of the timeline.
     pub const ZERO: Time = Time(0);
 
+    /// The end of the timeline: what a deadline saturates to, never reached.
+    pub const END: Time = Time(u64::MAX);
+
     /// The point `micros` microseconds after the origin.
     pub const fn from_micros(micros: u64) -> Time {
         Time(micros)
@@ -43,7 +46,7 @@ impl Time {
     /// `self + d`, held at the end of the timeline rather than wrapping: a
     /// deadline that far away is never reached either way.
     pub fn saturating_add(self, d: Duration) -> Time {
-        self.checked_add(d).unwrap_or(Time(u64::MAX))
+        self.checked_add(d).unwrap_or(Time::END)
     }
 
     /// Time from `earlier` to `self`, or zero if `earlier` is later.

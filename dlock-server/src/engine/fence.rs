@@ -13,7 +13,7 @@
 //! half of that is used, so the file is written at start and then once per
 //! two billion grants.
 
-use crate::db::Db;
+use crate::engine::Local;
 use anyhow::{bail, Context};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -62,7 +62,7 @@ impl FenceAlarm {
 
 /// Keeps `file`'s reservation ahead of the tokens `db` issues, until
 /// `shutdown` is cancelled.
-pub async fn run_keeper(db: Db, mut file: FenceFile, shutdown: CancellationToken) {
+pub async fn run_keeper(db: Local, mut file: FenceFile, shutdown: CancellationToken) {
     let alarm = db.fence_alarm();
     alarm.set(file.refill_at());
     loop {

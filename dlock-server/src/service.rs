@@ -1,0 +1,441 @@
+//! The service: every client request, answered once for both engines.
+//!
+//! [`Service::execute`] checks what every request needs (version, access
+//! token, type, access rules), then hands it to the function of its family:
+//!
+//! | file | requests |
+//! |---|---|
+//! | `lock` | Lock, Enqueue, Wait |
+//! | `release` | Unlock, Renew, Proclaim |
+//! | `session` | Ping, Hello, OpenSession, CloseSession; a connection's start and end |
+//! | `inspect` | Inspect, Watch |
+//! | `admin` | ClusterStatus, ClusterAdd, ClusterRemove |
+//! | `reply` | one outcome, one Response: every status and error text |
+//! | `validate` | a request's arguments checked against the limits |
+//! | `outcomes` | the registry of requests answered later |
+//!
+//! Those functions are `async` and talk to the table only through the
+//! [`Engine`]. On the local engine nothing they await ever waits, so
+//! `execute` polls them once, in place, and answers at once (see [`drive`]):
+//! no task, no allocation. On the raft engine a request is answered by a
+//! task of its own, which the connection's pipeline waits for as it waits
+//! for a Lock, so answers stay in request order.
+
+mod admin;
+mod conn;
+mod hub;
+mod inspect;
+mod lock;
+mod outcomes;
+mod release;
+pub mod reply;
+mod session;
+mod validate;
+
+use crate::acl::{Access, Identity};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::engine::{local, Engine, Local};
+use crate::metrics;
+use crate::pending::{Arrived, Pending};
+use crate::table::{LockTable, OwnerId, ReqId};
+use bytes::BytesMut;
+pub use conn::Conn;
+use dlock::codec::encode_frame;
+use dlock::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
+pub use outcomes::Outcomes;
+pub use reply::Refusal;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use validate::WatchPermits;
+
+/// The service of one server: its engine, the registry of outcomes, and
+/// what shapes answers (limits, access rules).
+pub struct Service {
+    engine: Engine,
+    outcomes: Arc<Outcomes>,
+    config: Config,
+    access: Access,
+    /// The bound on parked Watches (`--max-watchers`).
+    watches: WatchPermits,
+    /// Client connections open on this server, for Inspect and metrics.
+    connections: AtomicUsize,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("engine", &self.engine)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a request function answers.
+// Built once per request and encoded where it lies: boxing the response
+// would add an allocation to every answer.
+#[allow(clippy::large_enum_variant)]
+enum Answer {
+    /// This response, now.
+    Now(Response),
+    /// The outcome of waiting request `req` of `owner`, when it comes.
+    Outcome { owner: OwnerId, req: ReqId },
+    /// What this future yields (a Watch): it waits, so it runs as a task.
+    Task(Pin<Box<dyn Future<Output = Response> + Send>>),
+}
+
+/// A request answered later.
+#[derive(Debug)]
+pub struct Waiting {
+    /// The request's id, echoed in the eventual response.
+    pub request_id: u64,
+    /// Where its answer arrives.
+    pub answer: Pending,
+    /// Its type and when it started, for metrics.
+    kind: i32,
+    since: Instant,
+}
+
+impl Waiting {
+    /// The response, now that `arrived` has.
+    pub fn respond(self, arrived: Arrived) -> Response {
+        let r = match arrived {
+            Arrived::Woken(w) => reply::woken(self.request_id, w, self.since),
+            Arrived::Response(r) => r,
+        };
+        metrics::request(self.kind, r.status(), self.since.elapsed());
+        r
+    }
+}
+
+impl Service {
+    /// A single server's service over a new in-memory table.
+    pub fn local(config: Config, access: Access, first_fence: u64) -> Arc<Service> {
+        let table = local::table(config.table_limits(), first_fence);
+        Service::local_with(config, access, table, Clock::tokio())
+    }
+
+    /// A single server's service over `table`, stamped by `clock` (the
+    /// fuzz harness's is manual).
+    pub fn local_with(
+        config: Config,
+        access: Access,
+        table: LockTable,
+        clock: Clock,
+    ) -> Arc<Service> {
+        let outcomes = Arc::new(Outcomes::default());
+        let sink_to = outcomes.clone();
+        let engine = Local::new(
+            table,
+            clock,
+            Arc::new(move |cmd, out| sink_to.applied(cmd, out)),
+        );
+        Service::new(Engine::Local(engine), outcomes, config, access)
+    }
+
+    /// A cluster node's service: starts the node from `config`
+    /// (`--data-dir` and the cluster flags); clients reach it at
+    /// `client_addr`.
+    ///
+    /// # Errors
+    /// See [`crate::engine::raft::start`].
+    pub async fn raft(
+        config: Config,
+        access: Access,
+        client_addr: SocketAddr,
+        stop: CancellationToken,
+    ) -> anyhow::Result<Arc<Service>> {
+        let outcomes = Arc::new(Outcomes::default());
+        let sink_to = outcomes.clone();
+        // Every node applies every entry; only where the session is
+        // attached is an outcome delivered, and a grant nobody receives
+        // stays its session's (the client may resume it elsewhere).
+        let sink = Arc::new(move |cmd: &_, out: &_| drop(sink_to.applied(cmd, out).send()));
+        let cluster = crate::engine::raft::start(&config, client_addr, stop, sink).await?;
+        Ok(Service::new(
+            Engine::Raft(cluster),
+            outcomes,
+            config,
+            access,
+        ))
+    }
+
+    fn new(engine: Engine, outcomes: Arc<Outcomes>, config: Config, access: Access) -> Arc<Self> {
+        Arc::new(Service {
+            engine,
+            outcomes,
+            watches: WatchPermits::new(config.max_watchers),
+            config,
+            access,
+            connections: AtomicUsize::new(0),
+        })
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The options the server runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The access rules.
+    pub fn access(&self) -> &Access {
+        &self.access
+    }
+
+    /// The registry of outcomes.
+    pub fn outcomes(&self) -> &Outcomes {
+        &self.outcomes
+    }
+
+    /// Server-wide counts, for Inspect without keys and for metrics (this
+    /// node's copy of the table on a cluster).
+    pub fn stats(&self) -> dlock::proto::ServerStats {
+        let (held, waiting) = self.engine.read(|t, _| (t.held_keys(), t.waiting()));
+        dlock::proto::ServerStats {
+            connections: self.connections.load(Ordering::Relaxed) as u64,
+            held_keys: held as u64,
+            waiting_requests: waiting as u64,
+        }
+    }
+
+    /// Registers a new connection from `peer` (its TLS client certificate,
+    /// if any, has `peer_names`).
+    pub fn connect(&self, peer: SocketAddr, peer_names: Vec<String>) -> Arc<Conn> {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        Arc::new(Conn::new(peer, peer_names))
+    }
+
+    /// Ends a connection: see `session::connection_ended`. `clean`: the
+    /// client closed it.
+    pub fn disconnect(self: &Arc<Self>, conn: &Conn, clean: bool) {
+        self.connections.fetch_sub(1, Ordering::Relaxed);
+        self.connection_ended(conn, clean);
+    }
+
+    /// Gives up a waiting request's answer at the connection's end: a grant
+    /// that arrived unanswered, or arrives later, is released on the local
+    /// engine (see [`Engine::release_undelivered`]).
+    pub fn abandon(&self, pending: Pending) {
+        if let Pending::Table(mut rx) = pending {
+            rx.close();
+            if let Ok(w) = rx.try_recv() {
+                self.engine.release_undelivered(vec![w]);
+            }
+        }
+    }
+
+    /// Executes `req` for `conn`: the answer is appended to `out` as a
+    /// frame, unless it comes later.
+    pub fn execute(
+        self: &Arc<Self>,
+        conn: &Arc<Conn>,
+        req: Request,
+        out: &mut BytesMut,
+    ) -> Option<Waiting> {
+        let (id, kind) = (req.id, req.r#type);
+        let since = Instant::now();
+        let answered = match self.admit(conn, &req) {
+            Err(refusal) => Err(refusal),
+            Ok((typed, who)) => match &self.engine {
+                Engine::Local(_) => drive(self.answer(conn, req, typed, who.as_deref()))
+                    .unwrap_or_else(|| {
+                        Err(Refusal::new(
+                            ResponseStatus::General,
+                            "internal error: the request did not finish",
+                        ))
+                    }),
+                Engine::Raft(_) => {
+                    let answer = self.spawn(conn, req, typed, who);
+                    return Some(Waiting {
+                        request_id: id,
+                        answer,
+                        kind,
+                        since,
+                    });
+                }
+            },
+        };
+        let r = match answered {
+            Ok(Answer::Now(r)) => r,
+            Ok(Answer::Outcome { owner, req }) => {
+                let answer = match self.outcomes.register(owner, req) {
+                    Some(rx) => Pending::Table(rx),
+                    None => {
+                        let r = reply::refused(id, session::unknown_session(owner));
+                        return self.answered(r, kind, since, out);
+                    }
+                };
+                return Some(Waiting {
+                    request_id: id,
+                    answer,
+                    kind,
+                    since,
+                });
+            }
+            Ok(Answer::Task(task)) => {
+                let (mut tx, rx) = oneshot::channel();
+                // A Watch whose connection ends is withdrawn: its receiver
+                // is dropped, and the task ends with it.
+                tokio::spawn(async move {
+                    tokio::select! {
+                        r = task => { let _ = tx.send(r); }
+                        _ = tx.closed() => {}
+                    }
+                });
+                return Some(Waiting {
+                    request_id: id,
+                    answer: Pending::Answer(rx),
+                    kind,
+                    since,
+                });
+            }
+            Err(refusal) => reply::refused(id, refusal),
+        };
+        self.answered(r, kind, since, out)
+    }
+
+    fn answered(
+        &self,
+        r: Response,
+        kind: i32,
+        since: Instant,
+        out: &mut BytesMut,
+    ) -> Option<Waiting> {
+        encode_frame(&r, out);
+        metrics::request(kind, r.status(), since.elapsed());
+        None
+    }
+
+    /// On the raft engine: answers the request in a task, outcome included.
+    fn spawn(
+        self: &Arc<Self>,
+        conn: &Arc<Conn>,
+        req: Request,
+        kind: RequestType,
+        who: Option<Arc<Identity>>,
+    ) -> Pending {
+        let (mut tx, rx) = oneshot::channel();
+        let (svc, conn) = (self.clone(), conn.clone());
+        tokio::spawn(async move {
+            let id = req.id;
+            let since = Instant::now();
+            let answered = async {
+                match svc.answer(&conn, req, kind, who.as_deref()).await {
+                    Ok(Answer::Now(r)) => r,
+                    Ok(Answer::Outcome { owner, req }) => {
+                        match svc.await_outcome(owner, req).await {
+                            Ok(w) => reply::woken(id, w, since),
+                            Err(refusal) => reply::refused(id, refusal),
+                        }
+                    }
+                    Ok(Answer::Task(task)) => task.await,
+                    Err(refusal) => reply::refused(id, refusal),
+                }
+            };
+            // Only a Watch is given up when its connection ends: anything
+            // else may change the table, and its end is seen through.
+            let r = if kind == RequestType::Watch {
+                tokio::select! {
+                    r = answered => r,
+                    _ = tx.closed() => return,
+                }
+            } else {
+                answered.await
+            };
+            let _ = tx.send(r);
+        });
+        Pending::Answer(rx)
+    }
+
+    /// The checks every request passes before its family sees it: version,
+    /// identity, type, the identity's rules. Returns the type and identity.
+    fn admit(
+        &self,
+        conn: &Conn,
+        req: &Request,
+    ) -> Result<(RequestType, Option<Arc<Identity>>), Refusal> {
+        if req.version != 0 && req.version != dlock::PROTOCOL_VERSION {
+            return Err(Refusal::new(
+                ResponseStatus::Version,
+                format!("protocol version {} not supported; use 2", req.version),
+            ));
+        }
+        let who = self
+            .access
+            .identify(&req.access_token, &conn.peer_names)
+            .map_err(|text| Refusal::new(ResponseStatus::AccessDenied, text))?;
+        let Ok(kind) = RequestType::try_from(req.r#type) else {
+            return Err(Refusal::new(
+                ResponseStatus::InvalidType,
+                format!("unknown request type {}", req.r#type),
+            ));
+        };
+        if let Some(who) = &who {
+            let none = RequestLock::default();
+            let body = req.lock.as_ref().unwrap_or(&none);
+            who.permits(kind, body)
+                .map_err(|text| Refusal::new(ResponseStatus::AccessDenied, text))?;
+            let mut st = conn.state();
+            if st.identity != who.name {
+                st.identity.clone_from(&who.name);
+            }
+        }
+        Ok((kind, who))
+    }
+
+    /// The request, to its family.
+    async fn answer(
+        self: &Arc<Self>,
+        conn: &Conn,
+        req: Request,
+        kind: RequestType,
+        who: Option<&Identity>,
+    ) -> Result<Answer, Refusal> {
+        let id = req.id;
+        match kind {
+            RequestType::Ping => self.ping(conn, id).await,
+            RequestType::Hello => Ok(Answer::Now(self.hello(id))),
+            RequestType::OpenSession => self.open_session(conn, &req).await,
+            RequestType::CloseSession => self.close_session(conn, &req).await,
+            RequestType::Lock => self.lock(conn, req).await,
+            RequestType::Enqueue => self.enqueue(conn, req).await,
+            RequestType::Wait => self.wait(conn, req).await,
+            RequestType::Unlock | RequestType::Renew => self.release(conn, req, kind, who).await,
+            RequestType::Proclaim => self.proclaim(conn, req, who).await,
+            RequestType::Inspect => self.inspect(conn, req).await,
+            RequestType::Watch => self.watch(conn, req),
+            RequestType::ClusterStatus | RequestType::ClusterAdd | RequestType::ClusterRemove => {
+                self.admin(req, kind).await
+            }
+            RequestType::Invalid => Err(Refusal::new(
+                ResponseStatus::InvalidType,
+                "request type not set",
+            )),
+        }
+    }
+}
+
+/// Runs a future of the local engine to its end at once: nothing the local
+/// engine awaits ever waits, so one poll finishes it; no waker is needed,
+/// and none is registered. `None` should a future to come break that rule
+/// (the caller then refuses the request rather than leave it unanswered).
+fn drive<F: Future>(f: F) -> Option<F::Output> {
+    let mut cx = Context::from_waker(Waker::noop());
+    match pin!(f).poll(&mut cx) {
+        Poll::Ready(out) => Some(out),
+        Poll::Pending => {
+            tracing::error!("work on the in-memory engine did not finish at once");
+            None
+        }
+    }
+}

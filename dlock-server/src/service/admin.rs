@@ -1,0 +1,80 @@
+//! The cluster requests: a node's view of the cluster, adding and removing
+//! members. A single server has no cluster and says so.
+
+use super::reply::{self, Refusal};
+use super::{Answer, Service};
+use crate::cluster::{ClusterStatus, Member};
+use dlock::proto::{ClusterInfo, ClusterMember, Request, RequestType, ResponseStatus};
+
+impl Service {
+    /// ClusterStatus, ClusterAdd or ClusterRemove (`kind`).
+    pub(super) async fn admin(&self, req: Request, kind: RequestType) -> Result<Answer, Refusal> {
+        let Some(cluster) = self.engine.cluster() else {
+            return Err(Refusal::new(
+                ResponseStatus::InvalidType,
+                "this server is not a cluster node (it was started without --data-dir)",
+            ));
+        };
+        let id = req.id;
+        if kind != RequestType::ClusterStatus {
+            let args = req.cluster.unwrap_or_default();
+            if args.node_id == 0 {
+                return Err(Refusal::new(
+                    ResponseStatus::InvalidArgument,
+                    "cluster.node_id must be set",
+                ));
+            }
+            if kind == RequestType::ClusterAdd {
+                if args.client_addr.is_empty() || args.peer_addr.is_empty() {
+                    return Err(Refusal::new(
+                        ResponseStatus::InvalidArgument,
+                        "ClusterAdd needs cluster.client_addr and cluster.peer_addr",
+                    ));
+                }
+                let member = Member {
+                    client_addr: args.client_addr,
+                    peer_addr: args.peer_addr,
+                };
+                cluster.add_node(args.node_id, member).await?;
+            } else {
+                let members = cluster.status().members;
+                if !members.iter().any(|m| m.id == args.node_id) {
+                    return Err(Refusal::new(
+                        ResponseStatus::InvalidArgument,
+                        format!("node {} is not a member of the cluster", args.node_id),
+                    ));
+                }
+                cluster.remove_node(args.node_id).await?;
+            }
+        }
+        let mut r = reply::response(id, ResponseStatus::Ok);
+        r.cluster = Some(Box::new(cluster_info(&cluster.status())));
+        Ok(Answer::Now(r))
+    }
+}
+
+/// The wire form of a node's view of the cluster.
+fn cluster_info(s: &ClusterStatus) -> ClusterInfo {
+    ClusterInfo {
+        node_id: s.node_id,
+        role: format!("{:?}", s.role),
+        term: s.term,
+        leader_id: s.leader.unwrap_or(0),
+        last_log_index: s.last_log_index.unwrap_or(0),
+        committed_index: s.committed_index.unwrap_or(0),
+        last_applied_index: s.last_applied_index.unwrap_or(0),
+        members: s
+            .members
+            .iter()
+            .map(|m| ClusterMember {
+                node_id: m.id,
+                client_addr: m.client_addr.clone(),
+                peer_addr: m.peer_addr.clone(),
+                voter: m.voter,
+                matched_index: m.matched_index.unwrap_or(0),
+                lag: m.lag.unwrap_or(0),
+                replication_known: m.lag.is_some(),
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,149 @@
+//! Inspect and Watch: reading the table, now or at its next change.
+//!
+//! Both read applied state, after a read index on a cluster, so a deposed
+//! leader does not answer from a state it no longer follows. A Watch is a
+//! long poll on one key, answered as soon as the key's first holder (token
+//! and value) differs from what the caller says it knows, or when its wait
+//! limit runs out. A parked Watch is a task that looks again whenever the
+//! registry's hub says the table changed; it is this node's alone (after a
+//! failover the client sends it again).
+//!
+//! Bounds: a connection answers in request order, so it has at most one
+//! Watch parked at a time; a server has at most `--max-watchers` (a
+//! semaphore, `validate::WatchPermits`); a Watch waits at most
+//! `validate::MAX_WATCH_WAIT`. A Watch whose connection ends is withdrawn:
+//! its task sees the answer's receiver dropped and ends, giving back its
+//! permit.
+
+use super::reply::{self, Refusal};
+use super::validate::{validate_keys, watch_args};
+use super::{Answer, Conn, Service};
+use crate::table::{FirstHolder, LockTable, OwnerId, Time};
+use dlock::proto::{KeyInfo, Request, ResponseStatus};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often a parked Watch on a cluster checks that this node still leads.
+const LEADERSHIP_CHECK: Duration = Duration::from_secs(1);
+
+impl Service {
+    /// The session a read acts for, to say which holds are the caller's:
+    /// the named one, or the connection's implicit one if it has one.
+    fn reader(&self, conn: &Conn, session: u64) -> Result<Option<OwnerId>, Refusal> {
+        match session {
+            0 => Ok(conn.state().implicit),
+            s => self.named(conn, s).map(Some),
+        }
+    }
+
+    /// `key` as `caller` sees it in `table` at `now`.
+    fn key_info(
+        &self,
+        table: &LockTable,
+        now: Time,
+        key: &str,
+        caller: Option<OwnerId>,
+    ) -> KeyInfo {
+        // Which connection a session came from is this node's knowledge
+        // only: a session attached elsewhere shows no address.
+        let addr = |o| {
+            self.outcomes
+                .peer_of(o)
+                .map(|a| a.to_string())
+                .unwrap_or_default()
+        };
+        reply::key_info(key, table.inspect(key, now), caller, addr)
+    }
+
+    /// Inspect: the named keys, or without keys the server-wide counts.
+    pub(super) async fn inspect(&self, conn: &Conn, req: Request) -> Result<Answer, Refusal> {
+        let body = req.lock.unwrap_or_default();
+        let caller = self.reader(conn, req.session)?;
+        if !body.keys.is_empty() {
+            validate_keys(&self.config, &body.keys)?;
+        }
+        self.engine.read_index().await?;
+        let mut r = reply::response(req.id, ResponseStatus::Ok);
+        if body.keys.is_empty() {
+            r.server_stats = Some(self.stats());
+        } else {
+            r.key_info = self.engine.read(|table, now| {
+                body.keys
+                    .iter()
+                    .map(|k| self.key_info(table, now, k, caller))
+                    .collect()
+            });
+        }
+        Ok(Answer::Now(r))
+    }
+
+    /// Watch: a task that answers from the applied table, now if the key's
+    /// first holder is not the one the caller knows, else after the change
+    /// that makes it so, or at its wait limit.
+    pub(super) fn watch(self: &Arc<Self>, conn: &Conn, req: Request) -> Result<Answer, Refusal> {
+        let id = req.id;
+        let args = watch_args(&self.config, req.lock.unwrap_or_default())?;
+        let caller = self.reader(conn, req.session)?;
+        // A parked Watch is a task; the fuzz harness drives requests without
+        // a runtime, and there it is refused rather than answered wrongly.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Refusal::new(
+                ResponseStatus::WatchLimit,
+                "Watch needs the server's runtime, which this harness has not",
+            ));
+        }
+        let permit = self.watches.take()?;
+        let svc = self.clone();
+        Ok(Answer::Task(Box::pin(async move {
+            let _permit = permit;
+            match svc.watched(&args, caller).await {
+                Ok(info) => {
+                    let mut r = reply::response(id, ResponseStatus::Ok);
+                    r.key_info = vec![info];
+                    r
+                }
+                Err(refusal) => reply::refused(id, refusal),
+            }
+        })))
+    }
+
+    async fn watched(
+        &self,
+        args: &super::validate::WatchArgs,
+        caller: Option<OwnerId>,
+    ) -> Result<KeyInfo, Refusal> {
+        self.engine.read_index().await?;
+        let key = &args.key;
+        let look = || {
+            self.engine.read(|table, now| {
+                let first = table.first_holder(key);
+                (!FirstHolder::is_known(first.as_ref(), args.fence, &args.value))
+                    .then(|| self.key_info(table, now, key, caller))
+            })
+        };
+        let waited = self.outcomes.hub().wait_for(args.deadline, look);
+        tokio::pin!(waited);
+        let found = loop {
+            tokio::select! {
+                found = &mut waited => break found,
+                // A node that stopped leading learns no more changes.
+                _ = tokio::time::sleep(LEADERSHIP_CHECK), if self.engine.cluster().is_some() => {
+                    if !self.engine.is_leader() {
+                        return Err(self.engine.not_leader().into());
+                    }
+                }
+            }
+        };
+        match found {
+            Some(info) => Ok(info),
+            None => {
+                // The limit ran out: the key as it is now (on a cluster,
+                // confirmed by a quorum).
+                self.engine.read_index().await?;
+                Ok(self
+                    .engine
+                    .read(|table, now| self.key_info(table, now, key, caller)))
+            }
+        }
+    }
+}

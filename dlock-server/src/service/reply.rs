@@ -1,0 +1,273 @@
+//! One place where outcomes become responses: every status a request can
+//! be answered with, and the text that explains it, for both engines.
+
+use crate::config::Config;
+use crate::engine::fence::unix_nanos;
+use crate::engine::EngineError;
+use crate::limit_log;
+use crate::metrics;
+use crate::table::{Key, KeyView, LockResult, Mode, OwnerId, ReqId, WaitOutcome, Woken};
+use dlock::proto::{KeyHolder, KeyInfo, Response, ResponseStatus};
+use std::time::{Duration, Instant, SystemTime};
+
+/// Why a request is answered with an error: the status, the text that
+/// explains it, and for NotLeader the leader's address. Named apart from
+/// dlock-client's `exit::Failure`, which ends the CLI.
+#[derive(Debug)]
+pub struct Refusal {
+    /// The response's status.
+    pub status: ResponseStatus,
+    /// The response's error_text.
+    pub text: String,
+    /// NotLeader: where the leader takes clients, when known.
+    pub leader_addr: String,
+}
+
+impl Refusal {
+    /// A refusal with `status`, explained by `text`.
+    pub fn new(status: ResponseStatus, text: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            text: text.into(),
+            leader_addr: String::new(),
+        }
+    }
+}
+
+impl From<EngineError> for Refusal {
+    fn from(e: EngineError) -> Refusal {
+        let status = match &e {
+            EngineError::NotLeader { .. } => ResponseStatus::NotLeader,
+            EngineError::Unavailable(_) | EngineError::Refused(_) => ResponseStatus::Unavailable,
+            EngineError::Fatal(_) => ResponseStatus::ShuttingDown,
+        };
+        let mut r = Refusal::new(status, e.to_string());
+        if let EngineError::NotLeader {
+            leader: Some((_, m)),
+        } = e
+        {
+            r.leader_addr = m.client_addr;
+        }
+        r
+    }
+}
+
+/// A response with the fields every response carries.
+pub fn response(request_id: u64, status: ResponseStatus) -> Response {
+    Response {
+        version: dlock::PROTOCOL_VERSION,
+        request_id,
+        status: status as i32,
+        server_unix_time: i64::try_from(unix_nanos(SystemTime::now())).unwrap_or(i64::MAX),
+        ..Response::default()
+    }
+}
+
+/// A response with a status and an explanation.
+pub fn error(request_id: u64, status: ResponseStatus, text: impl Into<String>) -> Response {
+    let mut r = response(request_id, status);
+    r.error_text = text.into();
+    r
+}
+
+/// The response that refuses request `id`.
+pub fn refused(id: u64, r: Refusal) -> Response {
+    let mut resp = error(id, r.status, r.text);
+    resp.leader_addr = r.leader_addr;
+    resp
+}
+
+/// The answer to a frame whose body is not a `Request`.
+pub fn undecodable(e: &prost::DecodeError) -> Response {
+    error(
+        0,
+        ResponseStatus::General,
+        format!("request is not a valid protobuf Request: {e}"),
+    )
+}
+
+/// The response to request `id`, a Lock (or queued Enqueue) that waited
+/// since `since` and came to `woken`.
+pub fn woken(request_id: u64, woken: Woken, since: Instant) -> Response {
+    match woken.wake {
+        WaitOutcome::Granted { fence } => {
+            metrics::granted_after(since.elapsed());
+            granted(request_id, fence)
+        }
+        WaitOutcome::TimedOut(keys) => {
+            busy(request_id, keys, "wait limit reached; keys still busy")
+        }
+        WaitOutcome::LimitReached => error(
+            request_id,
+            ResponseStatus::LimitReached,
+            "server limit on held keys reached while waiting; try again later",
+        ),
+    }
+}
+
+/// A Lock that did not wait: its keys were busy.
+pub fn busy(request_id: u64, keys: Vec<Key>, text: &str) -> Response {
+    with_keys(
+        error(request_id, ResponseStatus::AcquireTimeout, text),
+        keys,
+    )
+}
+
+/// A grant under `fence`.
+pub fn granted(id: u64, fence: u64) -> Response {
+    let mut r = response(id, ResponseStatus::Ok);
+    r.fence = fence;
+    r
+}
+
+/// A Wait whose ticket the session does not hold.
+pub fn unknown_ticket(ticket: u64) -> Refusal {
+    Refusal::new(
+        ResponseStatus::UnknownTicket,
+        format!(
+            "ticket {ticket} is not a queued Enqueue of this session: never issued to it, \
+             already waited for, or withdrawn"
+        ),
+    )
+}
+
+/// An Enqueue over the per-connection limit of tickets.
+pub fn too_many_tickets(max: usize) -> Refusal {
+    Refusal::new(
+        ResponseStatus::LimitReached,
+        format!(
+            "this connection holds {max} tickets not yet waited for (--max-pipeline); \
+             Wait for one first"
+        ),
+    )
+}
+
+const NOT_HELD: &str = "not held by this session or fence";
+
+/// The answer to an Enqueue that waits in line.
+pub fn queued(id: u64, ticket: ReqId, place: usize) -> Response {
+    let mut r = response(id, ResponseStatus::Queued);
+    r.ticket = ticket;
+    r.place = u32::try_from(place).unwrap_or(u32::MAX);
+    r
+}
+
+/// The answer to a Lock the table decided at once; the request to wait
+/// for when it waits.
+pub fn lock_result(config: &Config, id: u64, result: LockResult) -> Result<Response, ReqId> {
+    Ok(match result {
+        LockResult::Granted { fence } => {
+            metrics::granted_at_once();
+            granted(id, fence)
+        }
+        LockResult::Waiting(req) => return Err(req),
+        LockResult::Busy(keys) => busy(id, keys, "keys busy"),
+        LockResult::LimitReached(what) => refused(id, limit_reached(config, what)),
+        LockResult::ShuttingDown => refused(id, shutting_down()),
+        LockResult::ModeConflict(keys) => mode_conflict(id, keys),
+        LockResult::LimitMismatch(keys) => limit_mismatch(id, keys),
+    })
+}
+
+/// Keys the session has in the other mode.
+pub fn mode_conflict(id: u64, keys: Vec<Key>) -> Response {
+    let text = format!(
+        "keys {} already held or waited for by this session in the other mode \
+         (shared against exclusive); unlock them first",
+        key_list(&keys)
+    );
+    with_keys(error(id, ResponseStatus::ModeConflict, text), keys)
+}
+
+/// Keys shared under another limit.
+pub fn limit_mismatch(id: u64, keys: Vec<Key>) -> Response {
+    let text = format!(
+        "keys {} are shared under another limit by their holders and waiters",
+        key_list(&keys)
+    );
+    with_keys(error(id, ResponseStatus::LimitMismatch, text), keys)
+}
+
+fn key_list(keys: &[Key]) -> String {
+    let quoted: Vec<String> = keys.iter().map(|k| format!("{k:?}")).collect();
+    quoted.join(", ")
+}
+
+fn with_keys(mut r: Response, keys: Vec<Key>) -> Response {
+    r.keys = keys.iter().map(|k| k.to_string()).collect();
+    r
+}
+
+/// Inspect's description of `key` from the table's `view`: `caller` is the
+/// owner that asked, `addr` the connection address of an owner, if known.
+/// A key held exclusively is described exactly as before shared holds
+/// existed, so older clients see the same answer.
+pub fn key_info(
+    key: &str,
+    view: KeyView,
+    caller: Option<OwnerId>,
+    addr: impl Fn(OwnerId) -> String,
+) -> KeyInfo {
+    let (holder, fence) = view.holder.unwrap_or((0, 0));
+    let held = view.holder.is_some();
+    let micros =
+        |d: Option<Duration>| d.map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let mut info = KeyInfo {
+        key: key.to_owned(),
+        fence,
+        lease_remaining_micro: micros(view.lease_remaining),
+        waiters: u32::try_from(view.waiters).unwrap_or(u32::MAX),
+        held_by_caller: held && Some(holder) == caller,
+        holder_addr: if held { addr(holder) } else { String::new() },
+        held_micro: if held { micros(Some(view.held_for)) } else { 0 },
+        value: view.value,
+        ..KeyInfo::default()
+    };
+    if let Some(Mode::Shared { limit }) = view.mode {
+        info.shared = true;
+        info.limit = limit;
+        info.holders = view
+            .holders
+            .iter()
+            .map(|h| KeyHolder {
+                fence: h.fence,
+                lease_remaining_micro: micros(h.lease_remaining),
+                held_by_caller: Some(h.owner) == caller,
+                holder_addr: addr(h.owner),
+                value: h.value.clone(),
+                held_micro: micros(Some(h.held_for)),
+            })
+            .collect();
+    }
+    info
+}
+
+/// A server-wide limit of the table, logged at a pace.
+pub fn limit_reached(config: &Config, what: &str) -> Refusal {
+    match what {
+        "waiters" => limit_log::WAITERS.hit(config.max_waiters),
+        "held keys" => limit_log::HELD_KEYS.hit(config.max_held_keys),
+        // A limit added to the table without a throttle here is still
+        // logged, just not paced.
+        other => tracing::warn!(limit = other, "limit reached"),
+    }
+    Refusal::new(
+        ResponseStatus::LimitReached,
+        format!("server limit on {what} reached; try again later"),
+    )
+}
+
+/// The server is stopping.
+pub fn shutting_down() -> Refusal {
+    Refusal::new(ResponseStatus::ShuttingDown, "server is shutting down")
+}
+
+/// An Unlock, Renew or Proclaim: Ok, or the keys that were not held.
+pub fn held_result(id: u64, not_held: Vec<Key>) -> Response {
+    if not_held.is_empty() {
+        return response(id, ResponseStatus::Ok);
+    }
+    let mut r = error(id, ResponseStatus::NotHeld, NOT_HELD);
+    r.keys = not_held.iter().map(|k| k.to_string()).collect();
+    r
+}
