@@ -84,7 +84,27 @@ fn buckets(s: &Scrape, name: &str, labels: &[(&str, &str)]) -> Vec<(f64, f64)> {
 
 #[tokio::test]
 async fn metrics_count_requests_grants_waits_and_drops_as_they_happen() {
-    let mut server = Process::start(&["--metrics-listen", "127.0.0.1:0"]);
+    counts_move_on(Process::start(&["--metrics-listen", "127.0.0.1:0"])).await;
+}
+
+#[tokio::test]
+async fn a_cluster_leader_counts_grants_waits_and_expiries_as_a_single_server_does() {
+    // The counters are kept where requests are answered, once for both
+    // engines: a cluster node's must move exactly as a single server's.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("node1");
+    let server = Process::start(&[
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().expect("a UTF-8 path"),
+    ]);
+    counts_move_on(server).await;
+}
+
+/// Requests, grants at once and after a wait, an expiry and a dropped
+/// connection on `server`, with the counts each must move.
+async fn counts_move_on(mut server: Process) {
     let http = metrics_addr(&mut server);
 
     let before = scrape(http).await;
