@@ -134,7 +134,7 @@ impl Service {
         let engine = Local::new(
             table,
             clock,
-            Arc::new(move |cmd, out| sink_to.applied(cmd, out)),
+            Arc::new(move |disconnected, out| sink_to.applied(disconnected, out)),
         );
         Service::new(Engine::Local(engine), outcomes, config, access)
     }
@@ -156,7 +156,7 @@ impl Service {
         // Every node applies every entry; only where the session is
         // attached is an outcome delivered, and a grant nobody receives
         // stays its session's (the client may resume it elsewhere).
-        let sink = Arc::new(move |cmd: &_, out: &_| drop(sink_to.applied(cmd, out).send()));
+        let sink = Arc::new(move |cmd: &_, out: &_| drop(sink_to.applied_ref(cmd, out).send()));
         let cluster = crate::engine::raft::start(&config, client_addr, stop, sink).await?;
         Ok(Service::new(
             Engine::Raft(cluster),

@@ -18,14 +18,18 @@
 use super::fence::FenceAlarm;
 use super::Deliveries;
 use crate::clock::Clock;
-use crate::table::{Command, LockTable, Output, Snapshot, TableLimits, Time, WaitOutcome, Woken};
+use crate::table::{
+    Command, LockTable, Output, OwnerId, Snapshot, TableLimits, Time, WaitOutcome, Woken,
+};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// What the service is told of every applied command, under the engine's
-/// lock; the outcomes it returns are sent once the lock is dropped.
-pub type LocalSink = Arc<dyn Fn(&Command, &Output) -> Deliveries + Send + Sync>;
+/// lock: the session a Disconnect ended, and the output, whose outcomes of
+/// waiting requests it takes; the deliveries it returns are sent once the
+/// lock is dropped.
+pub type LocalSink = Arc<dyn Fn(Option<OwnerId>, &mut Output) -> Deliveries + Send + Sync>;
 
 /// A cheap, cloneable handle to the in-memory table.
 #[derive(Clone)]
@@ -104,7 +108,7 @@ impl Local {
     }
 
     /// Applies `cmd` now and delivers the outcomes it decided; returns its
-    /// output.
+    /// output, whose outcomes of waiting requests the service has taken.
     pub fn submit(&self, cmd: Command) -> Output {
         let mut st = self.state();
         let (out, deliveries) = self.apply(&mut st, cmd);
@@ -117,15 +121,23 @@ impl Local {
     /// same clock to say how much of a lease is left; it changes nothing.)
     fn apply(&self, st: &mut State, cmd: Command) -> (Output, Deliveries) {
         let at = self.inner.clock.now();
-        let out = st.table.apply(cmd.clone(), at);
-        let deliveries = (self.inner.sink)(&cmd, &out);
-        if let Some(log) = &mut st.log {
-            log.push(Applied {
-                cmd,
-                at,
-                out: out.clone(),
-            });
-        }
+        let disconnected = match cmd {
+            Command::Disconnect { owner } => Some(owner),
+            _ => None,
+        };
+        let mut out = match &mut st.log {
+            None => st.table.apply(cmd, at),
+            Some(log) => {
+                let out = st.table.apply(cmd.clone(), at);
+                log.push(Applied {
+                    cmd,
+                    at,
+                    out: out.clone(),
+                });
+                out
+            }
+        };
+        let deliveries = (self.inner.sink)(disconnected, &mut out);
         self.rearm(st);
         self.inner.fence_alarm.check(st.table.next_fence());
         (out, deliveries)

@@ -72,10 +72,12 @@ impl Outcomes {
         self.deliveries.load(Ordering::Relaxed)
     }
 
-    /// The sink: called for every applied command, in apply order. Sorts
-    /// the outcomes it decided into sends to registered requests and early
-    /// slots; the caller sends them (see [`Deliveries::send`]).
-    pub fn applied(&self, cmd: &Command, out: &Output) -> Deliveries {
+    /// The sink: called for every applied command, in apply order, with
+    /// its output and, for a Disconnect, the session it ended. Sorts the
+    /// outcomes it decided (taken out of `out`) into sends to registered
+    /// requests and early slots; the caller sends them (see
+    /// [`Deliveries::send`]).
+    pub fn applied(&self, disconnected: Option<OwnerId>, out: &mut Output) -> Deliveries {
         // Watches look after the caller releases the table; one that looks
         // before that waits for the table and sees this command.
         self.hub.changed();
@@ -86,20 +88,20 @@ impl Outcomes {
         if out.woken.is_empty()
             && out.withdrawn.is_empty()
             && out.ended_sessions.is_empty()
-            && !matches!(cmd, Command::Disconnect { .. })
+            && disconnected.is_none()
         {
             return deliveries;
         }
         let mut sessions = self.lock();
-        for w in &out.woken {
+        for w in out.woken.drain(..) {
             match sessions.get_mut(&w.owner) {
                 Some(a) => match a.slots.remove(&w.req) {
-                    Some(Slot::Registered(tx)) => deliveries.sends.push((tx, w.clone())),
+                    Some(Slot::Registered(tx)) => deliveries.sends.push((tx, w)),
                     Some(Slot::Early(_)) | None => {
-                        a.slots.insert(w.req, Slot::Early(w.clone()));
+                        a.slots.insert(w.req, Slot::Early(w));
                     }
                 },
-                None => deliveries.unattached.push(w.clone()),
+                None => deliveries.unattached.push(w),
             }
         }
         if !out.withdrawn.is_empty() {
@@ -111,16 +113,30 @@ impl Outcomes {
             }
         }
         // An ended session goes whole, its slots with it.
-        for s in &out.ended_sessions {
+        for s in out.ended_sessions.iter().chain(&disconnected) {
             sessions.remove(s);
-        }
-        if let Command::Disconnect { owner } = cmd {
-            sessions.remove(owner);
         }
         drop(sessions);
         self.deliveries
             .fetch_add(deliveries.sends.len() as u64, Ordering::Relaxed);
         deliveries
+    }
+
+    /// [`Outcomes::applied`] for an engine that keeps `out` (the raft
+    /// engine's state machine hands it to the proposer too).
+    pub fn applied_ref(&self, cmd: &Command, out: &Output) -> Deliveries {
+        let disconnected = match cmd {
+            Command::Disconnect { owner } => Some(*owner),
+            _ => None,
+        };
+        let mut decided = Output {
+            woken: out.woken.clone(),
+            withdrawn: out.withdrawn.clone(),
+            expired_leases: out.expired_leases,
+            ended_sessions: out.ended_sessions.clone(),
+            ..Output::default()
+        };
+        self.applied(disconnected, &mut decided)
     }
 
     /// Delivers `session`'s outcomes through connection `conn` (from

@@ -10,7 +10,7 @@
 
 use super::reply::{self, Refusal};
 use super::validate::{check_value, checked_keys, fence_of, renew_lease};
-use super::{session, Answer, Conn, Service};
+use super::{Answer, Conn, Service};
 use crate::acl::Identity;
 use crate::table::{Command, Key, OwnerId, Reply};
 use dlock::proto::{Request, RequestType, ResponseStatus};
