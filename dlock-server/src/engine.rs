@@ -15,14 +15,18 @@
 //! sink is called in apply order; [`Deliveries`] lets the local engine hand
 //! the outcomes over after its mutex is released.
 
+pub mod alarm;
+pub mod clock;
 pub mod fence;
 pub mod local;
 pub mod raft;
 
-use crate::cluster::{Cluster, ClusterError};
 use crate::table::{Command, LockTable, Output, Time, Woken};
+pub use local::Deliveries;
 pub use local::Local;
-use tokio::sync::oneshot;
+use raft::{Cluster, ClusterError};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// Why a submit or a read did not happen (only the raft engine fails:
 /// not the leader, no quorum, stopping).
@@ -35,36 +39,6 @@ pub enum Engine {
     Local(Local),
     /// The table replicated on openraft.
     Raft(Cluster),
-}
-
-/// Outcomes of waiting requests found by the sink, to send.
-#[derive(Debug, Default)]
-pub struct Deliveries {
-    /// Each outcome and where its request waits for it.
-    pub sends: Vec<(oneshot::Sender<Woken>, Woken)>,
-    /// Grants to sessions attached nowhere (their connection ended as the
-    /// grant was decided).
-    pub unattached: Vec<Woken>,
-}
-
-impl Deliveries {
-    /// Whether there is nothing to send.
-    pub fn is_empty(&self) -> bool {
-        self.sends.is_empty() && self.unattached.is_empty()
-    }
-
-    /// Sends every outcome; returns the grants that reached nobody (their
-    /// receiver was dropped, or their session was attached nowhere).
-    pub fn send(self) -> Vec<Woken> {
-        let mut orphans = self.unattached;
-        for (tx, w) in self.sends {
-            if let Err(w) = tx.send(w) {
-                orphans.push(w);
-            }
-        }
-        orphans.retain(|w| matches!(w.wake, crate::table::WaitOutcome::Granted { .. }));
-        orphans
-    }
 }
 
 impl Engine {
@@ -139,6 +113,51 @@ impl Engine {
     /// session ends with its connection and never expires on its own.
     pub fn sessions_outlive_connections(&self) -> bool {
         matches!(self, Engine::Raft(_))
+    }
+
+    /// Resolves when the table has a lease or wait limit due, as this
+    /// engine's clock says: the local engine's own; on raft, cluster time
+    /// and only while this node leads (only the leader proposes expiry).
+    pub async fn due(&self) {
+        match self {
+            Engine::Local(l) => l.due().await,
+            Engine::Raft(c) => c.due().await,
+        }
+    }
+
+    /// The one expiry task, for both engines: submits
+    /// [`Command::Advance`] whenever something is due, until `stop`. Expiry
+    /// is a command like any other, so on a cluster every node expires the
+    /// same leases at the same point of the log; there is no periodic
+    /// sweep.
+    pub async fn run_expiry(self, stop: CancellationToken) {
+        // After a failed Advance (no quorum, a leadership change not yet
+        // seen), so a failing cluster is not flooded with proposals.
+        const RETRY: Duration = Duration::from_millis(100);
+        loop {
+            let advanced = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = async {
+                    self.due().await;
+                    self.submit(Command::Advance).await
+                } => r,
+            };
+            match advanced {
+                Ok(out) if out.expired_leases > 0 => {
+                    // The expiry task's line, never a request's: one per
+                    // batch due at once.
+                    tracing::info!(keys = out.expired_leases, "leases expired");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot advance the table's time");
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(RETRY) => {}
+                    }
+                }
+            }
+        }
     }
 
     /// Starts stopping the server. The local engine withdraws every

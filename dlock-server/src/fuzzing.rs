@@ -18,13 +18,13 @@
 //! same outputs and reach the same state: nothing may change the table
 //! beside its commands, and the table must be deterministic.
 
-use crate::acl::Access;
-use crate::clock::{Clock, ManualClock};
-use crate::config::Config;
+use crate::engine::clock::{Clock, ManualClock};
 use crate::engine::local::{self, Applied};
 use crate::engine::{Engine, Local};
-use crate::pending::Dropped;
-use crate::pipeline::{Next, Pipeline};
+use crate::net::pipeline::{Next, Pipeline};
+use crate::ops::acl::Access;
+use crate::ops::config::Config;
+use crate::service::pending::Dropped;
 use crate::service::{Conn, Service};
 use crate::table::{LockTable, TableLimits};
 use bytes::{Buf, BufMut, BytesMut};

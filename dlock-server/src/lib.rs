@@ -14,29 +14,15 @@
 
 #![warn(missing_docs)]
 
-pub mod acl;
-pub mod clock;
-pub mod cluster;
-pub mod config;
-pub mod connection;
 pub mod engine;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod keymap;
-pub mod limit_log;
-pub mod metrics;
-pub mod metrics_http;
-pub mod pending;
-pub mod pipeline;
-pub mod reload;
-pub mod server;
+pub mod net;
+pub mod ops;
 pub mod service;
-pub mod shared;
 pub mod table;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod tls;
-pub mod transport;
 
-pub use config::{Config, LogFormat};
-pub use server::run;
+pub use net::server::run;
+pub use ops::config::{Config, LogFormat};

@@ -58,7 +58,7 @@ fn restore(config: &Config) -> std::process::ExitCode {
         eprintln!("dlock-server: --restore-backup needs --data-dir");
         return std::process::ExitCode::from(2);
     };
-    match dlock_server::cluster::restore_backup(dir, config.fence_floor) {
+    match dlock_server::engine::raft::restore_backup(dir, config.fence_floor) {
         Ok(r) => {
             println!(
                 "dlock-server: {} is ready to restore a cluster: every session in the backup ends \

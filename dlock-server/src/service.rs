@@ -27,17 +27,18 @@ mod hub;
 mod inspect;
 mod lock;
 mod outcomes;
+pub mod pending;
 mod release;
 pub mod reply;
 mod session;
 mod validate;
 
-use crate::acl::{Access, Identity};
-use crate::clock::Clock;
-use crate::config::Config;
+use crate::engine::clock::Clock;
 use crate::engine::{local, Engine, Local};
-use crate::metrics;
-use crate::pending::{Arrived, Pending};
+use crate::ops::acl::{Access, Identity};
+use crate::ops::config::Config;
+use crate::ops::metrics;
+use crate::service::pending::{Arrived, Pending};
 use crate::table::{LockTable, OwnerId, ReqId};
 use bytes::BytesMut;
 pub use conn::Conn;
@@ -144,7 +145,7 @@ impl Service {
     /// `client_addr`.
     ///
     /// # Errors
-    /// See [`crate::engine::raft::start`].
+    /// See [`crate::engine::raft::start_from_config`].
     pub async fn raft(
         config: Config,
         access: Access,
@@ -157,7 +158,8 @@ impl Service {
         // attached is an outcome delivered, and a grant nobody receives
         // stays its session's (the client may resume it elsewhere).
         let sink = Arc::new(move |cmd: &_, out: &_| drop(sink_to.applied_ref(cmd, out).send()));
-        let cluster = crate::engine::raft::start(&config, client_addr, stop, sink).await?;
+        let cluster =
+            crate::engine::raft::start_from_config(&config, client_addr, stop, sink).await?;
         Ok(Service::new(
             Engine::Raft(cluster),
             outcomes,
@@ -437,5 +439,116 @@ fn drive<F: Future>(f: F) -> Option<F::Output> {
             tracing::error!("work on the in-memory engine did not finish at once");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::pending::{Arrived, Dropped};
+    use crate::table::WaitOutcome;
+    use clap::Parser;
+    use prost::Message;
+    use std::net::Ipv4Addr;
+
+    fn service() -> Arc<Service> {
+        let config = Config::try_parse_from(["dlock-server"]).expect("flags parse");
+        Service::local(config, Access::default(), 1)
+    }
+
+    fn connect(svc: &Service) -> Arc<Conn> {
+        svc.connect(SocketAddr::from((Ipv4Addr::LOCALHOST, 1)), Vec::new())
+    }
+
+    fn request(kind: RequestType, key: &str, lease_micro: u64) -> Request {
+        Request {
+            version: dlock::PROTOCOL_VERSION,
+            id: 1,
+            r#type: kind as i32,
+            lock: Some(RequestLock {
+                keys: vec![key.to_owned()],
+                release_micro: lease_micro,
+                ..RequestLock::default()
+            }),
+            ..Request::default()
+        }
+    }
+
+    /// Runs `req`: its response, or the request answered later.
+    fn run(svc: &Arc<Service>, conn: &Arc<Conn>, req: Request) -> Result<Response, Waiting> {
+        let mut out = BytesMut::new();
+        match svc.execute(conn, req, &mut out) {
+            Some(waiting) => Err(waiting),
+            None => Ok(Response::decode(&out[dlock::codec::LEN_PREFIX..]).expect("a Response")),
+        }
+    }
+
+    fn status(r: &Result<Response, Waiting>) -> Option<ResponseStatus> {
+        r.as_ref().ok().map(|r| r.status())
+    }
+
+    fn held_and_waiting(svc: &Service) -> (u64, u64) {
+        let s = svc.stats();
+        (s.held_keys, s.waiting_requests)
+    }
+
+    #[tokio::test]
+    async fn a_closed_local_engine_hands_released_keys_to_nobody() {
+        let svc = service();
+        let (a, b) = (connect(&svc), connect(&svc));
+        let lock = request(RequestType::Lock, "k", 0);
+        assert_eq!(
+            status(&run(&svc, &a, lock.clone())),
+            Some(ResponseStatus::Ok)
+        );
+        let Err(mut waiting) = run(&svc, &b, lock) else {
+            panic!("b should wait for k");
+        };
+        svc.engine().close();
+        // The holder's connection closes as part of the shutdown.
+        svc.disconnect(&a, true);
+        assert!(matches!(waiting.answer.try_take(), Err(Dropped)));
+        let other = run(&svc, &b, request(RequestType::Lock, "other", 0));
+        assert_eq!(status(&other), Some(ResponseStatus::ShuttingDown));
+        assert_eq!(held_and_waiting(&svc), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_grant_nobody_receives_is_released() {
+        let svc = service();
+        let (a, b) = (connect(&svc), connect(&svc));
+        let leased = request(RequestType::Lock, "k", 5_000_000);
+        assert_eq!(
+            status(&run(&svc, &a, leased.clone())),
+            Some(ResponseStatus::Ok)
+        );
+        let Err(waiting) = run(&svc, &b, leased) else {
+            panic!("b should wait for k");
+        };
+        // b stops listening (its connection is ending) before the grant.
+        svc.abandon(waiting.answer);
+        let unlock = run(&svc, &a, request(RequestType::Unlock, "k", 0));
+        assert_eq!(status(&unlock), Some(ResponseStatus::Ok));
+        assert_eq!(held_and_waiting(&svc), (0, 0), "the lease granted to b");
+    }
+
+    #[tokio::test]
+    async fn an_outcome_decided_before_close_is_kept() {
+        let svc = service();
+        let (a, b) = (connect(&svc), connect(&svc));
+        let lock = request(RequestType::Lock, "k", 0);
+        assert_eq!(
+            status(&run(&svc, &a, lock.clone())),
+            Some(ResponseStatus::Ok)
+        );
+        let Err(mut waiting) = run(&svc, &b, lock) else {
+            panic!("b should wait for k");
+        };
+        svc.disconnect(&a, true);
+        svc.engine().close();
+        assert!(matches!(
+            waiting.answer.try_take(),
+            Ok(Some(Arrived::Woken(w))) if matches!(w.wake, WaitOutcome::Granted { .. })
+        ));
     }
 }

@@ -3,7 +3,7 @@
 //! on the engine's metrics (through `Cluster::wait_until`) with a generous
 //! limit; nothing sleeps and hopes.
 
-use dlock_server::cluster::{ApplySink, Cluster, ClusterConfig, ClusterError, Member, Role};
+use dlock_server::engine::raft::{ApplySink, Cluster, ClusterConfig, ClusterError, Member, Role};
 use dlock_server::table::{
     Command, LockResult, Output, OwnerId, Reply, Sharing, TableLimits, WaitLimit,
 };

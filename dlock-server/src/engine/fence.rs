@@ -13,7 +13,6 @@
 //! half of that is used, so the file is written at start and then once per
 //! two billion grants.
 
-use crate::engine::Local;
 use anyhow::{bail, Context};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -60,9 +59,18 @@ impl FenceAlarm {
     }
 }
 
+/// What issues fencing tokens and rings an alarm as it does: the local
+/// engine's table.
+pub trait FenceSource {
+    /// The alarm the keeper sets.
+    fn fence_alarm(&self) -> &FenceAlarm;
+    /// The token the next grant will get.
+    fn next_fence(&self) -> u64;
+}
+
 /// Keeps `file`'s reservation ahead of the tokens `db` issues, until
 /// `shutdown` is cancelled.
-pub async fn run_keeper(db: Local, mut file: FenceFile, shutdown: CancellationToken) {
+pub async fn run_keeper(db: impl FenceSource, mut file: FenceFile, shutdown: CancellationToken) {
     let alarm = db.fence_alarm();
     alarm.set(file.refill_at());
     loop {

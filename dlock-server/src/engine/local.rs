@@ -15,21 +15,50 @@
 //! deadline and is nudged whenever a command creates an earlier one: expiry
 //! happens on time, with no periodic sweep.
 
-use super::fence::FenceAlarm;
-use super::Deliveries;
-use crate::clock::Clock;
+use super::alarm::Armed;
+use super::fence::{FenceAlarm, FenceSource};
+use crate::engine::clock::Clock;
 use crate::table::{
     Command, LockTable, Output, OwnerId, Snapshot, TableLimits, Time, WaitOutcome, Woken,
 };
 use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{oneshot, Notify};
 
 /// What the service is told of every applied command, under the engine's
 /// lock: the session a Disconnect ended, and the output, whose outcomes of
 /// waiting requests it takes; the deliveries it returns are sent once the
 /// lock is dropped.
 pub type LocalSink = Arc<dyn Fn(Option<OwnerId>, &mut Output) -> Deliveries + Send + Sync>;
+
+/// Outcomes of waiting requests found by the sink, to send.
+#[derive(Debug, Default)]
+pub struct Deliveries {
+    /// Each outcome and where its request waits for it.
+    pub sends: Vec<(oneshot::Sender<Woken>, Woken)>,
+    /// Grants to sessions attached nowhere (their connection ended as the
+    /// grant was decided).
+    pub unattached: Vec<Woken>,
+}
+
+impl Deliveries {
+    /// Whether there is nothing to send.
+    pub fn is_empty(&self) -> bool {
+        self.sends.is_empty() && self.unattached.is_empty()
+    }
+
+    /// Sends every outcome; returns the grants that reached nobody (their
+    /// receiver was dropped, or their session was attached nowhere).
+    pub fn send(self) -> Vec<Woken> {
+        let mut orphans = self.unattached;
+        for (tx, w) in self.sends {
+            if let Err(w) = tx.send(w) {
+                orphans.push(w);
+            }
+        }
+        orphans.retain(|w| matches!(w.wake, WaitOutcome::Granted { .. }));
+        orphans
+    }
+}
 
 /// A cheap, cloneable handle to the in-memory table.
 #[derive(Clone)]
@@ -55,8 +84,8 @@ struct Inner {
 
 struct State {
     table: LockTable,
-    /// The deadline the timer task sleeps until.
-    timer_at: Option<Time>,
+    /// The deadline the expiry task sleeps until.
+    timer_at: Armed,
     /// Every command applied, when [`Local::record_commands`] asked for it.
     log: Option<Vec<Applied>>,
 }
@@ -86,7 +115,7 @@ impl Local {
             inner: Arc::new(Inner {
                 state: Mutex::new(State {
                     table,
-                    timer_at: None,
+                    timer_at: Armed::default(),
                     log: None,
                 }),
                 clock,
@@ -138,7 +167,8 @@ impl Local {
             }
         };
         let deliveries = (self.inner.sink)(disconnected, &mut out);
-        self.rearm(st);
+        let next = st.table.next_deadline();
+        st.timer_at.rearm(next, &self.inner.timer);
         self.inner.fence_alarm.check(st.table.next_fence());
         (out, deliveries)
     }
@@ -184,34 +214,32 @@ impl Local {
         f(&st.table, self.inner.clock.now())
     }
 
-    /// Runs the timer task: expires leases and wait limits on time, until
-    /// `shutdown` is cancelled.
-    pub async fn run_timer(self, shutdown: CancellationToken) {
+    /// Resolves when a lease or wait limit is due by the clock; never on
+    /// a manual clock, whose owner calls [`Local::advance`] itself.
+    pub async fn due(&self) {
         loop {
             let next = {
                 let mut st = self.state();
                 let next = st.table.next_deadline();
-                st.timer_at = next;
+                st.timer_at.set(next);
                 next
             };
-            let sleep_target = next.and_then(|t| self.inner.clock.instant_of(t));
+            let target = next.and_then(|t| self.inner.clock.instant_of(t));
             tokio::select! {
-                _ = shutdown.cancelled() => return,
                 _ = self.inner.timer.notified() => {}
                 _ = async {
-                    if let Some(t) = sleep_target {
+                    if let Some(t) = target {
                         tokio::time::sleep_until(t).await
                     }
-                }, if sleep_target.is_some() => {
-                    self.advance();
-                }
+                }, if target.is_some() => return,
             }
         }
     }
 
     /// Expires the leases and wait limits due by the clock's time and
-    /// delivers the outcomes. The timer task calls it on time; the fuzz
-    /// harness calls it after moving its manual clock.
+    /// delivers the outcomes: what the expiry task submits (see
+    /// [`super::Engine::run_expiry`]); the fuzz harness calls it after
+    /// moving its manual clock.
     pub fn advance(&self) -> Output {
         self.submit(Command::Advance)
     }
@@ -270,14 +298,14 @@ impl Local {
     pub fn fence_alarm(&self) -> &FenceAlarm {
         &self.inner.fence_alarm
     }
+}
 
-    /// Wakes the timer task if the table's next deadline is earlier than the
-    /// one it sleeps until.
-    fn rearm(&self, st: &mut State) {
-        let next = st.table.next_deadline();
-        if next.is_some() && (st.timer_at.is_none() || next < st.timer_at) {
-            st.timer_at = next;
-            self.inner.timer.notify_one();
-        }
+impl FenceSource for Local {
+    fn fence_alarm(&self) -> &FenceAlarm {
+        Local::fence_alarm(self)
+    }
+
+    fn next_fence(&self) -> u64 {
+        Local::next_fence(self)
     }
 }

@@ -1,97 +1,518 @@
-//! The raft engine: the lock table replicated on openraft (`crate::cluster`),
-//! started from the server's flags.
+//! The consensus engine of a dlock cluster: the lock table replicated on
+//! openraft, its log and vote durable in redb, and a TCP transport between
+//! nodes.
+//!
+//! The client-facing server sees one handle, [`Cluster`]: on the leader it
+//! [proposes](Cluster::propose) table commands and gets each one's
+//! [`Output`] once it is committed and applied; on every node an
+//! [`ApplySink`] sees every applied command with its output, in log order;
+//! [`Cluster::read`] reads the applied table. It never learns how
+//! replication works, and the table never learns that it is replicated.
+//!
+//! # Design
+//!
+//! | file | owns |
+//! |---|---|
+//! | `cluster.rs` | the handle: proposing, reads, status, shutdown |
+//! | `start` | starting a node: data directory, openraft, first-start init |
+//! | `membership` | adding and removing nodes |
+//! | `types` | openraft's type configuration: [`Member`], the stamped commands |
+//! | `batcher` | proposals queued behind each other written as one entry |
+//! | `log_store` | the Raft log and vote in redb |
+//! | `log_writer` | the one thread writing redb, appends grouped per commit |
+//! | `machine` | the state machine: the table, applied entries, snapshots |
+//! | `snapshot_file` | the latest snapshot on disk, replaced atomically |
+//! | `leader_clock` | cluster time: how a leader stamps commands |
+//! | `timer` | when a lease falls due on the leader, for the expiry task |
+//! | `wire` | peer frames and messages, limits |
+//! | `peer_client` | dialling peers: openraft's network traits, a pool |
+//! | `peer_server` | the peer port: hello check, RPCs into openraft |
+//! | `status` | [`ClusterStatus`] |
+//! | `error` | [`ClusterError`] |
+//! | `store_suite` | openraft's storage test suite against our stores |
+//!
+//! openraft does elections, log replication, commitment, membership
+//! changes (joint consensus), snapshots and log compaction; this module
+//! only implements its storage, state machine and network traits.
+//!
+//! # Durability
+//!
+//! A command is answered only after openraft commits it: its entry is on a
+//! majority of nodes, and each of them reported the entry flushed only after
+//! a redb commit with `Durability::Immediate` (an fsync). Votes are saved the
+//! same way before they are sent. The table itself lives in memory; a
+//! snapshot of it is written (and fsynced, then renamed into place) every
+//! [`SNAPSHOT_EVERY`] entries, after which openraft purges the log it covers
+//! but the last [`LOG_KEPT_AFTER_SNAPSHOT`], so the disk holds at most one
+//! snapshot and a bounded log. On start the table is restored from the
+//! snapshot and the log after it is applied again up to the last committed
+//! entry; the [`ApplySink`] sees those entries again.
+//!
+//! # Time
+//!
+//! Each command carries the cluster time it was stamped with by the leader
+//! that proposed it, and every node applies it at that time, so leases and
+//! wait limits expire at the same point of the log everywhere. A new leader
+//! starts its clock at the latest time its state machine has applied (never
+//! earlier than anything applied) and advances it by its own monotonic
+//! clock; stamps never go backwards. Cluster time stands still between two
+//! leaders, so a leader change extends every lease and wait by at least the
+//! gap since the old leader's last command, which is at least the election
+//! timeout. That is the safe direction: a lease never ends earlier than the
+//! client that holds it can compute. Clocks need not be synchronised; their
+//! rates are assumed to differ by a bounded amount, which clients' safety
+//! margins cover. While this node leads, the expiry task (`Engine::run_expiry`)
+//! proposes `Command::Advance` whenever the table's next deadline is due by
+//! cluster time (see `timer`).
+//!
+//! # Transport
+//!
+//! Each node listens on its own peer port. Frames are a 4-byte big-endian
+//! length and a serde_json message (snapshot chunk bytes travel raw); a
+//! connection opens with a hello that carries the cluster id and both node
+//! ids, and anything else (garbage, an oversized frame, the client protocol,
+//! another cluster) is closed with a log line. One connection per peer is
+//! reused for replication, with TCP keepalive and openraft's per-RPC
+//! timeouts; a failed connection is dialled again on the next RPC.
+//!
+//! # Membership
+//!
+//! A node whose data directory is fresh initialises the cluster with
+//! [`ClusterConfig::initial_members`] when that list contains it (every
+//! initial node must be given the same list), or alone when the list is
+//! empty. A fresh node not in a non-empty list waits, as a learner, to be
+//! added by the leader with [`Cluster::add_node`]. Later starts read the
+//! membership from the data directory and ignore the list.
 
-use crate::cluster::{ApplySink, Cluster, ClusterConfig, Member};
-use crate::config::{Config, InitialClusterState};
-use anyhow::{bail, Context};
+mod batcher;
+mod disk;
+mod error;
+mod from_config;
+mod leader_clock;
+mod log_store;
+mod log_writer;
+mod machine;
+mod membership;
+mod peer_client;
+mod peer_server;
+mod peer_tls;
+mod restore;
+mod snapshot_file;
+mod standing;
+mod start;
+mod status;
+#[cfg(test)]
+mod store_suite;
+mod timer;
+mod types;
+mod wire;
+
+pub use error::ClusterError;
+pub use from_config::{start as start_from_config, CLUSTER_FIRST_FENCE};
+pub use peer_tls::PeerTls;
+pub use restore::{restore_backup, Restored};
+pub use status::{ClusterStatus, MemberStatus, Role};
+pub use types::{Member, NodeId};
+
+use crate::table::{Command, LockTable, Output, TableLimits, Time};
+use leader_clock::LeaderClock;
+use openraft::error::{CheckIsLeaderError, ClientWriteError, Fatal, RaftError};
+use openraft::ServerState;
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
-use tokio::net::TcpListener;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use types::Raft;
 
-/// The first fencing token of every cluster's table.
-pub const CLUSTER_FIRST_FENCE: u64 = 1;
+/// A good [`ClusterConfig::heartbeat`] for nodes on one network.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(100);
+/// A good [`ClusterConfig::election_timeout`] with [`DEFAULT_HEARTBEAT`]:
+/// several missed heartbeats before a follower campaigns.
+pub const DEFAULT_ELECTION_TIMEOUT: (Duration, Duration) =
+    (Duration::from_millis(500), Duration::from_millis(1000));
+/// How long [`Cluster::propose`] and [`Cluster::read_index`] wait for a
+/// quorum before answering [`ClusterError::Unavailable`].
+pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`Cluster::add_node`] waits for the new node to catch up, and
+/// each membership change to commit.
+pub const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
+/// A snapshot is taken after this many log entries since the last one.
+pub const SNAPSHOT_EVERY: u64 = 10_000;
+/// Entries kept in the log after a snapshot, so that a follower a little
+/// behind catches up from the log rather than by a whole snapshot.
+pub const LOG_KEPT_AFTER_SNAPSHOT: u64 = 1_000;
+/// A snapshot may take this long to send and install (a large table).
+const SNAPSHOT_INSTALL_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Starts this server's cluster node from `config` (`--data-dir` and the
-/// cluster flags); clients reach this server at `client_addr`.
-///
-/// # Errors
-/// The flags do not describe a node (a cluster of several without
-/// `--peer-listen`, this node missing from `--initial-cluster`), the peer
-/// port cannot be bound, or the node cannot start (see [`Cluster::start`]).
-pub async fn start(
-    config: &Config,
-    client_addr: SocketAddr,
-    stop: CancellationToken,
-    sink: ApplySink,
-) -> anyhow::Result<Cluster> {
-    let data_dir = config
-        .data_dir
-        .clone()
-        .context("a cluster node needs --data-dir")?;
-    let members: BTreeMap<u64, Member> = config
-        .initial_cluster
-        .iter()
-        .flat_map(|m| &m.0)
-        .map(|(id, client, peer)| {
-            let member = Member {
-                client_addr: client.clone(),
-                peer_addr: peer.clone(),
-            };
-            (*id, member)
-        })
-        .collect();
-    if !members.is_empty() && !members.contains_key(&config.node_id) {
-        tracing::info!(
-            node_id = config.node_id,
-            "not in --initial-cluster: waiting to be added by the leader"
-        );
+/// Called on every node for every applied command with its output, in log
+/// order, synchronously inside apply: the next entry is applied only after
+/// it returns, so it must not block. It runs without any lock of the
+/// cluster held and may call [`Cluster::read`]. It also sees the entries
+/// re-applied when a node starts; it does not see what a snapshot installed
+/// from the leader covers.
+pub type ApplySink = Arc<dyn Fn(&Command, &Output) + Send + Sync>;
+
+/// How to start one node.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// This node's id, unique in the cluster and never reused.
+    pub node_id: u64,
+    /// Every peer hello carries it; a node with another is refused.
+    pub cluster_id: String,
+    /// Where the log, vote and snapshot live; created if missing.
+    pub data_dir: PathBuf,
+    /// Advertised to clients in NotLeader answers.
+    pub client_addr: String,
+    /// Advertised to peers.
+    pub peer_addr: String,
+    /// Used only when `data_dir` is fresh: see the module documentation.
+    /// Empty, or only this node, makes a cluster of one.
+    pub initial_members: BTreeMap<u64, Member>,
+    /// A fresh `data_dir` joins a cluster that already runs (it waits to be
+    /// added, or to hear from the leader) instead of bootstrapping the
+    /// initial members; see `standing.rs`.
+    pub join_existing: bool,
+    /// How often the leader sends heartbeats (about 100 ms).
+    pub heartbeat: Duration,
+    /// A follower that hears no leader for a random time in this range
+    /// starts an election (about 500..1000 ms).
+    pub election_timeout: (Duration, Duration),
+    /// The table's limits, for a fresh table.
+    pub limits: TableLimits,
+    /// The table's first fencing token, for a fresh table.
+    pub first_fence: u64,
+    /// Whether the table's owners must be open sessions
+    /// ([`LockTable::with_sessions`]), as the server's clients are. A test of
+    /// the engine alone may drive it with bare owner ids instead.
+    pub sessions: bool,
+    /// Mutual TLS on the peer port; `None`: plain TCP.
+    pub peer_tls: Option<PeerTls>,
+    /// Addresses to dial instead of the members' peer addresses, by node id:
+    /// for tests that put a proxy they control on each link.
+    pub peer_routes: BTreeMap<u64, String>,
+    /// How fast this node's clock runs against real time while it leads:
+    /// 1, but in tests of the clients' allowance for clock rates.
+    pub clock_rate: f64,
+}
+
+/// A cheap handle to a running node.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Cluster {
+    /// The node id only: the rest is openraft's and the table's.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("node_id", &self.inner.id)
+            .finish_non_exhaustive()
     }
-    let peer_listen = match config.peer_listen {
-        Some(a) => a,
-        None if members.len() <= 1 => SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-        None => bail!("a cluster of several nodes needs --peer-listen"),
-    };
-    let peers = TcpListener::bind(peer_listen)
-        .await
-        .with_context(|| format!("cannot listen for peers on {peer_listen}"))?;
-    let peer_addr = match &config.advertise_peer {
-        Some(a) => a.clone(),
-        None => peers.local_addr()?.to_string(),
-    };
-    let client = config
-        .advertise_client
-        .clone()
-        .unwrap_or_else(|| client_addr.to_string());
-    let cfg = ClusterConfig {
-        node_id: config.node_id,
-        cluster_id: config.cluster_id.clone(),
-        data_dir,
-        client_addr: client,
-        peer_addr,
-        initial_members: members,
-        join_existing: config.initial_cluster_state == InitialClusterState::Existing,
-        heartbeat: config.heartbeat,
-        election_timeout: (config.election_timeout, config.election_timeout * 2),
-        limits: config.table_limits(),
-        // Part of the table's initial state, from which every node (and
-        // every start, until the first snapshot) replays the log: it must
-        // be the same everywhere, so not the clock-derived one a single
-        // server starts from. Fences then increase through the log.
-        first_fence: CLUSTER_FIRST_FENCE,
-        sessions: true,
-        peer_tls: match (
-            &config.peer_tls_cert,
-            &config.peer_tls_key,
-            &config.peer_tls_ca,
-        ) {
-            (Some(cert), Some(key), Some(ca)) => {
-                Some(crate::cluster::PeerTls::from_files(cert, key, ca)?)
+}
+
+struct Inner {
+    id: NodeId,
+    raft: Raft,
+    machine: Arc<machine::MachineHandle>,
+    clock: LeaderClock,
+    /// Proposals for the batcher, which writes them as entries.
+    proposals: tokio::sync::mpsc::Sender<batcher::Proposal>,
+    /// The peer port's TLS, shared with the peer server and the dialler,
+    /// so that a reload reaches both.
+    peer_tls: Option<PeerTls>,
+    /// The last committed index plus one (0: none), from the log store.
+    committed: Arc<AtomicU64>,
+    /// Cancelled when the node starts stopping, for any reason.
+    stop: CancellationToken,
+    /// Cancelled when the node has stopped.
+    stopped: CancellationToken,
+    /// Serialises [`Cluster::shutdown`] calls.
+    shutting_down: tokio::sync::Mutex<()>,
+    tasks: TaskTracker,
+}
+
+impl Cluster {
+    /// Re-reads the peer port's certificates (SIGHUP); `None` without
+    /// peer TLS.
+    pub fn reload_peer_tls(&self) -> Option<anyhow::Result<()>> {
+        self.inner.peer_tls.as_ref().map(PeerTls::reload)
+    }
+}
+
+impl Cluster {
+    /// The term this node leads, or why it cannot take a write.
+    fn leading_term(&self) -> Result<u64, ClusterError> {
+        if self.inner.stop.is_cancelled() {
+            return Err(ClusterError::Unavailable(
+                "this node is shutting down".into(),
+            ));
+        }
+        let server = self.inner.raft.server_metrics();
+        let m = server.borrow();
+        if m.state == ServerState::Leader {
+            return Ok(m.vote.leader_id.term);
+        }
+        let leader = m.current_leader.and_then(|id| {
+            m.membership_config
+                .membership()
+                .get_node(&id)
+                .map(|node| (id, node.clone()))
+        });
+        Err(ClusterError::NotLeader { leader })
+    }
+
+    /// Replicates `cmd`, stamped with the leader's cluster time, in the
+    /// next log entry (with whatever else was proposed meanwhile: see
+    /// `batcher`), and waits until it is committed and applied on this
+    /// node; returns the command's own output (which the [`ApplySink`] saw
+    /// too).
+    ///
+    /// # Errors
+    /// [`ClusterError::NotLeader`] when this node is not the leader, or its
+    /// entry was overwritten by a new leader's log (the command was not
+    /// applied); [`ClusterError::Unavailable`] when it was not committed
+    /// within [`COMMIT_TIMEOUT`] (it may still be committed later) or the
+    /// node is stopping; [`ClusterError::Fatal`] when the engine stopped.
+    pub async fn propose(&self, cmd: Command) -> Result<Output, ClusterError> {
+        self.propose_indexed(cmd).await.map(|(_, out)| out)
+    }
+
+    /// As [`Cluster::propose`], and also returns the log index the command
+    /// was committed at: once another node's status shows that index
+    /// applied, its table and sink have seen the command. (openraft's
+    /// metrics, and so [`Cluster::status`], may show it applied on this node
+    /// a moment after this returns.)
+    ///
+    /// # Errors
+    /// As [`Cluster::propose`].
+    pub async fn propose_indexed(&self, cmd: Command) -> Result<(u64, Output), ClusterError> {
+        // Refused here already, so a follower never queues anything.
+        self.leading_term()?;
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let stopping = || ClusterError::Unavailable("this node is shutting down".into());
+        let proposed = async {
+            self.inner
+                .proposals
+                .send(batcher::Proposal { cmd, answer })
+                .await
+                .map_err(|_| stopping())?;
+            answered.await.map_err(|_| stopping())?
+        };
+        self.bounded(COMMIT_TIMEOUT, proposed).await?
+    }
+
+    /// A linearizable read barrier (openraft's read index): confirms with a
+    /// quorum that this node is still the leader and waits until its table
+    /// has applied everything committed before the call. After `Ok`,
+    /// [`Cluster::read`] sees every write committed before this call.
+    ///
+    /// # Errors
+    /// As [`Cluster::propose`].
+    pub async fn read_index(&self) -> Result<(), ClusterError> {
+        self.leading_term()?;
+        let check = self.inner.raft.ensure_linearizable();
+        match self.bounded(COMMIT_TIMEOUT, check).await? {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(ClusterError::NotLeader {
+                    leader: f.leader_id.zip(f.leader_node),
+                })
             }
-            _ => None,
-        },
-        peer_routes: config.peer_route.iter().cloned().collect(),
-        clock_rate: config.test_clock_rate,
-    };
-    Cluster::start(cfg, peers, sink, stop).await
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q))) => {
+                Err(ClusterError::Unavailable(q.to_string()))
+            }
+            Err(RaftError::Fatal(f)) => Err(self.fatal(f)),
+        }
+    }
+
+    /// Runs `f` on the applied table and the current cluster time (the
+    /// leader's clock on the leader; elsewhere the latest applied time).
+    /// Applying waits while `f` runs: keep it short.
+    pub fn read<R>(&self, f: impl FnOnce(&LockTable, Time) -> R) -> R {
+        let term = self.leading_term().ok();
+        let st = self.inner.machine.lock();
+        let now = match term {
+            Some(term) => self.inner.clock.now(term, st.at),
+            None => st.at,
+        };
+        f(&st.table, now)
+    }
+
+    /// The leader this node knows of, with its addresses.
+    pub fn leader(&self) -> Option<(u64, Member)> {
+        let server = self.inner.raft.server_metrics();
+        let m = server.borrow();
+        let id = m.current_leader?;
+        let node = m.membership_config.membership().get_node(&id)?.clone();
+        Some((id, node))
+    }
+
+    /// Resolves once this node does not lead: at once if it does not lead
+    /// now, else when it steps down (deposed, cut off, shutting down).
+    pub async fn stops_leading(&self) {
+        let mut server = self.inner.raft.server_metrics();
+        loop {
+            if server.borrow_and_update().state != ServerState::Leader {
+                return;
+            }
+            if server.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Whether this node is the leader, as far as it knows.
+    pub fn is_leader(&self) -> bool {
+        self.inner.raft.server_metrics().borrow().state == ServerState::Leader
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Every member and this node's view of the cluster.
+    pub fn status(&self) -> ClusterStatus {
+        let committed = self.inner.committed.load(Ordering::Relaxed).checked_sub(1);
+        ClusterStatus::from_metrics(&self.inner.raft.metrics().borrow(), committed)
+    }
+
+    /// Waits until `cond` holds for this node's [`ClusterStatus`], checking
+    /// it whenever openraft's metrics change; returns the status that
+    /// passed. For start-up (waiting for a leader) and tests.
+    ///
+    /// # Errors
+    /// [`ClusterError::Unavailable`] naming `what` when `timeout` passes
+    /// first or the node stops.
+    pub async fn wait_until(
+        &self,
+        timeout: Duration,
+        what: &str,
+        cond: impl Fn(&ClusterStatus) -> bool + Send + Sync,
+    ) -> Result<ClusterStatus, ClusterError> {
+        let committed = self.inner.committed.clone();
+        let status = |m: &openraft::RaftMetrics<NodeId, Member>| {
+            let c = committed.load(Ordering::Relaxed).checked_sub(1);
+            ClusterStatus::from_metrics(m, c)
+        };
+        let m = self
+            .inner
+            .raft
+            .wait(Some(timeout))
+            .metrics(|m| cond(&status(m)), what)
+            .await
+            .map_err(|e| ClusterError::Unavailable(format!("waiting for {what}: {e}")))?;
+        Ok(status(&m))
+    }
+
+    /// Takes a snapshot now and purges the log it covers (beyond what the
+    /// snapshot policy would keep); returns the last index it covers. For
+    /// backups and tests; snapshots are otherwise taken every
+    /// [`SNAPSHOT_EVERY`] entries. The purge itself may finish later, when no
+    /// replication still reads the entries.
+    ///
+    /// # Errors
+    /// [`ClusterError::Unavailable`] if the snapshot was not written within
+    /// [`COMMIT_TIMEOUT`] or the node is stopping; [`ClusterError::Fatal`].
+    pub async fn snapshot(&self) -> Result<Option<u64>, ClusterError> {
+        let applied = self
+            .inner
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map(|l| l.index);
+        let Some(applied) = applied else {
+            return Ok(None);
+        };
+        self.inner
+            .raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|f| self.fatal(f))?;
+        let m = self
+            .inner
+            .raft
+            .wait(Some(COMMIT_TIMEOUT))
+            .metrics(
+                |m| m.snapshot.is_some_and(|s| s.index >= applied),
+                "snapshot taken",
+            )
+            .await
+            .map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+        let covered = m.snapshot.map(|s| s.index);
+        if let Some(upto) = covered {
+            self.inner
+                .raft
+                .trigger()
+                .purge_log(upto)
+                .await
+                .map_err(|f| self.fatal(f))?;
+        }
+        Ok(covered)
+    }
+
+    /// Stops this node: the peer port, the batcher and openraft, waiting for
+    /// them. Pending proposals fail with [`ClusterError::Unavailable`]. The
+    /// data directory can be opened again once this returns. Calling it
+    /// again does nothing.
+    pub async fn shutdown(&self) {
+        self.inner.stop.cancel();
+        let _one_at_a_time = self.inner.shutting_down.lock().await;
+        if self.inner.stopped.is_cancelled() {
+            return;
+        }
+        if let Err(e) = self.inner.raft.shutdown().await {
+            tracing::warn!(error = %e, "consensus engine did not stop cleanly");
+        }
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        self.inner.stopped.cancel();
+        tracing::info!(node = self.inner.id, "cluster node stopped");
+    }
+
+    /// Resolves once the node has stopped, after [`Cluster::shutdown`] or a
+    /// fatal storage error. The server should stop serving then.
+    pub async fn stopped(&self) {
+        self.inner.stopped.cancelled().await
+    }
+
+    /// Runs `fut` for at most `limit`, or until the node starts stopping.
+    async fn bounded<T>(
+        &self,
+        limit: Duration,
+        fut: impl Future<Output = T>,
+    ) -> Result<T, ClusterError> {
+        tokio::select! {
+            r = tokio::time::timeout(limit, fut) => r.map_err(|_| ClusterError::Unavailable(format!(
+                "no quorum within {limit:?}; the outcome is unknown"
+            ))),
+            _ = self.inner.stop.cancelled() => Err(ClusterError::Unavailable("this node is shutting down".into())),
+        }
+    }
+
+    fn write_error(&self, e: RaftError<NodeId, ClientWriteError<NodeId, Member>>) -> ClusterError {
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ClusterError::NotLeader {
+                leader: f.leader_id.zip(f.leader_node),
+            },
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+                ClusterError::Refused(e.to_string())
+            }
+            RaftError::Fatal(f) => self.fatal(f),
+        }
+    }
+
+    fn fatal(&self, f: Fatal<NodeId>) -> ClusterError {
+        if self.inner.stop.is_cancelled() && f == Fatal::Stopped {
+            ClusterError::Unavailable("this node is shutting down".into())
+        } else {
+            ClusterError::Fatal(Box::new(f))
+        }
+    }
 }

@@ -3,7 +3,7 @@
 
 use super::reply::{self, Refusal};
 use super::{Answer, Service};
-use crate::cluster::{ClusterStatus, Member};
+use crate::engine::raft::{ClusterStatus, Member};
 use dlock::proto::{ClusterInfo, ClusterMember, Request, RequestType, ResponseStatus};
 
 impl Service {

@@ -16,7 +16,7 @@
 
 use super::hub::ChangeHub;
 use crate::engine::Deliveries;
-use crate::metrics;
+use crate::ops::metrics;
 use crate::table::{Command, Output, OwnerId, ReqId, Woken};
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -11,7 +11,7 @@
 use super::reply::{self, Refusal};
 use super::validate::{check_value, checked_keys, fence_of, renew_lease};
 use super::{Answer, Conn, Service};
-use crate::acl::Identity;
+use crate::ops::acl::Identity;
 use crate::table::{Command, Key, OwnerId, Reply};
 use dlock::proto::{Request, RequestType, ResponseStatus};
 

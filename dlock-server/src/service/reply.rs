@@ -1,11 +1,11 @@
 //! One place where outcomes become responses: every status a request can
 //! be answered with, and the text that explains it, for both engines.
 
-use crate::config::Config;
 use crate::engine::fence::unix_nanos;
 use crate::engine::EngineError;
-use crate::limit_log;
-use crate::metrics;
+use crate::ops::config::Config;
+use crate::ops::limit_log;
+use crate::ops::metrics;
 use crate::table::{Key, KeyView, LockResult, Mode, OwnerId, ReqId, WaitOutcome, Woken};
 use dlock::proto::{KeyHolder, KeyInfo, Response, ResponseStatus};
 use std::time::{Duration, Instant, SystemTime};

@@ -3,7 +3,7 @@
 //! what is wrong, and has no effect.
 
 use super::reply::Refusal;
-use crate::config::Config;
+use crate::ops::config::Config;
 use crate::table::{Command, Key, OwnerId, Sharing, WaitLimit, MAX_VALUE_LEN};
 use dlock::proto::{RequestLock, ResponseStatus};
 use std::sync::Arc;

@@ -11,7 +11,7 @@
 //! order as the one it was taken from.
 
 use super::{ReqId, Time};
-use crate::keymap::Slot;
+use crate::table::keymap::Slot;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 

@@ -19,7 +19,7 @@ use super::takers::Takers;
 use super::{
     Hold, Key, KeyState, LockTable, Mode, OwnerId, OwnerState, ReqId, TableLimits, Time, Waiter,
 };
-use crate::keymap::{KeyMap, Slot};
+use crate::table::keymap::{KeyMap, Slot};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

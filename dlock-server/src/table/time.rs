@@ -3,7 +3,7 @@
 //!
 //! `std::time::Instant` cannot be written down or compared across machines,
 //! so the table never sees one. The caller picks an origin (the server uses
-//! the moment its `Db` was made), reads its clock once per command and
+//! the moment its local engine was made), reads its clock once per command and
 //! passes the result in; a replicated log would carry the same number to
 //! every node.
 

@@ -1,4 +1,4 @@
-//! Starting a node: the data directory, openraft, the peer port, the timer,
+//! Starting a node: the data directory, openraft, the peer port, the batcher,
 //! the first-start initialisation, and the supervisor that stops the node
 //! on a fatal error.
 
@@ -11,7 +11,7 @@ use super::snapshot_file::SnapshotFile;
 use super::standing;
 use super::types::{Member, Raft};
 use super::{
-    batcher, timer, wire, ApplySink, Cluster, ClusterConfig, Inner, LOG_KEPT_AFTER_SNAPSHOT,
+    batcher, wire, ApplySink, Cluster, ClusterConfig, Inner, LOG_KEPT_AFTER_SNAPSHOT,
     SNAPSHOT_EVERY, SNAPSHOT_INSTALL_TIMEOUT,
 };
 use crate::table::TableLimits;
@@ -175,7 +175,7 @@ async fn refuse_a_start_that_would_harm(
 impl Cluster {
     /// Starts this node: opens (or creates) its data directory, restores the
     /// table, starts openraft, the peer port on `peer_listener` and the
-    /// leader's timer, and initialises the cluster if the directory is fresh
+    /// batcher, and initialises the cluster if the directory is fresh
     /// (see the module documentation). The node stops when `shutdown` is
     /// cancelled, [`Cluster::shutdown`] is called, or on a fatal storage
     /// error.
@@ -291,7 +291,6 @@ impl Cluster {
             tls: cfg.peer_tls.clone(),
         };
         tasks.spawn(server.run(peer_listener, stop.clone(), tasks.clone()));
-        tasks.spawn(timer::run(cluster.clone(), stop.clone()));
         tasks.spawn(batcher::run(cluster.clone(), queued, stop.clone()));
         // Not tracked: it calls shutdown, which waits for the tracked tasks.
         tokio::spawn(cluster.clone().supervise(shutdown));

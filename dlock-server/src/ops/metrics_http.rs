@@ -35,11 +35,19 @@ const METRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 
 /// What the probes report. Shared between the server, which says when it
 /// accepts connections, and the HTTP handlers.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Health {
     accepting: AtomicBool,
-    /// On a cluster node: ready only while it knows a leader.
-    cluster: std::sync::OnceLock<crate::cluster::Cluster>,
+    /// On a cluster node: ready only while this says a leader is known.
+    leader_known: std::sync::OnceLock<Box<dyn Fn() -> bool + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("accepting", &self.accepting)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Health {
@@ -56,17 +64,18 @@ impl Health {
         if !self.accepting.load(Ordering::Relaxed) {
             return Err("not accepting client connections");
         }
-        if let Some(c) = self.cluster.get() {
-            if c.leader().is_none() {
+        if let Some(leader_known) = self.leader_known.get() {
+            if !leader_known() {
                 return Err("no leader known: this cluster node cannot serve locks");
             }
         }
         Ok(())
     }
 
-    /// Makes readiness depend on `cluster` knowing a leader.
-    pub fn set_cluster(&self, cluster: crate::cluster::Cluster) {
-        let _ = self.cluster.set(cluster);
+    /// Makes readiness depend on a cluster node knowing a leader, as
+    /// `leader_known` says.
+    pub fn set_leader_check(&self, leader_known: impl Fn() -> bool + Send + Sync + 'static) {
+        let _ = self.leader_known.set(Box::new(leader_known));
     }
 }
 
@@ -91,13 +100,13 @@ pub struct MetricsServer {
 /// The address cannot be bound.
 pub async fn start(
     addr: SocketAddr,
-    gauges: crate::metrics::ReadGauges,
+    gauges: crate::ops::metrics::ReadGauges,
     health: Arc<Health>,
 ) -> std::io::Result<MetricsServer> {
     let listener = TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
     let state = Arc::new(State {
-        registry: crate::metrics::registry(gauges),
+        registry: crate::ops::metrics::registry(gauges),
         health,
     });
     // How an operator (and a test) learns the port of 127.0.0.1:0.

@@ -10,13 +10,13 @@
 //! responses is dropped after `--write-timeout`; one that sends no whole
 //! request for `--idle-timeout` is closed.
 
-use crate::config::Config;
-use crate::metrics::{self, CloseReason};
-use crate::pending::{Arrived, Dropped};
-use crate::pipeline::{Next, Pipeline, Received};
+use crate::net::pipeline::{Next, Pipeline, Received};
+use crate::net::shared::Shared;
+use crate::net::transport::Transport;
+use crate::ops::config::Config;
+use crate::ops::metrics::{self, CloseReason};
+use crate::service::pending::{Arrived, Dropped};
 use crate::service::{Conn, Service};
-use crate::shared::Shared;
-use crate::transport::Transport;
 use dlock::proto::ResponseStatus;
 use std::io;
 use std::pin::Pin;

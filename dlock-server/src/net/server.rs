@@ -1,14 +1,16 @@
 //! The accept loop: connection limit, socket options, graceful shutdown.
 
-use crate::acl::Access;
-use crate::config::Config;
-use crate::connection;
+use crate::engine::raft::ClusterStatus;
 use crate::engine::{fence, raft, Engine};
-use crate::metrics::{self, CloseReason, Gauges};
-use crate::metrics_http::{self, Health};
+use crate::net::connection;
+use crate::net::shared::Shared;
+use crate::net::tls::{self, Tls};
+use crate::ops::acl::Access;
+use crate::ops::config::Config;
+use crate::ops::metrics::{self, CloseReason, Gauges, RaftGauges};
+use crate::ops::metrics_http::{self, Health};
+use crate::ops::reload::{self, Reloadable};
 use crate::service::{reply, Service};
-use crate::shared::Shared;
-use crate::tls::{self, Tls};
 use anyhow::Context;
 use dlock::codec::encode_frame;
 use dlock::proto::ResponseStatus;
@@ -85,25 +87,21 @@ impl Server {
                 Service::raft(config, access, addr, stop).await?
             }
         };
-        match service.engine() {
-            Engine::Local(local) => {
-                tracker.spawn(local.clone().run_timer(cancel.clone()));
-                if let Some(file) = fence_file {
-                    tracker.spawn(fence::run_keeper(local.clone(), file, cancel.clone()));
-                }
-            }
-            Engine::Raft(_) => {}
+        tracker.spawn(service.engine().clone().run_expiry(cancel.clone()));
+        if let (Engine::Local(local), Some(file)) = (service.engine(), fence_file) {
+            tracker.spawn(fence::run_keeper(local.clone(), file, cancel.clone()));
         }
         let health = Arc::new(Health::default());
         if let Some(c) = service.engine().cluster() {
-            health.set_cluster(c.clone());
+            let c = c.clone();
+            health.set_leader_check(move || c.leader().is_some());
         }
         let metrics = match service.config().metrics_listen {
             Some(addr) => {
                 let svc = service.clone();
                 let gauges = Arc::new(move || Gauges {
                     stats: svc.stats(),
-                    raft: svc.engine().cluster().map(|c| c.status()),
+                    raft: svc.engine().cluster().map(|c| raft_gauges(&c.status())),
                 });
                 Some(
                     metrics_http::start(addr, gauges, health.clone())
@@ -114,7 +112,7 @@ impl Server {
             None => None,
         };
         let shared = Arc::new(Shared::new(service).with_tls(tls));
-        tracker.spawn(crate::reload::on_sighup(shared.clone(), cancel.clone()));
+        tracker.spawn(reload::on_sighup(reloadable(&shared), cancel.clone()));
         let server = Server {
             listener,
             shared,
@@ -250,6 +248,50 @@ impl Server {
     }
 }
 
+/// What SIGHUP re-reads: the access rules, and the certificates of the
+/// client and peer ports.
+fn reloadable(shared: &Arc<Shared>) -> Arc<Vec<Reloadable>> {
+    let (a, t, p) = (shared.clone(), shared.clone(), shared.clone());
+    Arc::new(vec![
+        Reloadable {
+            what: "access rules",
+            reload: Box::new(move || {
+                let access = a.service.access();
+                access.enabled().then(|| access.reload())
+            }),
+        },
+        Reloadable {
+            what: "TLS certificates",
+            reload: Box::new(move || t.tls.as_ref().map(|t| t.reload())),
+        },
+        Reloadable {
+            what: "peer TLS certificates",
+            reload: Box::new(move || {
+                p.service
+                    .engine()
+                    .cluster()
+                    .and_then(|c| c.reload_peer_tls())
+            }),
+        },
+    ])
+}
+
+/// The gauges of a cluster node's Raft state.
+fn raft_gauges(s: &ClusterStatus) -> RaftGauges {
+    RaftGauges {
+        term: s.term,
+        role: format!("{:?}", s.role).to_lowercase(),
+        leader_known: s.leader.is_some(),
+        committed_index: s.committed_index.unwrap_or(0),
+        applied_index: s.last_applied_index.unwrap_or(0),
+        lags: s
+            .members
+            .iter()
+            .filter_map(|m| m.lag.map(|lag| (m.id, lag)))
+            .collect(),
+    }
+}
+
 /// TCP_NODELAY because every frame is a small request or response that
 /// should leave at once; keepalive so a peer that vanished without a FIN or
 /// RST (power loss, partition) is noticed even while it holds locks quietly.
@@ -280,7 +322,7 @@ fn reject(stream: &TcpStream, max: usize) {
         &mut buf,
     );
     let _ = stream.try_write(&buf);
-    crate::limit_log::CONNECTIONS.hit(max);
+    crate::ops::limit_log::CONNECTIONS.hit(max);
     metrics::connection_closed(CloseReason::Limit);
 }
 

@@ -16,7 +16,7 @@
 //! response (`server_unix_time`, in `service::reply`); the lock table's
 //! time is read once per command by the engine.
 
-use crate::pending::{Arrived, Dropped, Pending};
+use crate::service::pending::{Arrived, Dropped, Pending};
 use crate::service::{reply, Conn, Service, Waiting};
 use bytes::buf::Limit;
 use bytes::{Buf, BufMut, BytesMut};
@@ -228,7 +228,7 @@ impl Pipeline {
             match self.pop_request() {
                 Ok(req) => self.waiting = service.execute(conn, req, &mut self.out),
                 Err(e) => {
-                    crate::metrics::request(-1, ResponseStatus::General, Duration::ZERO);
+                    crate::ops::metrics::request(-1, ResponseStatus::General, Duration::ZERO);
                     encode_frame(&reply::undecodable(&e), &mut self.out);
                 }
             }
@@ -304,7 +304,7 @@ impl Pipeline {
     }
 
     /// Gives up the pending request without answering it, for the
-    /// connection's end: see `Db::abandon`.
+    /// connection's end: see `Service::abandon`.
     pub fn take_waiting(&mut self) -> Option<Pending> {
         self.waiting.take().map(|w| w.answer)
     }
@@ -366,8 +366,8 @@ impl Pipeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::acl::Access;
-    use crate::config::Config;
+    use crate::ops::acl::Access;
+    use crate::ops::config::Config;
     use clap::Parser;
     use dlock::proto::{RequestType, Response};
     use std::net::{Ipv4Addr, SocketAddr};

@@ -48,7 +48,7 @@ pub(super) struct Proposal {
 /// The key and value bytes a command carries, roughly what it adds to an
 /// entry.
 fn weight(cmd: &Command) -> usize {
-    let keys = |keys: &[crate::keymap::Key]| keys.iter().map(|k| k.len() + 8).sum::<usize>();
+    let keys = |keys: &[crate::table::keymap::Key]| keys.iter().map(|k| k.len() + 8).sum::<usize>();
     64 + match cmd {
         Command::Lock { keys: k, value, .. } | Command::Proclaim { keys: k, value, .. } => {
             keys(k) + value.len()

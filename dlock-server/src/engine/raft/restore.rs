@@ -21,7 +21,8 @@
 //! above every fence issued. The single server's fence file makes the same
 //! assumption. Give `--fence-floor` to choose it yourself.
 
-use super::log_store::{append_committed_offline, DiskError};
+use super::disk::DiskError;
+use super::log_store::append_committed_offline;
 use super::snapshot_file::SnapshotFile;
 use super::types::Stamped;
 use crate::table::{Command, Time};

@@ -3,9 +3,9 @@
 //! accept loop, the connections, the fuzz harness and the pipeline tests
 //! all build it the same way.
 
-use crate::config::Config;
+use crate::net::tls::Tls;
+use crate::ops::config::Config;
 use crate::service::Service;
-use crate::tls::Tls;
 use std::sync::Arc;
 
 /// State every connection shares.

@@ -11,9 +11,8 @@
 //! keys, waiters, connections) are read through a callback at scrape time, so
 //! they cost the request path nothing at all.
 //!
-//! [`http`](crate::metrics_http) serves what [`Scrape`] encodes.
+//! [`http`](crate::ops::metrics_http) serves what [`Scrape`] encodes.
 
-use crate::cluster::ClusterStatus;
 use dlock::proto::ResponseStatus;
 use dlock::proto::ServerStats;
 use prometheus_client::collector::Collector;
@@ -303,8 +302,25 @@ fn total(f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
 pub struct Gauges {
     /// Connections, held keys and waiting requests now.
     pub stats: ServerStats,
-    /// A cluster node's view of the cluster.
-    pub raft: Option<ClusterStatus>,
+    /// A cluster node's Raft state.
+    pub raft: Option<RaftGauges>,
+}
+
+/// A cluster node's Raft state, as its gauges show it.
+#[derive(Debug, Clone, Default)]
+pub struct RaftGauges {
+    /// The current term.
+    pub term: u64,
+    /// The node's role, in lower case (leader, follower, ...).
+    pub role: String,
+    /// Whether the node knows a leader.
+    pub leader_known: bool,
+    /// The last log index it knows committed.
+    pub committed_index: u64,
+    /// The last log index applied to its table.
+    pub applied_index: u64,
+    /// Leader only: how many entries each member (by node id) is behind.
+    pub lags: Vec<(u64, u64)>,
 }
 
 /// Reads the gauges at a scrape.
@@ -511,7 +527,7 @@ impl Collector for Scrape {
 
 /// The Raft state of a cluster node: term, role, indexes, and (on the
 /// leader) each member's replication lag.
-fn raft_gauges(e: &mut DescriptorEncoder, s: &ClusterStatus) -> Result<(), std::fmt::Error> {
+fn raft_gauges(e: &mut DescriptorEncoder, s: &RaftGauges) -> Result<(), std::fmt::Error> {
     let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     gauge(
         e,
@@ -525,25 +541,24 @@ fn raft_gauges(e: &mut DescriptorEncoder, s: &ClusterStatus) -> Result<(), std::
         None,
         MetricType::Gauge,
     )?;
-    let role = format!("{:?}", s.role).to_lowercase();
-    ConstGauge::new(1i64).encode(family.encode_family(&[("role", role.as_str())])?)?;
+    ConstGauge::new(1i64).encode(family.encode_family(&[("role", s.role.as_str())])?)?;
     gauge(
         e,
         "dlock_raft_leader_known",
         "1 when this node knows a leader.",
-        i64::from(s.leader.is_some()),
+        i64::from(s.leader_known),
     )?;
     gauge(
         e,
         "dlock_raft_committed_index",
         "The last log index this node knows committed.",
-        signed(s.committed_index.unwrap_or(0)),
+        signed(s.committed_index),
     )?;
     gauge(
         e,
         "dlock_raft_applied_index",
         "The last log index applied to this node's table.",
-        signed(s.last_applied_index.unwrap_or(0)),
+        signed(s.applied_index),
     )?;
     let mut family = e.encode_descriptor(
         "dlock_raft_replication_lag",
@@ -551,12 +566,9 @@ fn raft_gauges(e: &mut DescriptorEncoder, s: &ClusterStatus) -> Result<(), std::
         None,
         MetricType::Gauge,
     )?;
-    for m in &s.members {
-        if let Some(lag) = m.lag {
-            let node = m.id.to_string();
-            ConstGauge::new(signed(lag))
-                .encode(family.encode_family(&[("node", node.as_str())])?)?;
-        }
+    for &(node, lag) in &s.lags {
+        let node = node.to_string();
+        ConstGauge::new(signed(lag)).encode(family.encode_family(&[("node", node.as_str())])?)?;
     }
     Ok(())
 }

@@ -15,6 +15,7 @@
 //! appends) use redb read transactions, which see the last committed state
 //! and never block the writer, plus the entries still queued.
 
+use super::disk::{redb, DiskError, LOG};
 use super::log_writer::{Change, Pending, Writer};
 use super::types::{Entry, LogId, NodeId, TypeConfig, Vote};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
@@ -29,7 +30,6 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-pub(super) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const VOTE: &str = "vote";
 const PURGED: &str = "purged";
@@ -45,30 +45,10 @@ pub(crate) const WRITTEN_MARKER: &str = "raft.redb.written";
 /// default): redb's default 1 GiB page cache would be mostly empty.
 const CACHE_BYTES: usize = 64 << 20;
 
-/// What can go wrong in the file, before openraft's error types wrap it.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum DiskError {
-    /// redb failed (I/O, a damaged file, the file open twice). Boxed:
-    /// redb's error is large and this one travels in every `Result`.
-    #[error("raft log database: {0}")]
-    Redb(#[source] Box<redb::Error>),
-    /// A stored record did not decode: the file was damaged or written by
-    /// an incompatible version.
-    #[error("raft log record does not decode: {0}")]
-    Decode(#[from] serde_json::Error),
-    /// The writer thread could not be started or has stopped.
-    #[error("raft log writer: {0}")]
-    Io(#[source] std::io::Error),
-}
-
 impl DiskError {
     fn storage(self, subject: ErrorSubject<NodeId>, verb: ErrorVerb) -> StorageError<NodeId> {
         StorageIOError::new(subject, verb, &self).into()
     }
-}
-
-pub(super) fn redb<E: Into<redb::Error>>(e: E) -> DiskError {
-    DiskError::Redb(Box::new(e.into()))
 }
 
 /// The Raft log and vote. openraft owns the one `LogStore` and drops it

@@ -8,7 +8,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 /// A client's byte stream: a `TcpStream`, or TLS over one
-/// ([`crate::tls`]).
+/// ([`crate::net::tls`]).
 pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// Ready when a read may find bytes. The connection checks this before
     /// it reserves a read buffer, so idle connections hold none; a stream

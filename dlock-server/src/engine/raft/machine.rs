@@ -19,6 +19,7 @@ use super::types::{
     Entry, LogId, NodeId, Outputs, SnapshotMeta, Stamped, StoredMembership, TypeConfig,
 };
 use super::ApplySink;
+use crate::engine::alarm::Armed;
 use crate::table::{self, LockTable, TableLimits, Time};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
@@ -43,7 +44,7 @@ pub(crate) struct Applied {
     pub(crate) at: Time,
     /// The deadline the timer task sleeps until, to know when a newly
     /// applied entry makes an earlier one (see [`MachineHandle::deadline_moved`]).
-    pub(crate) timer_at: Option<Time>,
+    pub(crate) timer_at: Armed,
 }
 
 /// What the state machine, the snapshot builder and the cluster handle share.
@@ -128,7 +129,7 @@ impl StateMachine {
                     last_applied: meta.last_log_id,
                     membership: meta.last_membership,
                     at,
-                    timer_at: None,
+                    timer_at: Armed::default(),
                 }
             }
             None => Applied {
@@ -140,7 +141,7 @@ impl StateMachine {
                 last_applied: None,
                 membership: StoredMembership::default(),
                 at: Time::ZERO,
-                timer_at: None,
+                timer_at: Armed::default(),
             },
         };
         Ok(StateMachine {
@@ -157,16 +158,6 @@ impl StateMachine {
     /// The state shared with the cluster handle.
     pub(crate) fn shared(&self) -> Arc<MachineHandle> {
         self.shared.clone()
-    }
-}
-
-/// Wakes the timer task if the table's next deadline is now earlier than
-/// the one it sleeps until.
-fn rearm(shared: &MachineHandle, st: &mut Applied) {
-    let next = st.table.next_deadline();
-    if next.is_some() && (st.timer_at.is_none() || next < st.timer_at) {
-        st.timer_at = next;
-        shared.deadline_moved.notify_one();
     }
 }
 
@@ -208,7 +199,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             })
                             .collect();
                         st.at = st.at.max(at);
-                        rearm(&self.shared, &mut st);
+                        let next = st.table.next_deadline();
+                        st.timer_at.rearm(next, &self.shared.deadline_moved);
                         applied
                     }
                 }
@@ -267,7 +259,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         st.last_applied = meta.last_log_id;
         st.membership = meta.last_membership.clone();
         st.at = st.at.max(at);
-        st.timer_at = None;
+        st.timer_at.set(None);
         drop(st);
         tracing::info!(snapshot = %meta, "installed a snapshot from the leader");
         self.shared.deadline_moved.notify_one();

@@ -4,9 +4,9 @@
 //! keep theirs; the handshake; and the names a client certificate gives
 //! access control (its subject CN and DNS names).
 
-use crate::config::Config;
-use crate::metrics::{self, CloseReason};
-use crate::transport::Transport;
+use crate::net::transport::Transport;
+use crate::ops::config::Config;
+use crate::ops::metrics::{self, CloseReason};
 use anyhow::Context as _;
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
@@ -170,6 +170,6 @@ impl Transport for TlsStream<TcpStream> {
     }
 
     fn reset_on_close(&self) {
-        crate::transport::reset_on_close(self.get_ref().0);
+        crate::net::transport::reset_on_close(self.get_ref().0);
     }
 }

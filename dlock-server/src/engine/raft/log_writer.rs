@@ -12,7 +12,7 @@
 //! truncation, purge) goes through the same queue and is awaited, which
 //! keeps openraft's rule that storage writes complete in order.
 
-use super::log_store::{redb, DiskError, LOG};
+use super::disk::{redb, DiskError, LOG};
 use super::types::{Entry, LogId, TypeConfig};
 use openraft::storage::LogFlushed;
 use redb::{Database, Durability, WriteTransaction};
@@ -73,7 +73,7 @@ impl Writer {
     /// # Errors
     /// The thread cannot be spawned.
     /// `marker`, when given, is created (and synced) after the first
-    /// commit: see [`super::log_store::WRITTEN_MARKER`].
+    /// commit: see `log_store::WRITTEN_MARKER`.
     pub(crate) fn start(
         db: Arc<Database>,
         pending: Pending,

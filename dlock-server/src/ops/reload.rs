@@ -3,26 +3,23 @@
 //! ports) without touching a connection.
 //! A file that cannot be used is reported and the settings in force stay.
 
-use crate::shared::Shared;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-/// Re-reads every reloadable file of `shared`; logs what happened. Returns
-/// whether everything was reloaded.
-pub fn reload(shared: &Shared) -> bool {
-    let access = shared.service.access();
-    let access = access.enabled().then(|| access.reload());
-    let tls = shared.tls.as_ref().map(|t| t.reload());
-    let peer_tls = shared
-        .service
-        .engine()
-        .cluster()
-        .and_then(|c| c.reload_peer_tls());
-    // Every one is tried, whatever the others did.
-    let access = logged("access rules", access);
-    let tls = logged("TLS certificates", tls);
-    let peer_tls = logged("peer TLS certificates", peer_tls);
-    access && tls && peer_tls
+/// One thing SIGHUP re-reads, with its name for the log.
+pub struct Reloadable {
+    /// What it is, for the log ("access rules").
+    pub what: &'static str,
+    /// Re-reads it; `None` when it is not configured.
+    pub reload: Box<dyn Fn() -> Option<anyhow::Result<()>> + Send + Sync>,
+}
+
+/// Re-reads every one of `items`; logs what happened. Returns whether
+/// everything was reloaded. Every one is tried, whatever the others did.
+pub fn reload(items: &[Reloadable]) -> bool {
+    // Collected first: `all` alone would stop at the first failure.
+    let reloaded: Vec<bool> = items.iter().map(|r| logged(r.what, (r.reload)())).collect();
+    reloaded.into_iter().all(|ok| ok)
 }
 
 /// Logs the outcome of reloading `what` (`None`: not configured); whether
@@ -43,7 +40,7 @@ fn logged(what: &str, outcome: Option<anyhow::Result<()>>) -> bool {
 }
 
 /// Reloads on every SIGHUP until `shutdown`.
-pub async fn on_sighup(shared: Arc<Shared>, shutdown: CancellationToken) {
+pub async fn on_sighup(items: Arc<Vec<Reloadable>>, shutdown: CancellationToken) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -61,7 +58,7 @@ pub async fn on_sighup(shared: Arc<Shared>, shutdown: CancellationToken) {
                     if got.is_none() {
                         return;
                     }
-                    reload(&shared);
+                    reload(&items);
                 }
             }
         }

@@ -1,0 +1,95 @@
+//! The raft engine: the lock table replicated on openraft (`crate::engine::raft`),
+//! started from the server's flags.
+
+use super::{ApplySink, Cluster, ClusterConfig, Member};
+use crate::ops::config::{Config, InitialClusterState};
+use anyhow::{bail, Context};
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// The first fencing token of every cluster's table.
+pub const CLUSTER_FIRST_FENCE: u64 = 1;
+
+/// Starts this server's cluster node from `config` (`--data-dir` and the
+/// cluster flags); clients reach this server at `client_addr`.
+///
+/// # Errors
+/// The flags do not describe a node (a cluster of several without
+/// `--peer-listen`, this node missing from `--initial-cluster`), the peer
+/// port cannot be bound, or the node cannot start (see [`Cluster::start`]).
+pub async fn start(
+    config: &Config,
+    client_addr: SocketAddr,
+    stop: CancellationToken,
+    sink: ApplySink,
+) -> anyhow::Result<Cluster> {
+    let data_dir = config
+        .data_dir
+        .clone()
+        .context("a cluster node needs --data-dir")?;
+    let members: BTreeMap<u64, Member> = config
+        .initial_cluster
+        .iter()
+        .flat_map(|m| &m.0)
+        .map(|(id, client, peer)| {
+            let member = Member {
+                client_addr: client.clone(),
+                peer_addr: peer.clone(),
+            };
+            (*id, member)
+        })
+        .collect();
+    if !members.is_empty() && !members.contains_key(&config.node_id) {
+        tracing::info!(
+            node_id = config.node_id,
+            "not in --initial-cluster: waiting to be added by the leader"
+        );
+    }
+    let peer_listen = match config.peer_listen {
+        Some(a) => a,
+        None if members.len() <= 1 => SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        None => bail!("a cluster of several nodes needs --peer-listen"),
+    };
+    let peers = TcpListener::bind(peer_listen)
+        .await
+        .with_context(|| format!("cannot listen for peers on {peer_listen}"))?;
+    let peer_addr = match &config.advertise_peer {
+        Some(a) => a.clone(),
+        None => peers.local_addr()?.to_string(),
+    };
+    let client = config
+        .advertise_client
+        .clone()
+        .unwrap_or_else(|| client_addr.to_string());
+    let cfg = ClusterConfig {
+        node_id: config.node_id,
+        cluster_id: config.cluster_id.clone(),
+        data_dir,
+        client_addr: client,
+        peer_addr,
+        initial_members: members,
+        join_existing: config.initial_cluster_state == InitialClusterState::Existing,
+        heartbeat: config.heartbeat,
+        election_timeout: (config.election_timeout, config.election_timeout * 2),
+        limits: config.table_limits(),
+        // Part of the table's initial state, from which every node (and
+        // every start, until the first snapshot) replays the log: it must
+        // be the same everywhere, so not the clock-derived one a single
+        // server starts from. Fences then increase through the log.
+        first_fence: CLUSTER_FIRST_FENCE,
+        sessions: true,
+        peer_tls: match (
+            &config.peer_tls_cert,
+            &config.peer_tls_key,
+            &config.peer_tls_ca,
+        ) {
+            (Some(cert), Some(key), Some(ca)) => Some(super::PeerTls::from_files(cert, key, ca)?),
+            _ => None,
+        },
+        peer_routes: config.peer_route.iter().cloned().collect(),
+        clock_rate: config.test_clock_rate,
+    };
+    Cluster::start(cfg, peers, sink, stop).await
+}
