@@ -24,9 +24,9 @@ use std::time::Instant;
 const LEADERSHIP_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Service {
-    pub(super) async fn lock(&self, conn: &Conn, req: Request) -> Result<Answer, Refusal> {
+    pub(super) async fn lock(&self, conn: &Conn, mut req: Request) -> Result<Answer, Refusal> {
         let id = req.id;
-        let args = lock_args(&self.config, req.lock.clone().unwrap_or_default())?;
+        let args = lock_args(&self.config, req.lock.take().unwrap_or_default())?;
         let owner = self.owner(conn, req.session).await?;
         let cmd = self.numbered(&req, args.into_command(owner));
         let out = self.engine.submit(cmd).await?;
@@ -49,9 +49,9 @@ impl Service {
     /// Enqueue: a Lock that answers at once. Granted at once, it is
     /// answered as a Lock; queued, it is answered Queued with its ticket
     /// and place in line, and noted as this connection's ticket.
-    pub(super) async fn enqueue(&self, conn: &Conn, req: Request) -> Result<Answer, Refusal> {
+    pub(super) async fn enqueue(&self, conn: &Conn, mut req: Request) -> Result<Answer, Refusal> {
         let id = req.id;
-        let args = lock_args(&self.config, req.lock.clone().unwrap_or_default())?;
+        let args = lock_args(&self.config, req.lock.take().unwrap_or_default())?;
         let owner = self.owner(conn, req.session).await?;
         if conn.state().tickets.len() >= self.config.max_pipeline {
             return Err(reply::too_many_tickets(self.config.max_pipeline));

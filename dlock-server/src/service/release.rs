@@ -20,12 +20,12 @@ impl Service {
     pub(super) async fn release(
         &self,
         conn: &Conn,
-        req: Request,
+        mut req: Request,
         kind: RequestType,
         who: Option<&Identity>,
     ) -> Result<Answer, Refusal> {
         let id = req.id;
-        let body = req.lock.clone().unwrap_or_default();
+        let body = req.lock.take().unwrap_or_default();
         let fence = fence_of(&body);
         let lease = match kind {
             RequestType::Renew => Some(renew_lease(&self.config, body.release_micro)?),
