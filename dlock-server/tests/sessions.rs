@@ -248,3 +248,37 @@ async fn a_cluster_refuses_sessions_beyond_its_limit_until_one_closes() {
     let req = open(&mut c);
     assert_eq!(status(&c.call(req).await), ResponseStatus::Ok);
 }
+
+#[tokio::test]
+async fn a_cluster_node_shows_the_address_of_the_sessions_attached_to_it() {
+    // Which connection a session came through is the answering node's
+    // knowledge: Inspect there names it, as a single server does.
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dlock_server::Config {
+        data_dir: Some(dir.path().join("node1")),
+        ..dlock_server::Config::default()
+    })
+    .await;
+    let mut holder = TestClient::connect(server.addr).await;
+    // A cluster of one answers once it has elected itself.
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    loop {
+        let r = holder.lock(&["k"], 0, 0).await;
+        if status(&r) == ResponseStatus::Ok {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never a leader: {r:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut other = TestClient::connect(server.addr).await;
+    let info = other.inspect("k").await;
+    assert_eq!(
+        info.holder_addr,
+        holder.stream().local_addr().unwrap().to_string()
+    );
+    assert!(!info.held_by_caller);
+    server.stop().await.expect("clean stop");
+}
