@@ -25,8 +25,6 @@ use crate::table::{Command, LockTable, Output, Time, Woken};
 pub use local::Deliveries;
 pub use local::Local;
 use raft::{Cluster, ClusterError};
-use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 /// Why a submit or a read did not happen (only the raft engine fails:
 /// not the leader, no quorum, stopping).
@@ -122,41 +120,6 @@ impl Engine {
         match self {
             Engine::Local(l) => l.due().await,
             Engine::Raft(c) => c.due().await,
-        }
-    }
-
-    /// The one expiry task, for both engines: submits
-    /// [`Command::Advance`] whenever something is due, until `stop`. Expiry
-    /// is a command like any other, so on a cluster every node expires the
-    /// same leases at the same point of the log; there is no periodic
-    /// sweep.
-    pub async fn run_expiry(self, stop: CancellationToken) {
-        // After a failed Advance (no quorum, a leadership change not yet
-        // seen), so a failing cluster is not flooded with proposals.
-        const RETRY: Duration = Duration::from_millis(100);
-        loop {
-            let advanced = tokio::select! {
-                _ = stop.cancelled() => return,
-                r = async {
-                    self.due().await;
-                    self.submit(Command::Advance).await
-                } => r,
-            };
-            match advanced {
-                Ok(out) if out.expired_leases > 0 => {
-                    // The expiry task's line, never a request's: one per
-                    // batch due at once.
-                    tracing::info!(keys = out.expired_leases, "leases expired");
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot advance the table's time");
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(RETRY) => {}
-                    }
-                }
-            }
         }
     }
 

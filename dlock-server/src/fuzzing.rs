@@ -25,7 +25,7 @@ use crate::net::pipeline::{Next, Pipeline};
 use crate::ops::acl::Access;
 use crate::ops::config::Config;
 use crate::service::pending::Dropped;
-use crate::service::{Conn, Service};
+use crate::service::{Connected, Service};
 use crate::table::{LockTable, TableLimits};
 use bytes::{Buf, BufMut, BytesMut};
 use clap::Parser;
@@ -189,7 +189,7 @@ struct Harness<'a> {
 /// One simulated connection, as `connection::Session` keeps it.
 #[derive(Debug)]
 struct Sim {
-    conn: Arc<Conn>,
+    conn: Connected,
     pipeline: Pipeline,
     /// Bytes the client sent that the server has not read yet.
     socket: BytesMut,
@@ -216,7 +216,7 @@ impl Harness<'_> {
         if let Some(pending) = c.pipeline.take_waiting() {
             self.service.abandon(pending);
         }
-        self.service.disconnect(&c.conn, false);
+        drop(c.conn);
     }
 
     /// Runs everything the connection can run now, the way
@@ -233,7 +233,7 @@ impl Harness<'_> {
                     Err(Dropped) => panic!("a waiting Lock lost its delivery without an answer"),
                 }
             }
-            c.pipeline.execute(self.service, &c.conn);
+            c.pipeline.execute(self.service, c.conn.conn());
             self.check_output(&mut c.pipeline);
             match c.pipeline.next_step() {
                 Next::Execute => continue,

@@ -78,6 +78,44 @@ impl std::fmt::Debug for Service {
     }
 }
 
+/// A connection registered with the service. Dropping it ends the
+/// connection's sessions (see `session::connection_ended`) however its task
+/// ends, a panic included: on a single server nothing else would ever end
+/// them.
+pub struct Connected {
+    service: Arc<Service>,
+    conn: Arc<Conn>,
+    clean: bool,
+}
+
+impl std::fmt::Debug for Connected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connected")
+            .field("conn", &self.conn)
+            .finish()
+    }
+}
+
+impl Connected {
+    /// The connection, as requests name it.
+    pub fn conn(&self) -> &Arc<Conn> {
+        &self.conn
+    }
+
+    /// The client closed the connection: on a cluster its sessions end at
+    /// once rather than after their TTL.
+    pub fn closed_by_client(&mut self) {
+        self.clean = true;
+    }
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        self.service.connections.fetch_sub(1, Ordering::Relaxed);
+        self.service.connection_ended(&self.conn, self.clean);
+    }
+}
+
 /// What a request function answers.
 // Built once per request and encoded where it lies: boxing the response
 // would add an allocation to every answer.
@@ -211,17 +249,52 @@ impl Service {
     }
 
     /// Registers a new connection from `peer` (its TLS client certificate,
-    /// if any, has `peer_names`).
-    pub fn connect(&self, peer: SocketAddr, peer_names: Vec<String>) -> Arc<Conn> {
+    /// if any, has `peer_names`); it ends when the value returned is
+    /// dropped.
+    pub fn connect(self: &Arc<Self>, peer: SocketAddr, peer_names: Vec<String>) -> Connected {
         self.connections.fetch_add(1, Ordering::Relaxed);
-        Arc::new(Conn::new(peer, peer_names))
+        Connected {
+            service: self.clone(),
+            conn: Arc::new(Conn::new(peer, peer_names)),
+            clean: false,
+        }
     }
 
-    /// Ends a connection: see `session::connection_ended`. `clean`: the
-    /// client closed it.
-    pub fn disconnect(self: &Arc<Self>, conn: &Conn, clean: bool) {
-        self.connections.fetch_sub(1, Ordering::Relaxed);
-        self.connection_ended(conn, clean);
+    /// The one expiry task, for both engines: submits
+    /// [`Command::Advance`](crate::table::Command::Advance) whenever
+    /// [`Engine::due`] says something is due, until `stop`. Expiry is a
+    /// command like any other, so on a cluster every node expires the same
+    /// leases at the same point of the log; only the leader finds anything
+    /// due. There is no periodic sweep.
+    pub async fn run_expiry(self: Arc<Self>, stop: CancellationToken) {
+        // After a failed Advance (no quorum, a leadership change not yet
+        // seen), so a failing cluster is not flooded with proposals.
+        const RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+        loop {
+            let advanced = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = async {
+                    self.engine.due().await;
+                    self.engine.submit(crate::table::Command::Advance).await
+                } => r,
+            };
+            match advanced {
+                Ok(out) if out.expired_leases > 0 => {
+                    metrics::leases_expired(out.expired_leases);
+                    // The expiry task's line, never a request's: one per
+                    // batch due at once.
+                    tracing::info!(keys = out.expired_leases, "leases expired");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot advance the table's time");
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(RETRY) => {}
+                    }
+                }
+            }
+        }
     }
 
     /// Gives up a waiting request's answer at the connection's end: a grant
@@ -271,7 +344,16 @@ impl Service {
             Ok(Answer::Now(r)) => r,
             Ok(Answer::Outcome { owner, req }) => {
                 let answer = match self.outcomes.register(owner, req) {
-                    Some(rx) => Pending::Table(rx),
+                    Some(rx) => {
+                        // Registered after the engine's lock was released: a
+                        // command applied in between (Close) may have
+                        // withdrawn the request, and its outcome would then
+                        // never come. Its outcome, had it come, is in `rx`.
+                        if rx.is_empty() && !self.still_waits(owner, req) {
+                            self.outcomes.discard(owner, req);
+                        }
+                        Pending::Table(rx)
+                    }
                     None => {
                         let r = reply::refused(id, session::unknown_session(owner));
                         return self.answered(r, kind, since, out);
@@ -304,6 +386,12 @@ impl Service {
             Err(refusal) => reply::refused(id, refusal),
         };
         self.answered(r, kind, since, out)
+    }
+
+    /// Whether `req` of `owner` still waits in the table.
+    fn still_waits(&self, owner: OwnerId, req: ReqId) -> bool {
+        self.engine
+            .read(|t, _| t.ticket(owner, req) == crate::table::TicketState::Waiting)
     }
 
     fn answered(
@@ -405,8 +493,13 @@ impl Service {
     ) -> Result<Answer, Refusal> {
         let id = req.id;
         match kind {
-            RequestType::Ping => self.ping(conn, id).await,
-            RequestType::Hello => Ok(Answer::Now(self.hello(id))),
+            RequestType::Ping => self.ping(conn, &req).await,
+            RequestType::Hello => {
+                if req.session != 0 {
+                    self.named(conn, req.session)?;
+                }
+                Ok(Answer::Now(self.hello(id)))
+            }
             RequestType::OpenSession => self.open_session(conn, &req).await,
             RequestType::CloseSession => self.close_session(conn, &req).await,
             RequestType::Lock => self.lock(conn, req).await,
@@ -456,7 +549,7 @@ mod tests {
         Service::local(config, Access::default(), 1)
     }
 
-    fn connect(svc: &Service) -> Arc<Conn> {
+    fn connect(svc: &Arc<Service>) -> Connected {
         svc.connect(SocketAddr::from((Ipv4Addr::LOCALHOST, 1)), Vec::new())
     }
 
@@ -475,9 +568,9 @@ mod tests {
     }
 
     /// Runs `req`: its response, or the request answered later.
-    fn run(svc: &Arc<Service>, conn: &Arc<Conn>, req: Request) -> Result<Response, Waiting> {
+    fn run(svc: &Arc<Service>, conn: &Connected, req: Request) -> Result<Response, Waiting> {
         let mut out = BytesMut::new();
-        match svc.execute(conn, req, &mut out) {
+        match svc.execute(conn.conn(), req, &mut out) {
             Some(waiting) => Err(waiting),
             None => Ok(Response::decode(&out[dlock::codec::LEN_PREFIX..]).expect("a Response")),
         }
@@ -506,7 +599,7 @@ mod tests {
         };
         svc.engine().close();
         // The holder's connection closes as part of the shutdown.
-        svc.disconnect(&a, true);
+        drop(a);
         assert!(matches!(waiting.answer.try_take(), Err(Dropped)));
         let other = run(&svc, &b, request(RequestType::Lock, "other", 0));
         assert_eq!(status(&other), Some(ResponseStatus::ShuttingDown));
@@ -544,11 +637,38 @@ mod tests {
         let Err(mut waiting) = run(&svc, &b, lock) else {
             panic!("b should wait for k");
         };
-        svc.disconnect(&a, true);
+        drop(a);
         svc.engine().close();
         assert!(matches!(
             waiting.answer.try_take(),
             Ok(Some(Arrived::Woken(w))) if matches!(w.wake, WaitOutcome::Granted { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn a_connection_dropped_however_its_task_ends_ends_its_sessions() {
+        // The connection task owns its `Connected`; a panic unwinding it
+        // drops the value like any other end, and the keys are released.
+        let svc = service();
+        let a = connect(&svc);
+        assert_eq!(
+            status(&run(&svc, &a, request(RequestType::Lock, "k", 0))),
+            Some(ResponseStatus::Ok)
+        );
+        assert_eq!(held_and_waiting(&svc), (1, 0));
+        drop(a);
+        assert_eq!(held_and_waiting(&svc), (0, 0));
+        assert_eq!(svc.stats().connections, 0);
+    }
+
+    #[tokio::test]
+    async fn a_ping_naming_a_session_of_another_connection_is_refused() {
+        let svc = service();
+        let a = connect(&svc);
+        let mut ping = request(RequestType::Ping, "k", 0);
+        ping.lock = None;
+        ping.session = 7;
+        let r = run(&svc, &a, ping);
+        assert_eq!(status(&r), Some(ResponseStatus::UnknownSession));
     }
 }

@@ -63,7 +63,11 @@ pub async fn serve<S: Transport>(stream: S, shared: Arc<Shared>, shutdown: Cance
         }
     };
     let service = shared.service.clone();
-    let conn = service.connect(peer, stream.peer_names());
+    // Declared before the session, so it is dropped after it: the session's
+    // waiting request is abandoned (its Drop) before the connection's
+    // sessions end, whatever ends this task.
+    let mut connected = service.connect(peer, stream.peer_names());
+    let conn = connected.conn().clone();
     let keeper = CancellationToken::new();
     if service.engine().sessions_outlive_connections() {
         tokio::spawn(
@@ -75,10 +79,11 @@ pub async fn serve<S: Transport>(stream: S, shared: Arc<Shared>, shutdown: Cance
     // However this task ends, the keeper stops with it.
     let _keeper = keeper.drop_guard();
     tracing::debug!("connection opened");
-    // The session's waiting request is abandoned (its Drop) before the
-    // connection's sessions end.
     let end = Session::new(stream, &shared, &conn).run(&shutdown).await;
-    service.disconnect(&conn, matches!(end, End::ClientClosed));
+    if matches!(end, End::ClientClosed) {
+        connected.closed_by_client();
+    }
+    drop(connected);
     metrics::connection_closed(end.reason());
     // The server's own decisions to drop a client are worth an operator's
     // line (one per connection, never per request); a client leaving, a

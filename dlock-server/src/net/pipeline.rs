@@ -368,6 +368,7 @@ mod tests {
     use super::*;
     use crate::ops::acl::Access;
     use crate::ops::config::Config;
+    use crate::service::Connected;
     use clap::Parser;
     use dlock::proto::{RequestType, Response};
     use std::net::{Ipv4Addr, SocketAddr};
@@ -389,12 +390,12 @@ mod tests {
             }
         }
 
-        fn connect(&self) -> Arc<Conn> {
+        fn connect(&self) -> Connected {
             self.service.connect(peer(), Vec::new())
         }
 
-        fn execute(&self, p: &mut Pipeline, conn: &Arc<Conn>) {
-            p.execute(&self.service, conn);
+        fn execute(&self, p: &mut Pipeline, conn: &Connected) {
+            p.execute(&self.service, conn.conn());
         }
 
         fn pipeline(&self) -> Pipeline {
@@ -461,7 +462,7 @@ mod tests {
     /// the responses.
     fn run_all(
         f: &Fixture,
-        owner: &Arc<Conn>,
+        owner: &Connected,
         p: &mut Pipeline,
         wire: &mut BytesMut,
     ) -> (Vec<usize>, Vec<Response>) {

@@ -62,6 +62,8 @@ struct Server {
     health: Arc<Health>,
     /// The operator's HTTP port, with --metrics-listen.
     metrics: Option<metrics_http::MetricsServer>,
+    /// Stops the expiry task, and its handle.
+    expiry: (CancellationToken, tokio::task::JoinHandle<()>),
 }
 
 impl Server {
@@ -87,7 +89,10 @@ impl Server {
                 Service::raft(config, access, addr, stop).await?
             }
         };
-        tracker.spawn(service.engine().clone().run_expiry(cancel.clone()));
+        // Not tracked, and stopped only once the connections are drained:
+        // a draining cluster leader still expires leases and sessions.
+        let expiry_stop = CancellationToken::new();
+        let expiry = tokio::spawn(service.clone().run_expiry(expiry_stop.clone()));
         if let (Engine::Local(local), Some(file)) = (service.engine(), fence_file) {
             tracker.spawn(fence::run_keeper(local.clone(), file, cancel.clone()));
         }
@@ -121,6 +126,7 @@ impl Server {
             cancel,
             health,
             metrics,
+            expiry: (expiry_stop, expiry),
         };
         // Before the line that tells tests (and operators) the server is up:
         // a probe right after it must find the server ready. The listener is
@@ -238,6 +244,9 @@ impl Server {
         {
             tracing::warn!("connections still open after the shutdown timeout; leaving them");
         }
+        let (expiry_stop, expiry) = self.expiry;
+        expiry_stop.cancel();
+        let _ = expiry.await;
         if let Some(cluster) = self.shared.service.engine().cluster() {
             cluster.shutdown().await;
         }

@@ -82,8 +82,8 @@ impl Service {
     /// that makes it so, or at its wait limit.
     pub(super) fn watch(self: &Arc<Self>, conn: &Conn, req: Request) -> Result<Answer, Refusal> {
         let id = req.id;
-        let args = watch_args(&self.config, req.lock.unwrap_or_default())?;
         let caller = self.reader(conn, req.session)?;
+        let args = watch_args(&self.config, req.lock.unwrap_or_default())?;
         // A parked Watch is a task; the fuzz harness drives requests without
         // a runtime, and there it is refused rather than answered wrongly.
         if tokio::runtime::Handle::try_current().is_err() {

@@ -26,6 +26,7 @@ const LEADERSHIP_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 impl Service {
     pub(super) async fn lock(&self, conn: &Conn, mut req: Request) -> Result<Answer, Refusal> {
         let id = req.id;
+        self.named_if_any(conn, req.session)?;
         let args = lock_args(&self.config, req.lock.take().unwrap_or_default())?;
         let owner = self.owner(conn, req.session).await?;
         let cmd = self.numbered(&req, args.into_command(owner));
@@ -51,6 +52,7 @@ impl Service {
     /// and place in line, and noted as this connection's ticket.
     pub(super) async fn enqueue(&self, conn: &Conn, mut req: Request) -> Result<Answer, Refusal> {
         let id = req.id;
+        self.named_if_any(conn, req.session)?;
         let args = lock_args(&self.config, req.lock.take().unwrap_or_default())?;
         let owner = self.owner(conn, req.session).await?;
         if conn.state().tickets.len() >= self.config.max_pipeline {

@@ -16,7 +16,6 @@
 
 use super::hub::ChangeHub;
 use crate::engine::Deliveries;
-use crate::ops::metrics;
 use crate::table::{Command, Output, OwnerId, ReqId, Woken};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -81,9 +80,6 @@ impl Outcomes {
         // Watches look after the caller releases the table; one that looks
         // before that waits for the table and sees this command.
         self.hub.changed();
-        if out.expired_leases > 0 {
-            metrics::leases_expired(out.expired_leases);
-        }
         let mut deliveries = Deliveries::default();
         if out.woken.is_empty()
             && out.withdrawn.is_empty()
@@ -104,17 +100,20 @@ impl Outcomes {
                 None => deliveries.unattached.push(w),
             }
         }
-        if !out.withdrawn.is_empty() {
-            // Withdrawn without an outcome (a session's end, the server
-            // stopping): a registered request learns it by its sender
-            // being dropped. Rare, so a scan.
-            for a in sessions.values_mut() {
-                a.slots.retain(|req, _| !out.withdrawn.contains(req));
-            }
-        }
-        // An ended session goes whole, its slots with it.
+        // An ended session goes whole, its slots with it: its withdrawn
+        // requests are among them.
         for s in out.ended_sessions.iter().chain(&disconnected) {
             sessions.remove(s);
+        }
+        if !out.withdrawn.is_empty() && disconnected.is_none() && out.ended_sessions.is_empty() {
+            // Withdrawn without an outcome and without their session's end:
+            // the server stopping (Close). A registered request learns it
+            // by its sender being dropped. Once per server, so a scan; the
+            // withdrawn ids come in request order, so a binary search.
+            for a in sessions.values_mut() {
+                a.slots
+                    .retain(|req, _| out.withdrawn.binary_search(req).is_err());
+            }
         }
         drop(sessions);
         self.deliveries

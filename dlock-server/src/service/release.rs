@@ -25,6 +25,7 @@ impl Service {
         who: Option<&Identity>,
     ) -> Result<Answer, Refusal> {
         let id = req.id;
+        self.named_if_any(conn, req.session)?;
         let body = req.lock.take().unwrap_or_default();
         let fence = fence_of(&body);
         let lease = match kind {
@@ -61,6 +62,7 @@ impl Service {
         who: Option<&Identity>,
     ) -> Result<Answer, Refusal> {
         let id = req.id;
+        self.named_if_any(conn, req.session)?;
         let body = req.lock.unwrap_or_default();
         let fence = fence_of(&body);
         check_value(&body.value)?;

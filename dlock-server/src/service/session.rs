@@ -57,7 +57,11 @@ impl Service {
     /// session that ended meanwhile is said so: its locks may have gone to
     /// others. On the local engine sessions live as long as the connection
     /// that answers.
-    pub(super) async fn ping(&self, conn: &Conn, id: u64) -> Result<Answer, Refusal> {
+    pub(super) async fn ping(&self, conn: &Conn, req: &Request) -> Result<Answer, Refusal> {
+        let id = req.id;
+        if req.session != 0 {
+            self.named(conn, req.session)?;
+        }
         if self.engine.sessions_outlive_connections() {
             if let Some(gone) = self.keep_alive(conn).await? {
                 return Err(Refusal::new(
@@ -161,11 +165,20 @@ impl Service {
             ));
         }
         let owner = self.named(conn, req.session)?;
-        // Detached first: a grant decided before the session's end that
-        // nobody collected is released on the local engine.
-        let uncollected = self.outcomes.detach(owner, conn.id);
-        self.engine.release_undelivered(uncollected);
-        self.engine.submit(Command::Disconnect { owner }).await?;
+        if self.engine.sessions_outlive_connections() {
+            // Detached only once it has ended: a Disconnect that fails (no
+            // quorum) leaves the session open, and its outcomes must still
+            // reach it.
+            self.engine.submit(Command::Disconnect { owner }).await?;
+            self.outcomes.detach(owner, conn.id);
+        } else {
+            // Detached first, so a grant decided before the session's end
+            // that nobody collected is released (the local engine never
+            // fails a command).
+            let uncollected = self.outcomes.detach(owner, conn.id);
+            self.engine.release_undelivered(uncollected);
+            self.engine.submit(Command::Disconnect { owner }).await?;
+        }
         let mut st = conn.state();
         st.named.retain(|&s| s != owner);
         // Its queued requests went with it: they no longer count.
@@ -251,6 +264,15 @@ impl Service {
             Ok(session)
         } else {
             Err(unknown_session(session))
+        }
+    }
+
+    /// Refuses a request naming a session this connection may not name,
+    /// before its arguments are looked at: who acts comes first.
+    pub(super) fn named_if_any(&self, conn: &Conn, session: u64) -> Result<(), Refusal> {
+        match session {
+            0 => Ok(()),
+            s => self.named(conn, s).map(drop),
         }
     }
 
