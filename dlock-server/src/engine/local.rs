@@ -238,7 +238,7 @@ impl Local {
 
     /// Expires the leases and wait limits due by the clock's time and
     /// delivers the outcomes: what the expiry task submits (see
-    /// [`super::Engine::run_expiry`]); the fuzz harness calls it after
+    /// `Service::run_expiry` in the service); the fuzz harness calls it after
     /// moving its manual clock.
     pub fn advance(&self) -> Output {
         self.submit(Command::Advance)

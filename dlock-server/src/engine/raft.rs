@@ -61,7 +61,7 @@
 //! timeout. That is the safe direction: a lease never ends earlier than the
 //! client that holds it can compute. Clocks need not be synchronised; their
 //! rates are assumed to differ by a bounded amount, which clients' safety
-//! margins cover. While this node leads, the expiry task (`Engine::run_expiry`)
+//! margins cover. While this node leads, the expiry task (`Service::run_expiry`)
 //! proposes `Command::Advance` whenever the table's next deadline is due by
 //! cluster time (see `timer`).
 //!

@@ -1,5 +1,5 @@
 //! When a lease or wait limit falls due on cluster time, for the expiry
-//! task (`Engine::run_expiry`), which proposes [`Command::Advance`].
+//! task (`Service::run_expiry`), which proposes [`Command::Advance`].
 //!
 //! Only the leader proposes it, so only a leader finds anything due. It
 //! sleeps until the table's next deadline (converted to this node's clock
