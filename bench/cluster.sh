@@ -53,7 +53,11 @@ done
 deadline=$((SECONDS + 60))
 DLEADER="" ELEADER=""
 while [[ -z $DLEADER || -z $ELEADER ]]; do
-  (( SECONDS < deadline )) || { echo "cluster.sh: no leader within 60 s" >&2; tail "$TMP"/*.log >&2; exit 1; }
+  if (( SECONDS >= deadline )); then
+    [[ -n $DLEADER ]] || { echo "cluster.sh: dlock has no leader within 60 s" >&2; tail -n 20 "$TMP"/d*.log >&2; }
+    [[ -n $ELEADER ]] || { echo "cluster.sh: etcd has no leader within 60 s" >&2; tail -n 20 "$TMP"/e*.log >&2; }
+    exit 1
+  fi
   sleep 0.5
   if [[ -z $DLEADER ]]; then
     id=$("$BIN/dlock" cluster -s "${CLIENT[0]}" status 2>/dev/null | sed -n 's/.*; leader \([0-9]*\);.*/\1/p' | head -1 || true)

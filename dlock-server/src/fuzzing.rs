@@ -134,6 +134,11 @@ pub fn session(script: &[u8]) {
         if let Err(e) = db.check_invariants() {
             panic!("invariant broken: {e}");
         }
+        let waits =
+            |owner, req| db.read(|t, _| t.ticket(owner, req) == crate::table::TicketState::Waiting);
+        if let Err(e) = service.outcomes().check(waits) {
+            panic!("outcome registry out of step with the table: {e}");
+        }
     }
     for c in conns {
         harness.close(c);

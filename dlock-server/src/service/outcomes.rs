@@ -226,4 +226,24 @@ impl Outcomes {
         }
         Some(rx)
     }
+
+    /// Checks that every request registered for an outcome still waits
+    /// (`waits` asks the table): an outcome decided or a request withdrawn
+    /// removes its slot. For the fuzz harness, between steps.
+    ///
+    /// # Errors
+    /// The first registered request the table no longer has waiting.
+    pub fn check(&self, waits: impl Fn(OwnerId, ReqId) -> bool) -> Result<(), String> {
+        for (&owner, a) in self.lock().iter() {
+            for (&req, slot) in &a.slots {
+                if matches!(slot, Slot::Registered(_)) && !waits(owner, req) {
+                    return Err(format!(
+                        "request {req} of session {owner} is registered for an outcome \
+                         but no longer waits"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
