@@ -585,18 +585,25 @@ mod tests {
         (s.held_keys, s.waiting_requests)
     }
 
+    /// `a` holds `k` (as a lease of `lease_micro`, 0: none) and `b` waits
+    /// for it.
+    fn holder_and_waiter(svc: &Arc<Service>, lease_micro: u64) -> (Connected, Connected, Waiting) {
+        let (a, b) = (connect(svc), connect(svc));
+        let lock = request(RequestType::Lock, "k", lease_micro);
+        assert_eq!(
+            status(&run(svc, &a, lock.clone())),
+            Some(ResponseStatus::Ok)
+        );
+        let Err(waiting) = run(svc, &b, lock) else {
+            panic!("b should wait for k");
+        };
+        (a, b, waiting)
+    }
+
     #[tokio::test]
     async fn a_closed_local_engine_hands_released_keys_to_nobody() {
         let svc = service();
-        let (a, b) = (connect(&svc), connect(&svc));
-        let lock = request(RequestType::Lock, "k", 0);
-        assert_eq!(
-            status(&run(&svc, &a, lock.clone())),
-            Some(ResponseStatus::Ok)
-        );
-        let Err(mut waiting) = run(&svc, &b, lock) else {
-            panic!("b should wait for k");
-        };
+        let (a, b, mut waiting) = holder_and_waiter(&svc, 0);
         svc.engine().close();
         // The holder's connection closes as part of the shutdown.
         drop(a);
@@ -609,15 +616,7 @@ mod tests {
     #[tokio::test]
     async fn a_grant_nobody_receives_is_released() {
         let svc = service();
-        let (a, b) = (connect(&svc), connect(&svc));
-        let leased = request(RequestType::Lock, "k", 5_000_000);
-        assert_eq!(
-            status(&run(&svc, &a, leased.clone())),
-            Some(ResponseStatus::Ok)
-        );
-        let Err(waiting) = run(&svc, &b, leased) else {
-            panic!("b should wait for k");
-        };
+        let (a, _b, waiting) = holder_and_waiter(&svc, 5_000_000);
         // b stops listening (its connection is ending) before the grant.
         svc.abandon(waiting.answer);
         let unlock = run(&svc, &a, request(RequestType::Unlock, "k", 0));
@@ -628,15 +627,7 @@ mod tests {
     #[tokio::test]
     async fn an_outcome_decided_before_close_is_kept() {
         let svc = service();
-        let (a, b) = (connect(&svc), connect(&svc));
-        let lock = request(RequestType::Lock, "k", 0);
-        assert_eq!(
-            status(&run(&svc, &a, lock.clone())),
-            Some(ResponseStatus::Ok)
-        );
-        let Err(mut waiting) = run(&svc, &b, lock) else {
-            panic!("b should wait for k");
-        };
+        let (a, _b, mut waiting) = holder_and_waiter(&svc, 0);
         drop(a);
         svc.engine().close();
         assert!(matches!(

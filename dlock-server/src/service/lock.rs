@@ -31,12 +31,9 @@ impl Service {
         let owner = self.owner(conn, req.session).await?;
         let cmd = self.numbered(&req, args.into_command(owner));
         let out = self.engine.submit(cmd).await?;
-        let result = match out.reply {
-            Reply::Lock(result) => result,
-            Reply::Waited { req: r, outcome } => {
-                return Ok(Answer::Now(self.ended_wait(id, owner, r, outcome)))
-            }
-            other => return Err(self.unexpected(conn, owner, req.seq, other)),
+        let result = match self.lock_reply(conn, id, owner, req.seq, out.reply)? {
+            Ok(result) => result,
+            Err(answered) => return Ok(Answer::Now(answered)),
         };
         match reply::lock_result(&self.config, id, result) {
             Ok(r) => Ok(Answer::Now(r)),
@@ -71,11 +68,10 @@ impl Service {
                     .unwrap_or(0);
                 return Ok(Answer::Now(reply::queued(id, ticket, place)));
             }
-            Reply::Lock(result) => result,
-            Reply::Waited { req: r, outcome } => {
-                return Ok(Answer::Now(self.ended_wait(id, owner, r, outcome)))
-            }
-            other => return Err(self.unexpected(conn, owner, req.seq, other)),
+            other => match self.lock_reply(conn, id, owner, req.seq, other)? {
+                Ok(result) => result,
+                Err(answered) => return Ok(Answer::Now(answered)),
+            },
         };
         match reply::lock_result(&self.config, id, result) {
             Ok(r) => Ok(Answer::Now(r)),
@@ -125,6 +121,24 @@ impl Service {
                 Some(w) => Ok(Answer::Now(reply::woken(id, w, since))),
                 None => Err(reply::unknown_ticket(ticket)),
             },
+        }
+    }
+
+    /// What the table answered a Lock (or an Enqueue) submitted for
+    /// `owner`: its result, or the answer already due to a numbered request
+    /// sent again whose wait had ended (`Err`).
+    fn lock_reply(
+        &self,
+        conn: &Conn,
+        id: u64,
+        owner: OwnerId,
+        seq: u64,
+        reply: Reply,
+    ) -> Result<Result<LockResult, dlock::proto::Response>, Refusal> {
+        match reply {
+            Reply::Lock(result) => Ok(Ok(result)),
+            Reply::Waited { req, outcome } => Ok(Err(self.ended_wait(id, owner, req, outcome))),
+            other => Err(self.unexpected(conn, owner, seq, other)),
         }
     }
 
