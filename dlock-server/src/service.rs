@@ -388,6 +388,20 @@ impl Service {
         self.answered(r, kind, since, out)
     }
 
+    /// Resolves with NotLeader once this node no longer leads, checked
+    /// every second: a node that stopped leading learns no more outcomes
+    /// or changes (a snapshot from the new leader skips the sink), so what
+    /// waits on it must answer rather than wait forever.
+    async fn deposed(&self) -> Refusal {
+        const LEADERSHIP_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+        loop {
+            tokio::time::sleep(LEADERSHIP_CHECK).await;
+            if !self.engine.is_leader() {
+                return self.engine.not_leader().into();
+            }
+        }
+    }
+
     /// Whether `req` of `owner` still waits in the table.
     fn still_waits(&self, owner: OwnerId, req: ReqId) -> bool {
         self.engine
@@ -495,9 +509,7 @@ impl Service {
         match kind {
             RequestType::Ping => self.ping(conn, &req).await,
             RequestType::Hello => {
-                if req.session != 0 {
-                    self.named(conn, req.session)?;
-                }
+                self.named_if_any(conn, req.session)?;
                 Ok(Answer::Now(self.hello(id)))
             }
             RequestType::OpenSession => self.open_session(conn, &req).await,

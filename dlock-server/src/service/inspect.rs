@@ -21,10 +21,6 @@ use super::{Answer, Conn, Service};
 use crate::table::{FirstHolder, LockTable, OwnerId, Time};
 use dlock::proto::{KeyInfo, Request, ResponseStatus};
 use std::sync::Arc;
-use std::time::Duration;
-
-/// How often a parked Watch on a cluster checks that this node still leads.
-const LEADERSHIP_CHECK: Duration = Duration::from_secs(1);
 
 impl Service {
     /// The session a read acts for, to say which holds are the caller's:
@@ -121,18 +117,9 @@ impl Service {
                     .then(|| self.key_info(table, now, key, caller))
             })
         };
-        let waited = self.outcomes.hub().wait_for(args.deadline, look);
-        tokio::pin!(waited);
-        let found = loop {
-            tokio::select! {
-                found = &mut waited => break found,
-                // A node that stopped leading learns no more changes.
-                _ = tokio::time::sleep(LEADERSHIP_CHECK), if self.engine.cluster().is_some() => {
-                    if !self.engine.is_leader() {
-                        return Err(self.engine.not_leader().into());
-                    }
-                }
-            }
+        let found = tokio::select! {
+            found = self.outcomes.hub().wait_for(args.deadline, look) => found,
+            refusal = self.deposed(), if self.engine.cluster().is_some() => return Err(refusal),
         };
         match found {
             Some(info) => Ok(info),

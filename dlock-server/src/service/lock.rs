@@ -20,9 +20,6 @@ use crate::table::{LockResult, OwnerId, Reply, ReqId, TicketState, WaitOutcome, 
 use dlock::proto::{Request, ResponseStatus};
 use std::time::Instant;
 
-/// How often a waiting request's task checks that this node still leads.
-const LEADERSHIP_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
-
 impl Service {
     pub(super) async fn lock(&self, conn: &Conn, mut req: Request) -> Result<Answer, Refusal> {
         let id = req.id;
@@ -168,25 +165,19 @@ impl Service {
     /// snapshot from the new leader skips the sink): it answers rather
     /// than wait forever; the wait stays the session's.
     pub(super) async fn await_outcome(&self, owner: OwnerId, req: ReqId) -> Result<Woken, Refusal> {
-        let Some(mut rx) = self.outcomes.register(owner, req) else {
+        let Some(rx) = self.outcomes.register(owner, req) else {
             return Err(session::unknown_session(owner));
         };
-        loop {
-            tokio::select! {
-                r = &mut rx => {
-                    // Detached: the session ended, or its connection went
-                    // (then nobody reads this answer).
-                    return r.map_err(|_| Refusal::new(
-                        ResponseStatus::UnknownSession,
-                        "the session ended while the Lock waited",
-                    ));
-                }
-                _ = tokio::time::sleep(LEADERSHIP_CHECK) => {
-                    if !self.engine.is_leader() {
-                        return Err(self.engine.not_leader().into());
-                    }
-                }
+        tokio::select! {
+            r = rx => {
+                // Detached: the session ended, or its connection went
+                // (then nobody reads this answer).
+                r.map_err(|_| Refusal::new(
+                    ResponseStatus::UnknownSession,
+                    "the session ended while the Lock waited",
+                ))
             }
+            refusal = self.deposed() => Err(refusal),
         }
     }
 

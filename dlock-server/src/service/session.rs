@@ -59,9 +59,7 @@ impl Service {
     /// that answers.
     pub(super) async fn ping(&self, conn: &Conn, req: &Request) -> Result<Answer, Refusal> {
         let id = req.id;
-        if req.session != 0 {
-            self.named(conn, req.session)?;
-        }
+        self.named_if_any(conn, req.session)?;
         if self.engine.sessions_outlive_connections() {
             if let Some(gone) = self.keep_alive(conn).await? {
                 return Err(Refusal::new(
