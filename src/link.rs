@@ -374,9 +374,17 @@ async fn write_loop(
         }
         out.clear();
     }
-    let mut last_write = Instant::now();
-    let mut tick = tokio::time::interval(heartbeat.max(Duration::from_millis(10)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let heartbeat = heartbeat.max(Duration::from_millis(10));
+    // The next Ping is due one period after the last write, not on a fixed
+    // tick: a tick that finds the last write a hair under a period old
+    // would skip to the next one and double the gap between answers, which
+    // the safety deadline and a cluster failover's budget both pay for.
+    let ping_due = tokio::time::sleep(heartbeat);
+    tokio::pin!(ping_due);
+    // Checked on its own beat, so steady traffic (which keeps pushing the
+    // Ping back) does not hide an answer that never comes.
+    let mut check = tokio::time::interval(heartbeat);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let error = loop {
         let first = tokio::select! {
             _ = ended.cancelled() => break None,
@@ -387,15 +395,13 @@ async fn write_loop(
                     break None;
                 }
             },
-            _ = tick.tick() => {
-                if let Some(silent) = unanswered_too_long(&pending, st.session_ttl) {
-                    break Some(silent);
+            _ = check.tick() => {
+                match unanswered_too_long(&pending, st.session_ttl) {
+                    Some(silent) => break Some(silent),
+                    None => continue,
                 }
-                if last_write.elapsed() < heartbeat {
-                    continue;
-                }
-                heartbeat_call(&mut st.ping_id)
             }
+            _ = &mut ping_due => heartbeat_call(&mut st.ping_id),
         };
         let batch = with_queued_calls(first, &mut st.calls);
         encode_batch(batch, &pending, &mut st, &mut out);
@@ -408,7 +414,7 @@ async fn write_loop(
             break Some(Disconnect::Write(Arc::new(e)));
         }
         out.clear();
-        last_write = Instant::now();
+        ping_due.as_mut().reset(Instant::now() + heartbeat);
     };
     if st.closed {
         // A clean close: a cluster node ends the session at once.

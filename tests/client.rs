@@ -274,6 +274,39 @@ async fn pings_follow_the_servers_session_timeout_not_the_configured_heartbeat()
     assert!(!g.is_lost());
 }
 
+/// On paused time, so the period is exact: a Ping goes out one heartbeat
+/// after the last write, every time. (A fixed tick that skipped when the
+/// last write was a hair under a period old sent every other tick, which
+/// halved what a cluster client had left to resume in after a failover.)
+#[tokio::test(start_paused = true)]
+async fn a_quiet_holder_is_answered_at_least_once_a_heartbeat() {
+    let server = TestServer::start(Config {
+        idle_timeout: Duration::from_secs(4),
+        ..Config::default()
+    })
+    .await;
+    let c = client(&server).await;
+    let heartbeat = c.session_timeout() / 4;
+    let g = c.lock(["quiet"], LockOptions::new()).await.unwrap();
+    let window = dlock::safety::deadline(tokio::time::Instant::now(), c.session_timeout())
+        - tokio::time::Instant::now();
+    // A request on the lock's connection, off the beat of its first write.
+    tokio::time::sleep(heartbeat / 3).await;
+    g.client().inspect(["quiet"]).await.unwrap();
+    let step = Duration::from_millis(50);
+    for _ in 0..200 {
+        tokio::time::sleep(step).await;
+        let left = g.deadline() - tokio::time::Instant::now();
+        // The last answered Ping was sent at most a heartbeat (and the
+        // step this check lags by) ago.
+        assert!(
+            left + heartbeat + step >= window,
+            "{left:?} left of {window:?}: no answer for longer than a heartbeat ({heartbeat:?})"
+        );
+    }
+    assert!(!g.is_lost());
+}
+
 #[tokio::test]
 async fn a_zero_lease_means_no_lease_and_busy_differs_from_timed_out() {
     let server = TestServer::start(Config::default()).await;
