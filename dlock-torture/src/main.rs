@@ -1,9 +1,6 @@
 //! `dlock-torture`: parse options, run, exit with the verdict.
 
 mod cli;
-mod cluster_faults;
-mod cluster_honest;
-mod cluster_run;
 mod faults;
 mod history;
 mod honest;
@@ -11,6 +8,7 @@ mod report;
 mod run;
 mod target;
 mod wire;
+mod workload;
 
 use clap::Parser;
 
@@ -26,10 +24,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let verdict = match args.cluster {
-        Some(n) => runtime.block_on(cluster_run::run(args, n)),
-        None => runtime.block_on(run::run(args)),
-    };
+    let verdict = runtime.block_on(run::run(args));
     match verdict {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::FAILURE,

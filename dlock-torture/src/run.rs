@@ -1,35 +1,38 @@
-//! One torture run: start the target, run honest clients and faults until
-//! the deadline, then check the history and the server's state.
+//! One torture run, on either target: start it, run honest clients and
+//! faults until the deadline, then check the history, that the target
+//! drains to nothing, and that it stops cleanly.
+//!
+//! What differs by target is who attacks and which honest clients can
+//! follow: a single server meets hostile clients (`faults/clients.rs`) and
+//! is used both through raw frames (`honest/wire.rs`) and through the
+//! library (`honest/library.rs`); a cluster's nodes are killed, paused and
+//! cut off (`faults/nodes.rs`), and only the library's clients, which
+//! follow the leader and resume their sessions, use it.
 
 use crate::cli::Args;
-use crate::history::{History, Register};
-use crate::report::Report;
+use crate::faults::{clients, nodes};
+use crate::honest::{library, wire};
 use crate::target::{Target, IDLE_TIMEOUT};
-use crate::wire::Wire;
-use crate::{faults, honest};
-use dlock::proto::{RequestType, ServerStats};
-use std::net::SocketAddr;
+use crate::workload::{spread, Workload};
+use dlock::{Client, ClientOptions};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// What every client task of a run shares: the target, the keys, and the
-/// records the checker reads. Named apart from the server's `Shared`.
-pub struct Workload {
-    pub addr: SocketAddr,
-    pub keys: Vec<String>,
-    pub register: Register,
-    pub history: History,
-    pub report: Report,
-    pub stop_at: Instant,
-}
-
-/// Most faults in progress at once; the scheduler skips a turn beyond it.
+/// Most client-side faults in progress at once; the scheduler skips a
+/// turn beyond it.
 const MAX_CONCURRENT_FAULTS: usize = 64;
 
-/// Longest lease any client takes, plus the server's idle timeout and some
-/// slack: by then a correct server holds nothing.
-const DRAIN: Duration = Duration::from_secs(20);
+/// After every client left: the longest lease, the server's idle timeout
+/// or a session's TTL, and slack for a last election.
+const DRAIN_SLACK: Duration = Duration::from_secs(20);
+
+/// The longest lease the library's honest clients take.
+const MAX_LEASE: Duration = library::MAX_LEASE;
+
+/// How long the nodes may take to agree on the applied index once the
+/// cluster is empty.
+const CONVERGE: Duration = Duration::from_secs(20);
 
 /// Runs the whole thing: setup, the workload, the drain, the report.
 /// `Ok(true)` when no violation was found.
@@ -38,54 +41,129 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
     if !(args.fault_rate >= 0.0 && args.fault_rate <= 1_000.0) {
         anyhow::bail!("--fault-rate must be between 0 and 1000 per second");
     }
-    let target = match (&args.server_bin, &args.server) {
-        (Some(bin), _) => Target::child(bin)?,
-        (None, Some(addr)) => Target::external(addr, args.server_pid)?,
-        (None, None) => Target::in_process()?,
+    let target = match (args.cluster, &args.server_bin, &args.server) {
+        (Some(n), _, _) => {
+            println!("dlock-torture: cluster of {n}, seed {seed}");
+            Target::nodes(&args, n).await?
+        }
+        (None, Some(bin), _) => Target::child(bin)?,
+        (None, None, Some(addr)) => Target::external(addr, args.server_pid)?,
+        (None, None, None) => Target::in_process()?,
     };
     let began = std::time::Instant::now();
-    let sh = Arc::new(Workload {
-        addr: target.addr(),
-        keys: (0..args.keys).map(|i| format!("key-{i}")).collect(),
-        register: Register::default(),
-        history: History::default(),
-        report: Report::default(),
-        stop_at: Instant::now() + args.duration,
+    let sh = Arc::new(match target.cluster() {
+        // A fresh cluster elects its first leader meanwhile.
+        Some(_) => Workload::new(
+            &args,
+            target.servers(),
+            target.addr(),
+            calm_length(args.duration),
+            args.election_timeout * 4,
+        ),
+        None => Workload::new(
+            &args,
+            target.servers(),
+            target.addr(),
+            Duration::ZERO,
+            Duration::ZERO,
+        ),
     });
     let mut rss = RssSamples {
         start: target.rss(),
         ..RssSamples::default()
     };
-    drive(&args, &sh, &target, seed, &mut rss).await;
+    let (wire_clients, library_clients) = split_clients(&args, &target);
+    drive(&args, &sh, &target, seed, wire_clients, &mut rss).await;
     let workload = began.elapsed();
-    let stats = drain(&sh, &target, &mut rss).await?;
+
+    let (overlaps, examples) = sh.history.check();
+    sh.report
+        .violations_n("history (overlap or fence order)", overlaps, examples);
+    let drained = await_empty(&sh, &target).await;
+    rss.end = target.rss();
+    if let (Some(warm), Some(end)) = (rss.warm, rss.end) {
+        let allowed = warm + (warm / 2).max(16 << 20);
+        if end > allowed {
+            sh.report.violation(
+                "RSS did not return near baseline",
+                format!("{} MiB at the end, {} MiB warm", end >> 20, warm >> 20),
+            );
+        }
+    }
+    let converged = match target.cluster() {
+        Some(cluster) => Some(await_same_applied(&sh, cluster).await),
+        None => None,
+    };
+    let nodes = target.cluster().map(|c| c.len());
     let problems = target.stop().await;
     let n = problems.len() as u64;
     sh.report.violations_n("server", n, problems);
 
-    let mib = |b: Option<u64>| {
-        b.map_or("n/a".to_string(), |b| {
-            format!("{:.1} MiB", b as f64 / 1048576.0)
-        })
-    };
-    let summary = sh.report.summary(&[
-        ("seed", seed.to_string()),
-        ("clients", args.clients.to_string()),
+    let mut header = vec![("seed", seed.to_string())];
+    if let Some(n) = nodes {
+        header.push(("nodes", n.to_string()));
+    }
+    header.extend([
+        (
+            "clients",
+            format!("{wire_clients} on the wire, {library_clients} through the library"),
+        ),
         ("keys", args.keys.to_string()),
+    ]);
+    if let Some(n) = nodes {
+        header.push((
+            "clock rate",
+            clock_line(args.clock_rate, args.clock_nodes.min(n as u64), n as u64),
+        ));
+    }
+    header.extend([
         ("workload", format!("{:.1}s", workload.as_secs_f64())),
         ("total", format!("{:.1}s", began.elapsed().as_secs_f64())),
         ("holds checked", sh.history.len().to_string()),
-        ("server left", format!("{stats:?}")),
-        ("RSS start", mib(rss.start)),
-        ("RSS warm", mib(rss.warm)),
-        ("RSS peak", mib(Some(rss.peak).filter(|&p| p > 0))),
-        ("RSS end", mib(rss.end)),
+        ("empty after", drained),
     ]);
-    print!("{summary}");
+    match converged {
+        Some(converged) => header.extend([
+            ("same applied index", converged),
+            ("failovers", spread(&sh.failovers)),
+            ("sessions resumed after", spread(&sh.resumes)),
+            ("calm end checked", sh.calm_checked()),
+        ]),
+        None => {
+            let mib = |b: Option<u64>| {
+                b.map_or("n/a".to_string(), |b| {
+                    format!("{:.1} MiB", b as f64 / 1048576.0)
+                })
+            };
+            header.extend([
+                ("RSS start", mib(rss.start)),
+                ("RSS warm", mib(rss.warm)),
+                ("RSS peak", mib(Some(rss.peak).filter(|&p| p > 0))),
+                ("RSS end", mib(rss.end)),
+            ]);
+        }
+    }
+    let counts = sh.counts.lines();
+    header.extend(counts.iter().map(|(k, v)| (*k, v.to_string())));
+    print!("{}", sh.report.summary(&header));
     Ok(sh.report.violation_count() == 0)
 }
 
-/// The server's resident set size where a run samples it.
+/// How many of `--clients` speak raw frames and how many use the
+/// library: on a cluster all use the library (the wire-level client does
+/// not follow a leader); on a single server a quarter do.
+fn split_clients(args: &Args, target: &Target) -> (u32, u32) {
+    match target.cluster() {
+        Some(_) => (0, args.clients),
+        None => {
+            let library = args.clients / 4;
+            (args.clients - library, library)
+        }
+    }
+}
+
+/// The server's resident set size where a run samples it (a single
+/// server only).
 #[derive(Default)]
 struct RssSamples {
     start: Option<u64>,
@@ -99,16 +177,33 @@ struct RssSamples {
 
 /// Runs the honest clients and the faults until the deadline, sampling
 /// the server's memory meanwhile, and waits for every task to end.
-async fn drive(args: &Args, sh: &Arc<Workload>, target: &Target, seed: u64, rss: &mut RssSamples) {
+async fn drive(
+    args: &Args,
+    sh: &Arc<Workload>,
+    target: &Target,
+    seed: u64,
+    wire_clients: u32,
+    rss: &mut RssSamples,
+) {
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..u64::from(args.clients) {
-        tasks.spawn(honest::run(
-            c,
-            sh.clone(),
-            seed ^ c.wrapping_mul(0x9e37_79b9),
-        ));
+        let seed = seed ^ c.wrapping_mul(0x9e37_79b9);
+        if c < u64::from(wire_clients) {
+            tasks.spawn(wire::run(c, sh.clone(), seed));
+        } else {
+            tasks.spawn(library::run(c, sh.clone(), seed));
+        }
     }
-    let faults = tokio::spawn(schedule_faults(sh.clone(), args.fault_rate, seed));
+    let faults = match target.cluster() {
+        Some(cluster) => tokio::spawn(nodes::schedule(
+            sh.clone(),
+            cluster.clone(),
+            args.fault_every,
+            args.max_faults as usize,
+            seed,
+        )),
+        None => tokio::spawn(schedule_client_faults(sh.clone(), args.fault_rate, seed)),
+    };
 
     // RSS once the workload is warm, and its peak, sampled while it runs.
     tokio::time::sleep(Duration::from_secs(1).min(args.duration / 4)).await;
@@ -127,34 +222,9 @@ async fn drive(args: &Args, sh: &Arc<Workload>, target: &Target, seed: u64, rss:
     }
 }
 
-/// Every client is gone: the server must drain to nothing, the history
-/// must hold no overlap, and memory must come back near where it was warm.
-async fn drain(
-    sh: &Workload,
-    target: &Target,
-    rss: &mut RssSamples,
-) -> anyhow::Result<Option<ServerStats>> {
-    let mut control = Wire::connect(sh.addr).await?;
-    let stats = await_empty(&mut control, sh).await;
-    let (overlaps, examples) = sh.history.check();
-    sh.report
-        .violations_n("history (overlap or fence order)", overlaps, examples);
-    rss.end = target.rss();
-    if let (Some(warm), Some(end)) = (rss.warm, rss.end) {
-        let allowed = warm + (warm / 2).max(16 << 20);
-        if end > allowed {
-            sh.report.violation(
-                "RSS did not return near baseline",
-                format!("{} MiB at the end, {} MiB warm", end >> 20, warm >> 20),
-            );
-        }
-    }
-    Ok(stats)
-}
-
-/// Starts faults at `rate` per second, cycling through the kinds, until the
-/// run's deadline; waits for those in progress to finish.
-async fn schedule_faults(sh: Arc<Workload>, rate: f64, seed: u64) {
+/// Starts client-side faults at `rate` per second, cycling through the
+/// kinds, until the run's deadline; waits for those in progress to finish.
+async fn schedule_client_faults(sh: Arc<Workload>, rate: f64, seed: u64) {
     if rate <= 0.0 {
         return;
     }
@@ -174,7 +244,7 @@ async fn schedule_faults(sh: Arc<Workload>, rate: f64, seed: u64) {
         let sh = sh.clone();
         let id = 1_000_000 + n;
         set.spawn(async move {
-            faults::run(n as usize, id, sh, seed ^ id).await;
+            clients::run(n as usize, id, sh, seed ^ id).await;
             drop(permit);
         });
         n += 1;
@@ -183,33 +253,92 @@ async fn schedule_faults(sh: Arc<Workload>, rate: f64, seed: u64) {
     while set.join_next().await.is_some() {}
 }
 
-/// Polls the server's stats until it holds nothing, has no waiters and
-/// only the control connection; a violation if that takes too long.
-async fn await_empty(control: &mut Wire, sh: &Workload) -> Option<ServerStats> {
-    let deadline = Instant::now() + DRAIN + IDLE_TIMEOUT;
-    let mut last = None;
+/// Which nodes' clocks run at what rate, for the summary.
+fn clock_line(rate: f64, skewed: u64, nodes: u64) -> String {
+    if skewed == 0 || rate == 1.0 {
+        return "exact on every node".into();
+    }
+    let who = match skewed {
+        1 => "node 1".to_string(),
+        n if n >= nodes => "every node".to_string(),
+        n => format!("nodes 1-{n}"),
+    };
+    format!("{rate}x real time on {who}")
+}
+
+/// The fault-free end of a cluster run: a third of it, at most 30 s.
+fn calm_length(run: Duration) -> Duration {
+    (run / 3).min(Duration::from_secs(30))
+}
+
+/// Every client is gone: the server (a cluster's leader) must come to
+/// hold no key and have no waiter within a lease and its idle timeout or
+/// session TTL, plus slack; a single server must also be left with only
+/// the checker's connection. Returns how long it took, for the summary.
+async fn await_empty(sh: &Workload, target: &Target) -> String {
+    let began = Instant::now();
+    let (owner_bound, lone_connection) = match target.cluster() {
+        Some(_) => (sh.session_ttl, false),
+        None => (IDLE_TIMEOUT, true),
+    };
+    let deadline = began + owner_bound + MAX_LEASE + DRAIN_SLACK;
+    let options = ClientOptions {
+        connect_timeout: Duration::from_secs(2),
+        ..ClientOptions::default()
+    };
+    let mut last = String::from("no answer");
     while Instant::now() < deadline {
-        let req = control.request(RequestType::Inspect, &[]);
-        match control.call(req, Duration::from_secs(10)).await {
-            Ok(r) => {
-                last = r.server_stats;
-                if let Some(s) = &last {
-                    if s.held_keys == 0 && s.waiting_requests == 0 && s.connections <= 1 {
-                        return last;
+        match Client::connect_with(sh.servers.as_str(), options.clone()).await {
+            Ok(control) => {
+                while Instant::now() < deadline {
+                    match control.stats().await {
+                        Ok(s)
+                            if s.held_keys == 0
+                                && s.waiting_requests == 0
+                                && (!lone_connection || s.connections <= 1) =>
+                        {
+                            return format!("{:.1}s", began.elapsed().as_secs_f64());
+                        }
+                        Ok(s) => last = format!("{s:?}"),
+                        Err(e) => {
+                            last = e.to_string();
+                            break;
+                        }
                     }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
-            Err(e) => {
-                sh.report
-                    .violation("control connection failed", e.to_string());
-                return None;
-            }
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sh.report
+        .violation("server not empty after every client left", last.clone());
+    format!("NOT within the bound: {last}")
+}
+
+/// Every node must report the same last applied index, all at once,
+/// within [`CONVERGE`].
+async fn await_same_applied(sh: &Workload, cluster: &nodes::Cluster) -> String {
+    let began = Instant::now();
+    let mut last = Vec::new();
+    while began.elapsed() < CONVERGE {
+        last.clear();
+        for i in 0..cluster.len() {
+            last.push(cluster.status(i).await.map(|s| s.last_applied_index));
+        }
+        if last.iter().all(|a| a.is_some() && *a == last[0]) {
+            return format!(
+                "{} on every node within {:.1}s",
+                last[0].unwrap_or_default(),
+                began.elapsed().as_secs_f64()
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     sh.report.violation(
-        "server not empty after every client left",
-        format!("{last:?}"),
+        "nodes disagree on the applied index",
+        format!("{last:?} after {CONVERGE:?}"),
     );
-    last
+    format!("NOT within {CONVERGE:?}: {last:?}")
 }

@@ -1,11 +1,14 @@
-//! The server under test: inside this process, a child process, or one
-//! already running elsewhere on loopback.
+//! The server under test: inside this process, a child process, one
+//! already running elsewhere on loopback, or a cluster of node processes.
 
+use crate::cli::Args;
+use crate::faults::nodes::{Cluster, Links};
 use anyhow::{bail, Context};
 use dlock::proc_sample::ProcSample;
+use dlock_server::testing::nodes::NodeProcesses;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,7 +45,15 @@ pub enum Target {
         addr: SocketAddr,
         pid: Option<u32>,
     },
+    /// Node processes on loopback; `addr` is the first one's client port.
+    Nodes {
+        cluster: Arc<Cluster>,
+        addr: SocketAddr,
+    },
 }
+
+/// How long a node may take to exit on SIGTERM.
+const TERM_LIMIT: Duration = Duration::from_secs(20);
 
 impl Target {
     /// A server on its own runtime and threads, so the clients' load does
@@ -137,11 +148,65 @@ impl Target {
         Ok(Target::External { addr, pid })
     }
 
+    /// `nodes` node processes of the `dlock-server` binary (`--server-bin`,
+    /// or the one beside this program), with proxies on their links
+    /// unless `--no-partitions`, started and ready for clients.
+    pub async fn nodes(args: &Args, nodes: u64) -> anyhow::Result<Target> {
+        let bin = server_bin(args)?;
+        let flags = [
+            "--heartbeat".to_string(),
+            dlock::duration::format(args.heartbeat),
+            "--election-timeout".to_string(),
+            dlock::duration::format(args.election_timeout),
+            "--log-level".to_string(),
+            "info".to_string(),
+        ];
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let mut procs = NodeProcesses::prepare(bin, nodes, &flags);
+        let rate = args.clock_rate.to_string();
+        for i in 0..args.clock_nodes.min(nodes) {
+            procs.node_flags(i as usize, &["--test-clock-rate", &rate]);
+        }
+        let links = if args.no_partitions {
+            None
+        } else {
+            Some(Links::install(&mut procs).await)
+        };
+        let addr = procs.addr(0);
+        let procs = tokio::task::spawn_blocking(move || {
+            procs.start_all();
+            procs
+        })
+        .await
+        .context("the nodes did not start")?;
+        Ok(Target::Nodes {
+            cluster: Arc::new(Cluster::new(procs, links)),
+            addr,
+        })
+    }
+
     pub fn addr(&self) -> SocketAddr {
         match self {
             Target::InProcess { addr, .. }
             | Target::Child { addr, .. }
-            | Target::External { addr, .. } => *addr,
+            | Target::External { addr, .. }
+            | Target::Nodes { addr, .. } => *addr,
+        }
+    }
+
+    /// The address list a client of the library is given.
+    pub fn servers(&self) -> String {
+        match self {
+            Target::Nodes { cluster, .. } => cluster.client_addrs(),
+            t => t.addr().to_string(),
+        }
+    }
+
+    /// The nodes, on a cluster.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        match self {
+            Target::Nodes { cluster, .. } => Some(cluster),
+            _ => None,
         }
     }
 
@@ -152,6 +217,7 @@ impl Target {
             Target::InProcess { .. } => std::process::id(),
             Target::Child { child, .. } => child.id(),
             Target::External { pid, .. } => (*pid)?,
+            Target::Nodes { .. } => return None,
         };
         ProcSample::read(pid).map(|s| s.rss)
     }
@@ -198,7 +264,50 @@ impl Target {
                 problems.extend(panics.lock().unwrap_or_else(|p| p.into_inner()).drain(..));
             }
             Target::External { .. } => {}
+            Target::Nodes { cluster, .. } => {
+                let outcome = tokio::task::spawn_blocking(move || {
+                    let mut n = cluster.nodes();
+                    let exits: Vec<_> = (0..n.len()).map(|i| n.terminate(i, TERM_LIMIT)).collect();
+                    (exits, n.any_panicked())
+                })
+                .await;
+                let Ok((exits, panicked)) = outcome else {
+                    return vec!["cannot stop the nodes: the stopping thread failed".into()];
+                };
+                for (i, status) in exits.into_iter().enumerate() {
+                    match status {
+                        Some(s) if s.success() => {}
+                        Some(s) => problems.push(format!("node {i} exited with {s} on SIGTERM")),
+                        None => problems.push(format!(
+                            "node {i}: not running or no exit within {TERM_LIMIT:?} of SIGTERM"
+                        )),
+                    }
+                }
+                if panicked {
+                    problems.push("a node's log says \"panicked\"".into());
+                }
+            }
         }
         problems
     }
+}
+
+/// The `dlock-server` binary: `--server-bin`, or the one beside this
+/// program (where cargo builds both).
+fn server_bin(args: &Args) -> anyhow::Result<PathBuf> {
+    if let Some(b) = &args.server_bin {
+        return Ok(b.clone());
+    }
+    let exe = std::env::current_exe().context("cannot find this program's path")?;
+    let bin = exe
+        .parent()
+        .map(|d| d.join("dlock-server"))
+        .context("this program has no directory")?;
+    if !bin.exists() {
+        bail!(
+            "{} is missing: build it (cargo build -p dlock-server) or pass --server-bin",
+            bin.display()
+        );
+    }
+    Ok(bin)
 }

@@ -1,5 +1,6 @@
-//! A short torture run in every `cargo test`: honest clients and every
-//! kind of fault against an in-process server, zero violations required.
+//! A short torture run in every `cargo test`: honest clients (on raw
+//! frames and through the library) and every kind of fault against an
+//! in-process server, zero violations required.
 //! The long run is documented in docs/RELIABILITY.md.
 
 use std::process::Command;
@@ -17,6 +18,11 @@ fn short_run_has_no_violations() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("violations                 0"), "{stdout}");
+    // A quarter of the honest clients go through the library.
+    assert!(
+        stdout.contains("12 on the wire, 4 through the library"),
+        "{stdout}"
+    );
     // Every fault kind ran at least once.
     for kind in [
         "rst while holding",

@@ -6,7 +6,7 @@
 //! a follower's log file cut short; the clients cut from the leader, silently
 //! or by resets), each healed after a random time.
 
-use crate::cluster_run::ClusterWorkload;
+use crate::workload::Workload;
 use dlock::proto::ClusterInfo;
 use dlock_server::testing::nodes::NodeProcesses;
 use dlock_server::testing::peer_links::PeerLinks;
@@ -309,7 +309,7 @@ impl Kind {
 /// that apart), at most `max` at once, until the run's deadline; waits for
 /// those in progress to heal.
 pub async fn schedule(
-    sh: Arc<ClusterWorkload>,
+    sh: Arc<Workload>,
     cluster: Arc<Cluster>,
     every: Duration,
     max: usize,
@@ -429,7 +429,7 @@ async fn run_fault(
     nodes: &[usize],
     heal_after: Duration,
     fraction: f64,
-    sh: &ClusterWorkload,
+    sh: &Workload,
     cluster: &Arc<Cluster>,
 ) {
     sh.report.fault(kind.name());

@@ -1,12 +1,13 @@
-//! An honest client of a cluster, through the cluster-aware library: it
-//! locks random keys (some as leases), writes to the fenced register while
-//! it holds them and its guard does not say the lock may be lost, and
-//! checks every answer: a lock refused or lost while its session lives and
-//! its lease runs is a violation, as is a request without an answer.
+//! An honest client through the library, on either target: it locks
+//! random keys (some as leases), writes to the fenced register while it
+//! holds them and its guard does not say the lock may be lost, and checks
+//! every answer: a lock refused or lost while its session (on a single
+//! server, its connection) lives and its lease runs is a violation, as is
+//! a request without an answer.
 
-use crate::cluster_run::ClusterWorkload;
 use crate::history::Hold;
 use crate::report::add;
+use crate::workload::Workload;
 use dlock::{Client, ClientOptions, Error, Event, LockGuard, LockOptions, Lost};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,11 +17,14 @@ use tokio::time::Instant;
 /// failover, a fault's heal and a session's TTL. Longer is a hang.
 const ANSWER_BOUND: Duration = Duration::from_secs(60);
 
+/// The longest lease these clients take.
+pub const MAX_LEASE: Duration = Duration::from_secs(3);
+
 /// How long before its guard's alarm a lease held to the edge is used
 /// for the last time and unlocked: timer slack on a loaded machine.
 const EDGE: Duration = Duration::from_millis(20);
 
-pub async fn run(client: u64, sh: Arc<ClusterWorkload>, seed: u64) {
+pub async fn run(client: u64, sh: Arc<Workload>, seed: u64) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let options = ClientOptions {
         session_ttl: Some(sh.session_ttl),
@@ -50,7 +54,7 @@ pub async fn run(client: u64, sh: Arc<ClusterWorkload>, seed: u64) {
 }
 
 /// Counts resumed sessions and how long each was without a connection.
-async fn watch_events(c: Client, sh: Arc<ClusterWorkload>) {
+async fn watch_events(c: Client, sh: Arc<Workload>) {
     let mut events = c.events();
     drop(c);
     loop {
@@ -76,7 +80,7 @@ async fn watch_events(c: Client, sh: Arc<ClusterWorkload>) {
 
 /// One lock's life: ask, hold, leave by Unlock or by letting a lease run
 /// out.
-async fn round(client: u64, c: &Client, sh: &ClusterWorkload, rng: &mut fastrand::Rng) {
+async fn round(client: u64, c: &Client, sh: &Workload, rng: &mut fastrand::Rng) {
     let n = rng.usize(1..=3.min(sh.keys.len()));
     let keys: Vec<String> = rng.choose_multiple(sh.keys.iter().cloned(), n);
     let mut options = LockOptions::new();
@@ -91,7 +95,8 @@ async fn round(client: u64, c: &Client, sh: &ClusterWorkload, rng: &mut fastrand
     if !wait.is_zero() {
         options = options.wait(wait);
     }
-    let lease = (rng.u8(0..3) == 0).then(|| Duration::from_millis(rng.u64(500..3_000)));
+    let lease = (rng.u8(0..3) == 0)
+        .then(|| Duration::from_millis(rng.u64(500..MAX_LEASE.as_millis() as u64)));
     if let Some(l) = lease {
         options = options.lease(l);
     }
@@ -147,7 +152,7 @@ async fn round(client: u64, c: &Client, sh: &ClusterWorkload, rng: &mut fastrand
 
 /// An error of a request: the end of its session (counted: faults end
 /// sessions), or a violation.
-fn session_or_violation(client: u64, sh: &ClusterWorkload, what: &str, e: Error) {
+fn session_or_violation(client: u64, sh: &Workload, what: &str, e: Error) {
     match e {
         Error::ConnectionLost(e) if sh.sessions_owed() => sh.report.violation(
             "session lost with the leader and a majority up",
@@ -177,7 +182,7 @@ async fn hold(
     client: u64,
     mut guard: LockGuard,
     shared: bool,
-    sh: &ClusterWorkload,
+    sh: &Workload,
     rng: &mut fastrand::Rng,
 ) {
     let start = Instant::now();
@@ -280,7 +285,7 @@ async fn wait_or_lost(guard: &LockGuard, d: Duration) -> Option<Lost> {
 /// Unlocks, or now and then lets a lease run out. The cluster must still
 /// hold the keys for this client unless the guard's deadline passed or its
 /// session ended.
-async fn release(client: u64, guard: LockGuard, sh: &ClusterWorkload, rng: &mut fastrand::Rng) {
+async fn release(client: u64, guard: LockGuard, sh: &Workload, rng: &mut fastrand::Rng) {
     if guard.lease().is_some() && rng.u8(0..10) == 0 {
         add(&sh.report.ops.lease_expiries, 1);
         let _ = guard.into_parts();
@@ -315,7 +320,7 @@ async fn release(client: u64, guard: LockGuard, sh: &ClusterWorkload, rng: &mut 
 /// Uses every key the guard holds under its fence, reading when held
 /// shared and writing otherwise; the register must accept, since the client
 /// holds them.
-fn write_register(client: u64, sh: &ClusterWorkload, guard: &LockGuard, shared: bool) {
+fn write_register(client: u64, sh: &Workload, guard: &LockGuard, shared: bool) {
     for k in guard.keys() {
         add(&sh.report.ops.register_writes, 1);
         if !sh.register.touch(k, guard.fence(), shared) {
