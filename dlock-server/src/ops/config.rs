@@ -22,7 +22,7 @@ pub struct Config {
     /// and named identities with rules such as "lock jobs/*" (see
     /// docs/PROTOCOL.md). When set, every request must come from one of
     /// them. Re-read on SIGHUP.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, env = "DLOCK_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
 
     /// Serve clients over TLS with this certificate chain (PEM, leaf
@@ -57,88 +57,88 @@ pub struct Config {
 
     /// File that keeps fencing tokens increasing even if the wall clock steps
     /// back across a restart. Without it tokens are derived from the clock.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, env = "DLOCK_FENCE_FILE", value_name = "PATH")]
     pub fence_file: Option<PathBuf>,
 
     /// Largest request frame body, in bytes.
-    #[arg(long, default_value_t = dlock::DEFAULT_MAX_FRAME, value_parser = frame_size)]
+    #[arg(long, env = "DLOCK_MAX_FRAME", default_value_t = dlock::DEFAULT_MAX_FRAME, value_parser = frame_size)]
     pub max_frame: usize,
 
     /// Most keys in one request.
-    #[arg(long, default_value_t = 256, value_parser = positive)]
+    #[arg(long, env = "DLOCK_MAX_KEYS", default_value_t = 256, value_parser = positive)]
     pub max_keys: usize,
 
     /// Longest key, in bytes.
-    #[arg(long, default_value_t = 1024, value_parser = positive)]
+    #[arg(long, env = "DLOCK_MAX_KEY_LEN", default_value_t = 1024, value_parser = positive)]
     pub max_key_len: usize,
 
     /// Most client connections at once; further clients get LimitReached.
-    #[arg(long, default_value_t = 10_000, value_parser = positive)]
+    #[arg(long, env = "DLOCK_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = positive)]
     pub max_connections: usize,
 
     /// Most unanswered requests per connection; the server stops reading the
     /// connection until it catches up.
-    #[arg(long, default_value_t = 1024, value_parser = positive)]
+    #[arg(long, env = "DLOCK_MAX_PIPELINE", default_value_t = 1024, value_parser = positive)]
     pub max_pipeline: usize,
 
     /// Most sessions (OpenSession) one connection may have open at once.
-    #[arg(long, default_value_t = 256, value_parser = positive)]
+    #[arg(long, env = "DLOCK_MAX_SESSIONS", default_value_t = 256, value_parser = positive)]
     pub max_sessions: usize,
 
     /// Most sessions open at once in a cluster, over all clients and
     /// nodes: a new one beyond it is refused (LimitReached). Each session
     /// costs memory on every node for its TTL after its client left.
-    #[arg(long, default_value_t = 100_000, value_parser = positive, help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_MAX_CLUSTER_SESSIONS", default_value_t = 100_000, value_parser = positive, help_heading = "Cluster")]
     pub max_cluster_sessions: usize,
 
     /// Most Watch requests parked at once, over all connections; a Watch
     /// beyond it is refused (WatchLimit). 0 turns Watch off. Each parked
     /// Watch is re-checked after every change to the table.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, env = "DLOCK_MAX_WATCHERS", default_value_t = 1024)]
     pub max_watchers: usize,
 
     /// Most Lock requests waiting at once, over all connections.
-    #[arg(long, default_value_t = 100_000, value_parser = positive)]
+    #[arg(long, env = "DLOCK_MAX_WAITERS", default_value_t = 100_000, value_parser = positive)]
     pub max_waiters: usize,
 
     /// Most keys held at once, over all connections.
-    #[arg(long, default_value_t = 4_000_000, value_parser = positive)]
+    #[arg(long, env = "DLOCK_MAX_HELD_KEYS", default_value_t = 4_000_000, value_parser = positive)]
     pub max_held_keys: usize,
 
     /// Longest lease a Lock or Renew may ask for.
-    #[arg(long, default_value = "30days", value_parser = dlock::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_MAX_LEASE", default_value = "30days", value_parser = dlock::duration::parse_positive)]
     pub max_lease: Duration,
 
     /// Close a connection that sends no complete request for this long.
-    #[arg(long, default_value = "60s", value_parser = dlock::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_IDLE_TIMEOUT", default_value = "60s", value_parser = dlock::duration::parse_positive)]
     pub idle_timeout: Duration,
 
     /// Close a connection whose responses cannot be written for this long
     /// (a client that stopped reading).
-    #[arg(long, default_value = "10s", value_parser = dlock::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_WRITE_TIMEOUT", default_value = "10s", value_parser = dlock::duration::parse_positive)]
     pub write_timeout: Duration,
 
     /// TCP keepalive: idle time before the first probe.
-    #[arg(long, default_value = "30s", value_parser = dlock::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_KEEPALIVE_TIME", default_value = "30s", value_parser = dlock::duration::parse_positive)]
     pub keepalive_time: Duration,
 
     /// TCP keepalive: time between probes.
-    #[arg(long, default_value = "10s", value_parser = dlock::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_KEEPALIVE_INTERVAL", default_value = "10s", value_parser = dlock::duration::parse_positive)]
     pub keepalive_interval: Duration,
 
     /// TCP keepalive: unanswered probes before the connection is dropped.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=255))]
+    #[arg(long, env = "DLOCK_KEEPALIVE_RETRIES", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=255))]
     pub keepalive_retries: u32,
 
     /// How long shutdown waits for connections to finish.
-    #[arg(long, default_value = "5s", value_parser = dlock::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_SHUTDOWN_TIMEOUT", default_value = "5s", value_parser = dlock::duration::parse_positive)]
     pub shutdown_timeout: Duration,
 
     /// Worker threads; 0 = one per CPU core. With 1 the server runs on a
     /// single thread: no cross-thread wake-ups, and a release hands its key
     /// to the next waiter before answering the releaser, which makes lock
     /// hand-offs on a contended key about 30% faster (see BENCHMARKS.md).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "DLOCK_THREADS", default_value_t = 0)]
     pub threads: usize,
 
     /// Serve Prometheus metrics (/metrics) and health probes (/healthz,
@@ -147,7 +147,7 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
 
     /// Log filter (e.g. info, debug, dlock_server=trace). Overrides RUST_LOG.
-    #[arg(long)]
+    #[arg(long, env = "DLOCK_LOG_LEVEL")]
     pub log_level: Option<String>,
 
     /// Log line format: text for people, json (one object per line) for a
@@ -159,34 +159,50 @@ pub struct Config {
     /// (docs/CLUSTER.md). Alone: one durable node that keeps leases, holders
     /// and fences across restarts. Without it the server keeps everything
     /// in memory, as a single process.
-    #[arg(long, value_name = "DIR", help_heading = "Cluster")]
+    #[arg(
+        long,
+        env = "DLOCK_DATA_DIR",
+        value_name = "DIR",
+        help_heading = "Cluster"
+    )]
     pub data_dir: Option<PathBuf>,
 
     /// This node's id in the cluster: unique, never reused.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_NODE_ID", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Cluster")]
     pub node_id: u64,
 
     /// Address the other nodes connect to (the peer port). Needed when the
     /// cluster has more than one node; a cluster of one listens on an
     /// ephemeral loopback port.
-    #[arg(long, value_name = "ADDR", help_heading = "Cluster")]
+    #[arg(
+        long,
+        env = "DLOCK_PEER_LISTEN",
+        value_name = "ADDR",
+        help_heading = "Cluster"
+    )]
     pub peer_listen: Option<SocketAddr>,
 
     /// Client address other nodes give clients in NotLeader answers
     /// (default: --listen's address).
-    #[arg(long, value_name = "ADDR", help_heading = "Cluster")]
+    #[arg(
+        long,
+        env = "DLOCK_ADVERTISE_CLIENT",
+        value_name = "ADDR",
+        help_heading = "Cluster"
+    )]
     pub advertise_client: Option<String>,
 
     /// Encrypt and authenticate the peer port with mutual TLS: this node's
     /// certificate chain (PEM, leaf first), which must name the host of its
     /// peer address (an IP or DNS subject alternative name). Every node of
     /// the cluster needs --peer-tls-cert, --peer-tls-key and --peer-tls-ca.
-    #[arg(long, value_name = "PATH", requires_all = ["peer_tls_key", "peer_tls_ca"], help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_PEER_TLS_CERT", value_name = "PATH", requires_all = ["peer_tls_key", "peer_tls_ca"], help_heading = "Cluster")]
     pub peer_tls_cert: Option<PathBuf>,
 
     /// Private key (PEM) of --peer-tls-cert.
     #[arg(
         long,
+        env = "DLOCK_PEER_TLS_KEY",
         value_name = "PATH",
         requires = "peer_tls_cert",
         help_heading = "Cluster"
@@ -197,6 +213,7 @@ pub struct Config {
     /// is accepted, and dialled, only if its certificate chains to one.
     #[arg(
         long,
+        env = "DLOCK_PEER_TLS_CA",
         value_name = "PATH",
         requires = "peer_tls_cert",
         help_heading = "Cluster"
@@ -204,13 +221,18 @@ pub struct Config {
     pub peer_tls_ca: Option<PathBuf>,
 
     /// Peer address other nodes dial (default: --peer-listen's address).
-    #[arg(long, value_name = "ADDR", help_heading = "Cluster")]
+    #[arg(
+        long,
+        env = "DLOCK_ADVERTISE_PEER",
+        value_name = "ADDR",
+        help_heading = "Cluster"
+    )]
     pub advertise_peer: Option<String>,
 
     /// The members on first start, as ID=CLIENT_ADDR@PEER_ADDR,... (every
     /// initial node gets the same list). Read from the data directory on
     /// later starts, and ignored then.
-    #[arg(long, value_name = "LIST", value_parser = parse_members, help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_INITIAL_CLUSTER", value_name = "LIST", value_parser = parse_members, help_heading = "Cluster")]
     pub initial_cluster: Option<Members>,
 
     /// With an empty data directory: `new` bootstraps the --initial-cluster
@@ -240,30 +262,40 @@ pub struct Config {
     /// exit: fences issued afterwards start above --fence-floor and every
     /// session in the backup ends. Copy the directory to every node and
     /// start them as usual (docs/CLUSTER.md, "Backup and restore").
-    #[arg(long, requires = "data_dir", help_heading = "Cluster")]
+    #[arg(
+        long,
+        env = "DLOCK_RESTORE_BACKUP",
+        requires = "data_dir",
+        help_heading = "Cluster"
+    )]
     pub restore_backup: bool,
 
     /// With --restore-backup: the least fencing token granted after the
     /// restore (default: the wall clock in nanoseconds, as a single server
     /// starts its tokens).
-    #[arg(long, value_name = "TOKEN", requires = "restore_backup", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_FENCE_FLOOR", value_name = "TOKEN", requires = "restore_backup", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Cluster")]
     pub fence_floor: Option<u64>,
 
     /// Name every node of one cluster shares; a peer with another is refused.
-    #[arg(long, default_value = "dlock", help_heading = "Cluster")]
+    #[arg(
+        long,
+        env = "DLOCK_CLUSTER_ID",
+        default_value = "dlock",
+        help_heading = "Cluster"
+    )]
     pub cluster_id: String,
 
     /// TTL of a session whose client names none: how long its locks without
     /// a lease outlive a broken connection.
-    #[arg(long, default_value = "10s", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_SESSION_TTL", default_value = "10s", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
     pub session_ttl: Duration,
 
     /// Longest TTL a client may ask for in OpenSession.
-    #[arg(long, default_value = "5min", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_MAX_SESSION_TTL", default_value = "5min", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
     pub max_session_ttl: Duration,
 
     /// How often the leader sends heartbeats.
-    #[arg(long, default_value = "100ms", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_HEARTBEAT", default_value = "100ms", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
     pub heartbeat: Duration,
 
     /// Each node draws a timeout between this and twice this. A follower
@@ -272,7 +304,7 @@ pub struct Config {
     /// plus its own timeout: a dead leader is replaced after 3 to 4 times
     /// this. Raise it where a leader's fsync or scheduling can stall for
     /// hundreds of milliseconds, or such stalls start needless elections.
-    #[arg(long, default_value = "200ms", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_ELECTION_TIMEOUT", default_value = "200ms", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
     pub election_timeout: Duration,
 }
 
@@ -417,6 +449,29 @@ fn frame_size(s: &str) -> Result<usize, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every flag an operator may set can come from the environment
+    /// instead (a container, a systemd unit), under one rule for its name.
+    #[test]
+    fn every_flag_has_an_environment_variable_named_after_it() {
+        use clap::CommandFactory;
+        let cmd = Config::command();
+        let mut seen = 0;
+        for a in cmd.get_arguments() {
+            let Some(long) = a.get_long() else { continue };
+            if a.is_hide_set() || matches!(long, "help" | "version") {
+                continue;
+            }
+            let want = format!("DLOCK_{}", long.to_uppercase().replace('-', "_"));
+            assert_eq!(
+                a.get_env().and_then(|e| e.to_str()),
+                Some(want.as_str()),
+                "--{long}"
+            );
+            seen += 1;
+        }
+        assert!(seen >= 40, "only {seen} flags seen");
+    }
 
     #[test]
     fn defaults_parse() {
