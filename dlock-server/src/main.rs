@@ -1,7 +1,8 @@
 //! `dlock-server`: parse flags, set up logging, bind, serve until a signal.
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{Parser, Subcommand};
+use dlock_server::ops::local_cluster::LocalCluster;
 use dlock_server::{Config, LogFormat};
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
@@ -10,8 +11,42 @@ use tracing_subscriber::EnvFilter;
 /// dlock's own lines and openraft's warnings.
 const DEFAULT_LOG_FILTER: &str = "info,openraft=warn";
 
+/// The dlock lock server.
+///
+/// Holds named locks in memory and serves them over TCP with the dlock v2
+/// protocol (see docs/PROTOCOL.md); with --data-dir, durable and
+/// replicated by Raft (docs/CLUSTER.md). Every flag can also be set in
+/// the environment: DLOCK_ and its name in capitals (--max-connections is
+/// DLOCK_MAX_CONNECTIONS).
+#[derive(Debug, Parser)]
+#[command(name = "dlock-server", version, long_about = None, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    #[command(flatten)]
+    config: Config,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Start a cluster of N nodes of this server on loopback (data dirs
+    /// and logs in one folder), print the DLOCK_SERVER line for the
+    /// clients, and stop every node on Ctrl-C.
+    LocalCluster(LocalCluster),
+}
+
 fn main() -> std::process::ExitCode {
-    let config = Config::parse();
+    let cli = Cli::parse();
+    if let Some(Cmd::LocalCluster(local)) = cli.command {
+        return match local.run() {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dlock-server: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
+    let config = cli.config;
     let filter = match &config.log_level {
         Some(level) => EnvFilter::try_new(level),
         None => {

@@ -1,0 +1,285 @@
+//! `dlock-server local-cluster`: a cluster of this binary's node
+//! processes on loopback, for trying dlock on one machine, with one data
+//! directory and one log file per node under one folder. It prints what
+//! to export for the clients, reports a node that exits (killing the
+//! leader to watch a failover is a fair thing to try), and stops every
+//! node on Ctrl-C or SIGTERM.
+
+use anyhow::Context;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::Duration;
+use tokio::process::Command;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::task::JoinSet;
+
+/// Options of `dlock-server local-cluster`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LocalCluster {
+    /// How many nodes: 3 survives one failure, 5 two.
+    #[arg(short = 'n', long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=9))]
+    pub nodes: u64,
+
+    /// Folder of the nodes' data directories and logs (node1/, node1.log,
+    /// ...). A folder from an earlier run starts that cluster again, with
+    /// its locks and sessions.
+    #[arg(
+        long,
+        env = "DLOCK_LOCAL_CLUSTER_DIR",
+        default_value = "dlock-local-cluster"
+    )]
+    pub dir: PathBuf,
+
+    /// Client port of node 1; node N listens on it plus 10 × (N - 1) for
+    /// clients and one above that for its peers. 0 picks free ports.
+    #[arg(long, env = "DLOCK_LOCAL_CLUSTER_PORT", default_value_t = 7436)]
+    pub port: u16,
+}
+
+/// How long a node gets to exit after SIGTERM before it is killed.
+const STOP_LIMIT: Duration = Duration::from_secs(10);
+
+/// How long the nodes get to elect their first leader.
+const READY_LIMIT: Duration = Duration::from_secs(30);
+
+/// Resolves once a client of `servers` connects (to the leader, with a
+/// session); `None` if none did within [`READY_LIMIT`].
+async fn until_ready(servers: &str) -> Option<()> {
+    let deadline = tokio::time::Instant::now() + READY_LIMIT;
+    let options = dlock::ClientOptions {
+        connect_timeout: Duration::from_secs(2),
+        ..dlock::ClientOptions::default()
+    };
+    while tokio::time::Instant::now() < deadline {
+        if dlock::Client::connect_with(servers, options.clone())
+            .await
+            .is_ok()
+        {
+            return Some(());
+        }
+        // The nodes are still binding their ports or electing.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// One running node.
+struct Node {
+    id: u64,
+    client: SocketAddr,
+    pid: u32,
+}
+
+/// The nodes still running: each node's process is awaited by a task of
+/// its own, which ends with the node's id and exit status.
+struct Running {
+    nodes: Vec<Node>,
+    exits: JoinSet<(u64, std::io::Result<ExitStatus>)>,
+}
+
+impl LocalCluster {
+    /// Runs the cluster until a signal; the error says what could not be
+    /// started.
+    pub fn run(&self) -> anyhow::Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the runtime")?;
+        runtime.block_on(self.supervise())
+    }
+
+    async fn supervise(&self) -> anyhow::Result<()> {
+        let exe = std::env::current_exe().context("cannot find this program's path")?;
+        let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+        let mut int = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("cannot create {}", self.dir.display()))?;
+        let ports = self.ports()?;
+        let members = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (c, p))| format!("{}={c}@{p}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut running = Running {
+            nodes: Vec::new(),
+            exits: JoinSet::new(),
+        };
+        for (i, &(client, peer)) in ports.iter().enumerate() {
+            let id = i as u64 + 1;
+            if let Err(e) = running.spawn(&exe, &self.dir, id, client, peer, &members) {
+                running.stop().await;
+                return Err(e);
+            }
+        }
+        println!(
+            "dlock-server: a local cluster of {} nodes, data and logs in {}",
+            running.nodes.len(),
+            self.dir.display()
+        );
+        for n in &running.nodes {
+            println!(
+                "  node {}  {}  pid {}  log {}",
+                n.id,
+                n.client,
+                n.pid,
+                self.dir.join(format!("node{}.log", n.id)).display()
+            );
+        }
+        let servers = running
+            .nodes
+            .iter()
+            .map(|n| n.client.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        // The line to export comes once a client can use it: a leader is
+        // elected and has opened a session.
+        let ready = tokio::select! {
+            ready = until_ready(&servers) => ready,
+            _ = int.recv() => None,
+            _ = term.recv() => None,
+        };
+        if ready.is_none() {
+            running.stop().await;
+            anyhow::bail!("no leader was elected within {READY_LIMIT:?}: see the nodes' logs");
+        }
+        println!("export DLOCK_SERVER={servers}");
+        println!("Ctrl-C stops every node.");
+        loop {
+            tokio::select! {
+                _ = int.recv() => break,
+                _ = term.recv() => break,
+                Some(exit) = running.exits.join_next() => {
+                    if let Ok((id, status)) = exit {
+                        running.exited(id, &status, "the others go on");
+                    }
+                }
+            }
+        }
+        running.stop().await;
+        println!("dlock-server: every node stopped");
+        Ok(())
+    }
+
+    /// Each node's client and peer address.
+    fn ports(&self) -> anyhow::Result<Vec<(SocketAddr, SocketAddr)>> {
+        let loopback = |port: u16| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        if self.port != 0 {
+            return (0..self.nodes)
+                .map(|i| {
+                    let client = u64::from(self.port) + 10 * i;
+                    match (u16::try_from(client), u16::try_from(client + 1)) {
+                        (Ok(c), Ok(p)) => Ok((loopback(c), loopback(p))),
+                        _ => anyhow::bail!(
+                            "--port {} leaves no room for node {}'s ports",
+                            self.port,
+                            i + 1
+                        ),
+                    }
+                })
+                .collect();
+        }
+        // Held together until all are chosen, so no two are the same; a
+        // node binds its port a moment after it is let go.
+        let held = (0..self.nodes * 2)
+            .map(|_| TcpListener::bind(loopback(0)))
+            .collect::<Result<Vec<_>, _>>()
+            .context("cannot find free loopback ports")?;
+        let addrs = held
+            .iter()
+            .map(TcpListener::local_addr)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(addrs.chunks(2).map(|p| (p[0], p[1])).collect())
+    }
+}
+
+impl Running {
+    /// Starts node `id`, its log in `dir`/node`id`.log.
+    fn spawn(
+        &mut self,
+        exe: &Path,
+        dir: &Path,
+        id: u64,
+        client: SocketAddr,
+        peer: SocketAddr,
+        members: &str,
+    ) -> anyhow::Result<()> {
+        let log_path = dir.join(format!("node{id}.log"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("cannot open {}", log_path.display()))?;
+        let mut child = Command::new(exe)
+            .arg("--listen")
+            .arg(client.to_string())
+            .arg("--peer-listen")
+            .arg(peer.to_string())
+            .arg("--node-id")
+            .arg(id.to_string())
+            .arg("--data-dir")
+            .arg(dir.join(format!("node{id}")))
+            .arg("--initial-cluster")
+            .arg(members)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start node {id} ({})", exe.display()))?;
+        let pid = child.id().unwrap_or_default();
+        self.exits.spawn(async move { (id, child.wait().await) });
+        self.nodes.push(Node { id, client, pid });
+        Ok(())
+    }
+
+    /// Says that node `id` exited (`then`: what happens now; empty: say
+    /// nothing of a clean exit), and forgets its pid, which the system may
+    /// give to another process.
+    fn exited(&mut self, id: u64, status: &std::io::Result<ExitStatus>, then: &str) {
+        match status {
+            Ok(s) if then.is_empty() && s.success() => {}
+            Ok(s) if then.is_empty() => eprintln!("dlock-server: node {id} exited ({s})"),
+            Ok(s) => eprintln!("dlock-server: node {id} exited ({s}); {then}"),
+            Err(e) => eprintln!("dlock-server: node {id}: cannot wait for it: {e}"),
+        }
+        self.nodes.retain(|n| n.id != id);
+    }
+
+    /// SIGTERM to every node still running; those that have not exited
+    /// within [`STOP_LIMIT`] are killed.
+    async fn stop(&mut self) {
+        for n in &self.nodes {
+            send(n.pid, rustix::process::Signal::TERM);
+        }
+        let deadline = tokio::time::Instant::now() + STOP_LIMIT;
+        while !self.nodes.is_empty() {
+            match tokio::time::timeout_at(deadline, self.exits.join_next()).await {
+                Ok(Some(Ok((id, status)))) => self.exited(id, &status, ""),
+                Ok(Some(Err(_))) | Ok(None) => break,
+                Err(_) => {
+                    for n in &self.nodes {
+                        eprintln!(
+                            "dlock-server: node {} did not stop within {STOP_LIMIT:?}: killing it",
+                            n.id
+                        );
+                        send(n.pid, rustix::process::Signal::KILL);
+                    }
+                    while self.exits.join_next().await.is_some() {}
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Sends `sig` to `pid`; one that is gone already (Ctrl-C reached it too)
+/// needs nothing.
+fn send(pid: u32, sig: rustix::process::Signal) {
+    if let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+}
