@@ -1,7 +1,11 @@
-# dlock-server in a container. Build and run:
+# dlock-server and the dlock command in one image. Build and run:
 #   docker build -t dlock-server .
 #   docker run -p 7436:7436 -v dlock-state:/var/lib/dlock dlock-server \
 #       --fence-file /var/lib/dlock/fence
+#   docker exec CONTAINER dlock --inspect -k some/key
+# A cluster of three from this image: compose.yaml. Every server flag can
+# be given as an environment variable instead (DLOCK_ and the flag's name
+# in capitals: --data-dir is DLOCK_DATA_DIR).
 # A token file is mounted and named with --token-file, e.g.
 #   -v /etc/dlock/tokens:/etc/dlock/tokens:ro ... --token-file /etc/dlock/tokens
 # (readable by uid 10001, the user the server runs as).
@@ -14,7 +18,7 @@ WORKDIR /src
 # Every workspace member's manifest must be present for cargo to load the
 # workspace, so the whole context goes in (.dockerignore keeps target/ out).
 COPY . .
-RUN cargo build --release --locked -p dlock-server --bin dlock-server
+RUN cargo build --release --locked -p dlock-server -p dlock-client --bin dlock-server --bin dlock
 
 FROM debian:bookworm-slim
 # A fixed non-root uid, so a mounted state volume can be chowned to it.
@@ -22,6 +26,7 @@ RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin dloc
     && mkdir -p /var/lib/dlock \
     && chown dlock:dlock /var/lib/dlock
 COPY --from=build /src/target/release/dlock-server /usr/local/bin/dlock-server
+COPY --from=build /src/target/release/dlock /usr/local/bin/dlock
 USER 10001:10001
 # Set by environment rather than as arguments, so that flags given to
 # `docker run` add to them instead of replacing them (same as --listen
@@ -29,5 +34,12 @@ USER 10001:10001
 ENV DLOCK_LISTEN=0.0.0.0:7436 \
     DLOCK_LOG_FORMAT=json
 VOLUME /var/lib/dlock
-EXPOSE 7436
+# Clients; a cluster node's peers (--peer-listen); metrics and health
+# probes (--metrics-listen).
+EXPOSE 7436 7437 9436
+# A Ping through the client port, as a client would see the server (set
+# DLOCK_TOKEN in the container when a token file is in use). On a cluster
+# node the ping goes on to the leader: healthy means this node serves.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["/usr/local/bin/dlock", "--ping", "-s", "127.0.0.1:7436"]
 ENTRYPOINT ["/usr/local/bin/dlock-server"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Checks the systemd unit and the Dockerfile as far as this machine allows,
-# in seconds: CI machines often have neither systemd as init nor a docker
-# daemon, so each tool-dependent step says plainly when it is skipped.
+# Checks the systemd unit, the Dockerfile and compose.yaml as far as this
+# machine allows, in seconds: CI machines often have neither systemd as
+# init nor a docker daemon, so each tool-dependent step says plainly when
+# it is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,7 +10,7 @@ fail() { echo "packaging: $*" >&2; exit 1; }
 
 # The one build command the image runs; CI builds the same package and
 # binary (in the dev profile, which `cargo test --workspace` already built).
-BUILD="cargo build --release --locked -p dlock-server --bin dlock-server"
+BUILD="cargo build --release --locked -p dlock-server -p dlock-client --bin dlock-server --bin dlock"
 
 echo "-- systemd unit"
 if command -v systemd-analyze >/dev/null 2>&1; then
@@ -43,10 +44,17 @@ while read -r src; do
   [ -e "$src" ] || fail "Dockerfile copies $src, which does not exist"
 done < <(awk '$1 == "COPY" && $2 !~ /^--from=/ { for (i = 2; i < NF; i++) print $i }' Dockerfile)
 grep -qxF "RUN $BUILD" Dockerfile || fail "Dockerfile's build step is not: $BUILD"
-grep -q "^COPY --from=build /src/target/release/dlock-server " Dockerfile ||
-  fail "Dockerfile does not copy the binary that '$BUILD' makes"
+for bin in dlock-server dlock; do
+  grep -q "^COPY --from=build /src/target/release/$bin /usr/local/bin/$bin\$" Dockerfile ||
+    fail "Dockerfile does not copy $bin, which '$BUILD' makes"
+done
 grep -q "^USER 10001" Dockerfile || fail "final image does not run as non-root"
-grep -q "^EXPOSE 7436" Dockerfile || fail "Dockerfile does not expose 7436"
+for port in 7436 7437 9436; do
+  grep -q "^EXPOSE .*\b$port\b" Dockerfile || fail "Dockerfile does not expose $port"
+done
+grep -q '^HEALTHCHECK .*' Dockerfile || fail "Dockerfile has no HEALTHCHECK"
+grep -A1 '^HEALTHCHECK' Dockerfile | grep -q '/usr/local/bin/dlock", "--ping"' ||
+  fail "the HEALTHCHECK does not ping with the dlock the image carries"
 # Nothing cargo needs may be left out of the build context.
 for need in Cargo.toml Cargo.lock build.rs proto src dlock-server dlock-client dlock-bench dlock-torture; do
   ! grep -qxF "$need" .dockerignore || fail ".dockerignore excludes $need, which the build needs"
@@ -60,10 +68,30 @@ msrv=$(sed -n 's/^rust-version = "\([0-9]*\.[0-9]*\).*/\1/p' Cargo.toml)
 # The image's build step, minus --release so that it reuses what CI built
 # (a release build takes minutes); --locked still proves Cargo.lock current.
 ${BUILD/ --release/}
-echo "Dockerfile: COPY sources, build command, user, port: ok"
+echo "Dockerfile: COPY sources, build command, binaries, user, ports, health check: ok"
+
+echo "-- compose.yaml"
+# Every variable it sets is one the server reads (its --help names each
+# flag's), or the dlock command's DLOCK_SERVER.
+bin="${CARGO_TARGET_DIR:-$PWD/target}/debug/dlock-server"
+known=$("$bin" --help | sed -n 's/.*\[env: \(DLOCK_[A-Z0-9_]*\)=*.*/\1/p' | sort -u)
+[ "$(wc -l <<<"$known")" -ge 40 ] || fail "dlock-server --help names too few DLOCK_ variables"
+used=$(grep -o '^ *DLOCK_[A-Z0-9_]*:' compose.yaml | tr -d ' :' | sort -u)
+[ -n "$used" ] || fail "compose.yaml sets no DLOCK_ variable"
+for v in $used; do
+  [ "$v" = DLOCK_SERVER ] || grep -qxF "$v" <<<"$known" || fail "compose.yaml sets $v, which no flag reads"
+done
+for n in 1 2 3; do
+  grep -q "^  node$n:" compose.yaml || fail "compose.yaml has no service node$n"
+  grep -q "DLOCK_NODE_ID: \"$n\"" compose.yaml || fail "compose.yaml gives no node id $n"
+  grep -q "\"node$n:/var/lib/dlock\"" compose.yaml || fail "node$n has no named volume"
+done
+grep -q '^  healthcheck:' compose.yaml || fail "compose.yaml has no health check"
+echo "compose.yaml: variables, services, volumes, health check: ok"
 
 if docker info >/dev/null 2>&1; then
   docker build -t dlock-server:ci .
+  docker compose config -q
 else
-  echo "SKIPPED: docker build (no working docker daemon here)"
+  echo "SKIPPED: docker build and docker compose config (no working docker daemon here)"
 fi
