@@ -175,7 +175,7 @@ async fn ask(
 /// A node's view as a table, one member a line.
 fn status_table(info: &ClusterInfo) -> String {
     let mut out = format!(
-        "node {} is {} in term {}; leader {}; last log {}, committed {}, applied {}\n",
+        "node {} is {} in term {}; leader {}; last log {}, committed {}, applied {}\nversion {}\n",
         info.node_id,
         info.role.to_lowercase(),
         info.term,
@@ -186,6 +186,10 @@ fn status_table(info: &ClusterInfo) -> String {
         info.last_log_index,
         info.committed_index,
         info.last_applied_index,
+        match info.version.as_str() {
+            "" => "unknown",
+            v => v,
+        },
     );
     let header = ["ID", "ROLE", "CLIENT", "PEER", "MATCHED", "LAG"].map(String::from);
     let rows: Vec<[String; 6]> = info

@@ -34,6 +34,12 @@ async fn status_shows_the_members_and_bad_requests_say_why() {
         .find(|l| l.starts_with("1 "))
         .unwrap_or_else(|| panic!("a row for node 1: {out}"));
     assert!(row.contains("leader") && row.contains(&addr), "{out}");
+    // The node's build, as its --version and dlock_build_info say it.
+    assert!(
+        out.lines()
+            .any(|l| l == format!("version {}", dlock_server::VERSION)),
+        "{out}"
+    );
     // A list whose first node is down: the next one answers.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -26,3 +26,10 @@ pub mod testing;
 
 pub use net::server::run;
 pub use ops::config::{Config, LogFormat};
+
+/// This build's version and the commit it was made from, as `--version`,
+/// `dlock_build_info` and ClusterStatus give them: "0.1.0 (1a2b3c4d5e6f)".
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("DLOCK_COMMIT"), ")");
+
+/// The commit this build was made from (12 hex digits), or "unknown".
+pub const COMMIT: &str = env!("DLOCK_COMMIT");

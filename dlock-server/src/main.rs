@@ -19,7 +19,7 @@ const DEFAULT_LOG_FILTER: &str = "info,openraft=warn";
 /// the environment: DLOCK_ and its name in capitals (--max-connections is
 /// DLOCK_MAX_CONNECTIONS).
 #[derive(Debug, Parser)]
-#[command(name = "dlock-server", version, long_about = None, args_conflicts_with_subcommands = true)]
+#[command(name = "dlock-server", version = dlock_server::VERSION, long_about = None, args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Cmd>,

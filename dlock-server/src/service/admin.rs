@@ -76,5 +76,6 @@ fn cluster_info(s: &ClusterStatus) -> ClusterInfo {
                 replication_known: m.lag.is_some(),
             })
             .collect(),
+        version: crate::VERSION.to_owned(),
     }
 }

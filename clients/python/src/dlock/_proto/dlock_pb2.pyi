@@ -126,7 +126,7 @@ class RequestCluster(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., client_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ...) -> None: ...
 
 class ClusterInfo(_message.Message):
-    __slots__ = ("node_id", "role", "term", "leader_id", "last_log_index", "committed_index", "last_applied_index", "members")
+    __slots__ = ("node_id", "role", "term", "leader_id", "last_log_index", "committed_index", "last_applied_index", "members", "version")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class ClusterInfo(_message.Message):
     COMMITTED_INDEX_FIELD_NUMBER: _ClassVar[int]
     LAST_APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     role: str
     term: int
@@ -143,7 +144,8 @@ class ClusterInfo(_message.Message):
     committed_index: int
     last_applied_index: int
     members: _containers.RepeatedCompositeFieldContainer[ClusterMember]
-    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., last_log_index: _Optional[int] = ..., committed_index: _Optional[int] = ..., last_applied_index: _Optional[int] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ...) -> None: ...
+    version: str
+    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., last_log_index: _Optional[int] = ..., committed_index: _Optional[int] = ..., last_applied_index: _Optional[int] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., version: _Optional[str] = ...) -> None: ...
 
 class ClusterMember(_message.Message):
     __slots__ = ("node_id", "client_addr", "peer_addr", "voter", "matched_index", "lag", "replication_known")
