@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Checks the systemd unit, the Dockerfile and compose.yaml as far as this
-# machine allows, in seconds: CI machines often have neither systemd as
-# init nor a docker daemon, so each tool-dependent step says plainly when
-# it is skipped.
+# Checks the systemd unit, the Dockerfile, compose.yaml, the alert rules
+# and the dashboard as far as this machine allows: CI machines often have
+# neither systemd as init nor a docker daemon, so each tool-dependent step
+# says plainly when it is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -88,6 +88,24 @@ for n in 1 2 3; do
 done
 grep -q '^  healthcheck:' compose.yaml || fail "compose.yaml has no health check"
 echo "compose.yaml: variables, services, volumes, health check: ok"
+
+echo "-- alert rules and dashboard"
+# That every metric they name is exported is checked by
+# dlock-server/tests/metrics.rs; here, that each file is well formed.
+if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  # Debian's prometheus package carries promtool (about 20 MB).
+  install_promtool() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1; }
+  install_promtool || { apt-get update -qq >/dev/null 2>&1 && install_promtool; } ||
+    echo "packaging: could not install promtool"
+fi
+if command -v promtool >/dev/null 2>&1; then
+  promtool check rules packaging/prometheus/alerts.yml || fail "promtool rejects packaging/prometheus/alerts.yml"
+else
+  echo "SKIPPED: promtool not installed (Debian: apt-get install prometheus); the alert rules were not checked"
+fi
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["panels"], "no panels"' \
+  packaging/grafana/dlock.json || fail "packaging/grafana/dlock.json is not a dashboard"
+echo "grafana dashboard: ok"
 
 if docker info >/dev/null 2>&1; then
   docker build -t dlock-server:ci .

@@ -248,6 +248,11 @@ impl Service {
         }
     }
 
+    /// Sessions open in the table (this node's copy on a cluster).
+    pub fn sessions(&self) -> usize {
+        self.engine.read(|t, _| t.sessions())
+    }
+
     /// Registers a new connection from `peer` (its TLS client certificate,
     /// if any, has `peer_names`); it ends when the value returned is
     /// dropped.

@@ -9,6 +9,7 @@ use common::process::Process;
 use common::{status, TestClient, PATIENCE};
 use dlock::proto::{RequestType, ResponseStatus};
 use prometheus_parse::{Sample, Scrape, Value};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -287,22 +288,7 @@ async fn a_cluster_node_reports_its_raft_state_and_is_ready_once_it_leads() {
         data.to_str().expect("a UTF-8 path"),
     ]);
     let http = metrics_addr(&mut server);
-    // A cluster of one elects itself; until then it is not ready.
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
-        let (code, body) = get(http, "/readyz").await;
-        if code == 200 {
-            break;
-        }
-        assert_eq!(code, 503, "{body}");
-        // The probe may answer before the listener accepts clients, too.
-        assert!(
-            body.contains("no leader") || body.contains("not accepting"),
-            "{body}"
-        );
-        assert!(std::time::Instant::now() < deadline, "never ready");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    await_ready(http).await;
     let mut c = TestClient::connect(server.addr).await;
     let fence = c.must_lock(&["k"]).await;
     let s = scrape(http).await;
@@ -325,4 +311,122 @@ async fn a_cluster_node_reports_its_raft_state_and_is_ready_once_it_leads() {
         "the replicated table's count"
     );
     assert!(fence > 0);
+    // It elected itself once; the session is open; the session and the
+    // lock were written to the log durably and committed.
+    assert_eq!(value(&s, "dlock_raft_leader_changes_total", &[]), 1.0);
+    assert_eq!(value(&s, "dlock_sessions", &[]), 1.0);
+    for h in ["dlock_raft_log_fsync_seconds", "dlock_raft_commit_seconds"] {
+        let b = buckets(&s, h, &[]);
+        assert!(b.last().is_some_and(|&(_, n)| n >= 2.0), "{h}: {b:?}");
+    }
+    assert_eq!(
+        value(
+            &s,
+            "dlock_build_info",
+            &[
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("commit", dlock_server::COMMIT)
+            ]
+        ),
+        1.0
+    );
+}
+
+/// Waits until `/readyz` says the node accepts clients and knows a
+/// leader (a cluster of one elects itself).
+async fn await_ready(http: SocketAddr) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let (code, body) = get(http, "/readyz").await;
+        if code == 200 {
+            return;
+        }
+        assert_eq!(code, 503, "{body}");
+        // The probe may answer before the listener accepts clients, too.
+        assert!(
+            body.contains("no leader") || body.contains("not accepting"),
+            "{body}"
+        );
+        assert!(std::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The metric names in `text`, each without the suffix of its samples
+/// (`_total`, `_bucket`, `_sum`, `_count`), so a family and its samples
+/// compare equal.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("dlock_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        let mut name = &tail[..end];
+        for suffix in ["_total", "_bucket", "_sum", "_count", "_created"] {
+            name = name.strip_suffix(suffix).unwrap_or(name);
+        }
+        names.insert(name.to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[tokio::test]
+async fn every_metric_is_documented_and_the_dashboard_and_alerts_name_only_real_ones() {
+    // A cluster node exports every family a single server does, and the
+    // Raft ones.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("node1");
+    let mut server = Process::start(&[
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().expect("a UTF-8 path"),
+    ]);
+    let http = metrics_addr(&mut server);
+    await_ready(http).await;
+    // A request of each kind the per-type families are written for.
+    let mut c = TestClient::connect(server.addr).await;
+    c.must_lock(&["k"]).await;
+    let (code, body) = get(http, "/metrics").await;
+    assert_eq!(code, 200, "{body}");
+    let exported: BTreeSet<String> = body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .flat_map(metric_names)
+        .collect();
+    assert!(
+        exported.contains("dlock_raft_log_fsync_seconds"),
+        "{exported:?}"
+    );
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |f: &str| std::fs::read_to_string(root.join(f)).expect("the file is in the repo");
+    let documented = metric_names(&read("docs/METRICS.md"));
+    for m in &exported {
+        assert!(
+            documented.contains(m),
+            "{m} is exported but not in docs/METRICS.md"
+        );
+    }
+    for m in &documented {
+        assert!(
+            exported.contains(m),
+            "docs/METRICS.md lists {m}, which is not exported"
+        );
+    }
+    for f in [
+        "packaging/grafana/dlock.json",
+        "packaging/prometheus/alerts.yml",
+    ] {
+        let named = metric_names(&read(f));
+        assert!(named.len() >= 5, "{f} names too few metrics: {named:?}");
+        for m in named {
+            assert!(
+                exported.contains(&m),
+                "{f} uses {m}, which the server does not export"
+            );
+        }
+    }
 }

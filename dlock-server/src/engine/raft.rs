@@ -292,6 +292,7 @@ impl Cluster {
     pub async fn propose_indexed(&self, cmd: Command) -> Result<(u64, Output), ClusterError> {
         // Refused here already, so a follower never queues anything.
         self.leading_term()?;
+        let started = std::time::Instant::now();
         let (answer, answered) = tokio::sync::oneshot::channel();
         let stopping = || ClusterError::Unavailable("this node is shutting down".into());
         let proposed = async {
@@ -302,7 +303,11 @@ impl Cluster {
                 .map_err(|_| stopping())?;
             answered.await.map_err(|_| stopping())?
         };
-        self.bounded(COMMIT_TIMEOUT, proposed).await?
+        let answer = self.bounded(COMMIT_TIMEOUT, proposed).await?;
+        if answer.is_ok() {
+            crate::ops::metrics::committed(started.elapsed());
+        }
+        answer
     }
 
     /// A linearizable read barrier (openraft's read index): confirms with a

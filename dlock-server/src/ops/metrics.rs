@@ -234,6 +234,25 @@ const CLOSE_REASONS: [(CloseReason, &str); 9] = [
     (CloseReason::Deposed, "deposed"),
 ];
 
+/// Upper bounds, in seconds, of the Raft log's fsync and commit buckets:
+/// an fsync takes tens of microseconds on a disk whose write cache survives
+/// power loss, milliseconds on most, hundreds when stalled; a commit adds a
+/// round trip to a majority.
+const RAFT_BOUNDS: [f64; 14] = [
+    1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
+/// Upper bounds, in seconds, of the snapshot buckets: milliseconds for a
+/// small table, tens of seconds at millions of keys.
+const SNAPSHOT_BOUNDS: [f64; 10] = [1e-3, 1e-2, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 120.0];
+
+// Raft's own timings happen per log write or commit, not per request:
+// one histogram each, without stripes.
+static LOG_FSYNC: Histogram<{ RAFT_BOUNDS.len() }> = Histogram::new();
+static COMMIT: Histogram<{ RAFT_BOUNDS.len() }> = Histogram::new();
+static SNAPSHOT: Histogram<{ SNAPSHOT_BOUNDS.len() }> = Histogram::new();
+static LEADER_CHANGES: AtomicU64 = AtomicU64::new(0);
+
 // Counts that change once per connection or per timer batch, never per
 // request: one atomic each is cheap enough.
 static CLOSED: [AtomicU64; CLOSE_REASONS.len()] =
@@ -292,6 +311,26 @@ pub fn leases_expired(n: usize) {
     LEASES_EXPIRED.fetch_add(n as u64, Relaxed);
 }
 
+/// A durable write of the Raft log (its fsync included) took `d`.
+pub fn log_fsync(d: Duration) {
+    LOG_FSYNC.observe(&RAFT_BOUNDS, d);
+}
+
+/// A command proposed on this leader was committed and applied after `d`.
+pub fn committed(d: Duration) {
+    COMMIT.observe(&RAFT_BOUNDS, d);
+}
+
+/// A snapshot of the table took `d` to build and write.
+pub fn snapshot_built(d: Duration) {
+    SNAPSHOT.observe(&SNAPSHOT_BOUNDS, d);
+}
+
+/// This node learned of a new leader (itself included).
+pub fn leader_changed() {
+    LEADER_CHANGES.fetch_add(1, Relaxed);
+}
+
 fn total(f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
     STRIPES.iter().map(|s| f(s).load(Relaxed)).sum()
 }
@@ -302,6 +341,8 @@ fn total(f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
 pub struct Gauges {
     /// Connections, held keys and waiting requests now.
     pub stats: ServerStats,
+    /// Sessions open in the table now.
+    pub sessions: u64,
     /// A cluster node's Raft state.
     pub raft: Option<RaftGauges>,
 }
@@ -381,17 +422,16 @@ fn gauge(
     g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
 }
 
-/// Adds up one histogram over the stripes, in the encoder's terms: sum in
-/// seconds, count, and per-bucket counts ending with +Inf (the encoder
-/// makes them cumulative).
-fn histogram_totals<const N: usize>(
+/// Adds up histograms (one per stripe, or a single one) in the encoder's
+/// terms: sum in seconds, count, and per-bucket counts ending with +Inf
+/// (the encoder makes them cumulative).
+fn histogram_totals<'a, const N: usize>(
     bounds: &[f64; N],
-    h: impl Fn(&Shard) -> &Histogram<N>,
+    parts: impl IntoIterator<Item = &'a Histogram<N>>,
 ) -> (f64, u64, Vec<(f64, u64)>) {
     let mut buckets = [0u64; N];
     let (mut count, mut sum) = (0u64, 0u64);
-    for s in &STRIPES {
-        let h = h(s);
+    for h in parts {
         for (b, a) in buckets.iter_mut().zip(&h.buckets) {
             *b += a.load(Relaxed);
         }
@@ -405,6 +445,19 @@ fn histogram_totals<const N: usize>(
     let mut out: Vec<(f64, u64)> = bounds.iter().copied().zip(buckets).collect();
     out.push((f64::INFINITY, count - bounded));
     (sum as f64 / 1e9, count, out)
+}
+
+/// One unlabelled histogram family.
+fn histogram<'a, const N: usize>(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    bounds: &[f64; N],
+    parts: impl IntoIterator<Item = &'a Histogram<N>>,
+) -> Result<(), std::fmt::Error> {
+    let (sum, count, buckets) = histogram_totals(bounds, parts);
+    e.encode_descriptor(name, help, None, MetricType::Histogram)?
+        .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
 }
 
 impl Collector for Scrape {
@@ -435,7 +488,8 @@ impl Collector for Scrape {
             MetricType::Histogram,
         )?;
         for (t, kind) in TYPES.iter().enumerate() {
-            let (sum, count, buckets) = histogram_totals(&LATENCY_BOUNDS, |s| &s.latency[t]);
+            let (sum, count, buckets) =
+                histogram_totals(&LATENCY_BOUNDS, STRIPES.iter().map(|s| &s.latency[t]));
             if count > 0 {
                 family
                     .encode_family(&[("type", *kind)])?
@@ -443,14 +497,13 @@ impl Collector for Scrape {
             }
         }
 
-        let (sum, count, buckets) = histogram_totals(&WAIT_BOUNDS, |s| &s.wait);
-        e.encode_descriptor(
+        histogram(
+            e,
             "dlock_lock_wait_seconds",
             "How long Locks that waited waited before their grant (the hand-off time).",
-            None,
-            MetricType::Histogram,
-        )?
-        .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+            &WAIT_BOUNDS,
+            STRIPES.iter().map(|s| &s.wait),
+        )?;
 
         counter(
             e,
@@ -496,9 +549,24 @@ impl Collector for Scrape {
             total(|s| &s.bytes_out),
         )?;
 
+        let mut family = e.encode_descriptor(
+            "dlock_build_info",
+            "1, labelled with this build's version and the commit it was made from.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(1i64).encode(family.encode_family(&[
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("commit", crate::COMMIT),
+        ])?)?;
+
         // On a cluster node, this node's copy of the table (a follower's
         // lags by its replication delay).
-        let Gauges { stats, raft } = (self.gauges)();
+        let Gauges {
+            stats,
+            sessions,
+            raft,
+        } = (self.gauges)();
         let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         if let Some(status) = &raft {
             raft_gauges(e, status)?;
@@ -520,6 +588,12 @@ impl Collector for Scrape {
             "dlock_waiting_requests",
             "Lock requests waiting now.",
             signed(stats.waiting_requests),
+        )?;
+        gauge(
+            e,
+            "dlock_sessions",
+            "Sessions open now: on a cluster every session, kept for its TTL after its connection ends; on a single server the connections that have locked something.",
+            signed(sessions),
         )?;
         Ok(())
     }
@@ -570,6 +644,33 @@ fn raft_gauges(e: &mut DescriptorEncoder, s: &RaftGauges) -> Result<(), std::fmt
         let node = node.to_string();
         ConstGauge::new(signed(lag)).encode(family.encode_family(&[("node", node.as_str())])?)?;
     }
+    plain_counter(
+        e,
+        "dlock_raft_leader_changes",
+        "Times this node learned of a new leader (itself included).",
+        LEADER_CHANGES.load(Relaxed),
+    )?;
+    histogram(
+        e,
+        "dlock_raft_log_fsync_seconds",
+        "Durable writes of this node's Raft log, their fsync included.",
+        &RAFT_BOUNDS,
+        [&LOG_FSYNC],
+    )?;
+    histogram(
+        e,
+        "dlock_raft_commit_seconds",
+        "Leader only: from proposing a command to its answer, committed by a majority and applied.",
+        &RAFT_BOUNDS,
+        [&COMMIT],
+    )?;
+    histogram(
+        e,
+        "dlock_raft_snapshot_seconds",
+        "Snapshots of the table this node built and wrote.",
+        &SNAPSHOT_BOUNDS,
+        [&SNAPSHOT],
+    )?;
     Ok(())
 }
 

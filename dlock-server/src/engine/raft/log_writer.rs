@@ -153,10 +153,18 @@ impl Drop for Writer {
 }
 
 fn commit(db: &Database, durability: Durability, change: Change) -> Result<(), DiskError> {
+    let durable = matches!(durability, Durability::Immediate);
     let mut txn = db.begin_write().map_err(redb)?;
     txn.set_durability(durability);
     change(&txn)?;
-    txn.commit().map_err(redb)
+    let started = std::time::Instant::now();
+    txn.commit().map_err(redb)?;
+    if durable {
+        // The commit of a durable transaction is its fsync, give or take
+        // the page writes before it: what a slow disk stalls.
+        crate::ops::metrics::log_fsync(started.elapsed());
+    }
+    Ok(())
 }
 
 /// Creates the marker once a commit succeeded; on failure keeps it for the

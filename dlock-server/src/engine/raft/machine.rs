@@ -290,6 +290,7 @@ pub(crate) struct Builder {
 
 impl RaftSnapshotBuilder<TypeConfig> for Builder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let started = std::time::Instant::now();
         // The copy is taken under the lock, so the table and the log id it
         // is stamped with agree; encoding and writing happen outside it.
         let (image, meta) = {
@@ -331,6 +332,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
                 &e,
             )
         })?;
+        crate::ops::metrics::snapshot_built(started.elapsed());
         tracing::info!(snapshot = %meta, bytes = data.len(), "snapshot written");
         Ok(Snapshot {
             meta,

@@ -300,10 +300,19 @@ impl Cluster {
 
     /// Stops the node when asked to from outside, or when openraft stops on
     /// its own (a fatal storage error): logs why, then shuts down cleanly.
+    /// Meanwhile counts each new leader this node learns of.
     async fn supervise(self, shutdown: CancellationToken) {
         let mut metrics = self.inner.raft.metrics();
+        let mut leader = None;
         let fatal = loop {
-            let state = metrics.borrow_and_update().running_state.clone();
+            let (state, now_leads) = {
+                let m = metrics.borrow_and_update();
+                (m.running_state.clone(), m.current_leader)
+            };
+            if now_leads.is_some() && now_leads != leader {
+                crate::ops::metrics::leader_changed();
+                leader = now_leads;
+            }
             if let Err(fatal) = state {
                 break Some(fatal);
             }
