@@ -18,6 +18,9 @@ WORKDIR /src
 # Every workspace member's manifest must be present for cargo to load the
 # workspace, so the whole context goes in (.dockerignore keeps target/ out).
 COPY . .
+# .git stays out of the context: name the commit for --version and
+# dlock_build_info with --build-arg DLOCK_COMMIT=$(git rev-parse --short=12 HEAD).
+ARG DLOCK_COMMIT=unknown
 RUN cargo build --release --locked -p dlock-server -p dlock-client --bin dlock-server --bin dlock
 
 FROM debian:bookworm-slim
