@@ -51,6 +51,20 @@ impl Engine {
         }
     }
 
+    /// Applies `cmds` in order, together: on raft in one log entry (one
+    /// commit for all of them). Their outputs, in the same order.
+    ///
+    /// # Errors
+    /// Raft only: see [`Cluster::propose`]; then none of them is known
+    /// applied.
+    pub async fn submit_all(&self, cmds: Vec<Command>) -> Result<Vec<Output>, EngineError> {
+        match self {
+            _ if cmds.is_empty() => Ok(Vec::new()),
+            Engine::Local(l) => Ok(cmds.into_iter().map(|c| l.submit(c)).collect()),
+            Engine::Raft(c) => c.propose_together(cmds).await.map(|(_, outs)| outs),
+        }
+    }
+
     /// Waits until a read sees every command committed before it was called
     /// (raft: a read index; local: nothing to wait for).
     ///

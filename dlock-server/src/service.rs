@@ -25,6 +25,7 @@ mod admin;
 mod conn;
 mod hub;
 mod inspect;
+mod keep_alive;
 mod lock;
 mod outcomes;
 pub mod pending;
@@ -68,6 +69,8 @@ pub struct Service {
     watches: WatchPermits,
     /// Client connections open on this server, for Inspect and metrics.
     connections: AtomicUsize,
+    /// Where connections' keep-alives share commits (raft engine).
+    keep_alives: keep_alive::KeepAlives,
 }
 
 impl std::fmt::Debug for Service {
@@ -214,6 +217,7 @@ impl Service {
             config,
             access,
             connections: AtomicUsize::new(0),
+            keep_alives: keep_alive::KeepAlives::default(),
         })
     }
 

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{in_session, status, TestClient, TestServer};
-use dlock::proto::{RequestType, Response, ResponseStatus};
+use dlock::proto::{Request, RequestType, Response, ResponseStatus};
 use dlock_server::Config;
 
 async fn call_in(c: &mut TestClient, kind: RequestType, keys: &[&str], session: u64) -> Response {
@@ -280,5 +280,57 @@ async fn a_cluster_node_shows_the_address_of_the_sessions_attached_to_it() {
         holder.stream().local_addr().unwrap().to_string()
     );
     assert!(!info.held_by_caller);
+    server.stop().await.expect("clean stop");
+}
+
+/// The leader's log once everything in it is applied: its last index.
+async fn settled_log(c: &mut TestClient, at_least: u64) -> u64 {
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    loop {
+        let req = c.request(RequestType::ClusterStatus, &[]);
+        let info = c.call(req).await.cluster.expect("a cluster status");
+        if info.last_applied_index >= at_least && info.last_applied_index == info.last_log_index {
+            return info.last_applied_index;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never settled: {info:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_ping_keeps_every_session_of_its_connection_alive_in_one_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dlock_server::Config {
+        data_dir: Some(dir.path().join("node1")),
+        ..dlock_server::Config::default()
+    })
+    .await;
+    let mut c = TestClient::connect(server.addr).await;
+    // A TTL long enough that the connection's own keeper (a third of it
+    // apart) stays quiet during the test: only the Ping keeps them alive.
+    let open = |c: &mut TestClient| Request {
+        session_ttl_micro: 60_000_000,
+        ..c.request(RequestType::OpenSession, &[])
+    };
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    loop {
+        let req = open(&mut c);
+        if status(&c.call(req).await) == ResponseStatus::Ok {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never a leader");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    for _ in 0..4 {
+        let req = open(&mut c);
+        assert_eq!(status(&c.call(req).await), ResponseStatus::Ok);
+    }
+    let before = settled_log(&mut c, 0).await;
+    assert_eq!(status(&c.ping().await), ResponseStatus::Ok);
+    let after = settled_log(&mut c, before + 1).await;
+    assert_eq!(after, before + 1, "five sessions kept alive by one entry");
     server.stop().await.expect("clean stop");
 }

@@ -290,6 +290,25 @@ impl Cluster {
     /// # Errors
     /// As [`Cluster::propose`].
     pub async fn propose_indexed(&self, cmd: Command) -> Result<(u64, Output), ClusterError> {
+        let (index, mut outs) = self.propose_together(vec![cmd]).await?;
+        match outs.pop() {
+            Some(out) => Ok((index, out)),
+            None => Err(ClusterError::Unavailable(
+                "no output for the command".into(),
+            )),
+        }
+    }
+
+    /// As [`Cluster::propose_indexed`] for several commands that go into
+    /// one log entry together (one commit for all), applied in order;
+    /// their outputs in the same order.
+    ///
+    /// # Errors
+    /// As [`Cluster::propose`].
+    pub async fn propose_together(
+        &self,
+        cmds: Vec<Command>,
+    ) -> Result<(u64, Vec<Output>), ClusterError> {
         // Refused here already, so a follower never queues anything.
         self.leading_term()?;
         let started = std::time::Instant::now();
@@ -298,7 +317,7 @@ impl Cluster {
         let proposed = async {
             self.inner
                 .proposals
-                .send(batcher::Proposal { cmd, answer })
+                .send(batcher::Proposal { cmds, answer })
                 .await
                 .map_err(|_| stopping())?;
             answered.await.map_err(|_| stopping())?

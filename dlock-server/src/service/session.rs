@@ -291,13 +291,18 @@ impl Service {
         self.outcomes.detach(owner, conn.id);
     }
 
-    /// Keeps every session of the connection alive by a commit; returns a
-    /// session of the connection that turned out to have ended (its TTL
-    /// ran out while this node could not keep it, e.g. cut off from the
-    /// majority), now or earlier; it is forgotten here.
+    /// Keeps every session of the connection alive by a commit (shared
+    /// with other connections': see `keep_alive.rs`); returns a session of
+    /// the connection that turned out to have ended (its TTL ran out while
+    /// this node could not keep it, e.g. cut off from the majority), now or
+    /// earlier; it is forgotten here.
     async fn keep_alive(&self, conn: &Conn) -> Result<Option<OwnerId>, Refusal> {
-        for owner in conn.all() {
-            let out = self.engine.submit(Command::KeepAlive { owner }).await?;
+        let owners = conn.all();
+        if owners.is_empty() {
+            return Ok(conn.state().ended);
+        }
+        let outs = self.keep_alives.keep(&self.engine, owners.clone()).await?;
+        for (owner, out) in owners.into_iter().zip(outs) {
             if out.reply == Reply::UnknownSession {
                 self.forget(conn, owner);
             }

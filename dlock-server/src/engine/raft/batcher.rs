@@ -11,9 +11,10 @@
 //! client waits for nothing more than before.
 //!
 //! Every command of an entry is applied in order at the entry's one stamp;
-//! each proposer gets its own command's output. Order is kept: proposals
-//! enter entries in the order they were made, entries are written in that
-//! order.
+//! each proposer gets its own commands' outputs. A proposal may carry
+//! several commands (the keep-alives of many sessions), which always go
+//! into one entry together. Order is kept: proposals enter entries in the
+//! order they were made, entries are written in that order.
 
 use super::types::Stamped;
 use super::{Cluster, ClusterError, COMMIT_TIMEOUT};
@@ -35,14 +36,20 @@ const MAX_BATCH_BYTES: usize = 1 << 20;
 /// pipeline, or one of the node's own tasks.
 pub(super) const QUEUE: usize = 4096;
 
-/// What one proposer gets back: the entry's log index and its command's
-/// output.
-pub(super) type Answer = Result<(u64, Output), ClusterError>;
+/// What one proposer gets back: the entry's log index and its commands'
+/// outputs, in order.
+pub(super) type Answer = Result<(u64, Vec<Output>), ClusterError>;
 
-/// One command waiting for an entry.
+/// Commands waiting for an entry, to share one.
 pub(super) struct Proposal {
-    pub(super) cmd: Command,
+    pub(super) cmds: Vec<Command>,
     pub(super) answer: oneshot::Sender<Answer>,
+}
+
+impl Proposal {
+    fn weight(&self) -> usize {
+        self.cmds.iter().map(weight).sum()
+    }
 }
 
 /// The key and value bytes a command carries, roughly what it adds to an
@@ -87,12 +94,14 @@ pub(super) async fn run(
                 None => return,
             },
         };
-        let mut bytes = weight(&first.cmd);
+        let mut bytes = first.weight();
+        let mut cmds = first.cmds.len();
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
+        while cmds < MAX_BATCH && bytes < MAX_BATCH_BYTES {
             match queue.try_recv() {
                 Ok(p) => {
-                    bytes += weight(&p.cmd);
+                    bytes += p.weight();
+                    cmds += p.cmds.len();
                     batch.push(p);
                 }
                 Err(_) => break,
@@ -109,20 +118,28 @@ pub(super) async fn run(
 impl Cluster {
     /// Writes `batch` as one entry and answers each proposer.
     async fn write(&self, batch: Vec<Proposal>) {
-        let (cmds, answers): (Vec<Command>, Vec<oneshot::Sender<Answer>>) =
-            batch.into_iter().map(|p| (p.cmd, p.answer)).unzip();
+        let mut cmds = Vec::new();
+        let mut answers = Vec::with_capacity(batch.len());
+        for p in batch {
+            answers.push((p.cmds.len(), p.answer));
+            cmds.extend(p.cmds);
+        }
         match self.write_entry(cmds).await {
             Ok((index, outs)) => {
-                // One output per command; a proposer left without one (it
-                // cannot happen) is told its outcome is unknown when its
-                // sender drops.
-                for (answer, out) in answers.into_iter().zip(outs) {
-                    // Its proposer may have given up waiting.
-                    let _ = answer.send(Ok((index, out)));
+                // One output per command, in order: each proposer takes as
+                // many as it proposed. One left short (it cannot happen) is
+                // told its outcome is unknown when its sender drops.
+                let mut outs = outs.into_iter();
+                for (n, answer) in answers {
+                    let mine: Vec<Output> = outs.by_ref().take(n).collect();
+                    if mine.len() == n {
+                        // Its proposer may have given up waiting.
+                        let _ = answer.send(Ok((index, mine)));
+                    }
                 }
             }
             Err(e) => {
-                for answer in answers {
+                for (_, answer) in answers {
                     let _ = answer.send(Err(e.clone()));
                 }
             }
