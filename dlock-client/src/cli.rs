@@ -28,7 +28,7 @@ Examples:
   # Wait at most 2.5 s, run a shell snippet:
   dlock -w 2.5s -k deploy/web -c 'git pull && systemctl restart web'
 
-  # Who holds a lock, and is the server up?
+  # Who holds a lock, and is the server up? (-o json for a script)
   dlock --inspect -k deploy/web
   dlock --ping
 
@@ -188,6 +188,11 @@ pub struct Args {
     #[arg(long, conflicts_with_all = ["command", "command_args", "ping"])]
     pub inspect: bool,
 
+    /// How --inspect and `dlock leader` print: text for people, or json
+    /// for scripts (one object; with `dlock leader --watch`, one per line).
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text, value_name = "FORMAT")]
+    pub output: Output,
+
     /// Check that the server answers, print the round trip, then exit.
     #[arg(long, conflicts_with_all = ["command", "command_args"])]
     pub ping: bool,
@@ -195,6 +200,15 @@ pub struct Args {
     /// The command to run, and its arguments.
     #[arg(trailing_var_arg = true, value_name = "COMMAND")]
     pub command_args: Vec<String>,
+}
+
+/// How a report is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Aligned columns and lines for people.
+    Text,
+    /// JSON, for scripts and `jq`.
+    Json,
 }
 
 /// Checks the form of every address of a comma-separated list (a cluster's

@@ -9,18 +9,24 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// Shows and changes the members of a dlock cluster.
+/// Shows and changes the members of a dlock cluster. The options may come
+/// before or after the action.
 #[derive(Debug, Parser)]
 #[command(name = "dlock cluster", version)]
 struct ClusterArgs {
     /// Nodes of the cluster, separated by commas: the first that answers
     /// is asked; add and remove go on to the leader it names.
-    #[arg(short, long, env = "DLOCK_SERVER", default_value = dlock::DEFAULT_ADDR, value_name = "HOST:PORT[,...]", value_parser = crate::cli::server_addresses)]
+    #[arg(short, long, global = true, env = "DLOCK_SERVER", default_value = dlock::DEFAULT_ADDR, value_name = "HOST:PORT[,...]", value_parser = crate::cli::server_addresses)]
     server: String,
 
     /// Read the access token from this file; DLOCK_TOKEN otherwise.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, global = true, value_name = "PATH")]
     token_file: Option<PathBuf>,
+
+    /// How the answer is printed: text for people, or one json object
+    /// for scripts.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = crate::cli::Output::Text, value_name = "FORMAT")]
+    output: crate::cli::Output,
 
     #[command(subcommand)]
     action: Action,
@@ -94,8 +100,10 @@ async fn run(args: ClusterArgs) -> Result<(), Failure> {
         };
         match ResponseStatus::try_from(r.status) {
             Ok(ResponseStatus::Ok) => {
-                if let Some(info) = &r.cluster {
-                    print!("{}", status_table(info));
+                match (&r.cluster, args.output) {
+                    (Some(info), crate::cli::Output::Text) => print!("{}", status_table(info)),
+                    (Some(info), crate::cli::Output::Json) => println!("{}", status_json(info)),
+                    (None, _) => {}
                 }
                 return Ok(());
             }
@@ -172,6 +180,50 @@ async fn ask(
         .map_err(|_| unavailable(&format!("no answer within {PATIENCE:?}")))?
 }
 
+/// The role `info`'s node gives member `m`.
+fn member_role(info: &ClusterInfo, m: &dlock::proto::ClusterMember) -> &'static str {
+    if m.node_id == info.leader_id {
+        "leader"
+    } else if m.voter {
+        "follower"
+    } else {
+        "learner"
+    }
+}
+
+/// A node's view as one JSON object: what the table shows, with `null`
+/// for what the answering node does not know (no leader; a follower's
+/// view of replication).
+fn status_json(info: &ClusterInfo) -> serde_json::Value {
+    let members: Vec<serde_json::Value> = info
+        .members
+        .iter()
+        .map(|m| {
+            let known = |v: u64| m.replication_known.then_some(v);
+            serde_json::json!({
+                "node_id": m.node_id,
+                "role": member_role(info, m),
+                "client_addr": m.client_addr,
+                "peer_addr": m.peer_addr,
+                "voter": m.voter,
+                "matched_index": known(m.matched_index),
+                "lag": known(m.lag),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "node_id": info.node_id,
+        "role": info.role.to_lowercase(),
+        "term": info.term,
+        "leader_id": (info.leader_id != 0).then_some(info.leader_id),
+        "last_log_index": info.last_log_index,
+        "committed_index": info.committed_index,
+        "last_applied_index": info.last_applied_index,
+        "version": (!info.version.is_empty()).then_some(info.version.as_str()),
+        "members": members,
+    })
+}
+
 /// A node's view as a table, one member a line.
 fn status_table(info: &ClusterInfo) -> String {
     let mut out = format!(
@@ -196,13 +248,7 @@ fn status_table(info: &ClusterInfo) -> String {
         .members
         .iter()
         .map(|m| {
-            let role = if m.node_id == info.leader_id {
-                "leader"
-            } else if m.voter {
-                "follower"
-            } else {
-                "learner"
-            };
+            let role = member_role(info, m);
             let (matched, lag) = if m.replication_known {
                 (m.matched_index.to_string(), m.lag.to_string())
             } else {

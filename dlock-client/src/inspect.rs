@@ -1,10 +1,11 @@
 //! `dlock --inspect`: who holds and who waits for keys, or, without keys,
 //! the server's counts.
 
-use crate::cli::Args;
+use crate::cli::{Args, Output};
 use crate::exit::{self, Failure};
 use crate::keeper;
 use dlock::{ClientOptions, Holder, KeyState};
+use serde_json::{json, Value};
 
 /// Prints a table of `keys`, or the server's counts when there are none.
 ///
@@ -13,8 +14,20 @@ use dlock::{ClientOptions, Holder, KeyState};
 pub async fn run(args: &Args, options: ClientOptions, keys: Vec<String>) -> Result<u8, Failure> {
     let client = keeper::connect(&args.server, options).await?;
     let failed = |e| exit::from_client_error(e, &args.server);
+    // On a cluster, the leader that answered.
+    let leader = client.session().map(|_| client.addr());
     if keys.is_empty() {
         let stats = client.stats().await.map_err(failed)?;
+        if args.output == Output::Json {
+            let mut out = json!({
+                "connections": stats.connections,
+                "held_keys": stats.held_keys,
+                "waiting_requests": stats.waiting_requests,
+            });
+            out["leader"] = json!(leader);
+            println!("{out}");
+            return Ok(0);
+        }
         match client.session() {
             None => println!("server       {}", args.server),
             Some(_) => println!("leader       {}", client.addr()),
@@ -25,6 +38,13 @@ pub async fn run(args: &Args, options: ClientOptions, keys: Vec<String>) -> Resu
         return Ok(0);
     }
     let infos = client.inspect(keys).await.map_err(failed)?;
+    if args.output == Output::Json {
+        println!(
+            "{}",
+            json!({ "leader": leader, "keys": key_states(&infos) })
+        );
+        return Ok(0);
+    }
     if client.session().is_some() {
         println!("leader {}", client.addr());
     }
@@ -84,6 +104,39 @@ fn table(infos: &[KeyState]) -> String {
     out
 }
 
+/// The keys' states as JSON: every holder with its fence, lease, address
+/// and value (as text when it is UTF-8, and always in hex).
+fn key_states(infos: &[KeyState]) -> Value {
+    let holder = |h: &Holder| {
+        json!({
+            "fence": h.fence,
+            "addr": h.holder_addr.map(|a| a.to_string()),
+            "lease_remaining_seconds": h.lease_remaining.map(|l| l.as_secs_f64()),
+            "held_seconds": h.held_for.as_secs_f64(),
+            "held_by_caller": h.held_by_caller,
+            "value": std::str::from_utf8(&h.value).ok(),
+            "value_hex": h.value.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+        })
+    };
+    infos
+        .iter()
+        .map(|i| {
+            let state = match (i.holders.is_empty(), i.shared) {
+                (true, _) => "free",
+                (false, false) => "held",
+                (false, true) => "shared",
+            };
+            json!({
+                "key": i.key,
+                "state": state,
+                "limit": i.limit,
+                "waiters": i.waiters,
+                "holders": i.holders.iter().map(holder).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
 /// One row: the holder's address, fence, lease and value, if held. A value
 /// is shown as text when it is printable UTF-8, else in hex.
 fn row(key: String, state: String, holder: Option<&Holder>, waiters: String) -> [String; 7] {
@@ -140,6 +193,36 @@ mod tests {
         let col = lines[0].find("STATE").unwrap();
         assert_eq!(&lines[1][col..col + 4], "held");
         assert_eq!(&lines[2][col..col + 4], "free");
+    }
+
+    #[test]
+    fn json_names_every_holder_with_its_value_as_text_and_hex() {
+        let infos = [
+            KeyInfo {
+                key: "job".into(),
+                fence: 7,
+                holder_addr: "127.0.0.1:5".into(),
+                value: b"web-1".to_vec(),
+                waiters: 2,
+                ..KeyInfo::default()
+            },
+            KeyInfo {
+                key: "idle".into(),
+                ..KeyInfo::default()
+            },
+        ];
+        let v = key_states(&states(infos));
+        assert_eq!(v[0]["key"], "job");
+        assert_eq!(v[0]["state"], "held");
+        assert_eq!(v[0]["waiters"], 2);
+        let h = &v[0]["holders"][0];
+        assert_eq!(h["fence"], 7);
+        assert_eq!(h["addr"], "127.0.0.1:5");
+        assert_eq!(h["value"], "web-1");
+        assert_eq!(h["value_hex"], "7765622d31");
+        assert!(h["lease_remaining_seconds"].is_null());
+        assert_eq!(v[1]["state"], "free");
+        assert_eq!(v[1]["holders"].as_array().map(Vec::len), Some(0));
     }
 
     #[test]

@@ -64,7 +64,7 @@ pub async fn run(l: LeaderArgs) -> Result<u8, Failure> {
     let election = Election::new(&client, args.keys[0].as_str());
     if !l.watch {
         let leader = election.leader().await.map_err(failed)?;
-        println!("{}", line(leader.as_ref()));
+        println!("{}", report(args.output, leader.as_ref()));
         return Ok(if leader.is_some() {
             0
         } else {
@@ -75,7 +75,10 @@ pub async fn run(l: LeaderArgs) -> Result<u8, Failure> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot watch for SIGTERM: {e}")))?;
     loop {
-        println!("{}", line(changes.borrow_and_update().as_ref()));
+        println!(
+            "{}",
+            report(args.output, changes.borrow_and_update().as_ref())
+        );
         tokio::select! {
             changed = changes.changed() => {
                 if changed.is_err() {
@@ -93,6 +96,25 @@ pub async fn run(l: LeaderArgs) -> Result<u8, Failure> {
         exit::UNAVAILABLE,
         "stopped following the leader",
     ))
+}
+
+/// One line for a state, as `output` asks: text (see [`line`]), or a JSON
+/// object whose `leader` is null when there is none.
+fn report(output: crate::cli::Output, leader: Option<&Leader>) -> String {
+    match output {
+        crate::cli::Output::Text => line(leader),
+        crate::cli::Output::Json => {
+            let leader = leader.map(|l| {
+                serde_json::json!({
+                    "id": std::str::from_utf8(&l.value).ok(),
+                    "id_hex": l.value.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+                    "fence": l.fence,
+                    "since": rfc3339(l.since),
+                })
+            });
+            serde_json::json!({ "leader": leader }).to_string()
+        }
+    }
 }
 
 /// One line for a state: `leader ID fence N since TIME` or `no leader`.
@@ -176,5 +198,21 @@ mod tests {
             rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
             "2000-02-29T00:00:00.000Z"
         );
+    }
+
+    #[test]
+    fn json_reports_the_leader_or_null() {
+        use crate::cli::Output::Json;
+        assert_eq!(report(Json, None), r#"{"leader":null}"#);
+        let l = Leader {
+            value: b"web-1".to_vec(),
+            fence: 7,
+            since: UNIX_EPOCH + Duration::from_millis(1_795_473_601_250),
+        };
+        let v: serde_json::Value = serde_json::from_str(&report(Json, Some(&l))).unwrap();
+        assert_eq!(v["leader"]["id"], "web-1");
+        assert_eq!(v["leader"]["id_hex"], "7765622d31");
+        assert_eq!(v["leader"]["fence"], 7);
+        assert_eq!(v["leader"]["since"], "2026-11-23T22:40:01.250Z");
     }
 }

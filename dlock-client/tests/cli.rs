@@ -423,6 +423,22 @@ async fn ping_and_inspect() {
             .any(|l| l.starts_with("\"free\" ") && l.contains(" free ")),
         "{out}"
     );
+    // The same, for a script.
+    let o = run(
+        &server,
+        &["--inspect", "-o", "json", "-k", "shown", "-k", "free"],
+    )
+    .await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON object");
+    assert_eq!(v["keys"][0]["key"], "shown");
+    assert_eq!(v["keys"][0]["state"], "held");
+    assert_eq!(v["keys"][0]["holders"][0]["fence"], g.fence());
+    assert_eq!(v["keys"][1]["state"], "free");
+    assert!(v["leader"].is_null(), "a single server has no leader: {v}");
+    let o = run(&server, &["--inspect", "-o", "json"]).await;
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON object");
+    assert_eq!(v["held_keys"], 1, "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,6 +34,15 @@ async fn status_shows_the_members_and_bad_requests_say_why() {
         .find(|l| l.starts_with("1 "))
         .unwrap_or_else(|| panic!("a row for node 1: {out}"));
     assert!(row.contains("leader") && row.contains(&addr), "{out}");
+    // The same, for a script.
+    let o = run_at(&addr, &["cluster", "status", "-o", "json"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON object");
+    assert_eq!(v["role"], "leader", "{v}");
+    assert_eq!(v["leader_id"], 1, "{v}");
+    assert_eq!(v["members"][0]["client_addr"], addr.as_str(), "{v}");
+    assert_eq!(v["members"][0]["lag"], 0, "{v}");
+    assert_eq!(v["version"], dlock_server::VERSION, "{v}");
     // The node's build, as its --version and dlock_build_info say it.
     assert!(
         out.lines()

@@ -74,6 +74,10 @@ async fn the_second_campaigner_runs_its_command_only_once_the_first_is_killed() 
     assert!(fence_b > fence_a);
     let o = run_at(&addr, &["leader", "-k", "svc"]).await;
     assert!(stdout(&o).starts_with("leader b "), "{}", stdout(&o));
+    let o = run_at(&addr, &["leader", "-o", "json", "-k", "svc"]).await;
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON object");
+    assert_eq!(v["leader"]["id"], "b", "{v}");
+    assert_eq!(v["leader"]["fence"], fence_b, "{v}");
 
     // b ends normally on SIGTERM: its command's code (143), resigned.
     signal_pid(pid_of(&b), libc::SIGTERM);
@@ -82,6 +86,8 @@ async fn the_second_campaigner_runs_its_command_only_once_the_first_is_killed() 
     assert_eq!(code(&o), 143);
     let o = run_at(&addr, &["leader", "-k", "svc"]).await;
     assert_eq!((code(&o), stdout(&o).trim()), (1, "no leader"));
+    let o = run_at(&addr, &["leader", "-o", "json", "-k", "svc"]).await;
+    assert_eq!((code(&o), stdout(&o).trim()), (1, r#"{"leader":null}"#));
 }
 
 #[tokio::test]
