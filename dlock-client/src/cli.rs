@@ -6,6 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 const EXAMPLES: &str = "\
+Commands (each has its own --help; -s, the token and TLS options, -o and -v
+may come before the command's name or after it):
+  elect     run COMMAND while this machine leads an election on KEY
+  leader    print who leads an election on KEY, or follow it with --watch
+  cluster   show a cluster's members (status), add or remove one
+
 Examples:
   # Run a cron job on one machine of the fleet at a time:
   dlock -k reports/daily -- /usr/local/bin/make-report --yesterday
@@ -62,7 +68,8 @@ fn after_help() -> String {
                             dlock --inspect -k KEY...\n       \
                             dlock --ping\n       \
                             dlock elect [OPTIONS] -k KEY [--id NAME] [--once] -- COMMAND [ARGS]...\n       \
-                            dlock leader [OPTIONS] -k KEY [--watch]"
+                            dlock leader [OPTIONS] -k KEY [--watch]\n       \
+                            dlock cluster [OPTIONS] status|add|remove"
 )]
 pub struct Args {
     /// Server address, or a cluster's nodes separated by commas (any

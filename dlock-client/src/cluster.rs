@@ -58,9 +58,10 @@ enum Action {
 /// A membership change may wait for a new node to catch up.
 const PATIENCE: Duration = Duration::from_secs(90);
 
-/// Runs `dlock cluster ...` (argv[1] is "cluster").
-pub fn main() -> ExitCode {
-    match crate::parse_args::<ClusterArgs>(std::env::args_os().skip(1)) {
+/// Runs `dlock cluster ...`; `argv` starts with the name (see
+/// `subcommand.rs`).
+pub fn main(argv: Vec<std::ffi::OsString>) -> ExitCode {
+    match crate::parse_args::<ClusterArgs>(argv) {
         Ok(args) => crate::run_blocking(async { run(args).await.map(|()| 0) }),
         Err(code) => code,
     }

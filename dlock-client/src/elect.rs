@@ -57,8 +57,8 @@ pub struct ElectArgs {
 }
 
 /// The entry point of `dlock elect`.
-pub fn main() -> ExitCode {
-    match crate::parse_args::<ElectArgs>(std::env::args_os().skip(1)) {
+pub fn main(argv: Vec<std::ffi::OsString>) -> ExitCode {
+    match crate::parse_args::<ElectArgs>(argv) {
         Ok(args) => crate::run_blocking(run(args)),
         Err(code) => code,
     }

@@ -39,8 +39,8 @@ pub struct LeaderArgs {
 }
 
 /// The entry point of `dlock leader`.
-pub fn main() -> ExitCode {
-    match crate::parse_args::<LeaderArgs>(std::env::args_os().skip(1)) {
+pub fn main(argv: Vec<std::ffi::OsString>) -> ExitCode {
+    match crate::parse_args::<LeaderArgs>(argv) {
         Ok(args) => crate::run_blocking(run(args)),
         Err(code) => code,
     }

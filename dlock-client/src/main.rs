@@ -14,6 +14,7 @@ mod reconnects;
 mod run;
 mod say;
 mod signals;
+mod subcommand;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -25,13 +26,14 @@ fn main() -> ExitCode {
     {
         return guardian::run();
     }
-    match std::env::args_os().nth(1) {
-        Some(a) if a == "cluster" => return cluster::main(),
-        Some(a) if a == "elect" => return elect::main(),
-        Some(a) if a == "leader" => return leader::main(),
-        _ => {}
+    let (sub, argv) = subcommand::split(std::env::args_os().collect());
+    match sub {
+        Some(subcommand::Sub::Cluster) => return cluster::main(argv),
+        Some(subcommand::Sub::Elect) => return elect::main(argv),
+        Some(subcommand::Sub::Leader) => return leader::main(argv),
+        None => {}
     }
-    let args = match parse_args::<cli::Args>(std::env::args_os()) {
+    let args = match parse_args::<cli::Args>(argv) {
         Ok(a) => a,
         Err(code) => return code,
     };

@@ -34,8 +34,17 @@ async fn status_shows_the_members_and_bad_requests_say_why() {
         .find(|l| l.starts_with("1 "))
         .unwrap_or_else(|| panic!("a row for node 1: {out}"));
     assert!(row.contains("leader") && row.contains(&addr), "{out}");
-    // The same, for a script.
-    let o = run_at(&addr, &["cluster", "status", "-o", "json"]).await;
+    // The same, for a script, with the server named before the command
+    // (DLOCK_SERVER names a dead port here, so only -s can reach it).
+    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .to_string();
+    let o = run_at(
+        &dead_port,
+        &["-s", &addr, "cluster", "status", "-o", "json"],
+    )
+    .await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON object");
     assert_eq!(v["role"], "leader", "{v}");
