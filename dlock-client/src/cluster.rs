@@ -23,6 +23,24 @@ struct ClusterArgs {
     #[arg(long, global = true, value_name = "PATH")]
     token_file: Option<PathBuf>,
 
+    /// Connect with TLS, trusting the CA certificates in this PEM file.
+    #[arg(long, global = true, env = "DLOCK_TLS_CA", value_name = "PATH")]
+    tls_ca: Option<PathBuf>,
+
+    /// Client certificate chain (PEM) for a server that requires one.
+    #[arg(long, global = true, env = "DLOCK_TLS_CERT", value_name = "PATH", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --tls-cert.
+    #[arg(
+        long,
+        global = true,
+        env = "DLOCK_TLS_KEY",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<PathBuf>,
+
     /// How the answer is printed: text for people, or one json object
     /// for scripts.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = crate::cli::Output::Text, value_name = "FORMAT")]
@@ -68,7 +86,17 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> ExitCode {
 }
 
 async fn run(args: ClusterArgs) -> Result<(), Failure> {
-    let token = crate::run::token_from(args.token_file.as_deref())?.unwrap_or_default();
+    // The token and TLS of every other form; ClusterStatus and its kin go
+    // on a connection of their own, with no session.
+    let options = dlock::ClientOptions {
+        access_token: crate::run::token_from(args.token_file.as_deref())?,
+        tls: crate::run::tls_from(
+            args.tls_ca.as_deref(),
+            args.tls_cert.as_deref(),
+            args.tls_key.as_deref(),
+        )?,
+        ..dlock::ClientOptions::default()
+    };
     let (kind, body) = match &args.action {
         Action::Status => (RequestType::ClusterStatus, None),
         Action::Add {
@@ -91,13 +119,13 @@ async fn run(args: ClusterArgs) -> Result<(), Failure> {
             }),
         ),
     };
-    let (mut server, first) = first_answer(&args.server, &token, kind, &body).await?;
+    let (mut server, first) = first_answer(&args.server, &options, kind, &body).await?;
     let mut answer = Some(first);
     // The first node's answer, then once more from the leader it names.
     for _ in 0..2 {
         let r = match answer.take() {
             Some(r) => r,
-            None => ask(&server, &token, kind, body.clone()).await?,
+            None => ask(&server, &options, kind, body.clone()).await?,
         };
         match ResponseStatus::try_from(r.status) {
             Ok(ResponseStatus::Ok) => {
@@ -136,13 +164,13 @@ async fn run(args: ClusterArgs) -> Result<(), Failure> {
 /// exit 69 naming every node and why when none does.
 async fn first_answer(
     servers: &str,
-    token: &str,
+    options: &dlock::ClientOptions,
     kind: RequestType,
     body: &Option<RequestCluster>,
 ) -> Result<(String, Response), Failure> {
     let mut failed = Vec::new();
     for server in dlock::Servers::parse(servers).addrs() {
-        match ask(server, token, kind, body.clone()).await {
+        match ask(server, options, kind, body.clone()).await {
             Ok(r) => return Ok((server.clone(), r)),
             Err(f) => failed.push(f.message),
         }
@@ -158,7 +186,7 @@ fn refusal(server: &str, r: &Response) -> String {
 
 async fn ask(
     server: &str,
-    token: &str,
+    options: &dlock::ClientOptions,
     kind: RequestType,
     body: Option<RequestCluster>,
 ) -> Result<Response, Failure> {
@@ -166,10 +194,10 @@ async fn ask(
         Failure::new(exit::UNAVAILABLE, format!("cannot reach {server}: {e}"))
     };
     let exchange = async {
-        let mut c = RawClient::connect(server)
+        let mut c = RawClient::connect_with(server, options)
             .await
             .map_err(|e| unavailable(&e))?
-            .with_token(token);
+            .with_token(options.access_token.clone().unwrap_or_default());
         let req = Request {
             cluster: body,
             ..c.request(kind, &[])

@@ -569,11 +569,24 @@ async fn ping(args: &Args, options: ClientOptions) -> Result<u8, Failure> {
 /// The TLS settings of --tls-ca, --tls-cert and --tls-key; `None` for
 /// plain TCP.
 fn tls(args: &Args) -> Result<Option<Arc<dlock::tls::rustls::ClientConfig>>, Failure> {
-    let Some(ca) = &args.tls_ca else {
+    tls_from(
+        args.tls_ca.as_deref(),
+        args.tls_cert.as_deref(),
+        args.tls_key.as_deref(),
+    )
+}
+
+/// The TLS configuration of --tls-ca, --tls-cert and --tls-key: none
+/// without a CA.
+pub fn tls_from(
+    ca: Option<&std::path::Path>,
+    cert: Option<&std::path::Path>,
+    key: Option<&std::path::Path>,
+) -> Result<Option<Arc<dlock::tls::rustls::ClientConfig>>, Failure> {
+    let Some(ca) = ca else {
         return Ok(None);
     };
-    let identity = args.tls_cert.as_deref().zip(args.tls_key.as_deref());
-    dlock::tls::client_config(ca, identity)
+    dlock::tls::client_config(ca, cert.zip(key))
         .map(Some)
         .map_err(|e| Failure::new(exit::USAGE, format!("TLS: {e}")))
 }

@@ -134,3 +134,48 @@ fn flags(args: &[&str]) -> dlock_server::Config {
     )
     .expect("flags parse")
 }
+
+#[tokio::test]
+async fn dlock_cluster_status_speaks_tls_to_a_tls_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "test CA");
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let ca_file = path(dir.path().join("ca.pem"));
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let (cert, key) = issue(
+        dir.path(),
+        &ca,
+        "server",
+        "localhost",
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let data = path(dir.path().join("node1"));
+    let server = TestServer::start(flags(&[
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--data-dir",
+        &data,
+    ]))
+    .await;
+    let addr = format!("localhost:{}", server.addr.port());
+    // A cluster of one elects itself after an election timeout.
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    loop {
+        let out = run_at(&addr, &["cluster", "status", "--tls-ca", &ca_file]).await;
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        if common::stdout(&out).contains("node 1 is leader") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never a leader");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Plain TCP to a TLS port gets no answer it can read.
+    let out = run_at(&addr, &["cluster", "status"]).await;
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+}
