@@ -129,10 +129,28 @@ async fn run(args: ClusterArgs) -> Result<(), Failure> {
         };
         match ResponseStatus::try_from(r.status) {
             Ok(ResponseStatus::Ok) => {
-                match (&r.cluster, args.output) {
-                    (Some(info), crate::cli::Output::Text) => print!("{}", status_table(info)),
-                    (Some(info), crate::cli::Output::Json) => println!("{}", status_json(info)),
-                    (None, _) => {}
+                let Some(info) = &r.cluster else {
+                    return Ok(());
+                };
+                // Status: every member's own view beside this node's.
+                let nodes = match args.action {
+                    Action::Status => every_node(info, &options).await,
+                    _ => Vec::new(),
+                };
+                match args.output {
+                    crate::cli::Output::Text => {
+                        print!("{}", status_table(info));
+                        if !nodes.is_empty() {
+                            print!("\n{}", nodes_table(&nodes));
+                        }
+                    }
+                    crate::cli::Output::Json => {
+                        let mut v = status_json(info);
+                        if !nodes.is_empty() {
+                            v["nodes"] = nodes_json(&nodes);
+                        }
+                        println!("{v}");
+                    }
                 }
                 return Ok(());
             }
@@ -207,6 +225,112 @@ async fn ask(
     tokio::time::timeout(PATIENCE, exchange)
         .await
         .map_err(|_| unavailable(&format!("no answer within {PATIENCE:?}")))?
+}
+
+/// How long one member gets to answer its own ClusterStatus.
+const NODE_PATIENCE: Duration = Duration::from_secs(3);
+
+/// One member's answer about itself, or why there is none.
+struct NodeView {
+    id: u64,
+    addr: String,
+    view: Result<ClusterInfo, String>,
+}
+
+/// Asks every member of `info`, at the client address it has in the
+/// membership, for its own view, all at once.
+async fn every_node(info: &ClusterInfo, options: &dlock::ClientOptions) -> Vec<NodeView> {
+    let mut asks = tokio::task::JoinSet::new();
+    for m in &info.members {
+        let (id, addr, options) = (m.node_id, m.client_addr.clone(), options.clone());
+        asks.spawn(async move {
+            let asked = ask(&addr, &options, RequestType::ClusterStatus, None);
+            let view = match tokio::time::timeout(NODE_PATIENCE, asked).await {
+                Err(_) => Err(format!("no answer within {NODE_PATIENCE:?}")),
+                Ok(Err(f)) => Err(f.message),
+                Ok(Ok(r)) => match (ResponseStatus::try_from(r.status), &r.cluster) {
+                    (Ok(ResponseStatus::Ok), Some(c)) => Ok((**c).clone()),
+                    _ => Err(refusal(&addr, &r)),
+                },
+            };
+            NodeView { id, addr, view }
+        });
+    }
+    let mut nodes = Vec::new();
+    while let Some(n) = asks.join_next().await {
+        if let Ok(n) = n {
+            nodes.push(n);
+        }
+    }
+    nodes.sort_by_key(|n| n.id);
+    nodes
+}
+
+/// Each member's own view: role, term, applied index and build.
+fn nodes_table(nodes: &[NodeView]) -> String {
+    let header = ["NODE", "ROLE", "TERM", "APPLIED", "VERSION"].map(String::from);
+    let rows: Vec<[String; 5]> = nodes
+        .iter()
+        .map(|n| match &n.view {
+            Ok(c) => [
+                n.id.to_string(),
+                c.role.to_lowercase(),
+                c.term.to_string(),
+                c.last_applied_index.to_string(),
+                match c.version.as_str() {
+                    "" => "unknown".into(),
+                    v => v.into(),
+                },
+            ],
+            Err(e) => [
+                n.id.to_string(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                format!("no answer from {}: {e}", n.addr),
+            ],
+        })
+        .collect();
+    columns(&header, &rows)
+}
+
+/// Each member's own view as JSON; `error` says why one did not answer.
+fn nodes_json(nodes: &[NodeView]) -> serde_json::Value {
+    nodes
+        .iter()
+        .map(|n| match &n.view {
+            Ok(c) => serde_json::json!({
+                "node_id": n.id,
+                "client_addr": n.addr,
+                "role": c.role.to_lowercase(),
+                "term": c.term,
+                "last_applied_index": c.last_applied_index,
+                "version": (!c.version.is_empty()).then_some(c.version.as_str()),
+            }),
+            Err(e) => serde_json::json!({ "node_id": n.id, "client_addr": n.addr, "error": e }),
+        })
+        .collect()
+}
+
+/// Rows under a header, each column as wide as its widest cell.
+fn columns<const N: usize>(header: &[String; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.clone().map(|h| h.len());
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(header).chain(rows) {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 /// The role `info`'s node gives member `m`.
@@ -293,20 +417,6 @@ fn status_table(info: &ClusterInfo) -> String {
             ]
         })
         .collect();
-    let mut widths = header.clone().map(|h| h.len());
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    for row in std::iter::once(&header).chain(&rows) {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
+    out.push_str(&columns(&header, &rows));
     out
 }

@@ -52,6 +52,15 @@ async fn status_shows_the_members_and_bad_requests_say_why() {
     assert_eq!(v["members"][0]["client_addr"], addr.as_str(), "{v}");
     assert_eq!(v["members"][0]["lag"], 0, "{v}");
     assert_eq!(v["version"], dlock_server::VERSION, "{v}");
+    // Every member was asked for its own view too.
+    assert_eq!(v["nodes"][0]["role"], "leader", "{v}");
+    assert_eq!(v["nodes"][0]["version"], dlock_server::VERSION, "{v}");
+    let own = out
+        .lines()
+        .skip_while(|l| !l.starts_with("NODE "))
+        .nth(1)
+        .unwrap_or_else(|| panic!("a row of each node's own view: {out}"));
+    assert!(own.starts_with("1 ") && own.contains(" leader "), "{out}");
     // The node's build, as its --version and dlock_build_info say it.
     assert!(
         out.lines()
