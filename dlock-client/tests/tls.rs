@@ -34,6 +34,28 @@ fn issue(
     (path(c), path(k))
 }
 
+/// A test CA in `dir` (its certificate in ca.pem) and a server
+/// certificate for localhost it signed: the CA, the CA file, and the
+/// server's certificate and key files.
+fn ca_and_server_cert(dir: &Path) -> (CertifiedIssuer<'static, KeyPair>, String, String, String) {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "test CA");
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let ca_file = path(dir.join("ca.pem"));
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let (cert, key) = issue(
+        dir,
+        &ca,
+        "server",
+        "localhost",
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    (ca, ca_file, cert, key)
+}
+
 fn path(p: PathBuf) -> String {
     p.to_str().unwrap().to_owned()
 }
@@ -41,21 +63,7 @@ fn path(p: PathBuf) -> String {
 #[tokio::test]
 async fn dlock_runs_a_command_over_mutual_tls_and_fails_without_the_ca() {
     let dir = tempfile::tempdir().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "test CA");
-    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-    let ca_file = path(dir.path().join("ca.pem"));
-    std::fs::write(&ca_file, ca.pem()).unwrap();
-    let (cert, key) = issue(
-        dir.path(),
-        &ca,
-        "server",
-        "localhost",
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
+    let (ca, ca_file, cert, key) = ca_and_server_cert(dir.path());
     let (ccert, ckey) = issue(
         dir.path(),
         &ca,
@@ -138,21 +146,7 @@ fn flags(args: &[&str]) -> dlock_server::Config {
 #[tokio::test]
 async fn dlock_cluster_status_speaks_tls_to_a_tls_node() {
     let dir = tempfile::tempdir().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "test CA");
-    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-    let ca_file = path(dir.path().join("ca.pem"));
-    std::fs::write(&ca_file, ca.pem()).unwrap();
-    let (cert, key) = issue(
-        dir.path(),
-        &ca,
-        "server",
-        "localhost",
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
+    let (_, ca_file, cert, key) = ca_and_server_cert(dir.path());
     let data = path(dir.path().join("node1"));
     let server = TestServer::start(flags(&[
         "--tls-cert",

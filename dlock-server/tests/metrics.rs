@@ -280,15 +280,7 @@ fn an_unusable_metrics_address_stops_the_server_with_a_clear_error() {
 #[tokio::test]
 async fn a_cluster_node_reports_its_raft_state_and_is_ready_once_it_leads() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let data = dir.path().join("node1");
-    let mut server = Process::start(&[
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().expect("a UTF-8 path"),
-    ]);
-    let http = metrics_addr(&mut server);
-    await_ready(http).await;
+    let (server, http) = ready_cluster_of_one(dir.path()).await;
     let mut c = TestClient::connect(server.addr).await;
     let fence = c.must_lock(&["k"]).await;
     let s = scrape(http).await;
@@ -330,6 +322,21 @@ async fn a_cluster_node_reports_its_raft_state_and_is_ready_once_it_leads() {
         ),
         1.0
     );
+}
+
+/// A cluster of one with its data in `dir`, once it leads, and its
+/// metrics address.
+async fn ready_cluster_of_one(dir: &std::path::Path) -> (Process, SocketAddr) {
+    let data = dir.join("node1");
+    let mut server = Process::start(&[
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().expect("a UTF-8 path"),
+    ]);
+    let http = metrics_addr(&mut server);
+    await_ready(http).await;
+    (server, http)
 }
 
 /// Waits until `/readyz` says the node accepts clients and knows a
@@ -378,15 +385,7 @@ async fn every_metric_is_documented_and_the_dashboard_and_alerts_name_only_real_
     // A cluster node exports every family a single server does, and the
     // Raft ones.
     let dir = tempfile::tempdir().expect("temp dir");
-    let data = dir.path().join("node1");
-    let mut server = Process::start(&[
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().expect("a UTF-8 path"),
-    ]);
-    let http = metrics_addr(&mut server);
-    await_ready(http).await;
+    let (server, http) = ready_cluster_of_one(dir.path()).await;
     // A request of each kind the per-type families are written for.
     let mut c = TestClient::connect(server.addr).await;
     c.must_lock(&["k"]).await;
