@@ -51,9 +51,9 @@ impl Child {
         }
         #[cfg(target_os = "linux")]
         {
-            // SAFETY: getpid before the fork; in the child only prctl and
-            // getppid run, both async-signal-safe, and no memory is touched.
-            let parent = unsafe { libc::getpid() };
+            let parent = rustix::process::getpid().as_raw_nonzero().get();
+            // SAFETY: in the child only prctl and getppid run, both
+            // async-signal-safe, and no memory is touched.
             unsafe {
                 cmd.pre_exec(move || {
                     if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -143,12 +143,19 @@ impl Child {
     }
 }
 
-fn kill(target: i32, signal: i32) {
-    // SAFETY: kill(2) has no memory-safety preconditions. The pid is our own
-    // unreaped child (or its group, or a member of our own group).
-    unsafe {
-        libc::kill(target, signal);
-    }
+/// Sends `signal` to process `target`, or to the group `-target` when it
+/// is negative (kill(2)'s convention). The pid is our own unreaped child
+/// (or its group, or a member of our own group); one already gone needs
+/// nothing.
+pub(crate) fn kill(target: i32, signal: i32) {
+    let Some(sig) = rustix::process::Signal::from_named_raw(signal) else {
+        return;
+    };
+    let _ = match rustix::process::Pid::from_raw(target.saturating_abs()) {
+        Some(pid) if target < 0 => rustix::process::kill_process_group(pid, sig),
+        Some(pid) => rustix::process::kill_process(pid, sig),
+        None => Ok(()),
+    };
 }
 
 /// dlock's descendants in its own process group: what the command started
@@ -156,8 +163,8 @@ fn kill(target: i32, signal: i32) {
 /// the command itself is signalled). The rest of the group (a script that
 /// called dlock) is not dlock's to signal.
 fn fellow_group_members() -> Vec<i32> {
-    // SAFETY: getpgrp and getpid cannot fail and touch no memory.
-    let (group, me) = unsafe { (libc::getpgrp(), libc::getpid()) };
+    let group = rustix::process::getpgrp().as_raw_nonzero().get();
+    let me = rustix::process::getpid().as_raw_nonzero().get();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };

@@ -126,15 +126,10 @@ fn check(args: &Args) -> Result<(), Failure> {
 
 /// HOSTNAME:PID, so that two campaigners on one machine differ.
 fn default_id() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf, which
-    // lives for the call.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let host = if rc == 0 {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "localhost".to_string()
+    let uname = rustix::system::uname();
+    let host = match uname.nodename().to_string_lossy() {
+        h if h.is_empty() => "localhost".to_string(),
+        h => h.into_owned(),
     };
     format!("{host}:{}", std::process::id())
 }

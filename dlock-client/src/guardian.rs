@@ -63,11 +63,8 @@ impl Guardian {
         let pipe = child.stdin.take()?;
         // A stopped guardian must not stop dlock: once the pipe is full,
         // updates are dropped instead of blocking (9-byte writes are atomic).
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&pipe);
-        // SAFETY: fcntl on a descriptor we own, with flags it accepts.
-        unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFL);
-            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        if let Ok(flags) = rustix::fs::fcntl_getfl(&pipe) {
+            let _ = rustix::fs::fcntl_setfl(&pipe, flags | rustix::fs::OFlags::NONBLOCK);
         }
         Some(Guardian { pipe, child })
     }
@@ -137,10 +134,8 @@ pub fn run() -> ExitCode {
     let mut pipe = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(0) };
     let why = watch.run(&mut pipe);
     if let (Some(why), Some(target)) = (why, watch.target) {
-        // SAFETY: kill(2) has no memory-safety preconditions.
-        unsafe {
-            libc::kill(target, libc::SIGKILL);
-        }
+        // A negative target is the command's process group.
+        crate::child::kill(target, libc::SIGKILL);
         crate::say!("guardian: {why}; killed the command (SIGKILL)");
     }
     ExitCode::SUCCESS
@@ -231,14 +226,7 @@ impl Watch {
 
 /// CLOCK_MONOTONIC in nanoseconds: one timeline for dlock and its guardian.
 fn monotonic_nanos() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec we own.
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
-    }
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     let d = Duration::new(
         u64::try_from(ts.tv_sec).unwrap_or(0),
         u32::try_from(ts.tv_nsec).unwrap_or(0),
