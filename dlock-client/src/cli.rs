@@ -204,6 +204,15 @@ pub struct Args {
     #[arg(long, conflicts_with_all = ["command", "command_args"])]
     pub ping: bool,
 
+    /// Print a completion script for SHELL and exit (see the README for
+    /// where to put it).
+    #[arg(long, value_name = "SHELL", value_enum, conflicts_with_all = ["keys", "command", "command_args", "inspect", "ping", "man"])]
+    pub completions: Option<clap_complete::Shell>,
+
+    /// Print dlock's man page (roff, section 1) and exit.
+    #[arg(long, conflicts_with_all = ["keys", "command", "command_args", "inspect", "ping"])]
+    pub man: bool,
+
     /// The command to run, and its arguments.
     #[arg(trailing_var_arg = true, value_name = "COMMAND")]
     pub command_args: Vec<String>,

@@ -37,6 +37,21 @@ fn main() -> ExitCode {
         Ok(a) => a,
         Err(code) => return code,
     };
+    if let Some(shell) = args.completions {
+        let mut cmd = <cli::Args as clap::CommandFactory>::command();
+        clap_complete::generate(shell, &mut cmd, "dlock", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
+    if args.man {
+        let cmd = <cli::Args as clap::CommandFactory>::command();
+        return match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                say!("cannot write the man page: {e}");
+                ExitCode::from(exit::SOFTWARE)
+            }
+        };
+    }
     run_blocking(run::run(args))
 }
 

@@ -184,3 +184,27 @@ async fn help_lists_the_commands_and_a_lock_form_line_still_runs_a_command_named
     let o = run_at(&server.addr_string(), &["-k", "k", "cluster", "status"]).await;
     assert_eq!(code(&o), 127, "{}", stderr(&o));
 }
+
+#[tokio::test]
+async fn completions_and_the_man_page_come_from_the_flags() {
+    for shell in ["bash", "zsh", "fish"] {
+        let o = run_at("127.0.0.1:1", &["--completions", shell]).await;
+        assert_eq!(code(&o), 0, "{shell}: {}", stderr(&o));
+        let script = stdout(&o);
+        assert!(
+            script.contains("lease") && script.contains("inspect"),
+            "{shell}: {script}"
+        );
+    }
+    let o = run_at("127.0.0.1:1", &["--man"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let page = stdout(&o);
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH dlock"),
+        "{page}"
+    );
+    assert!(page.contains("lease"), "{page}");
+    // Not beside an action: that is a usage error.
+    let o = run_at("127.0.0.1:1", &["--man", "-k", "x"]).await;
+    assert_eq!(code(&o), 64, "{}", stderr(&o));
+}
