@@ -16,8 +16,10 @@ use crate::table::{Command, Output, OwnerId};
 use std::sync::OnceLock;
 use tokio::sync::{mpsc, oneshot};
 
-/// Most sessions kept alive by one commit; more wait for the next.
-const MAX_SESSIONS: usize = 1024;
+/// Most sessions kept alive by one commit (past it, the next request of
+/// the turn is the last); more wait for the next. As many as the raft
+/// batcher puts in one entry, so a turn stays one ordinary entry.
+const MAX_SESSIONS: usize = 256;
 
 /// Requests queued for the gatherer at most; a connection's keeper waits
 /// while it is full. Every keeper has one request out at a time.

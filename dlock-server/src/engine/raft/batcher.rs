@@ -26,7 +26,9 @@ use tokio_util::sync::CancellationToken;
 /// Entries in openraft, written or waiting to be, at most. Two: one is
 /// being replicated while the next is being written to the leader's log.
 const IN_FLIGHT: usize = 2;
-/// Commands in one entry at most.
+/// Commands in one entry at most, counted in whole proposals: the
+/// proposal that reaches it still goes in whole (its commands share an
+/// entry by promise), so an entry may pass it by that proposal's size.
 const MAX_BATCH: usize = 256;
 /// Key and value bytes in one entry at most (a command alone may exceed
 /// it): keeps an entry, encoded, far below the peer frame limit.
