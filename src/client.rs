@@ -24,7 +24,7 @@ use crate::enqueue::{Enqueued, Queued};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::guard::{LockGuard, LockParts};
-use crate::inspect::{server_time, KeyState};
+use crate::inspect::{server_time, KeyState, Overview};
 use crate::keys::IntoKeys;
 use crate::limits::Limits;
 use crate::link::{Call, Link};
@@ -745,6 +745,35 @@ impl Client {
             .await?;
         resp.server_stats
             .ok_or_else(|| Error::Protocol("Inspect without keys answered no server_stats".into()))
+    }
+
+    /// The server's counts and its `busiest` busiest keys (at most 100):
+    /// the most waiters first, then held longest. What a live view such as
+    /// `dlock top` shows; `grants` and `handoffs` are counters, so a rate
+    /// is the difference between two overviews.
+    ///
+    /// # Errors
+    /// [`ResponseStatus::InvalidArgument`] for more than 100 keys; any error
+    /// of the connection or the server.
+    pub async fn overview(&self, busiest: u32) -> Result<Overview> {
+        let body = RequestLock {
+            limit: busiest,
+            ..RequestLock::default()
+        };
+        let resp = self.call(RequestType::Inspect, body).await?;
+        let server_time = server_time(resp.server_unix_time);
+        let mut stats = resp.server_stats.ok_or_else(|| {
+            Error::Protocol("Inspect without keys answered no server_stats".into())
+        })?;
+        let busiest = std::mem::take(&mut stats.busiest)
+            .into_iter()
+            .map(|i| KeyState::from_proto(i, server_time))
+            .collect();
+        Ok(Overview {
+            stats,
+            busiest,
+            server_time,
+        })
     }
 
     /// Sends one request and waits for its response, mapping error statuses

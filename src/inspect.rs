@@ -3,7 +3,7 @@
 //! `KeyInfo`, whose zeros and empty strings stand for "none" and whose
 //! exclusive holder sits in other fields than the shared ones.
 
-use crate::proto::{KeyHolder, KeyInfo};
+use crate::proto::{KeyHolder, KeyInfo, ServerStats};
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -22,6 +22,9 @@ pub struct KeyState {
     pub shared: bool,
     /// The limit its shared holders agreed on (a semaphore); 0 is none.
     pub limit: u32,
+    /// How long the first of its waiters has waited (zero when none
+    /// waits, or the server is older than this field).
+    pub waited_for: Duration,
 }
 
 /// One holder of a key.
@@ -45,6 +48,19 @@ pub struct Holder {
     /// When it was granted, by the server's clock: the answer's time
     /// less `held_for`.
     pub since: SystemTime,
+}
+
+/// The server's counts and its busiest keys, as
+/// [`Client::overview`](crate::Client::overview) reports them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Overview {
+    /// Connections, held keys, waiting requests, sessions, and the grant
+    /// and hand-off counters (`busiest` is moved to the field below).
+    pub stats: ServerStats,
+    /// The busiest keys: the most waiters first, then held longest.
+    pub busiest: Vec<KeyState>,
+    /// The server's clock when it answered.
+    pub server_time: SystemTime,
 }
 
 impl KeyState {
@@ -80,6 +96,7 @@ impl KeyState {
             waiters: info.waiters,
             shared: info.shared,
             limit: info.limit,
+            waited_for: Duration::from_micros(info.waited_micro),
         }
     }
 

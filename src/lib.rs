@@ -62,7 +62,7 @@ pub use enqueue::{Enqueued, Queued};
 pub use error::{Disconnect, Error, Result};
 pub use event::Event;
 pub use guard::{LockGuard, LockParts};
-pub use inspect::{Holder, KeyState};
+pub use inspect::{Holder, KeyState, Overview};
 pub use keys::{IntoKeys, Keys};
 pub use limits::{LimitError, Limits};
 pub use safety::Lost;

@@ -242,19 +242,21 @@ impl Service {
     }
 
     /// Server-wide counts, for Inspect without keys and for metrics (this
-    /// node's copy of the table on a cluster).
+    /// node's copy of the table on a cluster); no busiest keys.
     pub fn stats(&self) -> dlock::proto::ServerStats {
-        let (held, waiting) = self.engine.read(|t, _| (t.held_keys(), t.waiting()));
+        let (held, waiting, sessions) = self
+            .engine
+            .read(|t, _| (t.held_keys(), t.waiting(), t.sessions()));
+        let (grants, handoffs) = metrics::grants();
         dlock::proto::ServerStats {
             connections: self.connections.load(Ordering::Relaxed) as u64,
             held_keys: held as u64,
             waiting_requests: waiting as u64,
+            sessions: sessions as u64,
+            grants,
+            handoffs,
+            busiest: Vec::new(),
         }
-    }
-
-    /// Sessions open in the table (this node's copy on a cluster).
-    pub fn sessions(&self) -> usize {
-        self.engine.read(|t, _| t.sessions())
     }
 
     /// Registers a new connection from `peer` (its TLS client certificate,

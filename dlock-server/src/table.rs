@@ -51,6 +51,7 @@
 //! the table holds; Disconnect and Close also touch what the departing owner
 //! (or everyone) had.
 
+mod busiest;
 mod command;
 mod deadlines;
 mod grants;
@@ -66,6 +67,7 @@ mod tickets;
 mod time;
 mod value;
 
+pub use busiest::Busy;
 pub use command::{Command, LimitName, LockResult, Output, Reply, WaitOutcome, Woken};
 pub use mode::{Mode, Sharing};
 pub use resend::MAX_REMEMBERED;
@@ -133,6 +135,8 @@ pub struct KeyView {
     pub value: Vec<u8>,
     /// How long the holder in `holder` has held the key (since its grant).
     pub held_for: Duration,
+    /// How long the first request in the key's queue has waited.
+    pub waited_for: Duration,
 }
 
 /// One holder of a key, for Inspect.
@@ -195,6 +199,10 @@ struct Waiter {
     /// The value its holds get when granted; absent from older snapshots.
     #[serde(default, skip_serializing_if = "value::is_empty")]
     value: Box<[u8]>,
+    /// When it began to wait; older snapshots, which did not keep it, read
+    /// as the timeline's origin.
+    #[serde(default)]
+    since: Time,
 }
 
 impl Waiter {
@@ -423,6 +431,10 @@ impl LockTable {
             mode: state.and_then(|s| s.holds.mode()),
             value: latest.map(|h| h.value.clone()).unwrap_or_default(),
             held_for: latest.map_or(Duration::ZERO, |h| h.held_for),
+            waited_for: state
+                .and_then(|s| s.queue.first())
+                .and_then(|r| self.waiters.get(r))
+                .map_or(Duration::ZERO, |w| now.saturating_duration_since(w.since)),
             holders,
         }
     }
@@ -482,6 +494,7 @@ impl LockTable {
                 deadline,
                 sharing,
                 value,
+                since: now,
             },
         );
         self.compact_heaps();

@@ -328,3 +328,65 @@ async fn inspect_without_keys_reports_server_stats() {
     let mut c = TestClient::connect(server.addr).await;
     c.await_empty_server().await;
 }
+
+/// An Inspect without keys asking for busiest keys, as `dlock top` does.
+fn overview(limit: u32) -> Request {
+    let mut req = request(9, RequestType::Inspect, &[]);
+    req.lock = Some(RequestLock {
+        limit,
+        ..RequestLock::default()
+    });
+    req
+}
+
+#[tokio::test]
+async fn inspect_lists_the_busiest_keys_and_counts_grants_and_hand_offs() {
+    let server = TestServer::start(Config::default()).await;
+    let mut a = TestClient::connect(server.addr).await;
+    // The counters are the process's, which other tests share: compare
+    // with what they were before.
+    let before = a.stats().await;
+    a.must_lock(&["quiet"]).await;
+    a.must_lock(&["busy"]).await;
+    a.must_lock(&["busier"]).await;
+    let mut waiters = Vec::new();
+    for key in ["busy", "busier", "busier"] {
+        let mut w = TestClient::connect(server.addr).await;
+        let req = w.lock_request(&[key], 0, 0);
+        w.send(&req).await;
+        waiters.push(w);
+    }
+    a.await_waiters("busier", 2).await;
+    a.await_waiters("busy", 1).await;
+
+    let stats = a.call(overview(2)).await.server_stats.unwrap();
+    let top: Vec<(&str, u32, bool)> = stats
+        .busiest
+        .iter()
+        .map(|i| (i.key.as_str(), i.waiters, i.held_by_caller))
+        .collect();
+    assert_eq!(top, [("busier", 2, true), ("busy", 1, true)]);
+    assert!(stats.grants >= before.grants + 3, "{stats:?}");
+    // The sessions count the owners that have asked for a lock: the holder
+    // and its three waiters.
+    assert_eq!(stats.sessions, 4);
+    let all = a.call(overview(100)).await.server_stats.unwrap();
+    assert_eq!(all.busiest.len(), 3, "the quiet key comes last");
+    assert_eq!(all.busiest[2].key, "quiet");
+    // A key's wait is its first waiter's: several round trips old by now.
+    assert!(all.busiest[0].waited_micro > 0, "{:?}", all.busiest[0]);
+    assert_eq!(all.busiest[2].waited_micro, 0);
+    // A plain Inspect without keys lists none.
+    assert!(a.stats().await.busiest.is_empty());
+
+    // Releasing hands "busy" to its waiter: a grant after a wait.
+    assert_eq!(status(&a.unlock(&["busy"]).await), ResponseStatus::Ok);
+    assert_eq!(status(&waiters[0].recv().await), ResponseStatus::Ok);
+    let after = a.stats().await;
+    assert!(after.handoffs > before.handoffs, "{after:?}");
+    assert!(after.grants >= before.grants + 4, "{after:?}");
+
+    let r = a.call(overview(101)).await;
+    assert_eq!(status(&r), ResponseStatus::InvalidArgument);
+    assert!(r.error_text.contains("at most 100"), "{}", r.error_text);
+}

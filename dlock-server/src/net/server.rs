@@ -106,7 +106,6 @@ impl Server {
                 let svc = service.clone();
                 let gauges = Arc::new(move || Gauges {
                     stats: svc.stats(),
-                    sessions: svc.sessions() as u64,
                     raft: svc.engine().cluster().map(|c| raft_gauges(&c.status())),
                 });
                 Some(

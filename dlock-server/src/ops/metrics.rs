@@ -284,6 +284,12 @@ pub fn granted_after(waited: Duration) {
     s.wait.observe(&WAIT_BOUNDS, waited);
 }
 
+/// Grants so far, and of those the ones that had waited (hand-offs).
+pub fn grants() -> (u64, u64) {
+    let (at_once, after) = (total(|s| &s.grants[0]), total(|s| &s.grants[1]));
+    (at_once + after, after)
+}
+
 /// Counts bytes read from clients.
 pub fn bytes_in(n: usize) {
     shard().bytes_in.fetch_add(n as u64, Relaxed);
@@ -339,10 +345,8 @@ fn total(f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
 /// node, its Raft state.
 #[derive(Debug, Clone)]
 pub struct Gauges {
-    /// Connections, held keys and waiting requests now.
+    /// Connections, held keys, waiting requests and sessions now.
     pub stats: ServerStats,
-    /// Sessions open in the table now.
-    pub sessions: u64,
     /// A cluster node's Raft state.
     pub raft: Option<RaftGauges>,
 }
@@ -562,11 +566,7 @@ impl Collector for Scrape {
 
         // On a cluster node, this node's copy of the table (a follower's
         // lags by its replication delay).
-        let Gauges {
-            stats,
-            sessions,
-            raft,
-        } = (self.gauges)();
+        let Gauges { stats, raft } = (self.gauges)();
         let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         if let Some(status) = &raft {
             raft_gauges(e, status)?;
@@ -592,8 +592,8 @@ impl Collector for Scrape {
         gauge(
             e,
             "dlock_sessions",
-            "Sessions open now: on a cluster every session, kept for its TTL after its connection ends; on a single server the connections that have locked something.",
-            signed(sessions),
+            "Sessions open now: on a cluster every session, kept for its TTL after its connection ends; on a single server the connections that have asked for a lock.",
+            signed(stats.sessions),
         )?;
         Ok(())
     }

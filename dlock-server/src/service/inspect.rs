@@ -16,7 +16,7 @@
 //! permit.
 
 use super::reply::{self, Refusal};
-use super::validate::{validate_keys, watch_args};
+use super::validate::{busiest_wanted, validate_keys, watch_args};
 use super::{Answer, Conn, Service};
 use crate::table::{FirstHolder, LockTable, OwnerId, Time};
 use dlock::proto::{KeyInfo, Request, ResponseStatus};
@@ -55,13 +55,19 @@ impl Service {
     pub(super) async fn inspect(&self, conn: &Conn, req: Request) -> Result<Answer, Refusal> {
         let body = req.lock.unwrap_or_default();
         let caller = self.reader(conn, req.session)?;
-        if !body.keys.is_empty() {
-            validate_keys(&self.config, &body.keys)?;
-        }
+        let busiest = match body.keys.is_empty() {
+            true => busiest_wanted(&body)?,
+            false => {
+                validate_keys(&self.config, &body.keys)?;
+                0
+            }
+        };
         self.engine.read_index().await?;
         let mut r = reply::response(req.id, ResponseStatus::Ok);
         if body.keys.is_empty() {
-            r.server_stats = Some(self.stats());
+            let mut stats = self.stats();
+            stats.busiest = self.busiest(busiest, caller);
+            r.server_stats = Some(stats);
         } else {
             r.key_info = self.engine.read(|table, now| {
                 body.keys
@@ -71,6 +77,31 @@ impl Service {
             });
         }
         Ok(Answer::Now(r))
+    }
+
+    /// The `n` busiest keys as `caller` sees them. The table is walked a
+    /// slice at a time, letting go of it between slices (see
+    /// `table::busiest`), and the winners are read again together.
+    fn busiest(&self, n: usize, caller: Option<OwnerId>) -> Vec<KeyInfo> {
+        // About a hundred microseconds of holding the table per slice.
+        const SLICE: usize = 4096;
+        if n == 0 {
+            return Vec::new();
+        }
+        let mut top = Vec::with_capacity(n + SLICE);
+        let mut from = Some(0);
+        while let Some(slot) = from {
+            from = self
+                .engine
+                .read(|table, now| table.rank_busy(now, slot, SLICE, n, &mut top));
+        }
+        // A key freed since its slice was walked is left out.
+        self.engine.read(|table, now| {
+            top.iter()
+                .map(|b| self.key_info(table, now, &b.key, caller))
+                .filter(|i| i.fence != 0 || i.waiters > 0)
+                .collect()
+        })
     }
 
     /// Watch: a task that answers from the applied table, now if the key's

@@ -15,6 +15,24 @@ use tokio::time::Instant;
 /// the wait of a Watch that names none (wait_micro 0). A client re-arms it.
 pub const MAX_WATCH_WAIT: Duration = Duration::from_secs(600);
 
+/// Most busiest keys an Inspect may ask for: a screenful, and a bound on
+/// the answer's size (each key's `KeyInfo` lists every holder).
+pub const MAX_BUSIEST: u32 = 100;
+
+/// How many busiest keys an Inspect naming no keys asks for (its `limit`).
+pub fn busiest_wanted(body: &RequestLock) -> Result<usize, Refusal> {
+    if body.limit > MAX_BUSIEST {
+        return Err(Refusal::new(
+            ResponseStatus::InvalidArgument,
+            format!(
+                "Inspect lists at most {MAX_BUSIEST} busiest keys; {} were asked for",
+                body.limit
+            ),
+        ));
+    }
+    Ok(body.limit as usize)
+}
+
 /// A Lock's arguments, checked.
 #[derive(Debug)]
 pub struct LockArgs {

@@ -188,7 +188,7 @@ class RequestLock(_message.Message):
     def __init__(self, wait_micro: _Optional[int] = ..., release_micro: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., try_lock: bool = ..., fence: _Optional[int] = ..., shared_keys: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ..., ticket: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class KeyInfo(_message.Message):
-    __slots__ = ("key", "fence", "lease_remaining_micro", "waiters", "held_by_caller", "holder_addr", "shared", "limit", "holders", "value", "held_micro")
+    __slots__ = ("key", "fence", "lease_remaining_micro", "waiters", "held_by_caller", "holder_addr", "shared", "limit", "holders", "value", "held_micro", "waited_micro")
     KEY_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_REMAINING_MICRO_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +200,7 @@ class KeyInfo(_message.Message):
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     HELD_MICRO_FIELD_NUMBER: _ClassVar[int]
+    WAITED_MICRO_FIELD_NUMBER: _ClassVar[int]
     key: str
     fence: int
     lease_remaining_micro: int
@@ -211,7 +212,8 @@ class KeyInfo(_message.Message):
     holders: _containers.RepeatedCompositeFieldContainer[KeyHolder]
     value: bytes
     held_micro: int
-    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., waiters: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ..., shared: bool = ..., limit: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[KeyHolder, _Mapping]]] = ..., value: _Optional[bytes] = ..., held_micro: _Optional[int] = ...) -> None: ...
+    waited_micro: int
+    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., waiters: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ..., shared: bool = ..., limit: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[KeyHolder, _Mapping]]] = ..., value: _Optional[bytes] = ..., held_micro: _Optional[int] = ..., waited_micro: _Optional[int] = ...) -> None: ...
 
 class KeyHolder(_message.Message):
     __slots__ = ("fence", "lease_remaining_micro", "held_by_caller", "holder_addr", "value", "held_micro")
@@ -286,11 +288,19 @@ class ServerLimits(_message.Message):
     def __init__(self, session_timeout_micro: _Optional[int] = ..., max_lease_micro: _Optional[int] = ..., max_keys: _Optional[int] = ..., max_key_len: _Optional[int] = ..., max_frame: _Optional[int] = ..., max_pipeline: _Optional[int] = ..., resumable_sessions: bool = ..., election_timeout_micro: _Optional[int] = ...) -> None: ...
 
 class ServerStats(_message.Message):
-    __slots__ = ("connections", "held_keys", "waiting_requests")
+    __slots__ = ("connections", "held_keys", "waiting_requests", "sessions", "grants", "handoffs", "busiest")
     CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     HELD_KEYS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
+    HANDOFFS_FIELD_NUMBER: _ClassVar[int]
+    BUSIEST_FIELD_NUMBER: _ClassVar[int]
     connections: int
     held_keys: int
     waiting_requests: int
-    def __init__(self, connections: _Optional[int] = ..., held_keys: _Optional[int] = ..., waiting_requests: _Optional[int] = ...) -> None: ...
+    sessions: int
+    grants: int
+    handoffs: int
+    busiest: _containers.RepeatedCompositeFieldContainer[KeyInfo]
+    def __init__(self, connections: _Optional[int] = ..., held_keys: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., sessions: _Optional[int] = ..., grants: _Optional[int] = ..., handoffs: _Optional[int] = ..., busiest: _Optional[_Iterable[_Union[KeyInfo, _Mapping]]] = ...) -> None: ...
