@@ -740,11 +740,7 @@ impl Client {
     /// # Errors
     /// Any error of the connection or the server.
     pub async fn stats(&self) -> Result<ServerStats> {
-        let resp = self
-            .call(RequestType::Inspect, RequestLock::default())
-            .await?;
-        resp.server_stats
-            .ok_or_else(|| Error::Protocol("Inspect without keys answered no server_stats".into()))
+        self.overview(0).await.map(|o| o.stats)
     }
 
     /// The server's counts and its `busiest` busiest keys (at most 100):
@@ -770,7 +766,7 @@ impl Client {
             .map(|i| KeyState::from_proto(i, server_time))
             .collect();
         Ok(Overview {
-            stats,
+            stats: *stats,
             busiest,
             server_time,
         })

@@ -11,6 +11,8 @@ may come before the command's name or after it):
   elect     run COMMAND while this machine leads an election on KEY
   leader    print who leads an election on KEY, or follow it with --watch
   cluster   show a cluster's members (status), add or remove one
+  top       a live view: busiest keys, grants and hand-offs per second,
+            connections, sessions, and each cluster node's role and lag
 
 Examples:
   # Run a cron job on one machine of the fleet at a time:
@@ -69,7 +71,8 @@ fn after_help() -> String {
                             dlock --ping\n       \
                             dlock elect [OPTIONS] -k KEY [--id NAME] [--once] -- COMMAND [ARGS]...\n       \
                             dlock leader [OPTIONS] -k KEY [--watch]\n       \
-                            dlock cluster [OPTIONS] status|add|remove"
+                            dlock cluster [OPTIONS] status|add|remove\n       \
+                            dlock top [OPTIONS] [-k KEY...]"
 )]
 pub struct Args {
     /// Server address, or a cluster's nodes separated by commas (any

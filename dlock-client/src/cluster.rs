@@ -134,7 +134,7 @@ async fn run(args: ClusterArgs) -> Result<(), Failure> {
                 };
                 // Status: every member's own view beside this node's.
                 let nodes = match args.action {
-                    Action::Status => every_node(info, &options).await,
+                    Action::Status => every_node(info, &server, &options).await,
                     _ => Vec::new(),
                 };
                 match args.output {
@@ -231,18 +231,33 @@ async fn ask(
 const NODE_PATIENCE: Duration = Duration::from_secs(3);
 
 /// One member's answer about itself, or why there is none.
-struct NodeView {
-    id: u64,
-    addr: String,
-    view: Result<ClusterInfo, String>,
+#[derive(Debug)]
+pub struct NodeView {
+    /// Its node id.
+    pub id: u64,
+    /// Its client address, as the membership has it.
+    pub addr: String,
+    /// Its own status, or why it gave none.
+    pub view: Result<ClusterInfo, String>,
 }
 
-/// Asks every member of `info`, at the client address it has in the
-/// membership, for its own view, all at once.
-async fn every_node(info: &ClusterInfo, options: &dlock::ClientOptions) -> Vec<NodeView> {
+/// Asks every member of `info` for its own view, all at once: the node
+/// that answered `info` at `answered_at`, the address that reached it (its
+/// advertised one may not be reachable from here, or not be the name its
+/// TLS certificate carries), the others at the client address they have in
+/// the membership.
+pub async fn every_node(
+    info: &ClusterInfo,
+    answered_at: &str,
+    options: &dlock::ClientOptions,
+) -> Vec<NodeView> {
     let mut asks = tokio::task::JoinSet::new();
     for m in &info.members {
-        let (id, addr, options) = (m.node_id, m.client_addr.clone(), options.clone());
+        let addr = match m.node_id == info.node_id {
+            true => answered_at.to_string(),
+            false => m.client_addr.clone(),
+        };
+        let (id, options) = (m.node_id, options.clone());
         asks.spawn(async move {
             let asked = ask(&addr, &options, RequestType::ClusterStatus, None);
             let view = match tokio::time::timeout(NODE_PATIENCE, asked).await {

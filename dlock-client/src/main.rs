@@ -15,6 +15,7 @@ mod run;
 mod say;
 mod signals;
 mod subcommand;
+mod top;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -31,6 +32,7 @@ fn main() -> ExitCode {
         Some(subcommand::Sub::Cluster) => return cluster::main(argv),
         Some(subcommand::Sub::Elect) => return elect::main(argv),
         Some(subcommand::Sub::Leader) => return leader::main(argv),
+        Some(subcommand::Sub::Top) => return top::main(argv),
         None => {}
     }
     let args = match parse_args::<cli::Args>(argv) {

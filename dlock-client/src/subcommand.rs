@@ -1,5 +1,5 @@
 //! Which form of `dlock` a command line is: the lock form (`dlock [OPTIONS]
-//! -k KEY -- COMMAND`), or a subcommand (`cluster`, `elect`, `leader`)
+//! -k KEY -- COMMAND`), or a subcommand (`cluster`, `elect`, `leader`, `top`)
 //! after any number of the options every form shares.
 //!
 //! The lock form's COMMAND is free text, so a word is a subcommand only
@@ -21,6 +21,8 @@ pub enum Sub {
     Elect,
     /// `dlock leader`.
     Leader,
+    /// `dlock top`.
+    Top,
 }
 
 /// Options every form takes that need a value.
@@ -80,6 +82,7 @@ fn name(a: &OsStr) -> Option<Sub> {
         "cluster" => Some(Sub::Cluster),
         "elect" => Some(Sub::Elect),
         "leader" => Some(Sub::Leader),
+        "top" => Some(Sub::Top),
         _ => None,
     }
 }
@@ -110,6 +113,9 @@ mod tests {
             words(&rest),
             "dlock cluster -s h:1 -v --token-file t status -o json"
         );
+        let (sub, rest) = split(argv("dlock -s h:1 top -k a"));
+        assert_eq!(sub, Some(Sub::Top));
+        assert_eq!(words(&rest), "dlock top -s h:1 -k a");
         let (sub, rest) = split(argv("dlock --server=h:1 -oh leader -k svc"));
         assert_eq!(sub, Some(Sub::Leader));
         assert_eq!(words(&rest), "dlock leader --server=h:1 -oh -k svc");

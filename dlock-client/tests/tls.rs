@@ -173,3 +173,47 @@ async fn dlock_cluster_status_speaks_tls_to_a_tls_node() {
     let out = run_at(&addr, &["cluster", "status"]).await;
     assert_eq!(code(&out), 69, "{}", stderr(&out));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlock_top_shows_a_tls_cluster_node_and_its_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, ca_file, cert, key) = ca_and_server_cert(dir.path());
+    let data = path(dir.path().join("node1"));
+    let server = TestServer::start(flags(&[
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--data-dir",
+        &data,
+    ]))
+    .await;
+    let addr = format!("localhost:{}", server.addr.port());
+    let options = dlock::ClientOptions {
+        tls: Some(dlock::tls::client_config(std::path::Path::new(&ca_file), None).unwrap()),
+        ..dlock::ClientOptions::default()
+    };
+    // A cluster of one elects itself; the client finds the leader.
+    let holder = dlock::Client::connect_with(&addr, options).await.unwrap();
+    let guard = holder
+        .lock("nightly/report", dlock::LockOptions::default())
+        .await
+        .unwrap();
+
+    let mut top = common::screen::Screen::start(
+        &addr,
+        &["top", "--tls-ca", &ca_file, "--interval", "200ms"],
+        30,
+        140,
+    );
+    top.wait_for("the node as leader and the held key", |s| {
+        let c = s.contents();
+        let node = c.lines().find(|l| l.trim_start().starts_with("1 "));
+        let key = c.lines().find(|l| l.starts_with("nightly/report"));
+        node.is_some_and(|l| l.contains("leader"))
+            && key.is_some_and(|l| l.contains(&guard.fence().to_string()))
+    })
+    .await;
+    top.send(b"\x03");
+    assert_eq!(top.exit_code().await, 0, "Ctrl-C quits");
+}

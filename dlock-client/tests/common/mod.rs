@@ -133,3 +133,4 @@ pub async fn with_background_child(server: &str, key: &str, stdin: Stdio) -> (Ch
         .collect();
     (child, pids)
 }
+pub mod screen;

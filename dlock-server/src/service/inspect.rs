@@ -67,7 +67,7 @@ impl Service {
         if body.keys.is_empty() {
             let mut stats = self.stats();
             stats.busiest = self.busiest(busiest, caller);
-            r.server_stats = Some(stats);
+            r.server_stats = Some(Box::new(stats));
         } else {
             r.key_info = self.engine.read(|table, now| {
                 body.keys

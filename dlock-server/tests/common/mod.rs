@@ -151,7 +151,8 @@ impl TestClient {
         let r = self.request(RequestType::Inspect, &[]);
         let resp = self.call(r).await;
         assert_eq!(status(&resp), ResponseStatus::Ok);
-        resp.server_stats
+        *resp
+            .server_stats
             .expect("Inspect without keys answers stats")
     }
 

@@ -1,0 +1,84 @@
+//! `dlock top` in a pseudo-terminal against a real server: it shows a held
+//! key and its waiter, and gives the terminal back when told to quit.
+
+mod common;
+
+use common::screen::Screen;
+use common::*;
+use dlock::LockOptions;
+use dlock_server::testing::TestServer;
+use dlock_server::Config;
+
+/// The cell of `row` under `column` in the screen's header line.
+fn cell(contents: &str, row_starts: &str, column: &str) -> Option<String> {
+    let lines: Vec<&str> = contents.lines().collect();
+    let header = lines
+        .iter()
+        .find(|l| l.contains(column) && l.contains("KEY"))?;
+    let row = lines.iter().find(|l| l.starts_with(row_starts))?;
+    let start = header.find(column)?;
+    // Up to the next header's start, or the end of the line.
+    let end = header[start + column.len()..]
+        .find(|c: char| !c.is_whitespace())
+        .map_or(row.len(), |i| start + column.len() + i);
+    Some(row.get(start..end.min(row.len()))?.trim().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_shows_a_held_key_and_its_waiter_and_quits_on_q() {
+    let server = TestServer::start(Config::default()).await;
+    let addr = server.addr_string();
+    let holder = client(&addr).await;
+    let guard = holder
+        .lock("deploy/web", LockOptions::default())
+        .await
+        .unwrap();
+    let waiter = client(&addr).await;
+    let waiting =
+        tokio::spawn(async move { waiter.lock("deploy/web", LockOptions::default()).await });
+    let look = client(&addr).await;
+    while look.inspect(["deploy/web"]).await.unwrap()[0].waiters != 1 {
+        tokio::task::yield_now().await;
+    }
+
+    let mut top = Screen::start(&addr, &["top", "--interval", "200ms"], 30, 140);
+    let fence = guard.fence().to_string();
+    top.wait_for(
+        &format!("the held key (fence {fence}) with one waiter"),
+        |s| {
+            let c = s.contents();
+            cell(&c, "deploy/web", "STATE").as_deref() == Some("held")
+                && cell(&c, "deploy/web", "FENCE").as_deref() == Some(fence.as_str())
+                && cell(&c, "deploy/web", "WAITERS").as_deref() == Some("1")
+                && c.contains("waiting 1")
+        },
+    )
+    .await;
+    assert!(top.alternate(), "a full-screen view");
+
+    // The hand-off shows: the waiter holds, nobody waits.
+    drop(guard);
+    let next_holder = waiting.await.unwrap().unwrap();
+    let next = next_holder.fence().to_string();
+    top.wait_for("the waiter holding the key", |s| {
+        let c = s.contents();
+        cell(&c, "deploy/web", "FENCE").as_deref() == Some(next.as_str())
+            && cell(&c, "deploy/web", "WAITERS").as_deref() == Some("0")
+    })
+    .await;
+
+    top.send(b"q");
+    assert_eq!(top.exit_code().await, 0);
+    assert!(!top.alternate(), "the terminal is given back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_without_a_terminal_or_with_a_bad_interval_is_a_usage_error() {
+    let server = TestServer::start(Config::default()).await;
+    let o = run_at(&server.addr_string(), &["top"]).await;
+    assert_eq!(code(&o), 64, "{}", stderr(&o));
+    assert!(stderr(&o).contains("terminal"), "{}", stderr(&o));
+    let o = run_at(&server.addr_string(), &["top", "--interval", "10ms"]).await;
+    assert_eq!(code(&o), 64, "{}", stderr(&o));
+    assert!(stderr(&o).contains("at least 100ms"), "{}", stderr(&o));
+}
