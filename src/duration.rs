@@ -1,5 +1,6 @@
 //! Durations on the command lines of every dlock program: `2.5s`, `500ms`,
 //! `1m30s`, `2h`, `30days`; a bare number means seconds, as with flock's `-w`.
+//! Units are humantime's; the bare number is ours.
 
 use std::time::Duration;
 
@@ -12,44 +13,12 @@ pub fn parse(s: &str) -> Result<Duration, String> {
     if s.is_empty() {
         return Err("empty duration (examples: 30s, 2.5s, 500ms, 1m30s)".into());
     }
+    // A bare number is seconds, as flock's -w has it; humantime wants a
+    // unit.
     if let Ok(secs) = s.parse::<f64>() {
         return seconds(secs, s);
     }
-    let mut total = 0f64;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("'{s}' needs a unit after its last number (ms, s, m, h, d)"))?;
-        if num_len == 0 {
-            return Err(format!(
-                "'{s}' is not a duration (examples: 30s, 2.5s, 500ms, 1m30s)"
-            ));
-        }
-        let value: f64 = rest[..num_len]
-            .parse()
-            .map_err(|_| format!("'{}' is not a number", &rest[..num_len]))?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let factor = match &rest[..unit_len] {
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" | "sec" | "secs" => 1.0,
-            "m" | "min" | "mins" => 60.0,
-            "h" | "hour" | "hours" => 3600.0,
-            "d" | "day" | "days" => 86400.0,
-            unit => {
-                return Err(format!(
-                    "unknown unit '{unit}' in '{s}' (use ms, s, m, h or d)"
-                ))
-            }
-        };
-        total += value * factor;
-        rest = &rest[unit_len..];
-    }
-    seconds(total, s)
+    humantime::parse_duration(s).map_err(|e| format!("'{s}' is not a duration: {e}"))
 }
 
 /// Writes `d` in the largest unit that states it exactly, in a form

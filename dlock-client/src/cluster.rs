@@ -1,6 +1,7 @@
 //! `dlock cluster status|add|remove`: a cluster's members, and changing them
 //! at run time (docs/CLUSTER.md).
 
+use crate::columns::columns;
 use crate::exit::{self, Failure};
 use clap::{Parser, Subcommand};
 use dlock::proto::{ClusterInfo, Request, RequestCluster, RequestType, Response, ResponseStatus};
@@ -306,7 +307,7 @@ fn nodes_table(nodes: &[NodeView]) -> String {
             ],
         })
         .collect();
-    columns(&header, &rows)
+    columns(&header, &rows, &[])
 }
 
 /// Each member's own view as JSON; `error` says why one did not answer.
@@ -325,27 +326,6 @@ fn nodes_json(nodes: &[NodeView]) -> serde_json::Value {
             Err(e) => serde_json::json!({ "node_id": n.id, "client_addr": n.addr, "error": e }),
         })
         .collect()
-}
-
-/// Rows under a header, each column as wide as its widest cell.
-fn columns<const N: usize>(header: &[String; N], rows: &[[String; N]]) -> String {
-    let mut widths = header.clone().map(|h| h.len());
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    let mut out = String::new();
-    for row in std::iter::once(header).chain(rows) {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
 }
 
 /// The role `info`'s node gives member `m`.
@@ -432,6 +412,6 @@ fn status_table(info: &ClusterInfo) -> String {
             ]
         })
         .collect();
-    out.push_str(&columns(&header, &rows));
+    out.push_str(&columns(&header, &rows, &[]));
     out
 }

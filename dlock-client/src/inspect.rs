@@ -2,6 +2,7 @@
 //! the server's counts.
 
 use crate::cli::{Args, Output};
+use crate::columns::columns;
 use crate::exit::{self, Failure};
 use crate::keeper;
 use dlock::{ClientOptions, Holder, KeyState};
@@ -80,28 +81,8 @@ fn table(infos: &[KeyState]) -> String {
         "KEY", "STATE", "HOLDER", "FENCE", "LEASE", "WAITERS", "VALUE",
     ]
     .map(String::from);
-    let mut widths = header.clone().map(|h| h.len());
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in std::iter::once(&header).chain(&rows) {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .enumerate()
-            // Numbers at the right, text at the left.
-            .map(|(col, (cell, w))| match col {
-                4 | 5 => format!("{cell:>w$}"),
-                _ => format!("{cell:<w$}"),
-            })
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    // Lease and waiters are numbers, at the right.
+    columns(&header, &rows, &[4, 5])
 }
 
 /// The keys' states as JSON: every holder with its fence, lease, address

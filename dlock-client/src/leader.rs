@@ -144,34 +144,21 @@ pub fn printable(value: &[u8]) -> String {
     }
 }
 
-/// `t` in UTC as RFC 3339 with milliseconds.
+/// `t` in UTC as RFC 3339 with milliseconds. Times come from the
+/// server's clock: one before the epoch reads as the epoch, and one
+/// humantime cannot write (past the year 9999) as seconds since the epoch,
+/// rather than a panic.
 fn rfc3339(t: SystemTime) -> String {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, day) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
-}
-
-/// Year, month, day of the `days`th day after 1970-01-01 (Howard
-/// Hinnant's algorithm, for dates after the epoch).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
+    use std::fmt::Write;
+    let t = t.max(UNIX_EPOCH);
+    let mut out = String::new();
+    match write!(out, "{}", humantime::format_rfc3339_millis(t)) {
+        Ok(()) => out,
+        Err(_) => format!(
+            "@{}",
+            t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -198,6 +185,8 @@ mod tests {
             rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
             "2000-02-29T00:00:00.000Z"
         );
+        let year_10000 = UNIX_EPOCH + Duration::from_secs(253_402_300_800);
+        assert_eq!(rfc3339(year_10000), "@253402300800");
     }
 
     #[test]

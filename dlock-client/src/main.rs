@@ -3,6 +3,7 @@
 mod child;
 mod cli;
 mod cluster;
+mod columns;
 mod elect;
 mod exit;
 mod guardian;
