@@ -42,20 +42,35 @@ fn main() -> ExitCode {
     };
     if let Some(shell) = args.completions {
         let mut cmd = <cli::Args as clap::CommandFactory>::command();
-        clap_complete::generate(shell, &mut cmd, "dlock", &mut std::io::stdout());
-        return ExitCode::SUCCESS;
+        let mut text = Vec::new();
+        clap_complete::generate(shell, &mut cmd, "dlock", &mut text);
+        return print_generated(&text, "completions");
     }
     if args.man {
         let cmd = <cli::Args as clap::CommandFactory>::command();
-        return match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                say!("cannot write the man page: {e}");
-                ExitCode::from(exit::SOFTWARE)
-            }
-        };
+        let mut text = Vec::new();
+        if let Err(e) = clap_mangen::Man::new(cmd).render(&mut text) {
+            say!("cannot render the man page: {e}");
+            return ExitCode::from(exit::SOFTWARE);
+        }
+        return print_generated(&text, "man page");
     }
     run_blocking(run::run(args))
+}
+
+/// Writes generated text (completions, the man page) to stdout. A reader
+/// that stops early (`dlock --man | head`) is not an error, as for cat.
+fn print_generated(text: &[u8], what: &str) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            say!("cannot write the {what}: {e}");
+            ExitCode::from(exit::SOFTWARE)
+        }
+    }
 }
 
 /// Parses `T` from `args` (argv, the program name first): help and
