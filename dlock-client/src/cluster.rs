@@ -15,22 +15,34 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(name = "dlock cluster", version)]
 struct ClusterArgs {
+    #[command(flatten)]
+    conn: Connection,
+
+    #[command(subcommand)]
+    action: Action,
+}
+
+/// The options of a form that only talks to the server (`dlock cluster`,
+/// `dlock top`): where, with which token, over TLS or not, and how the
+/// answer is printed.
+#[derive(Debug, clap::Args)]
+pub struct Connection {
     /// Nodes of the cluster, separated by commas: the first that answers
-    /// is asked; add and remove go on to the leader it names.
+    /// is asked (dlock cluster add and remove go on to the leader it names).
     #[arg(short, long, global = true, env = "DLOCK_SERVER", default_value = dlock::DEFAULT_ADDR, value_name = "HOST:PORT[,...]", value_parser = crate::cli::server_addresses)]
-    server: String,
+    pub server: String,
 
     /// Read the access token from this file; DLOCK_TOKEN otherwise.
     #[arg(long, global = true, value_name = "PATH")]
-    token_file: Option<PathBuf>,
+    pub token_file: Option<PathBuf>,
 
     /// Connect with TLS, trusting the CA certificates in this PEM file.
     #[arg(long, global = true, env = "DLOCK_TLS_CA", value_name = "PATH")]
-    tls_ca: Option<PathBuf>,
+    pub tls_ca: Option<PathBuf>,
 
     /// Client certificate chain (PEM) for a server that requires one.
     #[arg(long, global = true, env = "DLOCK_TLS_CERT", value_name = "PATH", requires_all = ["tls_key", "tls_ca"])]
-    tls_cert: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
 
     /// Private key (PEM) of --tls-cert.
     #[arg(
@@ -40,15 +52,30 @@ struct ClusterArgs {
         value_name = "PATH",
         requires = "tls_cert"
     )]
-    tls_key: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 
     /// How the answer is printed: text for people, or one json object
     /// for scripts.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = crate::cli::Output::Text, value_name = "FORMAT")]
-    output: crate::cli::Output,
+    pub output: crate::cli::Output,
+}
 
-    #[command(subcommand)]
-    action: Action,
+impl Connection {
+    /// The token and TLS of every other form.
+    ///
+    /// # Errors
+    /// An unreadable token file or TLS file.
+    pub fn client_options(&self) -> Result<dlock::ClientOptions, Failure> {
+        Ok(dlock::ClientOptions {
+            access_token: crate::run::token_from(self.token_file.as_deref())?,
+            tls: crate::run::tls_from(
+                self.tls_ca.as_deref(),
+                self.tls_cert.as_deref(),
+                self.tls_key.as_deref(),
+            )?,
+            ..dlock::ClientOptions::default()
+        })
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -58,7 +85,8 @@ enum Action {
     Status,
     /// Add node ID, reached by clients at CLIENT_ADDR and by the other
     /// nodes at PEER_ADDR; returns once it has caught up and votes. Start
-    /// the node first, with --initial-cluster naming the current members.
+    /// the node first, with --initial-cluster naming the current members
+    /// and --initial-cluster-state existing.
     Add {
         /// The new node's --node-id.
         id: u64,
@@ -87,17 +115,9 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> ExitCode {
 }
 
 async fn run(args: ClusterArgs) -> Result<(), Failure> {
-    // The token and TLS of every other form; ClusterStatus and its kin go
-    // on a connection of their own, with no session.
-    let options = dlock::ClientOptions {
-        access_token: crate::run::token_from(args.token_file.as_deref())?,
-        tls: crate::run::tls_from(
-            args.tls_ca.as_deref(),
-            args.tls_cert.as_deref(),
-            args.tls_key.as_deref(),
-        )?,
-        ..dlock::ClientOptions::default()
-    };
+    // ClusterStatus and its kin go on a connection of their own, with no
+    // session.
+    let options = args.conn.client_options()?;
     let (kind, body) = match &args.action {
         Action::Status => (RequestType::ClusterStatus, None),
         Action::Add {
@@ -120,7 +140,7 @@ async fn run(args: ClusterArgs) -> Result<(), Failure> {
             }),
         ),
     };
-    let (mut server, first) = first_answer(&args.server, &options, kind, &body).await?;
+    let (mut server, first) = first_answer(&args.conn.server, &options, kind, &body).await?;
     let mut answer = Some(first);
     // The first node's answer, then once more from the leader it names.
     for _ in 0..2 {
@@ -138,7 +158,7 @@ async fn run(args: ClusterArgs) -> Result<(), Failure> {
                     Action::Status => every_node(info, &server, &options).await,
                     _ => Vec::new(),
                 };
-                match args.output {
+                match args.conn.output {
                     crate::cli::Output::Text => {
                         print!("{}", status_table(info));
                         if !nodes.is_empty() {

@@ -101,11 +101,21 @@ pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
             ),
         ),
         Error::ConnectionLost(lost) => Failure::new(UNAVAILABLE, format!("connection to {server} lost: {}", with_cause(lost.reason(), &lost))),
-        Error::AccessDenied(_) => Failure::new(
-            NO_PERMISSION,
-            format!("access denied by {server} (set DLOCK_TOKEN or --token-file to a token the server accepts)"),
-        ),
+        Error::AccessDenied(text) => Failure::new(NO_PERMISSION, access_denied(server, &text)),
         other => Failure::new(SOFTWARE, other.to_string()),
+    }
+}
+
+/// The server's reason for a refusal, and what to do when the token is
+/// the problem; an identity that lacks a rule needs a change on the
+/// server, not another token.
+fn access_denied(server: &str, text: &str) -> String {
+    let why = text.strip_prefix("access denied: ").unwrap_or(text).trim();
+    let hint = "set DLOCK_TOKEN or --token-file to a token the server accepts";
+    match why {
+        "" => format!("access denied by {server} ({hint})"),
+        w if w.starts_with("identity ") => format!("access denied by {server}: {w}"),
+        w => format!("access denied by {server}: {w} ({hint})"),
     }
 }
 
@@ -132,6 +142,23 @@ mod tests {
         code.split(|c: char| !c.is_ascii_digit())
             .filter_map(|n| n.parse().ok())
             .collect()
+    }
+
+    #[test]
+    fn a_refusal_names_the_missing_rule_or_says_to_fix_the_token() {
+        assert_eq!(
+            access_denied(
+                "h:1",
+                "access denied: identity \"jobs\" has no rule \"lock web/home\" (or a pattern covering it)"
+            ),
+            "access denied by h:1: identity \"jobs\" has no rule \"lock web/home\" (or a pattern covering it)"
+        );
+        assert_eq!(
+            access_denied("h:1", "access token missing or not accepted"),
+            "access denied by h:1: access token missing or not accepted (set DLOCK_TOKEN or --token-file to a token the server accepts)"
+        );
+        assert!(access_denied("h:1", "")
+            .ends_with("(set DLOCK_TOKEN or --token-file to a token the server accepts)"));
     }
 
     #[test]

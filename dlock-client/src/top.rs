@@ -7,7 +7,8 @@
 mod sample;
 mod screen;
 
-use crate::cli::Args;
+use crate::cli::Output;
+use crate::cluster::Connection;
 use crate::exit::{self, Failure};
 use clap::Parser;
 use crossterm::event::{Event, EventStream, KeyCode, KeyEvent, KeyModifiers};
@@ -45,8 +46,16 @@ pub struct TopArgs {
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = dlock::duration::parse_positive)]
     pub interval: Duration,
 
+    /// Show these keys instead of the busiest ones.
+    #[arg(short, long = "key", value_name = "KEY")]
+    pub keys: Vec<String>,
+
+    /// How long to wait for the connection (and TLS handshake).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = dlock::duration::parse_positive)]
+    pub connect_timeout: Duration,
+
     #[command(flatten)]
-    pub run: Args,
+    pub conn: Connection,
 }
 
 /// The entry point of `dlock top`.
@@ -62,27 +71,30 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> ExitCode {
 /// # Errors
 /// A [`Failure`] with its exit code and message.
 pub async fn run(top: TopArgs) -> Result<u8, Failure> {
-    let args = &top.run;
     if top.interval < Duration::from_millis(100) {
         return Err(Failure::new(
             exit::USAGE,
             "dlock top: --interval is at least 100ms",
         ));
     }
-    if !std::io::stdout().is_terminal() {
+    if top.conn.output == Output::Json || !std::io::stdout().is_terminal() {
         return Err(Failure::new(
             exit::USAGE,
             "dlock top draws on a terminal; for a script, use dlock --inspect -o json",
         ));
     }
-    let options = crate::run::client_options(args)?;
-    let client = crate::keeper::connect(&args.server, options.clone()).await?;
+    let server = &top.conn.server;
+    let options = dlock::ClientOptions {
+        connect_timeout: top.connect_timeout,
+        ..top.conn.client_options()?
+    };
+    let client = crate::keeper::connect(server, options.clone()).await?;
     // Refused tokens show at once, before the screen is taken over.
     client
         .stats()
         .await
-        .map_err(|e| exit::from_client_error(e, &args.server))?;
-    let sampler = Sampler::new(client, options, args.all_keys());
+        .map_err(|e| exit::from_client_error(e, server))?;
+    let sampler = Sampler::new(client, options, top.keys);
     let quit = Quit::install()?;
     let mut terminal = ratatui::try_init()
         .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot use the terminal: {e}")))?;

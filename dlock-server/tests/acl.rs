@@ -395,3 +395,33 @@ async fn a_cluster_session_is_resumed_only_by_the_identity_that_opened_it() {
     assert_eq!(status(&again.call(unlock).await), ResponseStatus::Ok);
     assert_eq!(holder_fence(&mut again, "jobs/a").await, 0);
 }
+
+#[tokio::test]
+async fn the_readme_token_file_example_works_as_written() {
+    let readme = include_str!("../../README.md");
+    let start = readme
+        .find("```text\n# /etc/dlock/tokens")
+        .expect("the README shows a token file");
+    let block = &readme[start + "```text\n".len()..];
+    let example = &block[..block.find("```").expect("the block ends")];
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(flags(&["--token-file", &write(dir.path(), example)])).await;
+    let mut c = TestClient::connect(server.addr).await;
+    let r = lock(&mut c, "8c41d7f0b2aa", &["jobs/nightly"], 0).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{}", r.error_text);
+    let r = lock(&mut c, "8c41d7f0b2aa", &["web/home"], 0).await;
+    assert_eq!(status(&r), ResponseStatus::AccessDenied);
+    assert!(
+        r.error_text
+            .contains("identity \"jobs\" has no rule \"lock web/home\""),
+        "{}",
+        r.error_text
+    );
+    for token in ["77aa3e9c01", "1f0c2a9e7d41"] {
+        let r = lock(&mut c, token, &["web/home"], 0).await;
+        assert_eq!(status(&r), ResponseStatus::Ok, "{token}: {}", r.error_text);
+        let mut unlock = c.request(RequestType::Unlock, &["web/home"]);
+        unlock.access_token = token.into();
+        assert_eq!(status(&c.call(unlock).await), ResponseStatus::Ok);
+    }
+}

@@ -107,6 +107,10 @@ async fn a_cluster_leader_counts_grants_waits_and_expiries_as_a_single_server_do
 /// connection on `server`, with the counts each must move.
 async fn counts_move_on(mut server: Process) {
     let http = metrics_addr(&mut server);
+    // A cluster of one answers Pings before it has elected itself, and
+    // refuses a Lock with NotLeader until then; a single server is ready
+    // at once.
+    await_ready(http).await;
 
     let before = scrape(http).await;
     assert_eq!(value(&before, "dlock_requests_total", &[]), 0.0);
