@@ -68,8 +68,9 @@
 //! # Transport
 //!
 //! Each node listens on its own peer port. Frames are a 4-byte big-endian
-//! length and a serde_json message (snapshot chunk bytes travel raw); a
-//! connection opens with a hello that carries the cluster id and both node
+//! length and a message, in MessagePack once both ends have said in the
+//! hello that they read it, else JSON (`encoding`; snapshot chunk bytes
+//! travel raw); a connection opens with a hello that carries the cluster id and both node
 //! ids, and anything else (garbage, an oversized frame, the client protocol,
 //! another cluster) is closed with a log line. One connection per peer is
 //! reused for replication, with TCP keepalive and openraft's per-RPC
@@ -86,6 +87,7 @@
 
 mod batcher;
 mod disk;
+mod encoding;
 mod error;
 mod from_config;
 mod leader_clock;

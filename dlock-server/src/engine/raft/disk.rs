@@ -14,10 +14,10 @@ pub(crate) enum DiskError {
     /// redb's error is large and this one travels in every `Result`.
     #[error("raft log database: {0}")]
     Redb(#[source] Box<redb::Error>),
-    /// A stored record did not decode: the file was damaged or written by
-    /// an incompatible version.
-    #[error("raft log record does not decode: {0}")]
-    Decode(#[from] serde_json::Error),
+    /// A record did not encode, or a stored one did not decode: the file
+    /// was damaged or written by a newer version.
+    #[error("raft log record: {0}")]
+    Codec(#[from] super::encoding::CodecError),
     /// The writer thread could not be started or has stopped.
     #[error("raft log writer: {0}")]
     Io(#[source] std::io::Error),

@@ -1,6 +1,6 @@
 //! The Raft log and vote, durable in one redb file (`raft.redb`).
 //!
-//! Two tables: `log` maps an entry's index to the entry (serde_json), and
+//! Two tables: `log` maps an entry's index to the entry (`encoding`), and
 //! `meta` holds the vote, the id of the last purged entry and the last
 //! committed id. Every change to the log or the vote is one redb write
 //! transaction committed with [`Durability::Immediate`], which returns only
@@ -16,6 +16,7 @@
 //! and never block the writer, plus the entries still queued.
 
 use super::disk::{redb, DiskError, LOG};
+use super::encoding;
 use super::log_writer::{Change, Pending, Writer};
 use super::types::{Entry, LogId, NodeId, TypeConfig, Vote};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
@@ -142,7 +143,7 @@ impl LogStore {
         let Some(v) = table.get(key).map_err(redb)? else {
             return Ok(None);
         };
-        Ok(Some(serde_json::from_slice(v.value())?))
+        Ok(Some(encoding::decode(v.value())?))
     }
 
     fn last_entry(&self) -> Result<Option<Entry>, DiskError> {
@@ -154,7 +155,7 @@ impl LogStore {
         let Some((_, v)) = table.last().map_err(redb)? else {
             return Ok(None);
         };
-        Ok(Some(serde_json::from_slice(v.value())?))
+        Ok(Some(encoding::decode(v.value())?))
     }
 
     /// Runs one write transaction after everything queued before it and
@@ -173,7 +174,7 @@ impl LogStore {
         value: &T,
         durability: Durability,
     ) -> Result<(), DiskError> {
-        let bytes = serde_json::to_vec(value)?;
+        let bytes = encoding::encode(value)?;
         self.write(durability, move |txn| {
             txn.open_table(META)
                 .map_err(redb)?
@@ -210,11 +211,11 @@ pub(crate) fn append_committed_offline(
         let txn = db.begin_read().map_err(redb)?;
         let log = txn.open_table(LOG).map_err(redb)?;
         let last: Option<Entry> = match log.last().map_err(redb)? {
-            Some((_, v)) => Some(serde_json::from_slice(v.value())?),
+            Some((_, v)) => Some(encoding::decode(v.value())?),
             None => None,
         };
         let purged: Option<LogId> = match txn.open_table(META).map_err(redb)?.get(PURGED) {
-            Ok(Some(v)) => serde_json::from_slice(v.value())?,
+            Ok(Some(v)) => encoding::decode(v.value())?,
             Ok(None) => None,
             Err(e) => return Err(redb(e)),
         };
@@ -231,8 +232,8 @@ pub(crate) fn append_committed_offline(
         log_id: id,
         payload: openraft::EntryPayload::Normal(payload),
     };
-    let bytes = serde_json::to_vec(&entry)?;
-    let committed = serde_json::to_vec(&Some(id))?;
+    let bytes = encoding::encode(&entry)?;
+    let committed = encoding::encode(&Some(id))?;
     let mut txn = db.begin_write().map_err(redb)?;
     txn.set_durability(Durability::Immediate);
     txn.open_table(LOG)
@@ -266,7 +267,7 @@ fn entries<R: RangeBounds<u64>>(
     let mut out = BTreeMap::new();
     for item in table.range(bounds).map_err(redb)? {
         let (k, v) = item.map_err(redb)?;
-        out.insert(k.value(), serde_json::from_slice(v.value())?);
+        out.insert(k.value(), encoding::decode(v.value())?);
     }
     out.extend(queued);
     Ok(out.into_values().collect())
@@ -347,7 +348,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     ) -> Result<(), StorageError<NodeId>> {
         self.note_committed(committed.as_ref());
         let to_err = |e: DiskError| e.storage(ErrorSubject::Store, ErrorVerb::Write);
-        let bytes = serde_json::to_vec(&committed).map_err(|e| to_err(e.into()))?;
+        let bytes = encoding::encode(&committed).map_err(|e| to_err(e.into()))?;
         let change: Change = Box::new(move |txn| {
             txn.open_table(META)
                 .map_err(redb)?
@@ -380,7 +381,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut encoded = Vec::new();
         let mut queued = Vec::new();
         for e in entries {
-            match serde_json::to_vec(&e) {
+            match encoding::encode(&e) {
                 Ok(bytes) => encoded.push((e.log_id, bytes)),
                 Err(e) => {
                     let e = DiskError::from(e);
@@ -424,7 +425,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError<NodeId>> {
         let upto = log_id.index;
-        let purged = serde_json::to_vec(&log_id)
+        let purged = encoding::encode(&log_id)
             .map_err(|e| DiskError::from(e).storage(ErrorSubject::Logs, ErrorVerb::Delete))?;
         // The purged id and the deletion commit together, so the log never
         // appears to start later than the record of what was purged.

@@ -68,7 +68,7 @@ impl MachineHandle {
     }
 }
 
-/// A snapshot's data: the whole applied state. Serialised with serde_json;
+/// A snapshot's data: the whole applied state. Written by `encoding`;
 /// this is what the `snapshot` file holds after its metadata line and what
 /// a lagging peer is sent.
 #[derive(Serialize, Deserialize)]
@@ -91,9 +91,9 @@ pub(crate) enum SnapshotError {
     /// Reading or writing the file failed.
     #[error("snapshot file: {0}")]
     Io(#[from] std::io::Error),
-    /// The data does not decode.
-    #[error("snapshot data does not decode: {0}")]
-    Decode(#[from] serde_json::Error),
+    /// The data does not encode or decode.
+    #[error("snapshot data: {0}")]
+    Codec(#[from] super::encoding::CodecError),
     /// The table inside is inconsistent.
     #[error(transparent)]
     Table(#[from] table::BadSnapshot),
@@ -103,7 +103,7 @@ pub(crate) enum SnapshotError {
 }
 
 fn decode(data: &[u8]) -> Result<(LockTable, Time), SnapshotError> {
-    let image: Image = serde_json::from_slice(data)?;
+    let image: Image = super::encoding::decode(data)?;
     Ok((LockTable::restore(image.table)?, image.at))
 }
 
@@ -318,7 +318,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
         // openraft purges the log this snapshot covers once this returns:
         // the file must be on disk by then.
         let written = tokio::task::spawn_blocking(move || {
-            let data = serde_json::to_vec(&image)?;
+            let data = super::encoding::encode(&image)?;
             file.write(&owned_meta, &data)?;
             Ok::<_, SnapshotError>(data)
         })

@@ -13,7 +13,7 @@
 use super::peer_tls::{self, PeerTls};
 use super::types::{Member, NodeId, TypeConfig};
 use super::wire::{
-    self, Hello, HelloReply, PeerFrames, Reply, Request, Standing, WireError, PROTOCOL,
+    self, Format, Hello, HelloReply, PeerFrames, Reply, Request, Standing, WireError, PROTOCOL,
 };
 use bytes::Bytes;
 use openraft::error::{
@@ -71,9 +71,15 @@ impl Network {
     }
 }
 
+/// A connection past its hello, and how its messages are written.
+struct Dialled {
+    frames: PeerFrames,
+    format: Format,
+}
+
 /// Idle connections by target id and address, each with when it was
 /// returned.
-type Idle = HashMap<(NodeId, String), Vec<(Instant, PeerFrames)>>;
+type Idle = HashMap<(NodeId, String), Vec<(Instant, Dialled)>>;
 
 #[derive(Default)]
 struct Pool {
@@ -86,7 +92,7 @@ impl Pool {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn take(&self, key: &(NodeId, String)) -> Option<PeerFrames> {
+    fn take(&self, key: &(NodeId, String)) -> Option<Dialled> {
         let mut idle = self.lock();
         let conns = idle.get_mut(key)?;
         while let Some((since, conn)) = conns.pop() {
@@ -97,7 +103,7 @@ impl Pool {
         None
     }
 
-    fn put(&self, key: (NodeId, String), conn: PeerFrames) {
+    fn put(&self, key: (NodeId, String), conn: Dialled) {
         let mut idle = self.lock();
         let conns = idle.entry(key).or_default();
         if conns.len() < IDLE_PER_TARGET {
@@ -144,7 +150,7 @@ enum ExchangeError {
 }
 
 impl PeerClient {
-    async fn connect(&self) -> Result<PeerFrames, WireError> {
+    async fn connect(&self) -> Result<Dialled, WireError> {
         let tcp = TcpStream::connect(&self.addr).await?;
         wire::tune(&tcp);
         let stream = match &self.net.tls {
@@ -157,15 +163,20 @@ impl PeerClient {
             cluster_id: self.net.cluster_id.to_string(),
             from: self.net.local,
             to: self.target,
+            binary: true,
         };
-        wire::send(&mut conn, &hello).await?;
-        match wire::recv(&mut conn).await? {
-            HelloReply::Welcome => {
-                wire::established(&mut conn);
-                Ok(conn)
-            }
-            HelloReply::Refused(why) => Err(WireError::Refused(why)),
-        }
+        wire::send(&mut conn, Format::Json, &hello).await?;
+        // An older node answers Welcome: it reads only JSON.
+        let format = match wire::recv(&mut conn).await? {
+            HelloReply::Welcome => Format::Json,
+            HelloReply::WelcomeBinary => Format::Binary,
+            HelloReply::Refused(why) => return Err(WireError::Refused(why)),
+        };
+        wire::established(&mut conn);
+        Ok(Dialled {
+            frames: conn,
+            format,
+        })
     }
 
     /// Sends `request` (and the raw frame `raw` after it) and returns the
@@ -177,11 +188,9 @@ impl PeerClient {
         ttl: Duration,
     ) -> Result<Reply, ExchangeError> {
         let deadline = Instant::now() + ttl;
-        let encoded =
-            Bytes::from(serde_json::to_vec(request).map_err(|e| ExchangeError::Wire(e.into()))?);
-        if encoded.len() > wire::MAX_FRAME {
-            return Err(ExchangeError::Wire(WireError::TooLarge(encoded.len())));
-        }
+        // Encoded for the first connection's format, again only if a
+        // connection of the other format replaces it.
+        let mut encoded: Option<(Format, Bytes)> = None;
         let key = (self.target, self.addr.clone());
         let mut pooled = self.net.pool.take(&key);
         loop {
@@ -191,11 +200,19 @@ impl PeerClient {
                     Some(c) => c,
                     None => self.connect().await?,
                 };
-                wire::send_raw(&mut conn, encoded.clone()).await?;
+                let bytes = match &encoded {
+                    Some((format, bytes)) if *format == conn.format => bytes.clone(),
+                    _ => {
+                        let bytes = wire::encode(conn.format, request)?;
+                        encoded = Some((conn.format, bytes.clone()));
+                        bytes
+                    }
+                };
+                wire::send_raw(&mut conn.frames, bytes).await?;
                 if let Some(raw) = &raw {
-                    wire::send_raw(&mut conn, raw.clone()).await?;
+                    wire::send_raw(&mut conn.frames, raw.clone()).await?;
                 }
-                let reply: Reply = wire::recv(&mut conn).await?;
+                let reply: Reply = wire::recv(&mut conn.frames).await?;
                 Ok::<_, WireError>((conn, reply))
             };
             match tokio::time::timeout_at(deadline, exchange).await {
@@ -204,7 +221,11 @@ impl PeerClient {
                     self.net.pool.put(key, conn);
                     return Ok(reply);
                 }
-                Ok(Err(e)) if was_pooled && !matches!(e, WireError::Refused(_)) => {
+                // Refused or too large would be so on a fresh connection too.
+                Ok(Err(e))
+                    if was_pooled
+                        && !matches!(e, WireError::Refused(_) | WireError::TooLarge(_)) =>
+                {
                     tracing::debug!(target_node = self.target, error = %e, "pooled peer connection failed; dialling again");
                 }
                 Ok(Err(e)) => return Err(ExchangeError::Wire(e)),

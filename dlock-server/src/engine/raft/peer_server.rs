@@ -11,7 +11,7 @@
 use super::peer_tls::{self, PeerTls};
 use super::types::{NodeId, Raft};
 use super::wire::{
-    self, Hello, HelloReply, PeerFrames, Reply, Request, Standing, WireError, PROTOCOL,
+    self, Format, Hello, HelloReply, PeerFrames, Reply, Request, Standing, WireError, PROTOCOL,
 };
 use openraft::raft::InstallSnapshotRequest;
 use openraft::ServerState;
@@ -106,16 +106,16 @@ impl PeerServer {
     }
 
     async fn serve(&self, mut conn: PeerFrames, addr: SocketAddr) {
-        let from = match self.welcome(&mut conn).await {
-            Ok(from) => from,
+        let (from, format) = match self.welcome(&mut conn).await {
+            Ok(welcomed) => welcomed,
             Err(why) => {
                 tracing::warn!(peer = %addr, reason = %why, "peer connection refused");
                 return;
             }
         };
         wire::established(&mut conn);
-        tracing::debug!(peer = %addr, node = from, "peer connected");
-        if let Err(e) = self.requests(&mut conn, from).await {
+        tracing::debug!(peer = %addr, node = from, ?format, "peer connected");
+        if let Err(e) = self.requests(&mut conn, from, format).await {
             match e {
                 WireError::Closed => {
                     tracing::debug!(peer = %addr, node = from, "peer closed the connection")
@@ -127,11 +127,12 @@ impl PeerServer {
         }
     }
 
-    /// Reads and checks the hello; returns the peer's node id.
-    async fn welcome(&self, conn: &mut PeerFrames) -> Result<NodeId, String> {
+    /// Reads and checks the hello; returns the peer's node id and the
+    /// format of the messages that follow.
+    async fn welcome(&self, conn: &mut PeerFrames) -> Result<(NodeId, Format), String> {
         let hello: Hello = match tokio::time::timeout(wire::HELLO_TIMEOUT, wire::recv(conn)).await {
             Err(_) => return Err("no hello in time".into()),
-            Ok(Err(WireError::Decode(e))) => {
+            Ok(Err(WireError::Codec(e))) => {
                 return Err(format!(
                     "first frame is not a peer hello ({e}): another protocol?"
                 ))
@@ -159,16 +160,25 @@ impl PeerServer {
         };
         if let Some(why) = refusal {
             // Best effort: the dialler logs the reason too.
-            let _ = wire::send(conn, &HelloReply::Refused(why.clone())).await;
+            let _ = wire::send(conn, Format::Json, &HelloReply::Refused(why.clone())).await;
             return Err(why);
         }
-        wire::send(conn, &HelloReply::Welcome)
+        let (reply, format) = match hello.binary {
+            true => (HelloReply::WelcomeBinary, Format::Binary),
+            false => (HelloReply::Welcome, Format::Json),
+        };
+        wire::send(conn, Format::Json, &reply)
             .await
             .map_err(|e| format!("cannot answer the hello: {e}"))?;
-        Ok(hello.from)
+        Ok((hello.from, format))
     }
 
-    async fn requests(&self, conn: &mut PeerFrames, from: NodeId) -> Result<(), WireError> {
+    async fn requests(
+        &self,
+        conn: &mut PeerFrames,
+        from: NodeId,
+        format: Format,
+    ) -> Result<(), WireError> {
         loop {
             let request: Request = tokio::time::timeout(wire::IDLE_TIMEOUT, wire::recv(conn))
                 .await
@@ -200,7 +210,7 @@ impl PeerServer {
                 }
                 Request::Standing => Reply::Standing(self.standing(from)),
             };
-            wire::send(conn, &reply).await?;
+            wire::send(conn, format, &reply).await?;
         }
     }
 }

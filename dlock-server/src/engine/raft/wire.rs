@@ -1,10 +1,14 @@
 //! The peer protocol: frames and messages between cluster nodes.
 //!
 //! A frame is a 4-byte big-endian length and that many bytes, as in the
-//! client protocol. Message frames hold serde_json. A connection opens with
-//! the dialling node's [`Hello`] (protocol name, cluster id, its own id and
-//! the id it means to reach), answered by a [`HelloReply`]; after a welcome
-//! it carries [`Request`] / [`Reply`] pairs, one at a time. A snapshot chunk
+//! client protocol. A connection opens with the dialling node's [`Hello`]
+//! (protocol name, cluster id, its own id and the id it means to reach, and
+//! whether it reads MessagePack), answered by a [`HelloReply`]; after a
+//! welcome it carries [`Request`] / [`Reply`] pairs, one at a time. The
+//! hello and its reply are JSON, which every version reads; the messages
+//! after them are MessagePack when both ends said so ([`Format`]), else
+//! JSON, and a receiver reads either (`encoding`). So a node of this
+//! version and an older one still talk, in JSON. A snapshot chunk
 //! request is followed by one raw frame with the chunk's bytes (JSON would
 //! triple their size).
 //!
@@ -60,13 +64,29 @@ pub(crate) struct Hello {
     pub(crate) from: NodeId,
     /// The node id the dialler means to reach.
     pub(crate) to: NodeId,
+    /// The dialler reads MessagePack messages; absent (false) from older
+    /// nodes, which read only JSON.
+    #[serde(default)]
+    pub(crate) binary: bool,
+}
+
+/// How the messages after the hello are written on one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// For a node older than the binary format.
+    Json,
+    /// MessagePack, both ways.
+    Binary,
 }
 
 /// The answer to a [`Hello`].
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum HelloReply {
-    /// Requests may follow.
+    /// Requests may follow, in JSON.
     Welcome,
+    /// Requests may follow, in MessagePack both ways. Sent only to a
+    /// dialler whose hello said it reads MessagePack.
+    WelcomeBinary,
     /// The connection is closed after this.
     Refused(String),
 }
@@ -135,9 +155,10 @@ pub(crate) enum WireError {
     /// The other side closed the connection.
     #[error("connection closed by the peer")]
     Closed,
-    /// A frame did not hold the expected message.
+    /// A frame did not hold the expected message, or a message did not
+    /// encode.
     #[error("undecodable message: {0}")]
-    Decode(#[from] serde_json::Error),
+    Codec(#[from] super::encoding::CodecError),
     /// A message to send is larger than [`MAX_FRAME`].
     #[error("message of {0} bytes exceeds the {MAX_FRAME}-byte frame limit")]
     TooLarge(usize),
@@ -184,10 +205,22 @@ pub(crate) fn established(conn: &mut PeerFrames) {
     conn.codec_mut().set_max_frame_length(MAX_FRAME);
 }
 
+/// `msg` as a message frame's bytes.
+pub(crate) fn encode<T: Serialize>(format: Format, msg: &T) -> Result<Bytes, WireError> {
+    let bytes = match format {
+        Format::Json => super::encoding::encode_json(msg)?,
+        Format::Binary => super::encoding::encode(msg)?,
+    };
+    Ok(bytes.into())
+}
+
 /// Sends one message frame.
-pub(crate) async fn send<T: Serialize>(conn: &mut PeerFrames, msg: &T) -> Result<(), WireError> {
-    let bytes = serde_json::to_vec(msg)?;
-    send_raw(conn, bytes.into()).await
+pub(crate) async fn send<T: Serialize>(
+    conn: &mut PeerFrames,
+    format: Format,
+    msg: &T,
+) -> Result<(), WireError> {
+    send_raw(conn, encode(format, msg)?).await
 }
 
 /// Sends one raw frame.
@@ -207,8 +240,8 @@ pub(crate) async fn recv_raw(conn: &mut PeerFrames) -> Result<Bytes, WireError> 
     }
 }
 
-/// Receives one message frame.
+/// Receives one message frame, in either format.
 pub(crate) async fn recv<T: DeserializeOwned>(conn: &mut PeerFrames) -> Result<T, WireError> {
     let frame = recv_raw(conn).await?;
-    Ok(serde_json::from_slice(&frame)?)
+    Ok(super::encoding::decode(&frame)?)
 }

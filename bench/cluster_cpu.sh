@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# CPU of each node of a 3-node cluster (fsync on) under one load, for two
+# builds of dlock-server in one run, alternated ROUNDS times so the
+# machine's drift falls on both alike: `dlock-bench lock-unlock -c 32`
+# against the leader for SECONDS, with each node's CPU time read from /proc
+# before and after. Prints cycles/s and the leader's and the followers'
+# (mean) share of one core.
+#
+# Usage: bench/cluster_cpu.sh BEFORE/dlock-server AFTER/dlock-server [ROUNDS] [SECONDS]
+# Needs: python3, target/release/dlock-bench and target/debug/dlock (or release).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BEFORE=${1:?the server binary before}
+AFTER=${2:?the server binary after}
+ROUNDS=${3:-3}
+SECS=${4:-10}
+BENCH=target/release/dlock-bench
+DLOCK=target/release/dlock
+[[ -x target/debug/dlock && target/debug/dlock -nt $DLOCK ]] && DLOCK=target/debug/dlock
+for need in python3 "$BENCH" "$DLOCK"; do
+  command -v "$need" >/dev/null || [[ -x $need ]] || { echo "cluster_cpu.sh: $need is missing" >&2; exit 2; }
+done
+TMP=$(mktemp -d)
+PIDS=()
+# Stops the nodes and waits until their ports are free for the next build.
+stop() {
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.05; done; done
+  PIDS=()
+}
+trap 'stop; rm -rf "$TMP"' EXIT
+
+CLIENT=(127.0.0.1:17701 127.0.0.1:17702 127.0.0.1:17703)
+PEER=(127.0.0.1:17711 127.0.0.1:17712 127.0.0.1:17713)
+MEMBERS="1=${CLIENT[0]}@${PEER[0]},2=${CLIENT[1]}@${PEER[1]},3=${CLIENT[2]}@${PEER[2]}"
+ALL=$(IFS=,; echo "${CLIENT[*]}")
+
+# Total CPU seconds (user + system) of each pid, space separated.
+cpu() { for p in "$@"; do awk -v t="$(getconf CLK_TCK)" '{print ($14 + $15) / t}' "/proc/$p/stat"; done | xargs; }
+
+printf '%-6s %-7s %12s %10s %14s\n' round build "cycles/s" "leader %" "follower % (mean)"
+for round in $(seq "$ROUNDS"); do
+  for which in before after; do
+    bin=$BEFORE; [[ $which == after ]] && bin=$AFTER
+    rm -rf "$TMP"/d*
+    for n in 1 2 3; do
+      i=$((n - 1))
+      "$bin" --node-id "$n" --data-dir "$TMP/d$n" --listen "${CLIENT[$i]}" \
+        --peer-listen "${PEER[$i]}" --initial-cluster "$MEMBERS" --log-level warn 2>>"$TMP/log" &
+      PIDS+=($!)
+      disown
+    done
+    leader=""
+    for _ in $(seq 100); do
+      leader=$("$DLOCK" cluster -s "$ALL" status -o json 2>/dev/null | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+print(next((m["client_addr"] for m in v["members"] if m["node_id"] == v["leader_id"]), ""))' 2>/dev/null || true)
+      [[ -n $leader ]] && break
+      sleep 0.1
+    done
+    [[ -n $leader ]] || { echo "cluster_cpu.sh: no leader" >&2; exit 1; }
+    # Which pid leads: the node whose client address the leader has.
+    lead_pid=""
+    for n in 1 2 3; do [[ ${CLIENT[$((n - 1))]} == "$leader" ]] && lead_pid=${PIDS[$((n - 1))]}; done
+    "$BENCH" --server "$leader" --duration 2s lock-unlock -c 32 >/dev/null # warm up
+    before_cpu=$(cpu "${PIDS[@]}")
+    t0=$(date +%s.%N)
+    "$BENCH" --server "$leader" --duration "${SECS}s" --json lock-unlock -c 32 >"$TMP/run.json"
+    t1=$(date +%s.%N)
+    after_cpu=$(cpu "${PIDS[@]}")
+    python3 - "$round" "$which" "$TMP/run.json" "$t0" "$t1" "$before_cpu" "$after_cpu" \
+      "${PIDS[*]}" "$lead_pid" <<'PY'
+import json, sys
+rnd, which, path, t0, t1, b, a, pids, lead = sys.argv[1:]
+wall = float(t1) - float(t0)
+used = [(float(y) - float(x)) / wall * 100 for x, y in zip(b.split(), a.split())]
+pids = pids.split()
+r = json.load(open(path))
+rate = r.get("ops_per_sec") or r.get("throughput") or 0
+leader = [u for p, u in zip(pids, used) if p == lead]
+followers = [u for p, u in zip(pids, used) if p != lead]
+print(f"{rnd:<6} {which:<7} {rate:>12.0f} {leader[0]:>10.1f} {sum(followers)/len(followers):>14.1f}")
+PY
+    stop
+  done
+done
