@@ -59,14 +59,14 @@ start=$SECONDS
 "$BIN/dlock-bench" --server "$LADDR" --duration 1200s hold --count "$COUNT" --batch "$BATCH" \
   --keep -c 4 --depth 1
 echo "took $((SECONDS - start)) s"
-# Enough committed entries (a Lock and an Unlock each) for every node's next snapshot
-# (one every 10,000 entries) to hold all of them.
-"$BIN/dlock-bench" --server "$LADDR" --duration 600s --ops 6000 lock-unlock -c 16 >/dev/null
-# A snapshot is written in the background: give the nodes a moment to settle.
+# Enough committed entries for every node's next snapshot (one every 10,000
+# entries) to hold all of them: one client, so each Lock and each Unlock is an
+# entry of its own (the leader puts concurrent commands into one entry), until
+# every node has written one; a snapshot is written in the background.
 for _ in $(seq 30); do
   snaps=$(find "$TMP" -path '*snapshot*' -type f 2>/dev/null | wc -l)
   (( snaps >= 3 )) && break
-  sleep 1
+  "$BIN/dlock-bench" --server "$LADDR" --duration 60s --ops 2000 lock-unlock -c 1 >/dev/null
 done
 sleep 2
 figures "held, snapshot"
