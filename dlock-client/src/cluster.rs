@@ -58,6 +58,10 @@ pub struct Connection {
     /// for scripts.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = crate::cli::Output::Text, value_name = "FORMAT")]
     pub output: crate::cli::Output,
+
+    /// How long to wait for a connection (and its TLS handshake).
+    #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = dlock::duration::parse_positive)]
+    pub connect_timeout: std::time::Duration,
 }
 
 impl Connection {
@@ -67,6 +71,7 @@ impl Connection {
     /// An unreadable token file or TLS file.
     pub fn client_options(&self) -> Result<dlock::ClientOptions, Failure> {
         Ok(dlock::ClientOptions {
+            connect_timeout: self.connect_timeout,
             access_token: crate::run::token_from(self.token_file.as_deref())?,
             tls: crate::run::tls_from(
                 self.tls_ca.as_deref(),
@@ -233,8 +238,13 @@ async fn ask(
         Failure::new(exit::UNAVAILABLE, format!("cannot reach {server}: {e}"))
     };
     let exchange = async {
-        let mut c = RawClient::connect_with(server, options)
+        let connect = RawClient::connect_with(server, options);
+        let mut c = tokio::time::timeout(options.connect_timeout, connect)
             .await
+            .map_err(|_| {
+                let limit = dlock::duration::human(options.connect_timeout);
+                unavailable(&format!("no connection within {limit} (--connect-timeout)"))
+            })?
             .map_err(|e| unavailable(&e))?
             .with_token(options.access_token.clone().unwrap_or_default());
         let req = Request {

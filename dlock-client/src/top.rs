@@ -50,10 +50,6 @@ pub struct TopArgs {
     #[arg(short, long = "key", value_name = "KEY")]
     pub keys: Vec<String>,
 
-    /// How long to wait for the connection (and TLS handshake).
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = dlock::duration::parse_positive)]
-    pub connect_timeout: Duration,
-
     #[command(flatten)]
     pub conn: Connection,
 }
@@ -84,10 +80,7 @@ pub async fn run(top: TopArgs) -> Result<u8, Failure> {
         ));
     }
     let server = &top.conn.server;
-    let options = dlock::ClientOptions {
-        connect_timeout: top.connect_timeout,
-        ..top.conn.client_options()?
-    };
+    let options = top.conn.client_options()?;
     let client = crate::keeper::connect(server, options.clone()).await?;
     // Refused tokens show at once, before the screen is taken over.
     client

@@ -143,11 +143,11 @@ fn flags(args: &[&str]) -> dlock_server::Config {
     .expect("flags parse")
 }
 
-#[tokio::test]
-async fn dlock_cluster_status_speaks_tls_to_a_tls_node() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_, ca_file, cert, key) = ca_and_server_cert(dir.path());
-    let data = path(dir.path().join("node1"));
+/// A cluster of one that speaks TLS only, its data in `dir`: the server,
+/// the address its certificate names, and the CA file that trusts it.
+async fn tls_node(dir: &Path) -> (TestServer, String, String) {
+    let (_, ca_file, cert, key) = ca_and_server_cert(dir);
+    let data = path(dir.join("node1"));
     let server = TestServer::start(flags(&[
         "--tls-cert",
         &cert,
@@ -158,6 +158,13 @@ async fn dlock_cluster_status_speaks_tls_to_a_tls_node() {
     ]))
     .await;
     let addr = format!("localhost:{}", server.addr.port());
+    (server, addr, ca_file)
+}
+
+#[tokio::test]
+async fn dlock_cluster_status_speaks_tls_to_a_tls_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, addr, ca_file) = tls_node(dir.path()).await;
     // A cluster of one elects itself after an election timeout.
     let deadline = std::time::Instant::now() + common::PATIENCE;
     loop {
@@ -177,18 +184,7 @@ async fn dlock_cluster_status_speaks_tls_to_a_tls_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_top_shows_a_tls_cluster_node_and_its_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, ca_file, cert, key) = ca_and_server_cert(dir.path());
-    let data = path(dir.path().join("node1"));
-    let server = TestServer::start(flags(&[
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-        "--data-dir",
-        &data,
-    ]))
-    .await;
-    let addr = format!("localhost:{}", server.addr.port());
+    let (_server, addr, ca_file) = tls_node(dir.path()).await;
     let options = dlock::ClientOptions {
         tls: Some(dlock::tls::client_config(std::path::Path::new(&ca_file), None).unwrap()),
         ..dlock::ClientOptions::default()
