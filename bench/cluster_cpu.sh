@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # CPU of each node of a 3-node cluster (fsync on) under one load, for two
 # builds of dlock-server in one run, alternated ROUNDS times so the
-# machine's drift falls on both alike: `dlock-bench lock-unlock -c 32`
-# against the leader for SECONDS, with each node's CPU time read from /proc
-# before and after. Prints cycles/s and the leader's and the followers'
-# (mean) share of one core.
+# machine's drift falls on both alike: a dlock-bench WORKLOAD (default
+# `lock-unlock -c 32`) against the leader for SECONDS, with each node's CPU
+# time read from /proc before and after. Prints operations/s, the leader's
+# committed entries/s where the workload reports them (idle-sessions), and
+# the leader's and the followers' (mean) share of one core.
 #
-# Usage: bench/cluster_cpu.sh BEFORE/dlock-server AFTER/dlock-server [ROUNDS] [SECONDS]
+# Usage: bench/cluster_cpu.sh BEFORE/dlock-server AFTER/dlock-server [ROUNDS] [SECONDS] [WORKLOAD...]
+#   e.g. bench/cluster_cpu.sh old/dlock-server new/dlock-server 2 20 idle-sessions -c 10000
 # Needs: python3, target/release/dlock-bench and target/debug/dlock (or release).
 set -euo pipefail
+trap 'echo "cluster_cpu.sh: line $LINENO failed: $BASH_COMMAND" >&2' ERR
 cd "$(dirname "$0")/.."
 BEFORE=${1:?the server binary before}
 AFTER=${2:?the server binary after}
 ROUNDS=${3:-3}
 SECS=${4:-10}
+WORKLOAD=("${@:5}")
+[[ ${#WORKLOAD[@]} -gt 0 ]] || WORKLOAD=(lock-unlock -c 32)
 BENCH=target/release/dlock-bench
 DLOCK=target/release/dlock
 [[ -x target/debug/dlock && target/debug/dlock -nt $DLOCK ]] && DLOCK=target/debug/dlock
@@ -38,7 +43,7 @@ ALL=$(IFS=,; echo "${CLIENT[*]}")
 # Total CPU seconds (user + system) of each pid, space separated.
 cpu() { for p in "$@"; do awk -v t="$(getconf CLK_TCK)" '{print ($14 + $15) / t}' "/proc/$p/stat"; done | xargs; }
 
-printf '%-6s %-7s %12s %10s %14s\n' round build "cycles/s" "leader %" "follower % (mean)"
+printf '%-6s %-7s %12s %10s %10s %14s\n' round build "ops/s" "entries/s" "leader %" "follower % (mean)"
 for round in $(seq "$ROUNDS"); do
   for which in before after; do
     bin=$BEFORE; [[ $which == after ]] && bin=$AFTER
@@ -46,7 +51,7 @@ for round in $(seq "$ROUNDS"); do
     for n in 1 2 3; do
       i=$((n - 1))
       "$bin" --node-id "$n" --data-dir "$TMP/d$n" --listen "${CLIENT[$i]}" \
-        --peer-listen "${PEER[$i]}" --initial-cluster "$MEMBERS" --log-level warn 2>>"$TMP/log" &
+        --peer-listen "${PEER[$i]}" --initial-cluster "$MEMBERS" --max-connections 19000 --log-level warn 2>>"$TMP/log" &
       PIDS+=($!)
       disown
     done
@@ -62,11 +67,15 @@ print(next((m["client_addr"] for m in v["members"] if m["node_id"] == v["leader_
     [[ -n $leader ]] || { echo "cluster_cpu.sh: no leader" >&2; exit 1; }
     # Which pid leads: the node whose client address the leader has.
     lead_pid=""
-    for n in 1 2 3; do [[ ${CLIENT[$((n - 1))]} == "$leader" ]] && lead_pid=${PIDS[$((n - 1))]}; done
-    "$BENCH" --server "$leader" --duration 2s lock-unlock -c 32 >/dev/null # warm up
+    for n in 1 2 3; do
+      if [[ ${CLIENT[$((n - 1))]} == "$leader" ]]; then lead_pid=${PIDS[$((n - 1))]}; fi
+    done
+    # Warm up; a fresh cluster may still be settling, which the run itself
+    # rides out.
+    "$BENCH" --server "$leader" --duration 2s lock-unlock -c 4 >/dev/null 2>&1 || true
     before_cpu=$(cpu "${PIDS[@]}")
     t0=$(date +%s.%N)
-    "$BENCH" --server "$leader" --duration "${SECS}s" --json lock-unlock -c 32 >"$TMP/run.json"
+    "$BENCH" --server "$leader" --duration "${SECS}s" --json "${WORKLOAD[@]}" >"$TMP/run.json"
     t1=$(date +%s.%N)
     after_cpu=$(cpu "${PIDS[@]}")
     python3 - "$round" "$which" "$TMP/run.json" "$t0" "$t1" "$before_cpu" "$after_cpu" \
@@ -77,10 +86,12 @@ wall = float(t1) - float(t0)
 used = [(float(y) - float(x)) / wall * 100 for x, y in zip(b.split(), a.split())]
 pids = pids.split()
 r = json.load(open(path))
-rate = r.get("ops_per_sec") or r.get("throughput") or 0
+rate = r.get("ops_per_sec") or 0
+entries = r.get("extra", {}).get("entries_per_sec")
+entries = "-" if entries is None else f"{entries:.0f}"
 leader = [u for p, u in zip(pids, used) if p == lead]
 followers = [u for p, u in zip(pids, used) if p != lead]
-print(f"{rnd:<6} {which:<7} {rate:>12.0f} {leader[0]:>10.1f} {sum(followers)/len(followers):>14.1f}")
+print(f"{rnd:<6} {which:<7} {rate:>12.0f} {entries:>10} {leader[0]:>10.1f} {sum(followers)/len(followers):>14.1f}")
 PY
     stop
   done

@@ -143,6 +143,16 @@ pub enum Workload {
         #[arg(long, default_value_t = 4)]
         active: usize,
     },
+    /// A cluster's cost of idle clients: N connections each open a session
+    /// and then only Ping, every --every; reports the log entries the
+    /// leader commits per second, and Pings per entry.
+    IdleSessions {
+        #[arg(short = 'c', long, default_value_t = 1000)]
+        connections: usize,
+        /// A client library's heartbeat: a quarter of the session TTL.
+        #[arg(long, default_value = "2.5s", value_parser = dlock::duration::parse_positive)]
+        every: Duration,
+    },
     /// Connect, lock, disconnect, repeatedly.
     Churn {
         #[arg(short = 'c', long, default_value_t = 8)]

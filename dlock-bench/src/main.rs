@@ -6,6 +6,7 @@ mod cli;
 mod etcd;
 mod memory;
 mod rng;
+mod sessions;
 mod sharing;
 mod stats;
 mod workloads;
@@ -231,6 +232,15 @@ async fn measure(
         }
         Workload::Conns { idle, active } => {
             memory::conns(target, duration, idle, active.max(1), server.pid).await
+        }
+        Workload::IdleSessions { connections, every } => {
+            match sessions::idle(target, duration, connections, every, server.pid).await {
+                Ok(report) => report,
+                Err(e) => {
+                    eprintln!("dlock-bench: idle-sessions: {e}");
+                    std::process::exit(1);
+                }
+            }
         }
         #[cfg(feature = "etcd")]
         Workload::EtcdLock {
