@@ -135,7 +135,8 @@ pub struct KeyView {
     pub value: Vec<u8>,
     /// How long the holder in `holder` has held the key (since its grant).
     pub held_for: Duration,
-    /// How long the first request in the key's queue has waited.
+    /// How long the first request in the key's queue has waited (zero
+    /// when none waits).
     pub waited_for: Duration,
 }
 

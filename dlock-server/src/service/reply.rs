@@ -220,11 +220,7 @@ pub fn key_info(
         held_by_caller: held && Some(holder) == caller,
         holder_addr: if held { addr(holder) } else { String::new() },
         held_micro: if held { micros(Some(view.held_for)) } else { 0 },
-        waited_micro: if view.waiters > 0 {
-            micros(Some(view.waited_for))
-        } else {
-            0
-        },
+        waited_micro: micros(Some(view.waited_for)),
         value: view.value,
         ..KeyInfo::default()
     };

@@ -45,12 +45,26 @@ impl LockTable {
     ) -> Option<usize> {
         let slots = self.keys.slots();
         let end = from.saturating_add(budget.max(1)).min(slots.len());
+        // Once `top` is full (it is sorted between slices), a key that ranks
+        // below its last on waiters and hold time cannot get in: it is
+        // passed over without taking a reference to its name.
+        let bar = match top.len() >= n {
+            true => top
+                .last()
+                .map(|b| (Reverse(b.waiters), Reverse(b.held_for))),
+            false => None,
+        };
         for (key, state) in slots.get(from..end).unwrap_or_default().iter().flatten() {
+            let waiters = state.queue.len();
             let since = state.holds.iter().map(|h| h.since).min();
+            let held_for = since.map_or(Duration::ZERO, |s| now.saturating_duration_since(s));
+            if bar.is_some_and(|bar| (Reverse(waiters), Reverse(held_for)) > bar) {
+                continue;
+            }
             top.push(Busy {
                 key: key.clone(),
-                waiters: state.queue.len(),
-                held_for: since.map_or(Duration::ZERO, |s| now.saturating_duration_since(s)),
+                waiters,
+                held_for,
             });
         }
         top.sort_unstable_by(|a, b| a.rank().cmp(&b.rank()));
