@@ -1,7 +1,7 @@
 //! Memory workloads: many held keys, many idle connections.
 
 use crate::stats::{mib, Control, Recorder, Report};
-use crate::workloads::{lock_unlock, Target};
+use crate::workloads::{lock_unlock, open_many, Target};
 use dlock::proc_sample::ProcSample;
 use dlock::proto::{RequestType, ResponseStatus};
 use dlock::raw::{RawClient, Stream};
@@ -164,27 +164,7 @@ pub async fn conns(
     let half = duration / 2;
     let base = lock_unlock(t.clone(), Control::new(half, None), active, "bench/conns").await;
     let before = pid.and_then(ProcSample::read);
-    let mut open = Vec::with_capacity(idle);
-    let mut failed = 0u64;
-    // Open in batches: a connection storm is not what this measures.
-    for batch in (0..idle).collect::<Vec<_>>().chunks(256) {
-        let mut tasks = Vec::new();
-        for _ in batch {
-            let t = t.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut c = t.connect().await?;
-                let ping = c.request(RequestType::Ping, &[]);
-                c.call(&ping).await?;
-                Ok::<_, io::Error>(c)
-            }));
-        }
-        for task in tasks {
-            match task.await {
-                Ok(Ok(c)) => open.push(c),
-                _ => failed += 1,
-            }
-        }
-    }
+    let (open, failed) = open_many(&t, idle, RequestType::Ping).await;
     let with_idle = pid.and_then(ProcSample::read);
     let start = Instant::now();
     let loaded = lock_unlock(t.clone(), Control::new(half, None), active, "bench/conns").await;

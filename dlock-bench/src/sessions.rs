@@ -10,7 +10,7 @@
 //! many keep-alives share an entry.
 
 use crate::stats::{Recorder, Report};
-use crate::workloads::Target;
+use crate::workloads::{open_many, Target};
 use dlock::proc_sample::ProcSample;
 use dlock::proto::{RequestType, ResponseStatus};
 use std::io;
@@ -39,33 +39,7 @@ pub async fn idle(
     every: Duration,
     pid: Option<u32>,
 ) -> io::Result<Report> {
-    // Open in batches: a connection storm is not what this measures.
-    let mut open = Vec::with_capacity(n);
-    let mut failed = 0u64;
-    for batch in (0..n).collect::<Vec<_>>().chunks(256) {
-        let mut tasks = Vec::new();
-        for _ in batch {
-            let t = t.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut c = t.connect().await?;
-                let open = c.request(RequestType::OpenSession, &[]);
-                let r = c.call(&open).await?;
-                if r.session == 0 {
-                    return Err(io::Error::other(format!(
-                        "OpenSession answered no session: {}",
-                        r.error_text
-                    )));
-                }
-                Ok::<_, io::Error>(c)
-            }));
-        }
-        for task in tasks {
-            match task.await {
-                Ok(Ok(c)) => open.push(c),
-                _ => failed += 1,
-            }
-        }
-    }
+    let (open, failed) = open_many(&t, n, RequestType::OpenSession).await;
     let sessions = open.len();
     let first = committed(&t).await?;
     let before = pid.and_then(ProcSample::read);

@@ -26,6 +26,43 @@ impl Target {
     }
 }
 
+/// Opens `n` connections that each send one `first` request (a Ping, an
+/// OpenSession) and got Ok for it, 256 at a time: a connection storm is
+/// not what the idle workloads measure. Returns them and how many failed.
+pub async fn open_many(t: &Target, n: usize, first: RequestType) -> (Vec<RawClient<Stream>>, u64) {
+    let mut open = Vec::with_capacity(n);
+    let mut failed = 0u64;
+    for batch in (0..n).collect::<Vec<_>>().chunks(256) {
+        let tasks: Vec<_> = batch
+            .iter()
+            .map(|_| {
+                let t = t.clone();
+                tokio::spawn(async move {
+                    let mut c = t.connect().await?;
+                    let req = c.request(first, &[]);
+                    let r = c.call(&req).await?;
+                    match ResponseStatus::try_from(r.status) {
+                        Ok(ResponseStatus::Ok) => Ok(c),
+                        _ => Err(io::Error::other(format!(
+                            "{} answered {}: {}",
+                            first.as_str_name(),
+                            r.status,
+                            r.error_text
+                        ))),
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            match task.await {
+                Ok(Ok(c)) => open.push(c),
+                _ => failed += 1,
+            }
+        }
+    }
+    (open, failed)
+}
+
 /// Runs `n` workers to completion and merges their figures. A worker that
 /// fails counts one error and stops; the others go on.
 pub async fn run_workers<F, Fut>(n: usize, worker: F) -> Recorder
