@@ -7,14 +7,13 @@ use clap::{Parser, Subcommand};
 use dlock::proto::{ClusterInfo, Request, RequestCluster, RequestType, Response, ResponseStatus};
 use dlock::raw::RawClient;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::time::Duration;
 
 /// Shows and changes the members of a dlock cluster. The options may come
 /// before or after the action.
 #[derive(Debug, Parser)]
 #[command(name = "dlock cluster", version)]
-struct ClusterArgs {
+pub struct ClusterArgs {
     #[command(flatten)]
     conn: Connection,
 
@@ -110,16 +109,11 @@ enum Action {
 /// A membership change may wait for a new node to catch up.
 const PATIENCE: Duration = Duration::from_secs(90);
 
-/// Runs `dlock cluster ...`; `argv` starts with the name (see
-/// `subcommand.rs`).
-pub fn main(argv: Vec<std::ffi::OsString>) -> ExitCode {
-    match crate::parse_args::<ClusterArgs>(argv) {
-        Ok(args) => crate::run_blocking(async { run(args).await.map(|()| 0) }),
-        Err(code) => code,
-    }
-}
-
-async fn run(args: ClusterArgs) -> Result<(), Failure> {
+/// Runs `dlock cluster ...`.
+///
+/// # Errors
+/// A [`Failure`] with its exit code and message.
+pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
     // ClusterStatus and its kin go on a connection of their own, with no
     // session.
     let options = args.conn.client_options()?;

@@ -12,7 +12,6 @@ use crate::cli::Args;
 use crate::exit::{self, Failure};
 use crate::say;
 use clap::Parser;
-use std::process::ExitCode;
 
 const AFTER_HELP: &str = "\
 Leadership is the lock on KEY, held by this process's connection (on a
@@ -54,14 +53,6 @@ pub struct ElectArgs {
 
     #[command(flatten)]
     pub run: Args,
-}
-
-/// The entry point of `dlock elect`.
-pub fn main(argv: Vec<std::ffi::OsString>) -> ExitCode {
-    match crate::parse_args::<ElectArgs>(argv) {
-        Ok(args) => crate::run_blocking(run(args)),
-        Err(code) => code,
-    }
 }
 
 /// Campaigns and runs COMMAND while leader, again and again.

@@ -6,7 +6,6 @@ use crate::cli::Args;
 use crate::exit::{self, Failure};
 use clap::Parser;
 use dlock::{Election, Leader};
-use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 const AFTER_HELP: &str = "\
@@ -36,14 +35,6 @@ pub struct LeaderArgs {
 
     #[command(flatten)]
     pub run: Args,
-}
-
-/// The entry point of `dlock leader`.
-pub fn main(argv: Vec<std::ffi::OsString>) -> ExitCode {
-    match crate::parse_args::<LeaderArgs>(argv) {
-        Ok(args) => crate::run_blocking(run(args)),
-        Err(code) => code,
-    }
 }
 
 /// Prints the leader, or follows it with `--watch`.

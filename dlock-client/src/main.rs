@@ -30,10 +30,12 @@ fn main() -> ExitCode {
     }
     let (sub, argv) = subcommand::split(std::env::args_os().collect());
     match sub {
-        Some(subcommand::Sub::Cluster) => return cluster::main(argv),
-        Some(subcommand::Sub::Elect) => return elect::main(argv),
-        Some(subcommand::Sub::Leader) => return leader::main(argv),
-        Some(subcommand::Sub::Top) => return top::main(argv),
+        Some(subcommand::Sub::Cluster) => {
+            return run_parsed(argv, |a| async { cluster::run(a).await.map(|()| 0) })
+        }
+        Some(subcommand::Sub::Elect) => return run_parsed(argv, elect::run),
+        Some(subcommand::Sub::Leader) => return run_parsed(argv, leader::run),
+        Some(subcommand::Sub::Top) => return run_parsed(argv, top::run),
         None => {}
     }
     let args = match parse_args::<cli::Args>(argv) {
@@ -70,6 +72,18 @@ fn print_generated(text: &[u8], what: &str) -> ExitCode {
             say!("cannot write the {what}: {e}");
             ExitCode::from(exit::SOFTWARE)
         }
+    }
+}
+
+/// A subcommand's whole run: its arguments parsed from `argv` (its name
+/// first, see `subcommand.rs`), then `run` on them.
+fn run_parsed<T: Parser, F>(argv: Vec<std::ffi::OsString>, run: impl FnOnce(T) -> F) -> ExitCode
+where
+    F: std::future::Future<Output = Result<u8, exit::Failure>>,
+{
+    match parse_args::<T>(argv) {
+        Ok(args) => run_blocking(run(args)),
+        Err(code) => code,
     }
 }
 

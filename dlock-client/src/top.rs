@@ -16,7 +16,6 @@ use futures_util::StreamExt;
 use ratatui::DefaultTerminal;
 use sample::{Sample, Sampler};
 use std::io::IsTerminal;
-use std::process::ExitCode;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
@@ -52,14 +51,6 @@ pub struct TopArgs {
 
     #[command(flatten)]
     pub conn: Connection,
-}
-
-/// The entry point of `dlock top`.
-pub fn main(argv: Vec<std::ffi::OsString>) -> ExitCode {
-    match crate::parse_args::<TopArgs>(argv) {
-        Ok(args) => crate::run_blocking(run(args)),
-        Err(code) => code,
-    }
 }
 
 /// Draws until the user quits.

@@ -9,7 +9,7 @@ use dlock::KeyState;
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
-use ratatui::widgets::{Block, Paragraph, Row, Table};
+use ratatui::widgets::{Paragraph, Row, Table};
 use ratatui::Frame;
 
 /// The rows above the keys: the header, the counts and a blank line, plus
@@ -77,6 +77,11 @@ pub fn draw(frame: &mut Frame, s: &Sample, every: std::time::Duration) {
     frame.render_widget(keys_table(&s.keys), keys);
 }
 
+/// A table's header row, in bold.
+fn header<const N: usize>(names: [&'static str; N]) -> Row<'static> {
+    Row::new(names).style(Style::default().add_modifier(Modifier::BOLD))
+}
+
 fn nodes_table(s: &Sample) -> Table<'static> {
     let lag = |id: u64| {
         s.leader_view
@@ -117,13 +122,9 @@ fn nodes_table(s: &Sample) -> Table<'static> {
             Constraint::Fill(1),
         ],
     )
-    .header(
-        Row::new([
-            "NODE", "ADDRESS", "ROLE", "TERM", "APPLIED", "LAG", "VERSION",
-        ])
-        .style(Style::default().add_modifier(Modifier::BOLD)),
-    )
-    .block(Block::default())
+    .header(header([
+        "NODE", "ADDRESS", "ROLE", "TERM", "APPLIED", "LAG", "VERSION",
+    ]))
 }
 
 fn keys_table(keys: &[KeyState]) -> Table<'static> {
@@ -172,17 +173,14 @@ fn keys_table(keys: &[KeyState]) -> Table<'static> {
             Constraint::Length(12),
         ],
     )
-    .header(
-        Row::new([
-            "KEY",
-            "STATE",
-            "FENCE",
-            "HOLDER",
-            "HELD",
-            "LEASE",
-            "WAITERS",
-            "LONGEST WAIT",
-        ])
-        .style(Style::default().add_modifier(Modifier::BOLD)),
-    )
+    .header(header([
+        "KEY",
+        "STATE",
+        "FENCE",
+        "HOLDER",
+        "HELD",
+        "LEASE",
+        "WAITERS",
+        "LONGEST WAIT",
+    ]))
 }
