@@ -740,9 +740,12 @@ async fn a_storage_failure_stops_the_node_cleanly() {
     let h = Harness::new(&[1]);
     let nodes = vec![h.start(1, BTreeMap::new()).await];
     granted(&propose(&nodes, lock(1, "k", None)).await);
-    // A directory where the snapshot's temporary file must go: writing the
-    // snapshot fails, even for root, and openraft treats that as fatal.
-    std::fs::create_dir(h.specs[&1].dir.join("snapshot.tmp")).expect("mkdir");
+    // A directory (not empty) where the snapshot must go: renaming the new
+    // snapshot over it fails, even for root, and openraft treats that as
+    // fatal.
+    let in_the_way = h.specs[&1].dir.join("snapshot");
+    std::fs::create_dir(&in_the_way).expect("mkdir");
+    std::fs::write(in_the_way.join("keep"), b"").expect("a file in it");
     let node = &nodes[0];
     assert!(node.cluster.snapshot().await.is_err());
     tokio::time::timeout(PATIENCE, node.cluster.stopped())

@@ -107,6 +107,25 @@ impl Deadlines {
         }
     }
 
+    /// Every entry in the heaps' own order, without copying them: enough
+    /// for a snapshot, since entries surface by value, not by layout.
+    pub(super) fn iter(
+        &self,
+    ) -> (
+        impl Iterator<Item = &LeaseEntry>,
+        impl Iterator<Item = &TimeoutEntry>,
+    ) {
+        (
+            self.leases.iter().map(|Reverse(e)| e),
+            self.timeouts.iter().map(|Reverse(e)| e),
+        )
+    }
+
+    /// How many entries each heap holds, stale ones included.
+    pub(super) fn counts(&self) -> (usize, usize) {
+        (self.leases.len(), self.timeouts.len())
+    }
+
     /// Every entry, sorted: the heaps' contents without their layout.
     pub(super) fn entries(&self) -> (Vec<LeaseEntry>, Vec<TimeoutEntry>) {
         let mut leases: Vec<LeaseEntry> = self.leases.iter().map(|Reverse(e)| *e).collect();

@@ -20,7 +20,9 @@ use super::{
     Hold, Key, KeyState, LockTable, Mode, OwnerId, OwnerState, ReqId, TableLimits, Time, Waiter,
 };
 use crate::table::keymap::{KeyMap, Slot};
-use serde::{Deserialize, Serialize};
+use serde::ser::{Error as _, SerializeSeq, SerializeStruct};
+use serde::{Deserialize, Serialize, Serializer};
+use std::cell::Cell;
 use std::collections::BTreeMap;
 
 /// The state of a [`LockTable`], serialisable with serde. See the module
@@ -65,12 +67,113 @@ struct KeySnapshot {
     queue: Vec<ReqId>,
 }
 
+/// The table's state written as a [`Snapshot`] is, straight from the
+/// table: a [`Snapshot`] deserialises from what it serialises. It copies
+/// nothing, so a large table can be streamed to a file without a second
+/// copy of it in memory; the price is that the table must stay borrowed
+/// (unchanged) while it is written. Deadline entries come in the heaps'
+/// own order rather than sorted, which restores the same table (entries
+/// surface by value, see `deadlines`).
+pub struct SnapshotView<'a>(&'a LockTable);
+
+/// One key slot as [`KeySnapshot`] writes it.
+#[derive(Serialize)]
+#[serde(bound(serialize = ""))]
+struct KeyView<'a, Q: Iterator<Item = &'a ReqId>> {
+    key: &'a Key,
+    hold: Option<Hold>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shared: Option<SharedHolds>,
+    queue: Seq<Q>,
+}
+
+/// A sequence written from an iterator of known length, once.
+struct Seq<I>(Cell<Option<(usize, I)>>);
+
+impl<I> Seq<I> {
+    fn new(len: usize, items: I) -> Self {
+        Seq(Cell::new(Some((len, items))))
+    }
+}
+
+impl<I> Serialize for Seq<I>
+where
+    I: Iterator,
+    I::Item: Serialize,
+{
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (len, items) = self
+            .0
+            .take()
+            .ok_or_else(|| S::Error::custom("a snapshot sequence written twice"))?;
+        // The length up front: a writer that does not know it (MessagePack)
+        // would otherwise buffer the whole sequence.
+        let mut seq = s.serialize_seq(Some(len))?;
+        let mut written = 0;
+        for item in items {
+            seq.serialize_element(&item)?;
+            written += 1;
+        }
+        if written != len {
+            return Err(S::Error::custom("a snapshot sequence changed length"));
+        }
+        seq.end()
+    }
+}
+
+impl Serialize for SnapshotView<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let t = self.0;
+        let slots = t.keys.slots();
+        let (leases, timeouts) = t.deadlines.iter();
+        let (lease_count, timeout_count) = t.deadlines.counts();
+        let takers = !t.takers.is_empty();
+        // Field for field as `Snapshot` derives it, names and order alike.
+        let mut st = s.serialize_struct("Snapshot", 12 + usize::from(takers))?;
+        st.serialize_field("limits", &t.limits)?;
+        st.serialize_field("now", &t.now)?;
+        st.serialize_field("closed", &t.closed)?;
+        st.serialize_field("next_fence", &t.next_fence)?;
+        st.serialize_field("next_req", &t.next_req)?;
+        let keys = slots.iter().map(|e| {
+            e.as_ref().map(|(key, state)| {
+                let (hold, shared) = state.holds.to_parts();
+                KeyView {
+                    key,
+                    hold,
+                    shared,
+                    queue: Seq::new(state.queue.iter().count(), state.queue.iter()),
+                }
+            })
+        });
+        st.serialize_field("slots", &Seq::new(slots.len(), keys))?;
+        st.serialize_field("free_slots", t.keys.free_slots())?;
+        st.serialize_field("waiters", &Seq::new(t.waiters.len(), t.waiters.iter()))?;
+        st.serialize_field("owners", &Seq::new(t.owners.len(), t.owners.iter()))?;
+        st.serialize_field("leases", &Seq::new(lease_count, leases))?;
+        st.serialize_field("timeouts", &Seq::new(timeout_count, timeouts))?;
+        st.serialize_field("sessions", &t.sessions)?;
+        if takers {
+            st.serialize_field("takers", &t.takers)?;
+        } else {
+            st.skip_field("takers")?;
+        }
+        st.end()
+    }
+}
+
 /// A snapshot that no table could have produced.
 #[derive(Debug, thiserror::Error)]
 #[error("inconsistent lock table snapshot: {0}")]
 pub struct BadSnapshot(String);
 
 impl LockTable {
+    /// The table's whole state, ready to serialise without a copy; see
+    /// [`SnapshotView`].
+    pub fn snapshot_view(&self) -> SnapshotView<'_> {
+        SnapshotView(self)
+    }
+
     /// The table's whole state as data.
     pub fn snapshot(&self) -> Snapshot {
         let (leases, timeouts) = self.deadlines.entries();

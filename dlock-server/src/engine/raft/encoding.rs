@@ -16,6 +16,7 @@
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::io::{BufRead, Write};
 
 /// The first byte of a record in MessagePack, version 1.
 pub(crate) const BINARY: u8 = 0xB1;
@@ -32,6 +33,9 @@ pub(crate) enum CodecError {
     /// A JSON record (from an older version) did not decode.
     #[error("{0}")]
     Json(#[from] serde_json::Error),
+    /// Reading or writing a stream failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
     /// The first byte is neither this format's nor JSON's.
     #[error("unknown encoding (first byte {0:#04x}): written by a newer dlock?")]
     Unknown(u8),
@@ -43,6 +47,29 @@ pub(crate) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecE
     out.push(BINARY);
     rmp_serde::encode::write_named(&mut out, value)?;
     Ok(out)
+}
+
+/// Writes `value` as a binary record to `out`, as it is encoded: for
+/// records too large to hold twice in memory (snapshots).
+pub(crate) fn encode_to<T: Serialize + ?Sized>(
+    out: &mut impl Write,
+    value: &T,
+) -> Result<(), CodecError> {
+    out.write_all(&[BINARY])?;
+    rmp_serde::encode::write_named(out, value)?;
+    Ok(())
+}
+
+/// Reads a record in either format from `input`, as it is decoded.
+pub(crate) fn decode_from<T: DeserializeOwned>(mut input: impl BufRead) -> Result<T, CodecError> {
+    match input.fill_buf()?.first().copied() {
+        Some(BINARY) => {
+            input.consume(1);
+            Ok(rmp_serde::from_read(input)?)
+        }
+        Some(b) if !starts_json(b) => Err(CodecError::Unknown(b)),
+        _ => Ok(serde_json::from_reader(input)?),
+    }
 }
 
 /// `value` as JSON: for a peer older than the binary format.
@@ -114,6 +141,29 @@ mod tests {
         assert_eq!(decode::<New>(&encode(&old).unwrap()).unwrap(), want);
         assert_eq!(decode::<New>(br#"{"at":7,"keys":["a"]}"#).unwrap(), want);
         assert_eq!(decode::<Option<u64>>(b"null").unwrap(), None);
+    }
+
+    #[test]
+    fn streamed_records_read_back_in_both_formats() {
+        let new = New {
+            at: 7,
+            keys: vec!["a".into(), "b".into()],
+            value: b"web-1".to_vec(),
+            since: None,
+        };
+        let mut streamed = Vec::new();
+        encode_to(&mut streamed, &new).unwrap();
+        assert_eq!(streamed, encode(&new).unwrap());
+        assert_eq!(decode_from::<New>(&streamed[..]).unwrap(), new);
+        assert_eq!(
+            decode_from::<New>(&encode_json(&new).unwrap()[..]).unwrap(),
+            new
+        );
+        assert!(matches!(
+            decode_from::<New>(&[0xB2, 1][..]),
+            Err(CodecError::Unknown(0xB2))
+        ));
+        assert!(decode_from::<New>(&streamed[..streamed.len() - 1]).is_err());
     }
 
     #[test]

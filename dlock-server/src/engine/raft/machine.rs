@@ -14,7 +14,7 @@
 //! up to the last committed entry, calling the sink for each of those
 //! entries again.
 
-use super::snapshot_file::{SnapshotFile, Stored};
+use super::snapshot_file::{Found, SnapshotData, SnapshotFile};
 use super::types::{
     Entry, LogId, NodeId, Outputs, SnapshotMeta, Stamped, StoredMembership, TypeConfig,
 };
@@ -26,7 +26,7 @@ use openraft::{
     EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, StorageError, StorageIOError,
 };
 use serde::{Deserialize, Serialize};
-use std::io::Cursor;
+use std::io::{BufReader, Read, Seek};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
@@ -102,9 +102,33 @@ pub(crate) enum SnapshotError {
     Join(#[from] tokio::task::JoinError),
 }
 
-fn decode(data: &[u8]) -> Result<(LockTable, Time), SnapshotError> {
-    let image: Image = super::encoding::decode(data)?;
+/// An [`Image`] as it is written: straight from the applied state, so
+/// that building a snapshot copies nothing.
+#[derive(Serialize)]
+struct ImageView<'a> {
+    table: table::SnapshotView<'a>,
+    last_applied: Option<LogId>,
+    membership: &'a StoredMembership,
+    at: Time,
+}
+
+/// The table a snapshot's data holds, read as it is decoded.
+fn decode(data: impl Read) -> Result<(LockTable, Time), SnapshotError> {
+    let image: Image = super::encoding::decode_from(BufReader::with_capacity(1 << 20, data))?;
     Ok((LockTable::restore(image.table)?, image.at))
+}
+
+fn snapshot_io(
+    meta: Option<&SnapshotMeta>,
+    verb: ErrorVerb,
+    e: &SnapshotError,
+) -> StorageError<NodeId> {
+    StorageIOError::new(
+        ErrorSubject::Snapshot(meta.map(SnapshotMeta::signature)),
+        verb,
+        e,
+    )
+    .into()
 }
 
 impl StateMachine {
@@ -115,15 +139,15 @@ impl StateMachine {
     /// The snapshot on disk cannot be read or restored.
     pub(crate) fn open(
         file: SnapshotFile,
-        found: Option<Stored>,
+        found: Option<Found>,
         limits: TableLimits,
         first_fence: u64,
         sessions: bool,
         sink: ApplySink,
     ) -> Result<StateMachine, SnapshotError> {
         let applied = match found {
-            Some((meta, data)) => {
-                let (table, at) = decode(&data)?;
+            Some(Found { meta, data, .. }) => {
+                let (table, at) = decode(data)?;
                 Applied {
                     table,
                     last_applied: meta.last_log_id,
@@ -226,34 +250,44 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn begin_receiving_snapshot(
         &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    ) -> Result<Box<SnapshotData>, StorageError<NodeId>> {
+        // Received into a file rather than memory: a snapshot is as large
+        // as the table.
+        let file = self.file.clone();
+        let received = tokio::task::spawn_blocking(move || file.receiving())
+            .await
+            .map_err(SnapshotError::from)
+            .and_then(|r| r.map_err(SnapshotError::from))
+            .map_err(|e| snapshot_io(None, ErrorVerb::Write, &e))?;
+        Ok(Box::new(SnapshotData::receiving(received)))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<SnapshotData>,
     ) -> Result<(), StorageError<NodeId>> {
-        let data = snapshot.into_inner();
+        let (received, _) = snapshot
+            .into_file()
+            .await
+            .map_err(|e| snapshot_io(Some(meta), ErrorVerb::Write, &e.into()))?;
         let file = self.file.clone();
         let owned_meta = meta.clone();
         // Decoding a large table and fsyncing the file are blocking work.
+        // The data is decoded (and so checked) before it replaces the file.
         let restored = tokio::task::spawn_blocking(move || {
-            let (table, at) = decode(&data)?;
-            file.write(&owned_meta, &data)?;
+            let mut received = received;
+            let (table, at) = decode(&received)?;
+            received.seek(std::io::SeekFrom::Start(0))?;
+            let mut writer = file.create(&owned_meta)?;
+            std::io::copy(&mut received, writer.data())?;
+            writer.commit()?;
             Ok::<_, SnapshotError>((table, at))
         })
         .await
         .map_err(SnapshotError::from)
         .and_then(|r| r);
-        let (table, at) = restored.map_err(|e| {
-            StorageIOError::new(
-                ErrorSubject::Snapshot(Some(meta.signature())),
-                ErrorVerb::Write,
-                &e,
-            )
-        })?;
+        let (table, at) = restored.map_err(|e| snapshot_io(Some(meta), ErrorVerb::Write, &e))?;
         let mut st = self.shared.lock();
         st.table = table;
         st.last_applied = meta.last_log_id;
@@ -272,12 +306,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let file = self.file.clone();
         let found = tokio::task::spawn_blocking(move || file.read())
             .await
-            .map_err(std::io::Error::other)
-            .and_then(|r| r)
-            .map_err(|e| StorageIOError::new(ErrorSubject::Snapshot(None), ErrorVerb::Read, &e))?;
-        Ok(found.map(|(meta, data)| Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
+            .map_err(SnapshotError::from)
+            .and_then(|r| r.map_err(SnapshotError::from))
+            .map_err(|e| snapshot_io(None, ErrorVerb::Read, &e))?;
+        Ok(found.map(|found| Snapshot {
+            meta: found.meta.clone(),
+            snapshot: Box::new(SnapshotData::new(found)),
         }))
     }
 }
@@ -291,52 +325,61 @@ pub(crate) struct Builder {
 impl RaftSnapshotBuilder<TypeConfig> for Builder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let started = std::time::Instant::now();
-        // The copy is taken under the lock, so the table and the log id it
-        // is stamped with agree; encoding and writing happen outside it.
-        let (image, meta) = {
-            let st = self.shared.lock();
-            let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
-            let id = match st.last_applied {
-                Some(l) => format!("{}-{}-{seq}", l.leader_id.term, l.index),
-                None => format!("0-0-{seq}"),
-            };
-            let image = Image {
-                table: st.table.snapshot(),
-                last_applied: st.last_applied,
-                membership: st.membership.clone(),
-                at: st.at,
-            };
-            let meta = SnapshotMeta {
-                last_log_id: st.last_applied,
-                last_membership: st.membership.clone(),
-                snapshot_id: id,
-            };
-            (image, meta)
-        };
+        let shared = self.shared.clone();
         let file = self.file.clone();
-        let owned_meta = meta.clone();
         // openraft purges the log this snapshot covers once this returns:
         // the file must be on disk by then.
-        let written = tokio::task::spawn_blocking(move || {
-            let data = super::encoding::encode(&image)?;
-            file.write(&owned_meta, &data)?;
-            Ok::<_, SnapshotError>(data)
+        let built = tokio::task::spawn_blocking(move || {
+            // The table is encoded straight into the file under the lock,
+            // so the data and the log id it is stamped with agree, without
+            // a copy of the table: applying waits meanwhile (see
+            // docs/CLUSTER.md "Snapshots and disk use"). Only the fsync and
+            // the rename happen outside it.
+            let (writer, paused) = {
+                let st = shared.lock();
+                let locked = std::time::Instant::now();
+                let seq = shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
+                let id = match st.last_applied {
+                    Some(l) => format!("{}-{}-{seq}", l.leader_id.term, l.index),
+                    None => format!("0-0-{seq}"),
+                };
+                let meta = SnapshotMeta {
+                    last_log_id: st.last_applied,
+                    last_membership: st.membership.clone(),
+                    snapshot_id: id,
+                };
+                let mut writer = file.create(&meta)?;
+                let image = ImageView {
+                    table: st.table.snapshot_view(),
+                    last_applied: st.last_applied,
+                    membership: &st.membership,
+                    at: st.at,
+                };
+                super::encoding::encode_to(writer.data(), &image)?;
+                (writer, locked.elapsed())
+            };
+            let (found, _) = writer.commit()?;
+            Ok::<_, SnapshotError>((found, paused))
         })
         .await
         .map_err(SnapshotError::from)
         .and_then(|r| r);
-        let data = written.map_err(|e| {
-            StorageIOError::new(
-                ErrorSubject::Snapshot(Some(meta.signature())),
-                ErrorVerb::Write,
-                &e,
-            )
-        })?;
+        let (found, paused) = built.map_err(|e| snapshot_io(None, ErrorVerb::Write, &e))?;
         crate::ops::metrics::snapshot_built(started.elapsed());
-        tracing::info!(snapshot = %meta, bytes = data.len(), "snapshot written");
+        let bytes = found
+            .data
+            .metadata()
+            .map(|m| m.len() - found.start)
+            .unwrap_or(0);
+        tracing::info!(
+            snapshot = %found.meta,
+            bytes,
+            applying_paused_ms = paused.as_millis() as u64,
+            "snapshot written"
+        );
         Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
+            meta: found.meta.clone(),
+            snapshot: Box::new(SnapshotData::new(found)),
         })
     }
 }

@@ -63,7 +63,7 @@ pub fn restore_backup(dir: &Path, fence_floor: Option<u64>) -> anyhow::Result<Re
     };
     let (_, snapshot) = SnapshotFile::open(dir)
         .with_context(|| format!("cannot read the snapshot in {}", dir.display()))?;
-    let covered = snapshot.and_then(|(meta, _)| meta.last_log_id);
+    let covered = snapshot.and_then(|found| found.meta.last_log_id);
     let appended = append_committed_offline(dir, covered, entry).map_err(|e| match e {
         DiskError::Redb(_) => anyhow::Error::new(e).context(format!(
             "cannot open {} (is a node running on it?)",

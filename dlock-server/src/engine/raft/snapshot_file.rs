@@ -1,33 +1,52 @@
 //! The latest snapshot on disk: one file, `snapshot`, replaced atomically.
 //!
 //! The file is the snapshot's metadata as one line of JSON, a newline, then
-//! the snapshot data exactly as it is sent to peers (see `machine`). A new
-//! snapshot is written to `snapshot.tmp`, fsynced, renamed over `snapshot`,
-//! and the directory fsynced, so after a crash the file is either the old
-//! snapshot or the new one, whole. Snapshots are large (the whole lock
-//! table) and written rarely, which is why they live in a plain file beside
-//! the redb log instead of inside it: a redb write transaction holding a
-//! snapshot would block log appends while it is written.
+//! the snapshot data exactly as it is sent to peers (see `machine`). Data
+//! is streamed: written to the file as it is encoded, sent to a peer in
+//! chunks read from the file, received into an unnamed temporary file, so
+//! a snapshot is never held whole in memory beside the table.
+//!
+//! A new snapshot is written to a temporary file of its own
+//! (`snapshot.tmp.*`), fsynced, renamed over `snapshot`, and the directory
+//! fsynced, so after a crash the file is either the old snapshot or the
+//! new one, whole. Snapshots are large (the whole lock table) and written
+//! rarely, which is why they live in a plain file beside the redb log
+//! instead of inside it: a redb write transaction holding a snapshot would
+//! block log appends while it is written.
 
 use super::types::{LogId, SnapshotMeta};
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use tempfile::NamedTempFile;
+use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 
 const NAME: &str = "snapshot";
-const TMP_NAME: &str = "snapshot.tmp";
+/// Temporary files being written start with this; left over only by a
+/// crash, and deleted on start.
+const TMP_PREFIX: &str = "snapshot.tmp";
 
-/// A snapshot read from disk: its metadata and its data.
-pub(crate) type Stored = (SnapshotMeta, Vec<u8>);
+/// A snapshot on disk: its metadata, and its file positioned where the
+/// data starts.
+pub(crate) struct Found {
+    /// What the snapshot covers.
+    pub(crate) meta: SnapshotMeta,
+    /// The file, at the first byte of the data.
+    pub(crate) data: File,
+    /// Where the data starts in the file.
+    pub(crate) start: u64,
+}
 
 /// The snapshot file of one data directory; cheap to clone.
 #[derive(Clone, Debug)]
 pub(crate) struct SnapshotFile {
     dir: PathBuf,
-    /// What the file holds now. Writers (a snapshot being built and one
-    /// being installed can race) take it, so an older snapshot never
-    /// replaces a newer one.
+    /// What the file holds now. Checked and updated under the lock as a
+    /// new file is renamed into place (a snapshot being built and one being
+    /// installed can race), so an older snapshot never replaces a newer one.
     current: Arc<Mutex<Option<LogId>>>,
 }
 
@@ -37,18 +56,20 @@ impl SnapshotFile {
     /// # Errors
     /// The file exists but cannot be read, or its metadata line does not
     /// decode.
-    pub(crate) fn open(dir: &Path) -> io::Result<(SnapshotFile, Option<Stored>)> {
+    pub(crate) fn open(dir: &Path) -> io::Result<(SnapshotFile, Option<Found>)> {
         let file = SnapshotFile {
             dir: dir.to_path_buf(),
             current: Arc::new(Mutex::new(None)),
         };
-        // A leftover from a crash while writing: never renamed, so never used.
-        match fs::remove_file(dir.join(TMP_NAME)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
+        // Leftovers from a crash while writing: never renamed, so never used.
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+                fs::remove_file(entry.path())?;
+            }
         }
         let found = file.read()?;
-        *file.lock() = found.as_ref().and_then(|(meta, _)| meta.last_log_id);
+        *file.lock() = found.as_ref().and_then(|f| f.meta.last_log_id);
         Ok((file, found))
     }
 
@@ -57,47 +78,318 @@ impl SnapshotFile {
         self.current.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The snapshot on disk, if any. Blocking.
+    /// The snapshot on disk, if any; only its metadata line is read.
+    /// Blocking.
     ///
     /// # Errors
     /// The file cannot be read or its metadata does not decode.
-    pub(crate) fn read(&self) -> io::Result<Option<Stored>> {
-        let bytes = match fs::read(self.dir.join(NAME)) {
-            Ok(b) => b,
+    pub(crate) fn read(&self) -> io::Result<Option<Found>> {
+        let file = match File::open(self.dir.join(NAME)) {
+            Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let Some(newline) = bytes.iter().position(|b| *b == b'\n') else {
+        // The metadata is a few hundred bytes; a line far longer is not one.
+        let mut line = Vec::new();
+        let mut reader = BufReader::new(&file).take(1 << 20);
+        reader.read_until(b'\n', &mut line)?;
+        if line.last() != Some(&b'\n') {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "snapshot file has no metadata line",
             ));
-        };
-        let meta: SnapshotMeta = serde_json::from_slice(&bytes[..newline])?;
-        Ok(Some((meta, bytes[newline + 1..].to_vec())))
+        }
+        let meta: SnapshotMeta = serde_json::from_slice(&line)?;
+        let start = line.len() as u64;
+        let mut data = file;
+        data.seek(SeekFrom::Start(start))?;
+        Ok(Some(Found { meta, data, start }))
     }
 
-    /// Makes `data` the snapshot on disk, durably, unless the file already
-    /// holds a later one; returns whether it was written. Blocking.
+    /// Starts writing a snapshot covering what `meta` says: the metadata
+    /// is written, the data goes to [`Writer::data`]. Blocking.
+    ///
+    /// # Errors
+    /// The temporary file cannot be created or written.
+    pub(crate) fn create(&self, meta: &SnapshotMeta) -> io::Result<Writer> {
+        let tmp = tempfile::Builder::new()
+            .prefix(TMP_PREFIX)
+            .tempfile_in(&self.dir)?;
+        let mut line = serde_json::to_vec(meta)?;
+        line.push(b'\n');
+        let mut out = BufWriter::with_capacity(1 << 20, tmp);
+        out.write_all(&line)?;
+        let start = line.len() as u64;
+        Ok(Writer {
+            out,
+            start,
+            meta: meta.clone(),
+            file: self.clone(),
+        })
+    }
+
+    /// An unnamed file in the data directory to receive a snapshot from
+    /// the leader into; it disappears when closed. Blocking.
+    ///
+    /// # Errors
+    /// The file cannot be created.
+    pub(crate) fn receiving(&self) -> io::Result<File> {
+        tempfile::tempfile_in(&self.dir)
+    }
+}
+
+/// A snapshot being written; see [`SnapshotFile::create`].
+pub(crate) struct Writer {
+    out: BufWriter<NamedTempFile>,
+    start: u64,
+    meta: SnapshotMeta,
+    file: SnapshotFile,
+}
+
+impl Writer {
+    /// Where the snapshot data goes.
+    pub(crate) fn data(&mut self) -> &mut impl Write {
+        &mut self.out
+    }
+
+    /// Makes the snapshot the one on disk, durably, unless the file
+    /// already holds a later one. Either way the data can still be read
+    /// from what this returns, and the flag says whether it was kept.
+    /// Blocking.
     ///
     /// # Errors
     /// Writing, syncing or renaming failed; the previous snapshot is intact.
-    pub(crate) fn write(&self, meta: &SnapshotMeta, data: &[u8]) -> io::Result<bool> {
-        let mut current = self.lock();
-        if *current > meta.last_log_id {
-            return Ok(false);
+    pub(crate) fn commit(self) -> io::Result<(Found, bool)> {
+        let Writer {
+            out,
+            start,
+            meta,
+            file,
+        } = self;
+        let covers = meta.last_log_id;
+        let tmp = out.into_inner().map_err(io::IntoInnerError::into_error)?;
+        tmp.as_file().sync_all()?;
+        let mut current = file.lock();
+        let (mut data, kept) = if *current > covers {
+            // Deleted from the directory, still readable through the handle.
+            (tmp.into_file(), false)
+        } else {
+            let data = tmp.persist(file.dir.join(NAME)).map_err(|e| e.error)?;
+            // The rename is durable only once the directory is.
+            File::open(&file.dir)?.sync_all()?;
+            *current = covers;
+            (data, true)
+        };
+        drop(current);
+        data.seek(SeekFrom::Start(start))?;
+        Ok((Found { meta, data, start }, kept))
+    }
+}
+
+/// A snapshot's data as openraft reads (to send it) and writes (to
+/// receive it): a file, seen from where its data starts.
+#[derive(Debug)]
+pub struct SnapshotData {
+    file: tokio::fs::File,
+    start: u64,
+}
+
+impl SnapshotData {
+    /// The data of `found`.
+    pub(crate) fn new(found: Found) -> Self {
+        SnapshotData {
+            file: tokio::fs::File::from_std(found.data),
+            start: found.start,
         }
-        let tmp = self.dir.join(TMP_NAME);
-        let mut f = File::create(&tmp)?;
-        serde_json::to_writer(&mut f, meta)?;
-        f.write_all(b"\n")?;
-        f.write_all(data)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, self.dir.join(NAME))?;
-        // The rename is durable only once the directory is.
-        File::open(&self.dir)?.sync_all()?;
-        *current = meta.last_log_id;
-        Ok(true)
+    }
+
+    /// An empty file to receive a snapshot into.
+    pub(crate) fn receiving(file: File) -> Self {
+        SnapshotData {
+            file: tokio::fs::File::from_std(file),
+            start: 0,
+        }
+    }
+
+    /// The file, every write finished, positioned at the data's start.
+    ///
+    /// # Errors
+    /// A write to the file failed.
+    pub(crate) async fn into_file(mut self) -> io::Result<(File, u64)> {
+        use tokio::io::AsyncWriteExt;
+        // A failed write surfaces here, not lost with the handle.
+        self.file.flush().await?;
+        let mut file = self.file.into_std().await;
+        file.seek(SeekFrom::Start(self.start))?;
+        Ok((file, self.start))
+    }
+}
+
+impl AsyncRead for SnapshotData {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.file).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for SnapshotData {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.file).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.file).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.file).poll_shutdown(cx)
+    }
+}
+
+impl AsyncSeek for SnapshotData {
+    fn start_seek(mut self: Pin<&mut Self>, pos: SeekFrom) -> io::Result<()> {
+        let pos = match pos {
+            SeekFrom::Start(p) => {
+                SeekFrom::Start(self.start.checked_add(p).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "seek past the end")
+                })?)
+            }
+            relative => relative,
+        };
+        Pin::new(&mut self.file).start_seek(pos)
+    }
+
+    fn poll_complete(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
+        let start = self.start;
+        Pin::new(&mut self.file)
+            .poll_complete(cx)
+            .map_ok(|p| p.saturating_sub(start))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+
+    fn meta(index: u64) -> SnapshotMeta {
+        SnapshotMeta {
+            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index)),
+            last_membership: Default::default(),
+            snapshot_id: format!("1-{index}-0"),
+        }
+    }
+
+    fn write(file: &SnapshotFile, index: u64, data: &[u8]) -> (Found, bool) {
+        let mut w = file.create(&meta(index)).unwrap();
+        w.data().write_all(data).unwrap();
+        w.commit().unwrap()
+    }
+
+    /// Larger than a chunk, so a reader crosses chunk boundaries.
+    fn data(seed: u8) -> Vec<u8> {
+        (0..(9 << 20))
+            .map(|i: u32| (i % 251) as u8 ^ seed)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn openraft_sees_only_the_data_and_reads_it_in_chunks_from_any_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, none) = SnapshotFile::open(dir.path()).unwrap();
+        assert!(none.is_none());
+        let want = data(0);
+        let (found, kept) = write(&file, 10, &want);
+        assert!(kept);
+        assert_eq!(found.meta, meta(10));
+        let mut d = SnapshotData::new(found);
+        // What openraft's sender does: the length, then a chunk at a time.
+        assert_eq!(d.seek(SeekFrom::End(0)).await.unwrap(), want.len() as u64);
+        let mut got = Vec::new();
+        for offset in (0..want.len()).step_by(4 << 20) {
+            assert_eq!(
+                d.seek(SeekFrom::Start(offset as u64)).await.unwrap(),
+                offset as u64
+            );
+            let mut chunk = vec![0; (4 << 20).min(want.len() - offset)];
+            d.read_exact(&mut chunk).await.unwrap();
+            got.extend_from_slice(&chunk);
+        }
+        assert_eq!(got, want);
+        // And the file on disk, opened again, gives the same.
+        let again = file.read().unwrap().expect("the snapshot");
+        assert_eq!(again.meta, meta(10));
+        let mut all = Vec::new();
+        SnapshotData::new(again)
+            .read_to_end(&mut all)
+            .await
+            .unwrap();
+        assert_eq!(all, want);
+    }
+
+    #[tokio::test]
+    async fn an_older_snapshot_never_replaces_a_newer_one_but_stays_readable() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, _) = SnapshotFile::open(dir.path()).unwrap();
+        write(&file, 20, b"newer");
+        let (older, kept) = write(&file, 10, b"older");
+        assert!(!kept);
+        let mut got = Vec::new();
+        SnapshotData::new(older)
+            .read_to_end(&mut got)
+            .await
+            .unwrap();
+        assert_eq!(got, b"older");
+        assert_eq!(file.read().unwrap().unwrap().meta, meta(20));
+        // Nothing is left behind but the snapshot itself.
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![NAME]);
+    }
+
+    #[tokio::test]
+    async fn a_received_snapshot_is_read_back_from_its_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, _) = SnapshotFile::open(dir.path()).unwrap();
+        let want = data(7);
+        let mut d = SnapshotData::receiving(file.receiving().unwrap());
+        // Chunks as openraft's receiver writes them, one resent.
+        for offset in [0, 4 << 20, 4 << 20, 8 << 20] {
+            d.seek(SeekFrom::Start(offset as u64)).await.unwrap();
+            let end = (offset + (4 << 20)).min(want.len());
+            d.write_all(&want[offset..end]).await.unwrap();
+        }
+        let (mut received, start) = d.into_file().await.unwrap();
+        assert_eq!(start, 0);
+        let mut got = Vec::new();
+        received.read_to_end(&mut got).unwrap();
+        assert_eq!(got, want);
+        // It was never a named file in the directory.
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn leftovers_of_a_crash_are_removed_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, _) = SnapshotFile::open(dir.path()).unwrap();
+        write(&file, 5, b"kept");
+        fs::write(dir.path().join("snapshot.tmp"), b"from an older version").unwrap();
+        fs::write(dir.path().join("snapshot.tmp.a1b2c3"), b"half written").unwrap();
+        let (_, found) = SnapshotFile::open(dir.path()).unwrap();
+        assert_eq!(found.expect("the snapshot").meta, meta(5));
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![NAME]);
     }
 }

@@ -4,7 +4,6 @@
 use crate::table::{Command, Output, Time};
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::io::Cursor;
 
 /// One node of the cluster as the membership records it: where clients and
 /// peers reach it. Stored in the log with every membership change, so it is
@@ -90,7 +89,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = Member,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = super::snapshot_file::SnapshotData,
         AsyncRuntime = openraft::TokioRuntime,
 );
 
