@@ -78,7 +78,7 @@ impl LogStore {
     /// The file cannot be opened or created (it is open in another process,
     /// is damaged, or the directory is not writable).
     pub(crate) fn open(dir: &Path) -> Result<LogStore, DiskError> {
-        let db = Database::builder()
+        let mut db = Database::builder()
             .set_cache_size(CACHE_BYTES)
             // The format redb 3 reads, so a later upgrade of redb (which
             // needs a newer Rust than the workspace's minimum) keeps the file.
@@ -91,6 +91,18 @@ impl LogStore {
             txn.open_table(META).map_err(redb)?;
         }
         txn.commit().map_err(redb)?;
+        // While the node runs, the pages of purged entries are reused but
+        // the file never shrinks: a burst of large entries leaves it large.
+        // Nothing else has the file yet, so this is the time to give the
+        // space back. Failing to is no reason not to start.
+        let size = |db: &Path| std::fs::metadata(db).map(|m| m.len()).unwrap_or(0);
+        let path = dir.join("raft.redb");
+        let before = size(&path);
+        match db.compact() {
+            Ok(true) => tracing::info!(before, after = size(&path), "raft.redb compacted"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("raft.redb could not be compacted: {e}"),
+        }
         let db = Arc::new(db);
         let pending = Pending::default();
         let marker = dir.join(WRITTEN_MARKER);
