@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One cluster node's memory and disk with COUNT lease keys held, after a
-# snapshot: three dlock-server nodes (fsync on) on loopback; dlock-bench
-# takes COUNT keys as one-hour leases through the leader (BATCH keys a Lock),
-# then sends enough Pings (each commits a keep-alive) for the nodes to take a
-# snapshot holding every key; then each node's RSS (now and peak) and the
-# size of its data directory.
+# snapshot, and again after they are released: three dlock-server nodes
+# (fsync on) on loopback; dlock-bench takes COUNT keys as one-hour leases
+# through the leader (BATCH keys a Lock) and keeps them; enough lock-unlock
+# cycles follow for every node to write a snapshot holding every key; then
+# a fourth node joins and is sent that snapshot (in chunks); then each
+# node's RSS (now and peak) and the size of its data directory. Then the
+# keys are released, snapshots written again, and the figures taken again.
 #
 # Usage: bench/cluster_memory.sh [COUNT] [BATCH] [BINARY-DIR]   (default 1000000 256 target/release)
 set -euo pipefail
@@ -17,20 +19,23 @@ for need in "$BIN/dlock-server" "$BIN/dlock" "$BIN/dlock-bench"; do
 done
 TMP=$(mktemp -d)
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
+HOLDER=""
+cleanup() { for p in "${PIDS[@]}" $HOLDER; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
 trap cleanup EXIT
 
-CLIENT=(127.0.0.1:17701 127.0.0.1:17702 127.0.0.1:17703)
-PEER=(127.0.0.1:17711 127.0.0.1:17712 127.0.0.1:17713)
+CLIENT=(127.0.0.1:17701 127.0.0.1:17702 127.0.0.1:17703 127.0.0.1:17704)
+PEER=(127.0.0.1:17711 127.0.0.1:17712 127.0.0.1:17713 127.0.0.1:17714)
 MEMBERS="1=${CLIENT[0]}@${PEER[0]},2=${CLIENT[1]}@${PEER[1]},3=${CLIENT[2]}@${PEER[2]}"
-for n in 1 2 3; do
-  i=$((n - 1))
+start_node() { # N [EXTRA ARGS...]
+  local n=$1 i=$(($1 - 1))
+  shift
   "$BIN/dlock-server" --node-id "$n" --data-dir "$TMP/d$n" --listen "${CLIENT[$i]}" \
     --peer-listen "${PEER[$i]}" --initial-cluster "$MEMBERS" --max-keys "$BATCH" \
-    --max-held-keys $((COUNT + 1000)) --log-level warn 2>>"$TMP/d$n.log" &
+    --max-held-keys $((COUNT + 1000)) --log-level warn "$@" 2>>"$TMP/d$n.log" 3>&- &
   PIDS+=($!)
   disown
-done
+}
+for n in 1 2 3; do start_node "$n"; done
 
 deadline=$((SECONDS + 60))
 LEADER=""
@@ -42,8 +47,9 @@ done
 LADDR=${CLIENT[$((LEADER - 1))]}
 echo "leader: node $LEADER; $COUNT keys, $BATCH a Lock; $(nproc) cores"
 
+NODES=(1 2 3)
 figures() { # LABEL
-  for n in 1 2 3; do
+  for n in "${NODES[@]}"; do
     local pid=${PIDS[$((n - 1))]}
     local rss hwm disk
     rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$pid/status")
@@ -53,21 +59,64 @@ figures() { # LABEL
       "$([[ $n == "$LEADER" ]] && echo ' (leader)' || echo '         ')" \
       "$(echo "$rss / 1024" | bc -l)" "$(echo "$hwm / 1024" | bc -l)" "$(echo "$disk / 1024" | bc -l)"
   done
+  find "$TMP" -path '*snapshot*' -type f -exec ls -l {} + | awk '{ printf "  %s %.1f MiB\n", $9, $5 / 1048576 }' | sed "s|$TMP/||"
+}
+# Enough committed entries for every node's next snapshot (one every 10,000
+# entries) to hold the table as it is now: one client, so each Lock and each
+# Unlock is an entry of its own (the leader puts concurrent commands into one
+# entry), until every node has written one after MARK; a snapshot is written
+# in the background.
+snapshot_everywhere() {
+  local mark=$TMP/mark
+  touch "$mark"
+  sleep 1
+  for _ in $(seq 30); do
+    snaps=$(find "$TMP" -path '*/snapshot' -type f -newer "$mark" 2>/dev/null | wc -l)
+    (( snaps >= ${#NODES[@]} )) && break
+    "$BIN/dlock-bench" --server "$LADDR" --duration 60s --ops 2000 lock-unlock -c 1 >/dev/null
+  done
+  sleep 2
 }
 figures "empty"
 start=$SECONDS
+# The holder keeps the keys until its standard input ends (fd 3 closes).
+mkfifo "$TMP/holder.in"
 "$BIN/dlock-bench" --server "$LADDR" --duration 1200s hold --count "$COUNT" --batch "$BATCH" \
-  --keep -c 4 --depth 1
-echo "took $((SECONDS - start)) s"
-# Enough committed entries for every node's next snapshot (one every 10,000
-# entries) to hold all of them: one client, so each Lock and each Unlock is an
-# entry of its own (the leader puts concurrent commands into one entry), until
-# every node has written one; a snapshot is written in the background.
-for _ in $(seq 30); do
-  snaps=$(find "$TMP" -path '*snapshot*' -type f 2>/dev/null | wc -l)
-  (( snaps >= 3 )) && break
-  "$BIN/dlock-bench" --server "$LADDR" --duration 60s --ops 2000 lock-unlock -c 1 >/dev/null
+  --release-on-input -c 4 --depth 1 <"$TMP/holder.in" >"$TMP/holder.out" &
+HOLDER=$!
+exec 3>"$TMP/holder.in"
+until grep -q '^holding' "$TMP/holder.out"; do
+  kill -0 "$HOLDER" 2>/dev/null || { cat "$TMP/holder.out"; echo "cluster_memory.sh: hold failed" >&2; exit 1; }
+  (( SECONDS < start + 1200 )) || { echo "cluster_memory.sh: keys not taken in time" >&2; exit 1; }
+  sleep 0.5
 done
-sleep 2
+echo "$(head -1 "$TMP/holder.out"); took $((SECONDS - start)) s"
+snapshot_everywhere
 figures "held, snapshot"
-find "$TMP" -path '*snapshot*' -type f -exec ls -l {} + | awk '{ printf "%s %.1f MiB\n", $9, $5 / 1048576 }' | sed "s|$TMP/||"
+
+# A fourth node joins: the leader sends it the snapshot, as to any node too
+# far behind for the log.
+MEMBERS="$MEMBERS,4=${CLIENT[3]}@${PEER[3]}"
+start_node 4 --initial-cluster-state existing
+NODES=(1 2 3 4)
+"$BIN/dlock" cluster -s "$LADDR" add 4 "${CLIENT[3]}" "${PEER[3]}" >/dev/null
+figures "node 4 joined"
+
+exec 3>&-
+wait "$HOLDER" || { cat "$TMP/holder.out"; echo "cluster_memory.sh: releasing failed" >&2; exit 1; }
+snapshot_everywhere
+figures "released"
+
+# A restart gives raft.redb's free pages back (it is compacted on opening).
+kill -TERM "${PIDS[0]}"
+while kill -0 "${PIDS[0]}" 2>/dev/null; do sleep 0.2; done
+PIDS[0]=""
+start_node 1
+PIDS[0]=${PIDS[-1]}
+unset 'PIDS[-1]'
+deadline=$((SECONDS + 60))
+until "$BIN/dlock" cluster -s "${CLIENT[0]}" status 2>/dev/null | grep -q '^node 1 is follower'; do
+  (( SECONDS < deadline )) || { echo "cluster_memory.sh: node 1 did not come back within 60 s" >&2; exit 1; }
+  sleep 0.5
+done
+figures "node 1 restarted"

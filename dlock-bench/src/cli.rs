@@ -135,6 +135,11 @@ pub enum Workload {
         /// them, to measure other workloads against a full table.
         #[arg(long)]
         keep: bool,
+        /// Once the keys are taken, print `holding N keys` and wait for a
+        /// line (or the end) of standard input, or the --duration, before
+        /// releasing them: a script measures the server full, then emptied.
+        #[arg(long, conflicts_with = "keep")]
+        release_on_input: bool,
     },
     /// Lock-unlock latency of a few clients without and with IDLE idle connections open.
     Conns {

@@ -51,6 +51,9 @@ fn main() -> ExitCode {
     };
     let json = cli.common.json;
     let report = runtime.block_on(run(cli, tls));
+    // Without waiting for a blocking read of stdin that never finished
+    // (`hold --release-on-input` past its deadline).
+    runtime.shutdown_background();
     if json {
         match serde_json::to_string_pretty(&report) {
             Ok(s) => println!("{s}"),
@@ -221,12 +224,20 @@ async fn measure(
             depth,
             batch,
             keep,
+            release_on_input,
         } => {
             let pace = memory::Pace {
                 depth: depth.max(1),
                 batch,
             };
-            memory::hold(target, ctl, count, connections, pace, keep, server.pid)
+            let release = if keep {
+                memory::Release::Never
+            } else if release_on_input {
+                memory::Release::OnInput
+            } else {
+                memory::Release::AtOnce
+            };
+            memory::hold(target, ctl, count, connections, pace, release, server.pid)
                 .await
                 .with("keys_per_request", batch)
         }

@@ -6,7 +6,7 @@ use dlock::proc_sample::ProcSample;
 use dlock::proto::{RequestType, ResponseStatus};
 use dlock::raw::{RawClient, Stream};
 use std::collections::VecDeque;
-use std::io;
+use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
 /// Lease long enough to outlast any run; the keys are released explicitly.
@@ -67,15 +67,26 @@ async fn pipelined(
     Ok(())
 }
 
+/// When `hold` releases the keys it took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// Once they are all taken.
+    AtOnce,
+    /// After a line or the end of standard input (or the deadline).
+    OnInput,
+    /// Never: they stay held as leases after the run.
+    Never,
+}
+
 /// Takes `count` keys as leases over `conns` connections, samples the
-/// server, releases them all, samples again.
+/// server, releases them all (see [`Release`]), samples again.
 pub async fn hold(
     t: Target,
     ctl: Control,
     count: u64,
     conns: usize,
     pace: Pace,
-    keep: bool,
+    release: Release,
     pid: Option<u32>,
 ) -> Report {
     let before = pid.and_then(ProcSample::read);
@@ -120,9 +131,17 @@ pub async fn hold(
     let elapsed = start.elapsed();
     let with_keys = pid.and_then(ProcSample::read);
     let taken: u64 = held.iter().map(|(_, f, t)| t - f).sum();
+    if release == Release::OnInput {
+        println!("holding {taken} keys");
+        let line = tokio::task::spawn_blocking(|| {
+            let _ = io::stdout().flush();
+            io::stdin().read_line(&mut String::new())
+        });
+        let _ = tokio::time::timeout_at(ctl.deadline().into(), line).await;
+    }
     let mut releases = Vec::new();
     for (mut c, from, to) in held {
-        if keep {
+        if release == Release::Never {
             continue;
         }
         releases.push(tokio::spawn(async move {
