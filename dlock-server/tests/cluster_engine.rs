@@ -5,7 +5,7 @@
 
 use dlock_server::engine::raft::{ApplySink, Cluster, ClusterConfig, ClusterError, Member, Role};
 use dlock_server::table::{
-    Command, LockResult, Output, OwnerId, Reply, Sharing, TableLimits, WaitLimit,
+    Command, Key, LockResult, Output, OwnerId, Reply, Sharing, TableLimits, WaitLimit,
 };
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -462,6 +462,68 @@ async fn a_single_node_cluster_serves_and_survives_restart() {
     );
     let next = granted(&propose(&nodes, lock(2, "other", None)).await);
     assert!(next > fence);
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// `raft.redb` reuses the pages of purged entries but never shrinks while
+/// the node runs; a node compacts it when it opens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_gives_back_the_log_file_space_of_purged_entries() {
+    let h = Harness::new(&[1]);
+    let nodes = vec![h.start(1, BTreeMap::new()).await];
+    leader(&nodes).await;
+    // Entries of about 60 KB each: 64 long key names, taken and released.
+    let keys: Vec<Key> = (0..64)
+        .map(|i| format!("{i:02}-{}", "x".repeat(900)).into())
+        .collect();
+    for _ in 0..150 {
+        let take = Command::Lock {
+            owner: 1,
+            keys: keys.clone(),
+            sharing: Sharing::exclusive(),
+            wait: WaitLimit::No,
+            lease: None,
+            value: Vec::new(),
+        };
+        granted(&propose(&nodes, take).await);
+        let release = Command::Unlock {
+            owner: 1,
+            keys: keys.clone(),
+            fence: None,
+        };
+        propose(&nodes, release).await;
+    }
+    let covered = nodes[0]
+        .cluster
+        .snapshot()
+        .await
+        .expect("snapshot")
+        .expect("something to cover");
+    nodes[0]
+        .cluster
+        .wait_until(PATIENCE, "log purged", |s| s.purged_index >= Some(covered))
+        .await
+        .expect("the log is purged up to the snapshot");
+    for n in nodes {
+        n.shutdown().await;
+    }
+    let file = h.specs[&1].dir.join("raft.redb");
+    let size = || std::fs::metadata(&file).expect("raft.redb").len();
+    let grown = size();
+    assert!(grown > 8 << 20, "the log file grew to {grown} bytes");
+
+    let nodes = vec![h.start(1, BTreeMap::new()).await];
+    let compacted = size();
+    assert!(
+        compacted < grown / 4,
+        "{grown} bytes before the restart, {compacted} after"
+    );
+    // Nothing was lost on the way.
+    leader(&nodes).await;
+    assert_eq!(nodes[0].holder(&keys[0]), None);
+    granted(&propose(&nodes, lock(2, "after", None)).await);
     for n in nodes {
         n.shutdown().await;
     }
