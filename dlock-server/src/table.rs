@@ -71,7 +71,7 @@ pub use busiest::Busy;
 pub use command::{Command, LimitName, LockResult, Output, Reply, WaitOutcome, Woken};
 pub use mode::{Mode, Sharing};
 pub use resend::MAX_REMEMBERED;
-pub use snapshot::{BadSnapshot, Snapshot, SnapshotView};
+pub use snapshot::{BadSnapshot, LoadedSnapshot, Snapshot, SnapshotView};
 pub use tickets::TicketState;
 pub use time::Time;
 pub use value::{FirstHolder, MAX_VALUE_LEN};

@@ -4,8 +4,8 @@
 //! determinism contract in `dlock_server::table`).
 
 use dlock_server::table::{
-    Command, Key, LockResult, LockTable, Output, Reply, Sharing, Snapshot, TableLimits, Time,
-    WaitLimit, WaitOutcome,
+    Command, Key, LoadedSnapshot, LockResult, LockTable, Output, Reply, Sharing, Snapshot,
+    TableLimits, Time, WaitLimit, WaitOutcome,
 };
 use proptest::prelude::*;
 use std::time::Duration;
@@ -162,6 +162,11 @@ proptest! {
                 let streamed = rmp_serde::to_vec_named(&a.snapshot_view()).expect("a view serialises");
                 let read: Snapshot = rmp_serde::from_slice(&streamed).expect("a view reads as a snapshot");
                 let restored = LockTable::restore(read).expect("a streamed snapshot restores");
+                prop_assert_eq!(restored.snapshot(), snapshot.clone());
+                // Loaded straight into the table's structures, as a node
+                // reads its snapshot file.
+                let loaded: LoadedSnapshot = rmp_serde::from_slice(&streamed).expect("a view loads");
+                let restored = LockTable::restore_loaded(loaded).expect("a loaded snapshot restores");
                 prop_assert_eq!(restored.snapshot(), snapshot);
                 c = Some(restored);
             }
@@ -304,10 +309,21 @@ fn a_damaged_snapshot_is_refused() {
     no_owner["owners"] = serde_json::json!([]);
     let mut no_fence = good.clone();
     no_fence["next_fence"] = serde_json::json!(0);
-    let mut old_fence = good;
+    let mut old_fence = good.clone();
     old_fence["next_fence"] = serde_json::json!(1);
     for bad in [no_owner, no_fence, old_fence] {
-        let s: Snapshot = serde_json::from_value(bad).unwrap();
+        let s: Snapshot = serde_json::from_value(bad.clone()).unwrap();
         assert!(LockTable::restore(s).is_err());
+        let loaded: LoadedSnapshot = serde_json::from_value(bad).unwrap();
+        assert!(LockTable::restore_loaded(loaded).is_err());
     }
+    // A key both held and shared is refused while it is being read.
+    let mut both = good;
+    both["slots"][0]["shared"] =
+        serde_json::json!({"limit": 0, "holders": {"9": both["slots"][0]["hold"]}});
+    let refused = serde_json::from_value::<LoadedSnapshot>(both).err();
+    assert!(
+        refused.is_some_and(|e| e.to_string().contains("both exclusively and shared")),
+        "a key held both ways loaded"
+    );
 }

@@ -20,8 +20,9 @@ use super::{
     Hold, Key, KeyState, LockTable, Mode, OwnerId, OwnerState, ReqId, TableLimits, Time, Waiter,
 };
 use crate::table::keymap::{KeyMap, Slot};
+use serde::de::{Error as _, SeqAccess, Visitor};
 use serde::ser::{Error as _, SerializeSeq, SerializeStruct};
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::cell::Cell;
 use std::collections::BTreeMap;
 
@@ -230,6 +231,48 @@ impl LockTable {
             sessions,
             takers,
         } = snapshot;
+        let slots = slots
+            .into_iter()
+            .map(|e| e.map(load_slot).transpose())
+            .collect::<Result<_, String>>()
+            .map_err(BadSnapshot)?;
+        LockTable::restore_loaded(LoadedSnapshot {
+            limits,
+            now,
+            closed,
+            next_fence,
+            next_req,
+            slots: LoadedSlots(slots),
+            free_slots,
+            waiters,
+            owners,
+            leases,
+            timeouts,
+            sessions,
+            takers,
+        })
+    }
+
+    /// The table a snapshot read as a [`LoadedSnapshot`] was taken of.
+    ///
+    /// # Errors
+    /// As [`LockTable::restore`].
+    pub fn restore_loaded(snapshot: LoadedSnapshot) -> Result<LockTable, BadSnapshot> {
+        let LoadedSnapshot {
+            limits,
+            now,
+            closed,
+            next_fence,
+            next_req,
+            slots: LoadedSlots(mut slots),
+            free_slots,
+            waiters,
+            owners,
+            leases,
+            timeouts,
+            sessions,
+            takers,
+        } = snapshot;
         if next_fence == 0 {
             return Err(BadSnapshot("next fence is 0, which means no token".into()));
         }
@@ -241,29 +284,20 @@ impl LockTable {
         }
         let mut held_keys = 0;
         let mut live_leases = 0;
-        let slots = slots
-            .into_iter()
-            .map(|e| {
-                e.map(|k| {
-                    let holds = Holds::from_parts(k.hold, k.shared)?;
-                    held_keys += holds.count();
-                    live_leases += holds.iter().filter(|h| h.lease.is_some()).count();
-                    // A request missing from the waiters fails the
-                    // invariants below; its mode here does not matter.
-                    let queue = k
-                        .queue
-                        .into_iter()
-                        .map(|r| {
-                            let mode = waiters.get(&r).map_or(Mode::Exclusive, |w| w.mode(&k.key));
-                            (r, mode)
-                        })
-                        .collect();
-                    Ok((k.key, KeyState { holds, queue }))
-                })
-                .transpose()
-            })
-            .collect::<Result<_, String>>()
-            .map_err(BadSnapshot)?;
+        for (key, state) in slots.iter_mut().flatten() {
+            held_keys += state.holds.count();
+            live_leases += state.holds.iter().filter(|h| h.lease.is_some()).count();
+            if !state.queue.is_empty() {
+                // The waiters come after the slots, so the modes are set
+                // now. A request missing from the waiters fails the
+                // invariants below; its mode here does not matter.
+                state.queue = state
+                    .queue
+                    .iter()
+                    .map(|r| (*r, waiters.get(r).map_or(Mode::Exclusive, |w| w.mode(key))))
+                    .collect();
+            }
+        }
         let keys = KeyMap::from_parts(slots, free_slots).map_err(BadSnapshot)?;
         let table = LockTable {
             limits,
@@ -284,3 +318,68 @@ impl LockTable {
         Ok(table)
     }
 }
+
+/// A key slot in the table's own form; its queue's modes are set once the
+/// waiters are known (see [`LockTable::restore_loaded`]).
+fn load_slot(k: KeySnapshot) -> Result<(Key, KeyState), String> {
+    let holds = Holds::from_parts(k.hold, k.shared)?;
+    let queue = k.queue.into_iter().map(|r| (r, Mode::Exclusive)).collect();
+    Ok((k.key, KeyState { holds, queue }))
+}
+
+/// A [`Snapshot`] deserialised straight into the table's own structures,
+/// each key converted as it is read: what [`LockTable::restore_loaded`]
+/// takes. It reads what a [`Snapshot`] or a [`SnapshotView`] writes, and
+/// spares the intermediate copy of every key that a [`Snapshot`] holds
+/// (about 230 B a key), which is what loading a large snapshot would
+/// otherwise cost beside the table being built.
+#[derive(Deserialize)]
+pub struct LoadedSnapshot {
+    limits: TableLimits,
+    now: Time,
+    closed: bool,
+    next_fence: u64,
+    next_req: ReqId,
+    slots: LoadedSlots,
+    free_slots: Vec<Slot>,
+    waiters: Vec<(ReqId, Waiter)>,
+    owners: Vec<(OwnerId, OwnerState)>,
+    leases: Vec<LeaseEntry>,
+    timeouts: Vec<TimeoutEntry>,
+    #[serde(default)]
+    sessions: Sessions,
+    #[serde(default)]
+    takers: Takers,
+}
+
+/// Key slots as the table keeps them.
+struct LoadedSlots(Vec<Option<(Key, KeyState)>>);
+
+impl<'de> Deserialize<'de> for LoadedSlots {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Slots;
+        impl<'de> Visitor<'de> for Slots {
+            type Value = LoadedSlots;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a sequence of key slots")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<LoadedSlots, A::Error> {
+                // The length the data claims, within reason: the vector is
+                // sized once, rather than grown through copies of itself.
+                let claimed = seq.size_hint().unwrap_or(0).min(MAX_PREALLOCATED_SLOTS);
+                let mut slots = Vec::with_capacity(claimed);
+                while let Some(slot) = seq.next_element::<Option<KeySnapshot>>()? {
+                    slots.push(slot.map(load_slot).transpose().map_err(A::Error::custom)?);
+                }
+                Ok(LoadedSlots(slots))
+            }
+        }
+        d.deserialize_seq(Slots)
+    }
+}
+
+/// The most slots made room for before they are read: a damaged length
+/// cannot make a node reserve more than this.
+const MAX_PREALLOCATED_SLOTS: usize = 1 << 22;

@@ -218,6 +218,15 @@ mod tests {
         // And what a node of the version before wrote.
         let json: crate::table::Snapshot = decode(&encode_json(&snapshot).unwrap()).unwrap();
         assert_eq!(json, snapshot);
+        // Streamed both ways, as a node writes and loads its snapshot file,
+        // and loaded from a file of the version before.
+        let mut streamed = Vec::new();
+        encode_to(&mut streamed, &t.snapshot_view()).unwrap();
+        for bytes in [streamed, encode_json(&snapshot).unwrap()] {
+            let loaded: crate::table::LoadedSnapshot = decode_from(&bytes[..]).unwrap();
+            let restored = LockTable::restore_loaded(loaded).unwrap();
+            assert_eq!(restored.snapshot(), snapshot);
+        }
     }
 
     #[test]

@@ -68,14 +68,13 @@ impl MachineHandle {
     }
 }
 
-/// A snapshot's data: the whole applied state. Written by `encoding`;
-/// this is what the `snapshot` file holds after its metadata line and what
-/// a lagging peer is sent.
-#[derive(Serialize, Deserialize)]
+/// A snapshot's data as it is read back: the table, loaded straight into
+/// its own structures, and the cluster time. The data (see [`ImageView`])
+/// also names the last applied entry and the membership, which the
+/// metadata carries as well and is where they are taken from.
+#[derive(Deserialize)]
 struct Image {
-    table: table::Snapshot,
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
+    table: table::LoadedSnapshot,
     at: Time,
 }
 
@@ -102,8 +101,10 @@ pub(crate) enum SnapshotError {
     Join(#[from] tokio::task::JoinError),
 }
 
-/// An [`Image`] as it is written: straight from the applied state, so
-/// that building a snapshot copies nothing.
+/// A snapshot's data: the whole applied state, encoded by `encoding`
+/// straight from it, so that building a snapshot copies nothing. This is
+/// what the `snapshot` file holds after its metadata line and what a
+/// lagging peer is sent.
 #[derive(Serialize)]
 struct ImageView<'a> {
     table: table::SnapshotView<'a>,
@@ -115,7 +116,7 @@ struct ImageView<'a> {
 /// The table a snapshot's data holds, read as it is decoded.
 fn decode(data: impl Read) -> Result<(LockTable, Time), SnapshotError> {
     let image: Image = super::encoding::decode_from(BufReader::with_capacity(1 << 20, data))?;
-    Ok((LockTable::restore(image.table)?, image.at))
+    Ok((LockTable::restore_loaded(image.table)?, image.at))
 }
 
 fn snapshot_io(
