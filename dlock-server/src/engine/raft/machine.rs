@@ -132,6 +132,25 @@ fn snapshot_io(
     .into()
 }
 
+/// Runs `work` (file I/O, encoding or decoding: blocking, and long for a
+/// large table) on a blocking thread; its failure is a storage error about
+/// the snapshot `meta` names.
+async fn blocking<T, E>(
+    meta: Option<&SnapshotMeta>,
+    verb: ErrorVerb,
+    work: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, StorageError<NodeId>>
+where
+    T: Send + 'static,
+    E: Into<SnapshotError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(move || work().map_err(Into::into))
+        .await
+        .map_err(SnapshotError::from)
+        .and_then(|r| r)
+        .map_err(|e| snapshot_io(meta, verb, &e))
+}
+
 impl StateMachine {
     /// The state machine of the data directory `file` belongs to: restored
     /// from its snapshot, or a new table with `limits` and `first_fence`.
@@ -255,11 +274,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Received into a file rather than memory: a snapshot is as large
         // as the table.
         let file = self.file.clone();
-        let received = tokio::task::spawn_blocking(move || file.receiving())
-            .await
-            .map_err(SnapshotError::from)
-            .and_then(|r| r.map_err(SnapshotError::from))
-            .map_err(|e| snapshot_io(None, ErrorVerb::Write, &e))?;
+        let received = blocking(None, ErrorVerb::Write, move || file.receiving()).await?;
         Ok(Box::new(SnapshotData::receiving(received)))
     }
 
@@ -276,7 +291,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let owned_meta = meta.clone();
         // Decoding a large table and fsyncing the file are blocking work.
         // The data is decoded (and so checked) before it replaces the file.
-        let restored = tokio::task::spawn_blocking(move || {
+        let (table, at) = blocking(Some(meta), ErrorVerb::Write, move || {
             let mut received = received;
             let (table, at) = decode(&received)?;
             received.seek(std::io::SeekFrom::Start(0))?;
@@ -285,10 +300,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             writer.commit()?;
             Ok::<_, SnapshotError>((table, at))
         })
-        .await
-        .map_err(SnapshotError::from)
-        .and_then(|r| r);
-        let (table, at) = restored.map_err(|e| snapshot_io(Some(meta), ErrorVerb::Write, &e))?;
+        .await?;
         let mut st = self.shared.lock();
         st.table = table;
         st.last_applied = meta.last_log_id;
@@ -305,11 +317,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let file = self.file.clone();
-        let found = tokio::task::spawn_blocking(move || file.read())
-            .await
-            .map_err(SnapshotError::from)
-            .and_then(|r| r.map_err(SnapshotError::from))
-            .map_err(|e| snapshot_io(None, ErrorVerb::Read, &e))?;
+        let found = blocking(None, ErrorVerb::Read, move || file.read()).await?;
         Ok(found.map(|found| Snapshot {
             meta: found.meta.clone(),
             snapshot: Box::new(SnapshotData::new(found)),
@@ -330,7 +338,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
         let file = self.file.clone();
         // openraft purges the log this snapshot covers once this returns:
         // the file must be on disk by then.
-        let built = tokio::task::spawn_blocking(move || {
+        let (found, paused) = blocking(None, ErrorVerb::Write, move || {
             // The table is encoded straight into the file under the lock,
             // so the data and the log id it is stamped with agree, without
             // a copy of the table: applying waits meanwhile (see
@@ -362,10 +370,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
             let (found, _) = writer.commit()?;
             Ok::<_, SnapshotError>((found, paused))
         })
-        .await
-        .map_err(SnapshotError::from)
-        .and_then(|r| r);
-        let (found, paused) = built.map_err(|e| snapshot_io(None, ErrorVerb::Write, &e))?;
+        .await?;
         crate::ops::metrics::snapshot_built(started.elapsed());
         let bytes = found
             .data
