@@ -4,7 +4,11 @@
 # all on loopback; then, against each one's leader, lock cycles of clients on
 # keys of their own (1 and 32 clients) and hand-offs of 32 clients on one key.
 # etcd takes its own v3 lock (a session lease, Lock, Unlock: what its
-# `concurrency` mutex does) through dlock-bench's etcd-lock workload.
+# `concurrency` mutex does) through dlock-bench's etcd-lock workload. Beside
+# them: the leader's mean log fsync and commit time over each dlock point
+# (from its /metrics), and an in-memory single server's one-client lock
+# cycle and ping, for the one-client bar (p50 at most the single server's
+# plus one fsync and one round trip per command).
 #
 # Usage: bench/cluster.sh [SECONDS-PER-POINT] [BINARY-DIR]   (default 10, target/release)
 # Needs: etcd (Debian: etcd-server), etcdctl (etcd-client), python3, and
@@ -21,19 +25,33 @@ done
   { echo "cluster.sh: $BIN/dlock-bench was built without --features etcd" >&2; exit 2; }
 TMP=$(mktemp -d)
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  # Gone, so that a run right after this one finds its ports free.
+  for p in "${PIDS[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  done
+  rm -rf "$TMP"
+}
 trap cleanup EXIT
 
 CLIENT=(127.0.0.1:17601 127.0.0.1:17602 127.0.0.1:17603)
 PEER=(127.0.0.1:17611 127.0.0.1:17612 127.0.0.1:17613)
 MEMBERS="1=${CLIENT[0]}@${PEER[0]},2=${CLIENT[1]}@${PEER[1]},3=${CLIENT[2]}@${PEER[2]}"
+METRICS=(127.0.0.1:17621 127.0.0.1:17622 127.0.0.1:17623)
+SINGLE=127.0.0.1:17600
 for n in 1 2 3; do
   i=$((n - 1))
   "$BIN/dlock-server" --node-id "$n" --data-dir "$TMP/d$n" --listen "${CLIENT[$i]}" \
-    --peer-listen "${PEER[$i]}" --initial-cluster "$MEMBERS" --log-level warn 2>>"$TMP/d$n.log" &
+    --peer-listen "${PEER[$i]}" --initial-cluster "$MEMBERS" --metrics-listen "${METRICS[$i]}" \
+    --log-level warn 2>>"$TMP/d$n.log" &
   PIDS+=($!)
   disown
 done
+# The in-memory single server, for the one-client reference.
+"$BIN/dlock-server" --listen "$SINGLE" --log-level warn 2>>"$TMP/single.log" &
+PIDS+=($!)
+disown
 
 ECLIENT=(http://127.0.0.1:23791 http://127.0.0.1:23792 http://127.0.0.1:23793)
 EPEER=(http://127.0.0.1:23801 http://127.0.0.1:23802 http://127.0.0.1:23803)
@@ -61,7 +79,7 @@ while [[ -z $DLEADER || -z $ELEADER ]]; do
   sleep 0.5
   if [[ -z $DLEADER ]]; then
     id=$("$BIN/dlock" cluster -s "${CLIENT[0]}" status 2>/dev/null | sed -n 's/.*; leader \([0-9]*\);.*/\1/p' | head -1 || true)
-    [[ -n $id ]] && DLEADER=${CLIENT[$((id - 1))]}
+    [[ -n $id ]] && DLEADER=${CLIENT[$((id - 1))]} && DMETRICS=${METRICS[$((id - 1))]}
   fi
   if [[ -z $ELEADER ]]; then
     ELEADER=$(etcdctl --endpoints="$(IFS=,; echo "${ECLIENT[*]}")" endpoint status 2>/dev/null |
@@ -81,10 +99,50 @@ r = json.load(open(sys.argv[2]))
 print(f"{sys.argv[1]:<22} {r['connections']:>3} {r['ops_per_sec']:>9.0f} {r['latency']['p50_us']/1000:>8.2f} {r['latency']['p99_us']/1000:>8.2f}")
 EOF
 }
+# The leader's Raft timings over a point: the mean of its log fsyncs and of
+# its commits (proposal to answer), from /metrics before and after.
+scrape() { python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://$DMETRICS/metrics"; }
+raft_means() { # BEFORE-FILE AFTER-FILE
+  python3 - "$1" "$2" <<'EOF'
+import sys
+def read(path):
+    v = {}
+    for line in open(path):
+        if line.startswith(("dlock_raft_log_fsync_seconds_", "dlock_raft_commit_seconds_")):
+            name, value = line.split()[:2]
+            if name.endswith(("_sum", "_count")):
+                v[name] = float(value)
+    return v
+a, b = read(sys.argv[1]), read(sys.argv[2])
+def mean(h):
+    n = b.get(h + "_count", 0) - a.get(h + "_count", 0)
+    return (b.get(h + "_sum", 0) - a.get(h + "_sum", 0)) / n * 1000 if n else float("nan")
+print(f"{mean('dlock_raft_log_fsync_seconds'):.2f} {mean('dlock_raft_commit_seconds'):.2f}")
+EOF
+}
 printf '%-22s %3s %9s %8s %8s\n' workload c "cycles/s" "p50 ms" "p99 ms"
 for c in 1 32; do
-  point "dlock lock-unlock" --server "$DLEADER" lock-unlock -c "$c"
+  scrape >"$TMP/m0"
+  point "dlock lock-unlock" --server "$DLEADER" lock-unlock -c "$c" | tee "$TMP/dlock$c"
+  scrape >"$TMP/m1"
+  read -r FSYNC$c COMMIT$c < <(raft_means "$TMP/m0" "$TMP/m1")
   point "etcd lock-unlock" etcd-lock -c "$c" --endpoints "$ELEADER"
 done
+scrape >"$TMP/m0"
 point "dlock contended" --server "$DLEADER" contended -c 32
+scrape >"$TMP/m1"
+read -r FSYNCH COMMITH < <(raft_means "$TMP/m0" "$TMP/m1")
 point "etcd contended" etcd-lock -c 32 --contended --endpoints "$ELEADER"
+point "single lock-unlock" --server "$SINGLE" lock-unlock -c 1 | tee "$TMP/single"
+point "single ping" --server "$SINGLE" ping -c 1 | tee "$TMP/ping"
+echo "leader, mean over each dlock point: log fsync / commit (proposal to answer), ms:" \
+  "1 client $FSYNC1 / $COMMIT1; 32 clients $FSYNC32 / $COMMIT32; contended $FSYNCH / $COMMITH"
+# A cycle is two commands (Lock, Unlock), each one commit: the bar for one
+# client's p50 is the single server's plus two (fsync + round trip).
+python3 - "$TMP/dlock1" "$TMP/single" "$TMP/ping" "$FSYNC1" <<'EOF'
+import sys
+p50 = lambda path: float(open(path).read().split()[-2])
+cluster, single, rtt, fsync = p50(sys.argv[1]), p50(sys.argv[2]), p50(sys.argv[3]), float(sys.argv[4])
+bar = single + 2 * (fsync + rtt)
+print(f"one client p50: cluster {cluster:.2f} ms; bar {bar:.2f} ms = single server {single:.2f} + 2 x (fsync {fsync:.2f} + round trip {rtt:.2f}); {'met' if cluster <= bar else 'missed'}")
+EOF
