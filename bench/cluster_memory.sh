@@ -5,8 +5,10 @@
 # through the leader (BATCH keys a Lock) and keeps them; enough lock-unlock
 # cycles follow for every node to write a snapshot holding every key; then
 # a fourth node joins and is sent that snapshot (in chunks); then each
-# node's RSS (now and peak) and the size of its data directory. Then the
-# keys are released, snapshots written again, and the figures taken again.
+# node's RSS (now and peak) and the size of its data directory; a follower
+# is restarted, reading the table back from its snapshot. Then the keys are
+# released, snapshots written again, the figures taken again, and node 1
+# restarted (which compacts its log file).
 #
 # Usage: bench/cluster_memory.sh [COUNT] [BATCH] [BINARY-DIR]   (default 1000000 256 target/release)
 set -euo pipefail
@@ -77,6 +79,21 @@ snapshot_everywhere() {
   done
   sleep 2
 }
+# Stops node N (SIGTERM), starts it again on its data directory, and waits
+# until it follows the leader again.
+restart_node() { # N
+  local n=$1 i=$(($1 - 1))
+  kill -TERM "${PIDS[$i]}"
+  while kill -0 "${PIDS[$i]}" 2>/dev/null; do sleep 0.2; done
+  start_node "$n"
+  PIDS[i]=${PIDS[-1]}
+  unset 'PIDS[-1]'
+  local deadline=$((SECONDS + 120))
+  until "$BIN/dlock" cluster -s "${CLIENT[$i]}" status 2>/dev/null | grep -q "^node $n is follower"; do
+    (( SECONDS < deadline )) || { echo "cluster_memory.sh: node $n did not come back within 120 s" >&2; exit 1; }
+    sleep 0.5
+  done
+}
 figures "empty"
 start=$SECONDS
 # The holder keeps the keys until its standard input ends (fd 3 closes).
@@ -101,6 +118,11 @@ start_node 4 --initial-cluster-state existing
 NODES=(1 2 3 4)
 "$BIN/dlock" cluster -s "$LADDR" add 4 "${CLIENT[3]}" "${PEER[3]}" >/dev/null
 figures "node 4 joined"
+# A follower restarted with the keys held: it reads the table back from its
+# snapshot (the leader stays, so the holder keeps its connections).
+FOLLOWER=$((LEADER % 3 + 1))
+restart_node "$FOLLOWER"
+figures "node $FOLLOWER restarted"
 
 exec 3>&-
 wait "$HOLDER" || { cat "$TMP/holder.out"; echo "cluster_memory.sh: releasing failed" >&2; exit 1; }
@@ -108,15 +130,5 @@ snapshot_everywhere
 figures "released"
 
 # A restart gives raft.redb's free pages back (it is compacted on opening).
-kill -TERM "${PIDS[0]}"
-while kill -0 "${PIDS[0]}" 2>/dev/null; do sleep 0.2; done
-PIDS[0]=""
-start_node 1
-PIDS[0]=${PIDS[-1]}
-unset 'PIDS[-1]'
-deadline=$((SECONDS + 60))
-until "$BIN/dlock" cluster -s "${CLIENT[0]}" status 2>/dev/null | grep -q '^node 1 is follower'; do
-  (( SECONDS < deadline )) || { echo "cluster_memory.sh: node 1 did not come back within 60 s" >&2; exit 1; }
-  sleep 0.5
-done
+restart_node 1
 figures "node 1 restarted"
