@@ -369,7 +369,10 @@ impl<'de> Deserialize<'de> for LoadedSlots {
                 // The length the data claims, within reason: the vector is
                 // sized once, rather than grown through copies of itself.
                 let claimed = seq.size_hint().unwrap_or(0).min(MAX_PREALLOCATED_SLOTS);
-                let mut slots = Vec::with_capacity(claimed);
+                let mut slots = Vec::new();
+                // A damaged length must fail as bad data, not abort the
+                // process on a refused allocation.
+                slots.try_reserve_exact(claimed).map_err(A::Error::custom)?;
                 while let Some(slot) = seq.next_element::<Option<KeySnapshot>>()? {
                     slots.push(slot.map(load_slot).transpose().map_err(A::Error::custom)?);
                 }
@@ -380,6 +383,6 @@ impl<'de> Deserialize<'de> for LoadedSlots {
     }
 }
 
-/// The most slots made room for before they are read: a damaged length
-/// cannot make a node reserve more than this.
+/// The most slots made room for before they are read (about 400 MB): a
+/// damaged length cannot make a node reserve more than this.
 const MAX_PREALLOCATED_SLOTS: usize = 1 << 22;

@@ -42,6 +42,9 @@ const COMMITTED: &str = "committed";
 /// term, so it must not start (see `start::open_data_dir`).
 pub(crate) const WRITTEN_MARKER: &str = "raft.redb.written";
 
+/// `raft.redb` is compacted on opening only when it is larger than this.
+const COMPACT_ABOVE: u64 = 8 << 20;
+
 /// The log store is small (entries up to the next snapshot, 10,000 by
 /// default): redb's default 1 GiB page cache would be mostly empty.
 const CACHE_BYTES: usize = 64 << 20;
@@ -94,14 +97,17 @@ impl LogStore {
         // While the node runs, the pages of purged entries are reused but
         // the file never shrinks: a burst of large entries leaves it large.
         // Nothing else has the file yet, so this is the time to give the
-        // space back. Failing to is no reason not to start.
+        // space back; a small file is left alone (compacting costs a few
+        // fsynced commits). Failing to is no reason not to start.
         let size = |db: &Path| std::fs::metadata(db).map(|m| m.len()).unwrap_or(0);
         let path = dir.join("raft.redb");
         let before = size(&path);
-        match db.compact() {
-            Ok(true) => tracing::info!(before, after = size(&path), "raft.redb compacted"),
-            Ok(false) => {}
-            Err(e) => tracing::warn!("raft.redb could not be compacted: {e}"),
+        if before > COMPACT_ABOVE {
+            match db.compact() {
+                Ok(true) => tracing::info!(before, after = size(&path), "raft.redb compacted"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!("raft.redb could not be compacted: {e}"),
+            }
         }
         let db = Arc::new(db);
         let pending = Pending::default();

@@ -20,14 +20,22 @@ use std::io::{self, BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use tempfile::NamedTempFile;
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 
 const NAME: &str = "snapshot";
-/// Temporary files being written start with this; left over only by a
-/// crash, and deleted on start.
-const TMP_PREFIX: &str = "snapshot.tmp";
+/// Snapshots being written are temporary files named this and a random
+/// suffix; left over only by a crash, and deleted on start.
+const TMP_PREFIX: &str = "snapshot.tmp.";
+
+/// Left over by a crash, deleted on start: files of [`TMP_PREFIX`] (and
+/// the fixed `snapshot.tmp` of older versions), and the named temporary
+/// file a received snapshot goes to where the filesystem has no unnamed
+/// ones (tempfile's `.tmp` prefix, unlinked as soon as it is created).
+fn is_leftover(name: &str) -> bool {
+    name.starts_with("snapshot.tmp") || name.starts_with(".tmp")
+}
 
 /// A snapshot on disk: its metadata, and its file positioned where the
 /// data starts.
@@ -64,7 +72,7 @@ impl SnapshotFile {
         // Leftovers from a crash while writing: never renamed, so never used.
         for entry in fs::read_dir(dir)? {
             let entry = entry?;
-            if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+            if is_leftover(&entry.file_name().to_string_lossy()) {
                 fs::remove_file(entry.path())?;
             }
         }
@@ -112,9 +120,13 @@ impl SnapshotFile {
     /// # Errors
     /// The temporary file cannot be created or written.
     pub(crate) fn create(&self, meta: &SnapshotMeta) -> io::Result<Writer> {
-        let tmp = tempfile::Builder::new()
-            .prefix(TMP_PREFIX)
-            .tempfile_in(&self.dir)?;
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(TMP_PREFIX);
+        // Readable by others like the rest of the data directory (a backup
+        // run as another user), not tempfile's 0600.
+        #[cfg(unix)]
+        builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
+        let tmp = builder.tempfile_in(&self.dir)?;
         let mut line = serde_json::to_vec(meta)?;
         line.push(b'\n');
         let mut out = BufWriter::with_capacity(1 << 20, tmp);
@@ -158,7 +170,9 @@ impl Writer {
     /// Blocking.
     ///
     /// # Errors
-    /// Writing, syncing or renaming failed; the previous snapshot is intact.
+    /// Writing, syncing or renaming failed (the previous snapshot is
+    /// intact), or syncing the directory after the rename did (the new one
+    /// is in place, but a crash could still bring the previous one back).
     pub(crate) fn commit(self) -> io::Result<(Found, bool)> {
         let Writer {
             out,
@@ -175,9 +189,10 @@ impl Writer {
             (tmp.into_file(), false)
         } else {
             let data = tmp.persist(file.dir.join(NAME)).map_err(|e| e.error)?;
+            // In place now, whatever happens next: no older one may replace it.
+            *current = covers;
             // The rename is durable only once the directory is.
             File::open(&file.dir)?.sync_all()?;
-            *current = covers;
             (data, true)
         };
         drop(current);
@@ -192,6 +207,8 @@ impl Writer {
 pub struct SnapshotData {
     file: tokio::fs::File,
     start: u64,
+    /// A seek was started and has not completed.
+    seeking: bool,
 }
 
 impl SnapshotData {
@@ -200,6 +217,7 @@ impl SnapshotData {
         SnapshotData {
             file: tokio::fs::File::from_std(found.data),
             start: found.start,
+            seeking: false,
         }
     }
 
@@ -208,6 +226,7 @@ impl SnapshotData {
         SnapshotData {
             file: tokio::fs::File::from_std(file),
             start: 0,
+            seeking: false,
         }
     }
 
@@ -263,14 +282,27 @@ impl AsyncSeek for SnapshotData {
             }
             relative => relative,
         };
-        Pin::new(&mut self.file).start_seek(pos)
+        Pin::new(&mut self.file).start_seek(pos)?;
+        self.seeking = true;
+        Ok(())
     }
 
     fn poll_complete(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
-        let start = self.start;
-        Pin::new(&mut self.file)
-            .poll_complete(cx)
-            .map_ok(|p| p.saturating_sub(start))
+        let (start, seeking) = (self.start, self.seeking);
+        let done = ready!(Pin::new(&mut self.file).poll_complete(cx));
+        self.seeking = false;
+        let pos = done?;
+        match pos.checked_sub(start) {
+            Some(p) => Poll::Ready(Ok(p)),
+            // A seek of ours landed in the metadata line before the data.
+            None if seeking => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "seek before the data",
+            ))),
+            // Asked with no seek started: tokio's File does not know where a
+            // file it was given stands, and says 0.
+            None => Poll::Ready(Ok(0)),
+        }
     }
 }
 
@@ -323,6 +355,9 @@ mod tests {
             got.extend_from_slice(&chunk);
         }
         assert_eq!(got, want);
+        // Nothing before the data can be reached, not even relatively.
+        let before_start = -(want.len() as i64) - 1;
+        assert!(d.seek(SeekFrom::End(before_start)).await.is_err());
         // And the file on disk, opened again, gives the same.
         let again = file.read().unwrap().expect("the snapshot");
         assert_eq!(again.meta, meta(10));
@@ -384,6 +419,7 @@ mod tests {
         write(&file, 5, b"kept");
         fs::write(dir.path().join("snapshot.tmp"), b"from an older version").unwrap();
         fs::write(dir.path().join("snapshot.tmp.a1b2c3"), b"half written").unwrap();
+        fs::write(dir.path().join(".tmpXyZ123"), b"half received").unwrap();
         let (_, found) = SnapshotFile::open(dir.path()).unwrap();
         assert_eq!(found.expect("the snapshot").meta, meta(5));
         let names: Vec<_> = fs::read_dir(dir.path())
