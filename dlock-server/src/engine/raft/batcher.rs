@@ -152,7 +152,7 @@ impl Cluster {
     /// entry and waits until it is applied here.
     async fn write_entry(&self, cmds: Vec<Command>) -> Result<(u64, Vec<Output>), ClusterError> {
         let term = self.leading_term()?;
-        let applied = self.inner.machine.lock().at;
+        let applied = self.inner.machine.applied_at();
         let at = self.inner.clock.now(term, applied);
         let write = self.inner.raft.client_write(Stamped { at, cmds });
         match self.bounded(COMMIT_TIMEOUT, write).await? {

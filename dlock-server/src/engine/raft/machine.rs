@@ -56,9 +56,24 @@ pub(crate) struct MachineHandle {
     pub(crate) deadline_moved: Notify,
     /// Tells snapshots built from the same state apart.
     snapshot_seq: AtomicU64,
+    /// `Applied::at` in microseconds, written with it under the lock: the
+    /// leader stamps every proposal from it, and must not wait for the lock
+    /// while a snapshot is being encoded under it.
+    applied_at: AtomicU64,
 }
 
 impl MachineHandle {
+    /// The latest command time applied, without taking the lock.
+    pub(crate) fn applied_at(&self) -> Time {
+        Time::from_micros(self.applied_at.load(Ordering::Acquire))
+    }
+
+    /// Raises the applied time to `at`; called with the lock held.
+    fn advance(&self, st: &mut Applied, at: Time) {
+        st.at = st.at.max(at);
+        self.applied_at.store(st.at.as_micros(), Ordering::Release);
+    }
+
     /// The applied state. Hold the guard briefly and never across an
     /// `.await`: applying waits for it.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Applied> {
@@ -190,6 +205,7 @@ impl StateMachine {
         };
         Ok(StateMachine {
             shared: Arc::new(MachineHandle {
+                applied_at: AtomicU64::new(applied.at.as_micros()),
                 state: Mutex::new(applied),
                 sink,
                 deadline_moved: Notify::new(),
@@ -242,7 +258,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                                 (cmd, out)
                             })
                             .collect();
-                        st.at = st.at.max(at);
+                        self.shared.advance(&mut st, at);
                         let next = st.table.next_deadline();
                         st.timer_at.rearm(next, &self.shared.deadline_moved);
                         applied
@@ -305,7 +321,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         st.table = table;
         st.last_applied = meta.last_log_id;
         st.membership = meta.last_membership.clone();
-        st.at = st.at.max(at);
+        self.shared.advance(&mut st, at);
         st.timer_at.set(None);
         drop(st);
         tracing::info!(snapshot = %meta, "installed a snapshot from the leader");
