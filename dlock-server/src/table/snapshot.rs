@@ -143,7 +143,7 @@ impl Serialize for SnapshotView<'_> {
                     key,
                     hold,
                     shared,
-                    queue: Seq::new(state.queue.iter().count(), state.queue.iter()),
+                    queue: Seq::new(state.queue.len(), state.queue.iter()),
                 }
             })
         });

@@ -299,7 +299,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta,
         snapshot: Box<SnapshotData>,
     ) -> Result<(), StorageError<NodeId>> {
-        let (received, _) = snapshot
+        let received = snapshot
             .into_file()
             .await
             .map_err(|e| snapshot_io(Some(meta), ErrorVerb::Write, &e.into()))?;
