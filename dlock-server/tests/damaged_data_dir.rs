@@ -1,5 +1,5 @@
-//! A node whose data directory was damaged while it was down (its log file
-//! cut short, as by a full disk or a bad copy) refuses to start with a
+//! A node whose data directory was damaged while it was down (the file its
+//! log was last written to cut short, as by a full disk or a bad copy) refuses to start with a
 //! message that names the directory, or starts and catches up: it never
 //! crashes with a backtrace, and never serves a state the cluster did not
 //! commit. With its file back, it rejoins and the cluster's state is whole.
@@ -40,7 +40,7 @@ async fn a_node_with_a_cut_log_file_refuses_to_start_or_catches_up_never_crashes
     await_caught_up(&nodes, victim).await;
     nodes.kill(victim);
 
-    let file = nodes.data_dir(victim).join("raft.redb");
+    let file = nodes.log_file(victim).expect("the node's log file");
     let whole = std::fs::read(&file).expect("the node's log file");
     assert!(whole.len() > 8192, "a log file of {} bytes", whole.len());
     for cut in [whole.len() / 2, whole.len() - 4096, 512, 0] {

@@ -123,5 +123,5 @@ fn a_directory_that_is_no_backup_is_refused_with_a_reason() {
         .expect("dlock-server runs");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("holds no raft.redb"), "{err}");
+    assert!(err.contains("holds no raft log"), "{err}");
 }

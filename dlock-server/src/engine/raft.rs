@@ -1,5 +1,5 @@
 //! The consensus engine of a dlock cluster: the lock table replicated on
-//! openraft, its log and vote durable in redb, and a TCP transport between
+//! openraft, its log and vote durable in segment files, and a TCP transport between
 //! nodes.
 //!
 //! The client-facing server sees one handle, [`Cluster`]: on the leader it
@@ -18,8 +18,10 @@
 //! | `membership` | adding and removing nodes |
 //! | `types` | openraft's type configuration: [`Member`], the stamped commands |
 //! | `batcher` | proposals queued behind each other written as one entry |
-//! | `log_store` | the Raft log and vote in redb |
-//! | `log_writer` | the one thread writing redb, appends grouped per commit |
+//! | `log_store` | the Raft log and vote: openraft's log storage |
+//! | `log_writer` | the one thread writing the log, appends grouped per sync |
+//! | `wal` | the log's segment files: records, checkpoints, crash recovery |
+//! | `redb_import` | data directories of versions that kept the log in redb |
 //! | `machine` | the state machine: the table, applied entries, snapshots |
 //! | `snapshot_file` | the latest snapshot on disk, replaced atomically |
 //! | `leader_clock` | cluster time: how a leader stamps commands |
@@ -39,7 +41,7 @@
 //!
 //! A command is answered only after openraft commits it: its entry is on a
 //! majority of nodes, and each of them reported the entry flushed only after
-//! a redb commit with `Durability::Immediate` (an fsync). Votes are saved the
+//! its write to the log's segment file and an `fdatasync`. Votes are saved the
 //! same way before they are sent. The table itself lives in memory; a
 //! snapshot of it is written (and fsynced, then renamed into place) every
 //! [`SNAPSHOT_EVERY`] entries, after which openraft purges the log it covers
@@ -98,6 +100,7 @@ mod membership;
 mod peer_client;
 mod peer_server;
 mod peer_tls;
+mod redb_import;
 mod restore;
 mod snapshot_file;
 mod standing;
@@ -107,6 +110,7 @@ mod status;
 mod store_suite;
 mod timer;
 mod types;
+mod wal;
 mod wire;
 
 pub use error::ClusterError;

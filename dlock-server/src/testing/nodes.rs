@@ -249,6 +249,17 @@ impl NodeProcesses {
         &self.nodes[i].dir
     }
 
+    /// The newest file of node `i`'s raft log (the segment it writes to),
+    /// for tests that damage it; `None` if it has none.
+    pub fn log_file(&self, i: usize) -> Option<PathBuf> {
+        let dir = self.data_dir(i).join("raft-log");
+        std::fs::read_dir(dir)
+            .ok()?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+            .max()
+    }
+
     /// Like [`NodeProcesses::restart`], but a node that exits (or does not
     /// listen in time) is an `Err` with its exit status and first log
     /// lines: what a test that damaged its data dir expects to read.

@@ -11,6 +11,7 @@ use dlock::proto::ClusterInfo;
 use dlock_server::testing::nodes::NodeProcesses;
 use dlock_server::testing::peer_links::PeerLinks;
 use dlock_server::testing::proxy::FreezableProxy;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -491,9 +492,9 @@ async fn run_fault(
     }
     tokio::time::sleep_until(heal_at).await;
     if let Some(whole) = saved {
-        let i = nodes[0];
+        let (i, file) = (nodes[0], whole.0);
         let back = with_nodes_value(cluster, move |n| {
-            std::fs::write(n.data_dir(i).join("raft.redb"), whole)
+            std::fs::write(&file, whole.1)
                 .map_err(|e| e.to_string())
                 .and_then(|()| n.try_restart(i))
         })
@@ -554,7 +555,7 @@ fn partition(kind: Kind, nodes: &[usize], n: usize) -> Vec<(usize, usize)> {
     }
 }
 
-/// Kills node `i`, keeps its log file, cuts it to `fraction` of its length
+/// Kills node `i`, keeps the file its log was last written to, cuts it to `fraction` of its length
 /// and starts the node on it. A refusal that names the damage, or a start
 /// (the node then catches up, or the final checks find it did not), is
 /// fine; the node is stopped again either way, and the whole file returned
@@ -563,9 +564,11 @@ fn damage_log(
     n: &mut NodeProcesses,
     i: usize,
     fraction: f64,
-) -> Result<(Vec<u8>, &'static str), String> {
+) -> Result<((PathBuf, Vec<u8>), &'static str), String> {
     n.kill(i);
-    let file = n.data_dir(i).join("raft.redb");
+    let file = n
+        .log_file(i)
+        .ok_or_else(|| format!("node {i} has no raft log file"))?;
     let whole = std::fs::read(&file).map_err(|e| format!("read {}: {e}", file.display()))?;
     let cut = ((whole.len() as f64) * fraction) as usize;
     std::fs::write(&file, &whole[..cut.min(whole.len())])
@@ -586,7 +589,7 @@ fn damage_log(
             "damaged log: started anyway"
         }
     };
-    Ok((whole, outcome))
+    Ok(((file, whole), outcome))
 }
 
 /// [`with_nodes`] for a closure that returns something; `None` if it

@@ -1,26 +1,30 @@
-//! The one redb file of the Raft log: its log table and what can go wrong
-//! in it, shared by the store (`log_store`) and its writer thread
-//! (`log_writer`).
+//! What can go wrong in the Raft log's files, shared by the log
+//! (`wal`), its store (`log_store`), its writer thread (`log_writer`) and
+//! the import of older logs (`redb_import`).
 
-use redb::TableDefinition;
+use std::path::PathBuf;
 
-/// The log entries, by index.
-pub(super) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-
-/// What can go wrong in the file, before openraft's error types wrap it.
+/// What can go wrong in the log, before openraft's error types wrap it.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DiskError {
-    /// redb failed (I/O, a damaged file, the file open twice). Boxed:
-    /// redb's error is large and this one travels in every `Result`.
-    #[error("raft log database: {0}")]
-    Redb(#[source] Box<redb::Error>),
+    /// A read, write or sync failed, or the writer thread has stopped.
+    #[error("raft log: {0}")]
+    Io(#[from] std::io::Error),
+    /// The files do not hold what this version wrote: cut short, changed,
+    /// partly deleted, or written by a newer version.
+    #[error("the raft log is damaged: {0}")]
+    Damaged(String),
+    /// Another process has the log open.
+    #[error("the raft log {} is in use by another process (is a node running on this directory?)", .0.display())]
+    InUse(PathBuf),
     /// A record did not encode, or a stored one did not decode: the file
     /// was damaged or written by a newer version.
     #[error("raft log record: {0}")]
     Codec(#[from] super::encoding::CodecError),
-    /// The writer thread could not be started or has stopped.
-    #[error("raft log writer: {0}")]
-    Io(#[source] std::io::Error),
+    /// The redb file of an older version could not be read. Boxed: redb's
+    /// error is large and this one travels in every `Result`.
+    #[error("raft log database raft.redb: {0}")]
+    Redb(#[source] Box<redb::Error>),
 }
 
 pub(super) fn redb<E: Into<redb::Error>>(e: E) -> DiskError {

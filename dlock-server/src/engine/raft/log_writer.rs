@@ -1,21 +1,20 @@
-//! The log store's one writer: a thread that commits every change to
-//! `raft.redb` in the order it was asked for, and commits appends that
-//! queue up behind each other in one transaction (one fsync for many).
+//! The log's one writer: a thread that writes every change to the log's
+//! files (`wal`) in the order it was asked for, and makes appends that
+//! queue up behind each other durable with one `fdatasync`.
 //!
 //! An append returns to openraft as soon as its entries are queued (they
 //! are readable from then on through [`Pending`]); the writer calls
-//! openraft's flush callback once the commit holding them returned, which
-//! with `Durability::Immediate` is after the fsync, so a busy node writes
-//! many entries per fsync. (openraft 0.9 waits for that callback before it
-//! takes its next write; the cluster's `batcher` is what puts concurrent
-//! commands into one entry.) Every other change (vote,
-//! truncation, purge) goes through the same queue and is awaited, which
+//! openraft's flush callback once the sync after their write returned, so
+//! a busy node writes many entries per sync. (openraft 0.9 waits for that
+//! callback before it takes its next write; the cluster's `batcher` is what
+//! puts concurrent commands into one entry.) Every other change (vote,
+//! truncation, purge, the committed id) goes through the same queue, which
 //! keeps openraft's rule that storage writes complete in order.
 
-use super::disk::{redb, DiskError, LOG};
-use super::types::{Entry, LogId, TypeConfig};
+use super::disk::DiskError;
+use super::types::{LogId, TypeConfig, Vote};
+use super::wal::{Batch, Loc, Wal};
 use openraft::storage::LogFlushed;
-use redb::{Database, Durability, WriteTransaction};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,11 +23,48 @@ use tokio::sync::{mpsc, oneshot};
 
 /// Queued changes at most; openraft waits when it is full.
 const QUEUE: usize = 1024;
-/// Appends grouped into one commit at most: bounds one transaction's size.
+/// Appends grouped into one write at most: bounds one write's size.
 const GROUP: usize = 256;
 
-/// A change to run in a write transaction of its own.
-pub(crate) type Change = Box<dyn FnOnce(&WriteTransaction) -> Result<(), DiskError> + Send>;
+/// What the log holds on disk, as the writer last made durable (or, for the
+/// committed id, last wrote): what readers see besides [`Pending`].
+#[derive(Default)]
+pub(crate) struct Written {
+    /// Every entry not purged, by index.
+    pub(crate) entries: BTreeMap<u64, Loc>,
+    /// The last vote saved.
+    pub(crate) vote: Option<Vote>,
+    /// The last committed id saved.
+    pub(crate) committed: Option<LogId>,
+    /// The last purged entry's id.
+    pub(crate) purged: Option<LogId>,
+}
+
+/// [`Written`], shared by the writer and the readers.
+#[derive(Clone, Default)]
+pub(crate) struct Shared(Arc<Mutex<Written>>);
+
+impl Shared {
+    pub(crate) fn new(written: Written) -> Shared {
+        Shared(Arc::new(Mutex::new(written)))
+    }
+
+    pub(crate) fn from_arc(written: Arc<Mutex<Written>>) -> Shared {
+        Shared(written)
+    }
+
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<Mutex<Written>> {
+        Arc::downgrade(&self.0)
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Written> {
+        // Plain data, valid whatever a panicking holder did.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What a change does to [`Written`] once it is written.
+pub(crate) type Then = Box<dyn FnOnce(&mut Written) + Send>;
 
 enum Op {
     Append {
@@ -36,26 +72,31 @@ enum Op {
         callback: LogFlushed<TypeConfig>,
     },
     Write {
-        durability: Durability,
-        change: Change,
-        done: oneshot::Sender<Result<(), DiskError>>,
+        batch: Batch,
+        /// Whether it must be durable before it counts as done.
+        sync: bool,
+        then: Then,
+        /// A purge: segments at or below this index may go once it is durable.
+        purged: Option<u64>,
+        done: Option<oneshot::Sender<Result<(), DiskError>>>,
     },
 }
 
-/// Entries appended but not yet committed, by index: readers see them as if
-/// they were in the file.
+/// Entries appended but not yet written, by index: readers see them as if
+/// they were on disk.
 #[derive(Clone, Default)]
-pub(crate) struct Pending(Arc<Mutex<BTreeMap<u64, Entry>>>);
+pub(crate) struct Pending(Arc<Mutex<BTreeMap<u64, super::types::Entry>>>);
 
 impl Pending {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Entry>> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, super::types::Entry>> {
         // Plain entries, valid whatever a panicking holder did.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// The handle to the writer thread; dropping it lets the thread finish
-/// what is queued and waits for it, so the file is closed afterwards.
+/// what is queued and waits for it, so the log is closed (and its lock
+/// released) afterwards.
 pub(crate) struct Writer {
     tx: Option<mpsc::Sender<Op>>,
     thread: Option<JoinHandle<()>>,
@@ -68,21 +109,22 @@ fn gone() -> DiskError {
 }
 
 impl Writer {
-    /// Starts the writer thread for `db`.
+    /// Starts the writer thread for `wal`.
     ///
     /// # Errors
     /// The thread cannot be spawned.
     /// `marker`, when given, is created (and synced) after the first
-    /// commit: see `log_store::WRITTEN_MARKER`.
+    /// durable write: see `log_store::WRITTEN_MARKER`.
     pub(crate) fn start(
-        db: Arc<Database>,
+        wal: Wal,
+        shared: Shared,
         pending: Pending,
         marker: Option<PathBuf>,
     ) -> Result<Writer, DiskError> {
         let (tx, rx) = mpsc::channel(QUEUE);
         let thread = std::thread::Builder::new()
             .name("raft-log-writer".into())
-            .spawn(move || run(&db, &pending, rx, marker))
+            .spawn(move || run(wal, &shared, &pending, rx, marker))
             .map_err(DiskError::Io)?;
         Ok(Writer {
             tx: Some(tx),
@@ -102,37 +144,37 @@ impl Writer {
             .map_err(|_| gone())
     }
 
-    /// Queues `change` to run in a transaction of its own, after everything
-    /// queued before it, without waiting for it; a failure is logged.
-    pub(crate) async fn write_detached(
-        &self,
-        durability: Durability,
-        change: Change,
-    ) -> Result<(), DiskError> {
+    /// Queues `batch` to be written after everything queued before it,
+    /// not synced on its own and not waited for; a failure is logged.
+    pub(crate) async fn write_detached(&self, batch: Batch, then: Then) -> Result<(), DiskError> {
         let tx = self.tx.as_ref().ok_or_else(gone)?;
-        let (done, _) = oneshot::channel();
         tx.send(Op::Write {
-            durability,
-            change,
-            done,
+            batch,
+            sync: false,
+            then,
+            purged: None,
+            done: None,
         })
         .await
         .map_err(|_| gone())
     }
 
-    /// Runs `change` in a transaction of its own, after everything queued
-    /// before it, and waits for its commit.
+    /// Writes and syncs `batch` after everything queued before it, and
+    /// waits for that. `purged`: see [`Wal::drop_purged`].
     pub(crate) async fn write(
         &self,
-        durability: Durability,
-        change: Change,
+        batch: Batch,
+        then: Then,
+        purged: Option<u64>,
     ) -> Result<(), DiskError> {
         let tx = self.tx.as_ref().ok_or_else(gone)?;
         let (done, result) = oneshot::channel();
         tx.send(Op::Write {
-            durability,
-            change,
-            done,
+            batch,
+            sync: true,
+            then,
+            purged,
+            done: Some(done),
         })
         .await
         .map_err(|_| gone())?;
@@ -144,7 +186,7 @@ impl Drop for Writer {
     fn drop(&mut self) {
         drop(self.tx.take());
         if let Some(thread) = self.thread.take() {
-            // Only what is already queued is left: at most a commit or two.
+            // Only what is already queued is left: a write or two.
             if thread.join().is_err() {
                 tracing::error!("the raft log writer thread panicked");
             }
@@ -152,23 +194,19 @@ impl Drop for Writer {
     }
 }
 
-fn commit(db: &Database, durability: Durability, change: Change) -> Result<(), DiskError> {
-    let durable = matches!(durability, Durability::Immediate);
-    let mut txn = db.begin_write().map_err(redb)?;
-    txn.set_durability(durability);
-    change(&txn)?;
-    let started = std::time::Instant::now();
-    txn.commit().map_err(redb)?;
-    if durable {
-        // The commit of a durable transaction is its fsync, give or take
-        // the page writes before it: what a slow disk stalls.
+/// Writes `batch`, and syncs it if `sync`: what a slow disk stalls is timed.
+fn write(wal: &mut Wal, batch: Batch, sync: bool) -> Result<Vec<Loc>, DiskError> {
+    let locs = wal.write(batch)?;
+    if sync {
+        let started = std::time::Instant::now();
+        wal.sync()?;
         crate::ops::metrics::log_fsync(started.elapsed());
     }
-    Ok(())
+    Ok(locs)
 }
 
-/// Creates the marker once a commit succeeded; on failure keeps it for the
-/// next commit.
+/// Creates the marker once a write is durable; on failure keeps it for the
+/// next one.
 fn mark_written(marker: &mut Option<PathBuf>) {
     let Some(path) = marker.take() else {
         return;
@@ -186,7 +224,13 @@ fn mark_written(marker: &mut Option<PathBuf>) {
     }
 }
 
-fn run(db: &Database, pending: &Pending, mut rx: mpsc::Receiver<Op>, mut marker: Option<PathBuf>) {
+fn run(
+    mut wal: Wal,
+    shared: &Shared,
+    pending: &Pending,
+    mut rx: mpsc::Receiver<Op>,
+    mut marker: Option<PathBuf>,
+) {
     let mut next = None;
     loop {
         let op = match next.take() {
@@ -198,17 +242,32 @@ fn run(db: &Database, pending: &Pending, mut rx: mpsc::Receiver<Op>, mut marker:
         };
         let (entries, callback) = match op {
             Op::Write {
-                durability,
-                change,
+                batch,
+                sync,
+                then,
+                purged,
                 done,
             } => {
-                let result = commit(db, durability, change);
+                let result = write(&mut wal, batch, sync).map(|_| ());
                 if result.is_ok() {
-                    mark_written(&mut marker);
+                    then(&mut shared.lock());
+                    if sync {
+                        mark_written(&mut marker);
+                    }
+                    if let Some(index) = purged {
+                        if let Err(e) = wal.drop_purged(index) {
+                            tracing::error!(error = %e, "cannot start a new raft log segment");
+                        }
+                    }
                 }
-                if let Err(Err(e)) = done.send(result) {
+                match done {
+                    Some(done) => drop(done.send(result)),
                     // Nobody waits for this one (see `write_detached`).
-                    tracing::error!(error = %e, "cannot write to the raft log");
+                    None => {
+                        if let Err(e) = result {
+                            tracing::error!(error = %e, "cannot write to the raft log");
+                        }
+                    }
                 }
                 continue;
             }
@@ -225,30 +284,28 @@ fn run(db: &Database, pending: &Pending, mut rx: mpsc::Receiver<Op>, mut marker:
                 Err(_) => break,
             }
         }
-        let ids: Vec<LogId> = group
-            .iter()
-            .flat_map(|(entries, _)| entries.iter().map(|(id, _)| *id))
-            .collect();
         let mut callbacks = Vec::with_capacity(group.len());
-        let mut all = Vec::new();
+        let mut batch = Batch::default();
+        let mut encoded = Ok(());
         for (entries, callback) in group {
-            all.extend(entries);
+            for (id, bytes) in &entries {
+                if encoded.is_ok() {
+                    encoded = batch.entry(*id, bytes);
+                }
+            }
             callbacks.push(callback);
         }
-        let written = commit(
-            db,
-            Durability::Immediate,
-            Box::new(move |txn| {
-                let mut log = txn.open_table(LOG).map_err(redb)?;
-                for (id, bytes) in &all {
-                    log.insert(id.index, bytes.as_slice()).map_err(redb)?;
-                }
-                Ok(())
-            }),
-        );
+        let written = encoded.and_then(|()| write(&mut wal, batch, true));
         match written {
-            Ok(()) => {
+            Ok(locs) => {
                 mark_written(&mut marker);
+                let ids: Vec<LogId> = locs.iter().map(|l| l.id).collect();
+                {
+                    let mut written = shared.lock();
+                    for loc in locs {
+                        written.entries.insert(loc.id.index, loc);
+                    }
+                }
                 {
                     let mut pending = pending.lock();
                     for id in ids {

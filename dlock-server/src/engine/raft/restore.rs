@@ -21,8 +21,7 @@
 //! above every fence issued. The single server's fence file makes the same
 //! assumption. Give `--fence-floor` to choose it yourself.
 
-use super::disk::DiskError;
-use super::log_store::append_committed_offline;
+use super::log_store::OfflineLog;
 use super::snapshot_file::SnapshotFile;
 use super::types::Stamped;
 use crate::table::{Command, Time};
@@ -47,10 +46,12 @@ pub struct Restored {
 /// `dir` holds no cluster log (not a data directory, or one never used),
 /// a node runs on it, or it cannot be written.
 pub fn restore_backup(dir: &Path, fence_floor: Option<u64>) -> anyhow::Result<Restored> {
-    if !dir.join("raft.redb").is_file() {
+    if !dir.join(super::wal::DIR).is_dir() && !dir.join(super::redb_import::FILE).is_file() {
         anyhow::bail!(
-            "{} holds no raft.redb: give the copy of a node's data directory",
-            dir.display()
+            "{} holds no raft log ({}/ or {}): give the copy of a node's data directory",
+            dir.display(),
+            super::wal::DIR,
+            super::redb_import::FILE
         );
     }
     let fence_floor = match fence_floor {
@@ -61,16 +62,18 @@ pub fn restore_backup(dir: &Path, fence_floor: Option<u64>) -> anyhow::Result<Re
         at: Time::ZERO,
         cmds: vec![Command::Restore { fence_floor }],
     };
+    // The log first: holding it open is what keeps a node from starting on
+    // the directory meanwhile (and refuses one that runs on it), before
+    // opening the snapshot tidies its temporary files.
+    let log = OfflineLog::open(dir).map_err(|e| {
+        anyhow::Error::new(e).context(format!("cannot open the raft log in {}", dir.display()))
+    })?;
     let (_, snapshot) = SnapshotFile::open(dir)
         .with_context(|| format!("cannot read the snapshot in {}", dir.display()))?;
     let covered = snapshot.and_then(|found| found.meta.last_log_id);
-    let appended = append_committed_offline(dir, covered, entry).map_err(|e| match e {
-        DiskError::Redb(_) => anyhow::Error::new(e).context(format!(
-            "cannot open {} (is a node running on it?)",
-            dir.join("raft.redb").display()
-        )),
-        e => anyhow::Error::new(e),
-    })?;
+    let appended = log
+        .append_committed(covered, entry)
+        .with_context(|| format!("cannot write the raft log in {}", dir.display()))?;
     let Some(id) = appended else {
         anyhow::bail!(
             "{}'s log holds no entry: this directory never belonged to a running cluster",

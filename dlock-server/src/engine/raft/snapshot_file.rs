@@ -10,9 +10,9 @@
 //! (`snapshot.tmp.*`), fsynced, renamed over `snapshot`, and the directory
 //! fsynced, so after a crash the file is either the old snapshot or the
 //! new one, whole. Snapshots are large (the whole lock table) and written
-//! rarely, which is why they live in a plain file beside the redb log
-//! instead of inside it: a redb write transaction holding a snapshot would
-//! block log appends while it is written.
+//! rarely, which is why they live in a file of their own beside the log
+//! instead of in it: a snapshot written into the log would hold up log
+//! appends while it is written.
 
 use super::types::{LogId, SnapshotMeta};
 use std::fs::{self, File};

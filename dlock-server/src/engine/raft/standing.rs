@@ -6,7 +6,7 @@
 //! first start that is right, however late the node comes. But a node whose
 //! directory was wiped (a new disk, a mistaken `rm`) would do the same: it
 //! comes back under its old id with its log and its vote forgotten, and may
-//! vote twice in one term. A lost `raft.redb` beside other files is caught
+//! vote twice in one term. A lost raft log beside other files is caught
 //! when the directory is opened; a wholly empty directory looks fresh.
 //!
 //! So a fresh node asks the other initial members over the peer port (same

@@ -43,31 +43,32 @@ fn open_data_dir(
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
     let log = LogStore::open(dir)
-        .with_context(|| format!("cannot open {}", dir.join("raft.redb").display()))?;
+        .with_context(|| format!("cannot open the raft log in {}", dir.display()))?;
     let (file, found) = SnapshotFile::open(dir)
         .with_context(|| format!("cannot read the snapshot in {}", dir.display()))?;
-    if log.lost_its_writes().context("cannot read raft.redb")? {
+    if log.lost_its_writes().context("cannot read the raft log")? {
         anyhow::bail!(
-            "the data directory {} is damaged: raft.redb holds no vote and no entry although \
-             {} says it was written to (the file was cut short, replaced or deleted). A node \
-             that forgot its vote could vote twice in one term, so it does not start. Restore \
-             raft.redb from a backup, or remove this node from the cluster (dlock cluster \
-             remove), and add a node with an empty data directory and a new id in its place \
-             (dlock cluster add)",
+            "the data directory {} is damaged: its raft log (raft-log/) holds no vote and no \
+             entry although {} says it was written to (the files were cut short, replaced or \
+             deleted). A node that forgot its vote could vote twice in one term, so it does not \
+             start. Restore the data directory from a backup, or remove this node from the \
+             cluster (dlock cluster remove), and add a node with an empty data directory and a \
+             new id in its place (dlock cluster add)",
             dir.display(),
             super::log_store::WRITTEN_MARKER
         );
     }
-    let fresh = found.is_none() && log.is_fresh().context("cannot read raft.redb")?;
+    let fresh = found.is_none() && log.is_fresh().context("cannot read the raft log")?;
     let state_machine = StateMachine::open(file, found, limits, first_fence, sessions, sink)
         .with_context(|| format!("cannot restore the snapshot in {}", dir.display()))?;
     Ok((log, state_machine, fresh))
 }
 
 /// [`open_data_dir`], with a panic inside it turned into an error that
-/// names the data directory and says what to do. redb 2.x asserts, rather
-/// than returning an error, on some damaged files (one cut short, for
-/// example): a node must refuse to start from such a file with a clear
+/// names the data directory and says what to do. redb 2.x (which reads the
+/// `raft.redb` of older data directories, see `redb_import`) asserts,
+/// rather than returning an error, on some damaged files (one cut short,
+/// for example): a node must refuse to start from such a file with a clear
 /// message, not crash with a backtrace. Blocking; call it at start, before
 /// anything else could panic on this thread.
 fn open_data_dir_guarded(

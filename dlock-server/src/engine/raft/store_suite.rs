@@ -1,4 +1,4 @@
-//! openraft's own storage test suite, run against the redb log store and
+//! openraft's own storage test suite, run against the log store and
 //! the table state machine.
 
 use super::log_store::LogStore;
