@@ -189,6 +189,11 @@ impl OfflineLog {
             payload: openraft::EntryPayload::Normal(payload),
         };
         let mut batch = Batch::default();
+        if let Some(covered) = snapshot.filter(|s| self.last.is_none_or(|l| s.index > l.index)) {
+            // The log must go on from where the snapshot ends: what it
+            // covers counts as purged, as if the node had purged it.
+            batch.purge(covered)?;
+        }
         batch.entry(id, &encoding::encode(&entry)?)?;
         batch.committed(encoding::encode(&Some(id))?)?;
         self.wal.write(batch)?;
@@ -383,5 +388,53 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         )
         .await
         .map_err(to_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::raft::types::Stamped;
+    use crate::table::Time;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    fn id(index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(3, 1), index)
+    }
+
+    /// A node can stop between installing a snapshot and purging the log it
+    /// covers: the restore entry goes after the snapshot, and the log must
+    /// still open, starting there.
+    #[test]
+    fn a_restore_entry_after_a_snapshot_ahead_of_the_log_leaves_a_log_that_opens() {
+        let dir = tempfile::tempdir().expect("dir");
+        {
+            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            let mut batch = Batch::default();
+            for i in 0..=5 {
+                let e = Entry {
+                    log_id: id(i),
+                    payload: EntryPayload::Blank,
+                };
+                batch
+                    .entry(e.log_id, &encoding::encode(&e).expect("encode"))
+                    .expect("entry");
+            }
+            wal.write(batch).expect("write");
+            wal.sync().expect("sync");
+        }
+        let payload = Stamped {
+            at: Time::ZERO,
+            cmds: vec![crate::table::Command::Restore { fence_floor: 7 }],
+        };
+        let log = OfflineLog::open(dir.path()).expect("offline");
+        let appended = log
+            .append_committed(Some(id(100)), payload)
+            .expect("append");
+        assert_eq!(appended, Some(id(101)));
+        let (_wal, r) = Wal::open(dir.path()).expect("the log opens");
+        assert_eq!(r.purged, Some(id(100)));
+        assert_eq!(r.committed, Some(id(101)));
+        assert_eq!(r.entries.keys().copied().collect::<Vec<_>>(), [101]);
     }
 }

@@ -7,7 +7,7 @@
 
 use super::disk::{redb, DiskError};
 use super::encoding;
-use super::types::{Entry, LogId};
+use super::types::{Entry, LogId, Vote};
 use super::wal::{self, Batch};
 use redb::{Database, ReadableTable, TableDefinition};
 use std::path::Path;
@@ -27,6 +27,17 @@ pub(crate) const FILE: &str = "raft.redb";
 /// `raft.redb` cannot be read (damaged, or open in an older node), or the
 /// new log cannot be written.
 pub(crate) fn import(dir: &Path) -> Result<(), DiskError> {
+    // redb 2.x asserts, rather than returning an error, on some damaged
+    // files (one cut short): that is a refusal here, not a crash.
+    std::panic::catch_unwind(|| import_unguarded(dir)).unwrap_or_else(|_| {
+        Err(DiskError::Damaged(format!(
+            "{} is damaged (redb could not read it)",
+            dir.join(FILE).display()
+        )))
+    })
+}
+
+fn import_unguarded(dir: &Path) -> Result<(), DiskError> {
     let old = dir.join(FILE);
     if !old.is_file() {
         return Ok(());
@@ -41,6 +52,8 @@ pub(crate) fn import(dir: &Path) -> Result<(), DiskError> {
     match txn.open_table(META) {
         Ok(meta) => {
             if let Some(v) = meta.get("vote").map_err(redb)? {
+                // Decoded to be sure it reads before the old file goes.
+                let _: Vote = encoding::decode(v.value())?;
                 batch.vote(v.value().to_vec())?;
             }
             if let Some(v) = meta.get("purged").map_err(redb)? {
@@ -48,6 +61,7 @@ pub(crate) fn import(dir: &Path) -> Result<(), DiskError> {
                 batch.purge(purged)?;
             }
             if let Some(v) = meta.get("committed").map_err(redb)? {
+                let _: Option<LogId> = encoding::decode(v.value())?;
                 batch.committed(v.value().to_vec())?;
             }
         }
@@ -78,7 +92,6 @@ pub(crate) fn import(dir: &Path) -> Result<(), DiskError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::raft::types::Vote;
     use crate::engine::raft::wal::Wal;
     use openraft::{CommittedLeaderId, EntryPayload};
 
@@ -142,10 +155,10 @@ mod tests {
         let file = dir.path().join(FILE);
         let whole = std::fs::read(&file).expect("read");
         std::fs::write(&file, &whole[..whole.len() / 2]).expect("cut");
-        // redb asserts on some damaged files; start.rs turns that into a
-        // refusal too.
-        let imported = std::panic::catch_unwind(|| import(dir.path()));
-        assert!(!matches!(imported, Ok(Ok(()))));
+        assert!(matches!(
+            import(dir.path()),
+            Err(DiskError::Redb(_) | DiskError::Damaged(_))
+        ));
         assert!(!dir.path().join(wal::DIR).exists());
     }
 }

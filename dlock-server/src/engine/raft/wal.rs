@@ -251,14 +251,18 @@ fn sync_dir(dir: &Path) -> Result<(), DiskError> {
     Ok(())
 }
 
-/// Allocates the file up to `len` bytes so that writes below it need no
-/// block allocation; where the filesystem cannot, only sets its length.
+/// Makes the file `len` bytes long, its blocks allocated beforehand so that
+/// writes below `len` need no block allocation (where the filesystem
+/// cannot, only the length is set). The blocks are allocated first without
+/// changing the length, then the length is set in one step: an allocation
+/// that fails half way (a full disk) or a crash leaves the length a whole
+/// number of steps, which is what opening checks.
 fn allocate(file: &File, len: u64) -> Result<(), DiskError> {
     #[cfg(target_os = "linux")]
     {
         use rustix::fs::{fallocate, FallocateFlags};
-        match fallocate(file, FallocateFlags::empty(), 0, len) {
-            Ok(()) => return Ok(()),
+        match fallocate(file, FallocateFlags::KEEP_SIZE, 0, len) {
+            Ok(()) => {}
             Err(e) if e == rustix::io::Errno::OPNOTSUPP => {}
             Err(e) => return Err(DiskError::Io(e.into())),
         }
@@ -351,6 +355,17 @@ impl Wal {
         for (i, seq) in seqs.into_iter().enumerate() {
             wal.replay_segment(seq, i == last, &mut replayed)?;
         }
+        // openraft's first entry has index 0, and a purge leaves the log
+        // starting right after what it purged (or empty).
+        let first = replayed.purged.map_or(0, |p| p.index.saturating_add(1));
+        if let Some(at) = replayed.entries.keys().next().filter(|i| **i != first) {
+            return Err(damaged(
+                &wal.dir,
+                format!(
+                    "the log should start at entry {first} but starts at {at} (a segment lost?)"
+                ),
+            ));
+        }
         if let Some(w) = replayed
             .entries
             .keys()
@@ -413,6 +428,8 @@ impl Wal {
                 break;
             }
             if n > MAX_RECORD || at + (HEAD + n) as u64 > len {
+                // A length that cannot be: written only in part (it can
+                // straddle two sectors), or damaged.
                 torn = true;
                 break;
             }
@@ -471,6 +488,19 @@ impl Wal {
             return Err(damaged(
                 &path,
                 format!("the record at byte {at} does not check out, and later segments follow"),
+            ));
+        }
+        // A write cut short leaves whole sectors of it unwritten, and the
+        // file was zero there; a record that fails its check with none of
+        // its sectors zero was written whole and changed since (a damaged
+        // disk): dropping it could drop acknowledged entries or a vote.
+        if torn && !has_zero_sector(&file, at, len)? {
+            return Err(damaged(
+                &path,
+                format!(
+                    "the record at byte {at} does not check out and was not cut short (no \
+                     unwritten sector in it): the file was changed after it was written"
+                ),
             ));
         }
         drop(reader);
@@ -639,10 +669,22 @@ impl Wal {
             .iter()
             .position(|s| !below(s))
             .unwrap_or(self.segments.len() - 1);
-        for s in self.segments.drain(..keep_from) {
+        // Oldest first, stopping at a failure: a segment left behind a
+        // deleted one would be a gap (read as damage); it is tried again at
+        // the next purge.
+        let mut deleted = 0;
+        for s in &self.segments[..keep_from] {
             let path = segment_path(&self.dir, s.seq);
             if let Err(e) = std::fs::remove_file(&path) {
                 tracing::warn!(path = %path.display(), error = %e, "cannot delete a purged raft log segment");
+                break;
+            }
+            deleted += 1;
+        }
+        drop(self.segments.drain(..deleted));
+        if deleted > 0 {
+            if let Err(e) = sync_dir(&self.dir) {
+                tracing::warn!(error = %e, "cannot sync the raft log's directory after deleting segments");
             }
         }
         Ok(())
@@ -669,6 +711,37 @@ fn check_crc(record: &[u8]) -> bool {
     record.len() > HEAD
         && crc_of(&record[..4], &record[HEAD..])
             == u32::from_le_bytes([record[4], record[5], record[6], record[7]])
+}
+
+/// Whether a 512-byte sector of the record at `at` (as far as its length
+/// says, or the next 4 KiB when that is not to be trusted) is all zeros.
+fn has_zero_sector(file: &File, at: u64, len: u64) -> Result<bool, DiskError> {
+    const SECTOR: u64 = 512;
+    let mut head = [0; HEAD];
+    let claimed = match file.read_exact_at(&mut head, at) {
+        Ok(()) => u64::from(u32::from_le_bytes([head[0], head[1], head[2], head[3]])),
+        Err(_) => 0,
+    };
+    let end = if claimed > 0 && claimed <= MAX_RECORD as u64 {
+        at + HEAD as u64 + claimed
+    } else {
+        at + 4096
+    }
+    .min(len);
+    let mut sector = at - at % SECTOR;
+    let mut buf = [0; SECTOR as usize];
+    while sector < end {
+        // Only sectors wholly after the record's start: the one it starts
+        // in also holds the records before it.
+        if sector >= at && sector + SECTOR <= len {
+            file.read_exact_at(&mut buf, sector)?;
+            if buf.iter().all(|b| *b == 0) {
+                return Ok(true);
+            }
+        }
+        sector += SECTOR;
+    }
+    Ok(false)
 }
 
 /// Whether the file holds only zeros from `from` to `to`.
@@ -715,13 +788,12 @@ pub(crate) fn create_imported(data_dir: &Path, records: Batch) -> Result<(), Dis
         .write(true)
         .create_new(true)
         .open(&path)?;
-    let mut buf = Vec::with_capacity(HEADER as usize + records.buf.len());
-    buf.extend_from_slice(&MAGIC);
-    buf.push(VERSION);
-    buf.resize(HEADER as usize, 0);
-    buf.extend_from_slice(&records.buf);
-    allocate(&file, round_up(buf.len() as u64, STEP))?;
-    file.write_all_at(&buf, 0)?;
+    let mut header = [0; HEADER as usize];
+    header[..8].copy_from_slice(&MAGIC);
+    header[8] = VERSION;
+    allocate(&file, round_up(HEADER + records.buf.len() as u64, STEP))?;
+    file.write_all_at(&header, 0)?;
+    file.write_all_at(&records.buf, HEADER)?;
     file.sync_all()?;
     sync_dir(&tmp)?;
     std::fs::rename(&tmp, data_dir.join(DIR))?;
@@ -769,8 +841,8 @@ mod tests {
         {
             let (mut wal, r) = Wal::open(dir.path()).expect("open");
             assert!(r.entries.is_empty() && r.vote.is_none());
-            let locs = append(&mut wal, 1, 5);
-            assert_eq!(locs[2].read().expect("read").log_id, id(1, 3));
+            let locs = append(&mut wal, 0, 5);
+            assert_eq!(locs[3].read().expect("read").log_id, id(1, 3));
             let mut b = Batch::default();
             let vote = Vote::new(3, 2);
             b.vote(encoding::encode(&vote).expect("vote")).expect("b");
@@ -781,7 +853,7 @@ mod tests {
             wal.sync().expect("sync");
         }
         let (_wal, r) = Wal::open(dir.path()).expect("reopen");
-        assert_eq!(indexes(&r), [1, 2, 3, 4]);
+        assert_eq!(indexes(&r), [0, 1, 2, 3, 4]);
         assert_eq!(r.vote, Some(Vote::new(3, 2)));
         assert_eq!(r.committed, Some(id(1, 4)));
         assert_eq!(r.entries[&4].read().expect("read").log_id, id(1, 4));
@@ -803,6 +875,7 @@ mod tests {
             b.vote(encoding::encode(&Vote::new(7, 1)).expect("v"))
                 .expect("b");
             wal.write(b).expect("w");
+            append(&mut wal, 0, 0);
             for i in 0..400 {
                 append(&mut wal, i * 10 + 1, i * 10 + 10);
             }
@@ -830,6 +903,7 @@ mod tests {
     fn an_idle_log_whose_entries_are_all_purged_gives_its_space_back() {
         let dir = tempfile::tempdir().expect("dir");
         let (mut wal, _) = Wal::open_with(dir.path(), SMALL.0, 1 << 30).expect("open");
+        append(&mut wal, 0, 0);
         for i in 0..100 {
             append(&mut wal, i * 10 + 1, i * 10 + 10);
         }
@@ -855,7 +929,7 @@ mod tests {
         let cut_at;
         {
             let (mut wal, _) = Wal::open(dir.path()).expect("open");
-            append(&mut wal, 1, 3);
+            append(&mut wal, 0, 3);
             let locs = append(&mut wal, 4, 4);
             seg = wal.files()[0].clone();
             cut_at = locs[0].at + 3;
@@ -865,11 +939,11 @@ mod tests {
         f.write_all_at(&[0xAB; 7], cut_at).expect("tear");
         drop(f);
         let (mut wal, r) = Wal::open(dir.path()).expect("reopen");
-        assert_eq!(indexes(&r), [1, 2, 3]);
+        assert_eq!(indexes(&r), [0, 1, 2, 3]);
         append(&mut wal, 4, 5);
         drop(wal);
         let (_wal, r) = Wal::open(dir.path()).expect("reopen again");
-        assert_eq!(indexes(&r), [1, 2, 3, 4, 5]);
+        assert_eq!(indexes(&r), [0, 1, 2, 3, 4, 5]);
     }
 
     #[test]
@@ -877,7 +951,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let (seg, at) = {
             let (mut wal, _) = Wal::open(dir.path()).expect("open");
-            append(&mut wal, 1, 3);
+            append(&mut wal, 0, 3);
             let locs = append(&mut wal, 4, 6);
             (wal.files()[0].clone(), locs[0].at)
         };
@@ -891,7 +965,7 @@ mod tests {
         f.write_all_at(&[0; 4], at).expect("zero the length");
         drop(f);
         let (wal, r) = Wal::open(dir.path()).expect("reopen");
-        assert_eq!(indexes(&r), [1, 2, 3]);
+        assert_eq!(indexes(&r), [0, 1, 2, 3]);
         let f = File::open(&seg).expect("seg");
         let len = f.metadata().expect("meta").len();
         assert!(zero_after(&f, at, len).expect("read"));
@@ -904,6 +978,7 @@ mod tests {
         let files;
         {
             let (mut wal, _) = Wal::open_with(dir.path(), SMALL.0, SMALL.1).expect("open");
+            append(&mut wal, 0, 0);
             for i in 0..100 {
                 append(&mut wal, i * 10 + 1, i * 10 + 10);
             }
@@ -935,5 +1010,22 @@ mod tests {
             panic!("a newer format opened");
         };
         assert!(why.contains("newer dlock"), "{why}");
+        std::fs::write(&files[0], &whole).expect("write");
+        // A record changed in the segment being written (a bit flip, not a
+        // write cut short): refused, not dropped with what follows it.
+        let last = files.last().expect("a last segment");
+        let whole = std::fs::read(last).expect("read");
+        let mut bad = whole.clone();
+        bad[HEADER as usize + 40] ^= 0x10;
+        std::fs::write(last, &bad).expect("write");
+        let Err(DiskError::Damaged(why)) = open() else {
+            panic!("a changed record was dropped as a torn write");
+        };
+        assert!(why.contains("not cut short"), "{why}");
+        std::fs::write(last, &whole).expect("write");
+        open().expect("whole again");
+        // The first segment lost while it held entries not purged.
+        std::fs::remove_file(&files[0]).expect("rm");
+        assert!(matches!(open(), Err(DiskError::Damaged(_))));
     }
 }
