@@ -8,7 +8,7 @@
 # node's RSS (now and peak) and the size of its data directory; a follower
 # is restarted, reading the table back from its snapshot. Then the keys are
 # released, snapshots written again, the figures taken again, and node 1
-# restarted (which compacts its log file).
+# restarted (reading the emptied table back from its snapshot).
 #
 # Usage: bench/cluster_memory.sh [COUNT] [BATCH] [BINARY-DIR]   (default 1000000 256 target/release)
 set -euo pipefail
@@ -129,6 +129,7 @@ wait "$HOLDER" || { cat "$TMP/holder.out"; echo "cluster_memory.sh: releasing fa
 snapshot_everywhere
 figures "released"
 
-# A restart gives raft.redb's free pages back (it is compacted on opening).
+# A restart after the release: the table read back from the latest snapshot
+# (the log's purged segments were deleted at the purge, before it).
 restart_node 1
 figures "node 1 restarted"
