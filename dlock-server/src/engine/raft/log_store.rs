@@ -14,7 +14,7 @@
 
 use super::disk::DiskError;
 use super::encoding;
-use super::log_writer::{Pending, Shared, Then, Writer, Written};
+use super::log_writer::{CommittedSlot, Pending, Shared, Then, Writer, Written};
 use super::types::{Entry, LogId, NodeId, TypeConfig, Vote};
 use super::wal::{Batch, Wal};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
@@ -53,6 +53,8 @@ pub(crate) struct LogStore {
     committed: Arc<AtomicU64>,
     /// Appended entries the writer has not written yet.
     pending: Pending,
+    /// The committed id waiting to be written.
+    committed_slot: CommittedSlot,
     /// Whether [`WRITTEN_MARKER`] was there when the log was opened.
     written_before: bool,
     /// Declared last, so it is dropped last: its drop waits for the writer
@@ -77,6 +79,7 @@ impl LogStore {
             purged: replayed.purged,
         });
         let pending = Pending::default();
+        let committed_slot = CommittedSlot::default();
         let marker = dir.join(WRITTEN_MARKER);
         let written_before = marker.exists();
         let store = LogStore {
@@ -84,8 +87,10 @@ impl LogStore {
                 wal,
                 written.clone(),
                 pending.clone(),
+                committed_slot.clone(),
                 (!written_before).then_some(marker),
             )?,
+            committed_slot,
             written_before,
             committed: Arc::new(AtomicU64::new(0)),
             pending,
@@ -307,15 +312,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         committed: Option<LogId>,
     ) -> Result<(), StorageError<NodeId>> {
         self.note_committed(committed.as_ref());
-        let to_err = |e: DiskError| e.storage(ErrorSubject::Store, ErrorVerb::Write);
-        let mut batch = Batch::default();
-        batch
-            .committed(encoding::encode(&committed).map_err(|e| to_err(e.into()))?)
-            .map_err(to_err)?;
+        if !self.committed_slot.put(committed) {
+            // A write is queued; it takes this newer value.
+            return Ok(());
+        }
         self.writer
-            .write_detached(batch, Box::new(move |w| w.committed = committed))
+            .write_committed()
             .await
-            .map_err(to_err)
+            .map_err(|e| e.storage(ErrorSubject::Store, ErrorVerb::Write))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError<NodeId>> {

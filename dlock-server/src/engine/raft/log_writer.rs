@@ -66,19 +66,58 @@ impl Shared {
 /// What a change does to [`Written`] once it is written.
 pub(crate) type Then = Box<dyn FnOnce(&mut Written) + Send>;
 
+/// The latest committed id saved and not yet written, shared by the store
+/// and the writer: while one write of it is queued, later saves only
+/// replace the value it will write, so a busy node writes one record for
+/// many saves instead of waking the writer for each.
+#[derive(Clone, Default)]
+pub(crate) struct CommittedSlot(Arc<Mutex<SlotState>>);
+
+#[derive(Default)]
+struct SlotState {
+    latest: Option<Option<LogId>>,
+    queued: bool,
+}
+
+impl CommittedSlot {
+    fn lock(&self) -> MutexGuard<'_, SlotState> {
+        // Two plain fields, valid whatever a panicking holder did.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `id` to be written; true when no write is queued yet, so the
+    /// caller must queue one.
+    pub(crate) fn put(&self, id: Option<LogId>) -> bool {
+        let mut s = self.lock();
+        s.latest = Some(id);
+        !std::mem::replace(&mut s.queued, true)
+    }
+
+    fn take(&self) -> Option<Option<LogId>> {
+        let mut s = self.lock();
+        s.queued = false;
+        s.latest.take()
+    }
+
+    /// Gives back a value not written yet, unless a newer one came.
+    fn put_back(&self, id: Option<LogId>) {
+        self.lock().latest.get_or_insert(id);
+    }
+}
+
 enum Op {
+    /// Write what [`CommittedSlot`] holds (not synced).
+    Committed,
     Append {
         entries: Vec<(LogId, Vec<u8>)>,
         callback: LogFlushed<TypeConfig>,
     },
     Write {
         batch: Batch,
-        /// Whether it must be durable before it counts as done.
-        sync: bool,
         then: Then,
         /// A purge: segments at or below this index may go once it is durable.
         purged: Option<u64>,
-        done: Option<oneshot::Sender<Result<(), DiskError>>>,
+        done: oneshot::Sender<Result<(), DiskError>>,
     },
 }
 
@@ -119,12 +158,13 @@ impl Writer {
         wal: Wal,
         shared: Shared,
         pending: Pending,
+        slot: CommittedSlot,
         marker: Option<PathBuf>,
     ) -> Result<Writer, DiskError> {
         let (tx, rx) = mpsc::channel(QUEUE);
         let thread = std::thread::Builder::new()
             .name("raft-log-writer".into())
-            .spawn(move || run(wal, &shared, &pending, rx, marker))
+            .spawn(move || run(wal, &shared, &pending, &slot, rx, marker))
             .map_err(DiskError::Io)?;
         Ok(Writer {
             tx: Some(tx),
@@ -144,19 +184,10 @@ impl Writer {
             .map_err(|_| gone())
     }
 
-    /// Queues `batch` to be written after everything queued before it,
-    /// not synced on its own and not waited for; a failure is logged.
-    pub(crate) async fn write_detached(&self, batch: Batch, then: Then) -> Result<(), DiskError> {
+    /// Queues a write of the committed id in `slot` (see [`CommittedSlot`]).
+    pub(crate) async fn write_committed(&self) -> Result<(), DiskError> {
         let tx = self.tx.as_ref().ok_or_else(gone)?;
-        tx.send(Op::Write {
-            batch,
-            sync: false,
-            then,
-            purged: None,
-            done: None,
-        })
-        .await
-        .map_err(|_| gone())
+        tx.send(Op::Committed).await.map_err(|_| gone())
     }
 
     /// Writes and syncs `batch` after everything queued before it, and
@@ -171,10 +202,9 @@ impl Writer {
         let (done, result) = oneshot::channel();
         tx.send(Op::Write {
             batch,
-            sync: true,
             then,
             purged,
-            done: Some(done),
+            done,
         })
         .await
         .map_err(|_| gone())?;
@@ -205,6 +235,35 @@ fn write(wal: &mut Wal, batch: Batch, sync: bool) -> Result<Vec<Loc>, DiskError>
     Ok(locs)
 }
 
+/// Writes the committed id `slot` holds, unsynced: the next append's sync
+/// carries it. One that points past the entries written so far waits for a
+/// later save (on openraft 0.9 it never does: openraft saves the committed
+/// id only after the appends before it are flushed), so the record never
+/// points past entries this node has on disk.
+fn write_committed(wal: &mut Wal, shared: &Shared, slot: &CommittedSlot) {
+    let Some(id) = slot.take() else {
+        return;
+    };
+    let written_to = {
+        let w = shared.lock();
+        let last = w.entries.keys().next_back().copied();
+        last.max(w.purged.map(|p| p.index))
+    };
+    if id.is_some_and(|id| written_to.is_none_or(|w| id.index > w)) {
+        slot.put_back(id);
+        return;
+    }
+    let mut batch = Batch::default();
+    let result = super::encoding::encode(&id)
+        .map_err(DiskError::from)
+        .and_then(|bytes| batch.committed(bytes))
+        .and_then(|()| write(wal, batch, false));
+    match result {
+        Ok(_) => shared.lock().committed = id,
+        Err(e) => tracing::error!(error = %e, "cannot write to the raft log"),
+    }
+}
+
 /// Creates the marker once a write is durable; on failure keeps it for the
 /// next one.
 fn mark_written(marker: &mut Option<PathBuf>) {
@@ -228,6 +287,7 @@ fn run(
     mut wal: Wal,
     shared: &Shared,
     pending: &Pending,
+    slot: &CommittedSlot,
     mut rx: mpsc::Receiver<Op>,
     mut marker: Option<PathBuf>,
 ) {
@@ -241,34 +301,28 @@ fn run(
             },
         };
         let (entries, callback) = match op {
+            Op::Committed => {
+                write_committed(&mut wal, shared, slot);
+                continue;
+            }
             Op::Write {
                 batch,
-                sync,
                 then,
                 purged,
                 done,
             } => {
-                let result = write(&mut wal, batch, sync).map(|_| ());
+                let result = write(&mut wal, batch, true).map(|_| ());
                 if result.is_ok() {
                     then(&mut shared.lock());
-                    if sync {
-                        mark_written(&mut marker);
-                    }
+                    mark_written(&mut marker);
                     if let Some(index) = purged {
                         if let Err(e) = wal.drop_purged(index) {
                             tracing::error!(error = %e, "cannot start a new raft log segment");
                         }
                     }
                 }
-                match done {
-                    Some(done) => drop(done.send(result)),
-                    // Nobody waits for this one (see `write_detached`).
-                    None => {
-                        if let Err(e) = result {
-                            tracing::error!(error = %e, "cannot write to the raft log");
-                        }
-                    }
-                }
+                // The waiter may be gone (openraft stopping).
+                drop(done.send(result));
                 continue;
             }
             Op::Append { entries, callback } => (entries, callback),
