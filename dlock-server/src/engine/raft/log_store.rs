@@ -302,10 +302,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     /// Kept so that a restarted node applies what it knows was committed at
-    /// once, instead of waiting for a leader to tell it again. Queued behind
-    /// the appends before it (so the record never points past entries this
-    /// node has on disk) but not waited for, so it never holds openraft up
-    /// behind an fsync; not synced on its own: the next append's sync
+    /// once, instead of waiting for a leader to tell it again. Written by
+    /// the writer after the appends queued before it, never past the entries
+    /// on disk (see `log_writer::write_committed`), and not waited for, so
+    /// it never holds openraft up behind an fsync; saves made while one write
+    /// is queued share it. Not synced on its own: the next append's sync
     /// carries it, and losing it only delays that re-apply.
     async fn save_committed(
         &mut self,
