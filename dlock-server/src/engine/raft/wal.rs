@@ -134,7 +134,7 @@ pub(crate) struct Batch {
     entries: Vec<(LogId, usize, usize)>,
     vote: Option<Vec<u8>>,
     committed: Option<Vec<u8>>,
-    purged: Option<(u64, Vec<u8>)>,
+    purged: Option<Vec<u8>>,
 }
 
 impl Batch {
@@ -190,7 +190,7 @@ impl Batch {
     pub(crate) fn purge(&mut self, id: LogId) -> Result<(), DiskError> {
         let encoded = encoding::encode(&id)?;
         self.push(Kind::Purge, &encoded)?;
-        self.purged = Some((id.index, encoded));
+        self.purged = Some(encoded);
         Ok(())
     }
 
@@ -234,7 +234,7 @@ pub(crate) struct Wal {
     /// What a new segment's checkpoint says: the latest of each, encoded.
     vote: Option<Vec<u8>>,
     committed: Option<Vec<u8>>,
-    purged: Option<(u64, Vec<u8>)>,
+    purged: Option<Vec<u8>>,
     /// A write or sync failed: what reached the disk is unknown, so nothing
     /// more is written (a retried fsync can report success for lost pages).
     failed: bool,
@@ -479,7 +479,7 @@ impl Wal {
                     let id: LogId = encoding::decode(payload).map_err(bad)?;
                     replayed.entries = replayed.entries.split_off(&id.index.saturating_add(1));
                     replayed.purged = Some(id);
-                    self.purged = Some((id.index, payload.to_vec()));
+                    self.purged = Some(payload.to_vec());
                 }
             }
             at += record.len() as u64;
@@ -619,7 +619,7 @@ impl Wal {
         if let Some(v) = self.vote.clone() {
             head.vote(v)?;
         }
-        if let Some((_, p)) = self.purged.clone() {
+        if let Some(p) = self.purged.clone() {
             head.push(Kind::Purge, &p)?;
         }
         if let Some(c) = self.committed.clone() {
