@@ -45,7 +45,7 @@ pub fn format(d: Duration) -> String {
 
 /// `d` as people read it in a log line, to about three figures: `815 ms`,
 /// `4.21 s`, `12.3 s`, `3 min 5 s`, `2 h 5 min`. Not for parsing back (see
-/// [`format`] for that).
+/// [`format()`] for that).
 pub fn human(d: Duration) -> String {
     let secs = d.as_secs_f64();
     if secs < 0.000_999_5 {

@@ -89,7 +89,7 @@ pub async fn run(l: LeaderArgs) -> Result<u8, Failure> {
     ))
 }
 
-/// One line for a state, as `output` asks: text (see [`line`]), or a JSON
+/// One line for a state, as `output` asks: text (see [`line()`]), or a JSON
 /// object whose `leader` is null when there is none.
 fn report(output: crate::cli::Output, leader: Option<&Leader>) -> String {
     match output {

@@ -2,11 +2,10 @@
 //!
 //! The layers, from the network down to the lock rules, are walked in
 //! docs/ARCHITECTURE.md, the one layout table of this crate. In short:
-//! [`server`], [`connection`], [`pipeline`], [`tls`] and [`transport`] move
-//! frames; [`service`] answers every request once for both engines;
-//! [`engine`] keeps the table, in memory or replicated on openraft
-//! ([`cluster`]); [`table`] holds the rules. [`config`], [`acl`],
-//! [`metrics`], [`metrics_http`], [`reload`] and [`limit_log`] stand beside
+//! [`net`] moves frames (server, connection, pipeline, TLS); [`service`]
+//! answers every request once for both engines; [`engine`] keeps the table,
+//! in memory or replicated on openraft; [`table`] holds the rules. [`ops`]
+//! (config, access rules, metrics, reload, paced log lines) stands beside
 //! them.
 //!
 //! `testing` and `fuzzing` are behind features of the same names so the

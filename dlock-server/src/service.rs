@@ -16,7 +16,7 @@
 //!
 //! Those functions are `async` and talk to the table only through the
 //! [`Engine`]. On the local engine nothing they await ever waits, so
-//! `execute` polls them once, in place, and answers at once (see [`drive`]):
+//! `execute` polls them once, in place, and answers at once (see `drive`):
 //! no task, no allocation. On the raft engine a request is answered by a
 //! task of its own, which the connection's pipeline waits for as it waits
 //! for a Lock, so answers stay in request order.

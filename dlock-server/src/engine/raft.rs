@@ -92,6 +92,7 @@ mod disk;
 mod encoding;
 mod error;
 mod from_config;
+mod ids;
 mod leader_clock;
 mod log_store;
 mod log_writer;

@@ -3,7 +3,7 @@
 //!
 //! Recording sits on the request path, so it must cost next to nothing:
 //! every count is a relaxed atomic add, and the counts bumped per request
-//! live in [`SHARDS`] stripes, one chosen per thread, so the runtime's
+//! live in `SHARDS` stripes, one chosen per thread, so the runtime's
 //! worker threads do not bounce one cache line between cores. A scrape adds
 //! the stripes up. The counts are process-wide statics, like the limit log's
 //! throttles: a process runs one server, and the hooks in the connection

@@ -14,7 +14,7 @@
 //! instead of in it: a snapshot written into the log would hold up log
 //! appends while it is written.
 
-use super::types::{LogId, SnapshotMeta};
+use super::ids::{LogId, SnapshotMeta};
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};

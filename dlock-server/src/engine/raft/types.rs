@@ -1,26 +1,11 @@
-//! The types openraft is instantiated with: who a member is, what a log
-//! entry carries, and the aliases the other files use.
+//! The types openraft is instantiated with: what a log entry carries, the
+//! type config, and the aliases the other files use. Who a member is and
+//! the ids that name log positions are in `ids.rs`, which the snapshot file
+//! uses too (the type config names the snapshot file's type).
 
+pub use super::ids::{LogId, Member, NodeId, SnapshotMeta, StoredMembership, Vote};
 use crate::table::{Command, Output, Time};
 use serde::{Deserialize, Serialize};
-use std::fmt;
-
-/// One node of the cluster as the membership records it: where clients and
-/// peers reach it. Stored in the log with every membership change, so it is
-/// what a restarted node or a new leader knows of the others.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Member {
-    /// The address clients connect to, given to them in NotLeader answers.
-    pub client_addr: String,
-    /// The address the other nodes' peer transport connects to.
-    pub peer_addr: String,
-}
-
-impl fmt::Display for Member {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "clients {}, peers {}", self.client_addr, self.peer_addr)
-    }
-}
 
 /// A log entry's payload: table commands and the cluster time the leader
 /// stamped them with. Every node applies `cmds`, in order, each at `at`,
@@ -93,18 +78,8 @@ openraft::declare_raft_types!(
         AsyncRuntime = openraft::TokioRuntime,
 );
 
-/// A node id.
-pub type NodeId = u64;
 /// A log entry.
 pub type Entry = openraft::Entry<TypeConfig>;
-/// The position of a log entry: term and leader of its writer, and index.
-pub type LogId = openraft::LogId<NodeId>;
-/// A vote, durable in the log store.
-pub type Vote = openraft::Vote<NodeId>;
-/// A membership as of the log entry that set it.
-pub type StoredMembership = openraft::StoredMembership<NodeId, Member>;
-/// What a snapshot covers.
-pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, Member>;
 /// The Raft handle.
 pub type Raft = openraft::Raft<TypeConfig>;
 
