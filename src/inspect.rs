@@ -14,8 +14,13 @@ pub struct KeyState {
     pub key: String,
     /// Every holder, lowest fencing token first: the first has held the
     /// key longest. Empty when the key is free; one holder when it is held
-    /// exclusively.
+    /// exclusively. Of a key with thousands of shared holders, the server
+    /// may list only the oldest and the latest (see `holders_omitted`).
     pub holders: Vec<Holder>,
+    /// Holders the server left out between the oldest and the latest, to
+    /// keep its answer within the 4 MiB response frame; 0 when `holders`
+    /// lists every one.
+    pub holders_omitted: u32,
     /// Requests waiting for the key.
     pub waiters: u32,
     /// The key is held shared.
@@ -93,6 +98,7 @@ impl KeyState {
         KeyState {
             key: info.key,
             holders,
+            holders_omitted: info.holders_omitted,
             waiters: info.waiters,
             shared: info.shared,
             limit: info.limit,

@@ -89,9 +89,15 @@ type KeyHolder struct {
 // KeyInfo is a key as Inspect or Watch saw it.
 type KeyInfo struct {
 	Key string
-	// Holders, by fence; empty when the key is free.
+	// Holders, by fence; empty when the key is free. Of a key with
+	// thousands of them, the server may list only the oldest and the
+	// latest (see HoldersOmitted).
 	Holders []KeyHolder
-	Shared  bool
+	// HoldersOmitted: holders the server left out between the oldest and
+	// the latest, to keep its answer within 4 MiB; 0 when Holders lists
+	// every one.
+	HoldersOmitted uint32
+	Shared         bool
 	// Limit the shared holders agreed on; 0 = none.
 	Limit   uint32
 	Waiters uint32
@@ -107,7 +113,7 @@ func (k KeyInfo) First() *KeyHolder {
 }
 
 func keyInfoOf(i *pb.KeyInfo) KeyInfo {
-	k := KeyInfo{Key: i.Key, Shared: i.Shared, Limit: i.Limit, Waiters: i.Waiters}
+	k := KeyInfo{Key: i.Key, Shared: i.Shared, Limit: i.Limit, Waiters: i.Waiters, HoldersOmitted: i.HoldersOmitted}
 	if len(i.Holders) > 0 {
 		for _, h := range i.Holders {
 			k.Holders = append(k.Holders, KeyHolder{

@@ -66,15 +66,25 @@ fn table(infos: &[KeyState]) -> String {
             if i.holders.is_empty() {
                 return vec![row(key, "free".into(), None, waiters)];
             }
+            let count = i.holders.len() + i.holders_omitted as usize;
             let state = match (i.shared, i.limit) {
                 (false, _) => "held".to_string(),
                 (true, 0) => "shared".to_string(),
-                (true, n) => format!("shared {}/{n}", i.holders.len()),
+                (true, n) => format!("shared {count}/{n}"),
             };
-            i.holders
+            let mut rows: Vec<_> = i
+                .holders
                 .iter()
                 .map(|h| row(key.clone(), state.clone(), Some(h), waiters.clone()))
-                .collect()
+                .collect();
+            if i.holders_omitted > 0 {
+                // The server left them out between the oldest grants and
+                // the latest, which is the last row.
+                let mut gap = row(key.clone(), state.clone(), None, waiters.clone());
+                gap[2] = format!("({} more not listed)", i.holders_omitted);
+                rows.insert(rows.len().saturating_sub(1), gap);
+            }
+            rows
         })
         .collect();
     let header = [
@@ -113,6 +123,7 @@ fn key_states(infos: &[KeyState]) -> Value {
                 "limit": i.limit,
                 "waiters": i.waiters,
                 "holders": i.holders.iter().map(holder).collect::<Vec<_>>(),
+                "holders_omitted": i.holders_omitted,
             })
         })
         .collect()
@@ -220,14 +231,14 @@ mod tests {
             shared: true,
             limit: 3,
             waiters: 1,
-            holders: vec![holder(4, "10.0.0.1:5"), holder(9, "")],
+            holders: vec![holder(4, "127.0.0.2:5"), holder(9, "")],
             ..KeyInfo::default()
         }];
         let t = table(&states(infos));
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3, "{t}");
         assert!(
-            lines[1].contains("shared 2/3") && lines[1].contains("10.0.0.1:5"),
+            lines[1].contains("shared 2/3") && lines[1].contains("127.0.0.2:5"),
             "{t}"
         );
         assert!(
@@ -238,5 +249,31 @@ mod tests {
             .iter()
             .skip(1)
             .all(|l| l.starts_with("\"pool\"") && l.contains("2.5s")));
+    }
+
+    #[test]
+    fn holders_the_server_left_out_are_counted_between_the_oldest_and_the_latest() {
+        let holder = |fence| dlock::proto::KeyHolder {
+            fence,
+            ..Default::default()
+        };
+        let infos = [KeyInfo {
+            key: "pool".into(),
+            fence: 90,
+            shared: true,
+            limit: 5000,
+            holders: vec![holder(3), holder(4), holder(90)],
+            holders_omitted: 4000,
+            ..KeyInfo::default()
+        }];
+        let t = table(&states(infos.clone()));
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 5, "{t}");
+        assert!(lines[1].contains("shared 4003/5000"), "{t}");
+        assert!(lines[3].contains("(4000 more not listed)"), "{t}");
+        assert!(lines[4].contains(" 90 "), "the latest grant last: {t}");
+        let v = key_states(&states(infos));
+        assert_eq!(v[0]["holders_omitted"], 4000);
+        assert_eq!(v[0]["holders"].as_array().map(Vec::len), Some(3));
     }
 }

@@ -216,3 +216,93 @@ async fn exclusive_requests_are_answered_as_before() {
     let r = a.call(req).await;
     assert_eq!(r.key_info[0].holders.len(), 0);
 }
+
+/// Sends `reqs` pipelined, a batch at a time (the server stops reading at
+/// its pipeline limit), and returns their answers in order.
+async fn pipelined(c: &mut TestClient, reqs: Vec<Request>) -> Vec<Response> {
+    let mut out = Vec::with_capacity(reqs.len());
+    for batch in reqs.chunks(256) {
+        for r in batch {
+            c.send(r).await;
+        }
+        for r in batch {
+            let resp = c.recv().await;
+            assert_eq!(resp.request_id, r.id);
+            out.push(resp);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn an_answer_listing_thousands_of_holders_stays_within_the_client_frame_limit() {
+    // 4,500 holders with 1 KiB values: about 4.8 MB listed, over the 4 MiB
+    // a client accepts. Each holder is a session of one connection.
+    const HOLDERS: usize = 4_500;
+    let server = TestServer::start(Config {
+        max_sessions: HOLDERS,
+        ..Config::default()
+    })
+    .await;
+    let mut c = TestClient::connect(server.addr).await;
+    let opens = (0..HOLDERS)
+        .map(|_| c.request(RequestType::OpenSession, &[]))
+        .collect();
+    let sessions: Vec<u64> = pipelined(&mut c, opens)
+        .await
+        .iter()
+        .map(|r| {
+            assert_eq!(status(r), ResponseStatus::Ok, "{r:?}");
+            r.session
+        })
+        .collect();
+    let locks = sessions
+        .iter()
+        .map(|&s| {
+            let mut r = common::in_session(lock_req(&mut c, &[], &["pool"], 0, true), s);
+            if let Some(body) = r.lock.as_mut() {
+                body.value = vec![b'v'; dlock::MAX_VALUE_LEN];
+            }
+            r
+        })
+        .collect();
+    let fences: Vec<u64> = pipelined(&mut c, locks).await.iter().map(granted).collect();
+    let (oldest, latest) = (fences[0], fences[HOLDERS - 1]);
+
+    let check = |info: &dlock::proto::KeyInfo| {
+        assert_eq!(info.holders.len() + info.holders_omitted as usize, HOLDERS);
+        assert!(info.holders_omitted > 0, "some are left out");
+        assert!(info.holders.len() > HOLDERS / 2, "only as many as needed");
+        let listed: Vec<u64> = info.holders.iter().map(|h| h.fence).collect();
+        assert_eq!(listed[0], oldest, "the oldest grant first");
+        assert_eq!(listed[listed.len() - 1], latest, "the latest grant last");
+        assert_eq!(info.fence, latest);
+        assert!(listed.windows(2).all(|w| w[0] < w[1]), "by fence");
+    };
+    let inspect = c.request(RequestType::Inspect, &["pool"]);
+    let r = c.call(inspect).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    assert!(prost::Message::encoded_len(&r) <= dlock::MAX_RESPONSE_FRAME);
+    check(&r.key_info[0]);
+
+    // The busiest keys are kept within it too.
+    let mut overview = c.request(RequestType::Inspect, &[]);
+    overview.lock = Some(dlock::proto::RequestLock {
+        limit: 1,
+        ..Default::default()
+    });
+    let r = c.call(overview).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    assert!(prost::Message::encoded_len(&r) <= dlock::MAX_RESPONSE_FRAME);
+    check(&r.server_stats.as_ref().expect("server stats").busiest[0]);
+
+    // The library, which refuses frames over the limit, reads it.
+    let client = dlock::Client::connect(server.addr.to_string())
+        .await
+        .expect("connect");
+    let states = client.inspect("pool").await.expect("inspect");
+    let s = &states[0];
+    assert_eq!(s.holders.len() + s.holders_omitted as usize, HOLDERS);
+    assert_eq!(s.first().map(|h| h.fence), Some(oldest));
+    assert_eq!(s.fence(), Some(latest));
+}

@@ -83,3 +83,23 @@ def test_bad_sharing_arguments_are_refused_before_sending(server):
         with client.lock("a", shared=True, wait=5) as lock:
             [info] = client.inspect("a")
             assert info.shared and info.holders[0].fence == lock.fence and info.holders[0].held_by_caller
+
+
+def test_holders_the_server_left_out_are_counted():
+    # The server leaves holders out only past 4 MiB of them (the Rust
+    # server tests provoke it); here, that the count reaches the caller.
+    from dlock._proto import dlock_pb2 as pb
+    from dlock.types import KeyInfo
+
+    info = KeyInfo.from_proto(
+        pb.KeyInfo(
+            key="pool",
+            fence=90,
+            shared=True,
+            holders=[pb.KeyHolder(fence=3), pb.KeyHolder(fence=90)],
+            holders_omitted=4000,
+        )
+    )
+    assert [h.fence for h in info.holders] == [3, 90]
+    assert info.holders_omitted == 4000
+    assert KeyInfo.from_proto(pb.KeyInfo(key="free")).holders_omitted == 0

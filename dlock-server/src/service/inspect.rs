@@ -76,7 +76,7 @@ impl Service {
                     .collect()
             });
         }
-        Ok(Answer::Now(r))
+        Ok(Answer::Now(reply::within_frame(r)?))
     }
 
     /// The `n` busiest keys as `caller` sees them. The table is walked a
@@ -127,7 +127,7 @@ impl Service {
                 Ok(info) => {
                     let mut r = reply::response(id, ResponseStatus::Ok);
                     r.key_info = vec![info];
-                    r
+                    reply::within_frame(r).unwrap_or_else(|refusal| reply::refused(id, refusal))
                 }
                 Err(refusal) => reply::refused(id, refusal),
             }

@@ -8,6 +8,7 @@ use crate::ops::limit_log;
 use crate::ops::metrics;
 use crate::table::{Key, KeyView, LockResult, Mode, OwnerId, ReqId, WaitOutcome, Woken};
 use dlock::proto::{KeyHolder, KeyInfo, Response, ResponseStatus};
+use prost::Message;
 use std::time::{Duration, Instant, SystemTime};
 
 /// Why a request is answered with an error: the status, the text that
@@ -243,6 +244,54 @@ pub fn key_info(
     info
 }
 
+/// `r` within the largest response frame a client must accept
+/// ([`dlock::MAX_RESPONSE_FRAME`]). Only lists of shared holders grow
+/// without a bound the request sets, so the longest list is cut first:
+/// its oldest grants and its latest one stay (what a client reads as the
+/// key's first holder and its fence), the ones between are counted in
+/// `holders_omitted`. Refused if even that is not enough (many long keys
+/// with long values under limits raised far past their defaults).
+pub fn within_frame(mut r: Response) -> Result<Response, Refusal> {
+    const LIMIT: usize = dlock::MAX_RESPONSE_FRAME;
+    loop {
+        let len = r.encoded_len();
+        let Some(over) = len.checked_sub(LIMIT).filter(|&o| o > 0) else {
+            return Ok(r);
+        };
+        let busiest = r.server_stats.iter_mut().flat_map(|s| s.busiest.iter_mut());
+        let Some(info) = r
+            .key_info
+            .iter_mut()
+            .chain(busiest)
+            .filter(|i| i.holders.len() > 2)
+            .max_by_key(|i| i.holders.len())
+        else {
+            return Err(Refusal::new(
+                ResponseStatus::LimitReached,
+                format!(
+                    "the answer would be {len} bytes, over the {LIMIT}-byte limit of a response; \
+                     ask for fewer keys"
+                ),
+            ));
+        };
+        let n = info.holders.len();
+        // A listed holder costs its body, a tag and a length of up to 3 bytes.
+        let each = info
+            .holders
+            .iter()
+            .map(|h| h.encoded_len() + 4)
+            .sum::<usize>()
+            / n;
+        let cut = (over / each.max(1) + 1).min(n - 2);
+        let latest = info.holders.swap_remove(n - 1);
+        info.holders.truncate(n - 1 - cut);
+        info.holders.push(latest);
+        info.holders_omitted = info
+            .holders_omitted
+            .saturating_add(u32::try_from(cut).unwrap_or(u32::MAX));
+    }
+}
+
 /// A server-wide limit of the table, logged at a pace.
 pub fn limit_reached(config: &Config, what: &str) -> Refusal {
     match what {
@@ -271,4 +320,54 @@ pub fn held_result(id: u64, not_held: Vec<Key>) -> Response {
     let mut r = error(id, ResponseStatus::NotHeld, NOT_HELD);
     r.keys = not_held.iter().map(|k| k.to_string()).collect();
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: usize, holders: usize) -> KeyInfo {
+        KeyInfo {
+            key: format!("k{n}"),
+            value: vec![b'v'; dlock::MAX_VALUE_LEN],
+            holders: (0..holders as u64)
+                .map(|fence| KeyHolder {
+                    fence,
+                    value: vec![b'v'; dlock::MAX_VALUE_LEN],
+                    ..KeyHolder::default()
+                })
+                .collect(),
+            ..KeyInfo::default()
+        }
+    }
+
+    #[test]
+    fn the_longest_list_is_cut_first_and_just_enough() {
+        let mut r = response(1, ResponseStatus::Ok);
+        r.key_info = vec![key(0, 10), key(1, 5_000)];
+        let r = within_frame(r).expect("fits once cut");
+        let len = r.encoded_len();
+        assert!(len <= dlock::MAX_RESPONSE_FRAME);
+        assert!(len > dlock::MAX_RESPONSE_FRAME - 4 * 1100, "cut {len}");
+        assert_eq!(r.key_info[0].holders.len(), 10, "the short list stays");
+        assert_eq!(r.key_info[0].holders_omitted, 0);
+        let long = &r.key_info[1];
+        assert_eq!(long.holders.len() + long.holders_omitted as usize, 5_000);
+        assert_eq!(long.holders.last().map(|h| h.fence), Some(4_999));
+    }
+
+    #[test]
+    fn an_answer_that_cannot_be_cut_enough_is_refused() {
+        // Four thousand keys with long values, each with two holders: none
+        // can be cut, and the whole is over 4 MiB.
+        let mut r = response(1, ResponseStatus::Ok);
+        r.key_info = (0..4_000).map(|n| key(n, 2)).collect();
+        let refusal = within_frame(r).expect_err("too long");
+        assert_eq!(refusal.status, ResponseStatus::LimitReached);
+        assert!(
+            refusal.text.contains("ask for fewer keys"),
+            "{}",
+            refusal.text
+        );
+    }
 }

@@ -105,12 +105,17 @@ class KeyInfo:
     shared: bool = False
     #: The limit the shared holders agreed on; 0 is no limit.
     limit: int = 0
-    #: Every holder of a key held shared, by fence; empty otherwise.
+    #: Every holder of a key held shared, by fence; empty otherwise. Of a key
+    #: with thousands of them, the server may list only the oldest and the
+    #: latest (see `holders_omitted`).
     holders: Tuple[KeyHolder, ...] = ()
     #: The value of the holder `fence` names (b"": free, or none set).
     value: bytes = b""
     #: Seconds since that holder's grant; None when free.
     held_for: Optional[float] = None
+    #: Holders the server left out of `holders`, between the oldest and the
+    #: latest, to keep its answer within 4 MiB; 0 when it lists every one.
+    holders_omitted: int = 0
 
     @property
     def held(self) -> bool:
@@ -140,6 +145,7 @@ class KeyInfo:
             holders=tuple(KeyHolder.from_proto(h) for h in info.holders),
             value=info.value,
             held_for=_seconds(info.held_micro) if info.held_micro else None,
+            holders_omitted=info.holders_omitted,
         )
 
 

@@ -188,7 +188,7 @@ class RequestLock(_message.Message):
     def __init__(self, wait_micro: _Optional[int] = ..., release_micro: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., try_lock: bool = ..., fence: _Optional[int] = ..., shared_keys: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ..., ticket: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class KeyInfo(_message.Message):
-    __slots__ = ("key", "fence", "lease_remaining_micro", "waiters", "held_by_caller", "holder_addr", "shared", "limit", "holders", "value", "held_micro", "waited_micro")
+    __slots__ = ("key", "fence", "lease_remaining_micro", "waiters", "held_by_caller", "holder_addr", "shared", "limit", "holders", "value", "held_micro", "waited_micro", "holders_omitted")
     KEY_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_REMAINING_MICRO_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,7 @@ class KeyInfo(_message.Message):
     VALUE_FIELD_NUMBER: _ClassVar[int]
     HELD_MICRO_FIELD_NUMBER: _ClassVar[int]
     WAITED_MICRO_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_OMITTED_FIELD_NUMBER: _ClassVar[int]
     key: str
     fence: int
     lease_remaining_micro: int
@@ -213,7 +214,8 @@ class KeyInfo(_message.Message):
     value: bytes
     held_micro: int
     waited_micro: int
-    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., waiters: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ..., shared: bool = ..., limit: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[KeyHolder, _Mapping]]] = ..., value: _Optional[bytes] = ..., held_micro: _Optional[int] = ..., waited_micro: _Optional[int] = ...) -> None: ...
+    holders_omitted: int
+    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_remaining_micro: _Optional[int] = ..., waiters: _Optional[int] = ..., held_by_caller: bool = ..., holder_addr: _Optional[str] = ..., shared: bool = ..., limit: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[KeyHolder, _Mapping]]] = ..., value: _Optional[bytes] = ..., held_micro: _Optional[int] = ..., waited_micro: _Optional[int] = ..., holders_omitted: _Optional[int] = ...) -> None: ...
 
 class KeyHolder(_message.Message):
     __slots__ = ("fence", "lease_remaining_micro", "held_by_caller", "holder_addr", "value", "held_micro")
