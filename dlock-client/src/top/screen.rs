@@ -129,7 +129,9 @@ fn nodes_table(s: &Sample) -> Table<'static> {
 
 fn keys_table(keys: &[KeyState]) -> Table<'static> {
     let rows = keys.iter().map(|k| {
-        let state = match (k.holders.len(), k.shared, k.limit) {
+        // Holders the server left out of a long list count too.
+        let holders = k.holders.len() + k.holders_omitted as usize;
+        let state = match (holders, k.shared, k.limit) {
             (0, _, _) => "free".to_string(),
             (_, false, _) => "held".to_string(),
             (n, true, 0) => format!("shared {n}"),
