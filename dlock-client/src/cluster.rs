@@ -3,6 +3,7 @@
 
 use crate::columns::columns;
 use crate::exit::{self, Failure};
+use crate::say;
 use clap::{Parser, Subcommand};
 use dlock::proto::{ClusterInfo, Request, RequestCluster, RequestType, Response, ResponseStatus};
 use dlock::raw::RawClient;
@@ -61,6 +62,11 @@ pub struct Connection {
     /// How long to wait for a connection (and its TLS handshake).
     #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = dlock::duration::parse_positive)]
     pub connect_timeout: std::time::Duration,
+
+    /// Say on stderr which node was asked and answered, and where a change
+    /// was sent on to (dlock cluster). dlock top's screen already shows it.
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
 }
 
 impl Connection {
@@ -139,7 +145,12 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
             }),
         ),
     };
-    let (mut server, first) = first_answer(&args.conn.server, &options, kind, &body).await?;
+    let verbose = args.conn.verbose;
+    let (mut server, first) =
+        first_answer(&args.conn.server, &options, kind, &body, verbose).await?;
+    if verbose {
+        say!("{server} answered");
+    }
     let mut answer = Some(first);
     // The first node's answer, then once more from the leader it names.
     for _ in 0..2 {
@@ -175,6 +186,9 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
                 return Ok(());
             }
             Ok(ResponseStatus::NotLeader) if !r.leader_addr.is_empty() => {
+                if verbose {
+                    say!("{server} is not the leader; asking {}", r.leader_addr);
+                }
                 server = r.leader_addr.clone();
             }
             Ok(ResponseStatus::AccessDenied) => {
@@ -205,9 +219,13 @@ async fn first_answer(
     options: &dlock::ClientOptions,
     kind: RequestType,
     body: &Option<RequestCluster>,
+    verbose: bool,
 ) -> Result<(String, Response), Failure> {
     let mut failed = Vec::new();
     for server in dlock::Servers::parse(servers).addrs() {
+        if verbose {
+            say!("asking {server}");
+        }
         match ask(server, options, kind, body.clone()).await {
             Ok(r) => return Ok((server.clone(), r)),
             Err(f) => failed.push(f.message),

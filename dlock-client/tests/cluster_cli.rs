@@ -67,14 +67,22 @@ async fn status_shows_the_members_and_bad_requests_say_why() {
             .any(|l| l == format!("version {}", dlock_server::VERSION)),
         "{out}"
     );
-    // A list whose first node is down: the next one answers.
+    // A list whose first node is down: the next one answers; -v (given
+    // before the subcommand, as for the lock form) says which did.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .to_string();
-    let o = run_at(&format!("{dead},{addr}"), &["cluster", "status"]).await;
+    let o = run_at(&format!("{dead},{addr}"), &["-v", "cluster", "status"]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(stdout(&o).contains("node 1 is leader"), "{}", stdout(&o));
+    let said = stderr(&o);
+    assert!(
+        said.contains(&format!("asking {dead}"))
+            && said.contains(&format!("asking {addr}"))
+            && said.contains(&format!("{addr} answered")),
+        "{said}"
+    );
     let o = run_at(&dead, &["cluster", "status"]).await;
     assert_eq!(code(&o), 69);
     assert!(stderr(&o).contains(&dead), "{}", stderr(&o));
