@@ -6,7 +6,8 @@ use crate::exit::{self, Failure};
 use crate::say;
 use clap::{Parser, Subcommand};
 use dlock::proto::{ClusterInfo, Request, RequestCluster, RequestType, Response, ResponseStatus};
-use dlock::raw::RawClient;
+use dlock::raw::{RawClient, Stream};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -165,7 +166,9 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
                 };
                 // Status: every member's own view beside this node's.
                 let nodes = match args.action {
-                    Action::Status => every_node(info, &server, &options).await,
+                    Action::Status => {
+                        every_node(info, &server, &options, &mut Links::default()).await
+                    }
                     _ => Vec::new(),
                 };
                 match args.conn.output {
@@ -240,34 +243,114 @@ fn refusal(server: &str, r: &Response) -> String {
     format!("{server}: {status}: {}", r.error_text)
 }
 
+fn unreachable(server: &str, e: &dyn std::fmt::Display) -> Failure {
+    Failure::new(exit::UNAVAILABLE, format!("cannot reach {server}: {e}"))
+}
+
+/// A new connection to `server`, with the token of `options`.
+async fn connect(
+    server: &str,
+    options: &dlock::ClientOptions,
+) -> Result<RawClient<Stream>, Failure> {
+    let connect = RawClient::connect_with(server, options);
+    Ok(tokio::time::timeout(options.connect_timeout, connect)
+        .await
+        .map_err(|_| {
+            let limit = dlock::duration::human(options.connect_timeout);
+            unreachable(
+                server,
+                &format!("no connection within {limit} (--connect-timeout)"),
+            )
+        })?
+        .map_err(|e| unreachable(server, &e))?
+        .with_token(options.access_token.clone().unwrap_or_default()))
+}
+
+/// One request of `kind` on `c`, a connection to `server`.
+async fn exchange(
+    c: &mut RawClient<Stream>,
+    server: &str,
+    kind: RequestType,
+    body: Option<RequestCluster>,
+) -> Result<Response, Failure> {
+    let req = Request {
+        cluster: body,
+        ..c.request(kind, &[])
+    };
+    c.call(&req).await.map_err(|e| unreachable(server, &e))
+}
+
+/// Asks `server` on a connection of its own.
 async fn ask(
     server: &str,
     options: &dlock::ClientOptions,
     kind: RequestType,
     body: Option<RequestCluster>,
 ) -> Result<Response, Failure> {
-    let unavailable = |e: &dyn std::fmt::Display| {
-        Failure::new(exit::UNAVAILABLE, format!("cannot reach {server}: {e}"))
+    let asked = async {
+        let mut c = connect(server, options).await?;
+        exchange(&mut c, server, kind, body).await
     };
-    let exchange = async {
-        let connect = RawClient::connect_with(server, options);
-        let mut c = tokio::time::timeout(options.connect_timeout, connect)
-            .await
-            .map_err(|_| {
-                let limit = dlock::duration::human(options.connect_timeout);
-                unavailable(&format!("no connection within {limit} (--connect-timeout)"))
-            })?
-            .map_err(|e| unavailable(&e))?
-            .with_token(options.access_token.clone().unwrap_or_default());
-        let req = Request {
-            cluster: body,
-            ..c.request(kind, &[])
-        };
-        c.call(&req).await.map_err(|e| unavailable(&e))
-    };
-    tokio::time::timeout(PATIENCE, exchange)
+    tokio::time::timeout(PATIENCE, asked)
         .await
-        .map_err(|_| unavailable(&format!("no answer within {PATIENCE:?}")))?
+        .map_err(|_| unreachable(server, &format!("no answer within {PATIENCE:?}")))?
+}
+
+/// Connections to the nodes kept from one question to the next, so that
+/// `dlock top` asks each node once a refresh without a new connection (and
+/// TLS handshake) each time. One-shot forms start with none.
+#[derive(Default)]
+pub struct Links(HashMap<String, RawClient<Stream>>);
+
+impl Links {
+    /// ClusterStatus of `server`, within `patience`, on the connection kept
+    /// to it if there is one.
+    pub async fn status(
+        &mut self,
+        server: &str,
+        options: &dlock::ClientOptions,
+        patience: Duration,
+    ) -> Result<Response, Failure> {
+        let kept = self.0.remove(server);
+        let (answer, link) = status_on(kept, server, options, patience).await;
+        if let Some(c) = link {
+            self.0.insert(server.to_string(), c);
+        }
+        answer
+    }
+}
+
+/// ClusterStatus of `server` on `kept`, or on a new connection if there is
+/// none or it turns out closed (the node restarted, or ended it as idle).
+/// The connection comes back only after an answer: one left with a
+/// question unanswered would answer it to the next.
+async fn status_on(
+    kept: Option<RawClient<Stream>>,
+    server: &str,
+    options: &dlock::ClientOptions,
+    patience: Duration,
+) -> (Result<Response, Failure>, Option<RawClient<Stream>>) {
+    let asked = async {
+        if let Some(mut c) = kept {
+            if let Ok(r) = exchange(&mut c, server, RequestType::ClusterStatus, None).await {
+                return Ok((r, c));
+            }
+        }
+        let mut c = connect(server, options).await?;
+        let r = exchange(&mut c, server, RequestType::ClusterStatus, None).await?;
+        Ok((r, c))
+    };
+    match tokio::time::timeout(patience, asked).await {
+        Err(_) => (
+            Err(unreachable(
+                server,
+                &format!("no answer within {patience:?}"),
+            )),
+            None,
+        ),
+        Ok(Err(f)) => (Err(f), None),
+        Ok(Ok((r, c))) => (Ok(r), Some(c)),
+    }
 }
 
 /// How long one member gets to answer its own ClusterStatus.
@@ -293,6 +376,7 @@ pub async fn every_node(
     info: &ClusterInfo,
     answered_at: &str,
     options: &dlock::ClientOptions,
+    links: &mut Links,
 ) -> Vec<NodeView> {
     let mut asks = tokio::task::JoinSet::new();
     for m in &info.members {
@@ -301,22 +385,25 @@ pub async fn every_node(
             false => m.client_addr.clone(),
         };
         let (id, options) = (m.node_id, options.clone());
+        let kept = links.0.remove(&addr);
         asks.spawn(async move {
-            let asked = ask(&addr, &options, RequestType::ClusterStatus, None);
-            let view = match tokio::time::timeout(NODE_PATIENCE, asked).await {
-                Err(_) => Err(format!("no answer within {NODE_PATIENCE:?}")),
-                Ok(Err(f)) => Err(f.message),
-                Ok(Ok(r)) => match (ResponseStatus::try_from(r.status), &r.cluster) {
+            let (answer, link) = status_on(kept, &addr, &options, NODE_PATIENCE).await;
+            let view = match answer {
+                Err(f) => Err(f.message),
+                Ok(r) => match (ResponseStatus::try_from(r.status), &r.cluster) {
                     (Ok(ResponseStatus::Ok), Some(c)) => Ok((**c).clone()),
                     _ => Err(refusal(&addr, &r)),
                 },
             };
-            NodeView { id, addr, view }
+            (NodeView { id, addr, view }, link)
         });
     }
     let mut nodes = Vec::new();
     while let Some(n) = asks.join_next().await {
-        if let Ok(n) = n {
+        if let Ok((n, link)) = n {
+            if let Some(c) = link {
+                links.0.insert(n.addr.clone(), c);
+            }
             nodes.push(n);
         }
     }

@@ -82,3 +82,70 @@ async fn top_without_a_terminal_or_with_a_bad_interval_is_a_usage_error() {
     assert_eq!(code(&o), 64, "{}", stderr(&o));
     assert!(stderr(&o).contains("at least 100ms"), "{}", stderr(&o));
 }
+
+/// A loopback forwarder to `upstream` that counts the connections it
+/// accepts.
+async fn counting_forwarder(
+    upstream: std::net::SocketAddr,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut down, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_on_a_cluster_asks_each_node_over_the_connection_it_keeps() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(Config {
+        data_dir: Some(dir.path().join("node1")),
+        ..Config::default()
+    })
+    .await;
+    let addr = server.addr_string();
+    // Every connection top makes goes through the forwarder: the node is
+    // the only member, so it is asked at the address top was given.
+    let (front, accepted) = counting_forwarder(server.addr).await;
+    let holder = client(&addr).await;
+    let mut guard = holder.lock("job", LockOptions::default()).await.unwrap();
+
+    let mut top = Screen::start(&front, &["top", "--interval", "100ms"], 30, 140);
+    let shows = |fence: u64| {
+        let fence = fence.to_string();
+        move |s: &Screen| {
+            let c = s.contents();
+            let node = c.lines().find(|l| l.trim_start().starts_with("1 "));
+            node.is_some_and(|l| l.contains("leader"))
+                && cell(&c, "job", "FENCE").as_deref() == Some(fence.as_str())
+        }
+    };
+    top.wait_for("the node and the held key", shows(guard.fence()))
+        .await;
+    let connections = accepted.load(Ordering::SeqCst);
+    // Three more refreshes, each seen by a new grant on the screen.
+    for _ in 0..3 {
+        guard.unlock().await.unwrap();
+        guard = holder.lock("job", LockOptions::default()).await.unwrap();
+        top.wait_for("the new grant", shows(guard.fence())).await;
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        connections,
+        "no new connection for a refresh"
+    );
+    top.send(b"q");
+    assert_eq!(top.exit_code().await, 0);
+}

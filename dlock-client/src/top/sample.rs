@@ -6,9 +6,8 @@
 //! tokens work as for every other form: an Inspect without keys that asks
 //! for the busiest keys, and ClusterStatus asked of every member.
 
-use crate::cluster::{every_node, NodeView};
-use dlock::proto::{ClusterInfo, RequestType, ResponseStatus};
-use dlock::raw::RawClient;
+use crate::cluster::{every_node, Links, NodeView};
+use dlock::proto::{ClusterInfo, ResponseStatus};
 use dlock::{Client, ClientOptions, KeyState};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -50,6 +49,8 @@ pub struct Sampler {
     options: ClientOptions,
     keys: Vec<String>,
     last: Option<(Instant, u64, u64, String)>,
+    /// The nodes' connections, kept from one refresh to the next.
+    links: Links,
 }
 
 impl Sampler {
@@ -60,6 +61,7 @@ impl Sampler {
             options,
             keys,
             last: None,
+            links: Links::default(),
         }
     }
 
@@ -138,23 +140,17 @@ impl Sampler {
 
     /// The leader's view and every member's own; nothing when the leader
     /// does not answer (the keys and counts still show).
-    async fn members(&self, leader: &str) -> (Option<ClusterInfo>, Vec<NodeView>) {
-        let asked = async {
-            let mut c = RawClient::connect_with(leader, &self.options)
-                .await
-                .ok()?
-                .with_token(self.options.access_token.clone().unwrap_or_default());
-            let req = c.request(RequestType::ClusterStatus, &[]);
-            let r = c.call(&req).await.ok()?;
-            (r.status == ResponseStatus::Ok as i32)
-                .then_some(r.cluster)
-                .flatten()
-                .map(|c| *c)
-        };
-        let Some(view) = asked.await else {
+    async fn members(&mut self, leader: &str) -> (Option<ClusterInfo>, Vec<NodeView>) {
+        let asked = self.links.status(leader, &self.options, PATIENCE).await;
+        let Some(view) = asked
+            .ok()
+            .filter(|r| r.status == ResponseStatus::Ok as i32)
+            .and_then(|r| r.cluster)
+            .map(|c| *c)
+        else {
             return (None, Vec::new());
         };
-        let nodes = every_node(&view, leader, &self.options).await;
+        let nodes = every_node(&view, leader, &self.options, &mut self.links).await;
         (Some(view), nodes)
     }
 }
