@@ -37,8 +37,9 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
-/// Settings of a [`Client`].
-#[derive(Debug, Clone)]
+/// Settings of a [`Client`]. Its `Debug` shows whether an access token is
+/// set, never the token, so options can be logged.
+#[derive(Clone)]
 pub struct ClientOptions {
     /// Give up connecting after this long. Default 5 s.
     pub connect_timeout: Duration,
@@ -75,6 +76,35 @@ pub struct ClientOptions {
     /// take without losing locks). `None` (the default): the cluster's
     /// default (`--session-ttl`, 10 s). Ignored by a single server.
     pub session_ttl: Option<Duration>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Every field by name, so a field added later is not left out
+        // without the compiler saying so.
+        let ClientOptions {
+            connect_timeout,
+            heartbeat,
+            max_in_flight,
+            access_token,
+            keepalive,
+            safety_margin,
+            fallback_session_timeout,
+            tls,
+            session_ttl,
+        } = self;
+        f.debug_struct("ClientOptions")
+            .field("connect_timeout", connect_timeout)
+            .field("heartbeat", heartbeat)
+            .field("max_in_flight", max_in_flight)
+            .field("access_token", &access_token.as_ref().map(|_| "(set)"))
+            .field("keepalive", keepalive)
+            .field("safety_margin", safety_margin)
+            .field("fallback_session_timeout", fallback_session_timeout)
+            .field("tls", &tls.is_some())
+            .field("session_ttl", session_ttl)
+            .finish()
+    }
 }
 
 impl Default for ClientOptions {
@@ -943,5 +973,23 @@ pub(crate) fn check(resp: Response) -> Result<Response> {
             status,
             text: resp.error_text,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClientOptions;
+
+    #[test]
+    fn debug_says_a_token_is_set_without_showing_it() {
+        let options = ClientOptions {
+            access_token: Some("s3cret-token".into()),
+            ..ClientOptions::default()
+        };
+        let shown = format!("{options:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("access_token: Some(\"(set)\")"), "{shown}");
+        let none = format!("{:?}", ClientOptions::default());
+        assert!(none.contains("access_token: None"), "{none}");
     }
 }

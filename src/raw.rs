@@ -68,8 +68,8 @@ impl From<RawError> for io::Error {
 }
 
 /// One connection speaking raw frames; generic over the stream so a test
-/// can read one half of a split socket.
-#[derive(Debug)]
+/// can read one half of a split socket. Its `Debug` leaves out the token
+/// and the buffered frames, which carry it.
 pub struct RawClient<S = TcpStream> {
     stream: S,
     codec: FrameCodec,
@@ -79,6 +79,16 @@ pub struct RawClient<S = TcpStream> {
     wbuf: BytesMut,
     next_id: u64,
     token: String,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for RawClient<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawClient")
+            .field("stream", &self.stream)
+            .field("next_id", &self.next_id)
+            .field("token_set", &!self.token.is_empty())
+            .finish_non_exhaustive()
+    }
 }
 
 impl RawClient<TcpStream> {

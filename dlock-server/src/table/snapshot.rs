@@ -276,6 +276,14 @@ impl LockTable {
         if next_fence == 0 {
             return Err(BadSnapshot("next fence is 0, which means no token".into()));
         }
+        // Tokens count up by one per grant and never wrap: no table starts
+        // past the lower half of u64 (a fence file there is refused too),
+        // so a higher one is damage, and going on from it could wrap.
+        if next_fence > u64::MAX / 2 {
+            return Err(BadSnapshot(format!(
+                "next fence {next_fence} is past the lower half of the token range"
+            )));
+        }
         let (waiter_count, owner_count) = (waiters.len(), owners.len());
         let waiters: BTreeMap<_, _> = waiters.into_iter().collect();
         let owners: BTreeMap<_, _> = owners.into_iter().collect();
@@ -386,3 +394,24 @@ impl<'de> Deserialize<'de> for LoadedSlots {
 /// The most slots made room for before they are read (about 400 MB): a
 /// damaged length cannot make a node reserve more than this.
 const MAX_PREALLOCATED_SLOTS: usize = 1 << 22;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::TableLimits;
+
+    #[test]
+    fn a_next_fence_of_zero_or_past_half_the_range_is_damage() {
+        let limits = TableLimits {
+            max_waiters: 10,
+            max_held_keys: 10,
+        };
+        let first = |fence| LockTable::new(limits, fence).snapshot();
+        assert!(LockTable::restore(first(u64::MAX / 2)).is_ok());
+        let err = LockTable::restore(first(u64::MAX / 2 + 1)).expect_err("refused");
+        assert!(err.to_string().contains("lower half"), "{err}");
+        let mut zero = first(1);
+        zero.next_fence = 0;
+        assert!(LockTable::restore(zero).is_err());
+    }
+}
