@@ -34,6 +34,7 @@ Exit codes:
   0    quit
   64   usage error, or not on a terminal
   69   cannot reach the server
+  70   the server refused the request (shutting down, or another refusal)
   77   access denied";
 
 /// Watch a dlock server or cluster live.

@@ -106,6 +106,21 @@ async fn rules_allow_their_prefixes_and_a_denial_names_the_missing_rule() {
         ResponseStatus::Ok
     );
 
+    // Enqueue takes keys as Lock does, under the same rule, and a denied
+    // one queues nothing.
+    let enqueue = c.request(RequestType::Enqueue, &["web/queue"]);
+    let r = as_(&mut c, "jobs-secret", enqueue).await;
+    assert_eq!(status(&r), ResponseStatus::AccessDenied, "{r:?}");
+    assert!(
+        r.error_text.contains("\"lock web/queue\""),
+        "{}",
+        r.error_text
+    );
+    assert_eq!(holder_fence(&mut c, "web/queue").await, 0);
+    let enqueue = c.request(RequestType::Enqueue, &["jobs/queue"]);
+    let r = as_(&mut c, "jobs-secret", enqueue).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{}", r.error_text);
+
     // Another team cannot release jobs' lock, even from the holder's own
     // connection with its own token.
     let unlock = c.request(RequestType::Unlock, &["jobs/nightly"]);
@@ -332,6 +347,54 @@ async fn on_a_cluster_by_fence_only_the_taker_or_an_admin_may_act_even_after_a_r
     let mut c = TestClient::connect(server.addr).await;
     only_the_taker_or_an_admin(&mut c, "jobs/lease", fence).await;
     server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn on_a_cluster_members_change_only_for_admin_and_show_with_inspect_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let acl = write(dir.path(), RULES);
+    let server = cluster_node(&acl, &dir.path().join("node1")).await;
+    let mut c = TestClient::connect(server.addr).await;
+    let change = |c: &mut TestClient, kind| {
+        let mut req = c.request(kind, &[]);
+        req.cluster = Some(dlock::proto::RequestCluster {
+            node_id: 7,
+            client_addr: "127.0.0.1:1".into(),
+            peer_addr: "127.0.0.1:2".into(),
+        });
+        req
+    };
+    for kind in [RequestType::ClusterAdd, RequestType::ClusterRemove] {
+        // web may inspect everything, but not change the members.
+        let req = change(&mut c, kind);
+        let r = as_(&mut c, "web-secret", req).await;
+        assert_eq!(status(&r), ResponseStatus::AccessDenied, "{kind:?}: {r:?}");
+        assert!(r.error_text.contains("\"admin\""), "{}", r.error_text);
+    }
+    // Removing a node that is not a member gets past the rules to the
+    // cluster, which refuses it for what it is.
+    let req = change(&mut c, RequestType::ClusterRemove);
+    let r = as_(&mut c, "ops-secret", req).await;
+    assert_eq!(status(&r), ResponseStatus::InvalidArgument, "{r:?}");
+    let req = as_req(&mut c, "ops-secret", RequestType::ClusterStatus);
+    assert_eq!(c.call(req).await.cluster.map(|i| i.node_id), Some(1));
+
+    // The cluster's state is server-wide, as the counts are: "inspect *".
+    let req = as_req(&mut c, "web-secret", RequestType::ClusterStatus);
+    let r = c.call(req).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{}", r.error_text);
+    let req = as_req(&mut c, "jobs-secret", RequestType::ClusterStatus);
+    let r = c.call(req).await;
+    assert_eq!(status(&r), ResponseStatus::AccessDenied, "{r:?}");
+    assert!(r.error_text.contains("\"inspect *\""), "{}", r.error_text);
+    server.stop().await.unwrap();
+}
+
+/// A request of `kind` naming no keys, with `token`.
+fn as_req(c: &mut TestClient, token: &str, kind: RequestType) -> Request {
+    let mut req = c.request(kind, &[]);
+    req.access_token = token.into();
+    req
 }
 
 /// OpenSession (resuming `session` when not 0) with `token`.

@@ -60,10 +60,12 @@ pub struct Identity {
     pub name: String,
     /// Every right, and Unlock/Renew by fence of others' locks.
     admin: bool,
-    /// Lock, Unlock and Renew on keys matching one of these.
+    /// Lock, Enqueue, Unlock, Renew and Proclaim on keys matching one of
+    /// these.
     lock: Vec<Pattern>,
-    /// Inspect of keys matching one of these; `inspect *` also allows the
-    /// server-wide counts (Inspect naming no keys).
+    /// Inspect and Watch of keys matching one of these; `inspect *` also
+    /// allows the server-wide counts (Inspect naming no keys) and
+    /// ClusterStatus.
     inspect: Vec<Pattern>,
 }
 
@@ -88,16 +90,35 @@ impl Identity {
         }
         let (verb, rules) = match kind {
             RequestType::Lock
+            | RequestType::Enqueue
             | RequestType::Unlock
             | RequestType::Renew
             | RequestType::Proclaim => ("lock", &self.lock),
             RequestType::Inspect | RequestType::Watch => ("inspect", &self.inspect),
-            // Ping, Hello and invalid types carry no keys: being known is enough.
-            _ => return Ok(()),
+            RequestType::ClusterAdd | RequestType::ClusterRemove => {
+                return Err(self.missing("admin", "to change the cluster's members"));
+            }
+            // Who the members are and how far each has got: server-wide, as
+            // the counts are (and what `dlock top` shows beside them).
+            RequestType::ClusterStatus => ("inspect", &self.inspect),
+            // Ping, Hello, sessions and Wait (on a ticket its own session
+            // got from an Enqueue the rules allowed) name no keys: being
+            // known is enough.
+            RequestType::Ping
+            | RequestType::Hello
+            | RequestType::OpenSession
+            | RequestType::CloseSession
+            | RequestType::Wait
+            | RequestType::Invalid => return Ok(()),
         };
-        if body.keys.is_empty() && kind == RequestType::Inspect {
+        let server_wide = kind == RequestType::ClusterStatus
+            || (body.keys.is_empty() && kind == RequestType::Inspect);
+        if server_wide {
             if !rules.contains(&Pattern::Prefix(String::new())) {
-                return Err(self.missing("inspect *", "to read the server-wide counts"));
+                return Err(self.missing(
+                    "inspect *",
+                    "to read the server-wide counts and the cluster's state",
+                ));
             }
             return Ok(());
         }
