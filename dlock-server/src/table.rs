@@ -138,7 +138,16 @@ pub struct KeyView {
     /// How long the first request in the key's queue has waited (zero
     /// when none waits).
     pub waited_for: Duration,
+    /// Holders left out of `holders` to keep within the budget
+    /// [`LockTable::inspect_within`] was given: the ones between the
+    /// oldest listed and the latest.
+    pub holders_omitted: usize,
 }
+
+/// What one listed holder costs an Inspect answer besides its value:
+/// its token, lease and hold time, its connection's address (up to an
+/// IPv6 address with a port), and the framing around them.
+pub const HOLDER_COST: usize = 96;
 
 /// One holder of a key, for Inspect.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -408,35 +417,54 @@ impl LockTable {
         self.sessions.is_open(owner)
     }
 
-    /// What the table knows of `key` at `now`.
+    /// What the table knows of `key` at `now`, every holder listed.
     pub fn inspect(&self, key: &str, now: Time) -> KeyView {
+        self.inspect_within(key, now, usize::MAX)
+    }
+
+    /// What the table knows of `key` at `now`, listing holders while
+    /// their values and a fixed allowance each ([`HOLDER_COST`]) add up to
+    /// at most `budget` bytes: the oldest grants, and always the latest.
+    /// The rest are only counted, so a key with a hundred thousand readers
+    /// costs an answer of bounded size, and no copy of every value under
+    /// the engine's lock.
+    pub fn inspect_within(&self, key: &str, now: Time, budget: usize) -> KeyView {
         let state = self.keys.get(key);
-        let remaining = |h: &Hold| h.lease.map(|t| t.saturating_duration_since(now));
-        let mut holders: Vec<HolderView> = state
-            .iter()
-            .flat_map(|s| s.holds.iter())
-            .map(|h| HolderView {
-                owner: h.owner,
-                fence: h.fence,
-                lease_remaining: remaining(h),
-                value: h.value.to_vec(),
-                held_for: now.saturating_duration_since(h.since),
-            })
-            .collect();
-        holders.sort_unstable_by_key(|h| h.fence);
-        let latest = holders.last();
+        let view = |h: &Hold| HolderView {
+            owner: h.owner,
+            fence: h.fence,
+            lease_remaining: h.lease.map(|t| t.saturating_duration_since(now)),
+            value: h.value.to_vec(),
+            held_for: now.saturating_duration_since(h.since),
+        };
+        let cost = |h: &Hold| h.value.len().saturating_add(HOLDER_COST);
+        let count = state.map_or(0, |s| s.holds.count());
+        let mut by_fence = state.into_iter().flat_map(|s| s.holds.by_fence());
+        let latest = by_fence.next_back();
+        let mut spent = latest.map_or(0, cost);
+        let mut holders = Vec::new();
+        for h in by_fence {
+            spent = spent.saturating_add(cost(h));
+            if spent > budget {
+                break;
+            }
+            holders.push(view(h));
+        }
+        let latest = latest.map(view);
+        let holders_omitted = count.saturating_sub(holders.len() + usize::from(latest.is_some()));
         KeyView {
-            holder: latest.map(|h| (h.owner, h.fence)),
-            lease_remaining: latest.and_then(|h| h.lease_remaining),
+            holder: latest.as_ref().map(|h| (h.owner, h.fence)),
+            lease_remaining: latest.as_ref().and_then(|h| h.lease_remaining),
             waiters: state.map_or(0, |s| s.queue.len()),
             mode: state.and_then(|s| s.holds.mode()),
-            value: latest.map(|h| h.value.clone()).unwrap_or_default(),
-            held_for: latest.map_or(Duration::ZERO, |h| h.held_for),
+            value: latest.as_ref().map(|h| h.value.clone()).unwrap_or_default(),
+            held_for: latest.as_ref().map_or(Duration::ZERO, |h| h.held_for),
             waited_for: state
                 .and_then(|s| s.queue.first())
                 .and_then(|r| self.waiters.get(r))
                 .map_or(Duration::ZERO, |w| now.saturating_duration_since(w.since)),
-            holders,
+            holders: holders.into_iter().chain(latest).collect(),
+            holders_omitted,
         }
     }
 

@@ -285,6 +285,22 @@ async fn an_answer_listing_thousands_of_holders_stays_within_the_client_frame_li
     assert!(prost::Message::encoded_len(&r) <= dlock::MAX_RESPONSE_FRAME);
     check(&r.key_info[0]);
 
+    // Naming the key many times shares one budget: every copy still
+    // names the oldest grant and the latest.
+    let names = vec!["pool"; 16];
+    let inspect = c.request(RequestType::Inspect, &names);
+    let r = c.call(inspect).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{}", r.error_text);
+    assert!(prost::Message::encoded_len(&r) <= dlock::MAX_RESPONSE_FRAME);
+    assert_eq!(r.key_info.len(), 16);
+    let listed: usize = r.key_info.iter().map(|i| i.holders.len()).sum();
+    assert!(listed < HOLDERS, "{listed} listed in all");
+    for info in &r.key_info {
+        assert_eq!(info.holders.len() + info.holders_omitted as usize, HOLDERS);
+        assert_eq!(info.holders.last().map(|h| h.fence), Some(latest));
+        assert_eq!(info.fence, latest);
+    }
+
     // The busiest keys are kept within it too.
     let mut overview = c.request(RequestType::Inspect, &[]);
     overview.lock = Some(dlock::proto::RequestLock {

@@ -20,6 +20,7 @@ use super::validate::{busiest_wanted, validate_keys, watch_args};
 use super::{Answer, Conn, Service};
 use crate::table::{FirstHolder, LockTable, OwnerId, Time};
 use dlock::proto::{KeyInfo, Request, ResponseStatus};
+use prost::Message;
 use std::sync::Arc;
 
 impl Service {
@@ -32,13 +33,17 @@ impl Service {
         }
     }
 
-    /// `key` as `caller` sees it in `table` at `now`.
+    /// `key` as `caller` sees it in `table` at `now`, its holders listed
+    /// within `budget` bytes of the answer, which it then takes its size
+    /// from: an answer naming a key with thousands of holders (or naming it
+    /// many times) is bounded while it is built, not only once built.
     fn key_info(
         &self,
         table: &LockTable,
         now: Time,
         key: &str,
         caller: Option<OwnerId>,
+        budget: &mut usize,
     ) -> KeyInfo {
         // Which connection a session came from is this node's knowledge
         // only: a session attached elsewhere shows no address.
@@ -48,7 +53,9 @@ impl Service {
                 .map(|a| a.to_string())
                 .unwrap_or_default()
         };
-        reply::key_info(key, table.inspect(key, now), caller, addr)
+        let info = reply::key_info(key, table.inspect_within(key, now, *budget), caller, addr);
+        *budget = budget.saturating_sub(info.encoded_len());
+        info
     }
 
     /// Inspect: the named keys, or without keys the server-wide counts.
@@ -69,10 +76,11 @@ impl Service {
             stats.busiest = self.busiest(busiest, caller);
             r.server_stats = Some(Box::new(stats));
         } else {
+            let mut budget = dlock::MAX_RESPONSE_FRAME;
             r.key_info = self.engine.read(|table, now| {
                 body.keys
                     .iter()
-                    .map(|k| self.key_info(table, now, k, caller))
+                    .map(|k| self.key_info(table, now, k, caller, &mut budget))
                     .collect()
             });
         }
@@ -96,9 +104,10 @@ impl Service {
                 .read(|table, now| table.rank_busy(now, slot, SLICE, n, &mut top));
         }
         // A key freed since its slice was walked is left out.
+        let mut budget = dlock::MAX_RESPONSE_FRAME;
         self.engine.read(|table, now| {
             top.iter()
-                .map(|b| self.key_info(table, now, &b.key, caller))
+                .map(|b| self.key_info(table, now, &b.key, caller, &mut budget))
                 .filter(|i| i.fence != 0 || i.waiters > 0)
                 .collect()
         })
@@ -145,7 +154,7 @@ impl Service {
             self.engine.read(|table, now| {
                 let first = table.first_holder(key);
                 (!FirstHolder::is_known(first.as_ref(), args.fence, &args.value))
-                    .then(|| self.key_info(table, now, key, caller))
+                    .then(|| self.key_info(table, now, key, caller, &mut full_frame()))
             })
         };
         let found = tokio::select! {
@@ -160,8 +169,13 @@ impl Service {
                 self.engine.read_index().await?;
                 Ok(self
                     .engine
-                    .read(|table, now| self.key_info(table, now, key, caller)))
+                    .read(|table, now| self.key_info(table, now, key, caller, &mut full_frame())))
             }
         }
     }
+}
+
+/// The budget of a whole answer: the largest frame a client accepts.
+fn full_frame() -> usize {
+    dlock::MAX_RESPONSE_FRAME
 }

@@ -228,6 +228,7 @@ pub fn key_info(
     if let Some(Mode::Shared { limit }) = view.mode {
         info.shared = true;
         info.limit = limit;
+        info.holders_omitted = u32::try_from(view.holders_omitted).unwrap_or(u32::MAX);
         info.holders = view
             .holders
             .iter()

@@ -171,6 +171,21 @@ impl Holds {
         }
     }
 
+    /// Every hold, lowest token first.
+    pub(super) fn by_fence(&self) -> impl DoubleEndedIterator<Item = &Hold> {
+        let (one, shared) = match self {
+            Holds::Free => (None, None),
+            Holds::Exclusive(h) => (Some(h), None),
+            Holds::Shared(s) => (None, Some(s)),
+        };
+        let shared = shared.into_iter().flat_map(|s| {
+            s.fences
+                .values()
+                .filter_map(move |owner| s.holders.get(owner))
+        });
+        one.into_iter().chain(shared)
+    }
+
     /// `owner`'s hold on the key.
     pub(super) fn of(&self, owner: OwnerId) -> Option<&Hold> {
         match self {
@@ -469,6 +484,31 @@ mod tests {
         assert_eq!(woken_granted(&out), vec![w]);
         let out = apply(&mut t, unlock(4, "k"), 8);
         assert_eq!(woken_granted(&out), vec![r3]);
+    }
+
+    #[test]
+    fn inspect_within_a_budget_lists_the_oldest_and_the_latest_and_counts_the_rest() {
+        let mut t = table();
+        let fences: Vec<u64> = (1..=5)
+            .map(|owner| granted(&apply(&mut t, read(owner, "k"), owner)))
+            .collect();
+        let listed = |budget| {
+            let v = t.inspect_within("k", at(9), budget);
+            let f: Vec<u64> = v.holders.iter().map(|h| h.fence).collect();
+            (f, v.holders_omitted)
+        };
+        let all = t.inspect("k", at(9));
+        assert_eq!(all.holders.len(), 5);
+        assert_eq!(all.holders_omitted, 0);
+        // Room for two holders: the oldest and the latest.
+        let two = 2 * crate::table::HOLDER_COST;
+        assert_eq!(listed(two), (vec![fences[0], fences[4]], 3));
+        assert_eq!(listed(0), (vec![fences[4]], 4), "the latest always");
+        assert_eq!(listed(usize::MAX).0, fences);
+        assert_eq!(
+            t.inspect_within("k", at(9), 0).holder.map(|h| h.1),
+            Some(fences[4])
+        );
     }
 
     #[test]
