@@ -334,3 +334,39 @@ async fn a_ping_keeps_every_session_of_its_connection_alive_in_one_commit() {
     assert_eq!(after, before + 1, "five sessions kept alive by one entry");
     server.stop().await.expect("clean stop");
 }
+
+#[tokio::test]
+async fn a_cluster_session_ttl_is_at_least_a_second_and_at_most_the_servers_ceiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dlock_server::Config {
+        data_dir: Some(dir.path().join("node1")),
+        ..dlock_server::Config::default()
+    })
+    .await;
+    let mut c = TestClient::connect(server.addr).await;
+    let open = |c: &mut TestClient, ttl_micro| Request {
+        session_ttl_micro: ttl_micro,
+        ..c.request(RequestType::OpenSession, &[])
+    };
+    // Refusals come before the cluster is asked, so no leader is needed;
+    // the second opens once the node leads.
+    for (ttl, says) in [(999_999, "shortest"), (301_000_000, "--max-session-ttl")] {
+        let req = open(&mut c, ttl);
+        let r = c.call(req).await;
+        assert_eq!(status(&r), ResponseStatus::InvalidArgument, "{r:?}");
+        assert!(r.error_text.contains(says), "{}", r.error_text);
+    }
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    loop {
+        let req = open(&mut c, 1_000_000);
+        let r = c.call(req).await;
+        if status(&r) == ResponseStatus::Ok {
+            assert_eq!(r.session_ttl_micro, 1_000_000);
+            break;
+        }
+        assert_eq!(status(&r), ResponseStatus::NotLeader, "{r:?}");
+        assert!(std::time::Instant::now() < deadline, "never a leader");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    server.stop().await.unwrap();
+}

@@ -273,7 +273,7 @@ pub struct Config {
     /// With --restore-backup: the least fencing token granted after the
     /// restore (default: the wall clock in nanoseconds, as a single server
     /// starts its tokens).
-    #[arg(long, env = "DLOCK_FENCE_FLOOR", value_name = "TOKEN", requires = "restore_backup", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_FENCE_FLOOR", value_name = "TOKEN", requires = "restore_backup", value_parser = clap::value_parser!(u64).range(1..=FENCE_FLOOR_MAX), help_heading = "Cluster")]
     pub fence_floor: Option<u64>,
 
     /// Name every node of one cluster shares; a peer with another is refused.
@@ -287,11 +287,11 @@ pub struct Config {
 
     /// TTL of a session whose client names none: how long its locks without
     /// a lease outlive a broken connection.
-    #[arg(long, env = "DLOCK_SESSION_TTL", default_value = "10s", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_SESSION_TTL", default_value = "10s", value_parser = session_ttl, help_heading = "Cluster")]
     pub session_ttl: Duration,
 
     /// Longest TTL a client may ask for in OpenSession.
-    #[arg(long, env = "DLOCK_MAX_SESSION_TTL", default_value = "5min", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_MAX_SESSION_TTL", default_value = "5min", value_parser = session_ttl, help_heading = "Cluster")]
     pub max_session_ttl: Duration,
 
     /// How often the leader sends heartbeats.
@@ -407,7 +407,12 @@ impl Config {
     /// later request that cannot be written). Locks bound to the connection
     /// are released then, so a client must treat this as its deadline.
     pub fn session_timeout(&self) -> Duration {
-        let keepalive = self.keepalive_time + self.keepalive_interval * self.keepalive_retries;
+        // Saturating: durations on the command line have no ceiling, and
+        // an absurd one must not panic every Hello.
+        let keepalive = self.keepalive_time.saturating_add(
+            self.keepalive_interval
+                .saturating_mul(self.keepalive_retries),
+        );
         self.idle_timeout.min(keepalive).min(self.write_timeout)
     }
 
@@ -434,6 +439,27 @@ fn positive(s: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// The highest --fence-floor: tokens count up by one per grant from the
+/// floor and must never wrap, and a table whose next token is past half
+/// the range is taken for damage (as a fence file there is).
+pub const FENCE_FLOOR_MAX: u64 = u64::MAX / 2;
+
+/// The shortest session TTL: a session is kept alive by a commit every
+/// third of its TTL while its connection is open, so a TTL of milliseconds
+/// would make one idle connection a stream of commits.
+pub const MIN_SESSION_TTL: Duration = Duration::from_secs(1);
+
+fn session_ttl(s: &str) -> Result<Duration, String> {
+    let ttl = dlock::duration::parse_positive(s)?;
+    if ttl < MIN_SESSION_TTL {
+        return Err(format!(
+            "must be at least {}",
+            humantime::format_duration(MIN_SESSION_TTL)
+        ));
+    }
+    Ok(ttl)
 }
 
 /// Frames must fit a request with a few keys, and their length must fit
@@ -520,6 +546,21 @@ mod tests {
                 "{bad:?} accepted"
             );
         }
+    }
+
+    #[test]
+    fn session_ttls_and_the_fence_floor_have_bounds() {
+        let parse = |args: &[&str]| Config::try_parse_from([&["s"], args].concat());
+        assert!(parse(&["--session-ttl", "999ms"]).is_err());
+        assert!(parse(&["--max-session-ttl", "100ms"]).is_err());
+        assert!(parse(&["--session-ttl", "1s"]).is_ok());
+        let floor = |n: u64| {
+            let n = n.to_string();
+            let args = ["--data-dir", "d", "--restore-backup", "--fence-floor", &n];
+            parse(&args).map(|c| c.fence_floor)
+        };
+        assert_eq!(floor(FENCE_FLOOR_MAX).ok(), Some(Some(FENCE_FLOOR_MAX)));
+        assert!(floor(FENCE_FLOOR_MAX + 1).is_err());
     }
 
     #[test]

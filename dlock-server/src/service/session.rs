@@ -19,6 +19,7 @@
 
 use super::reply::{self, Refusal};
 use super::{Answer, Conn, Service};
+use crate::ops::config::MIN_SESSION_TTL;
 use crate::table::{Command, OwnerId, Reply, MAX_REMEMBERED};
 use dlock::proto::{Request, ResponseStatus};
 use std::sync::Arc;
@@ -39,6 +40,15 @@ impl Service {
             0 => self.config.session_ttl,
             m => Duration::from_micros(m),
         };
+        if ttl < MIN_SESSION_TTL {
+            return Err(Refusal::new(
+                ResponseStatus::InvalidArgument,
+                format!(
+                    "session_ttl_micro {asked} is under the shortest session TTL, {}",
+                    humantime::format_duration(MIN_SESSION_TTL)
+                ),
+            ));
+        }
         if ttl > self.config.max_session_ttl {
             return Err(Refusal::new(
                 ResponseStatus::InvalidArgument,

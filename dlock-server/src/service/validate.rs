@@ -6,6 +6,7 @@ use super::reply::Refusal;
 use crate::ops::config::Config;
 use crate::table::{Command, Key, OwnerId, Sharing, WaitLimit, MAX_VALUE_LEN};
 use dlock::proto::{RequestLock, ResponseStatus};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -97,7 +98,26 @@ pub fn lock_args(config: &Config, body: RequestLock) -> Result<LockArgs, Refusal
             "limit applies to shared keys; name them in shared_keys",
         ));
     }
-    if let Some(k) = body.shared_keys.iter().find(|k| !body.keys.contains(k)) {
+    // The keys are checked against their limits first, so that the shared
+    // keys are looked up among a bounded list; a shared key names one of
+    // them, so there are no more of those than of keys.
+    validate_keys(config, &body.keys)?;
+    if body.shared_keys.len() > body.keys.len() {
+        return Err(Refusal::new(
+            ResponseStatus::InvalidArgument,
+            format!(
+                "{} shared keys but {} keys; each shared key must be one of the keys",
+                body.shared_keys.len(),
+                body.keys.len()
+            ),
+        ));
+    }
+    let named: HashSet<&str> = body.keys.iter().map(String::as_str).collect();
+    if let Some(k) = body
+        .shared_keys
+        .iter()
+        .find(|k| !named.contains(k.as_str()))
+    {
         return Err(Refusal::new(
             ResponseStatus::InvalidArgument,
             format!("shared key {k:?} is not among the request's keys"),
@@ -109,7 +129,7 @@ pub fn lock_args(config: &Config, body: RequestLock) -> Result<LockArgs, Refusal
     };
     check_value(&body.value)?;
     Ok(LockArgs {
-        keys: checked_keys(config, body.keys)?,
+        keys: body.keys.into_iter().map(Key::from).collect(),
         sharing,
         wait,
         lease,
@@ -275,4 +295,38 @@ pub fn check_value(value: &[u8]) -> Result<(), Refusal> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn body(keys: usize, shared: usize) -> RequestLock {
+        RequestLock {
+            keys: (0..keys).map(|i| format!("k{i}")).collect(),
+            shared_keys: (0..shared).map(|i| format!("k{i}")).collect(),
+            ..RequestLock::default()
+        }
+    }
+
+    #[test]
+    fn keys_are_bounded_before_shared_keys_are_looked_up_among_them() {
+        let config = Config::parse_from(["s"]);
+        // Too many keys: refused by count, before any lookup.
+        let many = config.max_keys + 1;
+        let r = lock_args(&config, body(many, many))
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(r.status, ResponseStatus::TooManyKeys);
+        // More shared keys than keys cannot all be among them.
+        let r = lock_args(&config, body(2, 3)).map(|_| ()).unwrap_err();
+        assert_eq!(r.status, ResponseStatus::InvalidArgument);
+        assert!(r.text.contains("3 shared keys but 2 keys"), "{}", r.text);
+        let mut stray = body(2, 1);
+        stray.shared_keys = vec!["elsewhere".into()];
+        let r = lock_args(&config, stray).map(|_| ()).unwrap_err();
+        assert!(r.text.contains("\"elsewhere\""), "{}", r.text);
+        assert!(lock_args(&config, body(3, 2)).is_ok());
+    }
 }

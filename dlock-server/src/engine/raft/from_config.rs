@@ -12,6 +12,30 @@ use tokio_util::sync::CancellationToken;
 /// The first fencing token of every cluster's table.
 pub const CLUSTER_FIRST_FENCE: u64 = 1;
 
+/// The largest request the key flags allow, in key bytes, that a log
+/// entry may have to carry: one request is one command, and an entry of a
+/// command alone is not split. Well under the log's largest record (64
+/// MiB) and the peer transport's largest frame, so a leader never meets an
+/// entry it cannot write or send (which openraft takes for a storage
+/// failure, stopping the node).
+const MAX_REQUEST_KEY_BYTES: usize = 16 << 20;
+
+fn check_request_fits_a_record(config: &Config) -> anyhow::Result<()> {
+    // A key costs its bytes and a few of framing (the batcher's `weight`).
+    let most = config
+        .max_keys
+        .saturating_mul(config.max_key_len.saturating_add(8));
+    if most > MAX_REQUEST_KEY_BYTES {
+        bail!(
+            "--max-keys {} x --max-key-len {} allows requests of {most} key bytes; a cluster node \
+             logs each request as one record, and takes at most {MAX_REQUEST_KEY_BYTES}: lower them",
+            config.max_keys,
+            config.max_key_len
+        );
+    }
+    Ok(())
+}
+
 /// Starts this server's cluster node from `config` (`--data-dir` and the
 /// cluster flags); clients reach this server at `client_addr`.
 ///
@@ -29,6 +53,7 @@ pub async fn start(
         .data_dir
         .clone()
         .context("a cluster node needs --data-dir")?;
+    check_request_fits_a_record(config)?;
     let members: BTreeMap<u64, Member> = config
         .initial_cluster
         .iter()
@@ -72,7 +97,10 @@ pub async fn start(
         initial_members: members,
         join_existing: config.initial_cluster_state == InitialClusterState::Existing,
         heartbeat: config.heartbeat,
-        election_timeout: (config.election_timeout, config.election_timeout * 2),
+        election_timeout: (
+            config.election_timeout,
+            config.election_timeout.saturating_mul(2),
+        ),
         limits: config.table_limits(),
         // Part of the table's initial state, from which every node (and
         // every start, until the first snapshot) replays the log: it must
@@ -92,4 +120,19 @@ pub async fn start(
         clock_rate: config.test_clock_rate,
     };
     Cluster::start(cfg, peers, sink, stop).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn key_flags_that_allow_a_request_over_a_log_record_are_refused() {
+        let parse = |args: &[&str]| Config::parse_from([&["s"], args].concat());
+        assert!(check_request_fits_a_record(&parse(&[])).is_ok());
+        let big = parse(&["--max-keys", "100000", "--max-key-len", "1024"]);
+        let err = check_request_fits_a_record(&big).expect_err("refused");
+        assert!(err.to_string().contains("lower them"), "{err}");
+    }
 }

@@ -192,7 +192,11 @@ impl PeerServer {
                     offset,
                     done,
                 } => {
-                    let data = wire::recv_raw(conn).await?;
+                    // The chunk follows its header at once; a peer that
+                    // stalls between them must not keep the slot forever.
+                    let data = tokio::time::timeout(wire::IDLE_TIMEOUT, wire::recv_raw(conn))
+                        .await
+                        .map_err(|_| WireError::Timeout)??;
                     let end = offset.saturating_add(data.len() as u64);
                     if end > wire::MAX_SNAPSHOT {
                         return Err(WireError::TooLarge(
