@@ -73,8 +73,9 @@ pub struct ClientOptions {
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// On a cluster: the TTL asked for this client's sessions, how long
     /// one outlives a broken connection (and so how long a failover may
-    /// take without losing locks). `None` (the default): the cluster's
-    /// default (`--session-ttl`, 10 s). Ignored by a single server.
+    /// take without losing locks), from 1 s up to the cluster's
+    /// `--max-session-ttl`. `None` (the default): the cluster's default
+    /// (`--session-ttl`, 10 s). Ignored by a single server.
     pub session_ttl: Option<Duration>,
 }
 
