@@ -112,7 +112,11 @@ pub fn lock_args(config: &Config, body: RequestLock) -> Result<LockArgs, Refusal
             ),
         ));
     }
-    let named: HashSet<&str> = body.keys.iter().map(String::as_str).collect();
+    // Most Locks share nothing: no set to build for them.
+    let named: HashSet<&str> = match body.shared_keys.is_empty() {
+        true => HashSet::new(),
+        false => body.keys.iter().map(String::as_str).collect(),
+    };
     if let Some(k) = body
         .shared_keys
         .iter()
