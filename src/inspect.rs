@@ -15,9 +15,10 @@ pub struct KeyState {
     /// Every holder, lowest fencing token first: the first has held the
     /// key longest. Empty when the key is free; one holder when it is held
     /// exclusively. Of a key with thousands of shared holders, the server
-    /// may list only the oldest and the latest (see `holders_omitted`).
+    /// may list only the oldest, the caller's own and the latest (see
+    /// `holders_omitted`).
     pub holders: Vec<Holder>,
-    /// Holders the server left out between the oldest and the latest, to
+    /// Holders the server left out (none of them the caller's), to
     /// keep its answer within the 4 MiB response frame; 0 when `holders`
     /// lists every one.
     pub holders_omitted: u32,

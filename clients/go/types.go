@@ -90,12 +90,11 @@ type KeyHolder struct {
 type KeyInfo struct {
 	Key string
 	// Holders, by fence; empty when the key is free. Of a key with
-	// thousands of them, the server may list only the oldest and the
-	// latest (see HoldersOmitted).
+	// thousands of them, the server may list only the oldest, the
+	// caller's own and the latest (see HoldersOmitted).
 	Holders []KeyHolder
-	// HoldersOmitted: holders the server left out between the oldest and
-	// the latest, to keep its answer within 4 MiB; 0 when Holders lists
-	// every one.
+	// HoldersOmitted: holders the server left out (never the caller's),
+	// to keep its answer within 4 MiB; 0 when Holders lists every one.
 	HoldersOmitted uint32
 	Shared         bool
 	// Limit the shared holders agreed on; 0 = none.

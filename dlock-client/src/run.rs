@@ -538,7 +538,8 @@ async fn describe_holders(client: &Client, busy: &[String], what: &str) {
                     0 => String::new(),
                     n => format!(" of at most {n}"),
                 };
-                format!("held shared by {} holders{limit}", info.holders.len())
+                let holders = info.holders.len() + info.holders_omitted as usize;
+                format!("held shared by {holders} holders{limit}")
             }
             Some(h) => match h.holder_addr {
                 None => format!("held by a lease (fence {})", h.fence),

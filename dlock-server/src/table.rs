@@ -419,16 +419,22 @@ impl LockTable {
 
     /// What the table knows of `key` at `now`, every holder listed.
     pub fn inspect(&self, key: &str, now: Time) -> KeyView {
-        self.inspect_within(key, now, usize::MAX)
+        self.inspect_within(key, now, usize::MAX, None)
     }
 
     /// What the table knows of `key` at `now`, listing holders while
     /// their values and a fixed allowance each ([`HOLDER_COST`]) add up to
-    /// at most `budget` bytes: the oldest grants, and always the latest.
-    /// The rest are only counted, so a key with a hundred thousand readers
-    /// costs an answer of bounded size, and no copy of every value under
-    /// the engine's lock.
-    pub fn inspect_within(&self, key: &str, now: Time, budget: usize) -> KeyView {
+    /// at most `budget` bytes: the oldest grants, and always the oldest,
+    /// the latest and `caller`'s own. The rest are only counted, so a key
+    /// with a hundred thousand readers costs an answer of bounded size,
+    /// and no copy of every value under the engine's lock.
+    pub fn inspect_within(
+        &self,
+        key: &str,
+        now: Time,
+        budget: usize,
+        caller: Option<OwnerId>,
+    ) -> KeyView {
         let state = self.keys.get(key);
         let view = |h: &Hold| HolderView {
             owner: h.owner,
@@ -441,8 +447,11 @@ impl LockTable {
         let count = state.map_or(0, |s| s.holds.count());
         let mut by_fence = state.into_iter().flat_map(|s| s.holds.by_fence());
         let latest = by_fence.next_back();
-        let mut spent = latest.map_or(0, cost);
-        let mut holders = Vec::new();
+        let oldest = by_fence.next();
+        let mut spent = latest
+            .map_or(0, cost)
+            .saturating_add(oldest.map_or(0, cost));
+        let mut holders: Vec<HolderView> = oldest.into_iter().map(view).collect();
         for h in by_fence {
             spent = spent.saturating_add(cost(h));
             if spent > budget {
@@ -450,6 +459,13 @@ impl LockTable {
             }
             holders.push(view(h));
         }
+        // The caller's own hold, if the budget ran out before it: it comes
+        // after every hold listed and before the latest.
+        let last_listed = holders.last().map_or(0, |h| h.fence);
+        let mine = caller
+            .and_then(|c| state.and_then(|s| s.holds.of(c)))
+            .filter(|h| h.fence > last_listed && latest.is_some_and(|l| l.fence != h.fence));
+        holders.extend(mine.map(view));
         let latest = latest.map(view);
         let holders_omitted = count.saturating_sub(holders.len() + usize::from(latest.is_some()));
         KeyView {

@@ -297,6 +297,7 @@ async fn an_answer_listing_thousands_of_holders_stays_within_the_client_frame_li
     assert!(listed < HOLDERS, "{listed} listed in all");
     for info in &r.key_info {
         assert_eq!(info.holders.len() + info.holders_omitted as usize, HOLDERS);
+        assert_eq!(info.holders.first().map(|h| h.fence), Some(oldest));
         assert_eq!(info.holders.last().map(|h| h.fence), Some(latest));
         assert_eq!(info.fence, latest);
     }

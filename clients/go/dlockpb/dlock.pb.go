@@ -875,8 +875,8 @@ type KeyInfo struct {
 	WaitedMicro uint64 `protobuf:"varint,12,opt,name=waited_micro,json=waitedMicro,proto3" json:"waited_micro,omitempty"`
 	// Extension: holders of this key left out of holders so the response
 	// stays within the largest frame a client accepts (4 MiB): holders then
-	// lists the oldest grants and the latest one, and this many between them
-	// are not listed. 0 = holders lists every one.
+	// lists the oldest grants, the asker's own and the latest one, and this
+	// many others are not listed. 0 = holders lists every one.
 	HoldersOmitted uint32 `protobuf:"varint,13,opt,name=holders_omitted,json=holdersOmitted,proto3" json:"holders_omitted,omitempty"`
 }
 

@@ -53,7 +53,8 @@ impl Service {
                 .map(|a| a.to_string())
                 .unwrap_or_default()
         };
-        let info = reply::key_info(key, table.inspect_within(key, now, *budget), caller, addr);
+        let view = table.inspect_within(key, now, *budget, caller);
+        let info = reply::key_info(key, view, caller, addr);
         *budget = budget.saturating_sub(info.encoded_len());
         info
     }

@@ -248,12 +248,23 @@ pub fn key_info(
 /// `r` within the largest response frame a client must accept
 /// ([`dlock::MAX_RESPONSE_FRAME`]). Only lists of shared holders grow
 /// without a bound the request sets, so the longest list is cut first:
-/// its oldest grants and its latest one stay (what a client reads as the
-/// key's first holder and its fence), the ones between are counted in
-/// `holders_omitted`. Refused if even that is not enough (many long keys
-/// with long values under limits raised far past their defaults).
+/// its oldest grants, the caller's own and its latest one stay (what a
+/// client reads as the key's first holder, whether it holds, and the
+/// fence), the others are counted in `holders_omitted`. Refused if even
+/// that is not enough (many long keys with long values under limits raised
+/// far past their defaults). The table lists holders within the same
+/// budget already (`LockTable::inspect_within`); this is the exact check.
 pub fn within_frame(mut r: Response) -> Result<Response, Refusal> {
     const LIMIT: usize = dlock::MAX_RESPONSE_FRAME;
+    // The caller's hold between the first and the last, which stays.
+    let mine = |i: &KeyInfo| {
+        let n = i.holders.len();
+        (n > 2)
+            .then(|| i.holders[1..n - 1].iter().position(|h| h.held_by_caller))
+            .flatten()
+            .map(|p| p + 1)
+    };
+    let kept = |i: &KeyInfo| 2 + usize::from(mine(i).is_some());
     loop {
         let len = r.encoded_len();
         let Some(over) = len.checked_sub(LIMIT).filter(|&o| o > 0) else {
@@ -264,7 +275,7 @@ pub fn within_frame(mut r: Response) -> Result<Response, Refusal> {
             .key_info
             .iter_mut()
             .chain(busiest)
-            .filter(|i| i.holders.len() > 2)
+            .filter(|i| i.holders.len() > kept(i))
             .max_by_key(|i| i.holders.len())
         else {
             return Err(Refusal::new(
@@ -283,10 +294,21 @@ pub fn within_frame(mut r: Response) -> Result<Response, Refusal> {
             .map(|h| h.encoded_len() + 4)
             .sum::<usize>()
             / n;
-        let cut = (over / each.max(1) + 1).min(n - 2);
-        let latest = info.holders.swap_remove(n - 1);
-        info.holders.truncate(n - 1 - cut);
-        info.holders.push(latest);
+        let cut = (over / each.max(1) + 1).min(n - kept(info));
+        // Drop the `cut` holders just before the latest, stepping over the
+        // caller's own.
+        let mine = mine(info);
+        let latest = n - 1;
+        let mut from = latest - cut;
+        if mine.is_some_and(|p| p >= from) {
+            from -= 1;
+        }
+        let mut i = 0;
+        info.holders.retain(|_| {
+            let keep = i < from || i == latest || Some(i) == mine;
+            i += 1;
+            keep
+        });
         info.holders_omitted = info
             .holders_omitted
             .saturating_add(u32::try_from(cut).unwrap_or(u32::MAX));
@@ -355,6 +377,29 @@ mod tests {
         let long = &r.key_info[1];
         assert_eq!(long.holders.len() + long.holders_omitted as usize, 5_000);
         assert_eq!(long.holders.last().map(|h| h.fence), Some(4_999));
+    }
+
+    #[test]
+    fn the_callers_own_holder_is_never_cut() {
+        let mut r = response(1, ResponseStatus::Ok);
+        let mut big = key(1, 5_000);
+        big.holders[1_234].held_by_caller = true;
+        r.key_info = vec![big];
+        let r = within_frame(r).expect("fits once cut");
+        let k = &r.key_info[0];
+        assert!(k
+            .holders
+            .iter()
+            .any(|h| h.held_by_caller && h.fence == 1_234));
+        assert_eq!(k.holders.len() + k.holders_omitted as usize, 5_000);
+        assert!(k.holders.windows(2).all(|w| w[0].fence < w[1].fence));
+        // Even when only three can stay: the first, the caller's, the last.
+        let mut r = response(1, ResponseStatus::Ok);
+        let mut three = key(1, 4);
+        three.holders[2].held_by_caller = true;
+        r.key_info = vec![three; 4_000];
+        let refused = within_frame(r).expect_err("cannot fit");
+        assert_eq!(refused.status, ResponseStatus::LimitReached);
     }
 
     #[test]

@@ -493,22 +493,26 @@ mod tests {
             .map(|owner| granted(&apply(&mut t, read(owner, "k"), owner)))
             .collect();
         let listed = |budget| {
-            let v = t.inspect_within("k", at(9), budget);
+            let v = t.inspect_within("k", at(9), budget, None);
             let f: Vec<u64> = v.holders.iter().map(|h| h.fence).collect();
             (f, v.holders_omitted)
         };
         let all = t.inspect("k", at(9));
         assert_eq!(all.holders.len(), 5);
         assert_eq!(all.holders_omitted, 0);
-        // Room for two holders: the oldest and the latest.
-        let two = 2 * crate::table::HOLDER_COST;
-        assert_eq!(listed(two), (vec![fences[0], fences[4]], 3));
-        assert_eq!(listed(0), (vec![fences[4]], 4), "the latest always");
+        // Room for three holders: the oldest two and the latest.
+        let three = 3 * crate::table::HOLDER_COST;
+        assert_eq!(listed(three), (vec![fences[0], fences[1], fences[4]], 2));
+        let ends = (vec![fences[0], fences[4]], 3);
+        assert_eq!(listed(0), ends, "the oldest and the latest always");
         assert_eq!(listed(usize::MAX).0, fences);
-        assert_eq!(
-            t.inspect_within("k", at(9), 0).holder.map(|h| h.1),
-            Some(fences[4])
-        );
+        let v = t.inspect_within("k", at(9), 0, None);
+        assert_eq!(v.holder.map(|h| h.1), Some(fences[4]));
+        // The caller's own hold is listed too (owner 3 took fences[2]).
+        let v = t.inspect_within("k", at(9), 0, Some(3));
+        let f: Vec<u64> = v.holders.iter().map(|h| h.fence).collect();
+        assert_eq!(f, vec![fences[0], fences[2], fences[4]]);
+        assert_eq!(v.holders_omitted, 2);
     }
 
     #[test]

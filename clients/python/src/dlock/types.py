@@ -106,15 +106,15 @@ class KeyInfo:
     #: The limit the shared holders agreed on; 0 is no limit.
     limit: int = 0
     #: Every holder of a key held shared, by fence; empty otherwise. Of a key
-    #: with thousands of them, the server may list only the oldest and the
-    #: latest (see `holders_omitted`).
+    #: with thousands of them, the server may list only the oldest, the
+    #: caller's own and the latest (see `holders_omitted`).
     holders: Tuple[KeyHolder, ...] = ()
     #: The value of the holder `fence` names (b"": free, or none set).
     value: bytes = b""
     #: Seconds since that holder's grant; None when free.
     held_for: Optional[float] = None
-    #: Holders the server left out of `holders`, between the oldest and the
-    #: latest, to keep its answer within 4 MiB; 0 when it lists every one.
+    #: Holders the server left out of `holders` (never the caller's), to
+    #: keep its answer within 4 MiB; 0 when it lists every one.
     holders_omitted: int = 0
 
     @property
