@@ -13,7 +13,7 @@
 
 use crate::exit::{self, Failure};
 use crate::guardian::Guardian;
-use dlock::{Client, ClientOptions, LockGuard, Lost};
+use dlock::{Client, ClientOptions, Disconnect, LockGuard, Lost};
 use std::cell::RefCell;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -62,10 +62,11 @@ impl Keeper {
     }
 
     /// Keeps the lock (renewing a lease, reconnecting when the connection
-    /// drops) and resolves when it is lost, with the reason. Meant to be
-    /// polled as one future for as long as COMMAND runs: a renewal or a
-    /// reconnection in flight is not restarted by other events.
-    pub async fn lost(&mut self) -> Lost {
+    /// drops) and resolves when it is lost, with the reason and when
+    /// COMMAND must be gone by ([`stop_by`]). Meant to be polled as one
+    /// future for as long as COMMAND runs: a renewal or a reconnection in
+    /// flight is not restarted by other events.
+    pub async fn lost(&mut self) -> (Lost, Instant) {
         let period = (self.guard.borrow().margin() / 2)
             .clamp(Duration::from_millis(10), Duration::from_secs(1));
         let mut tick = tokio::time::interval(period);
@@ -78,7 +79,10 @@ impl Keeper {
         tokio::pin!(watch);
         loop {
             tokio::select! {
-                lost = &mut watch => return lost,
+                lost = &mut watch => {
+                    let by = stop_by(&lost, &guard.borrow(), Instant::now());
+                    return (lost, by);
+                }
                 _ = tick.tick() => {
                     if let Some(g) = guardian.as_mut() {
                         g.deadline(enforce.then(|| guardian_deadline(&guard.borrow())));
@@ -95,6 +99,28 @@ impl Keeper {
         if let Some(g) = self.guardian.as_mut() {
             g.deadline(deadline);
         }
+    }
+}
+
+/// When COMMAND must be gone once the lock is lost for `reason`, at `now`:
+/// half the margin before the lock's deadline, the last moment the server
+/// could not yet have handed it on; at once when the server has let it go
+/// already (it says the keys are not held, ended the session, or closed
+/// the connection a lock without a lease was bound to).
+pub fn stop_by(reason: &Lost, guard: &LockGuard, now: Instant) -> Instant {
+    let gone = match reason {
+        Lost::NotHeld => true,
+        Lost::ConnectionLost(Disconnect::SessionEnded) => true,
+        Lost::ConnectionLost(Disconnect::Closed) => guard.lease().is_none(),
+        _ => false,
+    };
+    let deadline = match reason {
+        Lost::Jeopardy { deadline, .. } => *deadline,
+        _ => guard.deadline(),
+    };
+    match gone {
+        true => now,
+        false => deadline.checked_sub(guard.margin() / 2).unwrap_or(now),
     }
 }
 

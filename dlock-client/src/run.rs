@@ -280,10 +280,7 @@ async fn supervise(
     signals: &mut Signals,
     acquired: Instant,
 ) -> Outcome {
-    let (keys, margin) = {
-        let g = keeper.guard();
-        (g.keys().join(","), g.margin())
-    };
+    let keys = keeper.guard().keys().join(",");
     let mut lost = None;
     let mut max_time_hit = false;
     let mut kill_at: Option<Instant> = None;
@@ -304,16 +301,11 @@ async fn supervise(
                     sig if child.should_forward(sig) => child.signal(sig),
                     _ => {}
                 },
-                reason = &mut watch, if lost.is_none() => {
+                (reason, stop_by) = &mut watch, if lost.is_none() => {
                     say!("lock on {keys} lost: {reason}");
-                    // In jeopardy there is time left: the command must be
-                    // gone before the server could hand the lock on, grace
-                    // or not.
-                    let grace_end = Instant::now() + args.grace;
-                    let at = match &reason {
-                        Lost::Jeopardy { deadline, .. } => grace_end.min(*deadline - margin / 2),
-                        _ => grace_end,
-                    };
+                    // The command must be gone before the server could
+                    // hand the lock on, grace or not (at once if it has).
+                    let at = (Instant::now() + args.grace).min(stop_by);
                     match args.on_lost {
                         OnLost::Term => {
                             say!(
