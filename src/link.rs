@@ -401,7 +401,17 @@ async fn write_loop(
                     None => continue,
                 }
             }
-            _ = &mut ping_due => heartbeat_call(&mut st.ping_id),
+            _ = &mut ping_due => {
+                if unanswered(&pending) >= MAX_UNANSWERED {
+                    // Behind a Lock that waits, nothing is answered: Pings
+                    // would pile up for as long as it waits. The server
+                    // does not take a connection it stopped reading (at
+                    // its pipeline limit) for idle, so none is needed.
+                    ping_due.as_mut().reset(Instant::now() + heartbeat);
+                    continue;
+                }
+                heartbeat_call(&mut st.ping_id)
+            }
         };
         let batch = with_queued_calls(first, &mut st.calls);
         encode_batch(batch, &pending, &mut st, &mut out);
@@ -450,6 +460,14 @@ fn resend(pending: &PendingQueue, token: &str, out: &mut BytesMut) {
             p.sent = now;
         }
     }
+}
+
+/// Requests unanswered at most before the writer stops adding Pings: the
+/// server's default pipeline limit, past which it stops reading anyway.
+const MAX_UNANSWERED: usize = 1024;
+
+fn unanswered(pending: &PendingQueue) -> usize {
+    pending.lock().unwrap_or_else(|p| p.into_inner()).len()
 }
 
 /// A Ping of the writer's own.
