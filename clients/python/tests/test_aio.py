@@ -156,6 +156,24 @@ def test_a_lease_is_renewed_in_the_background(server):
     run(body())
 
 
+def test_renewing_to_a_shorter_lease_renews_on_the_shorter_schedule(server):
+    async def body():
+        async with dlock.aio.connect(server.addr) as a, dlock.aio.connect(server.addr) as b:
+            lease = await a.lock("shortened", lease=30)
+            await lease.renew(0.6)
+            # Two and a half of the new lease pass while b waits: renewed
+            # every 0.2 s it stays held (the keeper used to sleep until a
+            # third of the 30 s lease, long after the 0.6 s one ran out).
+            with pytest.raises(Timeout):
+                await b.lock("shortened", wait=1.5)
+            assert not lease.lost.is_set()
+            [info] = await b.inspect("shortened")
+            assert info.fence == lease.fence and info.lease_remaining <= 0.6
+            await lease.unlock()
+
+    run(body())
+
+
 def test_a_lease_outlives_its_connection_and_is_released_by_fence(server):
     async def body():
         a = await dlock.aio.connect(server.addr)

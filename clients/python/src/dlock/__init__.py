@@ -16,7 +16,7 @@ asyncio, with many tasks on one connection::
         async with client.lock(["a", "b"], lease=60) as lock:
             ...
 
-Against a cluster, name its nodes: ``dlock.Client("127.0.0.1:7436,127.0.0.1:7437,127.0.0.1:7438")``
+Against a cluster, name its nodes: ``dlock.Client("127.0.0.1:7436,127.0.0.2:7436,127.0.0.3:7436")``
 (or a list, or DLOCK_SERVER so); the client follows the leader and keeps its locks through failovers.
 
 Layout: `aio` (the asyncio client), `connection` (its pipelined connection, and on a cluster

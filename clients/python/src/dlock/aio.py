@@ -81,6 +81,10 @@ _IDLE_WATCHERS = 2
 T = TypeVar("T")
 
 
+
+#: The least `margin`: a server clock may run 0.1 % faster than the client's.
+_MIN_MARGIN = 0.001
+
 class _AwaitableContext(Generic[T]):
     """Both `await x` and `async with x as v`: how connect() and lock() are used."""
 
@@ -126,7 +130,8 @@ def connect(
     same is logged on the "dlock" logger).
 
     `token` defaults to DLOCK_TOKEN. `margin` is the fraction of the session
-    timeout or lease kept in reserve before a lock is reported lost.
+    timeout or lease kept in reserve before a lock is reported lost (at
+    least 0.001, the allowance for a server clock running 0.1 % fast).
     `connect_timeout` bounds the whole connect; given several servers, each
     gets a share of it (at least half a second), so one that accepts but
     never answers cannot use it up.
@@ -147,8 +152,9 @@ def connect(
 
     addrs = _env.server_addresses(server)
     tls = _env.tls_context(tls_ca, tls_cert, tls_key, ssl_context)
-    if session_ttl is not None and session_ttl <= 0:
-        raise ValueError(f"session_ttl {session_ttl} must be positive")
+    if session_ttl is not None and session_ttl < 1:
+        # A cluster refuses sessions shorter than a second (InvalidArgument).
+        raise ValueError(f"session_ttl {session_ttl} must be at least 1 second")
     dial = Dial(addrs, _env.access_token(token), connect_timeout, tls, session_ttl, on_event)
     return _AwaitableContext(lambda: Client._connect(dial, max_in_flight, margin), close)
 
@@ -179,8 +185,10 @@ class Client:
 
     @classmethod
     async def _connect(cls, dial: Dial, max_in_flight: Optional[int], margin: float) -> "Client":
-        if not 0 <= margin < 1:
-            raise ValueError(f"margin {margin} must be at least 0 and below 1")
+        if not _MIN_MARGIN <= margin < 1:
+            # The least margin is the clock-rate allowance: the server's
+            # clock may run up to 0.1 % faster than this one.
+            raise ValueError(f"margin {margin} must be at least {_MIN_MARGIN} and below 1")
         conn = await Connection.open(dial, max_in_flight)
         return cls(conn, margin)
 

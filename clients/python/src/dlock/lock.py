@@ -118,8 +118,12 @@ class Lock:
         if self in self._client._bound:
             self._client._bound.discard(self)
             self._client._leases.add(self)
-        if self._keeper is None:
-            self._start_keeper()
+        # The keeper sleeps until a time reckoned from the lease it had: a
+        # shorter lease needs its renewal (or its loss) sooner.
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None and keeper is not asyncio.current_task():
+            keeper.cancel()
+        self._start_keeper()
 
     async def _renew_once(self, lease: float, sent: float) -> None:
         body = pb.RequestLock(keys=self.keys, fence=self.fence, release_micro=micros(lease))
