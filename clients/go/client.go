@@ -34,7 +34,8 @@ type Options struct {
 	// wait. Default 256 (and never more than the server's max_pipeline).
 	MaxInFlight int
 	// SessionTTL asked for the client's session on a cluster: how long it
-	// outlives a broken connection. 0: the cluster's default.
+	// outlives a broken connection, from 1 s (a cluster refuses shorter
+	// ones) up to the cluster's --max-session-ttl. 0: the cluster's default.
 	SessionTTL time.Duration
 	// OnEvent is told when the session moves between cluster nodes. It is
 	// called on a goroutine of its own.
@@ -393,7 +394,7 @@ func (c *Client) granted(ctx context.Context, ln *link, keys []string, fence uin
 		}
 	}
 	l := &Lock{c: c, ln: ln, own: own, keys: keys, fence: fence, lease: lease, leaseSent: sent,
-		lost: make(chan struct{}), changed: make(chan struct{}, 1), ended: make(chan struct{})}
+		lost: make(chan struct{}), changed: make(chan struct{}), ended: make(chan struct{})}
 	c.mu.Lock()
 	var older []*Lock
 	for _, k := range keys {

@@ -323,6 +323,31 @@ func TestALeaseIsLostUnlessKeptAliveAndRenewMovesIt(t *testing.T) {
 	}
 }
 
+func TestKeepAliveFollowsARenewOfALockWithoutALease(t *testing.T) {
+	s := startServer(t, "")
+	ctx := testCtx(t)
+	c := connect(t, s.Addr, nil)
+	l, err := c.Lock(ctx, []string{"promoted"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = l.KeepAlive(kctx) }()
+	// Both the watchdog and KeepAlive wait for the change; both must see
+	// it, or the new lease is never renewed.
+	if err := l.Renew(ctx, 800*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1600 * time.Millisecond) // two leases: only renewals keep it
+	if err := l.Check(); err != nil {
+		t.Fatalf("kept alive, yet %v", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestTheConnectionEndingLosesLocksWithoutALeaseAndFailsLaterCalls(t *testing.T) {
 	s := startServer(t, "")
 	ctx := testCtx(t)

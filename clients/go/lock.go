@@ -55,11 +55,30 @@ type Lock struct {
 	released  bool
 	err       error
 	lost      chan struct{}
-	// changed wakes the watchdog when the lease moved.
+	// changed is closed, and replaced, when the lease moves or the lock
+	// is released: it wakes every waiter (the watchdog, KeepAlive).
 	changed chan struct{}
+	// renewing orders renewals: each is stamped with its send time once
+	// the one before is answered, so the latest stamp is the lease the
+	// server applied last.
+	renewing sync.Mutex
 	// ended is closed when the lock is unlocked or lost.
 	ended     chan struct{}
 	endClosed bool
+}
+
+// changes is the channel closed at the next change; take it before
+// reading what the change would move, or a change in between is missed.
+func (l *Lock) changes() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.changed
+}
+
+// changedLocked wakes every waiter on changes; l.mu is held.
+func (l *Lock) changedLocked() {
+	close(l.changed)
+	l.changed = make(chan struct{})
 }
 
 // endLocked closes ended, once; l.mu is held.
@@ -151,6 +170,7 @@ func (l *Lock) watchdog() {
 		if l.Err() != nil || l.isReleased() {
 			return
 		}
+		changed := l.changes()
 		_, alarm := l.deadline()
 		wait := time.Until(alarm)
 		if wait <= 0 {
@@ -166,7 +186,7 @@ func (l *Lock) watchdog() {
 		timer.Reset(wait)
 		select {
 		case <-timer.C:
-		case <-l.changed:
+		case <-changed:
 		case <-l.lost:
 			return
 		}
@@ -205,12 +225,9 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	}
 	l.released = true
 	l.endLocked()
+	l.changedLocked()
 	l.mu.Unlock()
 	l.c.forget(l)
-	select {
-	case l.changed <- struct{}{}:
-	default:
-	}
 	_, err := l.ln.call(ctx, pb.RequestType_Unlock, &pb.RequestLock{Keys: l.keys, Fence: l.fence}, nil)
 	if l.own {
 		l.c.dropSide(l.ln)
@@ -241,6 +258,8 @@ func (l *Lock) Renew(ctx context.Context, lease time.Duration) error {
 		case <-ctx.Done():
 		}
 	}()
+	l.renewing.Lock()
+	defer l.renewing.Unlock()
 	sent := time.Now()
 	_, err := l.ln.call(ctx, pb.RequestType_Renew, &pb.RequestLock{Keys: l.keys, Fence: l.fence, ReleaseMicro: toMicros(lease)}, nil)
 	if err != nil {
@@ -251,15 +270,12 @@ func (l *Lock) Renew(ctx context.Context, lease time.Duration) error {
 	}
 	l.mu.Lock()
 	// The server replaces the lease end with each Renew, in the order sent,
-	// so the latest-sent renewal is the one in force.
+	// and renewals go one at a time, so the latest-sent one is in force.
 	if l.lease == 0 || !sent.Before(l.leaseSent) {
 		l.lease, l.leaseSent = lease, sent
 	}
+	l.changedLocked()
 	l.mu.Unlock()
-	select {
-	case l.changed <- struct{}{}:
-	default:
-	}
 	return nil
 }
 
@@ -273,6 +289,7 @@ func (l *Lock) Renew(ctx context.Context, lease time.Duration) error {
 //	select { case <-lock.Lost(): ...; case <-done: }
 func (l *Lock) KeepAlive(ctx context.Context) error {
 	for {
+		changed := l.changes()
 		lease := l.Lease()
 		if lease == 0 {
 			select {
@@ -280,7 +297,7 @@ func (l *Lock) KeepAlive(ctx context.Context) error {
 				return l.Err()
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-l.changed:
+			case <-changed:
 				// Renewed into a lease: keep it.
 				continue
 			}
@@ -296,6 +313,11 @@ func (l *Lock) KeepAlive(ctx context.Context) error {
 		case <-ctx.Done():
 			t.Stop()
 			return ctx.Err()
+		case <-changed:
+			// Renewed meanwhile (perhaps to a shorter lease): reckon
+			// the next renewal from that one.
+			t.Stop()
+			continue
 		case <-t.C:
 		}
 		if l.isReleased() {
