@@ -303,6 +303,13 @@ async fn ask(
 pub struct Links(HashMap<String, RawClient<Stream>>);
 
 impl Links {
+    /// Closes the connections to addresses not in `current`: members
+    /// removed, a node that no longer answers at the address it had.
+    pub fn keep_only<'a>(&mut self, current: impl IntoIterator<Item = &'a str>) {
+        let current: std::collections::HashSet<&str> = current.into_iter().collect();
+        self.0.retain(|addr, _| current.contains(addr.as_str()));
+    }
+
     /// ClusterStatus of `server`, within `patience`, on the connection kept
     /// to it if there is one.
     pub async fn status(

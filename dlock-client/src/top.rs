@@ -34,7 +34,8 @@ Exit codes:
   0    quit
   64   usage error, or not on a terminal
   69   cannot reach the server
-  70   the server refused the request (shutting down, or another refusal)
+  70   the server refused the request (shutting down, or another refusal),
+       or the terminal could not be used
   77   access denied";
 
 /// Watch a dlock server or cluster live.

@@ -75,7 +75,7 @@ pub struct Args {
 
     /// With --cluster: the session TTL the honest clients ask for; leader
     /// pauses run past it now and then.
-    #[arg(long, default_value = "3s", value_parser = dlock::duration::parse_positive, requires = "cluster")]
+    #[arg(long, default_value = "3s", value_parser = session_ttl, requires = "cluster")]
     pub session_ttl: Duration,
 
     /// With --cluster: the clock of --clock-nodes nodes runs at this rate
@@ -102,4 +102,18 @@ fn clock_rate(s: &str) -> Result<f64, String> {
         return Err(format!("{s}: must be between 0.5 and 2"));
     }
     Ok(rate)
+}
+
+/// A cluster refuses sessions shorter than a second
+/// (`dlock_server::ops::config::MIN_SESSION_TTL`), so every honest client
+/// would fail to open one.
+fn session_ttl(s: &str) -> Result<Duration, String> {
+    let ttl = dlock::duration::parse_positive(s)?;
+    let least = dlock_server::ops::config::MIN_SESSION_TTL;
+    if ttl < least {
+        return Err(format!(
+            "must be at least {least:?}, the least a cluster accepts"
+        ));
+    }
+    Ok(ttl)
 }

@@ -151,6 +151,8 @@ impl Sampler {
             return (None, Vec::new());
         };
         let nodes = every_node(&view, leader, &self.options, &mut self.links).await;
+        self.links
+            .keep_only(nodes.iter().map(|n| n.addr.as_str()).chain([leader]));
         (Some(view), nodes)
     }
 }

@@ -16,7 +16,8 @@
 //! | `cluster.rs` | the handle: proposing, reads, status, shutdown |
 //! | `start` | starting a node: data directory, openraft, first-start init |
 //! | `membership` | adding and removing nodes |
-//! | `types` | openraft's type configuration: [`Member`], the stamped commands |
+//! | `types` | openraft's type configuration: the stamped commands, the entry |
+//! | `ids` | [`Member`], node ids, log ids, votes, snapshot metadata |
 //! | `batcher` | proposals queued behind each other written as one entry |
 //! | `log_store` | the Raft log and vote: openraft's log storage |
 //! | `log_writer` | the one thread writing the log, appends grouped per sync |

@@ -443,8 +443,9 @@ fn positive(s: &str) -> Result<usize, String> {
 
 /// The highest --fence-floor: tokens count up by one per grant from the
 /// floor and must never wrap, and a table whose next token is past half
-/// the range is taken for damage (as a fence file there is).
-pub const FENCE_FLOOR_MAX: u64 = u64::MAX / 2;
+/// the range is taken for damage (as a fence file there is), so a floor
+/// leaves a quarter of the range to grant before that.
+pub const FENCE_FLOOR_MAX: u64 = u64::MAX / 4;
 
 /// The shortest session TTL: a session is kept alive by a commit every
 /// third of its TTL while its connection is open, so a TTL of milliseconds

@@ -98,17 +98,17 @@ pub fn lock_args(config: &Config, body: RequestLock) -> Result<LockArgs, Refusal
             "limit applies to shared keys; name them in shared_keys",
         ));
     }
-    // The keys are checked against their limits first, so that the shared
-    // keys are looked up among a bounded list; a shared key names one of
-    // them, so there are no more of those than of keys.
+    // The keys are checked against their limits first, and the shared keys
+    // counted against the same limit, so that they are looked up among a
+    // bounded list.
     validate_keys(config, &body.keys)?;
-    if body.shared_keys.len() > body.keys.len() {
+    if body.shared_keys.len() > config.max_keys {
         return Err(Refusal::new(
-            ResponseStatus::InvalidArgument,
+            ResponseStatus::TooManyKeys,
             format!(
-                "{} shared keys but {} keys; each shared key must be one of the keys",
+                "{} shared keys in one request; the limit is {}",
                 body.shared_keys.len(),
-                body.keys.len()
+                config.max_keys
             ),
         ));
     }
@@ -323,10 +323,15 @@ mod tests {
             .map(|_| ())
             .unwrap_err();
         assert_eq!(r.status, ResponseStatus::TooManyKeys);
-        // More shared keys than keys cannot all be among them.
-        let r = lock_args(&config, body(2, 3)).map(|_| ()).unwrap_err();
-        assert_eq!(r.status, ResponseStatus::InvalidArgument);
-        assert!(r.text.contains("3 shared keys but 2 keys"), "{}", r.text);
+        // Shared keys are counted against the same limit.
+        let mut shared = body(2, 0);
+        shared.shared_keys = vec!["k0".into(); config.max_keys + 1];
+        let r = lock_args(&config, shared).map(|_| ()).unwrap_err();
+        assert_eq!(r.status, ResponseStatus::TooManyKeys);
+        // A shared key named twice is still among the keys.
+        let mut twice = body(1, 0);
+        twice.shared_keys = vec!["k0".into(), "k0".into()];
+        assert!(lock_args(&config, twice).is_ok());
         let mut stray = body(2, 1);
         stray.shared_keys = vec!["elsewhere".into()];
         let r = lock_args(&config, stray).map(|_| ()).unwrap_err();

@@ -21,16 +21,20 @@ pub const CLUSTER_FIRST_FENCE: u64 = 1;
 const MAX_REQUEST_KEY_BYTES: usize = 16 << 20;
 
 fn check_request_fits_a_record(config: &Config) -> anyhow::Result<()> {
-    // A key costs its bytes and a few of framing (the batcher's `weight`).
+    // A key costs its bytes and a few of framing (the batcher's `weight`);
+    // and no request is larger than its frame.
     let most = config
         .max_keys
-        .saturating_mul(config.max_key_len.saturating_add(8));
+        .saturating_mul(config.max_key_len.saturating_add(8))
+        .min(config.max_frame);
     if most > MAX_REQUEST_KEY_BYTES {
         bail!(
-            "--max-keys {} x --max-key-len {} allows requests of {most} key bytes; a cluster node \
-             logs each request as one record, and takes at most {MAX_REQUEST_KEY_BYTES}: lower them",
+            "--max-keys {} x --max-key-len {} within --max-frame {} allows requests of {most} key \
+             bytes; a cluster node logs each request as one record, and takes at most \
+             {MAX_REQUEST_KEY_BYTES}: lower them",
             config.max_keys,
-            config.max_key_len
+            config.max_key_len,
+            config.max_frame
         );
     }
     Ok(())
@@ -131,7 +135,17 @@ mod tests {
     fn key_flags_that_allow_a_request_over_a_log_record_are_refused() {
         let parse = |args: &[&str]| Config::parse_from([&["s"], args].concat());
         assert!(check_request_fits_a_record(&parse(&[])).is_ok());
-        let big = parse(&["--max-keys", "100000", "--max-key-len", "1024"]);
+        // Within the default frame, any key limits are fine.
+        let many = parse(&["--max-keys", "100000", "--max-key-len", "1024"]);
+        assert!(check_request_fits_a_record(&many).is_ok());
+        let big = parse(&[
+            "--max-keys",
+            "100000",
+            "--max-key-len",
+            "1024",
+            "--max-frame",
+            "67108864",
+        ]);
         let err = check_request_fits_a_record(&big).expect_err("refused");
         assert!(err.to_string().contains("lower them"), "{err}");
     }
