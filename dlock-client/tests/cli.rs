@@ -297,6 +297,47 @@ async fn lost_lock_stops_the_command() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_released_under_dlock_kills_a_command_that_ignores_sigterm_at_once() {
+    let server = TestServer::start(Config::default()).await;
+    let mut child = dlock(
+        &server,
+        &[
+            "--lease",
+            "1s",
+            "--grace",
+            "60s",
+            "-k",
+            "gone",
+            "-c",
+            "trap '' TERM; echo ready; while :; do sleep 1; done",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    await_line(&mut child, "ready").await;
+    // Someone releases the lease by its fence: the next renewal hears
+    // NotHeld, and the key may be anyone's already.
+    let other = client(&server).await;
+    let fence = other.inspect(["gone"]).await.unwrap()[0]
+        .fence()
+        .expect("held");
+    other.unlock_fence(["gone"], fence).await.unwrap();
+    let taken = other.lock("gone", LockOptions::default()).await.unwrap();
+    let o = tokio::time::timeout(Duration::from_secs(30), wait_output(child))
+        .await
+        .expect("COMMAND killed long before its 60 s of grace");
+    assert_eq!(code(&o), 75, "{}", stderr(&o));
+    assert!(stderr(&o).contains("no longer held"), "{}", stderr(&o));
+    // dlock's own SIGKILL, not only the guardian's at the lease's end.
+    assert!(
+        stderr(&o).contains("(SIGTERM, SIGKILL in 0.0s)"),
+        "{}",
+        stderr(&o)
+    );
+    drop(taken);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_are_forwarded_to_the_command() {
     let server = TestServer::start(Config::default()).await;
     let script = "trap 'echo got-term; exit 3' TERM; echo ready; while :; do sleep 0.05; done";
