@@ -249,30 +249,41 @@ async fn a_cluster_refuses_sessions_beyond_its_limit_until_one_closes() {
     assert_eq!(status(&c.call(req).await), ResponseStatus::Ok);
 }
 
-#[tokio::test]
-async fn a_cluster_node_shows_the_address_of_the_sessions_attached_to_it() {
-    // Which connection a session came through is the answering node's
-    // knowledge: Inspect there names it, as a single server does.
+/// A durable node, a cluster of one, in a directory of its own (kept as
+/// long as the node runs).
+async fn cluster_of_one() -> (tempfile::TempDir, TestServer) {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(dlock_server::Config {
         data_dir: Some(dir.path().join("node1")),
         ..dlock_server::Config::default()
     })
     .await;
-    let mut holder = TestClient::connect(server.addr).await;
-    // A cluster of one answers once it has elected itself.
+    (dir, server)
+}
+
+/// Sends the request `make` builds until the node, a cluster of one that
+/// answers once it has elected itself, answers other than NotLeader.
+async fn once_leading(c: &mut TestClient, make: impl Fn(&mut TestClient) -> Request) -> Response {
     let deadline = std::time::Instant::now() + common::PATIENCE;
     loop {
-        let r = holder.lock(&["k"], 0, 0).await;
-        if status(&r) == ResponseStatus::Ok {
-            break;
+        let req = make(c);
+        let r = c.call(req).await;
+        if status(&r) != ResponseStatus::NotLeader {
+            return r;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never a leader: {r:?}"
-        );
+        assert!(std::time::Instant::now() < deadline, "never a leader");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+#[tokio::test]
+async fn a_cluster_node_shows_the_address_of_the_sessions_attached_to_it() {
+    // Which connection a session came through is the answering node's
+    // knowledge: Inspect there names it, as a single server does.
+    let (_dir, server) = cluster_of_one().await;
+    let mut holder = TestClient::connect(server.addr).await;
+    let r = once_leading(&mut holder, |c| c.lock_request(&["k"], 0, 0)).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
     let mut other = TestClient::connect(server.addr).await;
     let info = other.inspect("k").await;
     assert_eq!(
@@ -302,12 +313,7 @@ async fn settled_log(c: &mut TestClient, at_least: u64) -> u64 {
 
 #[tokio::test]
 async fn a_ping_keeps_every_session_of_its_connection_alive_in_one_commit() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dlock_server::Config {
-        data_dir: Some(dir.path().join("node1")),
-        ..dlock_server::Config::default()
-    })
-    .await;
+    let (_dir, server) = cluster_of_one().await;
     let mut c = TestClient::connect(server.addr).await;
     // A TTL long enough that the connection's own keeper (a third of it
     // apart) stays quiet during the test: only the Ping keeps them alive.
@@ -315,15 +321,8 @@ async fn a_ping_keeps_every_session_of_its_connection_alive_in_one_commit() {
         session_ttl_micro: 60_000_000,
         ..c.request(RequestType::OpenSession, &[])
     };
-    let deadline = std::time::Instant::now() + common::PATIENCE;
-    loop {
-        let req = open(&mut c);
-        if status(&c.call(req).await) == ResponseStatus::Ok {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "never a leader");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let r = once_leading(&mut c, open).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
     for _ in 0..4 {
         let req = open(&mut c);
         assert_eq!(status(&c.call(req).await), ResponseStatus::Ok);
@@ -337,12 +336,7 @@ async fn a_ping_keeps_every_session_of_its_connection_alive_in_one_commit() {
 
 #[tokio::test]
 async fn a_cluster_session_ttl_is_at_least_a_second_and_at_most_the_servers_ceiling() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dlock_server::Config {
-        data_dir: Some(dir.path().join("node1")),
-        ..dlock_server::Config::default()
-    })
-    .await;
+    let (_dir, server) = cluster_of_one().await;
     let mut c = TestClient::connect(server.addr).await;
     let open = |c: &mut TestClient, ttl_micro| Request {
         session_ttl_micro: ttl_micro,
@@ -356,17 +350,8 @@ async fn a_cluster_session_ttl_is_at_least_a_second_and_at_most_the_servers_ceil
         assert_eq!(status(&r), ResponseStatus::InvalidArgument, "{r:?}");
         assert!(r.error_text.contains(says), "{}", r.error_text);
     }
-    let deadline = std::time::Instant::now() + common::PATIENCE;
-    loop {
-        let req = open(&mut c, 1_000_000);
-        let r = c.call(req).await;
-        if status(&r) == ResponseStatus::Ok {
-            assert_eq!(r.session_ttl_micro, 1_000_000);
-            break;
-        }
-        assert_eq!(status(&r), ResponseStatus::NotLeader, "{r:?}");
-        assert!(std::time::Instant::now() < deadline, "never a leader");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let r = once_leading(&mut c, |c| open(c, 1_000_000)).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+    assert_eq!(r.session_ttl_micro, 1_000_000);
     server.stop().await.unwrap();
 }
