@@ -113,6 +113,9 @@ impl Link {
             session_ttl: (session != 0).then_some(session_timeout),
             token: dial.token(),
             closed: false,
+            max_unanswered: est
+                .limits
+                .map_or(DEFAULT_MAX_UNANSWERED, |l| l.max_pipeline.max(1)),
         };
         tokio::spawn(driver.run(est.stream, writer));
         Ok(Link {
@@ -178,6 +181,10 @@ struct Writer {
     token: String,
     /// Every handle on the link was dropped: end, do not reconnect.
     closed: bool,
+    /// Requests unanswered at most before no more Pings are added: the
+    /// server's pipeline limit, at which it stops reading (and stops
+    /// counting the connection idle).
+    max_unanswered: usize,
 }
 
 /// The task that serves a link: runs the writer and the reader on each
@@ -402,11 +409,12 @@ async fn write_loop(
                 }
             }
             _ = &mut ping_due => {
-                if unanswered(&pending) >= MAX_UNANSWERED {
+                if unanswered(&pending) >= st.max_unanswered {
                     // Behind a Lock that waits, nothing is answered: Pings
                     // would pile up for as long as it waits. The server
                     // does not take a connection it stopped reading (at
-                    // its pipeline limit) for idle, so none is needed.
+                    // its pipeline limit, which this is) for idle, so none
+                    // is needed.
                     ping_due.as_mut().reset(Instant::now() + heartbeat);
                     continue;
                 }
@@ -462,9 +470,9 @@ fn resend(pending: &PendingQueue, token: &str, out: &mut BytesMut) {
     }
 }
 
-/// Requests unanswered at most before the writer stops adding Pings: the
-/// server's default pipeline limit, past which it stops reading anyway.
-const MAX_UNANSWERED: usize = 1024;
+/// The server's default pipeline limit, for a server that does not say
+/// its own (one that predates Hello): see `Writer::max_unanswered`.
+const DEFAULT_MAX_UNANSWERED: usize = 1024;
 
 fn unanswered(pending: &PendingQueue) -> usize {
     pending.lock().unwrap_or_else(|p| p.into_inner()).len()
