@@ -105,13 +105,17 @@ impl Keeper {
 /// When COMMAND must be gone once the lock is lost for `reason`, at `now`:
 /// half the margin before the lock's deadline, the last moment the server
 /// could not yet have handed it on; at once when the server has let it go
-/// already (it says the keys are not held, ended the session, or closed
-/// the connection a lock without a lease was bound to).
+/// already, or may have (it says the keys are not held, ended the session,
+/// or the connection a lock without a lease was bound to ended).
 pub fn stop_by(reason: &Lost, guard: &LockGuard, now: Instant) -> Instant {
     let gone = match reason {
         Lost::NotHeld => true,
         Lost::ConnectionLost(Disconnect::SessionEnded) => true,
-        Lost::ConnectionLost(Disconnect::Closed) => guard.lease().is_none(),
+        // The link ended for good and its socket is gone: the server
+        // releases a lock without a lease as it notices. (A lease's lost
+        // connection is recovered by `keep_alive`; when that fails it
+        // runs until its deadline.)
+        Lost::ConnectionLost(_) => guard.lease().is_none(),
         _ => false,
     };
     let deadline = match reason {
