@@ -80,10 +80,9 @@ _IDLE_WATCHERS = 2
 
 T = TypeVar("T")
 
-
-
 #: The least `margin`: a server clock may run 0.1 % faster than the client's.
 _MIN_MARGIN = 0.001
+
 
 class _AwaitableContext(Generic[T]):
     """Both `await x` and `async with x as v`: how connect() and lock() are used."""
@@ -130,8 +129,8 @@ def connect(
     same is logged on the "dlock" logger).
 
     `token` defaults to DLOCK_TOKEN. `margin` is the fraction of the session
-    timeout or lease kept in reserve before a lock is reported lost (at
-    least 0.001, the allowance for a server clock running 0.1 % fast).
+    timeout or lease kept in reserve before a lock is reported lost (taken
+    as at least 0.001, the allowance for a server clock running 0.1 % fast).
     `connect_timeout` bounds the whole connect; given several servers, each
     gets a share of it (at least half a second), so one that accepts but
     never answers cannot use it up.
@@ -185,10 +184,11 @@ class Client:
 
     @classmethod
     async def _connect(cls, dial: Dial, max_in_flight: Optional[int], margin: float) -> "Client":
-        if not _MIN_MARGIN <= margin < 1:
-            # The least margin is the clock-rate allowance: the server's
-            # clock may run up to 0.1 % faster than this one.
-            raise ValueError(f"margin {margin} must be at least {_MIN_MARGIN} and below 1")
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin {margin} must be at least 0 and below 1")
+        # Never less than the clock-rate allowance: the server's clock may
+        # run up to 0.1 % faster than this one.
+        margin = max(margin, _MIN_MARGIN)
         conn = await Connection.open(dial, max_in_flight)
         return cls(conn, margin)
 

@@ -51,6 +51,8 @@ class Lock:
         self._lease_sent = sent
         self._auto_renew = renew
         self._keeper: Optional["asyncio.Task[None]"] = None
+        # Held across a renewal, and while renew() replaces the keeper.
+        self._renewing = asyncio.Lock()
         self._on_lost: List[Callable[[str], None]] = []
         if lease is not None:
             self._start_keeper()
@@ -112,20 +114,29 @@ class Lock:
         lease = lease if lease is not None else self.lease
         if lease is None or lease <= 0:
             raise ValueError("renew needs a positive lease for a lock taken without one")
-        loop = asyncio.get_running_loop()
-        sent = loop.time()
-        await self._renew_once(lease, sent)
-        if self in self._client._bound:
-            self._client._bound.discard(self)
-            self._client._leases.add(self)
-        # The keeper sleeps until a time reckoned from the lease it had: a
-        # shorter lease needs its renewal (or its loss) sooner.
-        keeper, self._keeper = self._keeper, None
-        if keeper is not None and keeper is not asyncio.current_task():
-            keeper.cancel()
-        self._start_keeper()
+        async with self._renewing:
+            await self._renew_locked(lease)
+            if self in self._client._bound:
+                self._client._bound.discard(self)
+                self._client._leases.add(self)
+            # The keeper sleeps until a time reckoned from the lease it
+            # had: a shorter lease needs its renewal (or its loss) sooner.
+            # Holding the lock, it is not in the middle of a renewal whose
+            # answer would be lost with it.
+            keeper, self._keeper = self._keeper, None
+            if keeper is not None and keeper is not asyncio.current_task():
+                keeper.cancel()
+            self._start_keeper()
 
-    async def _renew_once(self, lease: float, sent: float) -> None:
+    async def _renew_once(self, lease: float) -> None:
+        async with self._renewing:
+            await self._renew_locked(lease)
+
+    async def _renew_locked(self, lease: float) -> None:
+        # One renewal at a time, stamped once the one before is answered:
+        # the server applies them in the order sent, so the latest stamp
+        # is the lease in force.
+        sent = asyncio.get_running_loop().time()
         body = pb.RequestLock(keys=self.keys, fence=self.fence, release_micro=micros(lease))
         await self._client._call(pb.Renew, body)
         if sent > self._lease_sent or self.lease != lease:
@@ -151,7 +162,7 @@ class Lock:
                 await asyncio.sleep((lose_at if not self._auto_renew else renew_at) - now)
                 continue
             try:
-                await asyncio.wait_for(self._renew_once(self.lease, now), lose_at - now)
+                await asyncio.wait_for(self._renew_once(self.lease), lose_at - now)
             except NotHeld:
                 self._set_lost("the server no longer holds the lease (NotHeld on renew)")
                 return
