@@ -394,7 +394,8 @@ func (c *Client) granted(ctx context.Context, ln *link, keys []string, fence uin
 		}
 	}
 	l := &Lock{c: c, ln: ln, own: own, keys: keys, fence: fence, lease: lease, leaseSent: sent,
-		lost: make(chan struct{}), changed: make(chan struct{}), ended: make(chan struct{})}
+		lost: make(chan struct{}), changed: make(chan struct{}), ended: make(chan struct{}),
+		renewing: make(chan struct{}, 1)}
 	c.mu.Lock()
 	var older []*Lock
 	for _, k := range keys {

@@ -58,10 +58,10 @@ type Lock struct {
 	// changed is closed, and replaced, when the lease moves or the lock
 	// is released: it wakes every waiter (the watchdog, KeepAlive).
 	changed chan struct{}
-	// renewing orders renewals: each is stamped with its send time once
-	// the one before is answered, so the latest stamp is the lease the
-	// server applied last.
-	renewing sync.Mutex
+	// renewing orders renewals (a token of capacity 1): each is stamped
+	// with its send time once the one before is answered, so the latest
+	// stamp is the lease the server applied last.
+	renewing chan struct{}
 	// ended is closed when the lock is unlocked or lost.
 	ended     chan struct{}
 	endClosed bool
@@ -258,8 +258,15 @@ func (l *Lock) Renew(ctx context.Context, lease time.Duration) error {
 		case <-ctx.Done():
 		}
 	}()
-	l.renewing.Lock()
-	defer l.renewing.Unlock()
+	select {
+	case l.renewing <- struct{}{}:
+		defer func() { <-l.renewing }()
+	case <-ctx.Done():
+		if lerr := l.Err(); lerr != nil {
+			return lerr
+		}
+		return ctx.Err()
+	}
 	sent := time.Now()
 	_, err := l.ln.call(ctx, pb.RequestType_Renew, &pb.RequestLock{Keys: l.keys, Fence: l.fence, ReleaseMicro: toMicros(lease)}, nil)
 	if err != nil {
@@ -289,6 +296,9 @@ func (l *Lock) Renew(ctx context.Context, lease time.Duration) error {
 //	select { case <-lock.Lost(): ...; case <-done: }
 func (l *Lock) KeepAlive(ctx context.Context) error {
 	for {
+		if l.isReleased() {
+			return nil
+		}
 		changed := l.changes()
 		lease := l.Lease()
 		if lease == 0 {
