@@ -218,6 +218,18 @@ impl LockGuard {
             ..RequestLock::default()
         };
         let client = self.client();
+        // Once sent, the server may apply it though its answer never comes
+        // (the call fails, or is dropped at the alarm): a lease that would
+        // end sooner than the one in force counts from now on, answered or
+        // not. (Not for a lock without a lease: taken for a lease, it would
+        // no longer be reported lost when its connection ends.)
+        self.lease.send_if_modified(|current| {
+            let sooner = current.is_some_and(|(s, l)| sent + lease < s + l);
+            if sooner {
+                *current = Some((sent, lease));
+            }
+            sooner
+        });
         client.call(RequestType::Renew, body).await?;
         // The server replaces the lease end with each Renew, in the order
         // sent, so the latest-sent renewal is the one in force, even if it

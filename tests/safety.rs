@@ -268,3 +268,34 @@ async fn a_renewal_that_gets_no_answer_fails_at_the_alarm_not_later() {
     assert!(g.is_lost());
     proxy.thaw();
 }
+
+#[tokio::test]
+async fn a_shorter_lease_counts_from_its_sending_even_when_its_answer_never_comes() {
+    let server = TestServer::start(Config::default()).await;
+    let proxy = FreezableProxy::start(server.addr).await;
+    let holder = Client::connect_with(&proxy.addr_string(), ClientOptions::default())
+        .await
+        .unwrap();
+    let mut guard = holder
+        .lock(["short"], LockOptions::new().lease(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    // The Renew goes out (the proxy passes it on once thawed, or the server
+    // has it already); its answer does not come back in time.
+    proxy.freeze();
+    let sent = Instant::now();
+    let renewed = tokio::time::timeout(
+        Duration::from_millis(100),
+        guard.renew(Duration::from_secs(3)),
+    )
+    .await;
+    assert!(renewed.is_err(), "no answer through a frozen path");
+    // The server may apply it: the guard must not go on trusting the
+    // 60 s lease.
+    assert!(
+        guard.deadline() <= sent + Duration::from_secs(3),
+        "deadline {:?} from now",
+        guard.deadline() - Instant::now()
+    );
+    proxy.thaw();
+}
