@@ -296,6 +296,10 @@ impl Driver {
             match establish(&self.dial, writer.session, deadline, true).await {
                 Ok(est) => {
                     self.acked.record(est.acked_from);
+                    // The new node's pipeline limit, for the Ping cap.
+                    if let Some(l) = est.limits {
+                        writer.max_unanswered = l.max_pipeline.max(1);
+                    }
                     *self.addr.lock().unwrap_or_else(|p| p.into_inner()) = est.addr.clone();
                     let _ = self.dial.events.send(Event::Resumed {
                         addr: est.addr,
