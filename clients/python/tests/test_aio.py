@@ -174,6 +174,23 @@ def test_renewing_to_a_shorter_lease_renews_on_the_shorter_schedule(server):
     run(body())
 
 
+def test_a_shorter_lease_counts_from_its_sending_even_when_its_answer_never_comes(server):
+    async def body():
+        async with dlock.aio.connect(server.addr) as a:
+            lease = await a.lock("short", lease=60)
+            server.pause()
+            try:
+                # Sent, but the paused server cannot answer in time: once
+                # it runs again it applies it, so the 60 s lease is gone.
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(lease.renew(3), 0.1)
+                assert lease.remaining() <= 3
+            finally:
+                server.resume()
+
+    run(body())
+
+
 def test_a_lease_outlives_its_connection_and_is_released_by_fence(server):
     async def body():
         a = await dlock.aio.connect(server.addr)

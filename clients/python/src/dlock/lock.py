@@ -138,6 +138,14 @@ class Lock:
         # is the lease in force.
         sent = asyncio.get_running_loop().time()
         body = pb.RequestLock(keys=self.keys, fence=self.fence, release_micro=micros(lease))
+        # Once sent, the server may apply it though its answer never comes
+        # (an error, a cancelled call): a lease ending sooner than the one
+        # in force counts from now on, answered or not. (Not for a lock
+        # without a lease: taken for a lease, it would no longer be reported
+        # lost when its connection ends.)
+        if self.lease is not None and sent + lease < self._lease_sent + self.lease:
+            self.lease = lease
+            self._lease_sent = sent
         await self._client._call(pb.Renew, body)
         if sent > self._lease_sent or self.lease != lease:
             self.lease = lease
