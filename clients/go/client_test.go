@@ -348,6 +348,28 @@ func TestKeepAliveFollowsARenewOfALockWithoutALease(t *testing.T) {
 	}
 }
 
+func TestAShorterLeaseCountsFromItsSendingEvenWhenItsAnswerNeverComes(t *testing.T) {
+	s := startServer(t, "")
+	ctx := testCtx(t)
+	fw := startForwarder(t, s.Addr)
+	c := connect(t, fw.Addr, nil)
+	l, err := c.Lock(ctx, []string{"short"}, &LockOptions{Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw.freeze()
+	sent := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := l.Renew(rctx, 3*time.Second); err == nil {
+		t.Fatal("answered through a frozen path")
+	}
+	// The server may apply it: the 60 s lease must not be trusted on.
+	if d := l.Deadline(); d.After(sent.Add(3 * time.Second)) {
+		t.Fatalf("deadline %v from now", time.Until(d))
+	}
+}
+
 func TestTheConnectionEndingLosesLocksWithoutALeaseAndFailsLaterCalls(t *testing.T) {
 	s := startServer(t, "")
 	ctx := testCtx(t)

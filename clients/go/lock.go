@@ -268,6 +268,17 @@ func (l *Lock) Renew(ctx context.Context, lease time.Duration) error {
 		return ctx.Err()
 	}
 	sent := time.Now()
+	// Once sent, the server may apply it though its answer never comes
+	// (an error, a cancelled ctx): a lease ending sooner than the one in
+	// force counts from now on, answered or not. (Not for a lock without a
+	// lease: taken for a lease, it would no longer be reported lost when
+	// its connection ends.)
+	l.mu.Lock()
+	if l.lease != 0 && sent.Add(lease).Before(l.leaseSent.Add(l.lease)) {
+		l.lease, l.leaseSent = lease, sent
+		l.changedLocked()
+	}
+	l.mu.Unlock()
 	_, err := l.ln.call(ctx, pb.RequestType_Renew, &pb.RequestLock{Keys: l.keys, Fence: l.fence, ReleaseMicro: toMicros(lease)}, nil)
 	if err != nil {
 		if lerr := l.Err(); lerr != nil {
