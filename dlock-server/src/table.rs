@@ -139,10 +139,16 @@ pub struct KeyView {
     /// when none waits).
     pub waited_for: Duration,
     /// Holders left out of `holders` to keep within the budget
-    /// [`LockTable::inspect_within`] was given: the ones between the
-    /// oldest listed and the latest.
+    /// [`LockTable::inspect_within`] was given: never the oldest, the
+    /// latest or the caller's own.
     pub holders_omitted: usize,
 }
+
+/// The highest next fencing token a table may hold: tokens count up by one
+/// per grant and must never wrap, so every source a table starts its
+/// tokens from (a fence file, a snapshot, a restore's floor) stays in the
+/// lower half of u64, which no real server grants its way out of.
+pub const MAX_NEXT_FENCE: u64 = u64::MAX / 2;
 
 /// What one listed holder costs an Inspect answer besides its value:
 /// its token, lease and hold time, its connection's address (up to an

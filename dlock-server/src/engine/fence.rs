@@ -143,7 +143,7 @@ pub fn start(path: Option<&Path>, now: SystemTime) -> anyhow::Result<(u64, Optio
     };
     // Tokens count up by one per grant from here; starting in the lower half
     // of u64 means they cannot wrap in any real server's lifetime.
-    if stored > u64::MAX / 2 {
+    if stored > crate::table::MAX_NEXT_FENCE {
         bail!(
             "fence file {} holds {stored}, too close to the largest token; fix or remove it",
             path.display()

@@ -441,11 +441,11 @@ fn positive(s: &str) -> Result<usize, String> {
     }
 }
 
-/// The highest --fence-floor: tokens count up by one per grant from the
-/// floor and must never wrap, and a table whose next token is past half
-/// the range is taken for damage (as a fence file there is), so a floor
-/// leaves a quarter of the range to grant before that.
-pub const FENCE_FLOOR_MAX: u64 = u64::MAX / 4;
+/// The highest --fence-floor: half of the table's
+/// [`MAX_NEXT_FENCE`](crate::table::MAX_NEXT_FENCE), so a restored cluster
+/// has a quarter of the token range to grant before its snapshots would
+/// be taken for damage.
+pub const FENCE_FLOOR_MAX: u64 = crate::table::MAX_NEXT_FENCE / 2;
 
 /// The shortest session TTL: a session is kept alive by a commit every
 /// third of its TTL while its connection is open, so a TTL of milliseconds

@@ -276,10 +276,9 @@ impl LockTable {
         if next_fence == 0 {
             return Err(BadSnapshot("next fence is 0, which means no token".into()));
         }
-        // Tokens count up by one per grant and never wrap: no table starts
-        // past the lower half of u64 (a fence file there is refused too),
-        // so a higher one is damage, and going on from it could wrap.
-        if next_fence > u64::MAX / 2 {
+        // No table starts past it (a fence file there is refused too), so a
+        // higher one is damage, and going on from it could wrap.
+        if next_fence > super::MAX_NEXT_FENCE {
             return Err(BadSnapshot(format!(
                 "next fence {next_fence} is past the lower half of the token range"
             )));
@@ -407,8 +406,8 @@ mod tests {
             max_held_keys: 10,
         };
         let first = |fence| LockTable::new(limits, fence).snapshot();
-        assert!(LockTable::restore(first(u64::MAX / 2)).is_ok());
-        let err = LockTable::restore(first(u64::MAX / 2 + 1)).expect_err("refused");
+        assert!(LockTable::restore(first(crate::table::MAX_NEXT_FENCE)).is_ok());
+        let err = LockTable::restore(first(crate::table::MAX_NEXT_FENCE + 1)).expect_err("refused");
         assert!(err.to_string().contains("lower half"), "{err}");
         let mut zero = first(1);
         zero.next_fence = 0;
