@@ -113,9 +113,7 @@ impl Link {
             session_ttl: (session != 0).then_some(session_timeout),
             token: dial.token(),
             closed: false,
-            max_unanswered: est
-                .limits
-                .map_or(DEFAULT_MAX_UNANSWERED, |l| l.max_pipeline.max(1)),
+            max_unanswered: max_unanswered(est.limits.as_ref()),
         };
         tokio::spawn(driver.run(est.stream, writer));
         Ok(Link {
@@ -296,10 +294,7 @@ impl Driver {
             match establish(&self.dial, writer.session, deadline, true).await {
                 Ok(est) => {
                     self.acked.record(est.acked_from);
-                    // The new node's pipeline limit, for the Ping cap.
-                    if let Some(l) = est.limits {
-                        writer.max_unanswered = l.max_pipeline.max(1);
-                    }
+                    writer.max_unanswered = max_unanswered(est.limits.as_ref());
                     *self.addr.lock().unwrap_or_else(|p| p.into_inner()) = est.addr.clone();
                     let _ = self.dial.events.send(Event::Resumed {
                         addr: est.addr,
@@ -474,9 +469,11 @@ fn resend(pending: &PendingQueue, token: &str, out: &mut BytesMut) {
     }
 }
 
-/// The server's default pipeline limit, for a server that does not say
-/// its own (one that predates Hello): see `Writer::max_unanswered`.
-const DEFAULT_MAX_UNANSWERED: usize = 1024;
+/// `Writer::max_unanswered` for a node: its pipeline limit, or the server's
+/// default for one that does not say (it predates Hello).
+fn max_unanswered(limits: Option<&Limits>) -> usize {
+    limits.map_or(1024, |l| l.max_pipeline.max(1))
+}
 
 fn unanswered(pending: &PendingQueue) -> usize {
     pending.lock().unwrap_or_else(|p| p.into_inner()).len()
