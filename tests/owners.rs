@@ -2,6 +2,7 @@
 //! exclude each other as processes do, and a waiting lock delays nothing else.
 
 use dlock::{Client, LockOptions};
+use dlock_server::testing::nodes::{server_binary, NodeProcesses};
 use dlock_server::testing::TestServer;
 use dlock_server::Config;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,6 +33,53 @@ impl Register {
     fn leave(&self) {
         self.busy.store(false, Ordering::SeqCst);
     }
+}
+
+/// `tasks` tasks sharing `shared`, and one task of `other` (another owner,
+/// as another process is), each lock `key` `rounds` times and hold it
+/// across a yield: the register sees one holder at a time and fences that
+/// rise in grant order (the ownership rule, docs/CLIENTS.md).
+async fn take_turns(shared: &Client, other: &Client, key: &str, tasks: u32, rounds: u32) {
+    let register = Arc::new(Register::default());
+    let mut running = Vec::new();
+    let clients = (0..tasks).map(|_| shared).chain([other]);
+    for c in clients {
+        let (c, register, key) = (c.clone(), register.clone(), key.to_string());
+        running.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                let g = c.lock([key.as_str()], LockOptions::new()).await.unwrap();
+                register.enter(g.fence());
+                tokio::task::yield_now().await;
+                assert!(!g.is_lost(), "a holder was told it lost the key it holds");
+                register.leave();
+                g.unlock().await.unwrap();
+            }
+        }));
+    }
+    for t in running {
+        tokio::time::timeout(PATIENCE, t).await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_sharing_a_client_and_another_client_take_turns_on_a_single_server() {
+    let server = TestServer::start(Config::default()).await;
+    let shared = Client::connect(&server.addr_string()).await.unwrap();
+    let other = Client::connect(&server.addr_string()).await.unwrap();
+    take_turns(&shared, &other, "turns", 4, 25).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_sharing_a_client_and_another_client_take_turns_on_a_cluster() {
+    let nodes = NodeProcesses::start(
+        server_binary(),
+        3,
+        &["--heartbeat", "100ms", "--election-timeout", "500ms"],
+    );
+    let servers = nodes.servers();
+    let shared = Client::connect(servers.as_str()).await.unwrap();
+    let other = Client::connect(servers.as_str()).await.unwrap();
+    take_turns(&shared, &other, "turns", 4, 10).await;
 }
 
 async fn waiters(c: &Client, key: &str, n: u32) {

@@ -21,6 +21,15 @@ key, then:
   2. wakes the old leader, SIGKILLs the new one, and checks again;
   3. releases the holder and checks that the waiter gets the key with a
      higher fence.
+Then, on the same cluster and on a single server, it checks the ownership
+rule: run as `CLIENT ... --turns N KEY`, the client's program has two
+workers share ONE client; each, N times, locks KEY exclusively without a
+lease (waiting as long as it takes), prints `enter W FENCE` (W is 1 or 2),
+holds it for about 20 ms, prints `leave W FENCE` and unlocks; it exits 0
+when both are done (`error TEXT` and exit 1 on any error). The kit checks
+that every enter is followed by the same worker's leave before the next
+enter (two workers of one client take turns, as two processes would), that
+fences rise, and that each worker held the key N times.
 It prints one line per check and exits 0 only if every one passed. It needs
 python3 and the `protobuf` package (the Python client's dependency), and
 reads the wire types from the installed Python client or, without it, from
@@ -59,6 +68,9 @@ TTL = 10.0
 STALL = TTL + 2.0
 #: Upper bound for anything the kit waits for.
 PATIENCE = 30.0
+#: Holds per worker in the turns check: enough that two workers that do not
+#: exclude each other overlap (each asks again as soon as it let go).
+TURNS = 10
 NODE_FLAGS = ["--heartbeat", "100ms", "--election-timeout", "500ms"]
 
 
@@ -242,6 +254,66 @@ def expect_state(cluster: Cluster, among: List[int], key: str, fence: int, waite
                      f"expected fence {fence} with {waiters}")
 
 
+def check_turns(argv: List[str], servers: str, key: str) -> None:
+    """Two workers sharing one client take turns on `key` (the ownership
+    rule, docs/CLIENTS.md): their enter and leave lines alternate, worker by
+    worker, and fences rise."""
+    env = dict(os.environ, DLOCK_SERVER=servers)
+    try:
+        proc = subprocess.run(
+            [*argv, "--turns", str(TURNS), key], env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, text=True, timeout=PATIENCE * 2,
+        )
+    except subprocess.TimeoutExpired:
+        raise Failed(f"the client did not finish {TURNS} turns per worker within {PATIENCE * 2:.0f} s") from None
+    lines = proc.stdout.splitlines()
+    holding: Optional[Tuple[str, str]] = None
+    last_fence = 0
+    holds = {"1": 0, "2": 0}
+    for n, line in enumerate(lines, 1):
+        word, *rest = line.split() or [""]
+        if word == "error":
+            raise Failed(f"the client reported an error: {line}")
+        if word not in ("enter", "leave") or len(rest) != 2 or rest[0] not in holds or not rest[1].isdigit():
+            raise Failed(f"line {n}: expected 'enter W FENCE' or 'leave W FENCE', got {line!r}")
+        worker, fence = rest[0], rest[1]
+        if word == "enter":
+            if holding is not None:
+                raise Failed(f"line {n}: worker {worker} entered under fence {fence} while worker "
+                             f"{holding[0]} still held the key under fence {holding[1]}: two holders at once")
+            if int(fence) <= last_fence:
+                raise Failed(f"line {n}: fence {fence} after {last_fence}: fences must rise")
+            last_fence = int(fence)
+            holding = (worker, fence)
+            holds[worker] += 1
+        else:
+            if holding != (worker, fence):
+                raise Failed(f"line {n}: worker {worker} left fence {fence}, but the holder was {holding}")
+            holding = None
+    if proc.returncode != 0:
+        raise Failed(f"the client exited {proc.returncode}")
+    if holding is not None or holds != {"1": TURNS, "2": TURNS}:
+        raise Failed(f"expected {TURNS} holds per worker ending in a leave, saw {holds}"
+                     f"{' and an enter without its leave' if holding else ''}")
+
+
+def single_server(server_bin: str) -> Tuple[subprocess.Popen, str]:
+    """A single in-memory server on a reserved loopback port, and its
+    address once it answers."""
+    s = reserve_port()
+    addr = f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    proc = subprocess.Popen([server_bin, "--listen", addr], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + PATIENCE
+    while call(addr, pb.Request(version=2, id=1, type=pb.Ping), 1.0) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise Failed(f"the single server on {addr} did not answer (exit {proc.poll()})")
+        time.sleep(0.05)
+    return proc, addr
+
+
 def run(server_bin: str, argv: List[str]) -> bool:
     key = "conformance/kit"
     ok = True
@@ -316,6 +388,8 @@ def run(server_bin: str, argv: List[str]) -> bool:
                 waiter.release()
 
             check("the holder releases and the waiter gets the key with a higher fence", hand_off)
+            check("two workers sharing one client take turns (cluster)",
+                  lambda: check_turns(argv, servers, "conformance/turns"))
         except Failed as e:
             print(f"FAIL  {e}", flush=True)
             ok = False
@@ -323,6 +397,21 @@ def run(server_bin: str, argv: List[str]) -> bool:
             for c in clients:
                 c.stop()
             cluster.stop()
+
+    def on_single_server() -> None:
+        proc, addr = single_server(server_bin)
+        try:
+            check_turns(argv, addr, "conformance/turns")
+        finally:
+            proc.kill()
+            proc.wait()
+
+    try:
+        on_single_server()
+        print("ok    two workers sharing one client take turns (single server)", flush=True)
+    except Failed as e:
+        print(f"FAIL  two workers sharing one client take turns (single server): {e}", flush=True)
+        ok = False
     return ok
 
 
