@@ -238,6 +238,11 @@ struct Inner {
     stop: CancellationToken,
     /// Cancelled when the node has stopped.
     stopped: CancellationToken,
+    /// Why the node stopped on its own (a storage error, a task of the node
+    /// that died): set once, before `stop` is cancelled for it.
+    failure: std::sync::OnceLock<String>,
+    /// Cancelled by [`Cluster::fail`]: tells the supervisor to stop the node.
+    failed: CancellationToken,
     /// Serialises [`Cluster::shutdown`] calls.
     shutting_down: tokio::sync::Mutex<()>,
     tasks: TaskTracker,
@@ -512,6 +517,25 @@ impl Cluster {
     /// fatal storage error. The server should stop serving then.
     pub async fn stopped(&self) {
         self.inner.stopped.cancelled().await
+    }
+
+    /// Why the node stopped on its own: openraft stopped (a storage error,
+    /// a fatal invariant) or a task the node cannot serve without ended.
+    /// `None` while it runs, and after a [`Cluster::shutdown`] it was asked
+    /// for.
+    pub fn failure(&self) -> Option<String> {
+        self.inner.failure.get().cloned()
+    }
+
+    /// Stops the node because `why` leaves it unable to serve; the first
+    /// reason given is the one kept.
+    pub(crate) fn fail(&self, why: String) {
+        if self.inner.stop.is_cancelled() && self.inner.failure.get().is_none() {
+            // Already stopping as asked: a task ending now is part of that.
+            return;
+        }
+        let _ = self.inner.failure.set(why);
+        self.inner.failed.cancel();
     }
 
     /// Runs `fut` for at most `limit`, or until the node starts stopping.

@@ -35,16 +35,68 @@ const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 ///
 /// # Errors
 /// The token file or fence file named in `config` cannot be used, or the
-/// cluster node (`--data-dir`) cannot start.
+/// cluster node (`--data-dir`) cannot start; or, after draining the same
+/// way, the server can no longer serve: its cluster node stopped on its own
+/// (a storage error) or the expiry task ended. The process should then
+/// exit non-zero, so that a supervisor (systemd's `Restart=on-failure`)
+/// starts it again; a node that stays up answering "shutting down" helps
+/// nobody, and two such nodes leave a cluster without a leader.
 pub async fn run(
     listener: TcpListener,
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let server = Server::setup(listener, config).await?;
-    server.accept_until(shutdown).await;
+    let mut server = Server::setup(listener, config).await?;
+    let cluster = server.shared.service.engine().cluster().cloned();
+    let mut expiry = server.expiry.1.take();
+    let failed = async {
+        let node = async {
+            match &cluster {
+                Some(c) => {
+                    c.stopped().await;
+                    c.failure()
+                        .unwrap_or_else(|| "the cluster node stopped".into())
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let expiry_ended = async {
+            match expiry.as_mut() {
+                Some(handle) => match handle.await {
+                    Err(e) if e.is_panic() => "the lease expiry task panicked".to_string(),
+                    _ => "the lease expiry task stopped".to_string(),
+                },
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            why = node => (why, false),
+            why = expiry_ended => (why, true),
+        }
+    };
+    let failure = tokio::select! {
+        () = server.accept_until(shutdown) => None,
+        failed = failed => Some(failed),
+    };
+    let failure = failure.map(|(why, expiry_ended)| {
+        if expiry_ended {
+            // Awaited to its end: there is nothing left to stop.
+            expiry = None;
+        }
+        // Before anything else: a probe must not find this node ready
+        // while it drains.
+        server.health.set_accepting(false);
+        tracing::error!(error = %why, "this server cannot serve any more; draining, then exiting with an error");
+        why
+    });
+    server.expiry.1 = expiry;
     server.drain().await;
-    Ok(())
+    match failure {
+        Some(why) => Err(anyhow::anyhow!(
+            "stopped serving: {why}; exiting so that a supervisor restarts the server"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// A running server: what the accept loop hands each connection and what
@@ -62,8 +114,8 @@ struct Server {
     health: Arc<Health>,
     /// The operator's HTTP port, with --metrics-listen.
     metrics: Option<metrics_http::MetricsServer>,
-    /// Stops the expiry task, and its handle.
-    expiry: (CancellationToken, tokio::task::JoinHandle<()>),
+    /// Stops the expiry task, and its handle (gone once awaited).
+    expiry: (CancellationToken, Option<tokio::task::JoinHandle<()>>),
 }
 
 impl Server {
@@ -99,7 +151,9 @@ impl Server {
         let health = Arc::new(Health::default());
         if let Some(c) = service.engine().cluster() {
             let c = c.clone();
-            health.set_leader_check(move || c.leader().is_some());
+            // A node that failed is not ready from the moment it knows,
+            // though it may still name a leader while it drains.
+            health.set_leader_check(move || c.leader().is_some() && c.failure().is_none());
         }
         let metrics = match service.config().metrics_listen {
             Some(addr) => {
@@ -126,7 +180,7 @@ impl Server {
             cancel,
             health,
             metrics,
-            expiry: (expiry_stop, expiry),
+            expiry: (expiry_stop, Some(expiry)),
         };
         // Before the line that tells tests (and operators) the server is up:
         // a probe right after it must find the server ready. The listener is
@@ -246,7 +300,9 @@ impl Server {
         }
         let (expiry_stop, expiry) = self.expiry;
         expiry_stop.cancel();
-        let _ = expiry.await;
+        if let Some(expiry) = expiry {
+            let _ = expiry.await;
+        }
         if let Some(cluster) = self.shared.service.engine().cluster() {
             cluster.shutdown().await;
         }

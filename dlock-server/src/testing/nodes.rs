@@ -7,12 +7,13 @@
 //! `env!("CARGO_BIN_EXE_dlock-server")`, another crate's test finds it beside
 //! its own executable (see [`server_binary`]).
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 /// How long a node may take to log that it listens.
@@ -49,6 +50,8 @@ struct Node {
     /// it waits to be added by the leader (ClusterAdd).
     joiner: bool,
     child: Option<Child>,
+    /// The node's latest log lines, for a test that checks what it said.
+    log: Arc<Mutex<VecDeque<String>>>,
 }
 
 /// The `dlock-server` binary of the build running the calling test: beside
@@ -74,6 +77,9 @@ pub fn server_binary() -> PathBuf {
     );
     bin
 }
+
+/// Log lines kept per node for [`NodeProcesses::recent_log`].
+pub const LOG_LINES: usize = 200;
 
 /// A loopback port nobody else listens on, kept bound (so no other socket
 /// of this process, such as a proxy started between `prepare` and the
@@ -116,6 +122,7 @@ impl NodeProcesses {
                     advertised: None,
                     joiner: false,
                     child: None,
+                    log: Arc::default(),
                 }
             })
             .collect();
@@ -177,6 +184,7 @@ impl NodeProcesses {
             advertised: None,
             joiner: true,
             child: None,
+            log: Arc::default(),
         });
         self.nodes.len() - 1
     }
@@ -311,6 +319,7 @@ impl NodeProcesses {
         let (up_tx, up) = mpsc::sync_channel(1);
         let panicked = self.panicked.clone();
         let id = n.id;
+        let log = n.log.clone();
         // Reads the log to its end, so the node never blocks on a full pipe.
         std::thread::spawn(move || {
             let mut up_tx = Some(up_tx);
@@ -318,6 +327,13 @@ impl NodeProcesses {
             // never is.
             let mut early: Vec<String> = Vec::new();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                {
+                    let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+                    if log.len() == LOG_LINES {
+                        log.pop_front();
+                    }
+                    log.push_back(line.clone());
+                }
                 if line.contains("panicked") {
                     // Into the test's output, shown when it fails.
                     eprintln!("node {id}: {line}");
@@ -382,6 +398,33 @@ impl NodeProcesses {
         let _ = child.kill();
         let _ = child.wait();
         None
+    }
+
+    /// Waits up to `limit` for node `i` to exit by itself, and returns its
+    /// exit status; `None` if it was not running or is still running (it
+    /// is left running then).
+    pub fn wait_for_exit(&mut self, i: usize, limit: Duration) -> Option<ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        let child = self.nodes[i].child.as_mut()?;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    self.nodes[i].child = None;
+                    return Some(status);
+                }
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Node `i`'s latest log lines (at most the last [`LOG_LINES`]), over
+    /// all its runs.
+    pub fn recent_log(&self, i: usize) -> Vec<String> {
+        let log = self.nodes[i].log.lock().unwrap_or_else(|p| p.into_inner());
+        log.iter().cloned().collect()
     }
 
     /// Whether node `i` runs (it may be paused).

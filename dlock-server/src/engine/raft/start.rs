@@ -16,7 +16,7 @@ use super::{
 };
 use crate::table::TableLimits;
 use anyhow::Context;
-use openraft::error::{Fatal, InitializeError, RaftError};
+use openraft::error::{InitializeError, RaftError};
 use openraft::SnapshotPolicy;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -281,6 +281,8 @@ impl Cluster {
                 committed,
                 stop: stop.clone(),
                 stopped: CancellationToken::new(),
+                failure: std::sync::OnceLock::new(),
+                failed: CancellationToken::new(),
                 shutting_down: tokio::sync::Mutex::new(()),
                 tasks: tasks.clone(),
             }),
@@ -291,16 +293,42 @@ impl Cluster {
             cluster_id: cfg.cluster_id.as_str().into(),
             tls: cfg.peer_tls.clone(),
         };
-        tasks.spawn(server.run(peer_listener, stop.clone(), tasks.clone()));
-        tasks.spawn(batcher::run(cluster.clone(), queued, stop.clone()));
+        cluster.critical(
+            "the peer port",
+            server.run(peer_listener, stop.clone(), tasks.clone()),
+        );
+        cluster.critical(
+            "the batcher",
+            batcher::run(cluster.clone(), queued, stop.clone()),
+        );
         // Not tracked: it calls shutdown, which waits for the tracked tasks.
         tokio::spawn(cluster.clone().supervise(shutdown));
         tracing::info!(node = cfg.node_id, data_dir = %dir.display(), fresh, "cluster node started");
         Ok(cluster)
     }
 
-    /// Stops the node when asked to from outside, or when openraft stops on
-    /// its own (a fatal storage error): logs why, then shuts down cleanly.
+    /// Runs `task`, which the node cannot serve without: if it ends (or
+    /// panics) before the node stops, the node fails with `what` named.
+    fn critical<F>(&self, what: &'static str, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let inner = tokio::spawn(task);
+        let cluster = self.clone();
+        self.inner.tasks.spawn(async move {
+            let ended = match inner.await {
+                Err(e) if e.is_panic() => "panicked",
+                _ => "stopped",
+            };
+            if !cluster.inner.stop.is_cancelled() {
+                cluster.fail(format!("{what} {ended} while the node was serving"));
+            }
+        });
+    }
+
+    /// Stops the node when asked to from outside, when openraft stops on its
+    /// own (a fatal storage error), or when a task it cannot serve without
+    /// ends ([`Cluster::fail`]): logs why, then shuts down cleanly.
     /// Meanwhile counts each new leader this node learns of.
     async fn supervise(self, shutdown: CancellationToken) {
         let mut metrics = self.inner.raft.metrics();
@@ -315,17 +343,21 @@ impl Cluster {
                 leader = now_leads;
             }
             if let Err(fatal) = state {
-                break Some(fatal);
+                break Some(format!("the consensus engine stopped: {fatal}"));
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break None,
+                _ = self.inner.failed.cancelled() => break self.failure(),
                 _ = self.inner.stop.cancelled() => return,
-                r = metrics.changed() => if r.is_err() { break Some(Fatal::Stopped) },
+                r = metrics.changed() => if r.is_err() {
+                    break Some("the consensus engine stopped (its metrics ended)".into());
+                },
             }
         };
-        if let Some(fatal) = fatal {
+        if let Some(why) = fatal {
             if !self.inner.stop.is_cancelled() {
-                tracing::error!(node = self.inner.id, error = %fatal, "the consensus engine stopped; this node stops serving");
+                let _ = self.inner.failure.set(why.clone());
+                tracing::error!(node = self.inner.id, error = %why, "this node cannot serve and stops; the process exits so that a supervisor restarts it");
             }
         }
         self.shutdown().await;

@@ -96,6 +96,17 @@ impl Loc {
     /// # Errors
     /// The read fails, or the record no longer checks out.
     pub(crate) fn read(&self) -> Result<Entry, DiskError> {
+        // Once more from the file before giving up: a read that failed or
+        // came back wrong may have met a transient fault (a page cache that
+        // a FUSE filesystem or a flaky controller got wrong), and a failed
+        // read stops the node.
+        self.read_once().or_else(|first| {
+            tracing::warn!(entry = self.id.index, at = self.at, error = %first, "reading a raft log record failed; reading it again");
+            self.read_once()
+        })
+    }
+
+    fn read_once(&self) -> Result<Entry, DiskError> {
         let mut buf = vec![0; self.len];
         self.file.read_exact_at(&mut buf, self.at)?;
         match check(&buf) {
@@ -594,8 +605,10 @@ impl Wal {
         if self.failed {
             return Err(failed());
         }
-        let result = self.active().file.sync_data();
+        let result = injected_fault(&self.dir).map_or_else(|| self.active().file.sync_data(), Err);
         if result.is_err() {
+            // Never retried as if it had worked: after a failed fsync the
+            // kernel may have dropped the dirty pages it could not write.
             self.failed = true;
         }
         Ok(result?)
@@ -698,6 +711,23 @@ impl Wal {
             .map(|s| segment_path(&self.dir, s.seq))
             .collect()
     }
+}
+
+/// A storage error a test asked for: with the `testing` feature, a file
+/// named `FAIL-SYNC` in the log's directory makes every sync fail with EIO,
+/// as a dying disk's would. Never in a build without that feature.
+#[cfg(feature = "testing")]
+fn injected_fault(dir: &Path) -> Option<std::io::Error> {
+    /// EIO on Linux.
+    const EIO: i32 = 5;
+    dir.join("FAIL-SYNC")
+        .exists()
+        .then(|| std::io::Error::from_raw_os_error(EIO))
+}
+
+#[cfg(not(feature = "testing"))]
+fn injected_fault(_dir: &Path) -> Option<std::io::Error> {
+    None
 }
 
 fn failed() -> DiskError {
