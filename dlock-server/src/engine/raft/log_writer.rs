@@ -295,9 +295,20 @@ fn run(
     loop {
         let op = match next.take() {
             Some(op) => op,
-            None => match rx.blocking_recv() {
-                Some(op) => op,
-                None => return,
+            None => match rx.try_recv() {
+                Ok(op) => op,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    // Out of work: vouch for what the last sync covered
+                    // (wal.rs, "sync marks"), unsynced, while nothing waits.
+                    if let Err(e) = wal.mark_synced() {
+                        tracing::error!(error = %e, "cannot write to the raft log");
+                    }
+                    match rx.blocking_recv() {
+                        Some(op) => op,
+                        None => return,
+                    }
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => return,
             },
         };
         let (entries, callback) = match op {

@@ -20,14 +20,24 @@
 //! as they were when it was made (a checkpoint), so a segment whose entries
 //! are all purged can be deleted: what it said is repeated later.
 //!
-//! After a crash only the end of the last segment can be torn (a write the
-//! crash cut short, never reported as flushed): opening stops at the first
-//! record there that does not check out, and zeroes the rest, so no stale
-//! bytes behind the next write can pass for records. Anything else that
-//! does not check out (a record in an earlier segment, a file whose length
-//! is not a whole number of steps, a missing segment, a gap in the entries)
-//! is damage, and the node refuses to start: it may have acknowledged
-//! entries it no longer has.
+//! After a crash only the end of the last segment can be torn: writes the
+//! crash cut short, which no sync had covered, so nobody relied on them (an
+//! append is acknowledged only once its sync returned; the committed id is
+//! written without one). A power cut may tear such a write at any byte,
+//! inside one sector too. So the log says which of its bytes were durable:
+//! the first record written after each completed sync is a *sync mark*
+//! naming the offset that sync covered (format 2). Opening stops at the
+//! first record of the last segment that does not check out; if no sync
+//! mark after it names an offset past it, it was never covered by a sync,
+//! and it is dropped and the rest zeroed, so no stale bytes behind the next
+//! write can pass for records. If one does, the disk changed bytes that
+//! were durable and acknowledged: refused, with what the operator can do.
+//! (Segments of format 1 have no marks: there a record that fails its
+//! check is dropped only if a whole sector of it is unwritten.) Anything
+//! else that does not check out (a record in an earlier segment, a file
+//! whose length is not a whole number of steps, a missing segment, a gap
+//! in the entries) is damage, and the node refuses to start: it may have
+//! acknowledged entries it no longer has.
 
 use super::disk::DiskError;
 use super::encoding;
@@ -46,8 +56,10 @@ const STEP: u64 = 4 << 20;
 /// A segment this full is closed and a new one started.
 const SEGMENT: u64 = 16 << 20;
 const MAGIC: [u8; 8] = *b"dlockwal";
-/// The record format this version writes and reads.
-const VERSION: u8 = 1;
+/// The record format this version writes: 2 has sync marks.
+const VERSION: u8 = 2;
+/// The oldest format this version reads: 1, without sync marks.
+const OLDEST_VERSION: u8 = 1;
 const HEADER: u64 = 16;
 /// A record's length and CRC.
 const HEAD: usize = 8;
@@ -63,7 +75,13 @@ enum Kind {
     Committed = 3,
     Truncate = 4,
     Purge = 5,
+    /// The offset in this segment up to which a completed sync made the
+    /// log durable (a `u64`, little-endian).
+    Synced = 6,
 }
+
+/// A sync mark's whole record: head, kind and an 8-byte offset.
+const MARK_LEN: usize = HEAD + 1 + 8;
 
 impl Kind {
     fn of(b: u8) -> Option<Kind> {
@@ -73,6 +91,7 @@ impl Kind {
             3 => Kind::Committed,
             4 => Kind::Truncate,
             5 => Kind::Purge,
+            6 => Kind::Synced,
             _ => return None,
         })
     }
@@ -249,6 +268,11 @@ pub(crate) struct Wal {
     /// A write or sync failed: what reached the disk is unknown, so nothing
     /// more is written (a retried fsync can report success for lost pages).
     failed: bool,
+    /// Up to where in the last segment a completed sync made the log
+    /// durable, and the offset the last sync mark written names: a new
+    /// mark is due when the first is ahead.
+    synced: u64,
+    marked: u64,
     step: u64,
     segment: u64,
 }
@@ -348,6 +372,8 @@ impl Wal {
             committed: None,
             purged: None,
             failed: false,
+            synced: 0,
+            marked: 0,
             step,
             segment,
         };
@@ -415,15 +441,17 @@ impl Wal {
         if header[..8] != MAGIC {
             return Err(damaged(&path, "not a dlock raft log segment"));
         }
-        if header[8] != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&header[8]) {
             return Err(damaged(
                 &path,
                 format!(
-                    "written in log format {}, this version reads {VERSION} (a newer dlock?)",
+                    "written in log format {}, this version reads {OLDEST_VERSION} to {VERSION} \
+                     (a newer dlock?)",
                     header[8]
                 ),
             ));
         }
+        let has_marks = header[8] >= 2;
         let mut max_index = None;
         let mut at = HEADER;
         let mut torn = false;
@@ -492,6 +520,8 @@ impl Wal {
                     replayed.purged = Some(id);
                     self.purged = Some(payload.to_vec());
                 }
+                // Only read when a record before it fails its check.
+                Kind::Synced => {}
             }
             at += record.len() as u64;
         }
@@ -501,16 +531,31 @@ impl Wal {
                 format!("the record at byte {at} does not check out, and later segments follow"),
             ));
         }
-        // A write cut short leaves whole sectors of it unwritten, and the
-        // file was zero there; a record that fails its check with none of
-        // its sectors zero was written whole and changed since (a damaged
-        // disk): dropping it could drop acknowledged entries or a vote.
-        if torn && !has_zero_sector(&file, at, len)? {
+        if torn && has_marks {
+            // Bytes a completed sync covered were acknowledged (or relied
+            // on, as a vote); bytes no sync covered may be torn anywhere.
+            if let Some(through) = synced_past(&file, at, len)? {
+                return Err(damaged(
+                    &path,
+                    format!(
+                        "the record at byte {at} does not check out, yet a later sync mark says \
+                         the log was durable through byte {through}: the disk changed data that \
+                         was acknowledged. {ACKNOWLEDGED_DAMAGE}"
+                    ),
+                ));
+            }
+        } else if torn && !has_zero_sector(&file, at, len)? {
+            // Format 1 has no marks. A write cut short leaves whole sectors
+            // of it unwritten, and the file was zero there; a record that
+            // fails its check with none of its sectors zero was written
+            // whole and changed since (a damaged disk): dropping it could
+            // drop acknowledged entries or a vote.
             return Err(damaged(
                 &path,
                 format!(
                     "the record at byte {at} does not check out and was not cut short (no \
-                     unwritten sector in it): the file was changed after it was written"
+                     unwritten sector in it): the file was changed after it was written. \
+                     {ACKNOWLEDGED_DAMAGE}"
                 ),
             ));
         }
@@ -526,6 +571,14 @@ impl Wal {
                 "the raft log ends in a write cut short (the node stopped mid-write); it is dropped"
             );
             zero_from(&file, at, len)?;
+        }
+        if last {
+            // What was read may be only in the page cache (the process
+            // stopped, not the machine): durable from here on, so the next
+            // write's mark may say so.
+            file.sync_data()?;
+            self.synced = at;
+            self.marked = 0;
         }
         self.segments.push(Segment {
             seq,
@@ -556,11 +609,16 @@ impl Wal {
         result
     }
 
-    fn write_inner(&mut self, batch: Batch) -> Result<Vec<Loc>, DiskError> {
-        let n = batch.buf.len() as u64;
+    fn write_inner(&mut self, mut batch: Batch) -> Result<Vec<Loc>, DiskError> {
+        // Room for a mark: a new segment's own mark goes in front.
+        let n = (batch.buf.len() + MARK_LEN) as u64;
         if self.end > HEADER && self.end + n > self.segment {
             self.rotate(n)?;
         }
+        if self.synced > self.marked {
+            batch = self.marked_first(batch)?;
+        }
+        let n = batch.buf.len() as u64;
         if self.end + n > self.len {
             let len = round_up(self.end + n, self.step);
             allocate(&self.active().file, len)?;
@@ -592,6 +650,46 @@ impl Wal {
         Ok(locs)
     }
 
+    /// `batch` behind a sync mark naming what the last sync covered.
+    fn marked_first(&mut self, batch: Batch) -> Result<Batch, DiskError> {
+        let mut marked = Batch::default();
+        marked.push(Kind::Synced, &self.synced.to_le_bytes())?;
+        let shift = marked.buf.len();
+        marked.buf.extend_from_slice(&batch.buf);
+        marked.entries = batch
+            .entries
+            .into_iter()
+            .map(|(id, at, len)| (id, at + shift, len))
+            .collect();
+        marked.vote = batch.vote;
+        marked.committed = batch.committed;
+        marked.purged = batch.purged;
+        // Before the write: if it fails, nothing more is written anyway.
+        self.marked = self.synced;
+        Ok(marked)
+    }
+
+    /// Writes a sync mark alone, unsynced, when one is due: what the writer
+    /// does when it runs out of work, so that the last synced bytes are
+    /// vouched for too once the page cache writes the mark out.
+    ///
+    /// # Errors
+    /// The write failed now, or a write or sync did before.
+    pub(crate) fn mark_synced(&mut self) -> Result<(), DiskError> {
+        if self.failed {
+            return Err(failed());
+        }
+        if self.synced <= self.marked {
+            return Ok(());
+        }
+        // Not through `write`, which skips an empty batch.
+        let result = self.write_inner(Batch::default()).map(|_| ());
+        if result.is_err() {
+            self.failed = true;
+        }
+        result
+    }
+
     fn active(&self) -> &Segment {
         // There is always one: `open` makes or finds it.
         &self.segments[self.segments.len() - 1]
@@ -611,7 +709,9 @@ impl Wal {
             // kernel may have dropped the dirty pages it could not write.
             self.failed = true;
         }
-        Ok(result?)
+        result?;
+        self.synced = self.end;
+        Ok(())
     }
 
     /// Closes the last segment and starts the next, with room for `n` more
@@ -659,6 +759,9 @@ impl Wal {
         });
         self.end = head.buf.len() as u64;
         self.len = len;
+        // The checkpoint is synced: the first write vouches for it.
+        self.synced = self.end;
+        self.marked = 0;
         Ok(())
     }
 
@@ -737,6 +840,44 @@ fn failed() -> DiskError {
 }
 
 /// Whether a record's CRC checks out, whatever its kind.
+/// What a refusal over changed, acknowledged bytes tells the operator.
+const ACKNOWLEDGED_DAMAGE: &str = "What to do: on a node of a cluster, move its data directory \
+    aside and add the node back empty (docs/CLUSTER.md, \"Adding and removing nodes\"): it copies \
+    the log from its peers, and nothing is lost while a majority has it. On a single durable \
+    server, restore the latest backup (--restore-backup), or move the data directory aside and \
+    start empty with --fence-floor above the highest fencing token handed out: every lock and \
+    lease it held is then lost.";
+
+/// The offset a sync mark after byte `at` (and before `len`) names, if one
+/// names an offset past `at`: the bytes there were made durable. Looked for
+/// byte by byte, since the records from `at` on cannot be trusted to say
+/// where the next one starts; only a damaged log is read this way.
+fn synced_past(file: &File, at: u64, len: u64) -> Result<Option<u64>, DiskError> {
+    const CHUNK: usize = 1 << 20;
+    let mark_len = (MARK_LEN - HEAD) as u32;
+    let mut buf = vec![0; CHUNK];
+    let mut pos = at + 1;
+    while pos + MARK_LEN as u64 <= len {
+        let n = (len - pos).min(CHUNK as u64) as usize;
+        file.read_exact_at(&mut buf[..n], pos)?;
+        for i in 0..=n - MARK_LEN {
+            if buf[i..i + 4] != mark_len.to_le_bytes() {
+                continue;
+            }
+            if let Some((Kind::Synced, payload)) = check(&buf[i..i + MARK_LEN]) {
+                let through = payload.try_into().map(u64::from_le_bytes).unwrap_or(0);
+                if through > at {
+                    return Ok(Some(through));
+                }
+            }
+        }
+        // The chunks overlap by a mark's length less one, so no mark falls
+        // between two of them.
+        pos += (n - (MARK_LEN - 1)) as u64;
+    }
+    Ok(None)
+}
+
 fn check_crc(record: &[u8]) -> bool {
     record.len() > HEAD
         && crc_of(&record[..4], &record[HEAD..])
@@ -821,6 +962,10 @@ pub(crate) fn create_imported(data_dir: &Path, records: Batch) -> Result<(), Dis
     let mut header = [0; HEADER as usize];
     header[..8].copy_from_slice(&MAGIC);
     header[8] = VERSION;
+    // Synced below, so a mark behind them vouches for them.
+    let mut records = records;
+    let through = HEADER + records.buf.len() as u64;
+    records.push(Kind::Synced, &through.to_le_bytes())?;
     allocate(&file, round_up(HEADER + records.buf.len() as u64, STEP))?;
     file.write_all_at(&header, 0)?;
     file.write_all_at(&records.buf, HEADER)?;
@@ -1051,11 +1196,140 @@ mod tests {
         let Err(DiskError::Damaged(why)) = open() else {
             panic!("a changed record was dropped as a torn write");
         };
-        assert!(why.contains("not cut short"), "{why}");
+        assert!(why.contains("durable through"), "{why}");
         std::fs::write(last, &whole).expect("write");
         open().expect("whole again");
         // The first segment lost while it held entries not purged.
         std::fs::remove_file(&files[0]).expect("rm");
         assert!(matches!(open(), Err(DiskError::Damaged(_))));
+    }
+
+    /// A log of entries 0..=3, each append synced, and then the committed
+    /// id written unsynced, as the writer does: the path of the segment
+    /// and where that last write starts and ends.
+    fn log_ending_in_a_committed_write(dir: &Path) -> (PathBuf, u64, u64) {
+        let (mut wal, _) = Wal::open(dir).expect("open");
+        append(&mut wal, 0, 1);
+        append(&mut wal, 2, 3);
+        let from = wal.end;
+        let mut b = Batch::default();
+        b.committed(encoding::encode(&Some(id(1, 3))).expect("c"))
+            .expect("b");
+        wal.write(b).expect("write");
+        (wal.files()[0].clone(), from, wal.end)
+    }
+
+    #[test]
+    fn an_unsynced_committed_record_torn_at_any_byte_inside_a_sector_never_blocks_a_start() {
+        // A power cut tears a write no sync covered anywhere: the bytes from
+        // some point on never landed (still zero), or any one came out wrong.
+        for flip in [false, true] {
+            let dir = tempfile::tempdir().expect("dir");
+            let (seg, from, to) = log_ending_in_a_committed_write(dir.path());
+            assert!(to - from < 512, "one write inside one sector");
+            let whole = std::fs::read(&seg).expect("read");
+            for k in from..to {
+                let mut torn = whole.clone();
+                if flip {
+                    torn[k as usize] ^= 0x5A;
+                } else {
+                    torn[k as usize..to as usize].fill(0);
+                }
+                std::fs::write(&seg, &torn).expect("tear");
+                let (wal, r) = Wal::open(dir.path())
+                    .unwrap_or_else(|e| panic!("torn at byte {k} (flip {flip}): {e}"));
+                assert_eq!(indexes(&r), [0, 1, 2, 3], "torn at byte {k}");
+                drop(wal);
+                std::fs::write(&seg, &whole).expect("restore");
+            }
+        }
+    }
+
+    #[test]
+    fn a_write_cut_at_a_sector_edge_is_dropped() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (seg, from, to) = {
+            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            append(&mut wal, 0, 3);
+            let from = wal.end;
+            // Entries enough to span sectors, written but never synced.
+            let mut b = Batch::default();
+            for i in 4..40 {
+                let (id, bytes) = entry(1, i);
+                b.entry(id, &bytes).expect("entry");
+            }
+            wal.write(b).expect("write");
+            (wal.files()[0].clone(), from, wal.end)
+        };
+        assert!(to - from > 1024);
+        // The sectors from the second on never landed.
+        let edge = (from / 512 + 1) * 512;
+        let mut torn = std::fs::read(&seg).expect("read");
+        torn[edge as usize..to as usize].fill(0);
+        std::fs::write(&seg, &torn).expect("tear");
+        let (_wal, r) = Wal::open(dir.path()).expect("reopen");
+        assert!(indexes(&r).starts_with(&[0, 1, 2, 3]));
+        assert!(r.entries.len() < 40, "a record cut at the edge is dropped");
+    }
+
+    #[test]
+    fn a_changed_record_that_a_later_sync_covered_is_refused_with_what_to_do() {
+        // The last appends were synced, and the writer, idle, vouched for
+        // them: a bit flip there is damage to acknowledged entries, not a
+        // torn write.
+        let dir = tempfile::tempdir().expect("dir");
+        let (seg, at) = {
+            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            append(&mut wal, 0, 3);
+            let locs = append(&mut wal, 4, 4);
+            wal.mark_synced().expect("mark");
+            (wal.files()[0].clone(), locs[0].at)
+        };
+        let mut bad = std::fs::read(&seg).expect("read");
+        bad[at as usize + HEAD + 2] ^= 1;
+        std::fs::write(&seg, &bad).expect("flip");
+        let Err(DiskError::Damaged(why)) = Wal::open(dir.path()).map(|_| ()) else {
+            panic!("a changed, acknowledged record was dropped");
+        };
+        assert!(
+            why.contains("durable through") && why.contains("--restore-backup"),
+            "{why}"
+        );
+        // Without the mark (the crash came before the idle writer wrote
+        // it), the same bytes were never vouched for: a torn write.
+        let mut unvouched = bad.clone();
+        let mark_at = bad
+            .windows(4)
+            .enumerate()
+            .skip(at as usize + 1)
+            .find(|(i, w)| {
+                *w == ((MARK_LEN - HEAD) as u32).to_le_bytes()
+                    && check(&bad[*i..*i + MARK_LEN]).is_some()
+            })
+            .map(|(i, _)| i)
+            .expect("the idle writer's mark");
+        unvouched[mark_at..mark_at + MARK_LEN].fill(0);
+        std::fs::write(&seg, &unvouched).expect("unmark");
+        let (_wal, r) = Wal::open(dir.path()).expect("a write no sync vouched for may be torn");
+        assert_eq!(indexes(&r), [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_log_of_format_1_still_opens_under_the_sector_rule() {
+        let dir = tempfile::tempdir().expect("dir");
+        let seg = {
+            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            append(&mut wal, 0, 3);
+            wal.files()[0].clone()
+        };
+        let mut old = std::fs::read(&seg).expect("read");
+        old[8] = 1;
+        std::fs::write(&seg, &old).expect("as format 1");
+        let (mut wal, r) = Wal::open(dir.path()).expect("format 1 opens");
+        assert_eq!(indexes(&r), [0, 1, 2, 3]);
+        append(&mut wal, 4, 4);
+        drop(wal);
+        let (_wal, r) = Wal::open(dir.path()).expect("reopen");
+        assert_eq!(indexes(&r), [0, 1, 2, 3, 4]);
     }
 }
