@@ -46,12 +46,15 @@ type Options struct {
 // session. Its methods may be called from any number of goroutines: their
 // requests are pipelined on the one connection and answered in order.
 //
-// Locks belong to the connection (on a cluster, to its session), as in
-// every dlock client: the server grants a key that this owner already
-// holds again at once, under a new fencing token. Goroutines that must
-// exclude each other use Clients of their own (the older Lock of the same
-// Client is reported lost with LostRegranted if it happens). A Lock that
-// had to wait is held by a connection of its own (see Lock).
+// Each lock has an owner of its own: tasks (threads, goroutines) sharing
+// one client that lock the same key take turns, first come first served,
+// exactly as separate processes do; unrelated locks share the client's one
+// pipelined connection, and a lock whose key another lock of this client
+// holds, or that must wait, is taken on a connection of its own.
+//
+// (The server counts a connection, on a cluster its session, as one owner
+// and grants a key that owner holds again at once; so the client never
+// sends a Lock for a key that its connection holds or asks for: see Lock.)
 //
 // Against a single server, when the connection ends every pending call
 // fails with a *ConnectionLostError, later calls fail at once, and Done is
@@ -60,9 +63,9 @@ type Options struct {
 // the new leader through failovers (see Options.OnEvent); it ends only when
 // the session does.
 //
-// A Lock that had to wait lives on a connection (session) of its own: it
-// is not lost when the client's connection ends, only when its own does or
-// the client is closed.
+// A Lock taken on a connection (session) of its own is not lost when the
+// client's connection ends, only when its own does or the client is
+// closed.
 type Client struct {
 	l      *link
 	d      *dialer
@@ -70,17 +73,73 @@ type Client struct {
 	inFl   int
 
 	mu sync.Mutex
-	// holding names the Lock that holds each key.
-	holding map[string]*Lock
-	locks   map[*Lock]bool
-	// Connections of Watches (a parked Watch holds back the answers behind
-	// it): every one open, and those idle for the next Watch.
+	// claims counts, per key, the Locks, Enqueues and Waits on the
+	// client's connection that hold or ask for it (see claim).
+	claims map[string]int
+	locks  map[*Lock]bool
+	// Connections of the client's own: for Watches (a parked Watch holds
+	// back the answers behind it) and for Locks; every one open, those
+	// idle for the next Watch, and those idle for the next Lock.
 	side     map[*link]bool
 	watchers []*link
+	idle     []*link
 }
 
 // idleWatchers is how many Watch connections are kept for the next Watch.
 const idleWatchers = 2
+
+// idleLockers is how many Locks' connections of their own that hold and
+// wait for nothing any more are kept for the next Lock that needs one:
+// goroutines taking turns on a key would otherwise open one (on a cluster,
+// a session) per turn.
+const idleLockers = 4
+
+// claim is the keys a request on the client's connection holds or asks
+// for, from before it is queued until the connection's owner is known to
+// hold and ask for them no more: its refusal, the Unlock of its grant
+// queued (requests on one connection are acted on in order), a late
+// grant's release queued, or the server's word that the keys are not held.
+// While a key is claimed, every other Lock of it goes to a connection of
+// its own: on the client's, the server would grant it to the same owner.
+type claim struct {
+	c    *Client
+	keys []string
+	once sync.Once
+}
+
+// claim claims keys for a request on the client's connection; nil if one
+// of them is claimed already.
+func (c *Client) claim(keys []string) *claim {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range keys {
+		if c.claims[k] > 0 {
+			return nil
+		}
+	}
+	for _, k := range keys {
+		c.claims[k]++
+	}
+	return &claim{c: c, keys: keys}
+}
+
+// release gives the keys up, once; nothing for a nil claim (a request on
+// a connection of its own).
+func (cl *claim) release() {
+	if cl == nil {
+		return
+	}
+	cl.once.Do(func() {
+		c := cl.c
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, k := range cl.keys {
+			if c.claims[k]--; c.claims[k] <= 0 {
+				delete(c.claims, k)
+			}
+		}
+	})
+}
 
 // Connect connects to servers: one HOST:PORT, or a cluster's nodes as a
 // comma-separated list ("" reads DLOCK_SERVER, else DefaultServer). It says
@@ -123,7 +182,7 @@ func Connect(ctx context.Context, servers string, opts *Options) (*Client, error
 		return nil, err
 	}
 	c := &Client{l: l, d: d, margin: o.SafetyMargin, inFl: o.MaxInFlight,
-		holding: map[string]*Lock{}, locks: map[*Lock]bool{}, side: map[*link]bool{}}
+		claims: map[string]int{}, locks: map[*Lock]bool{}, side: map[*link]bool{}}
 	l.mu.Lock()
 	l.onEnd = c.onEnd
 	ended := l.err
@@ -169,12 +228,17 @@ func (c *Client) Close() error {
 func (c *Client) onEnd(err error, closing bool) {
 	c.mu.Lock()
 	side := c.side
-	c.side, c.watchers = map[*link]bool{}, nil
+	idle := map[*link]bool{}
+	for _, s := range c.idle {
+		idle[s] = true
+	}
+	c.side, c.watchers, c.idle = map[*link]bool{}, nil, nil
 	if !closing {
 		// A Lock's connection of its own is another owner, which lives on
-		// (and ends) by itself; the client's Close closes it.
+		// (and ends) by itself; the client's Close closes it. Idle ones
+		// are of no more use.
 		for s := range side {
-			if s.forLock {
+			if s.forLock && !idle[s] {
 				delete(side, s)
 				c.side[s] = true
 			}
@@ -259,18 +323,24 @@ func lockBody(ctx context.Context, keys []string, o *LockOptions) *pb.RequestLoc
 // opts say, and returns the held Lock with its fencing token.
 //
 // Errors: ErrTimeout (a *ServerError listing the busy keys) when the wait
-// runs out, ErrBusy with opts.Try; a *ServerError for invalid keys or a
-// server limit (ModeConflict when this client holds a key in the other
-// mode, LimitMismatch when the holders agreed on another limit);
+// runs out, ErrBusy with opts.Try (also when another Lock of this Client
+// holds a key); a *ServerError for invalid keys or a server limit
+// (LimitMismatch when the holders agreed on another limit);
 // ErrConnectionLost; ctx's error.
 //
-// The request is first sent without waiting on the client's connection
-// (pipelined with every other call): free keys, or keys this client holds,
-// are granted at once. If keys are busy, the Lock waits in line on a
-// connection (on a cluster, a session) of its own, so the wait holds back
-// no other call, and the Lock it returns is held by that connection, which
-// Unlock closes. If ctx ends while the request waits, Lock returns at once
-// and half-closes that connection: the server withdraws the request (on a
+// Each Lock has an owner of its own. The request is first sent without
+// waiting on the client's connection (pipelined with every other call):
+// free keys are granted at once. If keys are busy, or another Lock or
+// Enqueue of this Client holds or asks for one of them on that connection,
+// the Lock is taken (or waits in line) on a connection (on a cluster, a
+// session) of its own, so the wait holds back no other call, and the Lock
+// it returns is held by that connection; Unlock closes it or keeps it for
+// the next such Lock. Goroutines locking the same key so take turns,
+// first come first served. A second Lock of a key from the goroutine that
+// holds it waits like any other (without a limit, for ever).
+//
+// If ctx ends while the request waits, Lock returns at once and
+// half-closes that connection: the server withdraws the request (on a
 // cluster, ends that session), and a grant that crossed the cancel, a
 // lease too, is released by fence.
 func (c *Client) Lock(ctx context.Context, keys []string, opts *LockOptions) (*Lock, error) {
@@ -278,16 +348,24 @@ func (c *Client) Lock(ctx context.Context, keys []string, opts *LockOptions) (*L
 	if opts != nil {
 		o = *opts
 	}
+	cl := c.claim(keys)
+	if cl == nil {
+		return c.lockAside(ctx, keys, &o)
+	}
 	// First without waiting, pipelined on the client's connection: a free
-	// key (or one this client holds) is granted at once.
+	// key is granted at once.
 	t := o
 	t.Try = true
 	// Taken before the request is queued: never later than the real send
 	// time, so deadlines counted from it are on the safe side.
 	sent := time.Now()
-	resp, err := c.l.call(ctx, pb.RequestType_Lock, lockBody(ctx, keys, &t), keys)
+	resp, queued, err := c.l.callWith(ctx, pb.RequestType_Lock, lockBody(ctx, keys, &t),
+		callOpts{lockKeys: keys, settled: cl.release})
 	if err == nil {
-		return c.granted(ctx, c.l, keys, resp.Fence, o.Lease, sent)
+		return c.granted(ctx, c.l, cl, keys, resp.Fence, o.Lease, sent)
+	}
+	if !queued {
+		cl.release()
 	}
 	var se *ServerError
 	if o.Try || !errors.As(err, &se) || se.Status != pb.ResponseStatus_AcquireTimeout {
@@ -296,14 +374,42 @@ func (c *Client) Lock(ctx context.Context, keys []string, opts *LockOptions) (*L
 	return c.lockAside(ctx, keys, &o)
 }
 
-// lockAside waits for busy keys on a connection (on a cluster, a session)
-// of its own, as the Rust library takes every lock: the wait holds back no
-// other call, and giving it up closes that connection cleanly, so the
-// server withdraws the request (or releases a grant that crossed).
+// lockAside takes keys on a connection (on a cluster, a session) of its
+// own, as the Rust library takes every lock: a wait holds back no other
+// call, and giving it up closes that connection cleanly, so the server
+// withdraws the request (or releases a grant that crossed).
 func (c *Client) lockAside(ctx context.Context, keys []string, o *LockOptions) (*Lock, error) {
+	ln, err := c.asideLink(ctx)
+	if err != nil {
+		return nil, err
+	}
+	body := lockBody(ctx, keys, o)
+	sent := time.Now()
+	resp, err := ln.call(ctx, pb.RequestType_Lock, body, keys)
+	if err != nil {
+		c.asideFailed(ctx, ln, err)
+		return nil, tryErr(err, o.Try)
+	}
+	return c.granted(ctx, ln, nil, keys, resp.Fence, o.Lease, sent)
+}
+
+// asideLink is a connection (on a cluster, a session) of the client's own
+// for one Lock: one kept idle, or a new one.
+func (c *Client) asideLink(ctx context.Context) (*link, error) {
 	if err := c.Err(); err != nil {
 		return nil, err
 	}
+	c.mu.Lock()
+	for len(c.idle) > 0 {
+		ln := c.idle[len(c.idle)-1]
+		c.idle = c.idle[:len(c.idle)-1]
+		if ln.failure() == nil {
+			c.mu.Unlock()
+			return ln, nil
+		}
+		delete(c.side, ln)
+	}
+	c.mu.Unlock()
 	ln, err := openLink(ctx, c.d, 0, true)
 	if err != nil {
 		return nil, err
@@ -316,26 +422,48 @@ func (c *Client) lockAside(ctx context.Context, keys []string, o *LockOptions) (
 		c.dropSide(ln)
 		return nil, err
 	}
-	body := lockBody(ctx, keys, o)
-	sent := time.Now()
-	resp, err := ln.call(ctx, pb.RequestType_Lock, body, keys)
-	if err != nil && ctx.Err() != nil {
-		// Given up: half-closed, the server withdraws the request, and a
-		// grant that crossed (a lease outlives the connection) is released
-		// by fence on the client's connection.
+	return ln, nil
+}
+
+// asideFailed disposes of a Lock's connection of its own whose request
+// failed with err. Given up (ctx ended), it is half-closed: the server
+// withdraws the request, and a grant that crossed (a lease outlives the
+// connection) is released by fence on the client's connection. Refused by
+// the server, it holds and waits for nothing, and is kept for the next.
+func (c *Client) asideFailed(ctx context.Context, ln *link, err error) {
+	var se *ServerError
+	switch {
+	case ctx.Err() != nil:
 		c.mu.Lock()
 		delete(c.side, ln)
 		c.mu.Unlock()
 		ln.drain(func(keys []string, fence uint64) {
 			c.l.detached(pb.RequestType_Unlock, &pb.RequestLock{Keys: keys, Fence: fence})
 		}, 10*time.Second)
-		return nil, err
-	}
-	if err != nil {
+	case errors.As(err, &se) && !errors.Is(err, ErrConnectionLost):
+		c.keepAside(ln)
+	default:
 		c.dropSide(ln)
-		return nil, err
 	}
-	return c.granted(ctx, ln, keys, resp.Fence, o.Lease, sent)
+}
+
+// keepAside keeps a Lock's connection of its own that holds and waits for
+// nothing for the next Lock, or closes it when enough are kept.
+func (c *Client) keepAside(ln *link) {
+	ln.mu.Lock()
+	ln.onEnd = func(error, bool) {}
+	ln.mu.Unlock()
+	c.mu.Lock()
+	keep := c.side[ln] && len(c.idle) < idleLockers && c.l.failure() == nil && ln.failure() == nil
+	if keep {
+		c.idle = append(c.idle, ln)
+	} else {
+		delete(c.side, ln)
+	}
+	c.mu.Unlock()
+	if !keep {
+		ln.close("not needed")
+	}
 }
 
 // dropSide closes a connection of the client's own cleanly (on a cluster
@@ -357,8 +485,9 @@ func tryErr(err error, try bool) error {
 }
 
 // granted is the Lock for a grant of keys under fence to a request sent at
-// sent on ln: the client's connection, or one of the lock's own.
-func (c *Client) granted(ctx context.Context, ln *link, keys []string, fence uint64, lease time.Duration, sent time.Time) (*Lock, error) {
+// sent on ln: the client's connection (cl claims the keys there), or one
+// of the lock's own (cl nil).
+func (c *Client) granted(ctx context.Context, ln *link, cl *claim, keys []string, fence uint64, lease time.Duration, sent time.Time) (*Lock, error) {
 	own := ln != c.l
 	// The safety deadline counts from the Lock's send time, which after a
 	// long wait may be about to pass when the grant arrives, although the
@@ -383,6 +512,7 @@ func (c *Client) granted(ctx context.Context, ln *link, keys []string, fence uin
 		if err != nil {
 			// Nobody will hold this grant: release it.
 			ln.detached(pb.RequestType_Unlock, &pb.RequestLock{Keys: keys, Fence: fence})
+			cl.release()
 			if own {
 				c.dropSide(ln)
 			}
@@ -393,27 +523,12 @@ func (c *Client) granted(ctx context.Context, ln *link, keys []string, fence uin
 			return nil, err
 		}
 	}
-	l := &Lock{c: c, ln: ln, own: own, keys: keys, fence: fence, lease: lease, leaseSent: sent,
+	l := &Lock{c: c, ln: ln, own: own, claim: cl, keys: keys, fence: fence, lease: lease, leaseSent: sent,
 		lost: make(chan struct{}), changed: make(chan struct{}), ended: make(chan struct{}),
 		renewing: make(chan struct{}, 1)}
 	c.mu.Lock()
-	var older []*Lock
-	for _, k := range keys {
-		if own {
-			// Held by a connection of its own: no other Lock's owner.
-			break
-		}
-		if o := c.holding[k]; o != nil && o != l {
-			older = append(older, o)
-		}
-		c.holding[k] = l
-	}
 	c.locks[l] = true
 	c.mu.Unlock()
-	for _, o := range older {
-		o.setLost(LostRegranted, fmt.Sprintf(
-			"a key was granted again to this client (fence %d): locks belong to connections, so goroutines that must exclude each other need Clients of their own", fence), nil)
-	}
 	if own {
 		ln.mu.Lock()
 		ln.onEnd = func(err error, closing bool) {
@@ -436,10 +551,16 @@ func (c *Client) forget(l *Lock) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.locks, l)
-	for _, k := range l.keys {
-		if c.holding[k] == l {
-			delete(c.holding, k)
-		}
+}
+
+// unlocked disposes of a Lock's connection of its own after its Unlock
+// answered err: it holds nothing after an answer, so it is kept for the
+// next Lock; otherwise closed, which releases what it may still hold.
+func (c *Client) unlocked(ln *link, err error) {
+	if err == nil || errors.Is(err, ErrNotHeld) {
+		c.keepAside(ln)
+	} else {
+		c.dropSide(ln)
 	}
 }
 

@@ -389,24 +389,6 @@ func TestTheConnectionEndingLosesLocksWithoutALeaseAndFailsLaterCalls(t *testing
 	}
 }
 
-func TestTheSameClientLockingAKeyAgainReportsTheOlderLockLost(t *testing.T) {
-	s := startServer(t, "")
-	ctx := testCtx(t)
-	c := connect(t, s.Addr, nil)
-	first, err := c.Lock(ctx, []string{"k"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	second, err := c.Lock(ctx, []string{"k"}, &LockOptions{Try: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-first.Lost()
-	if first.Err().(*LostError).Reason != LostRegranted || second.Check() != nil {
-		t.Fatalf("first %v, second %v", first.Err(), second.Err())
-	}
-}
-
 func TestConnectErrorsNameTheAddress(t *testing.T) {
 	ln := reservePort(t)
 	addr := ln.Addr().String()

@@ -39,8 +39,9 @@ func (c *Client) Election(key string) *Election { return &Election{c: c, key: ke
 
 // Campaign waits until this campaigner leads, in line behind earlier ones,
 // announcing value (at most 1024 bytes), and returns the leadership: a Lock
-// bound to the client's connection (on a cluster, its session), so a
-// leader whose process ends hands over at once. Lost says when leading
+// without a lease (taken as Lock takes it: on the client's connection, or
+// on one of its own if it waited), so a leader whose process ends hands
+// over at once. Campaigners of one Client take turns as any others do. Lost says when leading
 // can no longer be assumed: besides a Lock's reasons, at once when the key
 // is taken from the leader (released by fence by someone else), which a
 // Watch kept on it while it leads reports (LostNotHeld). ctx ending

@@ -190,9 +190,10 @@ const (
 	LostNotHeld
 	// LostRenewRefused: the server refused to renew the lease for another reason.
 	LostRenewRefused
-	// LostRegranted: a later Lock of the same client was granted a key of
-	// this lock: locks belong to connections, so the server granted it
-	// again to the same owner, and this Lock no longer stands alone.
+	// LostRegranted is no longer reported: every Lock has an owner of its
+	// own, so no key is granted twice to one owner (kept for API
+	// compatibility; it once said a later Lock of the same Client was
+	// granted a key of this one).
 	LostRegranted
 	// LostClosed: the client was closed.
 	LostClosed

@@ -62,6 +62,9 @@ type pending struct {
 	counted   bool
 	// lockKeys of a Lock, Enqueue or Wait: a grant nobody collects is released.
 	lockKeys []string
+	// settled of a request given up (abandoned) is called once it holds
+	// and waits for nothing of the link's owner any more (callOpts).
+	settled func()
 	// seq is its number in the session; 0 if it changes nothing or there is none.
 	seq uint64
 	// frame is the request as written, to send again after a reconnect; nil
@@ -470,6 +473,14 @@ func (l *link) onResponse(s *stream, resp *pb.Response) bool {
 			// The caller stopped waiting: release what it was granted.
 			_ = l.sendLocked(pb.RequestType_Unlock, &pb.RequestLock{Keys: p.lockKeys, Fence: resp.Fence}, &pending{})
 		}
+		// An Enqueue answered Queued still waits in line, and nobody
+		// will collect it: its keys stay the owner's (until the link ends).
+		if p.settled != nil && !(p.kind == pb.RequestType_Enqueue && resp.Status == pb.ResponseStatus_Queued) {
+			// On a goroutine of its own: it takes the client's lock, which
+			// is never taken inside the link's. The release queued above
+			// goes before anything sent after it.
+			go p.settled()
+		}
 	case p.reply != nil:
 		p.reply <- result{resp: resp}
 	}
@@ -495,6 +506,9 @@ func (l *link) endLocked(err error, clean bool) {
 		}
 		if p.reply != nil && !p.abandoned {
 			p.reply <- result{err: err}
+		}
+		if p.abandoned && p.settled != nil {
+			go p.settled()
 		}
 	}
 	go l.onEnd(err, clean)
@@ -618,52 +632,92 @@ func (l *link) sendLocked(kind pb.RequestType, body *pb.RequestLock, p *pending)
 // ctx's error at once and a grant that arrives later for lockKeys is
 // released.
 func (l *link) call(ctx context.Context, kind pb.RequestType, body *pb.RequestLock, lockKeys []string) (*pb.Response, error) {
+	resp, _, err := l.callWith(ctx, kind, body, callOpts{lockKeys: lockKeys})
+	return resp, err
+}
+
+// callOpts are what a call that claims keys (client.go) needs to know.
+type callOpts struct {
+	// lockKeys of a Lock, Enqueue or Wait: a grant nobody collects is
+	// released.
+	lockKeys []string
+	// queued is called as soon as the request is queued, before its
+	// answer: whatever is sent later is acted on after it.
+	queued func()
+	// settled is called once, unless the answer is a success, when the
+	// request queued holds and waits for nothing of the link's owner:
+	// refused, failed with the link, or given up (ctx) and then refused,
+	// its late grant's release queued, or the link ended. (An Enqueue
+	// given up and answered Queued never settles.)
+	settled func()
+}
+
+// callWith is call with callOpts; queued says whether the request was
+// queued at all (when it was not, neither of the callbacks is called).
+func (l *link) callWith(ctx context.Context, kind pb.RequestType, body *pb.RequestLock, o callOpts) (*pb.Response, bool, error) {
 	select {
 	case <-l.done:
-		return nil, l.failure()
+		return nil, false, l.failure()
 	default:
 	}
 	select {
 	case l.slots <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, false, ctx.Err()
 	case <-l.done:
-		return nil, l.failure()
+		return nil, false, l.failure()
 	}
-	p := &pending{reply: make(chan result, 1), counted: true, lockKeys: lockKeys}
+	p := &pending{reply: make(chan result, 1), counted: true, lockKeys: o.lockKeys, settled: o.settled}
 	l.mu.Lock()
 	if l.err != nil {
 		l.mu.Unlock()
 		<-l.slots
-		return nil, l.err
+		return nil, false, l.err
 	}
 	if err := l.sendLocked(kind, body, p); err != nil {
 		l.mu.Unlock()
 		<-l.slots
-		return nil, err
+		return nil, false, err
 	}
 	l.mu.Unlock()
+	if o.queued != nil {
+		o.queued()
+	}
+	settle := func() {
+		if o.settled != nil {
+			o.settled()
+		}
+	}
 	var r result
 	select {
 	case r = <-p.reply:
 	case <-ctx.Done():
 		l.mu.Lock()
 		if !p.answered {
+			// The answer (or the link's end) settles it.
 			p.abandoned = true
 			l.mu.Unlock()
-			return nil, ctx.Err()
+			return nil, true, ctx.Err()
 		}
 		l.mu.Unlock()
 		r = <-p.reply
-		if r.err == nil && lockKeys != nil && r.resp.Status == pb.ResponseStatus_Ok {
-			l.detached(pb.RequestType_Unlock, &pb.RequestLock{Keys: lockKeys, Fence: r.resp.Fence})
+		if r.err == nil && o.lockKeys != nil && r.resp.Status == pb.ResponseStatus_Ok {
+			l.detached(pb.RequestType_Unlock, &pb.RequestLock{Keys: o.lockKeys, Fence: r.resp.Fence})
 		}
-		return nil, ctx.Err()
+		if r.err != nil || r.resp.Status != pb.ResponseStatus_Queued || kind != pb.RequestType_Enqueue {
+			settle()
+		}
+		return nil, true, ctx.Err()
 	}
 	if r.err != nil {
-		return nil, r.err
+		settle()
+		return nil, true, r.err
 	}
-	return r.resp, errorOf(kind, r.resp)
+	err := errorOf(kind, r.resp)
+	if err != nil {
+		settle()
+	}
+	return r.resp, true, err
 }
 
 // detached sends a request whose answer nobody reads (best effort).

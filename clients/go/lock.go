@@ -41,9 +41,12 @@ const ClockRateBound = 0.001
 type Lock struct {
 	c *Client
 	// ln is the connection that holds it: the client's, or (own) one of
-	// its own, taken for a wait and closed when the lock is unlocked.
-	ln    *link
-	own   bool
+	// its own, taken for a wait and closed (or kept for the next) when the
+	// lock is unlocked.
+	ln  *link
+	own bool
+	// claim of its keys on the client's connection; nil when own.
+	claim *claim
 	keys  []string
 	fence uint64
 
@@ -211,12 +214,19 @@ func (l *Lock) setLost(reason LostReason, text string, cause error) {
 	l.endLocked()
 	l.mu.Unlock()
 	l.c.forget(l)
+	if reason == LostNotHeld {
+		// The server said the keys are not held under this fence: nothing
+		// of them is left to the client's connection. (Lost otherwise, a
+		// lock may still be held there until its Unlock.)
+		l.claim.release()
+	}
 }
 
 // Unlock releases the keys, by fence (so a later grant to someone else is
 // never touched). ErrNotHeld if they were no longer held (the lease ran
 // out); ErrConnectionLost if the connection is gone (a lock without a
-// lease is then released already).
+// lease is then released already). Unlock a lost Lock too: until then a
+// Lock of its keys by this Client goes to a connection of its own.
 func (l *Lock) Unlock(ctx context.Context) error {
 	l.mu.Lock()
 	if l.released {
@@ -228,9 +238,18 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	l.changedLocked()
 	l.mu.Unlock()
 	l.c.forget(l)
-	_, err := l.ln.call(ctx, pb.RequestType_Unlock, &pb.RequestLock{Keys: l.keys, Fence: l.fence}, nil)
+	body := &pb.RequestLock{Keys: l.keys, Fence: l.fence}
+	// The keys are free for the client's connection once the Unlock is
+	// queued: whatever is sent after it is acted on after it.
+	_, queued, err := l.ln.callWith(ctx, pb.RequestType_Unlock, body, callOpts{queued: l.claim.release})
+	if !queued {
+		// No room before ctx ended: sent all the same, so the connection
+		// does not keep the keys unseen.
+		l.ln.detached(pb.RequestType_Unlock, body)
+		l.claim.release()
+	}
 	if l.own {
-		l.c.dropSide(l.ln)
+		l.c.unlocked(l.ln, err)
 	}
 	return err
 }

@@ -136,7 +136,9 @@ func TestStatuses(t *testing.T) {
 		if _, err := own.Lock(ctx, []string{"pool"}, &LockOptions{Try: true, Limit: 2}); err != nil {
 			t.Fatal(err)
 		}
-		_, err := own.Lock(ctx, []string{"pool"}, &LockOptions{Try: true})
+		// The same owner asking in the other mode: a Lock of the Client
+		// would go to an owner of its own (and find the key busy).
+		_, err := own.l.call(ctx, pb.RequestType_Lock, &pb.RequestLock{Keys: []string{"pool"}, TryLock: true}, nil)
 		serverErr(t, err, pb.ResponseStatus_ModeConflict)
 		_, err = own.Lock(ctx, []string{"pool"}, &LockOptions{Try: true, Limit: 3})
 		serverErr(t, err, pb.ResponseStatus_LimitMismatch)
