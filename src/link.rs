@@ -689,6 +689,10 @@ fn elsewhere(resp: &Response) -> Option<Disconnect> {
         // resend under the same number is safe, after a fresh look for
         // the leader.
         Ok(ResponseStatus::Unavailable) => Some(Disconnect::NoQuorum),
+        // The node is stopping (a rolling restart): the session goes on at
+        // the next leader, where what is unanswered is sent again under
+        // its number, so nothing is lost or done twice.
+        Ok(ResponseStatus::ShuttingDown) => Some(Disconnect::NotLeader { leader: None }),
         _ => None,
     }
 }

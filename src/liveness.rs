@@ -11,9 +11,11 @@
 //! (they come in request order), so one *probe* per client and node pings
 //! on a connection of its own, with no session, which the node answers at
 //! once without a commit. When a Ping (or the probe's Hello) goes
-//! unanswered for [`silence_limit`], every link on that node that has not
-//! heard from it within the limit either breaks off and resumes its session
-//! elsewhere (`link.rs`), and the node is tried last until it answers again. A node that refuses the probe outright (down,
+//! unanswered for [`silence_limit`], or answered `Unavailable` (a node that
+//! counts itself leader with no majority behind it: cut off from its peers,
+//! or stopping), every link on that node that has not heard from it within
+//! the limit either breaks off and resumes its session elsewhere
+//! (`link.rs`), and the node is tried last until it answers again. A node that refuses the probe outright (down,
 //! full, access denied) is left to the links, which see that themselves.
 
 use crate::dial::{configure, exchange, hello, Dial};
@@ -154,6 +156,12 @@ async fn until_silent(dial: &Dial, addr: &str, limit: Duration) -> Option<Durati
         match tokio::time::timeout(limit, exchange(&mut stream, &ping)).await {
             Err(_) => return Some(sent.elapsed()),
             Ok(Ok(r)) if r.status == ResponseStatus::Ok as i32 => {}
+            // It answers but cannot serve: it counts itself leader with no
+            // majority behind it (cut off from its peers, or stopping).
+            // As good as silent for the sessions on it, and sooner.
+            Ok(Ok(r)) if r.status == ResponseStatus::Unavailable as i32 => {
+                return Some(sent.elapsed())
+            }
             Ok(_) => return None,
         }
     }

@@ -16,6 +16,7 @@
 //! | `cluster.rs` | the handle: proposing, reads, status, shutdown |
 //! | `start` | starting a node: data directory, openraft, first-start init |
 //! | `membership` | adding and removing nodes |
+//! | `quorum` | whether a leader stands: a majority heard lately (CheckQuorum) |
 //! | `types` | openraft's type configuration: the stamped commands, the entry |
 //! | `ids` | [`Member`], node ids, log ids, votes, snapshot metadata |
 //! | `batcher` | proposals queued behind each other written as one entry |
@@ -102,6 +103,7 @@ mod membership;
 mod peer_client;
 mod peer_server;
 mod peer_tls;
+mod quorum;
 mod redb_import;
 mod restore;
 mod snapshot_file;
@@ -243,6 +245,11 @@ struct Inner {
     failure: std::sync::OnceLock<String>,
     /// Cancelled by [`Cluster::fail`]: tells the supervisor to stop the node.
     failed: CancellationToken,
+    /// Whether this node stands as the leader: openraft says it leads and a
+    /// majority acknowledged it lately (`quorum`).
+    standing: quorum::Standing,
+    /// Cancelled by [`Cluster::step_aside`].
+    stepped_aside: CancellationToken,
     /// Serialises [`Cluster::shutdown`] calls.
     shutting_down: tokio::sync::Mutex<()>,
     tasks: TaskTracker,
@@ -267,7 +274,12 @@ impl Cluster {
         let server = self.inner.raft.server_metrics();
         let m = server.borrow();
         if m.state == ServerState::Leader {
-            return Ok(m.vote.leader_id.term);
+            if *self.inner.standing.borrow() {
+                return Ok(m.vote.leader_id.term);
+            }
+            // Cut off from the majority (or stepping aside): another node
+            // may lead by now, and this one could commit nothing.
+            return Err(ClusterError::NotLeader { leader: None });
         }
         let leader = m.current_leader.and_then(|id| {
             m.membership_config
@@ -380,31 +392,69 @@ impl Cluster {
     }
 
     /// The leader this node knows of, with its addresses.
+    /// This node itself only while it stands as the leader (see `quorum`).
     pub fn leader(&self) -> Option<(u64, Member)> {
         let server = self.inner.raft.server_metrics();
         let m = server.borrow();
         let id = m.current_leader?;
+        if id == self.inner.id && !*self.inner.standing.borrow() {
+            return None;
+        }
         let node = m.membership_config.membership().get_node(&id)?.clone();
         Some((id, node))
     }
 
     /// Resolves once this node does not lead: at once if it does not lead
-    /// now, else when it steps down (deposed, cut off, shutting down).
+    /// now, else when it steps down (deposed, cut off from the majority,
+    /// stepping aside to stop).
     pub async fn stops_leading(&self) {
         let mut server = self.inner.raft.server_metrics();
+        let mut standing = self.inner.standing.clone();
         loop {
-            if server.borrow_and_update().state != ServerState::Leader {
+            if server.borrow_and_update().state != ServerState::Leader
+                || !*standing.borrow_and_update()
+            {
                 return;
             }
-            if server.changed().await.is_err() {
-                return;
+            tokio::select! {
+                r = server.changed() => if r.is_err() { return },
+                r = standing.changed() => if r.is_err() { return },
             }
         }
     }
 
-    /// Whether this node is the leader, as far as it knows.
+    /// Whether this node is the leader and stands as one: a majority
+    /// acknowledged it within twice the election timeout (see `quorum`).
     pub fn is_leader(&self) -> bool {
         self.inner.raft.server_metrics().borrow().state == ServerState::Leader
+            && *self.inner.standing.borrow()
+    }
+
+    /// Whether this node counts itself leader but stands no more: cut off
+    /// from the majority, or stepping aside. It can serve nobody; it says
+    /// so to the clients' liveness probe.
+    pub fn leads_without_standing(&self) -> bool {
+        self.inner.raft.server_metrics().borrow().state == ServerState::Leader
+            && !*self.inner.standing.borrow()
+    }
+
+    /// Gives up leading before this node stops: it stands no more (so the
+    /// connections whose sessions it kept are reset and their clients move
+    /// on) and sends no more heartbeats, so the others elect a successor
+    /// after their leader lease instead of after this node is gone.
+    /// openraft 0.9 has no leadership transfer. Idempotent.
+    pub fn step_aside(&self) {
+        if self.inner.stepped_aside.is_cancelled() {
+            return;
+        }
+        self.inner.stepped_aside.cancel();
+        if self.inner.raft.server_metrics().borrow().state == ServerState::Leader {
+            tracing::info!(
+                node = self.inner.id,
+                "stepping aside as the leader before stopping"
+            );
+            self.inner.raft.runtime_config().heartbeat(false);
+        }
     }
 
     /// This node's id.

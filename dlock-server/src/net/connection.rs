@@ -206,7 +206,17 @@ impl<'a, S: Transport> Session<'a, S> {
             let can_read = self.pipeline.can_read();
             tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => return self.end_with_shutdown().await,
+                _ = shutdown.cancelled() => {
+                    if deposed.is_some() && self.conn.has_named_sessions() {
+                        // A cluster node's sessions outlive it: their
+                        // client resumes them on the next leader and sends
+                        // again what is unanswered, so nothing is answered
+                        // here (a ShuttingDown would read as a failure).
+                        self.stream.reset_on_close();
+                        return End::Shutdown;
+                    }
+                    return self.end_with_shutdown().await;
+                }
                 _ = cancelled(deposed.as_ref()) => {
                     // No answer goes out: what is unanswered is sent again
                     // to the new leader, which answers it from the log.

@@ -285,6 +285,12 @@ impl Server {
         drop(self.listener);
         self.health.set_accepting(false);
         tracing::info!("shutting down");
+        if let Some(cluster) = self.shared.service.engine().cluster() {
+            // A leader hands on what it can: its sessions' clients move to
+            // the next leader, which the others elect sooner without its
+            // heartbeats.
+            cluster.step_aside();
+        }
         // Before any connection closes: a holder's release must not hand
         // its keys to a waiter whose connection is about to close too. (A
         // cluster node keeps its sessions' waits: their clients resume them

@@ -94,6 +94,12 @@ impl Conn {
         all
     }
 
+    /// Whether the connection acts for a named session, which outlives it
+    /// on a cluster and can be resumed elsewhere.
+    pub fn has_named_sessions(&self) -> bool {
+        !self.state().named.is_empty()
+    }
+
     pub(super) fn is_closed(&self) -> bool {
         self.state().closed
     }

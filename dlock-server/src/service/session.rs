@@ -67,9 +67,29 @@ impl Service {
     /// session that ended meanwhile is said so: its locks may have gone to
     /// others. On the local engine sessions live as long as the connection
     /// that answers.
+    ///
+    /// A Ping with no session on a cluster node is a client's liveness
+    /// probe (docs/PROTOCOL.md, "Noticing a node that cannot serve"): a
+    /// node that counts itself leader but stands no more (cut off from the
+    /// majority, or stepping aside to stop) answers it `Unavailable` at
+    /// once, so the client moves its sessions elsewhere now rather than
+    /// when their keep-alives fail to commit.
     pub(super) async fn ping(&self, conn: &Conn, req: &Request) -> Result<Answer, Refusal> {
         let id = req.id;
         self.named_if_any(conn, req.session)?;
+        let probe = req.session == 0 && conn.all().is_empty();
+        if probe
+            && self
+                .engine
+                .cluster()
+                .is_some_and(|c| c.leads_without_standing())
+        {
+            return Err(Refusal::new(
+                ResponseStatus::Unavailable,
+                "this node cannot serve: it leads no majority (cut off from the other nodes, \
+                 or stopping); use another node",
+            ));
+        }
         if self.engine.sessions_outlive_connections() {
             if let Some(gone) = self.keep_alive(conn).await? {
                 return Err(Refusal::new(

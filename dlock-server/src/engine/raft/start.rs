@@ -11,7 +11,7 @@ use super::snapshot_file::SnapshotFile;
 use super::standing;
 use super::types::{Member, Raft};
 use super::{
-    batcher, wire, ApplySink, Cluster, ClusterConfig, Inner, LOG_KEPT_AFTER_SNAPSHOT,
+    batcher, quorum, wire, ApplySink, Cluster, ClusterConfig, Inner, LOG_KEPT_AFTER_SNAPSHOT,
     SNAPSHOT_EVERY, SNAPSHOT_INSTALL_TIMEOUT,
 };
 use crate::table::TableLimits;
@@ -268,6 +268,13 @@ impl Cluster {
         }
 
         let stop = CancellationToken::new();
+        let stepped_aside = CancellationToken::new();
+        let (standing, watch) = quorum::watch_quorum(
+            raft.clone(),
+            cfg.election_timeout.1,
+            stop.clone(),
+            stepped_aside.clone(),
+        );
         let tasks = TaskTracker::new();
         let (proposals, queued) = tokio::sync::mpsc::channel(batcher::QUEUE);
         let cluster = Cluster {
@@ -283,6 +290,8 @@ impl Cluster {
                 stopped: CancellationToken::new(),
                 failure: std::sync::OnceLock::new(),
                 failed: CancellationToken::new(),
+                standing,
+                stepped_aside,
                 shutting_down: tokio::sync::Mutex::new(()),
                 tasks: tasks.clone(),
             }),
@@ -301,6 +310,7 @@ impl Cluster {
             "the batcher",
             batcher::run(cluster.clone(), queued, stop.clone()),
         );
+        cluster.critical("the quorum watch", watch);
         // Not tracked: it calls shutdown, which waits for the tracked tasks.
         tokio::spawn(cluster.clone().supervise(shutdown));
         tracing::info!(node = cfg.node_id, data_dir = %dir.display(), fresh, "cluster node started");
