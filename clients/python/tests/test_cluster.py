@@ -115,9 +115,16 @@ def test_a_deposed_leader_never_leaves_a_lock_held_here_that_the_cluster_gave_aw
                 # while the holder keeps the session alive.
                 await holder.ping()
                 assert holder.addr == cluster.addrs[new]
-                # (Asked by the holder: other's answers wait behind its Lock.)
-                [info] = await holder.inspect("k")
-                assert (info.fence, info.held_by_caller, info.waiters) == (lock.fence, True, 1)
+                # Other's Lock waits in line on a connection of its own,
+                # opened once its first try found k busy: wait until it queued.
+                deadline = asyncio.get_running_loop().time() + LIMIT
+                while True:
+                    [info] = await holder.inspect("k")
+                    assert (info.fence, info.held_by_caller) == (lock.fence, True)
+                    if info.waiters == 1:
+                        break
+                    assert asyncio.get_running_loop().time() < deadline, "other's Lock never queued"
+                    await asyncio.sleep(0.01)
                 assert not taking.done()
                 taking.cancel()
                 await lock.unlock()

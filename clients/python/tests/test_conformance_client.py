@@ -91,3 +91,34 @@ def test_errors_go_to_stderr_with_exit_2(python, tmp_path):
     assert (proc.returncode, out) == (2, "") and err
     usage = subprocess.run([python, str(TOOL)], capture_output=True, text=True, timeout=LIMIT, cwd=tmp_path)
     assert (usage.returncode, usage.stdout) == (2, "") and "usage" in usage.stderr
+
+
+def test_two_workers_of_one_client_take_turns(start_server, python, tmp_path):
+    # `--turns N KEY`, as the kit's check_turns reads it.
+    srv = start_server()
+    env: Dict[str, Any] = dict(os.environ, DLOCK_SERVER=srv.addr)
+    env.pop("DLOCK_TOKEN", None)
+    done = subprocess.run(
+        [python, str(TOOL), "--turns", "5", "turns"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=LIMIT, env=env, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert len(lines) == 20, done.stdout
+    enters, leaves = lines[0::2], lines[1::2]
+    assert all(e[0] == "enter" and l[0] == "leave" and e[1:] == l[1:] for e, l in zip(enters, leaves)), done.stdout
+    fences = [int(e[2]) for e in enters]
+    assert fences == sorted(set(fences)), "fences rise"
+    assert sorted(e[1] for e in enters) == ["1"] * 5 + ["2"] * 5
+
+
+def test_turns_report_an_error_with_exit_1(python, tmp_path):
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, never listening: refused
+        addr = "127.0.0.1:%d" % s.getsockname()[1]
+        env: Dict[str, Any] = dict(os.environ, DLOCK_SERVER=addr)
+        done = subprocess.run(
+            [python, str(TOOL), "--turns", "2", "turns"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=LIMIT, env=env, cwd=tmp_path,
+        )
+    assert done.returncode == 1 and done.stdout.startswith("error ") and done.stdout.count("\n") == 1, done.stdout

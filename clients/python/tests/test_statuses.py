@@ -123,7 +123,9 @@ def test_shutting_down_answers_a_waiting_lock(server):
 
 @covers(Status.LimitReached)
 def test_limit_reached(start_server):
-    server = start_server("--max-waiters", "1", "--max-connections", "3")
+    # Five connections: a, b and c, and one each for the Locks of b and c
+    # that wait (a Lock that must wait does so on a connection of its own).
+    server = start_server("--max-waiters", "1", "--max-connections", "5")
 
     async def body():
         a, b, c = [await dlock.aio.connect(server.addr) for _ in range(3)]
@@ -134,7 +136,7 @@ def test_limit_reached(start_server):
         with pytest.raises(ServerError) as e:
             await c.lock("k", wait=5)
         assert e.value.status == Status.LimitReached
-        # A fourth connection is turned away with request_id 0.
+        # A sixth connection is turned away with request_id 0.
         with pytest.raises(ServerError) as e:
             await dlock.aio.connect(server.addr)
         assert e.value.status == Status.LimitReached

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -93,15 +94,26 @@ def test_threads_with_a_client_each_exclude_each_other(server):
     assert not errors
 
 
-def test_a_key_taken_twice_on_one_client_reports_the_first_lock_lost(server):
-    # Locks belong to connections: the server grants the key again at once.
+def test_a_key_taken_twice_on_one_client_waits_for_the_first_lock(server):
+    # Each lock is an owner of its own: the second waits as another
+    # process's would, and the first stays held.
     with dlock.Client(server.addr) as client:
         first = client.lock("k")
-        second = client.lock("k", wait=0)
-        assert second.fence > first.fence
-        assert first.lost.wait(LIMIT) and "granted again to this connection" in first.lost_reason
-        assert not second.lost.is_set()
-        second.unlock()
+        assert client.try_lock("k") is None
+        with pytest.raises(dlock.Timeout):
+            client.lock("k", wait=0)
+        got: "list[dlock.Lock]" = []
+        second = threading.Thread(target=lambda: got.append(client.lock("k", wait=LIMIT)))
+        second.start()
+        deadline = time.monotonic() + LIMIT
+        while client.inspect("k")[0].waiters != 1:
+            assert time.monotonic() < deadline, "the second lock never queued"
+            time.sleep(0.005)
+        assert not first.lost.is_set() and not got
+        first.unlock()
+        second.join(LIMIT)
+        assert got and got[0].fence > first.fence and not first.lost.is_set()
+        got[0].unlock()
 
 
 def test_a_lost_lease_is_seen_and_leaving_raises_lock_lost(server):

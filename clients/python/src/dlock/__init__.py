@@ -8,13 +8,18 @@ Blocking use, for scripts::
         with client.lock("jobs/nightly", wait=30) as lock:
             do_the_work(fence=lock.fence)               # stop if lock.lost.is_set()
 
-asyncio, with many tasks on one connection::
+asyncio, with many tasks on one client::
 
     import dlock.aio
 
     async with dlock.aio.connect() as client:
         async with client.lock(["a", "b"], lease=60) as lock:
             ...
+
+Each lock has an owner of its own: tasks (threads, goroutines) sharing one client that lock the
+same key take turns, first come first served, exactly as separate processes do; unrelated locks
+share the client's one pipelined connection, and a lock whose key another lock of this client
+holds, or that must wait, is taken on a connection of its own.
 
 Against a cluster, name its nodes: ``dlock.Client("127.0.0.1:7436,127.0.0.2:7436,127.0.0.3:7436")``
 (or a list, or DLOCK_SERVER so); the client follows the leader and keeps its locks through failovers.

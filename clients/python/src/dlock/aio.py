@@ -2,20 +2,39 @@
 
 Requests are pipelined on one `Connection` (connection.py: framing, answers
 matched in order, Hello on connect, pings at a quarter of the session
-timeout). This module owns the calls and the locks: which are held, and
-when each must be reported lost.
+timeout). This module owns the calls and the locks: which are held, by
+which connection, and when each must be reported lost.
 
-Locks belong to the connection (on a cluster, to its session), as in every
-dlock client: the server grants a key that this owner already holds again at
-once, under a new fencing token. Two tasks of one client therefore do not
-exclude each other on a key; when it happens the older `Lock` is reported
-lost. Tasks (or threads, or processes) that must exclude each other use
-clients of their own.
+Each lock has an owner of its own: tasks (threads, goroutines) sharing one
+client that lock the same key take turns, first come first served, exactly
+as separate processes do; unrelated locks share the client's one pipelined
+connection, and a lock whose key another lock of this client holds, or that
+must wait, is taken on a connection of its own.
+
+How: the server counts a connection (on a cluster, its session) as one
+owner, and grants a key that this owner holds again at once, under a new
+fence. So the client *claims* a key on its shared connection from the
+moment a Lock or Enqueue naming it is queued there until the connection's
+owner no longer holds or waits for it (its Unlock queued: the server
+processes requests of one connection in order; its try refused; a cancelled
+call's late grant released; the connection ended). A Lock is first sent as
+a try-lock on the shared connection, pipelined with every other call; one
+with a claimed key, or whose try found a key busy while the caller wants to
+wait, is sent on a connection (on a cluster, a session) of its own, where it
+waits in line holding back no other call. That connection holds the Lock:
+its answers count for the Lock's safety deadline, a Lock without a lease is
+lost when it ends, and the Lock's unlock keeps it idle for the next such
+Lock (up to `_IDLE_OWNERS`) or closes it. Given up while its Lock waits
+(cancelled), it is half-closed: the server withdraws the request, and a
+grant that crossed is released by fence on the shared connection. Shared
+locks, semaphores and Enqueues follow the same rule, so a second reader of
+a key is a second holder, and a writer waits for this client's readers
+instead of failing with ModeConflict.
 
 Against a single server, when the connection ends every pending call fails
-with `ConnectionLost`, later calls fail at once, and `Client.closed` is set.
-There is no reconnect: the server has released every lock held without a
-lease.
+with `ConnectionLost`, later calls fail at once, and `Client.closed` is set;
+the connections the client opened for its locks are closed with it. There
+is no reconnect: the server has released every lock held without a lease.
 
 Clusters: given a cluster's nodes (a list, or DLOCK_SERVER as a
 comma-separated list), the client connects to the leader and opens a
@@ -59,7 +78,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Any, Awaitable, Callable, Generator, Generic, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Awaitable, Callable, Generator, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _env
 from ._args import Keys, Shared, Value, keys_of, lock_body, micros, value_bytes
@@ -76,6 +95,24 @@ __all__ = ["Client", "Election", "Keys", "Leader", "Leadership", "Lock", "Queued
 
 #: Idle Watch connections kept for the next Watch.
 _IDLE_WATCHERS = 2
+#: Idle owners of their own (connections for locks that wait) kept for the
+#: next such lock.
+_IDLE_OWNERS = 4
+#: How long a connection given up while its Lock waited is still read for a
+#: grant that crossed the withdrawal (`Connection.drain`).
+_DRAIN_LIMIT = 10.0
+
+
+class _Flag:
+    """Set once: whether a request was queued for sending."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def set(self) -> None:
+        self.done = True
 
 
 T = TypeVar("T")
@@ -162,19 +199,37 @@ class Client:
     """A connection to a dlock server or cluster; make one with `connect()`.
 
     Every method may be called from any number of tasks of the event loop
-    that connected it; their requests share the connection.
+    that connected it; their requests share the connection, except Locks
+    that must wait or whose key another Lock of this client holds, which
+    are taken on connections of their own (see the module doc).
     """
 
-    def __init__(self, conn: Connection, margin: float) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        margin: float,
+        max_in_flight: Optional[int] = None,
+        parent: "Optional[Client]" = None,
+    ) -> None:
         self._conn = conn
         self._loop = asyncio.get_running_loop()
         self._margin = margin
+        self._max_in_flight = max_in_flight
+        # Set on an owner of its own (see `_owner`): the client it serves.
+        self._parent = parent
         self._bound: "set[Lock]" = set()  # held without a lease
-        # Which Lock holds each key. The server keeps one holder per key and
-        # owner: a Lock on a key this owner holds is granted at once under a
-        # new fence, and the older Lock is then no longer held.
-        self._holding: "dict[str, Lock]" = {}
         self._leases: "set[Lock]" = set()
+        # The claims on the shared connection, per key: Locks and Enqueues
+        # naming the key from when they are queued for sending until the
+        # connection's owner no longer holds or waits for it. The server
+        # grants a key that an owner holds again at once, so a Lock on a
+        # claimed key is taken on a connection of its own.
+        self._claims: "dict[str, int]" = {}
+        # Owners of their own (clients on connections of their own, for
+        # locks that wait or whose key is claimed): every one open, and
+        # those idle for the next such lock.
+        self._owners: "set[Client]" = set()
+        self._idle: "List[Client]" = []
         self._watchdog: Optional[asyncio.TimerHandle] = None
         # Connections of Watches (a parked Watch holds back the answers
         # behind it): every one open, and those idle for the next Watch.
@@ -190,7 +245,7 @@ class Client:
         # run up to 0.1 % faster than this one.
         margin = max(margin, _MIN_MARGIN)
         conn = await Connection.open(dial, max_in_flight)
-        return cls(conn, margin)
+        return cls(conn, margin, max_in_flight)
 
     @property
     def addr(self) -> str:
@@ -246,11 +301,20 @@ class Client:
         `lock = await client.lock(...)` or `async with client.lock(...) as
         lock:` (unlocked on leaving).
 
+        Each Lock is an owner of its own: a key that another Lock of this
+        client holds is busy for it, and it waits in line (FIFO) as another
+        process's Lock would. So a task that locks a key it already holds
+        waits for itself: without a `wait` limit, forever. Free keys are
+        taken on the client's connection, pipelined with every other call;
+        a Lock that must wait waits on a connection of its own (see the
+        module doc).
+
         Raises `Timeout` (with the busy keys) when the wait runs out,
-        `ServerError` for invalid keys or a server limit (`ModeConflict` when
-        this connection holds a key in the other mode, `LimitMismatch` when
-        the key's holders agreed on another limit), `ConnectionLost`.
-        Cancel-safe: a grant that arrives after the call was cancelled is
+        `ServerError` for invalid keys or a server limit (`LimitMismatch`
+        when the key's holders agreed on another limit), `ConnectionLost`,
+        and what `connect` raises when a connection of its own cannot be
+        opened. Cancel-safe: a request cancelled while it waits is
+        withdrawn, and a grant that arrives after the call was cancelled is
         released at once.
         """
 
@@ -268,8 +332,9 @@ class Client:
         shared: Shared = False,
         limit: int = 0,
     ) -> Optional[Lock]:
-        """Takes `keys` if all are free now; None if any is busy. `shared`
-        and `limit` as for `lock`."""
+        """Takes `keys` if all are free now; None if any is busy (held by
+        anyone else, another Lock of this client included). `shared` and
+        `limit` as for `lock`."""
         try:
             return await self._acquire(keys, 0, lease, renew, shared, limit)
         except Timeout:
@@ -307,19 +372,42 @@ class Client:
         now. The request keeps its FIFO place meanwhile (on a cluster, across
         a leader change too).
 
-        A `Queued` belongs to this client's connection until its `wait()` is
-        answered: answers come in request order, so a `wait()` holds back the
-        answers to calls made after it; while that matters, enqueue on a
-        client of its own. Raises as `lock` does, `Timeout` at once when
-        `wait` is 0 and a key is busy.
+        Like a Lock, an Enqueue is its own owner: on a key that another lock
+        (or Enqueue) of this client holds or asks for it goes to a
+        connection of its own, and the `Queued` and the `Lock` belong to
+        that. Otherwise it runs on this client's connection, and a `Queued`
+        belongs to it until its `wait()` is answered: answers come in
+        request order, so a `wait()` holds back the answers to calls made
+        after it; while that matters, enqueue on a client of its own.
+        Raises as `lock` does, `Timeout` at once when `wait` is 0 and a key
+        is busy.
         """
         keys = keys_of(keys)
         body = lock_body(keys, wait, lease, shared, limit, value)
+        if self._claimed(keys):
+            return await self._enqueue_aside(keys, body, lease, renew)
         sent = self._loop.time()
-        resp = await self._call(pb.Enqueue, body, lock_keys=keys)
+        queued = self._claim(keys)
+
+        def abandoned(resp: "pb.Response") -> None:
+            # Still in line (Queued): the owner will hold the key, claimed
+            # until the client ends.
+            if resp.status != Status.Queued:
+                self._unclaim(keys)
+
+        try:
+            resp = await self._conn.call(pb.Enqueue, body, lock_keys=keys, on_queued=queued.set, on_abandoned=abandoned)
+        except asyncio.CancelledError:
+            if not queued.done:
+                self._unclaim(keys)
+            raise
+        except BaseException:
+            self._unclaim(keys)
+            raise
         if resp.status == Status.Queued:
-            return Queued(self, tuple(keys), resp.ticket, resp.place, lease, renew, sent)
-        return await self._granted(keys, resp.fence, lease, renew, sent)
+            # The claim passes to the Queued, and on to its outcome.
+            return Queued(self, tuple(keys), resp.ticket, resp.place, lease, renew, sent, claimed=True)
+        return await self._granted(keys, resp.fence, lease, renew, sent, claimed=True)
 
     async def proclaim(self, keys: Keys, fence: int, value: Value) -> None:
         """Replaces the value of `keys` held under `fence`, whichever
@@ -395,14 +483,11 @@ class Client:
         return self._loop.time() - start
 
     async def close(self) -> None:
-        """Ends the connection. The server releases the locks held without a
+        """Ends the connection, and every connection the client opened for
+        its locks and Watches. The server releases the locks held without a
         lease; leases stop being renewed and are reported lost at once (they
         stay on the server until they run out or are unlocked by fence)."""
         self._conn.end("closed by the client", closing=True)
-        for conn in list(self._side):
-            conn.end("closed by the client", closing=True)
-        self._side.clear()
-        self._watchers.clear()
 
     async def __aenter__(self) -> "Client":
         return self
@@ -423,31 +508,257 @@ class Client:
         value: Value = None,
     ) -> Lock:
         keys = keys_of(keys)
-        body = lock_body(keys, wait, lease, shared, limit, value)
         # Taken before the request is queued: never later than the real send
         # time, so deadlines counted from it are conservative.
         sent = self._loop.time()
-        resp = await self._call(pb.Lock, body, lock_keys=keys)
-        return await self._granted(keys, resp.fence, lease, renew, sent)
+        if wait is not None and wait < 0:
+            raise ValueError(f"wait {wait} must not be negative")
+        if self._claimed(keys):
+            # Another lock of this client holds or asks for a key: the
+            # shared connection's owner would be granted it again at once.
+            return await self._lock_aside(keys, wait, sent, lease, renew, shared, limit, value)
+        # First without waiting, pipelined on the shared connection.
+        body = lock_body(keys, 0, lease, shared, limit, value)
+        queued = self._claim(keys)
+        try:
+            resp = await self._conn.call(
+                pb.Lock, body, lock_keys=keys, on_queued=queued.set, on_abandoned=lambda resp: self._unclaim(keys)
+            )
+        except asyncio.CancelledError:
+            # Once queued, the answer ends the claim (on_abandoned).
+            if not queued.done:
+                self._unclaim(keys)
+            raise
+        except Timeout:
+            self._unclaim(keys)
+            if wait == 0 or (wait is not None and self._loop.time() >= sent + wait):
+                raise
+            busy = True
+        except BaseException:
+            self._unclaim(keys)
+            raise
+        else:
+            busy = False
+        if busy:
+            # Wait in line on a connection of its own, so the wait holds
+            # back no other call.
+            return await self._lock_aside(keys, wait, sent, lease, renew, shared, limit, value)
+        return await self._granted(keys, resp.fence, lease, renew, sent, claimed=True)
 
-    async def _granted(self, keys: List[str], fence: int, lease: Optional[float], renew: bool, sent: float) -> Lock:
-        """The `Lock` for a grant of `keys` under `fence` to a request sent at `sent`."""
-        sent = await self._refresh_after_wait(keys, fence, lease, sent)
+    async def _lock_aside(
+        self,
+        keys: List[str],
+        wait: Optional[float],
+        since: float,
+        lease: Optional[float],
+        renew: bool,
+        shared: Shared,
+        limit: int,
+        value: Value,
+    ) -> Lock:
+        """Takes `keys` on a connection of its own, waiting for them up to
+        `wait` seconds from `since` (None: without limit, 0: not at all)."""
+        body = lock_body(keys, wait, lease, shared, limit, value)
+        owner = await self._owner()
+        if wait:
+            # What is left of it, at least a microsecond (0 is a try-lock).
+            body.wait_micro = micros(max(since + wait - self._loop.time(), 1e-6))
+        sent = self._loop.time()
+        resp = await self._call_aside(owner, pb.Lock, body, keys)
+        try:
+            return await owner._granted(keys, resp.fence, lease, renew, sent)
+        except BaseException:
+            # Released (its Unlock queued) or not held: the owner holds nothing.
+            self._done_with(owner)
+            raise
+
+    async def _enqueue_aside(self, keys: List[str], body: "pb.RequestLock", lease: Optional[float], renew: bool) -> Union[Lock, Queued]:
+        owner = await self._owner()
+        sent = self._loop.time()
+        resp = await self._call_aside(owner, pb.Enqueue, body, keys)
+        if resp.status == Status.Queued:
+            return Queued(owner, tuple(keys), resp.ticket, resp.place, lease, renew, sent)
+        try:
+            return await owner._granted(keys, resp.fence, lease, renew, sent)
+        except BaseException:
+            self._done_with(owner)
+            raise
+
+    async def _collect(self, queued: Queued) -> Lock:
+        """The grant of a `Queued` of this client's (a Wait for its ticket)."""
+        keys = list(queued.keys)
+        body = pb.RequestLock(ticket=queued.ticket)
+        if self._parent is not None:
+            parent = self._parent
+            resp = await parent._call_aside(self, pb.Wait, body, keys)
+            try:
+                return await self._granted(keys, resp.fence, queued._lease, queued._renew, queued._sent)
+            except BaseException:
+                parent._done_with(self)
+                raise
+        # On the shared connection: the claim passes from the Queued to the
+        # outcome of its Wait.
+        claimed, queued._claimed = queued._claimed, False
+        on_wire = _Flag() if claimed else None
+
+        def abandoned(resp: "pb.Response") -> None:
+            if claimed:
+                self._unclaim(keys)
+
+        try:
+            resp = await self._conn.call(
+                pb.Wait, body, lock_keys=keys, on_queued=on_wire.set if on_wire else None, on_abandoned=abandoned
+            )
+        except asyncio.CancelledError:
+            if on_wire is not None and not on_wire.done:
+                queued._claimed = True  # never sent: still in line
+            raise
+        except BaseException:
+            # The ticket's outcome (its wait limit, unknown) or the end of
+            # the connection: the owner no longer waits.
+            if claimed:
+                self._unclaim(keys)
+            raise
+        return await self._granted(keys, resp.fence, queued._lease, queued._renew, queued._sent, claimed=claimed)
+
+    async def _granted(
+        self,
+        keys: List[str],
+        fence: int,
+        lease: Optional[float],
+        renew: bool,
+        sent: float,
+        *,
+        claimed: bool = False,
+    ) -> Lock:
+        """The `Lock` for a grant of `keys` under `fence` to a request sent at
+        `sent`; `claimed`: the keys are claimed on the shared connection, a
+        claim the Lock takes over."""
+        try:
+            sent = await self._refresh_after_wait(keys, fence, lease, sent)
+        except BaseException:
+            if claimed:
+                # Released (its Unlock queued), or not held any more.
+                self._unclaim(keys)
+            raise
         lock = Lock(self, tuple(keys), fence, lease, sent, renew)
-        for key in keys:
-            older = self._holding.get(key)
-            self._holding[key] = lock
-            if older is not None:
-                older._set_lost(
-                    f"key {key!r} was granted again to this connection (fence {lock.fence}); "
-                    "locks belong to connections, so tasks that must exclude each other need "
-                    "clients of their own"
-                )
+        lock._claimed = claimed
         if lease is None:
             self._hold_bound(lock)
         else:
             self._leases.add(lock)
         return lock
+
+    async def _unlock(self, lock: Lock) -> None:
+        """Sends `lock`'s Unlock on its connection (see `Lock.unlock`)."""
+        body = pb.RequestLock(keys=lock.keys, fence=lock.fence)
+        parent = self._parent
+        if parent is None:
+            # The claim ends as soon as the Unlock is queued: the server
+            # processes it before any request queued after it.
+            await self._conn.call(pb.Unlock, body, on_queued=lambda: self._release_claim(lock))
+            return
+        try:
+            await self._conn.call(pb.Unlock, body)
+        except NotHeld:
+            parent._done_with(self)
+            raise
+        except BaseException:
+            # Cancelled or failed: whether it still holds the keys is not
+            # known, and a clean close releases them.
+            self._conn.end("not needed", closing=True)
+            raise
+        parent._done_with(self)
+
+    # -- owners -----------------------------------------------------------
+
+    def _claimed(self, keys: Sequence[str]) -> bool:
+        claims = self._claims
+        for key in keys:
+            if key in claims:
+                return True
+        return False
+
+    def _claim(self, keys: Sequence[str]) -> "_Flag":
+        """Claims `keys` on the shared connection; returns a flag to set once
+        the request that claims them is queued."""
+        claims = self._claims
+        for key in keys:
+            claims[key] = claims.get(key, 0) + 1
+        return _Flag()
+
+    def _unclaim(self, keys: Sequence[str]) -> None:
+        if self._conn.close_reason is not None:
+            return  # the claims ended with the connection
+        claims = self._claims
+        for key in keys:
+            n = claims[key] - 1
+            if n:
+                claims[key] = n
+            else:
+                del claims[key]
+
+    def _release_claim(self, lock: Lock) -> None:
+        if lock._claimed:
+            lock._claimed = False
+            self._unclaim(lock.keys)
+
+    async def _owner(self) -> "Client":
+        """An owner of its own: an idle one, else a new connection (on a
+        cluster, a new session) from the same `Dial`."""
+        while self._idle:
+            owner = self._idle.pop()
+            if owner._conn.close_reason is None:
+                return owner
+        if self._conn.close_reason is not None:
+            raise ConnectionLost(self._conn.close_reason)
+        # Quiet: its moves on a cluster are the shared connection's, which
+        # on_event already tells of.
+        conn = await Connection.open(self._conn._dial, self._max_in_flight, quiet=True)
+        owner = Client(conn, self._margin, self._max_in_flight, parent=self)
+        if self._conn.close_reason is not None:
+            conn.end(f"the client's connection ended: {self._conn.close_reason}", closing=True)
+            raise ConnectionLost(self._conn.close_reason)
+        self._owners.add(owner)
+        return owner
+
+    async def _call_aside(self, owner: "Client", rtype: int, body: "pb.RequestLock", keys: List[str]) -> "pb.Response":
+        """A Lock, Enqueue or Wait on `owner`'s connection. Cancelled, the
+        connection is given up (the server withdraws the request); an error
+        answer leaves `owner` holding nothing."""
+        try:
+            return await owner._conn.call(rtype, body, lock_keys=keys)
+        except asyncio.CancelledError:
+            owner._conn.drain(self._release_late, _DRAIN_LIMIT)
+            raise
+        except BaseException:
+            self._done_with(owner)
+            raise
+
+    def _release_late(self, keys: List[str], fence: int) -> None:
+        """Releases, by fence on the shared connection, a grant that reached an
+        owner of its own given up meanwhile (a lease outlives it)."""
+        if self._conn.close_reason is None:
+            self._conn.send(pb.Unlock, pb.RequestLock(keys=keys, fence=fence), None)
+
+    def _done_with(self, owner: "Client") -> None:
+        """`owner`'s lock is over: keeps it for the next lock that waits, or closes it."""
+        if owner._conn.close_reason is not None:
+            return
+        if (
+            self._conn.close_reason is None
+            and len(self._idle) < _IDLE_OWNERS
+            and not owner._bound
+            and not owner._leases
+        ):
+            self._idle.append(owner)
+        else:
+            owner._conn.end("not needed", closing=True)
+
+    def _owner_ended(self, owner: "Client") -> None:
+        self._owners.discard(owner)
+        if owner in self._idle:
+            self._idle.remove(owner)
 
     async def _refresh_after_wait(self, keys: List[str], fence: int, lease: Optional[float], sent: float) -> float:
         """One more round trip after a Lock that waited; returns the send time to count from.
@@ -486,9 +797,6 @@ class Client:
     def _forget(self, lock: Lock) -> None:
         self._bound.discard(lock)
         self._leases.discard(lock)
-        for key in lock.keys:
-            if self._holding.get(key) is lock:
-                del self._holding[key]
 
     def _arm_watchdog(self) -> None:
         if self._watchdog is None and self._bound and self._conn.close_reason is None:
@@ -530,11 +838,21 @@ class Client:
         return self._conn.call(rtype, body, counted=counted, lock_keys=lock_keys)
 
     def _on_end(self, reason: str, closing: bool) -> None:
-        """The connection ended: locks without a lease are gone with it."""
+        """The connection ended: locks without a lease are gone with it, and
+        with the client's own, every connection it opened."""
+        if self._parent is not None:
+            self._parent._owner_ended(self)
+        why = reason if closing else f"the client's connection ended: {reason}"
         for conn in list(self._side):
-            conn.end(f"the client's connection ended: {reason}", closing=True)
+            conn.end(why, closing=True)
         self._side.clear()
         self._watchers.clear()
+        # Closed cleanly, they release what they hold without a lease.
+        for owner in list(self._owners):
+            owner._conn.end(why, closing=True)
+        self._owners.clear()
+        self._idle.clear()
+        self._claims.clear()
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None

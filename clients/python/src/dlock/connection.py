@@ -74,10 +74,18 @@ _KEEPS_ALIVE = frozenset((pb.Ping, *_NUMBERED))
 _MAY_WAIT = frozenset((pb.Lock, pb.Wait, pb.Watch))
 
 
+#: Told the answer to a call whose caller stopped waiting, once a grant in it
+#: was released (see `Connection.call`).
+Abandoned = Callable[["pb.Response"], None]
+#: Told the keys and fence of a grant that reached a connection given up
+#: with `Connection.drain`: it can no longer release it itself.
+Late = Callable[[List[str], int], None]
+
+
 class _Pending:
     """A request written (or, while the session moves, to be written) and not yet answered."""
 
-    __slots__ = ("id", "rtype", "future", "sent", "counted", "lock_keys", "seq", "frame", "ticket")
+    __slots__ = ("id", "rtype", "future", "sent", "counted", "lock_keys", "seq", "frame", "ticket", "on_abandoned")
 
     def __init__(
         self,
@@ -90,6 +98,7 @@ class _Pending:
         seq: int,
         frame: Optional[bytes],
         ticket: int = 0,
+        on_abandoned: "Optional[Abandoned]" = None,
     ) -> None:
         self.id = id
         self.rtype = rtype
@@ -108,6 +117,8 @@ class _Pending:
         self.frame = frame
         # For Wait: the ticket it collects.
         self.ticket = ticket
+        # Told the answer if the caller stopped waiting for it (see `call`).
+        self.on_abandoned = on_abandoned
 
 
 class Connection:
@@ -158,6 +169,8 @@ class Connection:
         #: Set when the connection has ended; `close_reason` says why.
         self.closed = asyncio.Event()
         self.close_reason: Optional[str] = None
+        # Set by `drain`: the connection is given up and writes no more.
+        self._late: Optional[Late] = None
         self._pinger = self._loop.create_task(self._ping_loop())
         self._take(est.stream)
 
@@ -185,8 +198,17 @@ class Connection:
         *,
         counted: bool = True,
         lock_keys: Optional[List[str]] = None,
+        on_queued: Optional[Callable[[], None]] = None,
+        on_abandoned: Optional[Abandoned] = None,
     ) -> "pb.Response":
-        """Sends one request, waits for its answer; error statuses raise."""
+        """Sends one request, waits for its answer; error statuses raise.
+
+        `on_queued` is called once the request is queued for sending: the
+        server processes it before any request queued after it.
+        `on_abandoned` is told the answer if the caller is cancelled before
+        it takes it, once a grant in it (`lock_keys`) was released (its
+        Unlock queued); not if the connection ends first.
+        """
         if self.close_reason is not None:
             raise ConnectionLost(self.close_reason)
         if counted:
@@ -196,12 +218,21 @@ class Connection:
                 raise ConnectionLost(self.close_reason)
         future: "asyncio.Future[pb.Response]" = self._loop.create_future()
         try:
-            self.send(rtype, body, future, counted, lock_keys)
+            self.send(rtype, body, future, counted, lock_keys, on_abandoned)
         except BaseException:
             if counted:
                 self._slots.release()
             raise
-        resp = await future
+        if on_queued is not None:
+            on_queued()
+        try:
+            resp = await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                # Answered, but cancelled before this call could take the
+                # answer: nobody else will release a grant in it.
+                self._abandoned(lock_keys, future.result(), on_abandoned)
+            raise
         # Queued is no error: an Enqueue waiting in line, with its ticket.
         if resp.status != Status.Ok and not (rtype == pb.Enqueue and resp.status == Status.Queued):
             raise from_response(resp)
@@ -214,8 +245,11 @@ class Connection:
         future: "Optional[asyncio.Future[pb.Response]]",
         counted: bool = False,
         lock_keys: Optional[List[str]] = None,
+        on_abandoned: Optional[Abandoned] = None,
     ) -> None:
         """Queues one request; its answer goes to `future` (None: nobody waits)."""
+        if self._late is not None:
+            raise ConnectionLost("withdrawn: this connection sends nothing more")
         req = pb.Request(version=PROTOCOL_VERSION, id=self._next_id + 1, access_token=self._dial.token, type=rtype)  # type: ignore[arg-type]
         if body is not None:
             req.lock.CopyFrom(body)
@@ -248,7 +282,7 @@ class Connection:
         now = self._loop.time()
         keep = frame if self.session else None
         ticket = body.ticket if rtype == pb.Wait and body is not None else 0
-        self._pending.append(_Pending(self._next_id, rtype, future, now, counted, lock_keys, seq, keep, ticket))
+        self._pending.append(_Pending(self._next_id, rtype, future, now, counted, lock_keys, seq, keep, ticket, on_abandoned))
         if not self.limits.resumable_sessions or rtype in _KEEPS_ALIVE:
             # On a cluster an Inspect keeps nothing alive that the client
             # could prove: a Ping is still due.
@@ -346,11 +380,44 @@ class Connection:
         if fut is None:
             return
         if fut.cancelled():
-            if p.lock_keys is not None and resp.status == Status.Ok:
-                # The caller stopped waiting: release what it was granted.
-                self.send(pb.Unlock, pb.RequestLock(keys=p.lock_keys, fence=resp.fence), None)
+            self._abandoned(p.lock_keys, resp, p.on_abandoned)
             return
         fut.set_result(resp)
+
+    def _abandoned(self, lock_keys: Optional[List[str]], resp: "pb.Response", then: Optional[Abandoned]) -> None:
+        """The caller stopped waiting for `resp`: release what it was granted."""
+        if lock_keys is not None and resp.status == Status.Ok and self.close_reason is None:
+            if self._late is not None:
+                # Given up: this connection writes nothing more (and a lease
+                # outlives it).
+                self._late(lock_keys, resp.fence)
+            else:
+                self.send(pb.Unlock, pb.RequestLock(keys=lock_keys, fence=resp.fence), None)
+        if then is not None:
+            then(resp)
+
+    def drain(self, late: Late, bound: float) -> None:
+        """Gives up this connection while a request on it waits (a Lock, a
+        Wait): what is queued is written, then the writing side is closed.
+        The server then withdraws the request (on a cluster, ends the
+        session: a lock without a lease goes with it) and closes its side.
+        A grant it sent before is still read and handed to `late`, since a
+        lease outlives the connection. After `bound` seconds the connection
+        ends whatever happened. A stream that cannot be half-closed (TLS),
+        or a session between nodes, is closed at once instead: a lease
+        granted just before then runs out on its own."""
+        if self.close_reason is not None or self._late is not None:
+            return
+        stream = self._stream
+        transport = stream.transport if stream is not None else None
+        if transport is None or not transport.can_write_eof():
+            self.end("withdrawn", closing=True)
+            return
+        self._flush()
+        self._late = late
+        self._pinger.cancel()
+        transport.write_eof()
+        self._loop.call_later(bound, lambda: self.end("withdrawn", closing=True))
 
     def _stream_failed(
         self,
@@ -364,7 +431,8 @@ class Connection:
         otherwise end the connection."""
         if self.close_reason is not None or self._stream is None:
             return
-        if not self.session:
+        if not self.session or self._late is not None:
+            # (A connection given up has nothing to resume.)
             self.end(reason, head=head)
             return
         stream, self._stream = self._stream, None

@@ -9,11 +9,13 @@ Lock), the holder is the leader, its hold's value says who it is.
 - `Election.leader` says who leads now; `Election.observe` follows every
   change, pushed by the server (Watch), without campaigning.
 
-Leadership is a lock bound to the client's connection (on a cluster: its
-session, which survives a change of leader node) by default: a leader whose
-process ends hands over at once. `lease=` makes it a lease renewed in the
-background instead, which outlives a brief network drop but leaves the key
-held for up to the lease after a crash.
+Leadership is a lock bound to its connection (on a cluster: its session,
+which survives a change of leader node) by default: the client's, or, for a
+campaign that waited in line, one of its own (`dlock.aio`: each lock has an
+owner of its own, so two campaigns of one client take turns like two
+processes'). A leader whose process ends hands over at once. `lease=` makes
+it a lease renewed in the background instead, which outlives a brief network
+drop but leaves the key held for up to the lease after a crash.
 """
 
 from __future__ import annotations

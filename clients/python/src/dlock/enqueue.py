@@ -8,13 +8,15 @@ it waits; the request keeps its FIFO place until `wait` collects the
 outcome. On a cluster the request is numbered like a Lock, and the
 connection keeps `seq_done` below it until its Wait is answered, so a Wait
 sent again to a new leader finds the outcome (connection.py).
+
+An Enqueue follows the client's ownership rule (`dlock.aio`): on a key that
+another lock of the client holds or asks for, it goes to a connection of its
+own, and its `Queued`, its Wait and its `Lock` belong to that connection.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Tuple
-
-from ._proto import dlock_pb2 as pb
 
 if TYPE_CHECKING:
     from .aio import Client
@@ -33,6 +35,8 @@ class Queued:
         lease: Optional[float],
         renew: bool,
         sent: float,
+        *,
+        claimed: bool = False,
     ) -> None:
         self._client = client
         #: The keys asked for.
@@ -48,6 +52,9 @@ class Queued:
         # When the Enqueue was sent: the earliest the grant (and its lease)
         # can have come.
         self._sent = sent
+        # Its keys are claimed on the client's shared connection until the
+        # Wait is answered (see `dlock.aio.Client._claims`).
+        self._claimed = claimed
 
     def __repr__(self) -> str:
         return f"<dlock.Queued {list(self.keys)} ticket={self.ticket} place={self.place}>"
@@ -62,6 +69,4 @@ class Queued:
         no longer known, `ConnectionLost`. Cancel-safe: a grant that arrives
         after the call was cancelled is released at once.
         """
-        client = self._client
-        resp = await client._call(pb.Wait, pb.RequestLock(ticket=self.ticket), lock_keys=list(self.keys))
-        return await client._granted(list(self.keys), resp.fence, self._lease, self._renew, self._sent)
+        return await self._client._collect(self)

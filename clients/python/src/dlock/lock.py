@@ -1,4 +1,10 @@
-"""`Lock`: keys held by an asyncio client, their fencing token, and their loss."""
+"""`Lock`: keys held by an asyncio client, their fencing token, and their loss.
+
+A Lock is held by a connection: the client's, or one of its own for a Lock
+that waited or whose key another Lock of the client held (`dlock.aio`). Its
+safety deadline counts from that connection's answers, a Lock without a
+lease is lost when that connection ends, and its unlock goes there.
+"""
 
 from __future__ import annotations
 
@@ -46,6 +52,9 @@ class Lock:
         self.lost = asyncio.Event()
         self.lost_reason: Optional[str] = None
         self._released = False
+        # Holds the claim of its keys on the client's shared connection,
+        # until its Unlock is queued (see `dlock.aio.Client._claims`).
+        self._claimed = False
         # Send time of the last answered Lock/Renew: the lease ends no sooner
         # than this + lease on the server, which started counting later.
         self._lease_sent = sent
@@ -97,7 +106,7 @@ class Lock:
             return
         self._released = True
         self._stop()
-        await self._client._call(pb.Unlock, pb.RequestLock(keys=self.keys, fence=self.fence))
+        await self._client._unlock(self)
 
     async def proclaim(self, value: "Value") -> None:
         """Replaces the value of the keys held under this lock's fence (what

@@ -7,6 +7,13 @@ exactly as `dlock.aio` does, so a script that computes for minutes inside
 `with client.lock(...)` keeps its lock. Any number of threads may share one
 client; their requests are pipelined on its connection.
 
+Each lock has an owner of its own: tasks (threads, goroutines) sharing one
+client that lock the same key take turns, first come first served, exactly
+as separate processes do; unrelated locks share the client's one pipelined
+connection, and a lock whose key another lock of this client holds, or that
+must wait, is taken on a connection of its own. (Each thread's call runs as
+a task of the loop thread, so threads get the rule of `dlock.aio`.)
+
 A paused process (SIGSTOP) pauses that thread too: the protected resource
 must still check the fencing token (see examples/fencing/).
 """
@@ -124,7 +131,9 @@ class Client:
         """Takes all `keys` at once; see `dlock.aio.Client.lock`.
 
         Blocks until granted; use as `with client.lock("jobs/nightly", wait=30) as lock:`.
-        Ctrl-C while waiting withdraws the request.
+        Threads sharing this client take turns on a key like processes; a
+        thread that locks a key it holds waits for itself. Ctrl-C while
+        waiting withdraws the request.
         """
         lock = self._run(self._aio._acquire(keys, wait, lease, renew, shared, limit, value))
         return Lock(self, lock, threading.Event())
