@@ -97,3 +97,99 @@ async fn a_local_cluster_serves_through_a_leader_kill_and_stops_on_ctrl_c() {
         assert!(!signal(n.pid, 0), "node at {} still runs", n.addr);
     }
 }
+
+/// Node processes whose command line names `dir` (the cluster's folder),
+/// wherever they were reparented. A zombie no longer runs.
+fn running_under(dir: &std::path::Path) -> Vec<i32> {
+    let needle = dir.to_string_lossy().into_owned();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = stat.rsplit(')').next().is_some_and(|s| s.trim_start().starts_with('Z'));
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            !zombie && cmdline.contains(&needle) && cmdline.contains("--node-id")
+        })
+        .collect()
+}
+
+/// Waits until no process names `dir`; panics with those left after 30 s.
+async fn none_left(dir: &std::path::Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = running_under(dir);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nodes left running: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn piped_into_head_it_ends_without_a_panic_and_leaves_no_node_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster");
+    let script = r#"set -o pipefail; "$BIN" local-cluster --port 0 --dir "$DIR" | head -1"#;
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("bash")
+            .args(["-c", script])
+            .env("BIN", env!("CARGO_BIN_EXE_dlock-server"))
+            .env("DIR", &cluster)
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("the pipeline ends once head has its line")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.starts_with("dlock-server: a local cluster of 3 nodes"), "{stdout}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.status.success(), "local-cluster exits 0: {:?} {stderr}", out.status);
+    none_left(&cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_the_command_leaves_no_node_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+        .args(["local-cluster", "--port", "0", "--dir"])
+        .arg(&cluster)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = cmd.stdout.take().unwrap();
+    let pids = tokio::task::spawn_blocking(move || {
+        let mut pids = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            if line.starts_with("export DLOCK_SERVER=") {
+                return pids;
+            }
+            let w: Vec<&str> = line.split_whitespace().collect();
+            if w.first() == Some(&"node") {
+                pids.push(w[4].parse::<i32>().unwrap());
+            }
+        }
+        panic!("the command ended without an export line");
+    })
+    .await
+    .unwrap();
+    assert_eq!(pids.len(), 3);
+    assert_eq!(running_under(&cluster).len(), 3, "the three nodes run");
+    assert!(signal(cmd.id() as i32, libc::SIGKILL));
+    let _ = tokio::task::spawn_blocking(move || cmd.wait()).await;
+    none_left(&cluster).await;
+}

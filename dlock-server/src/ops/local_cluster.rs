@@ -3,7 +3,10 @@
 //! directory and one log file per node under one folder. It prints what
 //! to export for the clients, reports a node that exits (killing the
 //! leader to watch a failover is a fair thing to try), and stops every
-//! node on Ctrl-C or SIGTERM.
+//! node on Ctrl-C or SIGTERM, or when its output is closed (`| head -1`).
+//! The nodes never outlive it: each is in a process group of its own (a
+//! Ctrl-C reaches this command, which stops them in order) and is sent
+//! SIGTERM by the kernel if this command dies, even by SIGKILL.
 
 use anyhow::Context;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
@@ -113,19 +116,23 @@ impl LocalCluster {
                 return Err(e);
             }
         }
-        println!(
+        let mut listing = vec![format!(
             "dlock-server: a local cluster of {} nodes, data and logs in {}",
             running.nodes.len(),
             self.dir.display()
-        );
+        )];
         for n in &running.nodes {
-            println!(
+            listing.push(format!(
                 "  node {}  {}  pid {}  log {}",
                 n.id,
                 n.client,
                 n.pid,
                 self.dir.join(format!("node{}.log", n.id)).display()
-            );
+            ));
+        }
+        if !say(&listing) {
+            running.stop().await;
+            return Ok(());
         }
         let servers = running
             .nodes
@@ -144,8 +151,13 @@ impl LocalCluster {
             running.stop().await;
             anyhow::bail!("no leader was elected within {READY_LIMIT:?}: see the nodes' logs");
         }
-        println!("export DLOCK_SERVER={servers}");
-        println!("Ctrl-C stops every node.");
+        if !say(&[
+            format!("export DLOCK_SERVER={servers}"),
+            "Ctrl-C stops every node.".to_string(),
+        ]) {
+            running.stop().await;
+            return Ok(());
+        }
         loop {
             tokio::select! {
                 _ = int.recv() => break,
@@ -158,7 +170,7 @@ impl LocalCluster {
             }
         }
         running.stop().await;
-        println!("dlock-server: every node stopped");
+        say(&["dlock-server: every node stopped".to_string()]);
         Ok(())
     }
 
@@ -211,7 +223,28 @@ impl Running {
             .append(true)
             .open(&log_path)
             .with_context(|| format!("cannot open {}", log_path.display()))?;
-        let mut child = Command::new(exe)
+        let parent = rustix::process::getpid();
+        let mut cmd = Command::new(exe);
+        // Its own group: a Ctrl-C in the terminal reaches this command,
+        // which stops the nodes in order, not every node at once.
+        cmd.process_group(0);
+        // SAFETY: between fork and exec only async-signal-safe calls are
+        // made (prctl, getppid), and nothing is allocated.
+        unsafe {
+            cmd.pre_exec(move || {
+                // The kernel sends SIGTERM when this command dies, however
+                // it dies; if it died before this ran, the node must not
+                // start at all (its parent is then another process).
+                rustix::process::set_parent_process_death_signal(Some(
+                    rustix::process::Signal::TERM,
+                ))?;
+                if rustix::process::getppid() != Some(parent) {
+                    return Err(std::io::Error::other("local-cluster is gone"));
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd
             .arg("--listen")
             .arg(client.to_string())
             .arg("--peer-listen")
@@ -239,9 +272,9 @@ impl Running {
     fn exited(&mut self, id: u64, status: &std::io::Result<ExitStatus>, then: &str) {
         match status {
             Ok(s) if then.is_empty() && s.success() => {}
-            Ok(s) if then.is_empty() => eprintln!("dlock-server: node {id} exited ({s})"),
-            Ok(s) => eprintln!("dlock-server: node {id} exited ({s}); {then}"),
-            Err(e) => eprintln!("dlock-server: node {id}: cannot wait for it: {e}"),
+            Ok(s) if then.is_empty() => tell!("dlock-server: node {id} exited ({s})"),
+            Ok(s) => tell!("dlock-server: node {id} exited ({s}); {then}"),
+            Err(e) => tell!("dlock-server: node {id}: cannot wait for it: {e}"),
         }
         self.nodes.retain(|n| n.id != id);
     }
@@ -259,7 +292,7 @@ impl Running {
                 Ok(Some(Err(_))) | Ok(None) => break,
                 Err(_) => {
                     for n in &self.nodes {
-                        eprintln!(
+                        tell!(
                             "dlock-server: node {} did not stop within {STOP_LIMIT:?}: killing it",
                             n.id
                         );
@@ -271,6 +304,33 @@ impl Running {
             }
         }
     }
+}
+
+/// `eprintln!` that never panics: a closed stderr (`2>&1 | head`) loses
+/// the line, nothing more.
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+use tell;
+
+/// Writes `lines` to stdout; false when it is closed (a reader such as
+/// `head -1` went away), which ends the command: its output is how the
+/// user learns the nodes' addresses. Never a panic, as `println!` is.
+fn say(lines: &[String]) -> bool {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = lines
+        .iter()
+        .try_for_each(|l| writeln!(out, "{l}"))
+        .and_then(|()| out.flush());
+    if let Err(e) = written {
+        tell!("dlock-server: cannot write to standard output ({e}): stopping every node");
+        return false;
+    }
+    true
 }
 
 /// Sends `sig` to `pid`; one that is gone already (Ctrl-C reached it too)
