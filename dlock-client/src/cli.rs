@@ -62,8 +62,19 @@ fn after_help() -> String {
 /// dlock takes all keys at once from a dlock server, runs COMMAND (directly,
 /// no shell; or `-c STRING` through `sh -c`), and releases the keys when it
 /// ends. If the lock is lost while COMMAND runs, dlock stops COMMAND.
+/// What `--version` prints after the name: the release, the commit it was
+/// built from and the wire protocol it speaks, so an operator can match a
+/// client with its servers (`dlock-server --version`, `dlock cluster
+/// status`). The protocol is `dlock::PROTOCOL_VERSION` (a test checks).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("DLOCK_COMMIT"),
+    "), protocol 2"
+);
+
 #[derive(Debug, Parser)]
-#[command(name = "dlock", version, about, long_about = None, after_help = after_help())]
+#[command(name = "dlock", version = VERSION, about, long_about = None, after_help = after_help())]
 #[command(
     override_usage = "dlock [OPTIONS] -k KEY... -- COMMAND [ARGS]...\n       \
                             dlock [OPTIONS] -k KEY... -c STRING\n       \

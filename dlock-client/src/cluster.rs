@@ -14,7 +14,7 @@ use std::time::Duration;
 /// Shows and changes the members of a dlock cluster. The options may come
 /// before or after the action.
 #[derive(Debug, Parser)]
-#[command(name = "dlock cluster", version)]
+#[command(name = "dlock cluster", version = crate::cli::VERSION)]
 pub struct ClusterArgs {
     #[command(flatten)]
     conn: Connection,

@@ -37,7 +37,7 @@ Exit codes: as dlock's (dlock --help), and:
 
 /// Run COMMAND while this process is the elected leader of KEY.
 #[derive(Debug, Parser)]
-#[command(name = "dlock elect", version, after_help = AFTER_HELP)]
+#[command(name = "dlock elect", version = crate::cli::VERSION, after_help = AFTER_HELP)]
 #[command(
     override_usage = "dlock elect [OPTIONS] -k KEY [--id NAME] [--once] -- COMMAND [ARGS]..."
 )]

@@ -26,7 +26,7 @@ Exit codes:
 
 /// Print the leader of an election, or follow it.
 #[derive(Debug, Parser)]
-#[command(name = "dlock leader", version, after_help = AFTER_HELP)]
+#[command(name = "dlock leader", version = crate::cli::VERSION, after_help = AFTER_HELP)]
 #[command(override_usage = "dlock leader [OPTIONS] -k KEY [--watch]")]
 pub struct LeaderArgs {
     /// Print every change of leader until interrupted.

@@ -43,7 +43,7 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     if let Some(shell) = args.completions {
-        let mut cmd = <cli::Args as clap::CommandFactory>::command();
+        let mut cmd = command_tree();
         let mut text = Vec::new();
         clap_complete::generate(shell, &mut cmd, "dlock", &mut text);
         return print_generated(&text, "completions");
@@ -58,6 +58,20 @@ fn main() -> ExitCode {
         return print_generated(&text, "man page");
     }
     run_blocking(run::run(args))
+}
+
+/// The whole command as a shell completes it: the lock form with every
+/// subcommand and its own options. (`subcommand::split` parses them apart,
+/// so clap's own tree of the lock form names none.)
+fn command_tree() -> clap::Command {
+    use clap::CommandFactory;
+    let sub =
+        |name: &'static str, cmd: clap::Command| cmd.name(name).bin_name(format!("dlock {name}"));
+    cli::Args::command()
+        .subcommand(sub("cluster", cluster::ClusterArgs::command()))
+        .subcommand(sub("elect", elect::ElectArgs::command()))
+        .subcommand(sub("leader", leader::LeaderArgs::command()))
+        .subcommand(sub("top", top::TopArgs::command()))
 }
 
 /// Writes generated text (completions, the man page) to stdout. A reader

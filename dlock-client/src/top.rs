@@ -40,7 +40,7 @@ Exit codes:
 
 /// Watch a dlock server or cluster live.
 #[derive(Debug, Parser)]
-#[command(name = "dlock top", version, after_help = AFTER_HELP)]
+#[command(name = "dlock top", version = crate::cli::VERSION, after_help = AFTER_HELP)]
 #[command(override_usage = "dlock top [OPTIONS] [-k KEY...] [--interval DURATION]")]
 pub struct TopArgs {
     /// How often the view is refreshed (at least 100ms).

@@ -208,3 +208,73 @@ async fn completions_and_the_man_page_come_from_the_flags() {
     let o = run_at("127.0.0.1:1", &["--man", "-k", "x"]).await;
     assert_eq!(code(&o), 64, "{}", stderr(&o));
 }
+
+/// What bash's completion of `words` (the last one being typed) offers,
+/// with the script `dlock --completions bash` prints.
+async fn bash_completes(script: &std::path::Path, words: &[&str]) -> String {
+    let driver = r#"source "$SCRIPT"
+        COMP_WORDS=("$@"); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
+        COMP_LINE="${COMP_WORDS[*]}"; COMP_POINT=${#COMP_LINE}; COMPREPLY=()
+        _dlock dlock "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+        echo "${COMPREPLY[*]}""#;
+    let out = tokio::process::Command::new("bash")
+        .arg("-c")
+        .arg(driver)
+        .arg("bash")
+        .args(words)
+        .env("SCRIPT", script)
+        .output()
+        .await
+        .expect("bash runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn bash_completion_knows_every_subcommand_and_its_own_options() {
+    let o = run_at("127.0.0.1:1", &["--completions", "bash"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("dlock.bash");
+    std::fs::write(&script, stdout(&o)).expect("write the script");
+    let offered = bash_completes(&script, &["dlock", "el"]).await;
+    assert!(
+        offered.split_whitespace().any(|w| w == "elect"),
+        "{offered}"
+    );
+    let offered = bash_completes(&script, &["dlock", "cl"]).await;
+    assert!(
+        offered.split_whitespace().any(|w| w == "cluster"),
+        "{offered}"
+    );
+    let offered = bash_completes(&script, &["dlock", "elect", "--i"]).await;
+    assert!(offered.split_whitespace().any(|w| w == "--id"), "{offered}");
+    let offered = bash_completes(&script, &["dlock", "cluster", "st"]).await;
+    assert!(
+        offered.split_whitespace().any(|w| w == "status"),
+        "{offered}"
+    );
+}
+
+#[tokio::test]
+async fn the_version_names_the_commit_and_the_protocol_as_the_server_does() {
+    let o = run_at("127.0.0.1:1", &["--version"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let client = stdout(&o);
+    assert!(
+        client
+            .trim_end()
+            .ends_with(&format!("), protocol {}", dlock::PROTOCOL_VERSION)),
+        "{client}"
+    );
+    // The commit this package was built from (its build script, shared
+    // with the server, stamps both).
+    assert!(
+        client.contains(&format!("({})", env!("DLOCK_COMMIT"))),
+        "{client}"
+    );
+}
