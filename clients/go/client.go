@@ -61,7 +61,9 @@ type Options struct {
 // closed: there is no reconnect, since the server released every lock held
 // without a lease. Against a cluster, the client resumes its session on
 // the new leader through failovers (see Options.OnEvent); it ends only when
-// the session does.
+// the session does. A node that answers a request of the session
+// ShuttingDown, or the client's liveness probe Unavailable (it leads no
+// majority), is left the same way: no call fails for it.
 //
 // A Lock taken on a connection (session) of its own is not lost when the
 // client's connection ends, only when its own does or the client is

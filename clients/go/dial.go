@@ -206,6 +206,7 @@ type nodeError struct {
 	leader   string
 	gone     bool // the cluster no longer knows the session
 	fatal    bool // no use trying any other node: access denied, a bad answer
+	stopping bool // answered ShuttingDown
 	answered bool
 }
 
@@ -298,7 +299,7 @@ func (d *dialer) establish(ctx context.Context, session uint64, deadline time.Ti
 				namedAvoided = true
 			case nerr.notLead && nerr.leader != "":
 				queue = append([]string{nerr.leader}, queue...)
-			case !nerr.answered:
+			case !nerr.answered, nerr.stopping:
 				// A dead old leader must not cost every round its time.
 				d.forgetLeader(addr)
 			}
@@ -411,7 +412,8 @@ func (d *dialer) tryNode(ctx context.Context, addr string, session uint64, limit
 	default:
 		e := errorOf(pb.RequestType_Hello, resp)
 		// Not "answered": a node that turns clients away (LimitReached,
-		// ShuttingDown) is no reason to go round the nodes again.
+		// ShuttingDown) is no reason to go round the nodes again; the next
+		// node is tried.
 		return nil, &nodeError{err: e, fatal: resp.Status == pb.ResponseStatus_AccessDenied}
 	}
 	if !limits.ResumableSessions {
@@ -446,6 +448,10 @@ func (d *dialer) tryNode(ctx context.Context, addr string, session uint64, limit
 			why = "not the leader (the leader is " + resp.LeaderAddr + ")"
 		}
 		return nil, &nodeError{err: errors.New(why), notLead: true, leader: resp.LeaderAddr, answered: true}
+	case pb.ResponseStatus_ShuttingDown:
+		// Stopping: as NotLeader naming no leader (it is not tried first
+		// as the last leader any more); the next node is tried.
+		return nil, &nodeError{err: errorOf(pb.RequestType_OpenSession, resp), notLead: true, stopping: true, answered: true}
 	case pb.ResponseStatus_UnknownSession:
 		if session != 0 {
 			return nil, &nodeError{err: errorOf(pb.RequestType_OpenSession, resp), gone: true}

@@ -18,8 +18,9 @@ package dlock
 // locks bound to the connection. Against a cluster the link names its
 // session in every request that acts for an owner and numbers those that
 // change the table (seq, seq_done). When the stream breaks, a node answers
-// NotLeader or Unavailable, a request that should be answered at once is
-// not, or the node's probe finds it silent (liveness.go), the stream is
+// NotLeader, Unavailable or ShuttingDown (taken as NotLeader naming no
+// leader), a request that should be answered at once is not, or the node's
+// probe finds it silent or unable to serve (liveness.go), the stream is
 // reset (never closed with a FIN, which would end the session), the leader
 // is looked for, the session resumed there and the requests not answered
 // are sent again, in order and under their first numbers.
@@ -391,14 +392,15 @@ func asLost(err error, target **ConnectionLostError) bool {
 	return ok
 }
 
-// nodeSilent: the probe found addr silent; leave it if the link is there.
-func (l *link) nodeSilent(addr string, waited time.Duration) {
+// nodeSilent: the probe found addr silent (why says how); leave it if
+// the link is there.
+func (l *link) nodeSilent(addr, why string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil || l.cur == nil || l.addr != addr {
 		return
 	}
-	l.failLocked(fmt.Sprintf("%s did not answer its probe for %v", addr, waited.Round(time.Millisecond)), nil, "", addr)
+	l.failLocked(why, nil, "", addr)
 }
 
 // onResponse takes one answer off the queue; false ends the reader.
@@ -436,6 +438,14 @@ func (l *link) onResponse(s *stream, resp *pb.Response) bool {
 			return false
 		case pb.ResponseStatus_Unavailable:
 			l.failLocked(fmt.Sprintf("%s could not commit in time (Unavailable)", s.addr), nil, "", "")
+			return false
+		case pb.ResponseStatus_ShuttingDown:
+			// The node is stopping (a rolling restart) and did nothing:
+			// as NotLeader naming no leader. The session goes on at the
+			// next leader, where what is unanswered is sent again under
+			// its number, so nothing is lost or done twice; the caller
+			// never sees it.
+			l.failLocked(fmt.Sprintf("%s is shutting down", s.addr), nil, "", s.addr)
 			return false
 		}
 	}

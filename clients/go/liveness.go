@@ -13,14 +13,18 @@ package dlock
 // request order), so one probe per client and node pings on a connection of
 // its own, with no session, which the node answers at once without a
 // commit. When a Ping (or the probe's Hello) goes unanswered for
-// silenceLimit, every link on that node breaks off and resumes its session
-// elsewhere, and the node is tried last until it answers again. A node that
-// refuses the probe outright (down, full, access denied) is left to the
-// links, which see that themselves.
+// silenceLimit, or a Ping is answered Unavailable (a node that counts
+// itself leader with no majority behind it: cut off from its peers while
+// clients still reach it, or stopping; docs/PROTOCOL.md, "Noticing a node
+// that cannot serve"), every link on that node breaks off and resumes its
+// session elsewhere, and the node is tried last until it answers again. A
+// node that refuses the probe outright (down, full, access denied) is left
+// to the links, which see that themselves.
 
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"time"
 
 	pb "dlock/clients/go/dlockpb"
@@ -99,8 +103,7 @@ func (w *nodeWatch) unsubscribe(l *link) {
 func (w *nodeWatch) run() {
 	retry := w.limit / 2
 	for {
-		waited, silent := w.untilSilent()
-		if silent {
+		if why := w.untilSilent(); why != "" {
 			w.d.suspect(w.addr, true)
 			w.d.mu.Lock()
 			links := make([]*link, 0, len(w.links))
@@ -111,7 +114,7 @@ func (w *nodeWatch) run() {
 			// Told outside d.mu: a link takes its own lock, then d.mu to
 			// unsubscribe.
 			for _, l := range links {
-				l.nodeSilent(w.addr, waited)
+				l.nodeSilent(w.addr, why)
 			}
 			retry = w.limit / 2
 		} else if retry *= 2; retry > maxProbeRetry {
@@ -128,10 +131,14 @@ func (w *nodeWatch) run() {
 }
 
 // untilSilent pings the node on a connection of the probe's own, a third of
-// the limit apart, until an answer is the limit late: returns how long it
-// waited, true. False when the node refuses or the connection breaks (not
-// a silence) or the probe is stopped.
-func (w *nodeWatch) untilSilent() (time.Duration, bool) {
+// the limit apart, until an answer is the limit late or says Unavailable:
+// returns why the node counts as silent. "" when the node refuses
+// otherwise or the connection breaks (not a silence) or the probe is
+// stopped.
+func (w *nodeWatch) untilSilent() string {
+	late := func(since time.Time) string {
+		return fmt.Sprintf("%s did not answer its probe for %v", w.addr, time.Since(since).Round(time.Millisecond))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -145,9 +152,9 @@ func (w *nodeWatch) untilSilent() (time.Duration, bool) {
 	conn, err := w.d.connect(ctx, w.addr, started.Add(w.limit))
 	if err != nil {
 		if ctx.Err() == nil && time.Since(started) >= w.limit {
-			return time.Since(started), true
+			return late(started)
 		}
-		return 0, false
+		return ""
 	}
 	// No session on it: a clean close ends nothing.
 	defer conn.Close()
@@ -160,12 +167,12 @@ func (w *nodeWatch) untilSilent() (time.Duration, bool) {
 	resp, err := exchange(conn, rd, &pb.Request{Version: ProtocolVersion, Id: helloID, AccessToken: w.d.token, Type: pb.RequestType_Hello})
 	if err != nil {
 		if ctx.Err() == nil && isTimeout(err) {
-			return time.Since(started), true
+			return late(started)
 		}
-		return 0, false
+		return ""
 	}
 	if resp.Status != pb.ResponseStatus_Ok && resp.Status != pb.ResponseStatus_InvalidType {
-		return 0, false
+		return ""
 	}
 	w.d.suspect(w.addr, false)
 	var id uint64
@@ -174,7 +181,7 @@ func (w *nodeWatch) untilSilent() (time.Duration, bool) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return 0, false
+			return ""
 		case <-t.C:
 		}
 		id++
@@ -183,12 +190,20 @@ func (w *nodeWatch) untilSilent() (time.Duration, bool) {
 		resp, err := exchange(conn, rd, &pb.Request{Version: ProtocolVersion, Id: id, AccessToken: w.d.token, Type: pb.RequestType_Ping})
 		if err != nil {
 			if ctx.Err() == nil && isTimeout(err) {
-				return time.Since(sent), true
+				return late(sent)
 			}
-			return 0, false
+			return ""
 		}
-		if resp.Status != pb.ResponseStatus_Ok {
-			return 0, false
+		switch resp.Status {
+		case pb.ResponseStatus_Ok:
+		case pb.ResponseStatus_Unavailable:
+			// It answers but cannot serve: it counts itself leader with
+			// no majority behind it (cut off from its peers, or
+			// stopping). As good as silent for the sessions on it, and
+			// sooner.
+			return fmt.Sprintf("%s answered its probe Unavailable: it cannot serve (%s)", w.addr, resp.ErrorText)
+		default:
+			return ""
 		}
 	}
 }

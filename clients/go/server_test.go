@@ -181,6 +181,8 @@ type testCluster struct {
 	members string
 	nodes   []*testServer
 	paused  map[int]bool
+	// extra flags of each node (its --peer-routes).
+	extra [][]string
 }
 
 // nodeFlags: a short election timeout keeps failovers to a second or two;
@@ -188,7 +190,17 @@ type testCluster struct {
 var nodeFlags = []string{"--heartbeat", "100ms", "--election-timeout", "500ms"}
 
 func startCluster(t testing.TB, n int, flags ...string) *testCluster {
-	c := &testCluster{t: t, root: t.TempDir(), flags: append(append([]string{}, nodeFlags...), flags...), paused: map[int]bool{}}
+	c := prepareCluster(t, n, append(append([]string{}, nodeFlags...), flags...))
+	for i := 0; i < n; i++ {
+		c.start(i)
+	}
+	return c
+}
+
+// prepareCluster reserves the ports of n nodes with flags (nodeFlags not
+// added) and starts none.
+func prepareCluster(t testing.TB, n int, flags []string) *testCluster {
+	c := &testCluster{t: t, root: t.TempDir(), flags: flags, paused: map[int]bool{}, extra: make([][]string, n)}
 	var members []string
 	for i := 0; i < n; i++ {
 		cl, pl := reservePort(t), reservePort(t)
@@ -199,9 +211,6 @@ func startCluster(t testing.TB, n int, flags ...string) *testCluster {
 	}
 	c.members = strings.Join(members, ",")
 	c.nodes = make([]*testServer, n)
-	for i := 0; i < n; i++ {
-		c.start(i)
-	}
 	return c
 }
 
@@ -220,6 +229,7 @@ func (c *testCluster) start(i int) {
 		"--peer-listen", c.peers[i],
 		"--initial-cluster", c.members,
 	}, c.flags...)
+	flags = append(flags, c.extra[i]...)
 	c.nodes[i] = startServer(c.t, c.Addrs[i], flags...)
 }
 
@@ -228,6 +238,20 @@ func (c *testCluster) kill(i int) {
 		c.nodes[i].kill()
 		c.nodes[i] = nil
 	}
+}
+
+// terminate stops node i with SIGTERM and waits for it to exit: its exit
+// status, or an error if it did not exit within limit.
+func (c *testCluster) terminate(i int) (int, error) {
+	s := c.nodes[i]
+	s.signal(syscall.SIGTERM)
+	select {
+	case <-s.exit:
+	case <-time.After(limit):
+		return -1, fmt.Errorf("node %d did not exit within %v of SIGTERM", i, limit)
+	}
+	c.nodes[i] = nil
+	return s.cmd.ProcessState.ExitCode(), nil
 }
 
 func (c *testCluster) pause(i int) {

@@ -4,14 +4,13 @@ package dlock
 // returns. Statuses a correct client never causes (General, Version,
 // InvalidType, FrameTooLarge from the server) are provoked with raw frames,
 // which also checks the framing from the outside. NotLeader is provoked in
-// cluster_test.go; Unavailable here, on a leader whose followers are gone.
+// cluster_test.go; Unavailable here, on a leader whose followers are gone
+// (answering its clients' probe).
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -270,20 +269,19 @@ func TestUnavailableFromALeaderThatLostItsQuorumIsTyped(t *testing.T) {
 	covers(t, pb.ResponseStatus_Unavailable)
 	cl := startCluster(t, 3, "--session-ttl", "6s")
 	lead := cl.leader(-1)
-	ctx := testCtx(t)
-	// A session opened by hand, then, on the same connection (a clean
-	// close would end the session), a Lock the leader cannot commit once
-	// both followers are paused.
-	conn, err := net.DialTimeout("tcp", cl.Addrs[lead], limit)
-	if err != nil {
-		t.Fatal(err)
+	// With both followers paused, the leader steps aside within twice the
+	// election timeout: it resets the connections of named sessions (a
+	// Lock it cannot commit is no longer answered Unavailable) and answers
+	// the session-less Ping of a client's probe Unavailable.
+	probe := func() *pb.Response {
+		resp, err := rawCall(cl.Addrs[lead], &pb.Request{Version: 2, Id: 1, Type: pb.RequestType_Ping}, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
 	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(limit))
-	rd := bufio.NewReader(conn)
-	open, err := exchange(conn, rd, &pb.Request{Version: 2, Id: 1, Type: pb.RequestType_OpenSession})
-	if err != nil || open.Status != pb.ResponseStatus_Ok {
-		t.Fatalf("%v %v", open, err)
+	if resp := probe(); resp.Status != pb.ResponseStatus_Ok {
+		t.Fatalf("the leader answers its probe %v", resp)
 	}
 	for i := range cl.nodes {
 		if i != lead {
@@ -295,21 +293,17 @@ func TestUnavailableFromALeaderThatLostItsQuorumIsTyped(t *testing.T) {
 			cl.resume(i)
 		}
 	}()
-	resp, err := exchange(conn, rd, &pb.Request{Version: 2, Id: 2, Type: pb.RequestType_Lock, Session: open.Session, Seq: 1,
-		Lock: &pb.RequestLock{Keys: []string{"u"}, TryLock: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.Status != pb.ResponseStatus_Unavailable && resp.Status != pb.ResponseStatus_NotLeader && resp.Status != pb.ResponseStatus_UnknownSession {
-		t.Fatalf("a Lock without a quorum: %v", resp)
-	}
-	if resp.Status != pb.ResponseStatus_Unavailable {
-		t.Skipf("the leader answered %v before its commit timed out; Unavailable not seen this run", resp.Status)
-	}
-	if !errors.Is(errorOf(pb.RequestType_Lock, resp), ErrUnavailable) {
+	var resp *pb.Response
+	waitFor(t, "the leader without a quorum answers its probe Unavailable", func() bool {
+		resp = probe()
+		if resp.Status != pb.ResponseStatus_Ok && resp.Status != pb.ResponseStatus_Unavailable {
+			t.Fatalf("the probe: %v", resp)
+		}
+		return resp.Status == pb.ResponseStatus_Unavailable
+	})
+	if !errors.Is(errorOf(pb.RequestType_Ping, resp), ErrUnavailable) {
 		t.Fatal("Unavailable is not ErrUnavailable")
 	}
-	_ = ctx
 }
 
 func TestEveryStatusOfTheProtoHasATest(t *testing.T) {
