@@ -290,13 +290,7 @@ async fn try_node(
     let token = dial.token();
     let mut stream = transport::connect(addr, options, |s| configure(s, options))
         .await
-        .map_err(|source| NodeError::Failed {
-            error: Error::Connect {
-                addr: addr.to_string(),
-                source,
-            },
-            answered: false,
-        })?;
+        .map_err(|source| connect_error(addr, source))?;
     // Until the node has answered, an attempt given up (its time ran out,
     // `establish` dropped it) ends with a reset: a clean close would end a
     // session the node may just have resumed for it, under the feet of the
@@ -304,7 +298,9 @@ async fn try_node(
     stream.reset_on_close(true);
     let hello_sent = Instant::now();
     let limits = hello(&mut stream, &token).await.map_err(|e| match e {
-        e @ (Error::AccessDenied(_) | Error::Protocol(_)) => NodeError::Fatal(e),
+        e @ (Error::AccessDenied(_) | Error::Protocol(_) | Error::ServerSpeaksTls) => {
+            NodeError::Fatal(e)
+        }
         error => NodeError::Failed {
             error,
             answered: false,
@@ -383,6 +379,31 @@ async fn try_node(
     }
 }
 
+/// Why connecting to `addr` failed. A TLS setup that does not match the
+/// server's is the same on every node and is not retried: it needs the
+/// user to change a flag, which the error names.
+fn connect_error(addr: &str, source: std::io::Error) -> NodeError {
+    match transport::tls_failure(&source) {
+        Some(transport::TlsFailure::NotTls) => NodeError::Fatal(Error::ServerSpeaksNoTls {
+            addr: addr.to_string(),
+            source,
+        }),
+        Some(transport::TlsFailure::CaAsEndEntity) => {
+            NodeError::Fatal(Error::CaUsedAsServerCertificate {
+                addr: addr.to_string(),
+                source,
+            })
+        }
+        None => NodeError::Failed {
+            error: Error::Connect {
+                addr: addr.to_string(),
+                source,
+            },
+            answered: false,
+        },
+    }
+}
+
 /// Asks the server for its limits on a fresh connection.
 pub(crate) async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
@@ -420,6 +441,9 @@ pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     buf.clear();
     let mut codec = FrameCodec::new(crate::MAX_RESPONSE_FRAME);
     let body = loop {
+        if transport::looks_like_tls(&buf) {
+            return Err(Error::ServerSpeaksTls);
+        }
         if let Some(body) = tokio_util::codec::Decoder::decode(&mut codec, &mut buf)
             .map_err(|e| Error::Protocol(format!("bad answer to {:?}: {e}", req.r#type())))?
         {

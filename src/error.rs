@@ -65,6 +65,29 @@ pub enum Error {
     /// The server sent something this client does not understand.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The server answered with TLS to a client without TLS.
+    #[error("the server speaks TLS: give the CA certificate that signed its certificate with --tls-ca (DLOCK_TLS_CA)")]
+    ServerSpeaksTls,
+    /// A TLS client's handshake found no TLS on the other end.
+    #[error("the server at {addr} does not speak TLS ({source}): connect without --tls-ca (DLOCK_TLS_CA), or start dlock-server with --tls-cert and --tls-key")]
+    ServerSpeaksNoTls {
+        /// The address tried.
+        addr: String,
+        /// What the handshake read.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server's certificate is a CA certificate presented as its own
+    /// (one self-signed certificate given as both `--tls-cert` and the
+    /// clients' `--tls-ca`), which TLS refuses.
+    #[error("the server at {addr} presents a CA certificate as its own ({source}): make a CA and a server certificate signed by it (dlock-server cert create-ca, then create-node), give the server the node's and the clients the CA's")]
+    CaUsedAsServerCertificate {
+        /// The address tried.
+        addr: String,
+        /// The TLS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The connection is gone; locks bound to it are released by the server.
     /// Its [`source`](std::error::Error::source) is the I/O or decoding
     /// error that ended it, if one did.

@@ -66,6 +66,37 @@ pub(crate) async fn connect(
     Ok(Stream::Tls(Box::new(tls)))
 }
 
+/// How a TLS handshake failed, when the fix is the user's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TlsFailure {
+    /// The other end does not speak TLS: what came back is no TLS record.
+    NotTls,
+    /// The server presented a CA certificate as its own.
+    CaAsEndEntity,
+}
+
+/// What `e`, from [`connect`], says of the TLS setup.
+pub(crate) fn tls_failure(e: &io::Error) -> Option<TlsFailure> {
+    let tls = e.get_ref()?.downcast_ref::<rustls::Error>()?;
+    match tls {
+        rustls::Error::InvalidMessage(_) => Some(TlsFailure::NotTls),
+        rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other))
+            if format!("{other:?}").contains("CaUsedAsEndEntity") =>
+        {
+            Some(TlsFailure::CaAsEndEntity)
+        }
+        _ => None,
+    }
+}
+
+/// Whether the first bytes a plain connection read are a TLS record (an
+/// alert or a handshake, versions 3.x): the server speaks TLS, and its
+/// answer must not be read as a frame length (0x15030300 would claim a
+/// frame of 352 MB).
+pub(crate) fn looks_like_tls(read: &[u8]) -> bool {
+    matches!(read, [0x15 | 0x16, 0x03, minor, ..] if *minor <= 0x04)
+}
+
 /// The host of `host:port`, without the brackets of an IPv6 address.
 fn host(addr: &str) -> &str {
     let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);

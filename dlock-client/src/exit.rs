@@ -81,10 +81,20 @@ impl Failure {
 pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
     use dlock::Error;
     match e {
-        Error::Connect { source, .. } => Failure::new(
+        // The hint only where it can be the cause: nothing listens there.
+        Error::Connect { source, .. } if nobody_listens(&source) => Failure::new(
             UNAVAILABLE,
             format!("cannot connect to {server}: {source} (is dlock-server running? set DLOCK_SERVER or --server)"),
         ),
+        Error::Connect { source, .. } => Failure::new(
+            UNAVAILABLE,
+            format!("cannot connect to {server}: {}", with_cause(&source, &source)),
+        ),
+        // The server is there and says what to change: the user's TLS flags.
+        e @ Error::ServerSpeaksTls => Failure::new(UNAVAILABLE, format!("cannot use {server}: {e}")),
+        e @ (Error::ServerSpeaksNoTls { .. } | Error::CaUsedAsServerCertificate { .. }) => {
+            Failure::new(UNAVAILABLE, e.to_string())
+        }
         Error::ConnectTimeout { timeout, .. } => Failure::new(
             UNAVAILABLE,
             format!("cannot connect to {server}: no answer within {timeout:?} (check the address and the network)"),
@@ -104,6 +114,18 @@ pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
         Error::AccessDenied(text) => Failure::new(NO_PERMISSION, access_denied(server, &text)),
         other => Failure::new(SOFTWARE, other.to_string()),
     }
+}
+
+/// Whether a failed connect means no server listens there (or the address
+/// leads nowhere), the one case where "is dlock-server running?" helps.
+fn nobody_listens(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{
+        AddrNotAvailable, ConnectionRefused, HostUnreachable, NetworkUnreachable,
+    };
+    matches!(
+        e.kind(),
+        ConnectionRefused | HostUnreachable | NetworkUnreachable | AddrNotAvailable
+    )
 }
 
 /// The server's reason for a refusal, and what to do when the token is

@@ -213,3 +213,61 @@ async fn dlock_top_shows_a_tls_cluster_node_and_its_keys() {
     top.send(b"\x03");
     assert_eq!(top.exit_code().await, 0, "Ctrl-C quits");
 }
+
+#[tokio::test]
+async fn a_tls_mismatch_says_which_flag_to_change_and_exits_69() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, ca_file, cert, key) = ca_and_server_cert(dir.path());
+    let tls = TestServer::start(flags(&["--tls-cert", &cert, "--tls-key", &key])).await;
+    let tls_addr = format!("localhost:{}", tls.addr.port());
+    // A plain client at a TLS port: not a 352 MB "frame".
+    let out = run_at(&tls_addr, &["--ping"]).await;
+    let err = stderr(&out);
+    assert_eq!(code(&out), 69, "{err}");
+    assert!(
+        err.contains("speaks TLS") && err.contains("--tls-ca"),
+        "{err}"
+    );
+    assert!(!err.contains("is dlock-server running"), "{err}");
+
+    // A TLS client at a plain port.
+    let plain = TestServer::start(flags(&[])).await;
+    let plain_addr = format!("localhost:{}", plain.addr.port());
+    let out = run_at(&plain_addr, &["--tls-ca", &ca_file, "--ping"]).await;
+    let err = stderr(&out);
+    assert_eq!(code(&out), 69, "{err}");
+    assert!(err.contains("does not speak TLS"), "{err}");
+    assert!(!err.contains("is dlock-server running"), "{err}");
+
+    // One self-signed CA certificate as both the server's and the CA file.
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    let key_pair = KeyPair::generate().unwrap();
+    let both = params.self_signed(&key_pair).unwrap();
+    let (both_file, both_key) = (
+        path(dir.path().join("both.pem")),
+        path(dir.path().join("both.key")),
+    );
+    std::fs::write(&both_file, both.pem()).unwrap();
+    std::fs::write(&both_key, key_pair.serialize_pem()).unwrap();
+    let odd = TestServer::start(flags(&["--tls-cert", &both_file, "--tls-key", &both_key])).await;
+    let odd_addr = format!("localhost:{}", odd.addr.port());
+    let out = run_at(&odd_addr, &["--tls-ca", &both_file, "--ping"]).await;
+    let err = stderr(&out);
+    assert_eq!(code(&out), 69, "{err}");
+    assert!(
+        err.contains("CA certificate as its own") && err.contains("dlock-server cert create-ca"),
+        "{err}"
+    );
+
+    // Nobody listening: the one case for the hint.
+    let out = run_at("127.0.0.1:1", &["--ping"]).await;
+    assert!(
+        stderr(&out).contains("is dlock-server running"),
+        "{}",
+        stderr(&out)
+    );
+}

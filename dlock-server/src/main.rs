@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use dlock_server::ops::cert::Cert;
 use dlock_server::ops::local_cluster::LocalCluster;
 use dlock_server::{Config, LogFormat};
 use std::io::IsTerminal;
@@ -33,10 +34,23 @@ enum Cmd {
     /// and logs in one folder), print the DLOCK_SERVER line for the
     /// clients, and stop every node on Ctrl-C.
     LocalCluster(LocalCluster),
+    /// Make the certificates TLS needs: a CA (create-ca), a node's for
+    /// clients and peers (create-node NAME --addr HOST), a client's for
+    /// mutual TLS (create-client NAME). Keys are written with mode 0600.
+    Cert(Cert),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if let Some(Cmd::Cert(cert)) = &cli.command {
+        return match cert.run() {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dlock-server: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Cmd::LocalCluster(local)) = cli.command {
         return match local.run() {
             Ok(()) => std::process::ExitCode::SUCCESS,
