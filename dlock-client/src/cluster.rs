@@ -34,7 +34,7 @@ pub struct Connection {
     pub server: String,
 
     /// Read the access token from this file; DLOCK_TOKEN otherwise.
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, global = true, env = "DLOCK_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
 
     /// Connect with TLS, trusting the CA certificates in this PEM file.
@@ -164,6 +164,29 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
                 let Some(info) = &r.cluster else {
                     return Ok(());
                 };
+                // A follower knows neither how far the others have got nor
+                // which of them answer: the status is the leader's view.
+                if matches!(args.action, Action::Status) {
+                    if let Some(leader) = leader_to_ask(info, &server) {
+                        if verbose {
+                            say!("{server} is not the leader; asking {leader}");
+                        }
+                        match ask(&leader, &options, kind, body.clone()).await {
+                            Ok(r)
+                                if r.status == ResponseStatus::Ok as i32 && r.cluster.is_some() =>
+                            {
+                                server = leader;
+                                answer = Some(r);
+                                continue;
+                            }
+                            Ok(_) | Err(_) => {
+                                if verbose {
+                                    say!("the leader at {leader} did not answer; showing {server}'s view");
+                                }
+                            }
+                        }
+                    }
+                }
                 // Status: every member's own view beside this node's.
                 let nodes = match args.action {
                     Action::Status => {
@@ -213,6 +236,19 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
         exit::UNAVAILABLE,
         format!("no leader answered (last tried {server})"),
     ))
+}
+
+/// The client address of the leader `info` names, when the node at
+/// `asked` that answered is not the leader itself.
+fn leader_to_ask(info: &ClusterInfo, asked: &str) -> Option<String> {
+    if info.role.eq_ignore_ascii_case("leader") || info.leader_id == 0 {
+        return None;
+    }
+    info.members
+        .iter()
+        .find(|m| m.node_id == info.leader_id)
+        .map(|m| m.client_addr.clone())
+        .filter(|a| !a.is_empty() && a != asked)
 }
 
 /// The answer of the first node of `servers` that answers, and its address;
@@ -475,6 +511,24 @@ fn member_role(info: &ClusterInfo, m: &dlock::proto::ClusterMember) -> &'static 
     }
 }
 
+/// How long the answering node has failed to reach `m`, if it does.
+fn unreachable_for(m: &dlock::proto::ClusterMember) -> Option<std::time::Duration> {
+    (m.unreachable_micro > 0).then(|| std::time::Duration::from_micros(m.unreachable_micro))
+}
+
+/// The ROLE column: the role, and "unreachable for 12s" for a member the
+/// answering node cannot reach.
+fn role_text(info: &ClusterInfo, m: &dlock::proto::ClusterMember) -> String {
+    let role = member_role(info, m);
+    match unreachable_for(m) {
+        Some(d) => format!(
+            "{role}, unreachable for {}",
+            humantime::format_duration(std::time::Duration::from_secs(d.as_secs()))
+        ),
+        None => role.to_string(),
+    }
+}
+
 /// A node's view as one JSON object: what the table shows, with `null`
 /// for what the answering node does not know (no leader; a follower's
 /// view of replication).
@@ -492,6 +546,7 @@ fn status_json(info: &ClusterInfo) -> serde_json::Value {
                 "voter": m.voter,
                 "matched_index": known(m.matched_index),
                 "lag": known(m.lag),
+                "unreachable_for_secs": unreachable_for(m).map(|d| d.as_secs_f64()),
             })
         })
         .collect();
@@ -532,7 +587,7 @@ fn status_table(info: &ClusterInfo) -> String {
         .members
         .iter()
         .map(|m| {
-            let role = member_role(info, m);
+            let role = role_text(info, m);
             let (matched, lag) = if m.replication_known {
                 (m.matched_index.to_string(), m.lag.to_string())
             } else {
@@ -540,7 +595,7 @@ fn status_table(info: &ClusterInfo) -> String {
             };
             [
                 m.node_id.to_string(),
-                role.into(),
+                role,
                 m.client_addr.clone(),
                 m.peer_addr.clone(),
                 matched,

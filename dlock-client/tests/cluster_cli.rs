@@ -106,3 +106,96 @@ async fn a_plain_server_is_not_a_cluster() {
     assert_eq!(code(&o), 69);
     assert!(stderr(&o).contains("not a cluster node"), "{}", stderr(&o));
 }
+
+/// `dlock cluster status -o json` asked of `servers`: the JSON object.
+async fn status_json(servers: &str) -> serde_json::Value {
+    let o = run_at(servers, &["cluster", "status", "-o", "json"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).expect("one JSON object")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_is_the_leaders_view_names_a_dead_member_unreachable_and_is_exact_after_an_add() {
+    use dlock_server::testing::nodes::{server_binary, NodeProcesses};
+    let mut nodes = NodeProcesses::start(
+        server_binary(),
+        3,
+        &["--heartbeat", "100ms", "--election-timeout", "500ms"],
+    );
+    // Find the leader, then ask a follower first: the answer is the
+    // leader's view all the same, with every member's replication.
+    let deadline = Instant::now() + PATIENCE;
+    let leader = loop {
+        let v = status_json(&nodes.servers()).await;
+        if let Some(id) = v["leader_id"].as_u64() {
+            if let Some(i) = nodes.index_of_id(id) {
+                break i;
+            }
+        }
+        assert!(Instant::now() < deadline, "no leader: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let follower = (0..3).find(|&i| i != leader).expect("a follower");
+    let v = status_json(&nodes.addr(follower).to_string()).await;
+    assert_eq!(v["role"], "leader", "the leader's view: {v}");
+    assert!(
+        v["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .all(|m| m["lag"].is_u64()),
+        "{v}"
+    );
+
+    // A member killed: the leader names it unreachable, for how long.
+    let dead = (0..3)
+        .find(|&i| i != leader && i != follower)
+        .expect("another follower");
+    nodes.kill(dead);
+    let dead_id = nodes.id(dead);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let v = status_json(&nodes.addr(follower).to_string()).await;
+        let m = v["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .find(|m| m["node_id"] == dead_id)
+            .cloned()
+            .expect("the dead member is listed");
+        if m["unreachable_for_secs"].as_f64().is_some_and(|s| s >= 1.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never unreachable: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let o = run_at(&nodes.addr(follower).to_string(), &["cluster", "status"]).await;
+    let table = stdout(&o);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(&format!("{dead_id} ")))
+        .unwrap_or_else(|| panic!("a row for node {dead_id}: {table}"));
+    assert!(row.contains("unreachable for"), "{table}");
+
+    // A node added: right after the add, its lag is what it is, 0.
+    nodes.restart(dead);
+    let joiner = nodes.add_joiner();
+    nodes.restart(joiner);
+    let (client, peer) = (
+        nodes.addr(joiner).to_string(),
+        nodes.peer_addr(joiner).to_string(),
+    );
+    let id = nodes.id(joiner).to_string();
+    let o = run_at(&nodes.servers(), &["cluster", "add", &id, &client, &peer]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = status_json(&nodes.servers()).await;
+    let m = v["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .find(|m| m["node_id"].as_u64() == Some(nodes.id(joiner)))
+        .cloned()
+        .expect("the new member is listed");
+    assert_eq!(m["lag"], 0, "right after the add: {v}");
+    assert!(m["matched_index"].as_u64().is_some_and(|i| i > 0), "{v}");
+}

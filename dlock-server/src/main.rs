@@ -9,8 +9,12 @@ use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 /// openraft logs every election step and vote at info: an operator wants
-/// dlock's own lines and openraft's warnings.
-const DEFAULT_LOG_FILTER: &str = "info,openraft=warn";
+/// dlock's own lines and openraft's warnings. Its replication streams log
+/// an error for every failed RPC to a peer that is down (two lines each
+/// half second): the peer client reports a peer that stops answering
+/// itself, once, then once a minute, and when it is back
+/// (`engine/raft/reachability.rs`).
+const DEFAULT_LOG_FILTER: &str = "info,openraft=warn,openraft::replication=off";
 
 /// The dlock lock server.
 ///

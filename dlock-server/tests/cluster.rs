@@ -398,15 +398,17 @@ async fn a_leader_cut_off_from_the_others_grants_nothing() {
     let fence = must_lock(&mut fresh, "k", sf, Duration::ZERO).await;
 
     // The stale client is told (within the commit timeout, while the cut
-    // lasts), never granted.
-    let r = stale.recv().await;
-    assert!(
-        matches!(
-            status(&r),
-            ResponseStatus::Unavailable | ResponseStatus::NotLeader
-        ),
-        "a cut-off leader must not grant: {r:?}"
-    );
+    // lasts), or its connection is reset as the old leader steps aside
+    // (its session goes on elsewhere): never granted.
+    if let Some(r) = stale.try_recv().await {
+        assert!(
+            matches!(
+                status(&r),
+                ResponseStatus::Unavailable | ResponseStatus::NotLeader
+            ),
+            "a cut-off leader must not grant: {r:?}"
+        );
+    }
 
     // Healed, the old leader learns the new term and steps down: the log
     // entry it could not commit is gone, the new holder keeps the key, the

@@ -111,7 +111,10 @@ fn running_under(dir: &std::path::Path) -> Vec<i32> {
         .filter(|pid| {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let zombie = stat.rsplit(')').next().is_some_and(|s| s.trim_start().starts_with('Z'));
+            let zombie = stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|s| s.trim_start().starts_with('Z'));
             let cmdline = String::from_utf8_lossy(&cmdline);
             !zombie && cmdline.contains(&needle) && cmdline.contains("--node-id")
         })
@@ -153,9 +156,16 @@ async fn piped_into_head_it_ends_without_a_panic_and_leaves_no_node_behind() {
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stdout.starts_with("dlock-server: a local cluster of 3 nodes"), "{stdout}");
+    assert!(
+        stdout.starts_with("dlock-server: a local cluster of 3 nodes"),
+        "{stdout}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(out.status.success(), "local-cluster exits 0: {:?} {stderr}", out.status);
+    assert!(
+        out.status.success(),
+        "local-cluster exits 0: {:?} {stderr}",
+        out.status
+    );
     none_left(&cluster).await;
 }
 

@@ -173,3 +173,53 @@ async fn a_node_whose_storage_fails_reports_not_ready_exits_non_zero_and_the_clu
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_is_down_is_logged_once_not_every_retry_and_once_when_back() {
+    let mut nodes = NodeProcesses::start(
+        dlock_server::testing::nodes::server_binary(),
+        3,
+        &["--heartbeat", "100ms", "--election-timeout", "1s"],
+    );
+    let leader = leader(&nodes, &[0, 1, 2]).await;
+    let down = (0..3).find(|&i| i != leader).expect("a follower");
+    // Lines about that peer (a node starting before the others may have
+    // logged some already).
+    let about = format!("peer={}", nodes.id(down));
+    let said = |nodes: &NodeProcesses, what: &str| {
+        nodes
+            .recent_log(leader)
+            .iter()
+            .filter(|l| l.contains(what) && l.contains(&about))
+            .count()
+    };
+    let before = said(&nodes, "peer does not answer");
+    nodes.kill(down);
+    let deadline = Instant::now() + PATIENCE;
+    while said(&nodes, "peer does not answer") == before {
+        assert!(
+            Instant::now() < deadline,
+            "the leader never said the peer is down"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // openraft retries every half second or so: over three seconds, at the
+    // default level, the leader says nothing more.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = nodes.recent_log(leader).join("\n");
+    assert_eq!(said(&nodes, "peer does not answer"), before + 1, "{log}");
+    assert!(
+        !log.contains("RPCError") && !log.contains("error replication"),
+        "openraft's line per retry is out of the default log: {log}"
+    );
+    let back = said(&nodes, "peer answers again");
+    nodes.restart(down);
+    let deadline = Instant::now() + PATIENCE;
+    while said(&nodes, "peer answers again") == back {
+        assert!(
+            Instant::now() < deadline,
+            "the leader never said the peer is back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

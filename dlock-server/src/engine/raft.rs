@@ -17,6 +17,7 @@
 //! | `start` | starting a node: data directory, openraft, first-start init |
 //! | `membership` | adding and removing nodes |
 //! | `quorum` | whether a leader stands: a majority heard lately (CheckQuorum) |
+//! | `reachability` | which peers this node's RPCs reach, and its paced log lines about them |
 //! | `types` | openraft's type configuration: the stamped commands, the entry |
 //! | `ids` | [`Member`], node ids, log ids, votes, snapshot metadata |
 //! | `batcher` | proposals queued behind each other written as one entry |
@@ -104,6 +105,7 @@ mod peer_client;
 mod peer_server;
 mod peer_tls;
 mod quorum;
+mod reachability;
 mod redb_import;
 mod restore;
 mod snapshot_file;
@@ -250,6 +252,8 @@ struct Inner {
     standing: quorum::Standing,
     /// Cancelled by [`Cluster::step_aside`].
     stepped_aside: CancellationToken,
+    /// Which peers this node's RPCs reach.
+    reach: reachability::Reachability,
     /// Serialises [`Cluster::shutdown`] calls.
     shutting_down: tokio::sync::Mutex<()>,
     tasks: TaskTracker,
@@ -465,7 +469,14 @@ impl Cluster {
     /// Every member and this node's view of the cluster.
     pub fn status(&self) -> ClusterStatus {
         let committed = self.inner.committed.load(Ordering::Relaxed).checked_sub(1);
-        ClusterStatus::from_metrics(&self.inner.raft.metrics().borrow(), committed)
+        let mut status =
+            ClusterStatus::from_metrics(&self.inner.raft.metrics().borrow(), committed);
+        for m in &mut status.members {
+            if m.id != self.inner.id {
+                m.unreachable_for = self.inner.reach.down_for(m.id);
+            }
+        }
+        status
     }
 
     /// Waits until `cond` holds for this node's [`ClusterStatus`], checking

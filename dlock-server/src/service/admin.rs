@@ -74,6 +74,9 @@ fn cluster_info(s: &ClusterStatus) -> ClusterInfo {
                 matched_index: m.matched_index.unwrap_or(0),
                 lag: m.lag.unwrap_or(0),
                 replication_known: m.lag.is_some(),
+                unreachable_micro: m.unreachable_for.map_or(0, |d| {
+                    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+                }),
             })
             .collect(),
         version: crate::VERSION.to_owned(),

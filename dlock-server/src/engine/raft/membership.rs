@@ -23,7 +23,31 @@ impl Cluster {
             .map_err(|e| self.write_error(e))?;
         tracing::info!(node = id, "new node caught up; making it a voter");
         self.change(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
-            .await
+            .await?;
+        // The change restarts replication to the new voter, whose progress
+        // reads 0 until its first answer: wait for that, so that a status
+        // right after the add shows its real lag (0), not the whole log.
+        let last = self.inner.raft.metrics().borrow().last_log_index;
+        let caught_up = self
+            .inner
+            .raft
+            .wait(Some(MEMBERSHIP_TIMEOUT))
+            .metrics(
+                |m| {
+                    let matched = m
+                        .replication
+                        .as_ref()
+                        .and_then(|r| r.get(&id).copied().flatten())
+                        .map(|l| l.index);
+                    matched.is_some() && matched >= last
+                },
+                "the new voter's replication reported",
+            )
+            .await;
+        if let Err(e) = caught_up {
+            tracing::warn!(node = id, error = %e, "the new voter has not answered since it was made one");
+        }
+        Ok(())
     }
 
     /// Removes node `id` from the cluster (voter or learner). Removing the

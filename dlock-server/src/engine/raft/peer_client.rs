@@ -11,6 +11,7 @@
 //! (Raft RPCs are safe to repeat).
 
 use super::peer_tls::{self, PeerTls};
+use super::reachability::Reachability;
 use super::types::{Member, NodeId, TypeConfig};
 use super::wire::{
     self, Format, Hello, HelloReply, PeerFrames, Reply, Request, Standing, WireError, PROTOCOL,
@@ -50,6 +51,8 @@ pub(crate) struct Network {
     tls: Option<PeerTls>,
     /// Test-only detours: node id to the address dialled instead of its own.
     routes: Arc<BTreeMap<NodeId, String>>,
+    /// Which peers the RPCs reach.
+    reach: Reachability,
 }
 
 impl Network {
@@ -67,7 +70,13 @@ impl Network {
             pool: Arc::default(),
             tls,
             routes: Arc::new(routes),
+            reach: Reachability::default(),
         }
+    }
+
+    /// Which peers this node's RPCs reach (shared with every client).
+    pub(crate) fn reachability(&self) -> Reachability {
+        self.reach.clone()
     }
 }
 
@@ -216,9 +225,17 @@ impl PeerClient {
                 Ok::<_, WireError>((conn, reply))
             };
             match tokio::time::timeout_at(deadline, exchange).await {
-                Err(_) => return Err(ExchangeError::Timeout),
+                Err(_) => {
+                    self.net.reach.failed(
+                        self.target,
+                        &self.addr,
+                        &format!("no answer within {ttl:?}"),
+                    );
+                    return Err(ExchangeError::Timeout);
+                }
                 Ok(Ok((conn, reply))) => {
                     self.net.pool.put(key, conn);
+                    self.net.reach.answered(self.target, &self.addr);
                     return Ok(reply);
                 }
                 // Refused or too large would be so on a fresh connection too.
@@ -228,7 +245,10 @@ impl PeerClient {
                 {
                     tracing::debug!(target_node = self.target, error = %e, "pooled peer connection failed; dialling again");
                 }
-                Ok(Err(e)) => return Err(ExchangeError::Wire(e)),
+                Ok(Err(e)) => {
+                    self.net.reach.failed(self.target, &self.addr, &e);
+                    return Err(ExchangeError::Wire(e));
+                }
             }
         }
     }

@@ -226,6 +226,7 @@ impl Cluster {
             cfg.peer_tls.clone(),
             cfg.peer_routes.clone(),
         );
+        let reach = network.reachability();
         if fresh {
             refuse_a_start_that_would_harm(&cfg, &network, &dir).await?;
         }
@@ -292,6 +293,7 @@ impl Cluster {
                 failed: CancellationToken::new(),
                 standing,
                 stepped_aside,
+                reach,
                 shutting_down: tokio::sync::Mutex::new(()),
                 tasks: tasks.clone(),
             }),

@@ -34,6 +34,11 @@ pub struct MemberStatus {
     pub matched_index: Option<u64>,
     /// How many entries it is behind the leader's log: only a leader knows.
     pub lag: Option<u64>,
+    /// How long this node's RPCs to it have failed, while they do; `None`
+    /// when they get through (or none was tried: only a leader tries every
+    /// member all the time).
+    #[serde(default)]
+    pub unreachable_for: Option<std::time::Duration>,
 }
 
 /// The cluster as this node sees it.
@@ -99,6 +104,7 @@ impl ClusterStatus {
                     voter: voters.contains(id),
                     matched_index: matched,
                     lag,
+                    unreachable_for: None,
                 }
             })
             .collect();

@@ -148,7 +148,7 @@ class ClusterInfo(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., last_log_index: _Optional[int] = ..., committed_index: _Optional[int] = ..., last_applied_index: _Optional[int] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., version: _Optional[str] = ...) -> None: ...
 
 class ClusterMember(_message.Message):
-    __slots__ = ("node_id", "client_addr", "peer_addr", "voter", "matched_index", "lag", "replication_known")
+    __slots__ = ("node_id", "client_addr", "peer_addr", "voter", "matched_index", "lag", "replication_known", "unreachable_micro")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
     PEER_ADDR_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class ClusterMember(_message.Message):
     MATCHED_INDEX_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_MICRO_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     client_addr: str
     peer_addr: str
@@ -163,7 +164,8 @@ class ClusterMember(_message.Message):
     matched_index: int
     lag: int
     replication_known: bool
-    def __init__(self, node_id: _Optional[int] = ..., client_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ..., voter: bool = ..., matched_index: _Optional[int] = ..., lag: _Optional[int] = ..., replication_known: bool = ...) -> None: ...
+    unreachable_micro: int
+    def __init__(self, node_id: _Optional[int] = ..., client_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ..., voter: bool = ..., matched_index: _Optional[int] = ..., lag: _Optional[int] = ..., replication_known: bool = ..., unreachable_micro: _Optional[int] = ...) -> None: ...
 
 class RequestLock(_message.Message):
     __slots__ = ("wait_micro", "release_micro", "keys", "try_lock", "fence", "shared_keys", "limit", "ticket", "value")

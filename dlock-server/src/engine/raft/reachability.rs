@@ -1,0 +1,187 @@
+//! Which peers this node reaches, as its own RPCs to them found: what
+//! `dlock cluster status` shows (a member down for how long), and the
+//! node's log lines about it, paced.
+//!
+//! openraft logs every failed RPC to a peer that is down (an error line each
+//! half second for as long as it is down); the server's default log filter
+//! leaves those out, and this module says instead, at the default level:
+//! once when a peer stops answering, then at most once a minute while it
+//! stays down (with how many attempts failed), and once when it answers
+//! again. Only the leader talks to every peer all the time, so its view is
+//! the one that says how long a member has been unreachable.
+
+use super::types::NodeId;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How often a peer that stays down is reported again.
+const REPEAT: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct Peer {
+    /// When RPCs to it started failing; `None` while it answers.
+    down_since: Option<Instant>,
+    /// Failed attempts since it went down, and since the last report.
+    failed: u64,
+    failed_since_report: u64,
+    last_report: Option<Instant>,
+}
+
+/// Per peer, whether this node's latest RPC to it got through.
+#[derive(Clone, Default)]
+pub(crate) struct Reachability(Arc<Mutex<BTreeMap<NodeId, Peer>>>);
+
+/// What to log, decided under the lock and logged after it.
+enum Say {
+    Nothing,
+    Down {
+        error: String,
+    },
+    StillDown {
+        for_: Duration,
+        failed: u64,
+        error: String,
+    },
+    Back {
+        after: Duration,
+        failed: u64,
+    },
+}
+
+impl Reachability {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<NodeId, Peer>> {
+        // Plain counters, valid whatever a panicking holder did.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An RPC to `peer` got its answer.
+    pub(crate) fn answered(&self, peer: NodeId, addr: &str) {
+        let say = {
+            let mut peers = self.lock();
+            let Some(p) = peers.get_mut(&peer) else {
+                return;
+            };
+            match p.down_since.take() {
+                Some(since) => {
+                    let failed = std::mem::take(&mut p.failed);
+                    p.failed_since_report = 0;
+                    p.last_report = None;
+                    Say::Back {
+                        after: since.elapsed(),
+                        failed,
+                    }
+                }
+                None => Say::Nothing,
+            }
+        };
+        if let Say::Back { after, failed } = say {
+            tracing::info!(peer, addr, down_for = %humantime::format_duration(round(after)), failed, "peer answers again");
+        }
+    }
+
+    /// An RPC to `peer` failed with `error` (unreachable, reset, timed out).
+    pub(crate) fn failed(&self, peer: NodeId, addr: &str, error: &dyn std::fmt::Display) {
+        let now = Instant::now();
+        let say = {
+            let mut peers = self.lock();
+            let p = peers.entry(peer).or_default();
+            p.failed += 1;
+            p.failed_since_report += 1;
+            match (p.down_since, p.last_report) {
+                (None, _) => {
+                    p.down_since = Some(now);
+                    p.last_report = Some(now);
+                    p.failed_since_report = 0;
+                    Say::Down {
+                        error: error.to_string(),
+                    }
+                }
+                (Some(since), Some(last)) if now.duration_since(last) >= REPEAT => {
+                    p.last_report = Some(now);
+                    Say::StillDown {
+                        for_: now.duration_since(since),
+                        failed: std::mem::take(&mut p.failed_since_report),
+                        error: error.to_string(),
+                    }
+                }
+                _ => Say::Nothing,
+            }
+        };
+        match say {
+            Say::Down { error } => {
+                tracing::warn!(peer, addr, %error, "peer does not answer; reported again once a minute while it stays so");
+            }
+            Say::StillDown {
+                for_,
+                failed,
+                error,
+            } => {
+                tracing::warn!(peer, addr, down_for = %humantime::format_duration(round(for_)), failed_in_last_minute = failed, %error, "peer still does not answer");
+            }
+            Say::Nothing | Say::Back { .. } => {}
+        }
+    }
+
+    /// How long `peer` has not answered this node's RPCs; `None` while it
+    /// answers (or this node has not tried it).
+    pub(crate) fn down_for(&self, peer: NodeId) -> Option<Duration> {
+        self.lock()
+            .get(&peer)
+            .and_then(|p| p.down_since)
+            .map(|since| since.elapsed())
+    }
+}
+
+/// To the second: what a log line or a table needs.
+fn round(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines_of(reach: &Reachability, peer: NodeId) -> (Option<Instant>, u64) {
+        let peers = reach.lock();
+        let p = peers.get(&peer).expect("tracked");
+        (p.last_report, p.failed)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_stays_down_is_reported_once_then_once_a_minute_then_when_back() {
+        let reach = Reachability::default();
+        let err = "connection refused";
+        reach.failed(2, "a", &err);
+        let (first, _) = lines_of(&reach, 2);
+        assert!(first.is_some(), "reported when it goes");
+        // openraft's retries every half second say nothing more for a minute.
+        for _ in 0..119 {
+            tokio::time::advance(Duration::from_millis(500)).await;
+            reach.failed(2, "a", &err);
+        }
+        assert_eq!(lines_of(&reach, 2).0, first, "quiet within the minute");
+        tokio::time::advance(Duration::from_millis(500)).await;
+        reach.failed(2, "a", &err);
+        let (again, failed) = lines_of(&reach, 2);
+        assert!(again > first, "reported again after a minute");
+        assert_eq!(failed, 121);
+        assert_eq!(
+            reach.down_for(2).map(|d| d.as_secs()),
+            Some(60),
+            "down since the first failure"
+        );
+        reach.answered(2, "a");
+        assert_eq!(reach.down_for(2), None);
+        let (cleared, failed) = lines_of(&reach, 2);
+        assert_eq!(
+            (cleared, failed),
+            (None, 0),
+            "back: the next outage starts afresh"
+        );
+        // A peer that never failed is never tracked.
+        reach.answered(3, "b");
+        assert_eq!(reach.down_for(3), None);
+    }
+}
