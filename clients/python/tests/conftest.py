@@ -15,8 +15,10 @@ import asyncio
 import os
 import queue
 import re
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -152,18 +154,177 @@ def _frame_call(addr: str, req: "pb.Request", timeout: float) -> Optional["pb.Re
     return kit.call(addr, req, timeout)
 
 
+class FreezableProxy:
+    """A TCP forwarder on a loopback port of its own to `upstream`, which
+    the test can freeze: while frozen, both sockets of every connection
+    through it stay open and nothing gets through, either way (no bytes, no
+    FIN, no reset), as on a failed link between racks; thawed, what was held
+    back is delivered. New connections are accepted while frozen, and
+    frozen too. A reset from either end is passed on as a reset, a clean
+    close as a clean close; with `swallow_resets`, a reset from upstream is
+    not: the downstream end stays open and what it sends is dropped, as
+    behind a middlebox that lost the reset. (dlock-server/src/testing/
+    proxy.rs, in threads: one per connection, which alone touches its two
+    sockets.)
+    """
+
+    def __init__(self, upstream: str, *, swallow_resets: bool = False) -> None:
+        host, _, port = upstream.rpartition(":")
+        self._upstream = (host, int(port))
+        self._swallow_resets = swallow_resets
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self._listener.settimeout(0.2)
+        self.addr = "127.0.0.1:%d" % self._listener.getsockname()[1]
+        self._thawed = threading.Event()
+        self._thawed.set()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def freeze(self) -> None:
+        self._thawed.clear()
+
+    def thaw(self) -> None:
+        self._thawed.set()
+
+    def close(self) -> None:
+        """Stops accepting, and resets every connection through the proxy
+        (within a fifth of a second)."""
+        self._closed = True
+        self._thawed.set()
+
+    def _accept(self) -> None:
+        try:
+            while not self._closed:
+                try:
+                    client, _ = self._listener.accept()
+                except socket.timeout:
+                    continue
+                client.settimeout(None)
+                try:
+                    server = socket.create_connection(self._upstream, timeout=2)
+                except OSError:
+                    _reset(client)
+                    continue
+                server.settimeout(None)
+                for s in (client, server):
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                threading.Thread(target=self._forward, args=(client, server), daemon=True).start()
+        except OSError:
+            pass
+        finally:
+            self._listener.close()
+
+    def _forward(self, client: socket.socket, server: socket.socket) -> None:
+        other = {client: server, server: client}
+        reading = [client, server]
+        swallowed = False  # upstream reset, and the client not told
+        try:
+            while reading and not self._closed:
+                if not self._thawed.wait(0.2):
+                    continue  # frozen: nothing is read, the senders' buffers fill
+                ready, _, _ = select.select(reading, [], [], 0.2)
+                for s in ready:
+                    try:
+                        data = s.recv(65536)
+                    except OSError:
+                        if s is server and self._swallow_resets:
+                            reading.remove(server)
+                            swallowed = True
+                            continue
+                        raise
+                    if swallowed:
+                        if not data:
+                            raise OSError("closed")
+                        continue  # to nowhere
+                    if data:
+                        other[s].sendall(data)
+                    else:  # a clean close: passed on, the other way goes on
+                        reading.remove(s)
+                        other[s].shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # a reset from one end (or a failed write): both are reset
+        else:
+            if not reading:
+                client.close()
+                server.close()
+                return
+        _reset(client)
+        _reset(server)
+
+
+def _reset(s: socket.socket) -> None:
+    """Closes `s` with a reset, not a FIN."""
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    s.close()
+
+
+class PeerLinks:
+    """A `FreezableProxy` on every directed peer link of a cluster: node
+    `a` dials node `b` (`--peer-route`) through a proxy of its own, which
+    forwards to `b`'s `--peer-listen` address. The nodes' client ports are
+    not proxied. (dlock-server/src/testing/peer_links.rs.)"""
+
+    def __init__(self, peers: List[str]) -> None:
+        n = len(peers)
+        #: links[a][b] carries what node a sends to node b (and the answers).
+        self.links: List[List[Optional[FreezableProxy]]] = [
+            [FreezableProxy(peers[b]) if a != b else None for b in range(n)] for a in range(n)
+        ]
+
+    def routes(self, i: int) -> List[str]:
+        """Node `i`'s flags: a `--peer-route` to every other node through its proxy."""
+        flags: List[str] = []
+        for b, p in enumerate(self.links[i]):
+            if p is not None:
+                flags += ["--peer-route", f"{b + 1}={p.addr}"]
+        return flags
+
+    def isolate(self, i: int, cut: bool) -> None:
+        """Freezes (`cut`) or thaws every link to and from node `i`: it is
+        cut off from every other node, and still reachable by clients."""
+        for a, row in enumerate(self.links):
+            for b, p in enumerate(row):
+                if p is not None and i in (a, b):
+                    if cut:
+                        p.freeze()
+                    else:
+                        p.thaw()
+
+    def close(self) -> None:
+        for row in self.links:
+            for p in row:
+                if p is not None:
+                    p.close()
+
+
 class Cluster:
     """Node processes of one cluster on reserved loopback ports, with a data
-    dir each under `root`: started, SIGKILLed, paused (SIGSTOP) and resumed
-    by the test."""
+    dir each under `root`: started, SIGKILLed, SIGTERMed, paused (SIGSTOP)
+    and resumed by the test. `base` replaces `NODE_FLAGS`; with
+    `peer_links` the nodes reach each other through `PeerLinks` the test
+    can cut (`self.links`)."""
 
-    def __init__(self, root: Path, n: int, flags: "tuple[str, ...]") -> None:
+    def __init__(
+        self,
+        root: Path,
+        n: int,
+        flags: "tuple[str, ...]",
+        *,
+        base: "tuple[str, ...]" = NODE_FLAGS,
+        peer_links: bool = False,
+    ) -> None:
         self._root = root
-        self._flags = (*NODE_FLAGS, *flags)
+        self._flags = (*base, *flags)
         self._held = [(_reserve_port(), _reserve_port()) for _ in range(n)]
         self.addrs = [f"127.0.0.1:{c.getsockname()[1]}" for c, _ in self._held]
         self._peers = [f"127.0.0.1:{p.getsockname()[1]}" for _, p in self._held]
         self._members = ",".join(f"{i + 1}={self.addrs[i]}@{self._peers[i]}" for i in range(n))
+        self.links: Optional[PeerLinks] = PeerLinks(self._peers) if peer_links else None
         self.nodes: List[Optional[Server]] = [None] * n
         self._paused: "set[int]" = set()
         for i in range(n):
@@ -184,6 +345,7 @@ class Cluster:
             "--node-id", str(i + 1),
             "--peer-listen", self._peers[i],
             "--initial-cluster", self._members,
+            *(self.links.routes(i) if self.links is not None else ()),
             *self._flags,
         )
         self.nodes[i] = Server(*flags, listen=self.addrs[i])
@@ -194,6 +356,15 @@ class Cluster:
             node.kill()
             self.nodes[i] = None
             self._paused.discard(i)
+
+    def terminate(self, i: int) -> int:
+        """Stops node `i` with SIGTERM, as a rolling restart does; its exit code."""
+        node = self.nodes[i]
+        assert node is not None, f"node {i} does not run"
+        code = node.stop()
+        self.nodes[i] = None
+        self._paused.discard(i)
+        return code
 
     def pause(self, i: int) -> None:
         node = self.nodes[i]
@@ -247,15 +418,18 @@ class Cluster:
         for pair in self._held:
             for s in pair:
                 s.close()
+        if self.links is not None:
+            self.links.close()
 
 
 @pytest.fixture
 def start_cluster(tmp_path: Path) -> Iterator[Any]:
-    """A factory: start_cluster(n=3, *flags) -> Cluster, every node killed after the test."""
+    """A factory: start_cluster(n=3, *flags, base=NODE_FLAGS, peer_links=False)
+    -> Cluster (see `Cluster`), every node killed after the test."""
     started: List[Cluster] = []
 
-    def start(n: int = 3, *flags: str) -> Cluster:
-        cluster = Cluster(tmp_path / f"cluster{len(started)}", n, flags)
+    def start(n: int = 3, *flags: str, base: "tuple[str, ...]" = NODE_FLAGS, peer_links: bool = False) -> Cluster:
+        cluster = Cluster(tmp_path / f"cluster{len(started)}", n, flags, base=base, peer_links=peer_links)
         started.append(cluster)
         return cluster
 

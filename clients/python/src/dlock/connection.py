@@ -19,10 +19,12 @@ call fails, and so does every later one, since the server released the
 locks bound to it. Against a cluster, as src/link.rs does, the connection
 names the session in every request that acts for an owner and numbers those
 that change the table (`seq`, with `seq_done`). When the stream breaks, a
-node answers `NotLeader` or `Unavailable`, the client's liveness probe of
-the node goes unanswered (a paused or cut-off node, noticed even while a
-Lock waits: liveness.py), or a request that should be answered at once is
-not (the same, noticed later: a fallback), the stream is reset
+node answers `NotLeader`, `Unavailable` or `ShuttingDown` (a node stopping:
+nothing was done, as with `NotLeader` naming no leader), the client's
+liveness probe of the node goes unanswered or is answered `Unavailable` (a
+paused node, or a leader cut off from its peers, noticed even while a Lock
+waits: liveness.py), or a request that should be answered at once is not
+(the same, noticed later: a fallback), the stream is reset
 (never closed with a FIN, which would end the session on the node), the
 leader is looked for among the known addresses and those nodes name, the
 session is resumed there (OpenSession naming it) and the requests not yet
@@ -310,7 +312,7 @@ class Connection:
             # as while nothing does: its answers cannot tell in time.
             self._stop_watching()
             self._unwatch = watch_node(
-                self._dial, self.addr, self._silence_limit, lambda waited: self._on_silent(stream, waited)
+                self._dial, self.addr, self._silence_limit, lambda waited, why: self._on_silent(stream, why)
             )
         stream.attach(self._on_stream)
 
@@ -319,10 +321,11 @@ class Connection:
         if unwatch is not None:
             unwatch()
 
-    def _on_silent(self, stream: Stream, waited: float) -> None:
-        """The client's probe found the node of `stream` silent."""
+    def _on_silent(self, stream: Stream, why: str) -> None:
+        """The client's probe found the node of `stream` silent, or unable
+        to serve (`why` says which)."""
         if stream is self._stream:
-            self._stream_failed(f"{self.addr} left the liveness probe unanswered for {waited:.3g} s", silent=True)
+            self._stream_failed(f"{self.addr} {why}", try_last=True)
 
     def _on_stream(self, stream: Stream, bodies: Optional[List[bytes]], gone: Optional[str]) -> None:
         if stream is not self._stream:
@@ -362,6 +365,14 @@ class Connection:
                 return
             if resp.status == Status.Unavailable:
                 self._stream_failed(f"{self.addr} could not commit in time (Unavailable)")
+                return
+            if resp.status == Status.ShuttingDown:
+                # The node is stopping (a rolling restart) and did nothing:
+                # as NotLeader naming no leader. The session goes on at the
+                # next leader, where what is unanswered is sent again under
+                # its number, so nothing is lost or done twice. The node is
+                # tried last: it is on its way out.
+                self._stream_failed(f"{self.addr} is shutting down", try_last=True)
                 return
         p = self._pending.popleft()
         if p.seq:
@@ -425,10 +436,11 @@ class Connection:
         *,
         head: Optional[DlockError] = None,
         leader: Optional[str] = None,
-        silent: bool = False,
+        try_last: bool = False,
     ) -> None:
         """The stream is of no more use: on a session, move it to the leader;
-        otherwise end the connection."""
+        otherwise end the connection. `try_last`: the node cannot serve
+        (silent, stopping): look for the leader among the others first."""
         if self.close_reason is not None or self._stream is None:
             return
         if not self.session or self._late is not None:
@@ -446,7 +458,7 @@ class Connection:
         if not self._quiet:
             self._dial.event(Reconnecting(self.addr, reason, self.session))
         self._resuming = self._loop.create_task(
-            self._resume(reason, leader, self.addr if silent else None)
+            self._resume(reason, leader, self.addr if try_last else None)
         )
 
     async def _resume(self, reason: str, leader: Optional[str], avoid: Optional[str]) -> None:
@@ -542,7 +554,7 @@ class Connection:
                 head = self._pending[0]
                 if head.rtype not in _MAY_WAIT:
                     if now - head.sent >= silence:
-                        self._stream_failed(f"no answer for {now - head.sent:.3g} s", silent=True)
+                        self._stream_failed(f"no answer for {now - head.sent:.3g} s", try_last=True)
                         continue
                     wake = min(wake, head.sent + silence)
             if now < wake:

@@ -399,6 +399,7 @@ async def _try_node(dial: Dial, addr: str, session: int, stage: List[str]) -> Es
         elif resp.status == Status.InvalidType:
             limits = DEFAULT_LIMITS  # a server older than Hello: assume its defaults
         else:
+            # ShuttingDown (stopping), LimitReached: the next node is tried.
             err = from_response(resp)
             kind = "fatal" if isinstance(err, AccessDenied) else "failed"
             raise _NodeError(kind, str(err), err)
@@ -431,6 +432,8 @@ async def _try_node(dial: Dial, addr: str, session: int, stage: List[str]) -> Es
         err = from_response(resp)
         if status in (Status.AccessDenied, Status.InvalidArgument):
             raise _NodeError("fatal", str(err), err)
+        # ShuttingDown (a node stopping: as NotLeader naming no leader),
+        # Unavailable, LimitReached: the next node is tried.
         raise _NodeError("failed", str(err), err, answered=True)
     except BaseException:
         reset(transport)

@@ -13,10 +13,15 @@ own, with no session, which the node answers at once without a commit.
 When a Ping (or the probe's Hello) goes unanswered for `silence_limit`,
 every connection of the client on that node is reset and resumes its
 session elsewhere (connection.py), and the node is tried last until it
-answers again (`Dial.suspect`). A node that refuses the probe outright
-(down, full, access denied, closed) is not silent: that is left to the
-connections, which see it themselves, and the probe tries again later,
-backing off up to `MAX_RETRY`.
+answers again (`Dial.suspect`). A Ping answered `Unavailable` counts the
+same, at once: the node counts itself leader with no majority behind it
+(cut off from its peers while its clients still reach it, or stopping on
+SIGTERM) and can serve none of the sessions on it (docs/PROTOCOL.md,
+"Noticing a node that cannot serve"). A node that refuses the probe
+outright (down, full, access denied, closed) or answers it with another
+error is not silent: that is left to the connections, which see it
+themselves, and the probe tries again later, backing off up to
+`MAX_RETRY`.
 
 The probe of a node runs while at least one of the client's connections is
 on it (`watch_node`) and stops with the last one.
@@ -27,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import TYPE_CHECKING, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
 
 from ._proto import dlock_pb2 as pb
 from .dial import HELLO_ID, PROTOCOL_VERSION, Stream, connect_stream, reset
@@ -62,16 +67,20 @@ def silence_limit(election_timeout: Optional[float], ttl: float) -> float:
     return min(max(3 * election, MIN_SILENCE), ttl / 4)
 
 
-#: Told how long the node left the probe unanswered, in seconds.
-OnSilent = Callable[[float], None]
+#: Told how long the node left the probe unanswered, in seconds (for a
+#: node that answered `Unavailable`: how long that answer took), and what
+#: the probe found, for messages ("left the liveness probe unanswered for
+#: 1.5 s", "answered the liveness probe Unavailable ...").
+OnSilent = Callable[[float, str], None]
 
 
 def watch_node(dial: "Dial", addr: str, limit: float, on_silent: OnSilent) -> Callable[[], None]:
-    """Calls `on_silent` each time the probe of `addr` finds it silent,
-    starting the probe if no connection of `dial`'s client has one running
-    (with `limit`: the first watcher's). Returns the function that stops
-    watching; the probe stops when its last watcher does. Call it on the
-    event loop that runs the client."""
+    """Calls `on_silent` each time the probe of `addr` finds it silent (or
+    answering `Unavailable`: it cannot serve), starting the probe if no
+    connection of `dial`'s client has one running (with `limit`: the first
+    watcher's). Returns the function that stops watching; the probe stops
+    when its last watcher does. Call it on the event loop that runs the
+    client."""
     probe = dial.probes.get(addr)
     if probe is None or probe.stopped:
         probe = Probe(dial, addr, limit)
@@ -133,23 +142,23 @@ class Probe:
         retry = self.limit / 2
         try:
             while not self.stopped:
-                waited = await self._until_silent()
+                silence = await self._until_silent()
                 self._close()
                 if self.stopped:
                     return
-                if waited is not None:
+                if silence is not None:
+                    waited, why = silence
                     self.silences += 1
                     self.dial.suspect(self.addr, True)
                     log.info(
-                        "dlock: %s left the liveness probe unanswered for %.3g s (limit %.3g s): "
-                        "taken for gone, its connections resume elsewhere",
+                        "dlock: %s %s (limit %.3g s): taken for gone, its connections resume elsewhere",
                         self.addr,
-                        waited,
+                        why,
                         self.limit,
                     )
                     for on_silent in list(self._watchers.values()):
                         try:
-                            on_silent(waited)
+                            on_silent(waited, why)
                         except Exception:  # one connection's bug must not blind the others
                             log.exception("dlock: a watcher of %s failed", self.addr)
                     retry = self.limit / 2
@@ -161,15 +170,17 @@ class Probe:
         finally:
             self._close()
 
-    async def _until_silent(self) -> Optional[float]:
+    async def _until_silent(self) -> Optional[Tuple[float, str]]:
         """Pings the node, a third of the limit apart, until an answer is
-        `limit` late: returns how long it waited. None when the node refuses
-        or the connection breaks (not a silence)."""
+        `limit` late or says `Unavailable`: returns how long it waited and
+        what the probe found. None when the node refuses or the connection
+        breaks (not a silence)."""
         started = self._loop.time()
         try:
             await asyncio.wait_for(self._connect(), self.limit)
         except asyncio.TimeoutError:
-            return self._loop.time() - started
+            waited = self._loop.time() - started
+            return waited, f"left the liveness probe unanswered for {waited:.3g} s"
         except (OSError, ssl.SSLError, ValueError, DlockError) as e:
             log.debug("dlock: liveness probe of %s refused: %s", self.addr, e)
             return None
@@ -187,10 +198,20 @@ class Probe:
             try:
                 resp = await asyncio.wait_for(stream.exchange(ping), self.limit)
             except asyncio.TimeoutError:
-                return self._loop.time() - sent
+                waited = self._loop.time() - sent
+                return waited, f"left the liveness probe unanswered for {waited:.3g} s"
             except DlockError as e:
                 log.debug("dlock: liveness probe of %s ended: %s", self.addr, e)
                 return None
+            if resp.status == Status.Unavailable:
+                # It answers but cannot serve: it counts itself leader with
+                # no majority behind it (cut off from its peers, or
+                # stopping). As good as silent for the sessions on it, and
+                # sooner. (A follower answers Ok: the connections learn from
+                # its NotLeader where the leader is.)
+                return self._loop.time() - sent, (
+                    f"answered the liveness probe Unavailable ({resp.error_text or 'it cannot serve'})"
+                )
             if resp.status != Status.Ok:
                 log.debug("dlock: liveness probe of %s refused: %s", self.addr, resp.error_text or resp.status)
                 return None

@@ -161,8 +161,9 @@ class ServerStats:
 @dataclass(frozen=True)
 class Reconnecting:
     """The connection to the node at `addr` failed (`reason`: broken, the node
-    stopped leading, could not commit, or went silent); the client looks for
-    the leader to resume `session` there. Its locks are still held."""
+    stopped leading, could not commit, is shutting down, went silent, or
+    told the liveness probe it cannot serve); the client looks for the
+    leader to resume `session` there. Its locks are still held."""
 
     addr: str
     reason: str
