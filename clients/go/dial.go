@@ -363,7 +363,10 @@ func (d *dialer) tryNode(ctx context.Context, addr string, session uint64, limit
 	deadline := time.Now().Add(limit)
 	conn, err := d.connect(ctx, addr, deadline)
 	if err != nil {
-		return nil, &nodeError{err: err}
+		// A TLS setup that does not match the server's is the same on
+		// every node: not tried elsewhere, the user has an option to change.
+		var te *TLSError
+		return nil, &nodeError{err: err, fatal: errors.As(err, &te)}
 	}
 	ok := false
 	defer func() {
@@ -398,8 +401,8 @@ func (d *dialer) tryNode(ctx context.Context, addr string, session uint64, limit
 	helloSent := time.Now()
 	resp, err := exchange(conn, rd, &pb.Request{Version: ProtocolVersion, Id: helloID, AccessToken: d.token, Type: pb.RequestType_Hello})
 	if err != nil {
-		if d.tls == nil && errors.Is(err, io.EOF) {
-			err = fmt.Errorf("%w (if the server speaks TLS, set DLOCK_TLS_CA)", err)
+		if err == errTLSAnswer {
+			return nil, &nodeError{err: &TLSError{Problem: ServerSpeaksTLS, Addr: addr}, fatal: true}
 		}
 		return nil, failed(err, false)
 	}
@@ -479,13 +482,68 @@ func (d *dialer) connect(ctx context.Context, addr string, deadline time.Time) (
 		host, _, _ := net.SplitHostPort(addr)
 		cfg.ServerName = host
 	}
+	if !cfg.InsecureSkipVerify {
+		own := cfg.VerifyConnection
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+			if err := caAsOwn(cs); err != nil {
+				return err
+			}
+			if own != nil {
+				return own(cs)
+			}
+			return nil
+		}
+	}
 	tc := tls.Client(conn, cfg)
 	_ = tc.SetDeadline(deadline)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		reset(conn)
+		var rh tls.RecordHeaderError
+		var ca *caAsOwnError
+		switch {
+		case errors.As(err, &rh) && rh.Conn != nil:
+			// crypto/tls sets Conn when the first record is no TLS.
+			return nil, &TLSError{Problem: ServerSpeaksNoTLS, Addr: addr, Err: err}
+		case errors.As(err, &ca):
+			return nil, &TLSError{Problem: CAUsedAsServerCertificate, Addr: addr, Err: err}
+		}
 		return nil, fmt.Errorf("TLS handshake with %s failed: %w", addr, err)
 	}
 	return tc, nil
+}
+
+// caAsOwnError is a server certificate with basic constraints CA:TRUE.
+type caAsOwnError struct{ subject string }
+
+func (e *caAsOwnError) Error() string {
+	return fmt.Sprintf("its certificate %q has basic constraints CA:TRUE", e.subject)
+}
+
+// caAsOwn refuses a server that presents a CA certificate as its own.
+// crypto/tls accepts one that is in the CA file itself (one self-signed
+// certificate given as both the server's and the clients' CA); rustls, so
+// the Rust client and dlock, refuse it (CaUsedAsEndEntity), and so does
+// this client.
+func caAsOwn(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return nil
+	}
+	if leaf := cs.PeerCertificates[0]; leaf.BasicConstraintsValid && leaf.IsCA {
+		return &caAsOwnError{subject: leaf.Subject.String()}
+	}
+	return nil
+}
+
+// errTLSAnswer is a first answer that is a TLS record: the server speaks
+// TLS to a client without it.
+var errTLSAnswer = errors.New("the answer is a TLS record")
+
+// looksLikeTLS is whether the first bytes of an answer are a TLS record
+// header (an alert or a handshake, versions 3.x): a TLS server's answer to
+// a plain client, which must not be read as a frame length (0x15030300
+// would claim a frame of 352 MB).
+func looksLikeTLS(b []byte) bool {
+	return len(b) >= 3 && (b[0] == 0x15 || b[0] == 0x16) && b[1] == 0x03 && b[2] <= 0x04
 }
 
 // exchange sends req and reads its answer, before a link takes the stream.
@@ -496,6 +554,9 @@ func exchange(w io.Writer, rd *bufio.Reader, req *pb.Request) (*pb.Response, err
 	}
 	if _, err := w.Write(frame); err != nil {
 		return nil, err
+	}
+	if head, _ := rd.Peek(3); looksLikeTLS(head) {
+		return nil, errTLSAnswer
 	}
 	resp, err := readFrame(rd)
 	if err != nil {

@@ -31,6 +31,9 @@ var (
 	ErrConnectionLost = errors.New("dlock: connection lost")
 	// ErrLockLost: a lock can no longer be assumed held (see Lock.Err).
 	ErrLockLost = errors.New("dlock: lock lost")
+	// ErrTLSMismatch: the client's TLS setup does not fit the server's
+	// (see TLSError).
+	ErrTLSMismatch = errors.New("dlock: TLS setup does not match the server's")
 )
 
 // ServerError is a request the server refused: its status, its explanation
@@ -238,3 +241,66 @@ func (e *LostError) Is(target error) bool { return target == ErrLockLost }
 
 // Unwrap gives the cause.
 func (e *LostError) Unwrap() error { return e.Err }
+
+// TLSProblem is what a TLSError found.
+type TLSProblem int
+
+const (
+	// ServerSpeaksTLS: a client without TLS reached a server that speaks
+	// TLS (it answered with a TLS record).
+	ServerSpeaksTLS TLSProblem = iota + 1
+	// ServerSpeaksNoTLS: a TLS client's handshake found no TLS at the
+	// server (what came back is no TLS record).
+	ServerSpeaksNoTLS
+	// CAUsedAsServerCertificate: the server presented a CA certificate
+	// (basic constraints CA:TRUE) as its own, as when one self-signed
+	// certificate is both the server's and the clients' CA. crypto/tls
+	// accepts it when it is in the CA file; this client refuses it, as the
+	// other dlock clients' TLS does (unless Options.TLS skips verification).
+	CAUsedAsServerCertificate
+)
+
+func (p TLSProblem) String() string {
+	switch p {
+	case ServerSpeaksTLS:
+		return "server speaks TLS"
+	case ServerSpeaksNoTLS:
+		return "server does not speak TLS"
+	case CAUsedAsServerCertificate:
+		return "CA certificate used as the server's"
+	}
+	return fmt.Sprintf("TLSProblem(%d)", int(p))
+}
+
+// TLSError is a connect whose TLS setup does not match the server's; its
+// message says what to change. Connect returns it as it is, without trying
+// the other servers: a cluster's nodes share their TLS setup. It matches
+// ErrTLSMismatch and ErrUnavailable (the server cannot be used).
+type TLSError struct {
+	Problem TLSProblem
+	// Addr is the server's address.
+	Addr string
+	// Err is what the TLS handshake found (nil for ServerSpeaksTLS).
+	Err error
+}
+
+func (e *TLSError) Error() string {
+	switch e.Problem {
+	case ServerSpeaksTLS:
+		return fmt.Sprintf("dlock: the server at %s speaks TLS: give the CA certificate that signed its certificate with Options.TLS (DLOCK_TLS_CA)", e.Addr)
+	case ServerSpeaksNoTLS:
+		return fmt.Sprintf("dlock: the server at %s does not speak TLS (%v): connect without Options.TLS (DLOCK_TLS_CA), or start dlock-server with --tls-cert and --tls-key", e.Addr, e.Err)
+	case CAUsedAsServerCertificate:
+		return fmt.Sprintf("dlock: the server at %s presents a CA certificate as its own (%v): make a CA and a server certificate signed by it (dlock-server cert create-ca, then create-node), give the server the node's and the clients the CA's", e.Addr, e.Err)
+	}
+	return fmt.Sprintf("dlock: TLS with %s: %v: %v", e.Addr, e.Problem, e.Err)
+}
+
+// Is makes errors.Is(err, ErrTLSMismatch) and errors.Is(err,
+// ErrUnavailable) work.
+func (e *TLSError) Is(target error) bool {
+	return target == ErrTLSMismatch || target == ErrUnavailable
+}
+
+// Unwrap gives what the handshake found.
+func (e *TLSError) Unwrap() error { return e.Err }
