@@ -8,6 +8,7 @@ checks the framing from the outside.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import struct
 from typing import Callable, Dict
@@ -157,6 +158,24 @@ def test_frame_too_large_from_the_server_and_refused_by_the_client(start_server)
     assert (resp.status, resp.request_id) == (Status.FrameTooLarge, 0)
     # The client refuses to send it (it would end the connection and its locks).
     expect_server_error(server.addr, Status.FrameTooLarge, lambda c: c.lock("k" * 100))
+
+
+def test_a_request_over_the_servers_frame_limit_says_it_was_not_sent(start_server):
+    # The client refuses it itself, from the server's limits: the message
+    # must not say the server answered, nor contradict "(not sent)".
+    server = start_server("--max-frame", "64")
+
+    async def body():
+        async with dlock.aio.connect(server.addr) as client:
+            with pytest.raises(ServerError) as e:
+                await client.lock("k" * 100)
+            said = re.fullmatch(r"request of (\d+) bytes exceeds the server's frame limit of 64 bytes \(not sent\)", str(e.value))
+            assert said and int(said.group(1)) > 100, str(e.value)
+            assert e.value.status == Status.FrameTooLarge and e.value.sent is False
+            # The connection, and what it holds, goes on.
+            assert await client.ping() >= 0
+
+    run(body())
 
 
 @covers(Status.TooManyKeys)

@@ -28,7 +28,8 @@ Layout: `aio` (the asyncio client), `connection` (its pipelined connection, and 
 the session that outlives it), `dial` (finding the server or the cluster's leader), `lock` (an
 asyncio `Lock` and its safety deadlines), `sync` (the blocking client, the asyncio one on a
 thread), `enqueue` (a queued request), `election`, `framing`, `errors`, `types`, `_args` (request
-arguments), `_env` (DLOCK_* variables), `_proto` (generated).
+arguments), `_env` (DLOCK_* variables), `_tls` (TLS setups that do not fit the server's), `_proto`
+(generated).
 """
 
 from .errors import (
@@ -42,6 +43,8 @@ from .errors import (
     ServerError,
     Status,
     Timeout,
+    TLSError,
+    TLSProblem,
 )
 from .election import Leader
 from .sync import Client, Election, Leadership, Lock, Queued
@@ -73,4 +76,6 @@ __all__ = [
     "ServerStats",
     "Status",
     "Timeout",
+    "TLSError",
+    "TLSProblem",
 ]

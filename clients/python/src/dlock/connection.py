@@ -274,8 +274,9 @@ class Connection:
             # taking every lock on it along: refuse here instead.
             raise ServerError(
                 Status.FrameTooLarge,
-                f"request of {len(frame) - 4} bytes is over the server's max_frame of "
-                f"{self.limits.max_frame} (not sent)",
+                f"request of {len(frame) - 4} bytes exceeds the server's frame limit of "
+                f"{self.limits.max_frame} bytes (not sent)",
+                sent=False,
             )
         self._next_id += 1
         if seq:

@@ -23,9 +23,19 @@ from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Tuple
 
 from google.protobuf.message import DecodeError
 
-from . import _env
+from . import _env, _tls
 from ._proto import dlock_pb2 as pb
-from .errors import AccessDenied, ConnectError, ConnectionLost, DlockError, ProtocolError, Status, from_response
+from .errors import (
+    AccessDenied,
+    ConnectError,
+    ConnectionLost,
+    DlockError,
+    ProtocolError,
+    Status,
+    TLSError,
+    TLSProblem,
+    from_response,
+)
 from .framing import FrameDecoder, encode
 from .types import DEFAULT_LIMITS, Event, Limits
 
@@ -134,11 +144,22 @@ class Established:
 
 class Stream(asyncio.Protocol):
     """One transport to one node. Frames are decoded here and handed to the
-    handshake (`exchange`) until a connection takes the stream (`attach`)."""
+    handshake (`exchange`) until a connection takes the stream (`attach`).
+
+    On a plain stream the first bytes the server sends are checked for a
+    TLS record header before they are read as a frame length: a TLS server
+    answers a plain client's Hello with a TLS alert, whose header would
+    claim a frame of 352 MB. The stream then ends, with `speaks_tls` set."""
 
     def __init__(self) -> None:
         self.transport: Optional[asyncio.Transport] = None
         self._decoder = FrameDecoder()
+        # The first bytes read, until there are enough to tell a TLS record
+        # header; None once told (or on a TLS stream).
+        self._head: Optional[bytes] = b""
+        #: The server answered with a TLS record: it speaks TLS, this
+        #: stream does not.
+        self.speaks_tls = False
         # The handshake sends one request at a time, so at most a frame or
         # two wait here.
         self._frames: Deque[bytes] = collections.deque()
@@ -149,8 +170,22 @@ class Stream(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if transport.get_extra_info("ssl_object") is not None:
+            self._head = None
 
     def data_received(self, data: bytes) -> None:
+        if self._head is not None:
+            data = self._head + data
+            if len(data) < 3:
+                self._head = data  # no frame is complete before 4 bytes either
+                return
+            self._head = None
+            if _tls.looks_like_tls(data):
+                self.speaks_tls = True
+                self._ended("the server answered with a TLS record")
+                if self.transport is not None:
+                    reset(self.transport)
+                return
         try:
             bodies = self._decoder.feed(data)
         except ProtocolError as e:
@@ -372,9 +407,12 @@ async def _try_node(dial: Dial, addr: str, session: int, stage: List[str]) -> Es
         _env.parse_address(addr)
     except ValueError as e:
         raise _NodeError("failed", str(e), e, answered=True) from None
-    tls = dial.tls
     try:
         stream = await connect_stream(dial, addr)
+    except TLSError as e:
+        # A TLS setup that does not match the server's is the same on every
+        # node: not tried elsewhere, the user has an option to change.
+        raise _NodeError("fatal", str(e), e) from None
     except ssl.SSLError as e:
         raise _NodeError("failed", f"TLS handshake failed: {e.reason or e}", e) from None
     except OSError as e:
@@ -387,11 +425,13 @@ async def _try_node(dial: Dial, addr: str, session: int, stage: List[str]) -> Es
         try:
             resp = await stream.exchange(pb.Request(version=PROTOCOL_VERSION, id=HELLO_ID, access_token=dial.token, type=pb.Hello))
         except ConnectionLost as e:
+            if stream.speaks_tls:
+                raise _NodeError("fatal", str(e), TLSError(TLSProblem.SERVER_SPEAKS_TLS, addr)) from None
             # Lost before the first answer: the connection was never made (a
             # TLS server refusing the handshake late, as TLS 1.3 does for a
-            # missing client certificate, or one spoken to in plain TCP).
-            hint = "" if tls is not None else " (if the server speaks TLS, give tls_ca)"
-            raise _NodeError("failed", f"lost before the server answered Hello: {e.reason}{hint}", e) from None
+            # missing client certificate). A TLS server spoken to in plain TCP
+            # answers with a TLS record (above): no guess about TLS here.
+            raise _NodeError("failed", f"lost before the server answered Hello: {e.reason}", e) from None
         except ProtocolError as e:
             raise _NodeError("fatal", str(e), e) from None
         if resp.status == Status.Ok:
@@ -443,7 +483,9 @@ async def _try_node(dial: Dial, addr: str, session: int, stage: List[str]) -> Es
 async def connect_stream(dial: Dial, addr: str) -> Stream:
     """A TCP (with `dial.tls`, TLS) connection to `addr`, with keepalive on.
 
-    Raises `ValueError` for a malformed address, `ssl.SSLError`, `OSError`.
+    Raises `ValueError` for a malformed address, `TLSError` for a TLS
+    handshake that found no TLS at the server or a server certificate that
+    is a CA's, `ssl.SSLError`, `OSError`.
     """
     loop = asyncio.get_running_loop()
     _, host, port = _env.parse_address(addr)
@@ -451,13 +493,23 @@ async def connect_stream(dial: Dial, addr: str) -> Stream:
     # With TLS the handshake is part of the connect, under the caller's
     # timeout; the server's name is the address's host (an IP literal is
     # checked against the certificate's IP names).
-    transport, stream = await loop.create_connection(
-        Stream,
-        host,
-        port,
-        ssl=tls,
-        server_hostname=host if tls is not None else None,
-    )
+    try:
+        transport, stream = await loop.create_connection(
+            Stream,
+            host,
+            port,
+            ssl=tls,
+            server_hostname=host if tls is not None else None,
+        )
+    except ssl.SSLError as e:
+        if _tls.not_tls(e):
+            raise TLSError(TLSProblem.SERVER_SPEAKS_NO_TLS, addr, _tls.detail(e)) from e
+        raise
+    if tls is not None:
+        why = _tls.ca_as_own(transport.get_extra_info("ssl_object"))
+        if why is not None:
+            reset(transport)
+            raise TLSError(TLSProblem.CA_USED_AS_SERVER_CERTIFICATE, addr, why)
     _keepalive(transport)
     return stream
 

@@ -41,6 +41,55 @@ class ConnectError(DlockError):
         self.attempts: List[Tuple[str, str]] = list(attempts) if attempts is not None else [(addr, reason)]
 
 
+class TLSProblem(enum.Enum):
+    """What a `TLSError` found."""
+
+    #: A client without TLS reached a server that speaks TLS (it answered
+    #: with a TLS record).
+    SERVER_SPEAKS_TLS = "the server speaks TLS"
+    #: A TLS client's handshake found no TLS at the server (what came back
+    #: is no TLS record).
+    SERVER_SPEAKS_NO_TLS = "the server does not speak TLS"
+    #: The server presented a CA certificate (basic constraints CA:TRUE) as
+    #: its own, as when one self-signed certificate is both the server's and
+    #: the clients' CA. Python's ssl accepts it when it is in the CA file;
+    #: this client refuses it, as the other dlock clients' TLS does (unless
+    #: `ssl_context` verifies nothing).
+    CA_USED_AS_SERVER_CERTIFICATE = "a CA certificate used as the server's"
+
+
+class TLSError(ConnectError):
+    """A connect whose TLS setup does not match the server's; the message
+    says what to change. Raised as it is, without trying the other servers:
+    a cluster's nodes share their TLS setup. `problem` is a `TLSProblem`,
+    `detail` what the handshake found (None for `SERVER_SPEAKS_TLS`); its
+    `ssl.SSLError`, if any, is `__cause__`."""
+
+    def __init__(self, problem: TLSProblem, addr: str, detail: Optional[str] = None) -> None:
+        if problem is TLSProblem.SERVER_SPEAKS_TLS:
+            text = (
+                f"the server at {addr} speaks TLS: give the CA certificate that signed its certificate "
+                "with tls_ca= (DLOCK_TLS_CA)"
+            )
+        elif problem is TLSProblem.SERVER_SPEAKS_NO_TLS:
+            text = (
+                f"the server at {addr} does not speak TLS ({detail}): connect without tls_ca= (DLOCK_TLS_CA), "
+                "or start dlock-server with --tls-cert and --tls-key"
+            )
+        else:
+            text = (
+                f"the server at {addr} presents a CA certificate as its own ({detail}): make a CA and a server "
+                "certificate signed by it (dlock-server cert create-ca, then create-node), give the server the "
+                "node's and the clients the CA's"
+            )
+        DlockError.__init__(self, text)
+        self.addr = addr
+        self.reason = text
+        self.attempts = [(addr, text)]
+        self.problem = problem
+        self.detail = detail
+
+
 class ConnectionLost(DlockError):
     """The connection ended; locks held without a lease were released by the server."""
 
@@ -84,12 +133,18 @@ class NotHeld(DlockError):
 
 
 class ServerError(DlockError):
-    """The server refused the request: bad input, a limit, shutting down."""
+    """The server refused the request: bad input, a limit, shutting down.
 
-    def __init__(self, status: Status, text: str) -> None:
-        super().__init__(f"server answered {status.name}: {text}")
+    `sent` is False for a request the client refused itself, from the
+    server's limits, without sending it (one over the server's max_frame,
+    which the server would answer `FrameTooLarge` and close the connection
+    for): the message is then `text` alone."""
+
+    def __init__(self, status: Status, text: str, *, sent: bool = True) -> None:
+        super().__init__(f"server answered {status.name}: {text}" if sent else text)
         self.status = status
         self.text = text
+        self.sent = sent
 
 
 class LockLost(DlockError):
