@@ -1,0 +1,648 @@
+// The connection under a Client: pipelined requests, answers matched in
+// order, pings, and on a cluster the session that outlives each stream.
+// Mirrors clients/go/link.go (and src/link.rs of the Rust library).
+//
+// Every request is framed and written at once; the frames written in one
+// turn of the event loop leave in one write. The server answers in order,
+// so each answer belongs to the oldest unanswered request; an answer out of
+// order ends the stream. At most maxInFlight requests are unanswered at
+// once, which bounds what is buffered here; further calls wait for a slot.
+//
+// Against a single server the link ends with its stream: every pending call
+// fails, and so does every later one, since the server released the locks
+// bound to the connection. Against a cluster the link names its session in
+// every request that acts for an owner and numbers those that change the
+// table (seq, seq_done). When the stream breaks, a node answers NotLeader or
+// Unavailable, a request that should be answered at once is not, or the
+// node's probe finds it silent (liveness.ts), the stream is reset (never
+// closed with a FIN, which would end the session), the leader is looked
+// for, the session resumed there and the requests not answered are sent
+// again, in order and under their first numbers.
+//
+// `fresh` is the send time of the last request whose answer proves the
+// owner alive: the input of the client-side safety rule (lock.ts). On a
+// single server any answer does; on a cluster only answers from commands
+// that kept the session alive (keepsSessionAlive).
+
+import { RequestType, ResponseStatus } from "./gen/dlock_pb.js";
+import type { RequestLock, Response } from "./gen/dlock_pb.js";
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import type { RequestLockSchema } from "./gen/dlock_pb.js";
+import { ConnectionLostError, FrameTooLargeError, errorOf } from "./errors.js";
+import { PROTOCOL_VERSION, encodeFrame } from "./framing.js";
+import type { FrameConn, RequestInit } from "./framing.js";
+import type { Dialer, Established } from "./dial.js";
+import { silenceLimit, watchNode } from "./liveness.js";
+import type { NodeWatch, Watched } from "./liveness.js";
+import { now } from "./types.js";
+import type { Limits } from "./types.js";
+
+export type Body = MessageInitShape<typeof RequestLockSchema> | RequestLock | undefined;
+
+/** A request written (or, while the session moves, to be written) and not yet answered. */
+interface Pending {
+  id: bigint;
+  kind: RequestType;
+  /** When it was (last) written: once it is answered, the server had the owner alive no earlier than this. */
+  sent: number;
+  resolve?: (resp: Response) => void;
+  reject?: (err: Error) => void;
+  /** Taken off the queue (answered, or failed with the link). */
+  answered: boolean;
+  /** The caller stopped waiting (its signal aborted). */
+  abandoned: boolean;
+  counted: boolean;
+  /** Of a Lock, Enqueue or Wait: a grant nobody collects is released. */
+  lockKeys?: string[];
+  /** Of a request given up: called once it holds and waits for nothing of the link's owner any more. */
+  settled?: () => void;
+  /** A Ping of the link's own (no caller). */
+  tick: boolean;
+  /** Its number in the session; 0 if it changes nothing or there is none. */
+  seq: bigint;
+  /** The request as written, to send again after a reconnect; null against a single server, which never resumes. */
+  frame: Buffer | null;
+  /** The ticket a Wait collects. */
+  ticket: bigint;
+}
+
+/** What a call that claims keys (client.ts) needs to know. */
+export interface CallOptions {
+  /** Gives the call up: it rejects with the signal's reason at once, and a grant that arrives later for lockKeys is released. */
+  signal?: AbortSignal;
+  /** Of a Lock, Enqueue or Wait: a grant nobody collects is released. */
+  lockKeys?: string[];
+  /** Called as soon as the request is queued, before its answer: whatever is sent later is acted on after it. */
+  queued?: () => void;
+  /**
+   * Called once, unless the answer is a success, when the request queued
+   * holds and waits for nothing of the link's owner: refused, failed with
+   * the link, or given up and then refused, its late grant's release
+   * queued, or the link ended. (An Enqueue given up and answered Queued
+   * never settles.)
+   */
+  settled?: () => void;
+  /** Takes a slot of maxInFlight (default true). */
+  counted?: boolean;
+}
+
+/** Change the table: numbered in a session, so that one sent again after a reconnect is recognised instead of acted on twice. */
+export function numbered(k: RequestType): boolean {
+  return k === RequestType.Lock || k === RequestType.Unlock || k === RequestType.Renew || k === RequestType.Enqueue;
+}
+
+/** Requests whose answer may rightly take long (they wait for busy keys, or for a change). */
+function mayWait(k: RequestType): boolean {
+  return k === RequestType.Lock || k === RequestType.Wait || k === RequestType.Watch;
+}
+
+/**
+ * Whether an answer with `status` to a request of type `kind` comes, on a
+ * cluster, from a command committed for the session (which kept it alive):
+ * Ok to a Ping or to a Lock, Unlock, Renew or Enqueue; AcquireTimeout to a
+ * Lock or Enqueue; Queued to an Enqueue; NotHeld to an Unlock or Renew. A
+ * refusal (NotLeader from a deposed leader, Unavailable, ...), an Inspect or
+ * a Wait (read, not committed) proves nothing: counting it would keep a
+ * lock "held" here after the cluster gave it away.
+ */
+export function keepsSessionAlive(kind: RequestType, status: ResponseStatus): boolean {
+  switch (status) {
+    case ResponseStatus.Ok:
+      return kind === RequestType.Ping || numbered(kind);
+    case ResponseStatus.AcquireTimeout:
+      return kind === RequestType.Lock || kind === RequestType.Enqueue;
+    case ResponseStatus.Queued:
+      return kind === RequestType.Enqueue;
+    case ResponseStatus.NotHeld:
+      return kind === RequestType.Unlock || kind === RequestType.Renew;
+  }
+  return false;
+}
+
+export class Link implements Watched {
+  readonly dialer: Dialer;
+  readonly quiet: boolean;
+  /** A Lock's (or Enqueue's) connection of its own. */
+  forLock = false;
+  readonly limits: Limits;
+  readonly session: bigint;
+  private readonly maxInFlight: number;
+  private inFlight = 0;
+  private slotWaiters: { resolve: () => void; reject: (e: Error) => void }[] = [];
+  /** How long the node's probe may go unanswered (on a session). */
+  private readonly silence: number = 0;
+  addr = "";
+  private cur: FrameConn | null = null;
+  private pend: Pending[] = [];
+  private numberedSeqs: bigint[] = [];
+  /**
+   * The ticket of each Enqueue answered Queued whose Wait has not been
+   * answered, and its number: seq_done stays below it, so that after a
+   * failover the new leader still remembers an outcome decided before it.
+   */
+  private queuedTickets = new Map<bigint, bigint>();
+  private nextId = 0n;
+  private nextSeq = 1n;
+  private pingsOut = 0;
+  private lastSend: number;
+  /** The send time of the last request whose answer proves the owner alive. */
+  fresh: number;
+  err: Error | null = null;
+  private watch: NodeWatch | null = null;
+  /** A Lock's connection of its own given up (drain): `late` is told of a grant that still arrives. */
+  private draining = false;
+  private late?: (keys: string[], fence: bigint) => void;
+  /** Told once when the link ends. */
+  onEnd: (err: Error, closing: boolean) => void = () => {};
+  /** Aborted, with the error, when the link ends. */
+  readonly ended = new AbortController();
+  private tickTimer: NodeJS.Timeout | null = null;
+  private closing: Promise<void> = Promise.resolve();
+
+  private constructor(dialer: Dialer, est: Established, maxInFlight: number, quiet: boolean) {
+    this.dialer = dialer;
+    this.quiet = quiet;
+    this.limits = est.limits;
+    this.session = est.session;
+    this.maxInFlight = maxInFlight;
+    this.lastSend = est.ackedFrom;
+    this.fresh = est.ackedFrom;
+    if (this.session !== 0n) this.silence = silenceLimit(est.limits.electionTimeout, est.limits.sessionTimeout);
+    this.attach(est);
+    this.tick();
+  }
+
+  /** Connects (on a cluster: to the leader, with a new session). */
+  static async open(dialer: Dialer, maxInFlight: number, quiet: boolean, signal?: AbortSignal): Promise<Link> {
+    const est = await dialer.establish(0n, now() + dialer.connectTimeout, false, "", "", signal);
+    if (signal?.aborted) {
+      est.conn.reset();
+      signal.throwIfAborted();
+    }
+    if (!(maxInFlight > 0)) maxInFlight = 256;
+    // Past max_pipeline the server stops reading: more in flight only buffers here.
+    if (est.limits.maxPipeline > 0) maxInFlight = Math.min(maxInFlight, est.limits.maxPipeline);
+    return new Link(dialer, est, maxInFlight, quiet);
+  }
+
+  /** The node's probe found it silent: leave it if the link is there. */
+  nodeSilent(addr: string, waited: number): void {
+    if (this.err !== null || this.cur === null || this.addr !== addr) return;
+    this.fail(`${addr} did not answer its probe for ${Math.round(waited)} ms`, undefined, "", addr);
+  }
+
+  /** Makes `est` the link's stream. */
+  private attach(est: Established): void {
+    const conn = est.conn;
+    this.cur = conn;
+    this.addr = est.addr;
+    conn.onFrame = (resp) => this.onResponse(conn, resp);
+    conn.onFail = (err) => this.streamFailed(conn, `the connection to ${est.addr} failed`, err);
+    if (this.session !== 0n) this.watch = watchNode(this.dialer, est.addr, this.silence, this);
+    for (const r of conn.takeEarly()) this.onResponse(conn, r);
+    if (conn.failure !== null) this.streamFailed(conn, `the connection to ${est.addr} failed`, conn.failure);
+  }
+
+  /** Takes the stream away from the link: reset, or with `clean` closed after what is written. */
+  private detach(clean: boolean): void {
+    const s = this.cur;
+    if (s === null) return;
+    this.cur = null;
+    s.onFrame = null;
+    s.onFail = null;
+    this.watch?.unsubscribe(this);
+    this.watch = null;
+    if (clean) {
+      // A clean close: on a cluster the node ends the session at once.
+      this.closing = s.close();
+    } else {
+      s.reset();
+    }
+  }
+
+  /** s is of no more use (if it is still the link's). */
+  private streamFailed(s: FrameConn, reason: string, err: Error): void {
+    if (this.cur !== s || this.err !== null) return;
+    this.fail(reason, err, "", "");
+  }
+
+  /** Moves the session to the leader (prefer: a leader a node named; avoid: a node found silent), or without a session ends the link. */
+  private fail(reason: string, err: Error | undefined, prefer: string, avoid: string): void {
+    if (this.session === 0n || this.draining) {
+      this.end(new ConnectionLostError(reason, err), false);
+      return;
+    }
+    const from = this.addr;
+    this.detach(false);
+    if (err !== undefined) reason = `${reason}: ${err.message}`;
+    if (!this.quiet) this.dialer.event({ kind: "reconnecting", addr: from, session: this.session, reason });
+    void this.resume(reason, prefer, avoid);
+  }
+
+  private async resume(reason: string, prefer: string, avoid: string): Promise<void> {
+    const broke = now();
+    // The session lives a TTL after the last command that kept it alive:
+    // the last answered request, or, while the stream was open, the node's
+    // own keep-alives, which the client does not see while a Lock waits.
+    // Past this no node knows it. (Locks enforce the safety deadline apart.)
+    const deadline = Math.max(this.fresh, broke) + this.limits.sessionTimeout;
+    let est: Established;
+    try {
+      est = await this.dialer.establish(this.session, deadline, true, prefer, avoid, this.ended.signal);
+    } catch (e) {
+      if (this.err !== null) return;
+      const lost =
+        e instanceof ConnectionLostError
+          ? e
+          : new ConnectionLostError(`session ${this.session} not resumed after ${reason}`, e);
+      this.end(lost, false);
+      return;
+    }
+    if (this.err !== null) {
+      est.conn.reset();
+      return;
+    }
+    if (est.ackedFrom > this.fresh) this.fresh = est.ackedFrom;
+    this.attach(est);
+    // Everything not answered, first, in order, under its first number: its
+    // answer will come from this stream. (Sent while the session moved, it
+    // was only queued.)
+    const t = now();
+    for (const p of this.pend) {
+      if (p.frame !== null && this.cur !== null) {
+        this.cur.write(p.frame);
+        p.sent = t;
+      }
+    }
+    if (!this.quiet) this.dialer.event({ kind: "resumed", addr: est.addr, session: this.session, after: t - broke });
+    this.tick();
+  }
+
+  /** Takes one answer off the queue. */
+  private onResponse(s: FrameConn, resp: Response): void {
+    if (this.cur !== s || this.err !== null) return;
+    const head = this.pend[0];
+    if (head === undefined || head.id !== resp.requestId) {
+      // An answer to nothing: the server turned the connection away
+      // (request_id 0: too many connections, frame too large) or broke
+      // ordering.
+      let reason = `${s === null ? "" : this.addr} answered request ${resp.requestId}, which was not the next one due`;
+      let err: Error | undefined;
+      if (resp.requestId === 0n && resp.status !== ResponseStatus.Ok) {
+        err = errorOf(RequestType.Invalid, resp) ?? undefined;
+        reason = `${this.addr} turned the connection away`;
+      }
+      this.fail(reason, err, "", "");
+      return;
+    }
+    if (this.session !== 0n) {
+      // Answers that send the session elsewhere leave the request in
+      // place, to be sent again there.
+      switch (resp.status) {
+        case ResponseStatus.UnknownSession:
+          this.end(
+            new ConnectionLostError(
+              `session ${this.session} has ended (${resp.errorText}): its locks without a lease may be another's`,
+              errorOf(head.kind, resp),
+            ),
+            false,
+          );
+          return;
+        case ResponseStatus.NotLeader:
+          this.fail(`${this.addr} stopped leading`, undefined, resp.leaderAddr, "");
+          return;
+        case ResponseStatus.Unavailable:
+          this.fail(`${this.addr} could not commit in time (Unavailable)`, undefined, "", "");
+          return;
+      }
+    }
+    const p = head;
+    this.pend.shift();
+    p.answered = true;
+    if (p.seq !== 0n && this.numberedSeqs.length > 0) this.numberedSeqs.shift();
+    if (p.kind === RequestType.Enqueue && resp.status === ResponseStatus.Queued && p.seq !== 0n) {
+      this.queuedTickets.set(resp.ticket, p.seq);
+    } else if (p.kind === RequestType.Wait) {
+      this.queuedTickets.delete(p.ticket);
+    }
+    if (p.counted) this.releaseSlot();
+    if (!this.limits.resumableSessions || keepsSessionAlive(p.kind, resp.status)) {
+      if (p.sent > this.fresh) this.fresh = p.sent;
+    }
+    if (p.tick) this.pingsOut--;
+    if (p.abandoned) {
+      if (p.lockKeys !== undefined && resp.status === ResponseStatus.Ok && resp.fence !== 0n) {
+        if (this.draining) {
+          // The grant crossed the half-close: released elsewhere.
+          const late = this.late;
+          const keys = p.lockKeys;
+          const fence = resp.fence;
+          if (late !== undefined) queueMicrotask(() => late(keys, fence));
+        } else {
+          // The caller stopped waiting: release what it was granted.
+          this.detached(RequestType.Unlock, { keys: p.lockKeys, fence: resp.fence });
+        }
+      }
+      // An Enqueue answered Queued still waits in line, and nobody will
+      // collect it: its keys stay the owner's (until the link ends).
+      if (p.settled !== undefined && !(p.kind === RequestType.Enqueue && resp.status === ResponseStatus.Queued)) {
+        p.settled();
+      }
+    } else {
+      p.resolve?.(resp);
+    }
+  }
+
+  /**
+   * Ends the link once: fails what is pending, then tells onEnd. clean: the
+   * client closes it with a FIN (a cluster node ends the session at once and
+   * releases its locks); otherwise it is reset.
+   */
+  end(err: Error, clean: boolean): void {
+    if (this.err !== null) return;
+    this.err = err;
+    this.detach(clean);
+    if (this.tickTimer !== null) {
+      clearTimeout(this.tickTimer);
+      this.tickTimer = null;
+    }
+    const waiters = this.slotWaiters;
+    this.slotWaiters = [];
+    for (const w of waiters) w.reject(err);
+    const pend = this.pend;
+    this.pend = [];
+    this.numberedSeqs = [];
+    for (const p of pend) {
+      p.answered = true;
+      if (p.counted) this.inFlight--;
+      if (!p.abandoned) p.reject?.(err);
+      else p.settled?.();
+    }
+    this.ended.abort(err);
+    const onEnd = this.onEnd;
+    queueMicrotask(() => onEnd(err, clean));
+  }
+
+  /**
+   * Gives up a Lock's connection of its own whose Lock waits: once what is
+   * written has gone, the connection is half-closed. The server then
+   * withdraws the request (on a cluster, ends the session) and closes its
+   * side; a grant it sent before is still read, and `late` is told of it
+   * (the connection cannot release it any more: a lease outlives it). After
+   * `bound` ms the connection is closed whatever happened.
+   */
+  drain(late: (keys: string[], fence: bigint) => void, bound: number): void {
+    if (this.err !== null) return;
+    this.draining = true;
+    this.late = late;
+    if (this.cur === null) {
+      // The session is moving: end it cleanly instead.
+      this.end(new ConnectionLostError("withdrawn"), true);
+      return;
+    }
+    this.cur.end();
+    const t = setTimeout(() => this.close("withdrawn"), bound);
+    t.unref();
+  }
+
+  /** Ends the link cleanly: what is written still goes; resolves when the socket has closed. */
+  close(reason: string): Promise<void> {
+    this.end(new ConnectionLostError(reason), true);
+    return this.closing;
+  }
+
+  /** Queues one request; its answer goes to p.resolve. Throws FrameTooLargeError for a request over the server's max_frame (not sent). */
+  private send(kind: RequestType, body: Body, p: Pending): void {
+    const req: RequestInit = {
+      version: PROTOCOL_VERSION,
+      id: this.nextId + 1n,
+      accessToken: this.dialer.token,
+      type: kind,
+      lock: body,
+    };
+    let seq = 0n;
+    if (this.session !== 0n) {
+      if (numbered(kind)) {
+        seq = this.nextSeq;
+        req.session = this.session;
+        req.seq = seq;
+        let below = this.numberedSeqs.length > 0 ? this.numberedSeqs[0] : seq;
+        for (const s of this.queuedTickets.values()) if (s < below) below = s;
+        req.seqDone = below - 1n;
+      } else if (kind === RequestType.Wait || (kind === RequestType.Inspect && (body?.keys?.length ?? 0) > 0)) {
+        // An Inspect without keys asks for server counts, no owner's.
+        req.session = this.session;
+      }
+    }
+    const frame = encodeFrame(req);
+    const max = this.limits.maxFrame;
+    if (max > 0 && frame.length - 4 > max) {
+      // The server would answer FrameTooLarge and close the connection,
+      // taking every lock on it along: refuse here instead.
+      throw new FrameTooLargeError(
+        kind,
+        ResponseStatus.FrameTooLarge,
+        `request of ${frame.length - 4} bytes is over the server's max_frame of ${max} (not sent)`,
+      );
+    }
+    this.nextId++;
+    if (seq !== 0n) {
+      this.nextSeq++;
+      this.numberedSeqs.push(seq);
+    }
+    const t = now();
+    p.id = req.id as bigint;
+    p.kind = kind;
+    p.sent = t;
+    p.seq = seq;
+    if (kind === RequestType.Wait) p.ticket = (body?.ticket as bigint | undefined) ?? 0n;
+    if (this.session !== 0n) p.frame = frame;
+    this.pend.push(p);
+    if (!this.limits.resumableSessions || kind === RequestType.Ping || numbered(kind)) {
+      // On a cluster an Inspect keeps nothing alive that the client could
+      // prove: a Ping is still due.
+      this.lastSend = t;
+    }
+    // While the session moves it is sent with the rest once resumed.
+    this.cur?.write(frame);
+  }
+
+  private newPending(o: CallOptions): Pending {
+    return {
+      id: 0n,
+      kind: RequestType.Invalid,
+      sent: 0,
+      answered: false,
+      abandoned: false,
+      counted: o.counted !== false,
+      lockKeys: o.lockKeys,
+      settled: o.settled,
+      tick: false,
+      seq: 0n,
+      frame: null,
+      ticket: 0n,
+    };
+  }
+
+  private acquireSlot(signal?: AbortSignal): Promise<void> | undefined {
+    if (this.inFlight < this.maxInFlight && this.slotWaiters.length === 0) {
+      this.inFlight++;
+      return undefined;
+    }
+    return new Promise((resolve, reject) => {
+      const w = {
+        resolve: () => {
+          signal?.removeEventListener("abort", onAbort);
+          resolve();
+        },
+        reject: (e: Error) => {
+          signal?.removeEventListener("abort", onAbort);
+          reject(e);
+        },
+      };
+      const onAbort = () => {
+        const i = this.slotWaiters.indexOf(w);
+        if (i >= 0) this.slotWaiters.splice(i, 1);
+        reject(signal?.reason);
+      };
+      signal?.addEventListener("abort", onAbort, { once: true });
+      this.slotWaiters.push(w);
+    });
+  }
+
+  private releaseSlot(): void {
+    const next = this.slotWaiters.shift();
+    if (next !== undefined) next.resolve(); // the slot passes on
+    else this.inFlight--;
+  }
+
+  /**
+   * Sends one request and waits for its answer; a refusal is thrown as its
+   * ServerError (the answer is on the error's `response`). If the signal
+   * aborts first, the call rejects with its reason at once and a grant that
+   * arrives later for lockKeys is released.
+   */
+  async call(kind: RequestType, body: Body, o: CallOptions = {}): Promise<Response> {
+    if (this.err !== null) throw this.err;
+    const signal = o.signal;
+    signal?.throwIfAborted();
+    if (o.counted !== false) {
+      const wait = this.acquireSlot(signal);
+      if (wait !== undefined) await wait;
+    }
+    const p = this.newPending(o);
+    const answer = new Promise<Response>((resolve, reject) => {
+      p.resolve = resolve;
+      p.reject = reject;
+    });
+    if (this.err !== null || signal?.aborted) {
+      if (p.counted) this.releaseSlot();
+      throw this.err ?? signal?.reason;
+    }
+    try {
+      this.send(kind, body, p);
+    } catch (e) {
+      if (p.counted) this.releaseSlot();
+      throw e;
+    }
+    o.queued?.();
+    let resp: Response;
+    if (signal === undefined) {
+      try {
+        resp = await answer;
+      } catch (e) {
+        o.settled?.();
+        throw e;
+      }
+    } else {
+      let onAbort: (() => void) | undefined;
+      const given = new Promise<never>((_, reject) => {
+        onAbort = () => {
+          // An answer already in wins: the caller gets it.
+          if (p.answered) return;
+          // The answer (or the link's end) settles it.
+          p.abandoned = true;
+          reject(signal.reason);
+        };
+        signal.addEventListener("abort", onAbort, { once: true });
+      });
+      given.catch(() => {});
+      try {
+        resp = await Promise.race([answer, given]);
+      } catch (e) {
+        if (!p.abandoned) o.settled?.();
+        throw e;
+      } finally {
+        signal.removeEventListener("abort", onAbort as () => void);
+      }
+    }
+    const err = errorOf(kind, resp);
+    if (err !== null) {
+      o.settled?.();
+      throw err;
+    }
+    return resp;
+  }
+
+  /** Sends a request whose answer nobody reads (best effort). */
+  detached(kind: RequestType, body: Body): void {
+    if (this.err !== null || this.draining) return;
+    try {
+      this.send(kind, body, this.newPending({ counted: false }));
+    } catch {
+      // too large to send: nothing to release then
+    }
+  }
+
+  /** Pending answers (for tests). */
+  get pending(): number {
+    return this.pend.length;
+  }
+
+  /**
+   * Sends a Ping whenever nothing was sent for a quarter of the session
+   * timeout, and on a session leaves a node that leaves a request that
+   * should be answered at once unanswered for a quarter of the TTL (the
+   * probe, liveness.ts, usually notices first).
+   */
+  private tick(): void {
+    if (this.tickTimer !== null) clearTimeout(this.tickTimer);
+    this.tickTimer = null;
+    if (this.err !== null) return;
+    const interval = Math.max(this.limits.sessionTimeout / 4, 10);
+    const t = now();
+    let wake = t + interval;
+    if (this.cur !== null) {
+      wake = this.lastSend + interval;
+      const head = this.pend[0];
+      if (this.session !== 0n && head !== undefined && !mayWait(head.kind)) {
+        const waited = t - head.sent;
+        if (waited >= interval) {
+          this.fail(`no answer from ${this.addr} for ${Math.round(waited)} ms`, undefined, "", this.addr);
+          return;
+        }
+        wake = Math.min(wake, head.sent + interval);
+      }
+      if (t >= wake) {
+        // Pings behind a waiting Lock are read (they keep the owner alive)
+        // but not answered until the Lock is; past max_pipeline unanswered
+        // requests the server stops reading.
+        const cap = this.limits.maxPipeline > 0 ? this.limits.maxPipeline : 1024;
+        if (!this.draining && this.pingsOut < cap) {
+          this.pingsOut++;
+          const p = this.newPending({ counted: false });
+          p.tick = true;
+          this.send(RequestType.Ping, undefined, p);
+        } else {
+          this.lastSend = t;
+        }
+        wake = t + interval;
+      }
+    } else {
+      // The session moves: resume() ticks again once it is back.
+      return;
+    }
+    this.tickTimer = setTimeout(() => this.tick(), Math.max(1, wake - now()));
+    this.tickTimer.unref();
+  }
+}

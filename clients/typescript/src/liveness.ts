@@ -1,0 +1,161 @@
+// Noticing that a cluster node has gone silent, even while every request on
+// a link waits rightly (a Lock in line holds back the answers behind it,
+// Pings included). Mirrors clients/go/liveness.go and src/liveness.rs.
+//
+// A node that stalls instead of dying (SIGSTOP, a VM freeze, an fsync
+// stall) or sits behind a path that drops packets without a reset keeps its
+// sockets open and says nothing. The rest of the cluster replaces it as
+// leader within 3 to 4 election timeouts, and from then on nobody keeps the
+// client's session alive: it must resume on the new leader well within the
+// session's TTL. The links' own answers cannot tell in time (they come in
+// request order), so one probe per client and node pings on a connection of
+// its own, with no session, which the node answers at once without a
+// commit. When a Ping (or the probe's Hello) goes unanswered for the silence
+// limit, every link on that node breaks off and resumes its session
+// elsewhere, and the node is tried last until it answers again. A node that
+// refuses the probe outright (down, full, access denied) is left to the
+// links, which see that themselves. The probe's sockets and timers keep no
+// process alive: the links' sockets do.
+
+import { RequestType, ResponseStatus } from "./gen/dlock_pb.js";
+import { HELLO_ID, TimeoutError, exchange, sleep } from "./dial.js";
+import type { Dialer } from "./dial.js";
+import { PROTOCOL_VERSION } from "./framing.js";
+import type { FrameConn } from "./framing.js";
+import { now } from "./types.js";
+
+/** Assumed for a node that does not state its election timeout (dlock-server's default), ms. */
+const DEFAULT_ELECTION_TIMEOUT = 200;
+/** The shortest silence taken for a stall: a healthy node on a loaded machine may take a few hundred milliseconds to answer a Ping, and a false alarm costs a reconnect. */
+const MIN_SILENCE = 1500;
+/** The longest pause between probe attempts on a node that refuses them. */
+const MAX_PROBE_RETRY = 5000;
+
+/**
+ * How long a node may leave a probe unanswered before it is taken for gone
+ * (ms): three election timeouts (by then the others have replaced it if it
+ * led), at least 1.5 s, at most a quarter of the session's TTL, so that
+ * finding a new leader and resuming there fit in what is left.
+ */
+export function silenceLimit(election: number, ttl: number): number {
+  if (!(election > 0)) election = DEFAULT_ELECTION_TIMEOUT;
+  return Math.min(Math.max(3 * election, MIN_SILENCE), ttl / 4);
+}
+
+/** What a probe tells: a link on the node. */
+export interface Watched {
+  nodeSilent(addr: string, waited: number): void;
+}
+
+/** The probe of one node, shared by every link of a client on it; it stops when the last link lets go. */
+export class NodeWatch {
+  readonly links = new Set<Watched>();
+  private readonly stop = new AbortController();
+
+  constructor(
+    private readonly dialer: Dialer,
+    readonly addr: string,
+    private readonly limit: number,
+  ) {
+    this.run().catch(() => {
+      // stopped
+    });
+  }
+
+  /** Lets go of the probe; the last link stops it. */
+  unsubscribe(l: Watched): void {
+    this.links.delete(l);
+    if (this.links.size === 0 && this.dialer.watches.get(this.addr) === this) {
+      this.dialer.watches.delete(this.addr);
+      this.stop.abort();
+    }
+  }
+
+  private async run(): Promise<void> {
+    let retry = this.limit / 2;
+    while (!this.stop.signal.aborted) {
+      const { silent, waited } = await this.untilSilent();
+      if (this.stop.signal.aborted) return;
+      if (silent) {
+        this.dialer.suspect(this.addr, true);
+        for (const l of [...this.links]) l.nodeSilent(this.addr, waited);
+        retry = this.limit / 2;
+      } else {
+        retry = Math.min(retry * 2, MAX_PROBE_RETRY);
+      }
+      await sleep(retry, this.stop.signal);
+    }
+  }
+
+  /**
+   * Pings the node on a connection of the probe's own, a third of the limit
+   * apart, until an answer is the limit late: silent. Not silent when the
+   * node refuses or the connection breaks (that is no silence) or the probe
+   * is stopped.
+   */
+  private async untilSilent(): Promise<{ silent: boolean; waited: number }> {
+    const signal = this.stop.signal;
+    const started = now();
+    let conn: FrameConn;
+    try {
+      conn = await this.dialer.connect(this.addr, started + this.limit, signal, true);
+    } catch {
+      const waited = now() - started;
+      return { silent: !signal.aborted && waited >= this.limit, waited };
+    }
+    // No session on it: a clean close ends nothing.
+    conn.socket.unref();
+    try {
+      return await this.ping(conn, started);
+    } finally {
+      conn.destroy();
+    }
+  }
+
+  private async ping(conn: FrameConn, started: number): Promise<{ silent: boolean; waited: number }> {
+    const signal = this.stop.signal;
+    try {
+      const resp = await exchange(
+        conn,
+        { version: PROTOCOL_VERSION, id: HELLO_ID, accessToken: this.dialer.token, type: RequestType.Hello },
+        started + this.limit,
+        signal,
+      );
+      if (resp.status !== ResponseStatus.Ok && resp.status !== ResponseStatus.InvalidType) return { silent: false, waited: 0 };
+    } catch (e) {
+      return { silent: !signal.aborted && e instanceof TimeoutError, waited: now() - started };
+    }
+    this.dialer.suspect(this.addr, false);
+    for (let id = 1n; ; id++) {
+      try {
+        await sleep(this.limit / 3, signal);
+      } catch {
+        return { silent: false, waited: 0 };
+      }
+      const sent = now();
+      let resp;
+      try {
+        resp = await exchange(
+          conn,
+          { version: PROTOCOL_VERSION, id, accessToken: this.dialer.token, type: RequestType.Ping },
+          sent + this.limit,
+          signal,
+        );
+      } catch (e) {
+        return { silent: !signal.aborted && e instanceof TimeoutError, waited: now() - sent };
+      }
+      if (resp.status !== ResponseStatus.Ok) return { silent: false, waited: 0 };
+    }
+  }
+}
+
+/** Subscribes `l` to the probe of `addr`, starting one if no link of the client has one running. */
+export function watchNode(dialer: Dialer, addr: string, limit: number, l: Watched): NodeWatch {
+  let w = dialer.watches.get(addr);
+  if (w === undefined || dialer.closing.signal.aborted) {
+    w = new NodeWatch(dialer, addr, limit);
+    dialer.watches.set(addr, w);
+  }
+  w.links.add(l);
+  return w;
+}

@@ -1,0 +1,78 @@
+// An AbortSignal gives a waiting Lock up on the server: the request is
+// withdrawn at once (its connection of its own is half-closed), the
+// client's other calls go on, and a grant that crosses the abort is
+// released.
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import type { LockOptions } from "../src/index.js";
+import { Cluster, Server, client, waitFor, within } from "./helpers.js";
+
+async function cancelWithdraws(t: { after(fn: () => unknown): void }, servers: string, opts: LockOptions = {}): Promise<void> {
+  const holder = await client(t, servers);
+  const waiter = await client(t, servers);
+  const third = await client(t, servers);
+  const key = `cancel/${opts.lease ?? 0}`;
+  const held = await holder.lock(key);
+  const waiters = async () => (await holder.inspect(key))[0].waiters;
+  const ctl = new AbortController();
+  const waiting = waiter.lock(key, { ...opts, signal: ctl.signal });
+  await waitFor("the Lock waits in line", async () => (await waiters()) === 1);
+  ctl.abort();
+  await assert.rejects(within("the aborted Lock", waiting), (e: Error) => e.name === "AbortError");
+  // The server withdraws the request.
+  await waitFor("the aborted request is withdrawn", async () => (await waiters()) === 0);
+  // Nothing on the waiter's client is held back behind it.
+  assert.ok((await within("a ping", waiter.ping(), 5000)) >= 0);
+  held.check();
+  // Nothing stands between the holder and the next one.
+  await held.unlock();
+  const got = await third.lock(key, { wait: 0 });
+  await got.unlock();
+  // The waiter's client still takes locks, waiting ones too.
+  const again = await waiter.lock(key, { wait: 5000 });
+  await again.unlock();
+}
+
+test("aborting a waiting Lock withdraws it on the server", async (t) => {
+  const s = await Server.start(t);
+  await cancelWithdraws(t, s.addr);
+  await cancelWithdraws(t, s.addr, { lease: 60_000 });
+});
+
+test("aborting a waiting Lock withdraws it on a cluster", async (t) => {
+  const cl = await Cluster.start(t, 3, ["--session-ttl", "6s"]);
+  await cl.leader();
+  await cancelWithdraws(t, cl.servers);
+});
+
+test("an already aborted signal sends nothing", async (t) => {
+  const s = await Server.start(t);
+  const c = await client(t, s.addr);
+  await assert.rejects(c.lock("k", { signal: AbortSignal.abort() }), (e: Error) => e.name === "AbortError");
+  assert.equal((await c.inspect("k"))[0].holders.length, 0);
+});
+
+test("a lease granted as its Lock is aborted is released all the same", async (t) => {
+  const s = await Server.start(t);
+  const holder = await client(t, s.addr);
+  const waiter = await client(t, s.addr);
+  const third = await client(t, s.addr);
+  const key = "crossing";
+  for (let i = 0; i < 20; i++) {
+    const held = await holder.lock(key);
+    const ctl = new AbortController();
+    const got = waiter.lock(key, { lease: 60_000, signal: ctl.signal }).catch(() => null);
+    await waitFor("in line", async () => (await third.inspect(key))[0].waiters === 1);
+    void held.unlock();
+    ctl.abort();
+    const l = await within("the aborted Lock", got);
+    // The grant won the race: an ordinary Lock.
+    if (l !== null) await l.unlock();
+    await waitFor("the key free again", async () => {
+      const l = await third.lock(key, { wait: 0 });
+      await l.unlock();
+      return true;
+    });
+  }
+});
