@@ -6,9 +6,12 @@
 # A cluster of three from this image: compose.yaml. Every server flag can
 # be given as an environment variable instead (DLOCK_ and the flag's name
 # in capitals: --data-dir is DLOCK_DATA_DIR).
-# A token file is mounted and named with --token-file, e.g.
-#   -v /etc/dlock/tokens:/etc/dlock/tokens:ro ... --token-file /etc/dlock/tokens
-# (readable by uid 10001, the user the server runs as).
+# A token file is mounted and named with --token-file, with the health
+# check's token beside it (see HEALTHCHECK below), e.g.
+#   -v /etc/dlock/tokens:/etc/dlock/tokens:ro \
+#   -v /etc/dlock/health.token:/etc/dlock/health.token:ro \
+#   -e DLOCK_CLIENT_TOKEN_FILE=/etc/dlock/health.token ... --token-file /etc/dlock/tokens
+# (both readable by uid 10001, the user the server and the check run as).
 # packaging/check.sh checks this file in CI where docker cannot run.
 
 # The toolchain CI uses; the builder and final image share Debian bookworm,
@@ -40,9 +43,15 @@ VOLUME /var/lib/dlock
 # Clients; a cluster node's peers (--peer-listen); metrics and health
 # probes (--metrics-listen).
 EXPOSE 7436 7437 9436
-# A Ping through the client port, as a client would see the server (set
-# DLOCK_TOKEN in the container when a token file is in use). On a cluster
-# node the ping goes on to the leader: healthy means this node serves.
+# A Ping through the client port, as a client would see the server. On a
+# cluster node the ping goes on to the leader: healthy means this node serves.
+# With --token-file the ping needs a token of its own: give the container
+# DLOCK_CLIENT_TOKEN_FILE=/etc/dlock/health.token, a file holding one token, and add
+# that token to the server's token file as an identity with no rules
+# ("token health SECRET", nothing indented under it). A token the server
+# knows may Ping, Hello and open and close sessions, nothing else: no lock,
+# no inspect, no cluster status. (Not DLOCK_TOKEN_FILE: that is the
+# server's own --token-file, the access rules, which the two would mix up.)
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
     CMD ["/usr/local/bin/dlock", "--ping", "-s", "127.0.0.1:7436"]
 ENTRYPOINT ["/usr/local/bin/dlock-server"]

@@ -46,9 +46,11 @@ Examples:
   dlock leader -k services/scheduler --watch
 
 Environment:
-  DLOCK_SERVER   server address, or a cluster's nodes: a:7436,b:7436,c:7436
-                 (default 127.0.0.1:7436)
-  DLOCK_TOKEN    access token (or --token-file; never on the command line)
+  DLOCK_SERVER      server address, or a cluster's nodes: a:7436,b:7436,c:7436
+                    (default 127.0.0.1:7436)
+  DLOCK_TOKEN       access token (or --token-file; never on the command line)
+  DLOCK_CLIENT_TOKEN_FILE
+                    --token-file: a file holding the token; used before DLOCK_TOKEN
   The command gets DLOCK_KEYS (keys, comma-separated) and DLOCK_FENCE (fencing token).";
 
 /// The text after the options in `--help`: examples, then the exit codes
@@ -93,7 +95,7 @@ pub struct Args {
 
     /// Read the access token from this file (the first line that is not
     /// blank or a '#' comment). DLOCK_TOKEN is used when this is not given.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, env = "DLOCK_CLIENT_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
 
     /// Connect with TLS, trusting the CA certificates in this PEM file. The

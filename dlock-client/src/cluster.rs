@@ -34,7 +34,12 @@ pub struct Connection {
     pub server: String,
 
     /// Read the access token from this file; DLOCK_TOKEN otherwise.
-    #[arg(long, global = true, env = "DLOCK_TOKEN_FILE", value_name = "PATH")]
+    #[arg(
+        long,
+        global = true,
+        env = "DLOCK_CLIENT_TOKEN_FILE",
+        value_name = "PATH"
+    )]
     pub token_file: Option<PathBuf>,
 
     /// Connect with TLS, trusting the CA certificates in this PEM file.

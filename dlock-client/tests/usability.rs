@@ -44,6 +44,92 @@ async fn token_file_skips_comments_and_the_command_does_not_see_the_token() {
     assert_eq!(stdout(&o).trim(), "token=unset");
 }
 
+/// The image's HEALTHCHECK (`dlock --ping -s 127.0.0.1:7436`, Dockerfile)
+/// against a server with access control: the container names a file
+/// holding the token of an identity with no rules in DLOCK_CLIENT_TOKEN_FILE.
+/// Being known lets it Ping (and Hello, and open a session); no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_token_in_dlock_token_file_may_ping_and_do_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let server_tokens = dir.path().join("tokens");
+    std::fs::write(
+        &server_tokens,
+        "token jobs j0bs-s3cret\n    lock jobs/*\n# the HEALTHCHECK's: no rules\ntoken health h3alth-s3cret\n",
+    )
+    .unwrap();
+    let health = dir.path().join("health.token");
+    std::fs::write(&health, "h3alth-s3cret\n").unwrap();
+    let server = TestServer::start(Config {
+        token_file: Some(server_tokens.to_path_buf()),
+        ..Config::default()
+    })
+    .await;
+    let addr = server.addr_string();
+    let run = |args: &[&str], token_file: Option<&std::path::Path>| {
+        let mut cmd = dlock_at(&addr, args);
+        if let Some(f) = token_file {
+            cmd.env("DLOCK_CLIENT_TOKEN_FILE", f);
+        }
+        async move {
+            tokio::time::timeout(PATIENCE, cmd.output())
+                .await
+                .expect("dlock finishes")
+                .expect("dlock runs")
+        }
+    };
+    let ping = ["--ping", "-s", addr.as_str()];
+
+    let o = run(&ping, None).await;
+    assert_eq!(code(&o), 77, "no token: {}", stderr(&o));
+    let o = run(&ping, Some(&health)).await;
+    assert_eq!(code(&o), 0, "the health token pings: {}", stderr(&o));
+
+    // Nothing that names a key: no lock, no inspect.
+    let o = run(&["-n", "-k", "jobs/nightly", "--", "true"], Some(&health)).await;
+    assert_eq!(
+        code(&o),
+        77,
+        "the health token takes no lock: {}",
+        stderr(&o)
+    );
+    assert!(
+        stderr(&o).contains(r#"identity "health" has no rule "lock jobs/nightly""#),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["--inspect", "-k", "jobs/nightly"], Some(&health)).await;
+    assert_eq!(code(&o), 77, "nor inspects: {}", stderr(&o));
+
+    // --token-file on the command line wins over the variable.
+    let jobs = dir.path().join("jobs.token");
+    std::fs::write(&jobs, "j0bs-s3cret\n").unwrap();
+    let jobs_arg = jobs.to_str().unwrap();
+    let o = run(
+        &[
+            "--token-file",
+            jobs_arg,
+            "-n",
+            "-k",
+            "jobs/nightly",
+            "--",
+            "true",
+        ],
+        Some(&health),
+    )
+    .await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+
+    // The subcommands read it too.
+    let missing = dir.path().join("missing.token");
+    let o = run(&["cluster", "status"], Some(&missing)).await;
+    assert_eq!(code(&o), 64, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot read token file"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_without_separator_is_run_with_a_warning() {
     let server = TestServer::start(Config::default()).await;

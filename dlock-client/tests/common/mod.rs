@@ -16,6 +16,7 @@ pub fn dlock_at(server: &str, args: &[&str]) -> Command {
     cmd.args(args)
         .env("DLOCK_SERVER", server)
         .env_remove("DLOCK_TOKEN")
+        .env_remove("DLOCK_CLIENT_TOKEN_FILE")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -391,6 +391,105 @@ pub fn registry(gauges: ReadGauges) -> Registry {
     registry
 }
 
+/// The two text formats a scrape is answered in. They differ in how a
+/// counter is named: OpenMetrics gives the family's HELP and TYPE as
+/// `dlock_grants` and its samples as `dlock_grants_total`, the older
+/// Prometheus format names all three `dlock_grants_total`. A reader of the
+/// older format given OpenMetrics (`promtool check metrics`, for one) sees
+/// every counter's samples without help text or type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0, which Prometheus asks for first.
+    OpenMetrics,
+    /// The Prometheus text format 0.0.4, for whoever does not ask for
+    /// OpenMetrics (curl, promtool, older scrapers).
+    Text,
+}
+
+impl Format {
+    /// The format an `Accept` header asks for: OpenMetrics when it names
+    /// `application/openmetrics-text` with a weight (`q`) above 0 and no
+    /// lower than `text/plain`'s; otherwise the older text format.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        let (mut open, mut text) = (0.0f32, 0.0f32);
+        for range in accept.unwrap_or("").split(',') {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("");
+            let q = parts
+                .find_map(|p| {
+                    let (k, v) = p.split_once('=')?;
+                    k.trim()
+                        .eq_ignore_ascii_case("q")
+                        .then(|| v.trim().parse::<f32>().ok())?
+                })
+                .unwrap_or(1.0);
+            if media.eq_ignore_ascii_case("application/openmetrics-text") {
+                open = open.max(q);
+            } else if media.eq_ignore_ascii_case("text/plain") {
+                text = text.max(q);
+            }
+        }
+        if open > 0.0 && open >= text {
+            Format::OpenMetrics
+        } else {
+            Format::Text
+        }
+    }
+
+    /// The Content-Type of an answer in this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Text => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+}
+
+/// Everything `registry` holds, in `format`.
+///
+/// # Errors
+/// A collector that fails to encode.
+pub fn encode(registry: &Registry, format: Format) -> Result<String, std::fmt::Error> {
+    let mut open = String::new();
+    prometheus_client::encoding::text::encode(&mut open, registry)?;
+    Ok(match format {
+        Format::OpenMetrics => open,
+        Format::Text => older_text_format(&open),
+    })
+}
+
+/// OpenMetrics as `prometheus_client` writes dlock's families, in the
+/// older text format: a counter's HELP and TYPE lines name its samples
+/// (`_total`), and the `# EOF` and `# UNIT` lines, which that format does
+/// not have, go. Samples, labels and numbers are written alike in both.
+fn older_text_format(open: &str) -> String {
+    let counters: std::collections::HashSet<&str> = open
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open.len() + 16 * counters.len());
+    for line in open.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let descriptor = ["# HELP ", "# TYPE "].into_iter().find_map(|tag| {
+            let (name, rest) = line.strip_prefix(tag)?.split_once(' ')?;
+            counters.contains(name).then_some((tag, name, rest))
+        });
+        match descriptor {
+            Some((tag, name, rest)) => {
+                out.push_str(tag);
+                out.push_str(name);
+                out.push_str("_total ");
+                out.push_str(rest);
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// A counter family with one sample per label set.
 fn counter<L: EncodeLabelSet>(
     encoder: &mut DescriptorEncoder,
@@ -683,6 +782,89 @@ mod tests {
         for (i, (status, _)) in STATUSES.iter().enumerate() {
             assert_eq!(status_index(*status), i);
         }
+    }
+
+    #[test]
+    fn openmetrics_only_for_whoever_asks_for_it() {
+        let open = |a: &str| Format::negotiate(Some(a)) == Format::OpenMetrics;
+        assert_eq!(Format::negotiate(None), Format::Text);
+        assert!(!open("*/*"), "curl");
+        assert!(!open("text/plain; version=0.0.4"));
+        // Prometheus 2 and 3 by default.
+        assert!(open("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"));
+        assert!(open("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"));
+        // A Prometheus told to prefer the older format.
+        assert!(!open(
+            "text/plain;version=0.0.4;q=0.5,application/openmetrics-text;version=1.0.0;q=0.4"
+        ));
+        assert!(!open("application/openmetrics-text; q=0"));
+        assert!(open("Application/OpenMetrics-Text; Q=0.9"));
+    }
+
+    /// What `promtool check metrics` asks of the older format: every
+    /// sample's family has HELP and TYPE under the sample's own name (a
+    /// histogram's `_bucket`, `_sum` and `_count` under the family's).
+    #[test]
+    fn in_the_older_format_every_sample_has_help_and_a_type() {
+        // Every family a cluster node writes, each with samples.
+        request(1, ResponseStatus::Ok, Duration::from_micros(50));
+        leader_changed();
+        let gauges: ReadGauges = Arc::new(|| Gauges {
+            stats: ServerStats::default(),
+            raft: Some(RaftGauges {
+                role: "leader".into(),
+                lags: vec![(2, 0)],
+                ..RaftGauges::default()
+            }),
+        });
+        let registry = registry(gauges);
+        let open = encode(&registry, Format::OpenMetrics).unwrap();
+        assert!(open.contains("# TYPE dlock_grants counter\n"), "{open}");
+        assert!(open.ends_with("# EOF\n"), "{open}");
+        let text = encode(&registry, Format::Text).unwrap();
+        assert!(!text.contains("# EOF"), "{text}");
+        let described = |tag: &str| -> std::collections::HashMap<String, String> {
+            text.lines()
+                .filter_map(|l| l.strip_prefix(tag)?.split_once(' '))
+                .map(|(name, rest)| (name.to_owned(), rest.to_owned()))
+                .collect()
+        };
+        let (help, types) = (described("# HELP "), described("# TYPE "));
+        let mut samples = 0;
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = &line[..line.find(['{', ' ']).unwrap_or(line.len())];
+            let family = ["_bucket", "_sum", "_count"]
+                .into_iter()
+                .filter_map(|suffix| name.strip_suffix(suffix))
+                .find(|f| types.get(*f).is_some_and(|t| t == "histogram"))
+                .unwrap_or(name);
+            assert!(
+                help.get(family).is_some_and(|h| !h.is_empty()),
+                "{name} has no help text:\n{text}"
+            );
+            let t = types
+                .get(family)
+                .unwrap_or_else(|| panic!("{name} has no type"));
+            assert_eq!(t == "counter", name.ends_with("_total"), "{name} is a {t}");
+            samples += 1;
+        }
+        for counter in [
+            "dlock_requests_total",
+            "dlock_grants_total",
+            "dlock_leases_expired_total",
+            "dlock_connections_accepted_total",
+            "dlock_connections_closed_total",
+            "dlock_received_bytes_total",
+            "dlock_sent_bytes_total",
+            "dlock_raft_leader_changes_total",
+        ] {
+            assert_eq!(
+                types.get(counter).map(String::as_str),
+                Some("counter"),
+                "{text}"
+            );
+        }
+        assert!(samples > 50, "{text}");
     }
 
     #[test]

@@ -4,10 +4,11 @@
 //! connections at once, headers within a timeout, nothing read from a
 //! request body.
 
+use crate::ops::metrics;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
@@ -28,10 +29,6 @@ const MAX_CONNECTIONS: usize = 16;
 /// A client must send its request headers within this long, so a stalled
 /// connection does not hold one of the few slots.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The OpenMetrics text format, which `prometheus_client` writes and
-/// Prometheus asks for first.
-const METRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// What the probes report. Shared between the server, which says when it
 /// accepts connections, and the HTTP handlers.
@@ -187,14 +184,22 @@ fn respond(state: &State, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     }
     match req.uri().path() {
         "/metrics" => {
-            let mut body = String::new();
-            if let Err(e) = prometheus_client::encoding::text::encode(&mut body, &state.registry) {
-                tracing::warn!(error = %e, "cannot encode metrics");
-                return text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n");
-            }
+            // OpenMetrics for Prometheus, which asks for it; the older text
+            // format for curl and promtool, which do not.
+            let accept = req.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
+            let format = metrics::Format::negotiate(accept);
+            let body = match metrics::encode(&state.registry, format) {
+                Ok(body) => body,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot encode metrics");
+                    return text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n");
+                }
+            };
             let mut r = Response::new(Full::new(Bytes::from(body)));
-            r.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static(METRICS_TYPE));
+            r.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static(format.content_type()),
+            );
             r
         }
         "/healthz" => text(StatusCode::OK, "ok\n"),
