@@ -90,9 +90,28 @@ pub struct Args {
     pub clock_nodes: u64,
 
     /// With --cluster: no proxies on the links between nodes, so no
-    /// partition faults (kills and pauses only).
+    /// partition faults (kills, pauses and restarts only).
     #[arg(long, requires = "cluster")]
     pub no_partitions: bool,
+
+    /// With --cluster: only these kinds of fault (comma-separated), each
+    /// drawn as often as in the full mix; default: every kind.
+    #[arg(
+        long,
+        value_name = "KIND,...",
+        value_enum,
+        value_delimiter = ',',
+        requires = "cluster"
+    )]
+    pub faults: Vec<crate::faults::nodes::Kind>,
+
+    /// Fail the run (exit 1) when a client lost a lock or a waiter its
+    /// place in line while a majority of the nodes was up and reachable
+    /// (not during a fault that takes a majority down or cuts the clients
+    /// off, nor while the cluster settles after one). Without it they are
+    /// only counted in the summary.
+    #[arg(long)]
+    pub require_availability: bool,
 }
 
 /// The range a node's `--test-clock-rate` takes.

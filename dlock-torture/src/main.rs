@@ -1,5 +1,6 @@
 //! `dlock-torture`: parse options, run, exit with the verdict.
 
+mod availability;
 mod cli;
 mod faults;
 mod history;

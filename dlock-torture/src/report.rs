@@ -82,8 +82,10 @@ impl Report {
             .sum()
     }
 
-    /// The summary, as printed at the end of a run.
-    pub fn summary(&self, header: &[(&str, String)]) -> String {
+    /// The summary, as printed at the end of a run; `availability` is the
+    /// section of that name (`Availability::lines`), printed after the
+    /// faults.
+    pub fn summary(&self, header: &[(&str, String)], availability: &[(String, u64)]) -> String {
         let mut out = String::from("dlock-torture summary\n");
         for (k, v) in header {
             out.push_str(&format!("  {k:<24} {v}\n"));
@@ -105,6 +107,10 @@ impl Report {
         }
         out.push_str("faults\n");
         for (k, v) in self.faults.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            out.push_str(&format!("  {k:<24} {v}\n"));
+        }
+        out.push_str("availability (a majority up and reachable from the clients)\n");
+        for (k, v) in availability {
             out.push_str(&format!("  {k:<24} {v}\n"));
         }
         let violations = self.violations.lock().unwrap_or_else(|p| p.into_inner());

@@ -41,6 +41,11 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
     if !(args.fault_rate >= 0.0 && args.fault_rate <= 1_000.0) {
         anyhow::bail!("--fault-rate must be between 0 and 1000 per second");
     }
+    if args.cluster.is_some() && nodes::drawable(&args.faults, !args.no_partitions).is_empty() {
+        anyhow::bail!(
+            "--faults: each kind named needs the proxies that --no-partitions leaves out"
+        );
+    }
     let target = match (args.cluster, &args.server_bin, &args.server) {
         (Some(n), _, _) => {
             println!("dlock-torture: cluster of {n}, seed {seed}");
@@ -126,6 +131,8 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
         Some(converged) => header.extend([
             ("same applied index", converged),
             ("failovers", spread(&sh.failovers)),
+            ("leader again after SIGTERM", spread(&sh.handovers)),
+            ("restarted, caught up in", spread(&sh.restarts)),
             ("sessions resumed after", spread(&sh.resumes)),
             ("calm end checked", sh.calm_checked()),
         ]),
@@ -145,7 +152,7 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
     }
     let counts = sh.counts.lines();
     header.extend(counts.iter().map(|(k, v)| (*k, v.to_string())));
-    print!("{}", sh.report.summary(&header));
+    print!("{}", sh.report.summary(&header, &sh.availability.lines()));
     Ok(sh.report.violation_count() == 0)
 }
 
@@ -200,6 +207,7 @@ async fn drive(
             cluster.clone(),
             args.fault_every,
             args.max_faults as usize,
+            args.faults.clone(),
             seed,
         )),
         None => tokio::spawn(schedule_client_faults(sh.clone(), args.fault_rate, seed)),

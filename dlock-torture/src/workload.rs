@@ -5,6 +5,7 @@
 //! single server nothing cuts an honest client off, so its session (its
 //! connection) is always owed.
 
+use crate::availability::{Availability, Loss, Verdict};
 use crate::cli::Args;
 use crate::history::{History, Register};
 use crate::report::Report;
@@ -13,6 +14,12 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// The failover a lock or session must have room for, in election
+/// timeouts: docs/CLUSTER.md gives a new leader 3 to 4, the long runs
+/// measured 3.5 at the median and 5.6 at the slowest (1 s timeouts), and
+/// the client needs a moment more to find it and resend.
+pub const FAILOVER_ELECTIONS: u32 = 6;
 
 /// Named apart from the server's `Shared`.
 pub struct Workload {
@@ -31,6 +38,13 @@ pub struct Workload {
     pub failovers: Mutex<Vec<Duration>>,
     /// How long clients' sessions went without a connection.
     pub resumes: Mutex<Vec<Duration>>,
+    /// From a SIGTERM to the leader in a rolling restart until a node
+    /// leads again: another, or the same one back.
+    pub handovers: Mutex<Vec<Duration>>,
+    /// From a SIGTERM in a rolling restart to the node back and caught up.
+    pub restarts: Mutex<Vec<Duration>>,
+    /// Locks and places in line lost while a majority was up and reachable.
+    pub availability: Availability,
     pub stop_at: Instant,
     /// No fault starts after this: the end of the run is calm.
     pub faults_until: Instant,
@@ -68,6 +82,25 @@ impl Workload {
             counts: Counts::default(),
             failovers: Mutex::new(Vec::new()),
             resumes: Mutex::new(Vec::new()),
+            handovers: Mutex::new(Vec::new()),
+            restarts: Mutex::new(Vec::new()),
+            availability: match args.cluster {
+                Some(n) => Availability::new(
+                    n as usize,
+                    settle,
+                    args.session_ttl + args.election_timeout * 4,
+                    args.election_timeout * FAILOVER_ELECTIONS,
+                    args.require_availability,
+                ),
+                // Nothing takes the one server away: every loss is judged.
+                None => Availability::new(
+                    0,
+                    Duration::ZERO,
+                    Duration::ZERO,
+                    Duration::ZERO,
+                    args.require_availability,
+                ),
+            },
             stop_at: now + args.duration,
             faults_until: now + args.duration - calm,
             calm_from: Mutex::new(None),
@@ -91,6 +124,25 @@ impl Workload {
             .is_some_and(|t| Instant::now() >= t);
         let (active, settles) = *self.disrupted.lock().unwrap_or_else(|p| p.into_inner());
         calm || (active == 0 && Instant::now() >= settles)
+    }
+
+    /// A client lost `what`, which had `room` (its window less its safety
+    /// margin), now: judged against the fault timeline, and a violation
+    /// (described by `detail`) under `--require-availability` when a
+    /// majority was up and reachable and the room was enough for a
+    /// failover. A failed request of another kind is only counted.
+    pub fn lost(&self, what: Loss, room: Duration, detail: impl FnOnce() -> String) {
+        let judged = self.availability.lost(what, room) == Verdict::Judged;
+        if judged && self.availability.require && what != Loss::Request {
+            self.report.violation(what.name(), detail());
+        }
+    }
+
+    /// The room a session gives what it holds or waits for: its TTL less
+    /// the client's safety margin for it.
+    pub fn session_room(&self) -> Duration {
+        let margin = dlock::safety::margin(dlock::safety::DEFAULT_SAFETY_MARGIN, self.session_ttl);
+        self.session_ttl.saturating_sub(margin)
     }
 
     /// A fault that may cost sessions starts.

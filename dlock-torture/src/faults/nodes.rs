@@ -1,10 +1,12 @@
 //! The cluster under attack: node processes, the proxies on the links
 //! between them, which nodes a fault holds, who leads, and the faults
 //! themselves (SIGKILL of the leader, of a follower, of a majority; SIGSTOP
-//! of the leader; partitions: the leader isolated, the leader's side of a
-//! split in the minority, one direction of a link cut, a follower cut off;
-//! a follower's log file cut short; the clients cut from the leader, silently
-//! or by resets), each healed after a random time.
+//! of the leader; a rolling restart, SIGTERM and start again of every node
+//! in turn; partitions: the leader cut off from its peers while the
+//! clients still reach it, the leader's side of a split in the minority,
+//! one direction of a link cut, a follower cut off; a follower's log file
+//! cut short; the clients cut from the leader, silently or by resets), each
+//! healed after a random time.
 
 use crate::workload::Workload;
 use dlock::proto::ClusterInfo;
@@ -12,6 +14,7 @@ use dlock_server::testing::nodes::NodeProcesses;
 use dlock_server::testing::peer_links::PeerLinks;
 use dlock_server::testing::proxy::FreezableProxy;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -22,6 +25,20 @@ const STATUS_PATIENCE: Duration = Duration::from_millis(500);
 
 /// How often a fault looks for the leader that replaced the one it hit.
 const LEADER_POLL: Duration = Duration::from_millis(50);
+
+/// How long a node may take to exit on SIGTERM in a rolling restart: past
+/// the nodes' own `--shutdown-timeout`, so a node that overruns it is
+/// seen to exit non-zero rather than killed here.
+const TERM_LIMIT: Duration = Duration::from_secs(20);
+
+/// How long a node restarted in a rolling restart may take to catch up
+/// (its lag 0 in the leader's ClusterStatus): an election, and the entries
+/// written while it was down, on a loaded machine.
+const CATCH_UP: Duration = Duration::from_secs(30);
+
+/// How often a rolling restart asks whether the restarted node caught up,
+/// or waits for the nodes other faults hold to be let go.
+const CATCH_UP_POLL: Duration = Duration::from_millis(100);
 
 /// The node processes, and which of them a fault holds now. The processes
 /// sit behind a std mutex touched only by synchronous calls (restarts in
@@ -182,7 +199,12 @@ impl Cluster {
                 .filter(|&i| !claimed[i] && Some(i) != except)
                 .collect()
         };
-        for i in free {
+        self.leader_among(free).await
+    }
+
+    /// The first of `nodes` that says it leads, claimed or not.
+    async fn leader_among(&self, nodes: impl IntoIterator<Item = usize>) -> Option<usize> {
+        for i in nodes {
             if let Some(info) = self.status(i).await {
                 if info.role.eq_ignore_ascii_case("leader") {
                     return Some(i);
@@ -190,6 +212,74 @@ impl Cluster {
             }
         }
         None
+    }
+
+    /// Waits until a node leads after leader `old` was stopped: another
+    /// one, or `old` itself once `old_back` says it was started again (a
+    /// stopping node may still call itself leader). Returns how long after
+    /// `from` that was and whether it was `old`; `None` if no node led by
+    /// `until`.
+    async fn next_leader(
+        &self,
+        old: usize,
+        old_back: Arc<AtomicBool>,
+        from: Instant,
+        until: Instant,
+    ) -> Option<(Duration, bool)> {
+        loop {
+            let back = old_back.load(Ordering::Relaxed);
+            let nodes = (0..self.len()).filter(|&i| i != old || back);
+            if let Some(l) = self.leader_among(nodes).await {
+                return Some((from.elapsed(), l == old));
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            tokio::time::sleep(LEADER_POLL).await;
+        }
+    }
+
+    /// Waits until node `i` has caught up: the leader's ClusterStatus
+    /// knows its replication and shows it 0 entries behind (or `i` leads,
+    /// which it cannot without every committed entry). False if that did
+    /// not happen by `until`.
+    async fn caught_up(&self, i: usize, until: Instant) -> bool {
+        let id = self.nodes().id(i);
+        loop {
+            for j in 0..self.len() {
+                let Some(s) = self.status(j).await else {
+                    continue;
+                };
+                if !s.role.eq_ignore_ascii_case("leader") {
+                    continue;
+                }
+                let level = j == i
+                    || s.members
+                        .iter()
+                        .any(|m| m.node_id == id && m.replication_known && m.lag == 0);
+                if level {
+                    return true;
+                }
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(CATCH_UP_POLL).await;
+        }
+    }
+
+    /// Claims every node once no fault holds any, checking every
+    /// [`CATCH_UP_POLL`]; `None` if they were not all free by `until`.
+    async fn claim_all(&self, until: Instant) -> Option<Vec<usize>> {
+        loop {
+            if let Some(all) = self.claim(None, self.len()) {
+                return Some(all);
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            tokio::time::sleep(CATCH_UP_POLL).await;
+        }
     }
 
     /// Claims `want` free nodes, `first` among them if given and free;
@@ -225,14 +315,23 @@ impl Cluster {
     }
 }
 
-/// The kinds of fault, chosen in turn at random.
-#[derive(Debug, Clone, Copy)]
-enum Kind {
+/// The kinds of fault, chosen in turn at random (`--faults` names them in
+/// kebab case: `kill-leader`, `isolate-leader`, `rolling-restart`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// SIGKILL of the leader, restarted after 0.2 to 4 s.
     KillLeader,
+    /// SIGKILL of a follower, restarted after 0.2 to 4 s.
     KillFollower,
+    /// SIGKILL of a majority, the leader among it, restarted after 0.2 to
+    /// 4 s.
     KillMajority,
+    /// SIGSTOP of the leader for 3 election timeouts and up to a TTL.
     PauseLeader,
-    /// Every link to and from the leader frozen.
+    /// The asymmetric partition: every peer link to and from the leader
+    /// frozen, while the clients' proxies are left alone, so every client
+    /// still reaches it. The leader must step aside (within twice the
+    /// election timeout) so its clients move to the one the others elect.
     IsolateLeader,
     /// The leader and fewer than half the nodes cut from the rest (on 3
     /// nodes, the leader alone).
@@ -253,6 +352,59 @@ enum Kind {
     /// must refuse with a clear message (or start and catch up); then the
     /// file is put back and it restarts.
     DamageFollowerLog,
+    /// Every node in turn, followers first and then the leader: SIGTERM,
+    /// a clean exit (status 0, a violation otherwise), a start on the same
+    /// data, and a wait until the leader shows it caught up before the
+    /// next. Waits for the other faults to heal and holds every node, so
+    /// what it costs is its own.
+    RollingRestart,
+}
+
+/// How often each kind is drawn, in parts of the whole. The leader cut off
+/// from its peers while its clients still reach it has two parts: it is
+/// the fault a leader must notice by itself (nothing tells it but the
+/// silence of its peers), and what it costs the clients is the point of
+/// `--require-availability`.
+const MIX: &[(Kind, u32)] = &[
+    (Kind::KillLeader, 2),
+    (Kind::KillFollower, 2),
+    (Kind::DamageFollowerLog, 1),
+    (Kind::KillMajority, 1),
+    (Kind::PauseLeader, 3),
+    (Kind::RollingRestart, 1),
+    (Kind::IsolateLeader, 2),
+    (Kind::SplitLeaderMinority, 1),
+    (Kind::CutLeaderToFollower, 1),
+    (Kind::SlowLeader, 1),
+    (Kind::IsolateFollower, 1),
+    (Kind::CutClientsSilently, 1),
+    (Kind::ResetClients, 1),
+];
+
+/// The kinds a run may draw: those of `only` (every kind when empty) that
+/// need no proxies unless `partitions`.
+pub fn drawable(only: &[Kind], partitions: bool) -> Vec<(Kind, u32)> {
+    MIX.iter()
+        .copied()
+        .filter(|(k, _)| partitions || !k.needs_proxies())
+        .filter(|(k, _)| only.is_empty() || only.contains(k))
+        .collect()
+}
+
+/// One kind of `mix` at random, by its parts; `None` when `mix` is empty.
+fn draw(rng: &mut fastrand::Rng, mix: &[(Kind, u32)]) -> Option<Kind> {
+    let total: u32 = mix.iter().map(|(_, w)| w).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut at = rng.u32(0..total);
+    for &(k, w) in mix {
+        if at < w {
+            return Some(k);
+        }
+        at -= w;
+    }
+    None
 }
 
 impl Kind {
@@ -262,7 +414,7 @@ impl Kind {
             Kind::KillFollower => "SIGKILL follower",
             Kind::KillMajority => "SIGKILL majority",
             Kind::PauseLeader => "SIGSTOP leader",
-            Kind::IsolateLeader => "partition: leader isolated",
+            Kind::IsolateLeader => "partition: leader cut off from its peers, clients reach it",
             Kind::SplitLeaderMinority => "partition: leader in the minority",
             Kind::CutLeaderToFollower => "partition: leader -> follower cut one way",
             Kind::IsolateFollower => "partition: follower isolated",
@@ -270,6 +422,29 @@ impl Kind {
             Kind::DamageFollowerLog => "follower's log file cut short",
             Kind::CutClientsSilently => "clients cut from the leader (silent)",
             Kind::ResetClients => "clients cut from the leader (reset)",
+            Kind::RollingRestart => "rolling restart (SIGTERM each node in turn)",
+        }
+    }
+
+    /// Whether the fault works through the proxies, which
+    /// `--no-partitions` leaves out.
+    fn needs_proxies(self) -> bool {
+        self.is_partition() || self.cuts_clients()
+    }
+
+    /// How many of the `claimed` nodes the fault takes from the majority
+    /// the clients can use (down, paused, or cut from their peers), for
+    /// judging availability.
+    fn out(self, claimed: usize) -> usize {
+        match self {
+            // Latency only; the clients' cut is judged by itself.
+            Kind::SlowLeader | Kind::CutClientsSilently | Kind::ResetClients => 0,
+            // The follower that hears the leader no more; the leader keeps
+            // the rest.
+            Kind::CutLeaderToFollower => 1,
+            // One node at a time.
+            Kind::RollingRestart => 1,
+            _ => claimed,
         }
     }
 
@@ -306,17 +481,20 @@ impl Kind {
     }
 }
 
-/// Starts faults about every `every` (at random, between none and twice
-/// that apart), at most `max` at once, until the run's deadline; waits for
-/// those in progress to heal.
+/// Starts faults of the kinds `only` names (every kind when empty) about
+/// every `every` (at random, between none and twice that apart), at most
+/// `max` at once, until the run's deadline; waits for those in progress to
+/// heal.
 pub async fn schedule(
     sh: Arc<Workload>,
     cluster: Arc<Cluster>,
     every: Duration,
     max: usize,
+    only: Vec<Kind>,
     seed: u64,
 ) {
     let mut rng = fastrand::Rng::with_seed(seed);
+    let mix = drawable(&only, cluster.links.is_some());
     let limit = Arc::new(tokio::sync::Semaphore::new(max));
     let mut set = tokio::task::JoinSet::new();
     loop {
@@ -329,21 +507,9 @@ pub async fn schedule(
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             continue;
         };
-        let kinds = if cluster.links.is_some() { 16 } else { 9 };
-        let kind = match rng.u8(0..kinds) {
-            0..=1 => Kind::KillLeader,
-            2 => Kind::KillFollower,
-            3 => Kind::DamageFollowerLog,
-            4 => Kind::KillMajority,
-            5..=7 => Kind::PauseLeader,
-            8 => Kind::KillFollower,
-            9 => Kind::IsolateLeader,
-            10 => Kind::SplitLeaderMinority,
-            11 => Kind::CutLeaderToFollower,
-            12 => Kind::SlowLeader,
-            13 => Kind::IsolateFollower,
-            14 => Kind::CutClientsSilently,
-            _ => Kind::ResetClients,
+        let Some(kind) = draw(&mut rng, &mix) else {
+            // `run` refuses a choice of kinds none of which can be drawn.
+            break;
         };
         let leader = cluster.leader(None).await;
         let n = cluster.len();
@@ -362,6 +528,9 @@ pub async fn schedule(
                 cluster.claim(Some(follower(&mut rng)), 1)
             }
             Kind::KillMajority => cluster.claim(leader, n / 2 + 1),
+            // Every node, once the other faults have healed: no turn is
+            // skipped for it, and what it costs is its own.
+            Kind::RollingRestart => cluster.claim_all(sh.faults_until).await,
             Kind::SplitLeaderMinority => leader.and_then(|l| cluster.claim(Some(l), (n - 1) / 2)),
             // The leader first, then the follower it is cut from.
             Kind::CutLeaderToFollower => leader.and_then(|l| {
@@ -407,7 +576,13 @@ pub async fn schedule(
             if disrupts {
                 sh.disruption_began();
             }
+            let timeline = sh.availability.fault_began(
+                kind.name(),
+                kind.out(nodes.len()),
+                kind.cuts_clients(),
+            );
             run_fault(kind, &nodes, heal_after, fraction, &sh, &cluster).await;
+            sh.availability.fault_healed(timeline);
             if disrupts {
                 sh.disruption_healed();
             }
@@ -434,6 +609,10 @@ async fn run_fault(
     cluster: &Arc<Cluster>,
 ) {
     sh.report.fault(kind.name());
+    if let Kind::RollingRestart = kind {
+        rolling_restart(nodes, fraction, sh, cluster).await;
+        return;
+    }
     let began = Instant::now();
     let heal_at = began + heal_after;
     let pause = matches!(kind, Kind::PauseLeader);
@@ -542,6 +721,111 @@ async fn run_fault(
     }
 }
 
+/// Restarts every node of `nodes` (all of them, claimed) in turn, as an
+/// operator upgrading the cluster would (docs/CLUSTER.md, "Upgrading"):
+/// followers first, in an order `fraction` picks, then whoever leads when
+/// its turn comes. Each gets SIGTERM and must exit 0; it stays down for up
+/// to 5 election timeouts (as installing a binary might take), is started
+/// again on its data and must catch up before the next one's turn. A
+/// leader back within about 3 election timeouts is usually elected again
+/// (its followers still honour its term, and openraft restores a leader
+/// whose vote was committed); later, one of the others has taken over:
+/// the draw covers both. A node that does not come back or catch up ends
+/// the restart there (a violation), as an operator would stop.
+async fn rolling_restart(nodes: &[usize], fraction: f64, sh: &Workload, cluster: &Arc<Cluster>) {
+    let mut left = nodes.to_vec();
+    if left.is_empty() {
+        return;
+    }
+    let turn = ((fraction * left.len() as f64) as usize).min(left.len() - 1);
+    left.rotate_left(turn);
+    // Drawn here, from the run's seed through `fraction`, so a replay
+    // with the same seed stops the nodes for the same times.
+    let mut rng = fastrand::Rng::with_seed(fraction.to_bits());
+    while !left.is_empty() {
+        let leader = cluster.leader_among(0..cluster.len()).await;
+        let next = left.iter().position(|&i| Some(i) != leader).unwrap_or(0);
+        let i = left.remove(next);
+        let began = Instant::now();
+        // The next leader is watched for while the leader stops: stepping
+        // aside on SIGTERM (its heartbeats off), it lets the others elect
+        // one once their election timeout runs out, or it is elected again
+        // itself if it is back first.
+        let back = Arc::new(AtomicBool::new(false));
+        let handover = (Some(i) == leader).then(|| {
+            let (c, back) = (cluster.clone(), back.clone());
+            tokio::spawn(async move { c.next_leader(i, back, began, began + CATCH_UP).await })
+        });
+        let exit = with_nodes_value(cluster, move |n| n.terminate(i, TERM_LIMIT)).await;
+        let node = i + 1;
+        match exit {
+            Some(Some(status)) if status.success() => {}
+            Some(Some(status)) => sh.report.violation(
+                "rolling restart: exit not 0 on SIGTERM",
+                format!("node {node}: {status}"),
+            ),
+            Some(None) => sh.report.violation(
+                "rolling restart: no exit on SIGTERM",
+                format!("node {node} was not running, or did not exit within {TERM_LIMIT:?} and was killed"),
+            ),
+            None => sh
+                .report
+                .violation("fault failed", format!("SIGTERM to node {node}")),
+        }
+        tokio::time::sleep(sh.election_timeout.mul_f64(5.0 * rng.f64())).await;
+        let restarted = with_nodes_value(cluster, move |n| n.try_restart(i)).await;
+        match restarted {
+            Some(Ok(())) => back.store(true, Ordering::Relaxed),
+            Some(Err(why)) => {
+                sh.report.violation(
+                    "node did not come back",
+                    format!("after SIGTERM in a rolling restart: {why}"),
+                );
+                return;
+            }
+            None => {
+                sh.report.violation(
+                    "node did not come back",
+                    format!("node {node}, after SIGTERM in a rolling restart"),
+                );
+                return;
+            }
+        }
+        if !cluster.caught_up(i, Instant::now() + CATCH_UP).await {
+            sh.report.violation(
+                "rolling restart: node did not catch up",
+                format!(
+                    "node {node}: not 0 entries behind the leader within {CATCH_UP:?} of its start"
+                ),
+            );
+            return;
+        }
+        sh.counts
+            .bump("rolling restart: nodes restarted and caught up");
+        sh.restarts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(began.elapsed());
+        if let Some(h) = handover {
+            match h.await {
+                Ok(Some((after, again))) => {
+                    if again {
+                        sh.counts
+                            .bump("rolling restart: the stopped leader led again");
+                    }
+                    sh.handovers
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(after);
+                }
+                _ => sh
+                    .counts
+                    .bump("rolling restart: no leader after the leader's SIGTERM"),
+            }
+        }
+    }
+}
+
 /// The links a partition freezes: `nodes` are those it claimed, the
 /// leader first where it hits the leader.
 fn partition(kind: Kind, nodes: &[usize], n: usize) -> Vec<(usize, usize)> {
@@ -614,4 +898,54 @@ async fn with_nodes(
     tokio::task::spawn_blocking(move || f(&mut c.nodes()))
         .await
         .is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How often each kind comes out of `mix` in `n` draws.
+    fn tally(mix: &[(Kind, u32)], n: u32) -> Vec<(Kind, u32)> {
+        let mut rng = fastrand::Rng::with_seed(1);
+        let mut seen: Vec<(Kind, u32)> = mix.iter().map(|&(k, _)| (k, 0)).collect();
+        for _ in 0..n {
+            let Some(k) = draw(&mut rng, mix) else {
+                panic!("nothing drawn from {mix:?}");
+            };
+            if let Some(slot) = seen.iter_mut().find(|(s, _)| *s == k) {
+                slot.1 += 1;
+            }
+        }
+        seen
+    }
+
+    #[test]
+    fn every_kind_is_drawn_about_as_often_as_its_parts_say() {
+        let mix = drawable(&[], true);
+        assert_eq!(mix.len(), MIX.len());
+        let total: u32 = mix.iter().map(|(_, w)| w).sum();
+        let n = 100_000;
+        for ((kind, got), (_, parts)) in tally(&mix, n).into_iter().zip(&mix) {
+            let want = f64::from(n) * f64::from(*parts) / f64::from(total);
+            let off = (f64::from(got) - want).abs() / want;
+            assert!(off < 0.1, "{kind:?}: {got} draws, {want:.0} expected");
+        }
+    }
+
+    #[test]
+    fn without_proxies_no_partition_is_drawn_but_the_rolling_restart_is() {
+        let mix = drawable(&[], false);
+        assert!(mix.iter().all(|(k, _)| !k.needs_proxies()), "{mix:?}");
+        assert!(mix.iter().any(|(k, _)| *k == Kind::RollingRestart));
+        assert!(drawable(&[Kind::IsolateLeader], false).is_empty());
+    }
+
+    #[test]
+    fn the_faults_named_are_the_only_ones_drawn() {
+        let only = [Kind::IsolateLeader, Kind::RollingRestart];
+        let mix = drawable(&only, true);
+        for (kind, got) in tally(&mix, 1_000) {
+            assert!(only.contains(&kind) && got > 0, "{kind:?}: {got}");
+        }
+    }
 }

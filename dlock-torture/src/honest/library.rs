@@ -3,8 +3,11 @@
 //! holds them and its guard does not say the lock may be lost, and checks
 //! every answer: a lock refused or lost while its session (on a single
 //! server, its connection) lives and its lease runs is a violation, as is
-//! a request without an answer.
+//! a request without an answer. What the cluster cost it (a hold cut
+//! short, a place in line lost, a request failed) goes to the availability
+//! count (`availability.rs`), which judges it against the faults.
 
+use crate::availability::Loss;
 use crate::history::Hold;
 use crate::report::add;
 use crate::workload::Workload;
@@ -23,6 +26,13 @@ pub const MAX_LEASE: Duration = Duration::from_secs(3);
 /// How long before its guard's alarm a lease held to the edge is used
 /// for the last time and unlocked: timer slack on a loaded machine.
 const EDGE: Duration = Duration::from_millis(20);
+
+/// A grant later than this past its Lock's wait was held up by the
+/// cluster (cluster time stands still between two leaders, so a failover
+/// stretches every wait), not handed on at the wait's last moment: that
+/// takes a commit and a round trip, well under a second even on a loaded
+/// machine.
+const LATE: Duration = Duration::from_secs(1);
 
 pub async fn run(client: u64, sh: Arc<Workload>, seed: u64) {
     let mut rng = fastrand::Rng::with_seed(seed);
@@ -121,6 +131,12 @@ async fn round(client: u64, c: &Client, sh: &Workload, rng: &mut fastrand::Rng) 
             // wait): the library's renewal found the lease run out. Sooner
             // than that, the cluster dropped a live lease.
             sh.counts.bump("lease ran out before its grant arrived");
+            if let (true, Some(l)) = (sent.elapsed() > wait + LATE, lease) {
+                // Its wait allowed a usable grant: the cluster held it up.
+                sh.lost(Loss::Lock, lease_room(l), || {
+                    format!("client {client}: Lock {keys:?} granted after its lease ran out")
+                });
+            }
             return;
         }
         Ok(Err(e)) => {
@@ -128,6 +144,16 @@ async fn round(client: u64, c: &Client, sh: &Workload, rng: &mut fastrand::Rng) 
                 e,
                 Error::Connect { .. } | Error::ConnectTimeout { .. } | Error::Unreachable { .. }
             );
+            // A Lock that waited in line lost its place; one that would not
+            // wait had none, and merely failed.
+            let what = if wait.is_zero() {
+                Loss::Request
+            } else {
+                Loss::Place
+            };
+            sh.lost(what, sh.session_room(), || {
+                format!("client {client}: Lock {keys:?} waiting up to {wait:?}: {e}")
+            });
             session_or_violation(client, sh, "Lock", e);
             if unreachable {
                 // No leader now: try again later, not in a tight loop.
@@ -140,6 +166,9 @@ async fn round(client: u64, c: &Client, sh: &Workload, rng: &mut fastrand::Rng) 
                 "request not answered",
                 format!("client {client}: Lock {keys:?}"),
             );
+            sh.lost(Loss::Place, sh.session_room(), || {
+                format!("client {client}: Lock {keys:?}: no answer")
+            });
             return;
         }
     };
@@ -147,7 +176,8 @@ async fn round(client: u64, c: &Client, sh: &Workload, rng: &mut fastrand::Rng) 
     if shared {
         add(&sh.report.ops.shared_grants, 1);
     }
-    hold(client, guard, shared, sh, rng).await;
+    let late = sent.elapsed() > wait + LATE;
+    hold(client, guard, shared, late, sh, rng).await;
 }
 
 /// An error of a request: the end of its session (counted: faults end
@@ -177,18 +207,29 @@ fn session_or_violation(client: u64, sh: &Workload, what: &str, e: Error) {
 
 /// Holds the lock for a random time, writing the register at the start and
 /// the end while the guard does not say it may be lost, perhaps renewing a
-/// lease halfway; records the hold, then lets go.
+/// lease halfway; records the hold, then lets go. `late`: the grant came
+/// later than its Lock's wait allowed.
 async fn hold(
     client: u64,
     mut guard: LockGuard,
     shared: bool,
+    late: bool,
     sh: &Workload,
     rng: &mut fastrand::Rng,
 ) {
     let start = Instant::now();
     if guard.is_lost() {
-        // A long wait may use up a lease before the grant arrives.
+        // A long wait may use up a lease before the grant arrives: the
+        // client's choice, unless the grant came after the wait allowed.
         sh.counts.bump("granted already in jeopardy");
+        if late {
+            sh.lost(Loss::Lock, lock_room(&guard, sh), || {
+                format!(
+                    "client {client}: fence {} granted in jeopardy, after its wait",
+                    guard.fence()
+                )
+            });
+        }
         return;
     }
     write_register(client, sh, &guard, shared);
@@ -210,12 +251,16 @@ async fn hold(
         Duration::from_millis(rng.u64(0..50))
     };
     let mut lost = None;
+    // Whether a Renew was sent, and why it failed if it did.
+    let mut renewed = false;
+    let mut renew_failed = None;
     if to_the_edge {
         lost = wait_or_lost(&guard, hold_for).await;
     } else if let (Some(l), true) = (guard.lease(), rng.bool()) {
         lost = wait_or_lost(&guard, hold_for / 2).await;
         if lost.is_none() {
             let deadline = guard.deadline();
+            renewed = true;
             match guard.renew(l).await {
                 Ok(()) => {}
                 Err(Error::NotHeld { .. }) if Instant::now() < deadline => {
@@ -223,8 +268,9 @@ async fn hold(
                         "lock lost while held",
                         format!("client {client}: Renew of a live lease {}", guard.fence()),
                     );
+                    renew_failed = Some("not held".to_string());
                 }
-                Err(_) => {}
+                Err(e) => renew_failed = Some(e.to_string()),
             }
         }
     }
@@ -243,6 +289,27 @@ async fn hold(
         // history checks.
         let alarm = deadline.checked_sub(guard.margin()).unwrap_or(start);
         end = end.min(alarm.max(start));
+    }
+    // Whether the cluster cut the hold short, not the client's own
+    // choices: a lease falls into jeopardy by running its course (a wait
+    // that used most of it, a hold to its edge) unless a Renew was sent,
+    // so only a Renew that failed or came too late to keep it counts; a
+    // lock without a lease is kept by the session, so any loss counts.
+    let cut_short = renew_failed.is_some()
+        || match &lost {
+            Some(Lost::Jeopardy { lease: true, .. }) => renewed,
+            Some(_) => true,
+            None => false,
+        };
+    if cut_short {
+        sh.lost(Loss::Lock, lock_room(&guard, sh), || {
+            let why = match (&renew_failed, &lost) {
+                (Some(e), _) => format!("Renew failed: {e}"),
+                (None, Some(why)) => why.to_string(),
+                (None, None) => String::new(),
+            };
+            format!("client {client}: fence {}: {why}", guard.fence())
+        });
     }
     for k in guard.keys() {
         sh.history.record(Hold {
@@ -271,7 +338,24 @@ async fn hold(
         });
         return;
     }
-    release(client, guard, sh, rng).await;
+    release(client, guard, cut_short, sh, rng).await;
+}
+
+/// The room a lock had to ride through a failover: its window (its
+/// lease, or its session's TTL) less the guard's safety margin.
+fn lock_room(guard: &LockGuard, sh: &Workload) -> Duration {
+    match guard.lease() {
+        Some(l) => l.saturating_sub(guard.margin()),
+        None => sh.session_room(),
+    }
+}
+
+/// The room a lease of `l` gives, by the margin a guard would keep.
+fn lease_room(l: Duration) -> Duration {
+    l.saturating_sub(dlock::safety::margin(
+        dlock::safety::DEFAULT_SAFETY_MARGIN,
+        l,
+    ))
 }
 
 /// Sleeps `d`, or less if the guard says the lock may be lost.
@@ -284,13 +368,23 @@ async fn wait_or_lost(guard: &LockGuard, d: Duration) -> Option<Lost> {
 
 /// Unlocks, or now and then lets a lease run out. The cluster must still
 /// hold the keys for this client unless the guard's deadline passed or its
-/// session ended.
-async fn release(client: u64, guard: LockGuard, sh: &Workload, rng: &mut fastrand::Rng) {
+/// session ended. `counted`: the hold was already counted as cut short.
+async fn release(
+    client: u64,
+    guard: LockGuard,
+    counted: bool,
+    sh: &Workload,
+    rng: &mut fastrand::Rng,
+) {
     if guard.lease().is_some() && rng.u8(0..10) == 0 {
         add(&sh.report.ops.lease_expiries, 1);
         let _ = guard.into_parts();
         return;
     }
+    // A lock without a lease is gone when its session is; a lease outlives
+    // it, and past its deadline it merely ran its course.
+    let session_bound = guard.lease().is_none();
+    let room = lock_room(&guard, sh);
     let conn = guard.client();
     let deadline = guard.deadline();
     let fence = guard.fence();
@@ -307,13 +401,34 @@ async fn release(client: u64, guard: LockGuard, sh: &Workload, rng: &mut fastran
                 );
             } else {
                 sh.counts.bump("unlock after the deadline: not held");
+                if session_bound && !counted {
+                    sh.lost(Loss::Lock, room, || {
+                        format!(
+                            "client {client}: Unlock of fence {fence}: not held, its session gone"
+                        )
+                    });
+                }
             }
         }
-        Ok(Err(e)) => session_or_violation(client, sh, "Unlock", e),
-        Err(_) => sh.report.violation(
-            "request not answered",
-            format!("client {client}: Unlock of fence {fence}"),
-        ),
+        Ok(Err(e)) => {
+            let what = match e {
+                Error::ConnectionLost(_) if session_bound && !counted => Loss::Lock,
+                _ => Loss::Request,
+            };
+            sh.lost(what, room, || {
+                format!("client {client}: Unlock of fence {fence}: {e}")
+            });
+            session_or_violation(client, sh, "Unlock", e);
+        }
+        Err(_) => {
+            sh.report.violation(
+                "request not answered",
+                format!("client {client}: Unlock of fence {fence}"),
+            );
+            sh.lost(Loss::Request, room, || {
+                format!("client {client}: Unlock of fence {fence}: no answer")
+            });
+        }
     }
 }
 
