@@ -314,6 +314,12 @@ export class Link implements Watched {
         case ResponseStatus.Unavailable:
           this.fail(`${this.addr} could not commit in time (Unavailable)`, undefined, "", "");
           return;
+        // The node is stopping (a rolling restart): nothing was done; the
+        // session goes on at the next leader, where what is unanswered is
+        // sent again under its number.
+        case ResponseStatus.ShuttingDown:
+          this.fail(`${this.addr} is shutting down`, undefined, "", this.addr);
+          return;
       }
     }
     const p = head;

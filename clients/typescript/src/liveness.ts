@@ -144,6 +144,11 @@ export class NodeWatch {
       } catch (e) {
         return { silent: !signal.aborted && e instanceof TimeoutError, waited: now() - sent };
       }
+      // It answers but cannot serve: it counts itself leader with no
+      // majority behind it (cut off from its peers, or stopping). As good
+      // as silent for the sessions on it, and sooner (docs/PROTOCOL.md,
+      // "Noticing a node that cannot serve").
+      if (resp.status === ResponseStatus.Unavailable) return { silent: true, waited: now() - sent };
       if (resp.status !== ResponseStatus.Ok) return { silent: false, waited: 0 };
     }
   }
