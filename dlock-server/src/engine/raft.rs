@@ -13,7 +13,7 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `cluster.rs` | the handle: proposing, reads, status, shutdown |
+//! | this file | the handle [`Cluster`]: proposing, reads, status, shutdown |
 //! | `start` | starting a node: data directory, openraft, first-start init |
 //! | `membership` | adding and removing nodes |
 //! | `quorum` | whether a leader stands: a majority heard lately (CheckQuorum) |
