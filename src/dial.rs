@@ -290,7 +290,7 @@ async fn try_node(
     let token = dial.token();
     let mut stream = transport::connect(addr, options, |s| configure(s, options))
         .await
-        .map_err(|source| connect_error(addr, source))?;
+        .map_err(|source| connect_error(addr, source, session))?;
     // Until the node has answered, an attempt given up (its time ran out,
     // `establish` dropped it) ends with a reset: a clean close would end a
     // session the node may just have resumed for it, under the feet of the
@@ -298,9 +298,8 @@ async fn try_node(
     stream.reset_on_close(true);
     let hello_sent = Instant::now();
     let limits = hello(&mut stream, &token).await.map_err(|e| match e {
-        e @ (Error::AccessDenied(_) | Error::Protocol(_) | Error::ServerSpeaksTls) => {
-            NodeError::Fatal(e)
-        }
+        e @ (Error::AccessDenied(_) | Error::Protocol(_)) => NodeError::Fatal(e),
+        e @ Error::ServerSpeaksTls if session == 0 => NodeError::Fatal(e),
         error => NodeError::Failed {
             error,
             answered: false,
@@ -380,27 +379,33 @@ async fn try_node(
 }
 
 /// Why connecting to `addr` failed. A TLS setup that does not match the
-/// server's is the same on every node and is not retried: it needs the
-/// user to change a flag, which the error names.
-fn connect_error(addr: &str, source: std::io::Error) -> NodeError {
-    match transport::tls_failure(&source) {
-        Some(transport::TlsFailure::NotTls) => NodeError::Fatal(Error::ServerSpeaksNoTls {
-            addr: addr.to_string(),
-            source,
-        }),
+/// server's, at the first connect, is the same on every node and is not
+/// retried: it needs the user to change a flag, which the error names.
+/// While a session resumes (`session` set) it is one node's trouble (a
+/// certificate being changed, a port taken by something else): the other
+/// nodes are tried, so that one bad node cannot end a session the rest of
+/// the cluster keeps.
+fn connect_error(addr: &str, source: std::io::Error, session: u64) -> NodeError {
+    let addr = addr.to_string();
+    let error = match transport::tls_failure(&source) {
+        Some(transport::TlsFailure::NotTls) => Error::ServerSpeaksNoTls { addr, source },
         Some(transport::TlsFailure::CaAsEndEntity) => {
-            NodeError::Fatal(Error::CaUsedAsServerCertificate {
-                addr: addr.to_string(),
-                source,
-            })
+            Error::CaUsedAsServerCertificate { addr, source }
         }
-        None => NodeError::Failed {
-            error: Error::Connect {
-                addr: addr.to_string(),
-                source,
-            },
-            answered: false,
-        },
+        None => {
+            return NodeError::Failed {
+                error: Error::Connect { addr, source },
+                answered: false,
+            }
+        }
+    };
+    if session == 0 {
+        NodeError::Fatal(error)
+    } else {
+        NodeError::Failed {
+            error,
+            answered: true,
+        }
     }
 }
 

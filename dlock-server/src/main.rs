@@ -13,7 +13,10 @@ use tracing_subscriber::EnvFilter;
 /// an error for every failed RPC to a peer that is down (two lines each
 /// half second): the peer client reports a peer that stops answering
 /// itself, once, then once a minute, and when it is back
-/// (`engine/raft/reachability.rs`).
+/// (`engine/raft/reachability.rs`). What else that module logs is hidden
+/// too: a storage error while replicating stops the node, which logs the
+/// cause itself; a snapshot that cannot be sent is retried (set
+/// `--log-level info,openraft=warn` to see every line).
 const DEFAULT_LOG_FILTER: &str = "info,openraft=warn,openraft::replication=off";
 
 /// The dlock lock server.

@@ -452,12 +452,16 @@ impl Cluster {
             return;
         }
         self.inner.stepped_aside.cancel();
+        // Never to lead again before it stops: a draining node that won an
+        // election would lead without standing and, with its heartbeats,
+        // keep the others from electing one that can serve.
+        self.inner.raft.runtime_config().elect(false);
+        self.inner.raft.runtime_config().heartbeat(false);
         if self.inner.raft.server_metrics().borrow().state == ServerState::Leader {
             tracing::info!(
                 node = self.inner.id,
                 "stepping aside as the leader before stopping"
             );
-            self.inner.raft.runtime_config().heartbeat(false);
         }
     }
 
@@ -471,9 +475,13 @@ impl Cluster {
         let committed = self.inner.committed.load(Ordering::Relaxed).checked_sub(1);
         let mut status =
             ClusterStatus::from_metrics(&self.inner.raft.metrics().borrow(), committed);
-        for m in &mut status.members {
-            if m.id != self.inner.id {
-                m.unreachable_for = self.inner.reach.down_for(m.id);
+        // Only a leader talks to every member all the time; a follower's
+        // last word with a peer may be hours old.
+        if status.role == Role::Leader {
+            for m in &mut status.members {
+                if m.id != self.inner.id {
+                    m.unreachable_for = self.inner.reach.down_for(m.id);
+                }
             }
         }
         status

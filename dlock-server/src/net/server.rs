@@ -142,7 +142,8 @@ impl Server {
             }
         };
         // Not tracked, and stopped only once the connections are drained:
-        // a draining cluster leader still expires leases and sessions.
+        // a draining single server still expires leases. (A cluster leader
+        // steps aside as it starts draining; the next leader expires them.)
         let expiry_stop = CancellationToken::new();
         let expiry = tokio::spawn(service.clone().run_expiry(expiry_stop.clone()));
         if let (Engine::Local(local), Some(file)) = (service.engine(), fence_file) {

@@ -54,11 +54,17 @@ pub(crate) fn watch_quorum(
         // first acknowledgement the election itself is the last word a
         // majority gave.
         let mut since: Option<(u64, Instant)> = None;
+        // The latest majority acknowledgement, as of the metrics last seen.
+        // Read only when openraft publishes (`millis_since_quorum_ack` is
+        // counted at publishing): a core that stops publishing (stuck on
+        // its storage) must lose its standing, not keep it.
+        let mut heard: Option<Instant> = None;
+        let mut published = true;
         loop {
             let now = Instant::now();
-            let until = {
+            if published {
                 let m = metrics.borrow_and_update();
-                if m.state == ServerState::Leader {
+                heard = if m.state == ServerState::Leader {
                     let elected = match since {
                         Some((term, at)) if term == m.current_term => at,
                         _ => {
@@ -66,23 +72,34 @@ pub(crate) fn watch_quorum(
                             now
                         }
                     };
-                    let heard = m
-                        .millis_since_quorum_ack
-                        .and_then(|ms| now.checked_sub(Duration::from_millis(ms)))
-                        .map_or(elected, |acked| acked.max(elected));
-                    Some(heard + limit)
+                    Some(
+                        m.millis_since_quorum_ack
+                            .and_then(|ms| now.checked_sub(Duration::from_millis(ms)))
+                            .map_or(elected, |acked| acked.max(elected)),
+                    )
                 } else {
                     since = None;
                     None
-                }
-            };
+                };
+            }
+            let until = heard.map(|h| h + limit);
             let stands = until.is_some_and(|u| now < u) && !stepped_aside.is_cancelled();
             tx.send_if_modified(|s| std::mem::replace(s, stands) != stands);
             // Woken by the next metrics (an acknowledgement moves `until`),
             // or when the standing would run out without one.
             let wake = until.filter(|u| *u > now);
+            published = false;
             tokio::select! {
-                r = metrics.changed() => if r.is_err() { break },
+                r = metrics.changed() => {
+                    if r.is_err() {
+                        // openraft stopped: the supervisor stops the node
+                        // and says why; this node stands no more.
+                        tx.send_replace(false);
+                        stop.cancelled().await;
+                        break;
+                    }
+                    published = true;
+                }
                 _ = sleep_until(wake) => {}
                 _ = stepped_aside.cancelled(), if !stepped_aside.is_cancelled() => {}
                 _ = stop.cancelled() => break,

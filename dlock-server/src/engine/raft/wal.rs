@@ -128,7 +128,7 @@ impl Loc {
     fn read_once(&self) -> Result<Entry, DiskError> {
         let mut buf = vec![0; self.len];
         self.file.read_exact_at(&mut buf, self.at)?;
-        match check(&buf) {
+        match check(&buf, 0) {
             Some((Kind::Entry, payload)) => Ok(encoding::decode(payload)?),
             _ => Err(DiskError::Damaged(format!(
                 "the raft log record of entry {} (byte {}) no longer checks out",
@@ -138,23 +138,52 @@ impl Loc {
     }
 }
 
-/// A whole record's kind and payload if its length and CRC check out.
-fn check(record: &[u8]) -> Option<(Kind, &[u8])> {
+/// A whole record's kind and payload if its length and CRC check out; a
+/// sync mark's CRC covers its segment's `salt` too.
+fn check(record: &[u8], salt: u32) -> Option<(Kind, &[u8])> {
     let (head, body) = record.split_at_checked(HEAD)?;
     let len = u32::from_le_bytes(head[..4].try_into().ok()?) as usize;
     let crc = u32::from_le_bytes(head[4..].try_into().ok()?);
-    if len == 0 || body.len() != len || crc_of(&head[..4], body) != crc {
+    if len == 0 || body.len() != len {
+        return None;
+    }
+    let salt = (body[0] == Kind::Synced as u8).then_some(salt);
+    if crc_of(salt, &head[..4], body) != crc {
         return None;
     }
     Some((Kind::of(body[0])?, &body[1..]))
 }
 
-fn crc_of(len: &[u8], body: &[u8]) -> u32 {
+/// The CRC of a record's length and body, with the segment's salt first
+/// for a sync mark: the salt is random and never leaves the file, so bytes
+/// a client chose (a key, a value inside an entry) can never pass for a
+/// mark when a damaged log is searched for one (see `synced_past`).
+fn crc_of(salt: Option<u32>, len: &[u8], body: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
+    if let Some(salt) = salt {
+        h.update(&salt.to_le_bytes());
+    }
     h.update(len);
     h.update(body);
     h.finalize()
 }
+
+/// A new segment's salt (format 2 keeps it at header bytes 12..16):
+/// unpredictable, from the random keys std seeds its hash maps with.
+fn new_salt() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(now);
+    h.write_u32(std::process::id());
+    // The low half of a 64-bit hash: no bias that matters here.
+    h.finish() as u32
+}
+
+/// Where a segment's salt sits in its header.
+const SALT_AT: usize = 12;
 
 /// Records to write together, in one buffer.
 #[derive(Default)]
@@ -169,6 +198,20 @@ pub(crate) struct Batch {
 
 impl Batch {
     fn push(&mut self, kind: Kind, payload: &[u8]) -> Result<usize, DiskError> {
+        self.push_salted(kind, payload, None)
+    }
+
+    /// A sync mark naming `through`, for a segment salted with `salt`.
+    fn mark(&mut self, salt: u32, through: u64) -> Result<usize, DiskError> {
+        self.push_salted(Kind::Synced, &through.to_le_bytes(), Some(salt))
+    }
+
+    fn push_salted(
+        &mut self,
+        kind: Kind,
+        payload: &[u8],
+        salt: Option<u32>,
+    ) -> Result<usize, DiskError> {
         if payload.len() >= MAX_RECORD {
             return Err(DiskError::Io(std::io::Error::other(format!(
                 "a raft log record of {} bytes is over the limit of {MAX_RECORD}",
@@ -184,7 +227,7 @@ impl Batch {
         self.buf.extend_from_slice(&[0; 4]);
         self.buf.push(kind as u8);
         self.buf.extend_from_slice(payload);
-        let crc = crc_of(&len, &self.buf[body_at..]);
+        let crc = crc_of(salt, &len, &self.buf[body_at..]);
         self.buf[at + 4..body_at].copy_from_slice(&crc.to_le_bytes());
         Ok(at)
     }
@@ -273,6 +316,11 @@ pub(crate) struct Wal {
     /// mark is due when the first is ahead.
     synced: u64,
     marked: u64,
+    /// The last segment's salt, which its sync marks' CRCs cover.
+    salt: u32,
+    /// Whether the last segment is of format 2 (one of format 1, from
+    /// before sync marks, is closed at the first start on this version).
+    last_has_marks: bool,
     step: u64,
     segment: u64,
 }
@@ -374,6 +422,8 @@ impl Wal {
             failed: false,
             synced: 0,
             marked: 0,
+            salt: 0,
+            last_has_marks: true,
             step,
             segment,
         };
@@ -391,6 +441,12 @@ impl Wal {
         let last = seqs.len() - 1;
         for (i, seq) in seqs.into_iter().enumerate() {
             wal.replay_segment(seq, i == last, &mut replayed)?;
+        }
+        if !wal.last_has_marks {
+            // Written by a version without sync marks: its tail is judged by
+            // the older rule. Closed now, so what is written from here on
+            // is in a segment whose tail the marks vouch for.
+            wal.rotate(0)?;
         }
         // openraft's first entry has index 0, and a purge leaves the log
         // starting right after what it purged (or empty).
@@ -452,6 +508,12 @@ impl Wal {
             ));
         }
         let has_marks = header[8] >= 2;
+        let salt = u32::from_le_bytes([
+            header[SALT_AT],
+            header[SALT_AT + 1],
+            header[SALT_AT + 2],
+            header[SALT_AT + 3],
+        ]);
         let mut max_index = None;
         let mut at = HEADER;
         let mut torn = false;
@@ -476,7 +538,7 @@ impl Wal {
             record.extend_from_slice(&head);
             record.resize(HEAD + n, 0);
             reader.read_exact(&mut record[HEAD..])?;
-            let Some((kind, payload)) = check(&record) else {
+            let Some((kind, payload)) = check(&record, salt) else {
                 if record.get(HEAD).is_some_and(|k| Kind::of(*k).is_none()) && check_crc(&record) {
                     return Err(damaged(
                         &path,
@@ -534,7 +596,7 @@ impl Wal {
         if torn && has_marks {
             // Bytes a completed sync covered were acknowledged (or relied
             // on, as a vote); bytes no sync covered may be torn anywhere.
-            if let Some(through) = synced_past(&file, at, len)? {
+            if let Some(through) = synced_past(&file, at, len, salt)? {
                 return Err(damaged(
                     &path,
                     format!(
@@ -559,6 +621,22 @@ impl Wal {
                 ),
             ));
         }
+        if last && !torn && has_marks && !zero_after(&file, at, len)? {
+            // Reading stopped at a length of zero with bytes after it: a
+            // write whose first bytes never landed, or synced records whose
+            // start was zeroed by a damaged disk. A mark past the stop says
+            // which.
+            if let Some(through) = synced_past(&file, at, len, salt)? {
+                return Err(damaged(
+                    &path,
+                    format!(
+                        "reading stopped at byte {at} (a record length of zero), yet a later sync \
+                         mark says the log was durable through byte {through}: the disk changed \
+                         data that was acknowledged. {ACKNOWLEDGED_DAMAGE}"
+                    ),
+                ));
+            }
+        }
         drop(reader);
         // Behind where reading stopped, the next write goes. Bytes left
         // there by a write cut short (even one whose first bytes stayed
@@ -579,6 +657,8 @@ impl Wal {
             file.sync_data()?;
             self.synced = at;
             self.marked = 0;
+            self.salt = salt;
+            self.last_has_marks = has_marks;
         }
         self.segments.push(Segment {
             seq,
@@ -653,7 +733,7 @@ impl Wal {
     /// `batch` behind a sync mark naming what the last sync covered.
     fn marked_first(&mut self, batch: Batch) -> Result<Batch, DiskError> {
         let mut marked = Batch::default();
-        marked.push(Kind::Synced, &self.synced.to_le_bytes())?;
+        marked.mark(self.salt, self.synced)?;
         let shift = marked.buf.len();
         marked.buf.extend_from_slice(&batch.buf);
         marked.entries = batch
@@ -677,7 +757,8 @@ impl Wal {
     /// The write failed now, or a write or sync did before.
     pub(crate) fn mark_synced(&mut self) -> Result<(), DiskError> {
         if self.failed {
-            return Err(failed());
+            // Reported when it failed; nothing is written any more.
+            return Ok(());
         }
         if self.synced <= self.marked {
             return Ok(());
@@ -729,6 +810,8 @@ impl Wal {
         head.buf.extend_from_slice(&MAGIC);
         head.buf.push(VERSION);
         head.buf.resize(HEADER as usize, 0);
+        let salt = new_salt();
+        head.buf[SALT_AT..SALT_AT + 4].copy_from_slice(&salt.to_le_bytes());
         if let Some(v) = self.vote.clone() {
             head.vote(v)?;
         }
@@ -762,6 +845,8 @@ impl Wal {
         // The checkpoint is synced: the first write vouches for it.
         self.synced = self.end;
         self.marked = 0;
+        self.salt = salt;
+        self.last_has_marks = true;
         Ok(())
     }
 
@@ -839,7 +924,6 @@ fn failed() -> DiskError {
     ))
 }
 
-/// Whether a record's CRC checks out, whatever its kind.
 /// What a refusal over changed, acknowledged bytes tells the operator.
 const ACKNOWLEDGED_DAMAGE: &str = "What to do: on a node of a cluster, move its data directory \
     aside and add the node back empty (docs/CLUSTER.md, \"Adding and removing nodes\"): it copies \
@@ -852,7 +936,7 @@ const ACKNOWLEDGED_DAMAGE: &str = "What to do: on a node of a cluster, move its 
 /// names an offset past `at`: the bytes there were made durable. Looked for
 /// byte by byte, since the records from `at` on cannot be trusted to say
 /// where the next one starts; only a damaged log is read this way.
-fn synced_past(file: &File, at: u64, len: u64) -> Result<Option<u64>, DiskError> {
+fn synced_past(file: &File, at: u64, len: u64, salt: u32) -> Result<Option<u64>, DiskError> {
     const CHUNK: usize = 1 << 20;
     let mark_len = (MARK_LEN - HEAD) as u32;
     let mut buf = vec![0; CHUNK];
@@ -864,9 +948,10 @@ fn synced_past(file: &File, at: u64, len: u64) -> Result<Option<u64>, DiskError>
             if buf[i..i + 4] != mark_len.to_le_bytes() {
                 continue;
             }
-            if let Some((Kind::Synced, payload)) = check(&buf[i..i + MARK_LEN]) {
+            if let Some((Kind::Synced, payload)) = check(&buf[i..i + MARK_LEN], salt) {
                 let through = payload.try_into().map(u64::from_le_bytes).unwrap_or(0);
-                if through > at {
+                // A real mark names an offset before itself.
+                if through > at && through <= pos + i as u64 {
                     return Ok(Some(through));
                 }
             }
@@ -878,9 +963,11 @@ fn synced_past(file: &File, at: u64, len: u64) -> Result<Option<u64>, DiskError>
     Ok(None)
 }
 
+/// Whether a record's CRC checks out, whatever its kind (a mark's is
+/// salted: never taken for an unknown kind).
 fn check_crc(record: &[u8]) -> bool {
     record.len() > HEAD
-        && crc_of(&record[..4], &record[HEAD..])
+        && crc_of(None, &record[..4], &record[HEAD..])
             == u32::from_le_bytes([record[4], record[5], record[6], record[7]])
 }
 
@@ -962,10 +1049,12 @@ pub(crate) fn create_imported(data_dir: &Path, records: Batch) -> Result<(), Dis
     let mut header = [0; HEADER as usize];
     header[..8].copy_from_slice(&MAGIC);
     header[8] = VERSION;
+    let salt = new_salt();
+    header[SALT_AT..SALT_AT + 4].copy_from_slice(&salt.to_le_bytes());
     // Synced below, so a mark behind them vouches for them.
     let mut records = records;
     let through = HEADER + records.buf.len() as u64;
-    records.push(Kind::Synced, &through.to_le_bytes())?;
+    records.mark(salt, through)?;
     allocate(&file, round_up(HEADER + records.buf.len() as u64, STEP))?;
     file.write_all_at(&header, 0)?;
     file.write_all_at(&records.buf, HEADER)?;
@@ -1304,7 +1393,11 @@ mod tests {
             .skip(at as usize + 1)
             .find(|(i, w)| {
                 *w == ((MARK_LEN - HEAD) as u32).to_le_bytes()
-                    && check(&bad[*i..*i + MARK_LEN]).is_some()
+                    && check(
+                        &bad[*i..*i + MARK_LEN],
+                        u32::from_le_bytes([bad[12], bad[13], bad[14], bad[15]]),
+                    )
+                    .is_some()
             })
             .map(|(i, _)| i)
             .expect("the idle writer's mark");
@@ -1331,5 +1424,71 @@ mod tests {
         drop(wal);
         let (_wal, r) = Wal::open(dir.path()).expect("reopen");
         assert_eq!(indexes(&r), [0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn synced_records_whose_start_was_zeroed_are_refused_not_dropped() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (seg, at) = {
+            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            append(&mut wal, 0, 3);
+            let locs = append(&mut wal, 4, 6);
+            append(&mut wal, 7, 7);
+            wal.mark_synced().expect("mark");
+            (wal.files()[0].clone(), locs[0].at)
+        };
+        // A damaged disk zeroes the length of a synced record: reading stops
+        // there as at a clean end, but later marks say it was durable.
+        let mut bad = std::fs::read(&seg).expect("read");
+        bad[at as usize..at as usize + 4].fill(0);
+        std::fs::write(&seg, &bad).expect("zero");
+        let Err(DiskError::Damaged(why)) = Wal::open(dir.path()).map(|_| ()) else {
+            panic!("synced entries after a zeroed length were dropped");
+        };
+        assert!(why.contains("durable through"), "{why}");
+    }
+
+    #[test]
+    fn a_mark_forged_inside_an_entry_never_passes_for_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (seg, torn_at) = {
+            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            append(&mut wal, 0, 3);
+            // One write no sync covered: an entry, then an entry whose bytes
+            // a client chose to read as a mark naming everything before it.
+            let at = wal.end;
+            let mut forged = Batch::default();
+            forged
+                .push(Kind::Synced, &at.saturating_add(1).to_le_bytes())
+                .expect("push");
+            let mut b = Batch::default();
+            let (id, bytes) = entry(1, 4);
+            b.entry(id, &bytes).expect("entry");
+            b.entry(id, &[forged.buf.as_slice(), &[0; 8]].concat())
+                .expect("entry");
+            wal.write(b).expect("write");
+            (wal.files()[0].clone(), at)
+        };
+        let mut torn = std::fs::read(&seg).expect("read");
+        torn[torn_at as usize + HEAD + 1] ^= 0x40;
+        std::fs::write(&seg, &torn).expect("tear");
+        let (_wal, r) = Wal::open(dir.path()).expect("the forged mark is no mark: a torn write");
+        assert_eq!(indexes(&r), [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_last_segment_of_format_1_is_closed_at_the_first_start() {
+        let dir = tempfile::tempdir().expect("dir");
+        let seg = {
+            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            append(&mut wal, 0, 3);
+            wal.files()[0].clone()
+        };
+        let mut old = std::fs::read(&seg).expect("read");
+        old[8] = 1;
+        std::fs::write(&seg, &old).expect("as format 1");
+        let (wal, r) = Wal::open(dir.path()).expect("opens");
+        assert_eq!(indexes(&r), [0, 1, 2, 3]);
+        assert_eq!(wal.files().len(), 2, "a segment of format 2 follows it");
     }
 }
