@@ -171,6 +171,8 @@ export class Client implements LockOwner, AsyncDisposable {
   private readonly locks = new Set<Lock>();
   /** Connections of the client's own: waiting locks' and Watches'. */
   private readonly side = new Set<Link>();
+  /** Connections of given-up waits, half-closed and draining a late grant: close() ends them too. */
+  private readonly draining = new Set<Link>();
   private watchers: Link[] = [];
   private closed: Promise<void> | null = null;
 
@@ -215,6 +217,8 @@ export class Client implements LockOwner, AsyncDisposable {
     const closing = [this.link.close("closed by the client")];
     for (const s of this.side) closing.push(s.close("closed by the client"));
     this.side.clear();
+    for (const s of this.draining) closing.push(s.close("closed by the client"));
+    this.draining.clear();
     this.watchers = [];
     this.onEnd(this.link.err as Error, true);
     this.closed = Promise.all(closing).then(() => {});
@@ -371,14 +375,25 @@ export class Client implements LockOwner, AsyncDisposable {
         // Given up: half-closed, the server withdraws the request, and a
         // grant that crossed (a lease outlives the connection) is released
         // by fence on the client's connection.
-        this.side.delete(ln);
-        ln.drain((k, fence) => this.link.detached(RequestType.Unlock, { keys: k, fence }), 10_000);
+        this.drainAside(ln);
       } else {
         this.dropSide(ln);
       }
       throw o.wait === 0 ? busy(e) : e;
     }
     return this.granted(ln, keys, resp.fence, o, sent, null);
+  }
+
+  /** @internal Gives up a connection of its own whose request was abandoned: half-closed, so the server withdraws the request, and a grant that crossed (a lease outlives the connection) is released by fence on the client's connection. */
+  drainAside(ln: Link): void {
+    this.side.delete(ln);
+    this.draining.add(ln);
+    const ended = ln.onEnd;
+    ln.onEnd = (err, closing) => {
+      this.draining.delete(ln);
+      ended(err, closing);
+    };
+    ln.drain((k, fence) => this.link.detached(RequestType.Unlock, { keys: k, fence }), 10_000);
   }
 
   /** @internal A connection of the client's own (on a cluster, with a session of its own). */
@@ -425,7 +440,9 @@ export class Client implements LockOwner, AsyncDisposable {
       }
     }
     const lock = new Lock(this, ln, own, keys, fence, lease, sent, o.keep !== false);
-    this.locks.add(lock);
+    // Its watchdog may find it lost already (a wait that outlasted its
+    // deadline): it forgot itself then, and must not be remembered.
+    if (!lock.lost.aborted) this.locks.add(lock);
     if (own) {
       ln.onEnd = (err, closing) => {
         if (closing) lock.setLost("closed", "the client was closed", err);
@@ -471,7 +488,15 @@ export class Client implements LockOwner, AsyncDisposable {
       });
     } catch (e) {
       if (!queued) unclaim?.();
-      if (ln !== this.link) this.dropSide(ln);
+      if (ln !== this.link) {
+        if (opts.signal?.aborted) {
+          // Given up, as a waiting Lock: half-closed, so a grant (a lease
+          // outlives the connection) that crossed is released by fence.
+          this.drainAside(ln);
+        } else {
+          this.dropSide(ln);
+        }
+      }
       throw opts.wait === 0 ? busy(e) : e;
     }
     if (resp.status === ResponseStatus.Queued) {

@@ -254,8 +254,9 @@ export class Dialer {
           namedAvoided = true;
         } else if (r.notLead && r.leader) {
           queue.unshift(r.leader);
-        } else if (!r.answered && this.leader === addr) {
-          // A dead old leader must not cost every round its time.
+        } else if ((!r.answered || r.notLead) && this.leader === addr) {
+          // A dead old leader (or one that says it leads no more, or is
+          // stopping) must not cost every round its time.
           this.leader = "";
         }
       }
@@ -341,6 +342,10 @@ export class Dialer {
             : "not the leader, and no leader is known yet";
           return { error: new Error(`${addr}: ${why}`), notLead: true, leader: resp.leaderAddr, answered: true };
         }
+        // Stopping (a rolling restart): as a node that does not lead, and
+        // no leader named, so it is not tried first again.
+        case ResponseStatus.ShuttingDown:
+          return { error: new Error(`${addr}: shutting down`), notLead: true, leader: "", answered: true };
         case ResponseStatus.UnknownSession:
           if (session !== 0n) return { error: errorOf(RequestType.OpenSession, resp) as Error, gone: true };
           break;

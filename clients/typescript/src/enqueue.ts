@@ -51,7 +51,7 @@ export class Queued {
     } catch (e) {
       if (own) {
         if (opts.signal?.aborted) {
-          this.link.drain((keys, fence) => this.client.link.detached(RequestType.Unlock, { keys, fence }), 10_000);
+          this.client.drainAside(this.link);
         } else {
           this.client.dropSide(this.link);
         }
