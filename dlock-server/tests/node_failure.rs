@@ -223,3 +223,35 @@ async fn a_follower_that_is_down_is_logged_once_not_every_retry_and_once_when_ba
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_at_the_peer_port_is_logged_as_such_not_as_a_newer_dlock() {
+    let nodes = NodeProcesses::start(
+        dlock_server::testing::nodes::server_binary(),
+        1,
+        &["--heartbeat", "100ms", "--election-timeout", "1s"],
+    );
+    // A dlock client's first frame (a Hello in protobuf) sent to the peer
+    // port by mistake.
+    let mut c = dlock::raw::RawClient::connect(&nodes.peer_addr(0).to_string())
+        .await
+        .expect("connect to the peer port");
+    let hello = c.request(dlock::proto::RequestType::Hello, &[]);
+    let _ = tokio::time::timeout(Duration::from_secs(5), c.call(&hello)).await;
+    let deadline = Instant::now() + PATIENCE;
+    let line = loop {
+        if let Some(l) = nodes
+            .recent_log(0)
+            .into_iter()
+            .find(|l| l.contains("peer connection refused"))
+        {
+            break l;
+        }
+        assert!(Instant::now() < deadline, "the refusal was never logged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        line.contains("peer port") && !line.contains("newer dlock"),
+        "{line}"
+    );
+}

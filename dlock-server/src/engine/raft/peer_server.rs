@@ -132,9 +132,19 @@ impl PeerServer {
     async fn welcome(&self, conn: &mut PeerFrames) -> Result<(NodeId, Format), String> {
         let hello: Hello = match tokio::time::timeout(wire::HELLO_TIMEOUT, wire::recv(conn)).await {
             Err(_) => return Err("no hello in time".into()),
+            // Every dlock node, old or new, says its hello in JSON: a first
+            // frame that is no JSON is another program (a dlock client at
+            // the peer port, a scanner), never a newer dlock.
+            Ok(Err(WireError::Codec(super::encoding::CodecError::Unknown(b)))) => {
+                return Err(format!(
+                    "first frame is not a peer hello (it starts with byte {b:#04x}, which no \
+                     dlock hello does): a client or another program at the peer port?"
+                ))
+            }
             Ok(Err(WireError::Codec(e))) => {
                 return Err(format!(
-                    "first frame is not a peer hello ({e}): another protocol?"
+                    "first frame is not a peer hello ({e}): a client or another program at the \
+                     peer port?"
                 ))
             }
             Ok(Err(e)) => return Err(format!("bad first frame: {e}")),
