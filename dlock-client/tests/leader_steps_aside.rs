@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{code, dlock_at, lines, stderr, wait_output, PATIENCE};
+use common::{code, dlock_at, lines, seen_by_the_others, stderr, wait_output, PATIENCE};
 use dlock::proto::{RequestType, ResponseStatus};
 use dlock::raw::RawClient;
 use dlock::Client;
@@ -47,25 +47,6 @@ const CUT_OFF_FLAGS: &[&str] = &[
 
 /// Longer than the session TTL.
 const CUT: Duration = Duration::from_secs(10);
-
-/// The key's first holder's fence and its waiters, as the nodes other than
-/// `except` see it once one of them leads.
-async fn seen_by_the_others(nodes: &NodeProcesses, except: usize, key: &str) -> (u64, u32) {
-    let others: Vec<String> = (0..nodes.len())
-        .filter(|&i| i != except)
-        .map(|i| nodes.addr(i).to_string())
-        .collect();
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Ok(c) = Client::connect(others.clone()).await {
-            if let Ok(info) = c.inspect([key]).await {
-                return (info[0].fence().unwrap_or(0), info[0].waiters);
-            }
-        }
-        assert!(Instant::now() < deadline, "no new leader among the others");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// The status a session-less Ping (the clients' liveness probe) gets from
 /// the node at `addr`.

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{code, dlock_at, lines, stderr, wait_output, PATIENCE};
+use common::{code, dlock_at, lines, seen_by_the_others, stderr, wait_output, PATIENCE};
 use dlock::{Client, LockGuard, LockOptions};
 use dlock_server::testing::nodes::{server_binary, NodeProcesses};
 use dlock_server::testing::peer_links::PeerLinks;
@@ -26,25 +26,6 @@ const NODE_FLAGS: &[&str] = &["--heartbeat", "100ms", "--election-timeout", "500
 
 /// Longer than the session TTL.
 const STALL: Duration = Duration::from_secs(12);
-
-/// The key's state as the nodes other than `except` see it, once one of
-/// them leads: its first holder's fence and its waiters.
-async fn seen_by_the_others(nodes: &NodeProcesses, except: usize, key: &str) -> (u64, u32) {
-    let others: Vec<String> = (0..nodes.len())
-        .filter(|&i| i != except)
-        .map(|i| nodes.addr(i).to_string())
-        .collect();
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Ok(c) = Client::connect(others.clone()).await {
-            if let Ok(info) = c.inspect([key]).await {
-                return (info[0].fence().unwrap_or(0), info[0].waiters);
-            }
-        }
-        assert!(Instant::now() < deadline, "no new leader among the others");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 async fn holder_and_waiter_ride_through_a_stalled_leader(extra: &[&'static str]) {
     let _one = ONE_AT_A_TIME.lock().await;

@@ -135,3 +135,26 @@ pub async fn with_background_child(server: &str, key: &str, stdin: Stdio) -> (Ch
     (child, pids)
 }
 pub mod screen;
+
+/// The key's state as the cluster's nodes other than `except` see it, once
+/// one of them leads: its first holder's fence and its waiters.
+pub async fn seen_by_the_others(
+    nodes: &dlock_server::testing::nodes::NodeProcesses,
+    except: usize,
+    key: &str,
+) -> (u64, u32) {
+    let others: Vec<String> = (0..nodes.len())
+        .filter(|&i| i != except)
+        .map(|i| nodes.addr(i).to_string())
+        .collect();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(c) = Client::connect(others.clone()).await {
+            if let Ok(info) = c.inspect([key]).await {
+                return (info[0].fence().unwrap_or(0), info[0].waiters);
+            }
+        }
+        assert!(Instant::now() < deadline, "no new leader among the others");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
