@@ -26,7 +26,7 @@ use crate::event::Event;
 use crate::guard::{LockGuard, LockParts};
 use crate::inspect::{server_time, KeyState, Overview};
 use crate::keys::IntoKeys;
-use crate::limits::Limits;
+use crate::Limits;
 use crate::link::{Call, Link};
 use crate::proto::{Request, RequestLock, RequestType, Response, ResponseStatus, ServerStats};
 use crate::safety::DEFAULT_SAFETY_MARGIN;

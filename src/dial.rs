@@ -8,7 +8,7 @@ use crate::client::ClientOptions;
 use crate::codec::{encode_frame, FrameCodec};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
-use crate::limits::Limits;
+use crate::Limits;
 use crate::liveness::NodeWatch;
 use crate::proto::{Request, RequestType, Response, ResponseStatus};
 use crate::servers::Servers;

@@ -32,9 +32,7 @@
 #![warn(missing_docs)]
 
 mod client;
-pub mod codec;
 mod dial;
-pub mod duration;
 mod election;
 mod enqueue;
 mod error;
@@ -43,7 +41,6 @@ mod guard;
 mod inspect;
 mod jitter;
 mod keys;
-mod limits;
 mod link;
 mod liveness;
 #[cfg(feature = "proc-sample")]
@@ -52,8 +49,6 @@ pub mod proc_sample;
 pub mod raw;
 pub mod safety;
 mod servers;
-pub mod tls;
-pub mod token_file;
 mod transport;
 
 pub use client::{Client, ClientOptions, LockOptions, LockWait};
@@ -64,30 +59,10 @@ pub use event::Event;
 pub use guard::{LockGuard, LockParts};
 pub use inspect::{Holder, KeyState, Overview};
 pub use keys::{IntoKeys, Keys};
-pub use limits::{LimitError, Limits};
 pub use safety::Lost;
 pub use servers::Servers;
 
-/// Wire types generated from `proto/dlock.proto`.
-#[allow(missing_docs)]
-pub mod proto {
-    include!(concat!(env!("OUT_DIR"), "/dlock.rs"));
-}
-
-/// Protocol version this crate speaks and the server answers with.
-pub const PROTOCOL_VERSION: u32 = 2;
-
-/// Default address of the server: loopback only, so a fresh install is not
-/// reachable from the network until the operator says so.
-pub const DEFAULT_ADDR: &str = "127.0.0.1:7436";
-
-/// Longest value a hold may carry (Lock's and Proclaim's `value`), in
-/// bytes: an identity or an address, not data.
-pub const MAX_VALUE_LEN: usize = 1024;
-
-/// Default maximum frame body size in bytes, the original dlock's limit.
-pub const DEFAULT_MAX_FRAME: usize = 16 * 1024;
-
-/// Largest response frame the client accepts. Responses echo keys (Inspect,
-/// busy lists), so this allows for a maximal request's worth and more.
-pub const MAX_RESPONSE_FRAME: usize = 4 * 1024 * 1024;
+pub use dlock_proto::{
+    codec, duration, proto, tls, token_file, LimitError, Limits, DEFAULT_ADDR, DEFAULT_MAX_FRAME,
+    MAX_RESPONSE_FRAME, MAX_VALUE_LEN, PROTOCOL_VERSION,
+};

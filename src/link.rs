@@ -21,7 +21,7 @@ use crate::codec::{encode_frame, FrameCodec, FrameError};
 use crate::dial::{establish, write_flush, Dial};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
-use crate::limits::Limits;
+use crate::Limits;
 use crate::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
 use crate::safety::AckClock;
 use crate::transport::Stream;

@@ -4,7 +4,7 @@
 use super::reply::{self, Refusal};
 use super::{Answer, Service};
 use crate::engine::raft::{ClusterStatus, Member};
-use dlock::proto::{ClusterInfo, ClusterMember, Request, RequestType, ResponseStatus};
+use dlock_proto::proto::{ClusterInfo, ClusterMember, Request, RequestType, ResponseStatus};
 
 impl Service {
     /// ClusterStatus, ClusterAdd or ClusterRemove (`kind`).

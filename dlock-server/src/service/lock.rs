@@ -17,7 +17,7 @@ use super::reply::{self, Refusal};
 use super::validate::lock_args;
 use super::{session, Answer, Conn, Service};
 use crate::table::{LockResult, OwnerId, Reply, ReqId, TicketState, WaitOutcome, Woken};
-use dlock::proto::{Request, ResponseStatus};
+use dlock_proto::proto::{Request, ResponseStatus};
 use std::time::Instant;
 
 impl Service {
@@ -131,7 +131,7 @@ impl Service {
         owner: OwnerId,
         seq: u64,
         reply: Reply,
-    ) -> Result<Result<LockResult, dlock::proto::Response>, Refusal> {
+    ) -> Result<Result<LockResult, dlock_proto::proto::Response>, Refusal> {
         match reply {
             Reply::Lock(result) => Ok(Ok(result)),
             Reply::Waited { req, outcome } => Ok(Err(self.ended_wait(id, owner, req, outcome))),
@@ -149,7 +149,7 @@ impl Service {
         owner: OwnerId,
         req: ReqId,
         outcome: WaitOutcome,
-    ) -> dlock::proto::Response {
+    ) -> dlock_proto::proto::Response {
         self.outcomes.discard(owner, req);
         let w = Woken {
             req,

@@ -7,7 +7,7 @@ use crate::ops::config::Config;
 use crate::ops::limit_log;
 use crate::ops::metrics;
 use crate::table::{Key, KeyView, LockResult, Mode, OwnerId, ReqId, WaitOutcome, Woken};
-use dlock::proto::{KeyHolder, KeyInfo, Response, ResponseStatus};
+use dlock_proto::proto::{KeyHolder, KeyInfo, Response, ResponseStatus};
 use prost::Message;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -56,7 +56,7 @@ impl From<EngineError> for Refusal {
 /// A response with the fields every response carries.
 pub fn response(request_id: u64, status: ResponseStatus) -> Response {
     Response {
-        version: dlock::PROTOCOL_VERSION,
+        version: dlock_proto::PROTOCOL_VERSION,
         request_id,
         status: status as i32,
         server_unix_time: i64::try_from(unix_nanos(SystemTime::now())).unwrap_or(i64::MAX),
@@ -246,7 +246,7 @@ pub fn key_info(
 }
 
 /// `r` within the largest response frame a client must accept
-/// ([`dlock::MAX_RESPONSE_FRAME`]). Only lists of shared holders grow
+/// ([`dlock_proto::MAX_RESPONSE_FRAME`]). Only lists of shared holders grow
 /// without a bound the request sets, so the longest list is cut first:
 /// its oldest grants, the caller's own and its latest one stay (what a
 /// client reads as the key's first holder, whether it holds, and the
@@ -255,7 +255,7 @@ pub fn key_info(
 /// far past their defaults). The table lists holders within the same
 /// budget already (`LockTable::inspect_within`); this is the exact check.
 pub fn within_frame(mut r: Response) -> Result<Response, Refusal> {
-    const LIMIT: usize = dlock::MAX_RESPONSE_FRAME;
+    const LIMIT: usize = dlock_proto::MAX_RESPONSE_FRAME;
     // The caller's hold between the first and the last, which stays.
     let mine = |i: &KeyInfo| {
         let n = i.holders.len();
@@ -352,11 +352,11 @@ mod tests {
     fn key(n: usize, holders: usize) -> KeyInfo {
         KeyInfo {
             key: format!("k{n}"),
-            value: vec![b'v'; dlock::MAX_VALUE_LEN],
+            value: vec![b'v'; dlock_proto::MAX_VALUE_LEN],
             holders: (0..holders as u64)
                 .map(|fence| KeyHolder {
                     fence,
-                    value: vec![b'v'; dlock::MAX_VALUE_LEN],
+                    value: vec![b'v'; dlock_proto::MAX_VALUE_LEN],
                     ..KeyHolder::default()
                 })
                 .collect(),
@@ -370,8 +370,8 @@ mod tests {
         r.key_info = vec![key(0, 10), key(1, 5_000)];
         let r = within_frame(r).expect("fits once cut");
         let len = r.encoded_len();
-        assert!(len <= dlock::MAX_RESPONSE_FRAME);
-        assert!(len > dlock::MAX_RESPONSE_FRAME - 4 * 1100, "cut {len}");
+        assert!(len <= dlock_proto::MAX_RESPONSE_FRAME);
+        assert!(len > dlock_proto::MAX_RESPONSE_FRAME - 4 * 1100, "cut {len}");
         assert_eq!(r.key_info[0].holders.len(), 10, "the short list stays");
         assert_eq!(r.key_info[0].holders_omitted, 0);
         let long = &r.key_info[1];

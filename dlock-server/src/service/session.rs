@@ -21,7 +21,7 @@ use super::reply::{self, Refusal};
 use super::{Answer, Conn, Service};
 use crate::ops::config::MIN_SESSION_TTL;
 use crate::table::{Command, OwnerId, Reply, MAX_REMEMBERED};
-use dlock::proto::{Request, ResponseStatus};
+use dlock_proto::proto::{Request, ResponseStatus};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -102,7 +102,7 @@ impl Service {
     }
 
     /// Hello: the server's limits.
-    pub(super) fn hello(&self, id: u64) -> dlock::proto::Response {
+    pub(super) fn hello(&self, id: u64) -> dlock_proto::proto::Response {
         let mut r = reply::response(id, ResponseStatus::Ok);
         let mut limits = self.config.limits();
         if self.engine.sessions_outlive_connections() {

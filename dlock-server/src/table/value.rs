@@ -12,7 +12,7 @@ use super::{Key, LockTable, OwnerId};
 /// Largest value, in bytes: a holder's identity or address, not data. A
 /// Lock or Proclaim with a longer one is refused before it reaches the
 /// table, so the table's memory per hold stays bounded.
-pub const MAX_VALUE_LEN: usize = dlock::MAX_VALUE_LEN;
+pub const MAX_VALUE_LEN: usize = dlock_proto::MAX_VALUE_LEN;
 
 /// The first holder of a key as an observer compares it: its token and its
 /// value. `None` stands for a free key.
