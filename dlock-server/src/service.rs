@@ -334,12 +334,7 @@ impl Service {
             Err(refusal) => Err(refusal),
             Ok((typed, who)) => match &self.engine {
                 Engine::Local(_) => drive(self.answer(conn, req, typed, who.as_deref()))
-                    .unwrap_or_else(|| {
-                        Err(Refusal::new(
-                            ResponseStatus::General,
-                            "internal error: the request did not finish",
-                        ))
-                    }),
+                    .unwrap_or_else(|| Err(reply::unfinished())),
                 Engine::Raft(_) => {
                     let answer = self.spawn(conn, req, typed, who);
                     return Some(Waiting {
@@ -366,7 +361,7 @@ impl Service {
                         Pending::Table(rx)
                     }
                     None => {
-                        let r = reply::refused(id, session::unknown_session(owner));
+                        let r = reply::refused(id, reply::unknown_session(owner));
                         return self.answered(r, kind, since, out);
                     }
                 };
@@ -480,20 +475,14 @@ impl Service {
         req: &Request,
     ) -> Result<(RequestType, Option<Arc<Identity>>), Refusal> {
         if req.version != 0 && req.version != dlock_proto::PROTOCOL_VERSION {
-            return Err(Refusal::new(
-                ResponseStatus::Version,
-                format!("protocol version {} not supported; use 2", req.version),
-            ));
+            return Err(reply::unsupported_version(req.version));
         }
         let who = self
             .access
             .identify(&req.access_token, &conn.peer_names)
             .map_err(|text| Refusal::new(ResponseStatus::AccessDenied, text))?;
         let Ok(kind) = RequestType::try_from(req.r#type) else {
-            return Err(Refusal::new(
-                ResponseStatus::InvalidType,
-                format!("unknown request type {}", req.r#type),
-            ));
+            return Err(reply::unknown_type(req.r#type));
         };
         if let Some(who) = &who {
             let none = RequestLock::default();
@@ -535,10 +524,7 @@ impl Service {
             RequestType::ClusterStatus | RequestType::ClusterAdd | RequestType::ClusterRemove => {
                 self.admin(req, kind).await
             }
-            RequestType::Invalid => Err(Refusal::new(
-                ResponseStatus::InvalidType,
-                "request type not set",
-            )),
+            RequestType::Invalid => Err(reply::type_not_set()),
         }
     }
 }
@@ -595,7 +581,9 @@ mod tests {
         let mut out = BytesMut::new();
         match svc.execute(conn.conn(), req, &mut out) {
             Some(waiting) => Err(waiting),
-            None => Ok(Response::decode(&out[dlock_proto::codec::LEN_PREFIX..]).expect("a Response")),
+            None => {
+                Ok(Response::decode(&out[dlock_proto::codec::LEN_PREFIX..]).expect("a Response"))
+            }
         }
     }
 

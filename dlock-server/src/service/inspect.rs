@@ -124,10 +124,7 @@ impl Service {
         // A parked Watch is a task; the fuzz harness drives requests without
         // a runtime, and there it is refused rather than answered wrongly.
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(Refusal::new(
-                ResponseStatus::WatchLimit,
-                "Watch needs the server's runtime, which this harness has not",
-            ));
+            return Err(reply::watch_without_runtime());
         }
         let permit = self.watches.take()?;
         let svc = self.clone();
