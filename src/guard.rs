@@ -1,9 +1,10 @@
 //! [`LockGuard`]: a held lock, its fencing token, and when it must be given up.
 
-use crate::client::{micros, Client};
+use crate::client::Client;
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::proto::{RequestLock, RequestType};
+use crate::request::micros;
 use crate::safety::{self, Lost};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;

@@ -21,10 +21,11 @@ use crate::codec::{encode_frame, FrameCodec, FrameError};
 use crate::dial::{establish, write_flush, Dial};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
-use crate::Limits;
+use crate::liveness::{silence_limit, Watches};
 use crate::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
 use crate::safety::AckClock;
 use crate::transport::Stream;
+use crate::Limits;
 use bytes::BytesMut;
 use futures_util::StreamExt;
 use std::collections::VecDeque;
@@ -70,7 +71,7 @@ impl Link {
     /// With one address: [`Error::Connect`], [`Error::ConnectTimeout`] or
     /// what the server answered. With several: [`Error::Unreachable`],
     /// naming every address tried and why it failed.
-    pub(crate) async fn open(dial: Arc<Dial>) -> Result<Link> {
+    pub(crate) async fn open(dial: Arc<Dial>, watches: Arc<Watches>) -> Result<Link> {
         let deadline = Instant::now() + dial.options.connect_timeout;
         let est = establish(&dial, 0, deadline, false).await?;
         let options = &dial.options;
@@ -91,6 +92,7 @@ impl Link {
         let addr = Arc::new(Mutex::new(est.addr.clone()));
         let driver = Driver {
             dial: dial.clone(),
+            watches,
             addr: addr.clone(),
             pending: Arc::new(Mutex::new(VecDeque::new())),
             calls: calls.downgrade(),
@@ -99,10 +101,7 @@ impl Link {
             heartbeat,
             session_ttl: session_timeout,
             silence_limit: (session != 0).then(|| {
-                crate::liveness::silence_limit(
-                    est.limits.and_then(|l| l.election_timeout),
-                    session_timeout,
-                )
+                silence_limit(est.limits.and_then(|l| l.election_timeout), session_timeout)
             }),
         };
         let writer = Writer {
@@ -189,6 +188,8 @@ struct Writer {
 /// stream, and on a session replaces a broken stream.
 struct Driver {
     dial: Arc<Dial>,
+    /// The probes of the nodes this client's links are on.
+    watches: Arc<Watches>,
     addr: Arc<Mutex<String>>,
     pending: PendingQueue,
     calls: mpsc::WeakSender<Call>,
@@ -226,7 +227,7 @@ impl Driver {
             // On a session, a node found silent ends the stream too, while
             // a Lock waits as much as while nothing does.
             let silence = self.silence_limit.filter(|_| on_session).map(|limit| {
-                let watch = self.dial.watch_node(&self.addr(), limit);
+                let watch = self.watches.watch(&self.dial, &self.addr(), limit);
                 let ended = ended.clone();
                 tokio::spawn(async move {
                     let mut seen = watch.seen();

@@ -54,7 +54,7 @@ pub enum Lost {
     /// server; a lease still runs until its deadline (see
     /// [`crate::LockGuard::deadline`]) and can be taken over from a new
     /// connection with [`crate::Client::take_over`].
-    ConnectionLost(crate::Disconnect),
+    ConnectionLost(crate::disconnect::Disconnect),
     /// No answer from the server proves the lock held much longer: its
     /// deadline is within the safety margin. Stop using it now; the server
     /// may hand it on after `deadline`.
