@@ -31,6 +31,7 @@ mod inspect;
 mod keys;
 mod options;
 mod request;
+pub mod rules;
 pub mod safety;
 mod servers;
 // 2. One stream to a node: TCP or TLS, Hello, finding the leader.

@@ -23,6 +23,7 @@ use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::liveness::{silence_limit, Watches};
 use crate::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
+use crate::rules;
 use crate::safety::AckClock;
 use crate::transport::Stream;
 use crate::Limits;
@@ -291,7 +292,7 @@ impl Driver {
             // which the client does not see while a Lock waits. Past this no
             // node knows it; before it, a node that does not answers
             // UnknownSession. (Guards enforce the safety deadline apart.)
-            let deadline = self.acked.last().max(broke) + self.session_ttl;
+            let deadline = rules::session_lives_until(self.acked.last(), broke, self.session_ttl);
             match establish(&self.dial, writer.session, deadline, true).await {
                 Ok(est) => {
                     self.acked.record(est.acked_from);
@@ -453,7 +454,8 @@ fn unanswered_too_long(pending: &PendingQueue, ttl: Option<Duration>) -> Option<
     let queue = pending.lock().unwrap_or_else(|p| p.into_inner());
     let oldest = queue.front()?;
     let waited = oldest.sent.elapsed();
-    (!may_wait(oldest.kind) && waited >= ttl / 2).then_some(Disconnect::NoAnswer { waited })
+    let kind = RequestType::try_from(oldest.kind).unwrap_or(RequestType::Ping);
+    rules::unanswered_too_long(kind, waited, ttl).then_some(Disconnect::NoAnswer { waited })
 }
 
 /// Encodes every request kept for sending again, in order, and restamps
@@ -511,27 +513,9 @@ fn with_queued_calls(first: Call, calls: &mut mpsc::Receiver<Call>) -> Vec<Call>
     batch
 }
 
-/// Whether a request acts for an owner (so it names the session) and
-/// whether it changes the table (so it is numbered).
+/// [`rules::session_use`] of a request's raw type.
 fn session_use(kind: i32) -> (bool, bool) {
-    match RequestType::try_from(kind) {
-        Ok(RequestType::Lock | RequestType::Unlock | RequestType::Renew | RequestType::Enqueue) => {
-            (true, true)
-        }
-        // A Wait changes nothing: sent again after a failover, the new
-        // leader finds its ticket in the session (see docs/PROTOCOL.md).
-        Ok(RequestType::Inspect | RequestType::Wait) => (true, false),
-        _ => (false, false),
-    }
-}
-
-/// Requests whose answer may rightly take long: a Lock and a Wait wait
-/// for busy keys.
-fn may_wait(kind: i32) -> bool {
-    // A Watch waits rightly too, up to its limit.
-    kind == RequestType::Lock as i32
-        || kind == RequestType::Wait as i32
-        || kind == RequestType::Watch as i32
+    RequestType::try_from(kind).map_or((false, false), rules::session_use)
 }
 
 /// Encodes `batch` into `out` and queues each call for its answer, in
@@ -665,7 +649,7 @@ async fn read_loop(
         // On a session only an answer from a command that kept the session
         // alive proves it lived when the request was sent; a refusal, an
         // Inspect or a request the cluster could not commit proves nothing.
-        if !on_session || keeps_session_alive(p.kind, resp.status) {
+        if moves_deadline(on_session, p.kind, resp.status) {
             acked.record(p.sent);
         }
         deliver(p, resp, &calls);
@@ -674,58 +658,25 @@ async fn read_loop(
     (reason, reader.into_inner())
 }
 
-/// On a session, an answer that means the request was not acted on here
-/// and the session must go on elsewhere (or has ended): why.
+/// [`rules::elsewhere`] of an answer.
 fn elsewhere(resp: &Response) -> Option<Disconnect> {
-    match ResponseStatus::try_from(resp.status) {
-        // The cluster ended the session (its TTL ran out while the client
-        // could not reach it): its locks may be another's now.
-        Ok(ResponseStatus::UnknownSession) => Some(Disconnect::SessionEnded),
-        // The node stopped leading and did not act: send the request (and
-        // everything behind it) again to the new leader.
-        Ok(ResponseStatus::NotLeader) => Some(Disconnect::NotLeader {
-            leader: Some(resp.leader_addr.clone()).filter(|a| !a.is_empty()),
-        }),
-        // It could not commit in time: it may still be applied, so only a
-        // resend under the same number is safe, after a fresh look for
-        // the leader.
-        Ok(ResponseStatus::Unavailable) => Some(Disconnect::NoQuorum),
-        // The node is stopping (a rolling restart): the session goes on at
-        // the next leader, where what is unanswered is sent again under
-        // its number, so nothing is lost or done twice.
-        Ok(ResponseStatus::ShuttingDown) => Some(Disconnect::NotLeader { leader: None }),
-        _ => None,
-    }
+    let status = ResponseStatus::try_from(resp.status).ok()?;
+    rules::elsewhere(
+        status,
+        Some(resp.leader_addr.clone()).filter(|a| !a.is_empty()),
+    )
 }
 
-/// Whether an answer with `status` to a request of type `kind` comes from a
-/// command the cluster committed for the session (which kept it alive). A
-/// Wait's answer is read, not committed: it proves nothing.
-fn keeps_session_alive(kind: i32, status: i32) -> bool {
-    let (Ok(kind), Ok(status)) = (
+/// [`rules::moves_deadline`] of a request's raw type and its answer's raw
+/// status; an unknown one moves nothing.
+fn moves_deadline(on_session: bool, kind: i32, status: i32) -> bool {
+    match (
         RequestType::try_from(kind),
         ResponseStatus::try_from(status),
-    ) else {
-        return false;
-    };
-    matches!(
-        (kind, status),
-        (
-            RequestType::Ping
-                | RequestType::Lock
-                | RequestType::Unlock
-                | RequestType::Renew
-                | RequestType::Enqueue,
-            ResponseStatus::Ok
-        ) | (
-            RequestType::Lock | RequestType::Enqueue,
-            ResponseStatus::AcquireTimeout
-        ) | (RequestType::Enqueue, ResponseStatus::Queued)
-            | (
-                RequestType::Unlock | RequestType::Renew,
-                ResponseStatus::NotHeld
-            )
-    )
+    ) {
+        (Ok(kind), Ok(status)) => rules::moves_deadline(on_session, kind, status),
+        _ => !on_session,
+    }
 }
 
 /// Hands a response to its caller. A Lock granted to a caller that stopped

@@ -56,6 +56,7 @@ const LIBRARY: Layout = Layout {
             "keys",
             "options",
             "request",
+            "rules",
             "safety",
             "servers",
         ],
