@@ -63,8 +63,9 @@ class Lock:
         self._claimed = False
         # The lease and the send time of the Lock or latest Renew answered
         # (the server started counting later), and the renewal sent and not
-        # answered that may end the lock sooner; in nanoseconds.
-        self._hold = rules.Hold.granted(rules.to_ns(sent), None if lease is None else rules.to_ns(lease))
+        # answered that may end the lock sooner; in nanoseconds, a lease as
+        # the server takes it (whole microseconds).
+        self._hold = rules.Hold.granted(rules.to_ns(sent), None if lease is None else micros(lease) * 1_000)
         self._auto_renew = renew
         # For a lease: renews it, and reports it lost when it could run out.
         self._keeper: Optional["asyncio.Task[None]"] = None
@@ -190,7 +191,7 @@ class Lock:
     async def _renew_locked(self, lease: float) -> None:
         # One renewal at a time: the server applies them in the order sent,
         # and the latest sent of those answered is the lease in force.
-        sent, lease_ns = rules.to_ns(asyncio.get_running_loop().time()), rules.to_ns(lease)
+        sent, lease_ns = rules.to_ns(asyncio.get_running_loop().time()), micros(lease) * 1_000
         body = pb.RequestLock(keys=self.keys, fence=self.fence, release_micro=micros(lease))
         # Once sent, the server may apply it though its answer never comes
         # (an error, a cancelled call): until an answer to it (or a later
