@@ -92,7 +92,10 @@ fn server_config(
         None => builder.with_no_client_auth(),
     };
     let config = builder
-        .with_single_cert(dlock_proto::tls::read_certs(cert)?, dlock_proto::tls::read_key(key)?)
+        .with_single_cert(
+            dlock_proto::tls::read_certs(cert)?,
+            dlock_proto::tls::read_key(key)?,
+        )
         .with_context(|| format!("cannot use {} with {}", cert.display(), key.display()))?;
     Ok(Arc::new(config))
 }
