@@ -63,19 +63,28 @@ impl Client {
     /// nothing.
     pub fn jeopardy_at(&self, cfg: &Config) -> Option<Tick> {
         let held = self.held?;
-        let deadline = held.hold.deadline(self.acked, cfg.ttl);
         let margin = rules::margin(cfg.margin, held.hold.window(cfg.ttl));
-        Some(deadline.before(margin))
+        Some(self.deadline(&held, cfg).before(margin))
     }
 
     /// Whether the client believes at `now` (its clock) that it holds the
     /// key.
     pub fn believes(&self, now: Tick, cfg: &Config) -> bool {
         self.held.is_some_and(|held| {
-            let deadline = held.hold.deadline(self.acked, cfg.ttl);
             let margin = rules::margin(cfg.margin, held.hold.window(cfg.ttl));
-            !rules::in_jeopardy(now, deadline, margin)
+            !rules::in_jeopardy(now, self.deadline(&held, cfg), margin)
         })
+    }
+
+    /// The safety deadline of `held`: `Hold::deadline`, or with
+    /// [`Bug::NoRateBound`] the same without the clock-rate bound.
+    fn deadline(&self, held: &Held, cfg: &Config) -> Tick {
+        if !cfg.has(Bug::NoRateBound) {
+            return held.hold.deadline(self.acked, cfg.ttl);
+        }
+        let whole = |(sent, window): (Tick, _)| sent + window;
+        let bound = held.hold.lease.map_or(self.acked + cfg.ttl, whole);
+        held.hold.unconfirmed.map_or(bound, |u| bound.min(whole(u)))
     }
 
     /// Time passed: a lock in jeopardy is given up (the guard reports it

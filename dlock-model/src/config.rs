@@ -19,6 +19,9 @@ pub enum Bug {
     /// when answered: if its answer is lost the lock is a lease at the
     /// server while the client still counts on its session.
     LeaselessRenewalUnbounded,
+    /// The safety deadline computed without the clock-rate bound (the
+    /// whole window from the send time), while the clocks drift.
+    NoRateBound,
 }
 
 /// One configuration of the model.
@@ -43,6 +46,10 @@ pub struct Config {
     /// how many requests each may send in all. The first sends every kind
     /// of request; the others (contenders) only ask for the key.
     pub sends: Vec<u8>,
+    /// Whether the clients' clocks run slow against the servers' by the
+    /// most the rules allow (`dlock::rules::CLOCK_RATE_BOUND`): the
+    /// direction in which a client would believe too long.
+    pub drift: bool,
     /// Requests (and answers) in flight on one connection at once.
     pub in_flight: usize,
     /// Elections the cluster may hold.
@@ -61,18 +68,21 @@ pub struct Config {
 
 impl Config {
     /// The configuration CI checks: 2 nodes, 2 clients (3 requests and 2),
-    /// a 4 s TTL and lease, renewals to 2 s or 4 s, 1 s ticks up to 5 s,
-    /// one election.
+    /// a 4 s TTL and lease, renewals to 2 s or 4 s, 2 s ticks up to 4 s,
+    /// one election, clients' clocks slow by the rate bound, and no safety
+    /// margin: a margin only ends beliefs sooner, so without one the
+    /// deadline alone must keep the property.
     pub fn ci() -> Config {
         Config {
             nodes: 2,
             ttl: Duration::from_secs(4),
             lease: Duration::from_secs(4),
             short_lease: Duration::from_secs(2),
-            margin: Duration::from_secs(1),
+            margin: Duration::ZERO,
             step: Duration::from_secs(2),
             horizon: Duration::from_secs(4),
             sends: vec![3, 2],
+            drift: true,
             in_flight: 2,
             elections: 1,
             bug: None,

@@ -2,6 +2,7 @@
 //! clients and their connections), the actions that move it, and the
 //! properties every reachable state must keep.
 
+use dlock::rules;
 use dlock_server::table::Time as TableTime;
 use stateright::{Model, Property};
 
@@ -24,8 +25,8 @@ pub const HANDED_ON: &str = "the key is granted a second time";
 /// Everything the checker explores.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct State {
-    /// The time. Every clock reads it: the model's clocks run at one rate
-    /// (see docs/RELIABILITY.md for what that leaves out).
+    /// The servers' time (one cluster clock); the clients read theirs
+    /// from it through [`SessionModel::clock`].
     pub now: Tick,
     /// The servers.
     pub cluster: Cluster,
@@ -98,11 +99,24 @@ impl SessionModel {
 
     /// How many clients believe at `state`'s time that they hold the key.
     pub fn believers(&self, state: &State) -> usize {
+        let now = self.clock(state.now);
         state
             .clients
             .iter()
-            .filter(|c| c.believes(state.now, &self.cfg))
+            .filter(|c| c.believes(now, &self.cfg))
             .count()
+    }
+
+    /// What a client's clock reads at `now` (the servers' time): with
+    /// drift, slow by the rate bound, rounded towards the servers' time
+    /// (in whole milliseconds the bound is exact at whole seconds).
+    pub fn clock(&self, now: Tick) -> Tick {
+        if !self.cfg.drift {
+            return now;
+        }
+        // Exact for the model's times (whole milliseconds, far below 2^52).
+        let lag = (now.0 as f64 * rules::CLOCK_RATE_BOUND).floor() as u64;
+        Tick(now.0.saturating_sub(lag))
     }
 
     fn client_actions(&self, id: u8, c: &Client, now: Tick, actions: &mut Vec<Action>) {
@@ -194,7 +208,7 @@ impl Model for SessionModel {
             }
         }
         for (id, c) in (0u8..).zip(&state.clients) {
-            self.client_actions(id, c, state.now, actions);
+            self.client_actions(id, c, self.clock(state.now), actions);
         }
     }
 
@@ -205,18 +219,23 @@ impl Model for SessionModel {
         match action {
             Action::Tick => {
                 s.now = now + cfg.step;
+                let clock = self.clock(s.now);
                 for c in &mut s.clients {
-                    c.tick(s.now, cfg);
+                    c.tick(clock, cfg);
                 }
             }
             Action::Elect { node } => s.cluster.elect(node),
             Action::Learn { node } => s.cluster.learn(node),
             Action::Send { client, kind } => {
-                s.clients.get_mut(usize::from(client))?.send(kind, now, cfg);
+                let clock = self.clock(now);
+                s.clients
+                    .get_mut(usize::from(client))?
+                    .send(kind, clock, cfg);
             }
             Action::Deliver { client } => {
                 let c = s.clients.get_mut(usize::from(client))?;
-                let req = c.conn.out.remove(0);
+                let req = *c.conn.out.first()?;
+                c.conn.out.remove(0);
                 let answer = s
                     .cluster
                     .answer(c.conn.node, c.session, req, table_time(now));
@@ -224,14 +243,19 @@ impl Model for SessionModel {
             }
             Action::Receive { client } => {
                 let c = s.clients.get_mut(usize::from(client))?;
-                let answer = c.conn.back.remove(0);
+                let answer = *c.conn.back.first()?;
+                c.conn.back.remove(0);
                 c.receive(answer, cfg, cfg.nodes);
             }
             Action::DropRequest { client } => {
-                s.clients.get_mut(usize::from(client))?.conn.out.remove(0);
+                let out = &mut s.clients.get_mut(usize::from(client))?.conn.out;
+                out.first()?;
+                out.remove(0);
             }
             Action::DropAnswer { client } => {
-                s.clients.get_mut(usize::from(client))?.conn.back.remove(0);
+                let back = &mut s.clients.get_mut(usize::from(client))?.conn.back;
+                back.first()?;
+                back.remove(0);
             }
             Action::Reset { client } => {
                 s.clients

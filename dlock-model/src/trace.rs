@@ -1,6 +1,6 @@
 //! A path the checker found, printed as a numbered timeline: each step's
-//! actor, what it sent, delivered or lost, the clock, and what each client
-//! believes after it. A reader follows a counterexample without knowing
+//! actor, what it sent, delivered or lost, the servers' time and the
+//! clients' clocks, and what each client believes after it. A reader follows a counterexample without knowing
 //! stateright's types.
 
 use std::fmt::Write as _;
@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use crate::client::Client;
 use crate::cluster::Role;
 use crate::model::{Action, SessionModel, State};
+use crate::tick::Tick;
 use stateright::Path;
 
 /// The name the timeline gives client `id`: A, B, C…
@@ -25,9 +26,16 @@ pub fn timeline(model: &SessionModel, path: Path<State, Action>) -> String {
             None => ("start".to_string(), start(state)),
             Some((last, action)) => describe(last, action, state),
         };
-        let _ = write!(out, "{n:>3}  {actor:<9} {event:<62} | t={}", state.now);
+        // The servers' time, then the clients' clocks (one reading: they
+        // drift alike), then each client's belief by its clock.
+        let clock = model.clock(state.now);
+        let _ = write!(
+            out,
+            "{n:>3}  {actor:<9} {event:<62} | t={} clients {clock}",
+            state.now
+        );
         for (id, c) in (0u8..).zip(&state.clients) {
-            let _ = write!(out, " | {}: {}", client_name(id), belief(model, state, c));
+            let _ = write!(out, " | {}: {}", client_name(id), belief(model, clock, c));
         }
         if model.believers(state) > 1 {
             out.push_str("  <-- two believers");
@@ -66,9 +74,9 @@ fn start(state: &State) -> String {
     )
 }
 
-fn belief(model: &SessionModel, state: &State, c: &Client) -> String {
+fn belief(model: &SessionModel, clock: Tick, c: &Client) -> String {
     match (c.held, c.jeopardy_at(&model.cfg)) {
-        (Some(held), Some(until)) if c.believes(state.now, &model.cfg) => {
+        (Some(held), Some(until)) if c.believes(clock, &model.cfg) => {
             format!("holds fence {} until {until}", held.fence)
         }
         (Some(_), _) => "in jeopardy".to_string(),
