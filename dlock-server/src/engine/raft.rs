@@ -24,6 +24,8 @@
 //! | `log_store` | the Raft log and vote: openraft's log storage |
 //! | `log_writer` | the one thread writing the log, appends grouped per sync |
 //! | `wal` | the log's segment files: records, checkpoints, crash recovery |
+//! | `storage` | the one door from the log's files to the disk (real, or simulated in tests) |
+//! | `storage_sim` | tests only: a disk in memory that power cuts tear, and that fails on command |
 //! | `redb_import` | data directories of versions that kept the log in redb |
 //! | `machine` | the state machine: the table, applied entries, snapshots |
 //! | `snapshot_file` | the latest snapshot on disk, replaced atomically |
@@ -112,6 +114,9 @@ mod snapshot_file;
 mod standing;
 mod start;
 mod status;
+mod storage;
+#[cfg(test)]
+mod storage_sim;
 #[cfg(test)]
 mod store_suite;
 mod timer;

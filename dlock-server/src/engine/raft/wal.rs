@@ -41,11 +41,10 @@
 
 use super::disk::DiskError;
 use super::encoding;
+use super::storage::{ReadFrom, Storage, StorageFile, StorageLock};
 use super::types::{Entry, LogId, Vote};
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -103,7 +102,7 @@ impl Kind {
 pub(crate) struct Loc {
     /// The entry's id.
     pub(crate) id: LogId,
-    file: Arc<File>,
+    file: Arc<StorageFile>,
     /// Where its record starts, and the record's length with its head.
     at: u64,
     len: usize,
@@ -288,7 +287,7 @@ pub(crate) struct Replayed {
 
 struct Segment {
     seq: u64,
-    file: Arc<File>,
+    file: Arc<StorageFile>,
     /// The highest entry index written to it.
     max_index: Option<u64>,
 }
@@ -296,8 +295,9 @@ struct Segment {
 /// The open log: one writer (the writer thread, or an offline restore) at
 /// a time, which an advisory lock on `raft-log/lock` makes sure of.
 pub(crate) struct Wal {
+    storage: Storage,
     dir: PathBuf,
-    _lock: File,
+    _lock: StorageLock,
     /// Oldest first; the last one is written to.
     segments: Vec<Segment>,
     /// Where the next record goes in the last segment.
@@ -329,30 +329,6 @@ fn damaged(path: &Path, what: impl std::fmt::Display) -> DiskError {
     DiskError::Damaged(format!("{}: {what}", path.display()))
 }
 
-fn sync_dir(dir: &Path) -> Result<(), DiskError> {
-    File::open(dir)?.sync_all()?;
-    Ok(())
-}
-
-/// Makes the file `len` bytes long, its blocks allocated beforehand so that
-/// writes below `len` need no block allocation (where the filesystem
-/// cannot, only the length is set). The blocks are allocated first without
-/// changing the length, then the length is set in one step: an allocation
-/// that fails half way (a full disk) or a crash leaves the length a whole
-/// number of steps, which is what opening checks.
-fn allocate(file: &File, len: u64) -> Result<(), DiskError> {
-    #[cfg(target_os = "linux")]
-    {
-        use rustix::fs::{fallocate, FallocateFlags};
-        match fallocate(file, FallocateFlags::KEEP_SIZE, 0, len) {
-            Ok(()) => {}
-            Err(e) if e == rustix::io::Errno::OPNOTSUPP => {}
-            Err(e) => return Err(DiskError::Io(e.into())),
-        }
-    }
-    file.set_len(len)?;
-    Ok(())
-}
 
 fn round_up(n: u64, step: u64) -> u64 {
     n.div_ceil(step).max(1).saturating_mul(step)
@@ -370,37 +346,41 @@ impl Wal {
     /// Another process has it open, it is damaged (see the module
     /// documentation), or it cannot be read or created.
     pub(crate) fn open(data_dir: &Path) -> Result<(Wal, Replayed), DiskError> {
-        Wal::open_with(data_dir, STEP, SEGMENT)
+        Wal::open_on(Storage::default(), data_dir)
     }
 
-    fn open_with(data_dir: &Path, step: u64, segment: u64) -> Result<(Wal, Replayed), DiskError> {
+    /// [`Wal::open`] on the disk `storage`.
+    ///
+    /// # Errors
+    /// As for [`Wal::open`].
+    pub(crate) fn open_on(storage: Storage, data_dir: &Path) -> Result<(Wal, Replayed), DiskError> {
+        Wal::open_with(storage, data_dir, STEP, SEGMENT)
+    }
+
+    fn open_with(
+        storage: Storage,
+        data_dir: &Path,
+        step: u64,
+        segment: u64,
+    ) -> Result<(Wal, Replayed), DiskError> {
         let dir = data_dir.join(DIR);
-        if !dir.is_dir() {
-            std::fs::create_dir_all(&dir)?;
-            sync_dir(data_dir)?;
+        if !storage.is_dir(&dir) {
+            storage.create_dir_all(&dir)?;
+            storage.sync_dir(data_dir)?;
         }
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join("lock"))?;
-        match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+        let lock = match storage.lock(&dir.join("lock")) {
+            Ok(lock) => lock,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 return Err(DiskError::InUse(dir));
             }
-            Err(e) => return Err(DiskError::Io(e.into())),
-        }
+            Err(e) => return Err(DiskError::Io(e)),
+        };
         let mut seqs = Vec::new();
-        for item in std::fs::read_dir(&dir)? {
-            let path = item?.path();
-            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-                continue;
-            };
+        for name in storage.list(&dir)? {
             if name.ends_with(".tmp") {
                 // A segment being made when the node stopped: nothing in it
                 // was acknowledged.
-                std::fs::remove_file(&path)?;
+                storage.remove_file(&dir.join(&name))?;
             } else if let Some(seq) = name
                 .strip_suffix(&format!(".{EXT}"))
                 .filter(|s| s.len() == 20)
@@ -411,6 +391,7 @@ impl Wal {
         }
         seqs.sort_unstable();
         let mut wal = Wal {
+            storage,
             dir,
             _lock: lock,
             segments: Vec::new(),
@@ -480,8 +461,8 @@ impl Wal {
         replayed: &mut Replayed,
     ) -> Result<(), DiskError> {
         let path = segment_path(&self.dir, seq);
-        let file = Arc::new(OpenOptions::new().read(true).write(true).open(&path)?);
-        let len = file.metadata()?.len();
+        let file = Arc::new(self.storage.open(&path)?);
+        let len = file.len()?;
         if len == 0 || len % self.step != 0 {
             return Err(damaged(
                 &path,
@@ -491,7 +472,7 @@ impl Wal {
                 ),
             ));
         }
-        let mut reader = BufReader::with_capacity(1 << 20, &*file);
+        let mut reader = BufReader::with_capacity(1 << 20, ReadFrom::new(&file, 0));
         let mut header = [0; HEADER as usize];
         reader.read_exact(&mut header)?;
         if header[..8] != MAGIC {
@@ -701,7 +682,7 @@ impl Wal {
         let n = batch.buf.len() as u64;
         if self.end + n > self.len {
             let len = round_up(self.end + n, self.step);
-            allocate(&self.active().file, len)?;
+            self.active().file.allocate(len)?;
             self.len = len;
         }
         let at = self.end;
@@ -824,17 +805,12 @@ impl Wal {
         let len = round_up(head.buf.len() as u64 + n, self.step);
         let path = segment_path(&self.dir, seq);
         let tmp = path.with_extension(format!("{EXT}.tmp"));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        allocate(&file, len)?;
+        let file = self.storage.create(&tmp, false)?;
+        file.allocate(len)?;
         file.write_all_at(&head.buf, 0)?;
         file.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        sync_dir(&self.dir)?;
+        self.storage.rename(&tmp, &path)?;
+        self.storage.sync_dir(&self.dir)?;
         self.segments.push(Segment {
             seq,
             file: Arc::new(file),
@@ -876,7 +852,7 @@ impl Wal {
         let mut deleted = 0;
         for s in &self.segments[..keep_from] {
             let path = segment_path(&self.dir, s.seq);
-            if let Err(e) = std::fs::remove_file(&path) {
+            if let Err(e) = self.storage.remove_file(&path) {
                 tracing::warn!(path = %path.display(), error = %e, "cannot delete a purged raft log segment");
                 break;
             }
@@ -884,7 +860,7 @@ impl Wal {
         }
         drop(self.segments.drain(..deleted));
         if deleted > 0 {
-            if let Err(e) = sync_dir(&self.dir) {
+            if let Err(e) = self.storage.sync_dir(&self.dir) {
                 tracing::warn!(error = %e, "cannot sync the raft log's directory after deleting segments");
             }
         }
@@ -936,7 +912,7 @@ const ACKNOWLEDGED_DAMAGE: &str = "What to do: on a node of a cluster, move its 
 /// names an offset past `at`: the bytes there were made durable. Looked for
 /// byte by byte, since the records from `at` on cannot be trusted to say
 /// where the next one starts; only a damaged log is read this way.
-fn synced_past(file: &File, at: u64, len: u64, salt: u32) -> Result<Option<u64>, DiskError> {
+fn synced_past(file: &StorageFile, at: u64, len: u64, salt: u32) -> Result<Option<u64>, DiskError> {
     const CHUNK: usize = 1 << 20;
     let mark_len = (MARK_LEN - HEAD) as u32;
     let mut buf = vec![0; CHUNK];
@@ -973,7 +949,7 @@ fn check_crc(record: &[u8]) -> bool {
 
 /// Whether a 512-byte sector of the record at `at` (as far as its length
 /// says, or the next 4 KiB when that is not to be trusted) is all zeros.
-fn has_zero_sector(file: &File, at: u64, len: u64) -> Result<bool, DiskError> {
+fn has_zero_sector(file: &StorageFile, at: u64, len: u64) -> Result<bool, DiskError> {
     const SECTOR: u64 = 512;
     let mut head = [0; HEAD];
     let claimed = match file.read_exact_at(&mut head, at) {
@@ -1003,7 +979,7 @@ fn has_zero_sector(file: &File, at: u64, len: u64) -> Result<bool, DiskError> {
 }
 
 /// Whether the file holds only zeros from `from` to `to`.
-fn zero_after(file: &File, from: u64, to: u64) -> Result<bool, DiskError> {
+fn zero_after(file: &StorageFile, from: u64, to: u64) -> Result<bool, DiskError> {
     let mut buf = vec![0; 1 << 20];
     let mut at = from;
     while at < to {
@@ -1017,7 +993,7 @@ fn zero_after(file: &File, from: u64, to: u64) -> Result<bool, DiskError> {
     Ok(true)
 }
 
-fn zero_from(file: &File, from: u64, to: u64) -> Result<(), DiskError> {
+fn zero_from(file: &StorageFile, from: u64, to: u64) -> Result<(), DiskError> {
     let zeros = vec![0; 1 << 20];
     let mut at = from;
     while at < to {
@@ -1036,16 +1012,14 @@ fn zero_from(file: &File, from: u64, to: u64) -> Result<(), DiskError> {
 /// # Errors
 /// The files cannot be written.
 pub(crate) fn create_imported(data_dir: &Path, records: Batch) -> Result<(), DiskError> {
+    let storage = Storage::Real;
     let tmp = data_dir.join(format!("{DIR}.tmp"));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
+    if storage.is_dir(&tmp) {
+        storage.remove_dir_all(&tmp)?;
     }
-    std::fs::create_dir(&tmp)?;
+    storage.create_dir_all(&tmp)?;
     let path = segment_path(&tmp, 1);
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&path)?;
+    let file = storage.create(&path, true)?;
     let mut header = [0; HEADER as usize];
     header[..8].copy_from_slice(&MAGIC);
     header[8] = VERSION;
@@ -1055,13 +1029,13 @@ pub(crate) fn create_imported(data_dir: &Path, records: Batch) -> Result<(), Dis
     let mut records = records;
     let through = HEADER + records.buf.len() as u64;
     records.mark(salt, through)?;
-    allocate(&file, round_up(HEADER + records.buf.len() as u64, STEP))?;
+    file.allocate(round_up(HEADER + records.buf.len() as u64, STEP))?;
     file.write_all_at(&header, 0)?;
     file.write_all_at(&records.buf, HEADER)?;
     file.sync_all()?;
-    sync_dir(&tmp)?;
-    std::fs::rename(&tmp, data_dir.join(DIR))?;
-    sync_dir(data_dir)?;
+    storage.sync_dir(&tmp)?;
+    storage.rename(&tmp, &data_dir.join(DIR))?;
+    storage.sync_dir(data_dir)?;
     Ok(())
 }
 
@@ -1069,6 +1043,8 @@ pub(crate) fn create_imported(data_dir: &Path, records: Batch) -> Result<(), Dis
 mod tests {
     use super::*;
     use openraft::{CommittedLeaderId, EntryPayload};
+    use std::fs::{File, OpenOptions};
+    use std::os::unix::fs::FileExt;
 
     fn id(term: u64, index: u64) -> LogId {
         LogId::new(CommittedLeaderId::new(term, 1), index)
@@ -1134,7 +1110,7 @@ mod tests {
     fn purged_segments_are_deleted_and_the_checkpoint_keeps_what_they_said() {
         let dir = tempfile::tempdir().expect("dir");
         {
-            let (mut wal, _) = Wal::open_with(dir.path(), SMALL.0, SMALL.1).expect("open");
+            let (mut wal, _) = Wal::open_with(Storage::Real, dir.path(), SMALL.0, SMALL.1).expect("open");
             let mut b = Batch::default();
             b.vote(encoding::encode(&Vote::new(7, 1)).expect("v"))
                 .expect("b");
@@ -1155,7 +1131,7 @@ mod tests {
             assert!(left.len() <= before / 4 + 1, "{before} then {left:?}");
             assert!(!segment_path(&wal.dir, 1).exists());
         }
-        let (_wal, r) = Wal::open_with(dir.path(), SMALL.0, SMALL.1).expect("reopen");
+        let (_wal, r) = Wal::open_with(Storage::Real, dir.path(), SMALL.0, SMALL.1).expect("reopen");
         assert_eq!(r.vote, Some(Vote::new(7, 1)));
         assert_eq!(r.purged, Some(id(1, 3000)));
         assert_eq!(r.entries.keys().next(), Some(&3001));
@@ -1166,7 +1142,7 @@ mod tests {
     #[test]
     fn an_idle_log_whose_entries_are_all_purged_gives_its_space_back() {
         let dir = tempfile::tempdir().expect("dir");
-        let (mut wal, _) = Wal::open_with(dir.path(), SMALL.0, 1 << 30).expect("open");
+        let (mut wal, _) = Wal::open_with(Storage::Real, dir.path(), SMALL.0, 1 << 30).expect("open");
         append(&mut wal, 0, 0);
         for i in 0..100 {
             append(&mut wal, i * 10 + 1, i * 10 + 10);
@@ -1230,8 +1206,8 @@ mod tests {
         drop(f);
         let (wal, r) = Wal::open(dir.path()).expect("reopen");
         assert_eq!(indexes(&r), [0, 1, 2, 3]);
-        let f = File::open(&seg).expect("seg");
-        let len = f.metadata().expect("meta").len();
+        let f = StorageFile::Real(File::open(&seg).expect("seg"));
+        let len = f.len().expect("meta");
         assert!(zero_after(&f, at, len).expect("read"));
         drop(wal);
     }
@@ -1241,7 +1217,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let files;
         {
-            let (mut wal, _) = Wal::open_with(dir.path(), SMALL.0, SMALL.1).expect("open");
+            let (mut wal, _) = Wal::open_with(Storage::Real, dir.path(), SMALL.0, SMALL.1).expect("open");
             append(&mut wal, 0, 0);
             for i in 0..100 {
                 append(&mut wal, i * 10 + 1, i * 10 + 10);
@@ -1249,7 +1225,7 @@ mod tests {
             files = wal.files();
         }
         assert!(files.len() > 2);
-        let open = || Wal::open_with(dir.path(), SMALL.0, SMALL.1).map(|_| ());
+        let open = || Wal::open_with(Storage::Real, dir.path(), SMALL.0, SMALL.1).map(|_| ());
         // A record in a closed segment.
         let whole = std::fs::read(&files[0]).expect("read");
         let mut bad = whole.clone();
