@@ -328,7 +328,7 @@ fn run(
                     mark_written(&mut marker);
                     if let Some(index) = purged {
                         if let Err(e) = wal.drop_purged(index) {
-                            tracing::error!(error = %e, "cannot start a new raft log segment");
+                            tracing::error!(error = %e, "cannot drop the purged raft log segments; nothing more is written");
                         }
                     }
                 }

@@ -40,7 +40,10 @@ fn open_data_dir(
     sessions: bool,
     sink: ApplySink,
 ) -> anyhow::Result<(LogStore, StateMachine, bool)> {
-    std::fs::create_dir_all(dir)
+    // Durably: a new data directory lost to a power cut would take the
+    // node's first vote and entries with it.
+    super::storage::Storage::Real
+        .create_dir_all(dir)
         .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
     let log = LogStore::open(dir)
         .with_context(|| format!("cannot open the raft log in {}", dir.display()))?;

@@ -63,25 +63,33 @@ impl Storage {
         }
     }
 
-    /// Makes `path` and any missing parents. The new entries are durable
-    /// only once their directories are synced.
+    /// Makes `path` and any missing parents, and syncs the directory each
+    /// new one was made in: a directory made at a node's first start and
+    /// lost to a power cut would take the log (and the vote in it) with it.
     ///
     /// # Errors
-    /// A directory cannot be made.
+    /// A directory cannot be made or synced.
     pub(crate) fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        match self {
-            Storage::Real => std::fs::create_dir_all(path),
-            #[cfg(test)]
-            Storage::Sim(d) => {
-                if d.is_dir(path) {
-                    return Ok(());
-                }
-                if let Some(parent) = path.parent() {
-                    self.create_dir_all(parent)?;
-                }
-                d.create_dir(path)
-            }
+        if self.is_dir(path) {
+            return Ok(());
         }
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            // A relative path of one component.
+            _ => Path::new("."),
+        };
+        self.create_dir_all(parent)?;
+        match self {
+            Storage::Real => match std::fs::create_dir(path) {
+                Ok(()) => {}
+                // Made by another process meanwhile; synced below all the same.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => {}
+                Err(e) => return Err(e),
+            },
+            #[cfg(test)]
+            Storage::Sim(d) => d.create_dir(path)?,
+        }
+        self.sync_dir(parent)
     }
 
     /// Removes the directory `path` and everything in it.

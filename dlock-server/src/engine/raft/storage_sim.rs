@@ -66,9 +66,17 @@ enum Node {
 #[derive(Debug)]
 enum DirOp {
     /// `path` appeared.
-    Put { path: PathBuf, node: Node },
-    Rename { from: PathBuf, to: PathBuf },
-    Remove { path: PathBuf },
+    Put {
+        path: PathBuf,
+        node: Node,
+    },
+    Rename {
+        from: PathBuf,
+        to: PathBuf,
+    },
+    Remove {
+        path: PathBuf,
+    },
 }
 
 impl DirOp {
@@ -109,7 +117,15 @@ impl DirOp {
 
 #[derive(Debug)]
 enum FileOp {
-    Write { at: u64, bytes: Vec<u8> },
+    /// `extends`: the write reached past the file's end when it was made,
+    /// so it carries its own change of length. One that did not cannot
+    /// make the file longer after a cut: the length it wrote inside came
+    /// from a length change, which the cut may have lost.
+    Write {
+        at: u64,
+        bytes: Vec<u8>,
+        extends: bool,
+    },
     SetLen(u64),
 }
 
@@ -140,6 +156,9 @@ struct State {
     boot: u64,
     /// Syncs that do nothing: the negative control.
     lying: bool,
+    /// Operations left before the "process" dies mid-way: every one after
+    /// that fails until the next power cut.
+    countdown: Option<u64>,
     /// What the last power cut did, for a test's failure message.
     last_cut: Vec<String>,
 }
@@ -245,6 +264,18 @@ impl SimDisk {
         self.state().faults.push((op, errno));
     }
 
+    /// Lets `n` more operations through, then fails every one until the
+    /// next [`SimDisk::power_cut`]: the machine died in the middle of
+    /// whatever the code was doing (a rotation, a purge's deletions).
+    pub(crate) fn die_after(&self, n: u64) {
+        self.state().countdown = Some(n);
+    }
+
+    /// Whether [`SimDisk::die_after`]'s operations ran out.
+    pub(crate) fn died(&self) -> bool {
+        self.state().countdown == Some(0)
+    }
+
     /// Cuts the power: every unsynced change is lost, kept or torn, as the
     /// module documentation says, chosen by `seed`. Every handle open
     /// before is dead afterwards.
@@ -277,7 +308,7 @@ impl SimDisk {
                             log.push(format!("inode {ino}: lost length {len}"));
                         }
                     }
-                    FileOp::Write { at, bytes } => {
+                    FileOp::Write { at, bytes, extends } => {
                         let n = bytes.len() as u64;
                         let keep = match rng.below(4) {
                             0 => 0,
@@ -290,7 +321,15 @@ impl SimDisk {
                         };
                         // No hole: bytes past the end whose length change
                         // was lost are unreachable.
-                        let keep = if at > data.len() as u64 { 0 } else { keep };
+                        let keep = if extends {
+                            if at > data.len() as u64 {
+                                0
+                            } else {
+                                keep
+                            }
+                        } else {
+                            keep.min((data.len() as u64).saturating_sub(at))
+                        };
                         log.push(format!(
                             "inode {ino}: write of {n} at {at}: kept {keep} bytes"
                         ));
@@ -302,6 +341,7 @@ impl SimDisk {
             inode.durable = data;
         }
         s.locked.clear();
+        s.countdown = None;
         s.boot += 1;
         s.last_cut = log;
     }
@@ -512,6 +552,11 @@ impl SimDisk {
 impl State {
     /// The error a test asked for, if the next `op` is to fail.
     fn fault(&mut self, op: Op) -> io::Result<()> {
+        match self.countdown {
+            Some(0) => return Err(io::Error::other("simulated disk: the machine died")),
+            Some(n) => self.countdown = Some(n - 1),
+            None => {}
+        }
         match self.faults.iter().position(|(o, _)| *o == op) {
             Some(i) => {
                 let (_, errno) = self.faults.remove(i);
@@ -539,11 +584,7 @@ impl State {
 }
 
 impl SimFile {
-    fn with<T>(
-        &self,
-        op: Op,
-        f: impl FnOnce(&mut Inode, bool) -> io::Result<T>,
-    ) -> io::Result<T> {
+    fn with<T>(&self, op: Op, f: impl FnOnce(&mut Inode, bool) -> io::Result<T>) -> io::Result<T> {
         let mut s = self.disk.state();
         if s.boot != self.boot {
             return Err(dead());
@@ -573,13 +614,15 @@ impl SimFile {
         self.with(Op::Write, |i, _| {
             let from = usize::try_from(at).map_err(io::Error::other)?;
             let to = from + buf.len();
-            if i.live.len() < to {
+            let extends = i.live.len() < to;
+            if extends {
                 i.live.resize(to, 0);
             }
             i.live[from..to].copy_from_slice(buf);
             i.pending.push(FileOp::Write {
                 at,
                 bytes: buf.to_vec(),
+                extends,
             });
             Ok(())
         })
@@ -612,7 +655,9 @@ impl SimFile {
                         FileOp::SetLen(len) => inode
                             .durable
                             .resize(usize::try_from(len).unwrap_or(usize::MAX), 0),
-                        FileOp::Write { at, bytes } => apply_write(&mut inode.durable, at, &bytes),
+                        FileOp::Write { at, bytes, .. } => {
+                            apply_write(&mut inode.durable, at, &bytes)
+                        }
                     }
                 }
             }

@@ -329,7 +329,6 @@ fn damaged(path: &Path, what: impl std::fmt::Display) -> DiskError {
     DiskError::Damaged(format!("{}: {what}", path.display()))
 }
 
-
 fn round_up(n: u64, step: u64) -> u64 {
     n.div_ceil(step).max(1).saturating_mul(step)
 }
@@ -364,10 +363,7 @@ impl Wal {
         segment: u64,
     ) -> Result<(Wal, Replayed), DiskError> {
         let dir = data_dir.join(DIR);
-        if !storage.is_dir(&dir) {
-            storage.create_dir_all(&dir)?;
-            storage.sync_dir(data_dir)?;
-        }
+        storage.create_dir_all(&dir)?;
         let lock = match storage.lock(&dir.join("lock")) {
             Ok(lock) => lock,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -832,9 +828,13 @@ impl Wal {
     /// its space. Call after the purge record is durable.
     ///
     /// # Errors
-    /// Starting the new segment failed (then nothing more is written);
-    /// a failed deletion is only logged.
+    /// Starting the new segment, or syncing the directory after a deletion,
+    /// failed (then nothing more is written); a failed deletion is only
+    /// logged.
     pub(crate) fn drop_purged(&mut self, purged: u64) -> Result<(), DiskError> {
+        if self.failed {
+            return Ok(());
+        }
         let below = |s: &Segment| s.max_index.is_none_or(|m| m <= purged);
         if self.end > self.step && below(self.active()) && !self.failed {
             if let Err(e) = self.rotate(0) {
@@ -848,8 +848,12 @@ impl Wal {
             .unwrap_or(self.segments.len() - 1);
         // Oldest first, stopping at a failure: a segment left behind a
         // deleted one would be a gap (read as damage); it is tried again at
-        // the next purge.
+        // the next purge. The directory is synced after each deletion: a
+        // power cut may keep or lose each unsynced one on its own (the
+        // simulated disk found a later one kept and an earlier one back,
+        // a gap that refused the start).
         let mut deleted = 0;
+        let mut result = Ok(());
         for s in &self.segments[..keep_from] {
             let path = segment_path(&self.dir, s.seq);
             if let Err(e) = self.storage.remove_file(&path) {
@@ -857,14 +861,17 @@ impl Wal {
                 break;
             }
             deleted += 1;
-        }
-        drop(self.segments.drain(..deleted));
-        if deleted > 0 {
             if let Err(e) = self.storage.sync_dir(&self.dir) {
-                tracing::warn!(error = %e, "cannot sync the raft log's directory after deleting segments");
+                // Whether the deletion is durable is unknown, and a later
+                // one that is could leave this segment behind a gap: as
+                // after any failed sync, nothing more is written.
+                self.failed = true;
+                result = Err(DiskError::Io(e));
+                break;
             }
         }
-        Ok(())
+        drop(self.segments.drain(..deleted));
+        result
     }
 
     /// The segment files, oldest first.
@@ -1040,6 +1047,10 @@ pub(crate) fn create_imported(data_dir: &Path, records: Batch) -> Result<(), Dis
 }
 
 #[cfg(test)]
+#[path = "wal_power_cut.rs"]
+mod power_cut;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use openraft::{CommittedLeaderId, EntryPayload};
@@ -1110,7 +1121,8 @@ mod tests {
     fn purged_segments_are_deleted_and_the_checkpoint_keeps_what_they_said() {
         let dir = tempfile::tempdir().expect("dir");
         {
-            let (mut wal, _) = Wal::open_with(Storage::Real, dir.path(), SMALL.0, SMALL.1).expect("open");
+            let (mut wal, _) =
+                Wal::open_with(Storage::Real, dir.path(), SMALL.0, SMALL.1).expect("open");
             let mut b = Batch::default();
             b.vote(encoding::encode(&Vote::new(7, 1)).expect("v"))
                 .expect("b");
@@ -1131,7 +1143,8 @@ mod tests {
             assert!(left.len() <= before / 4 + 1, "{before} then {left:?}");
             assert!(!segment_path(&wal.dir, 1).exists());
         }
-        let (_wal, r) = Wal::open_with(Storage::Real, dir.path(), SMALL.0, SMALL.1).expect("reopen");
+        let (_wal, r) =
+            Wal::open_with(Storage::Real, dir.path(), SMALL.0, SMALL.1).expect("reopen");
         assert_eq!(r.vote, Some(Vote::new(7, 1)));
         assert_eq!(r.purged, Some(id(1, 3000)));
         assert_eq!(r.entries.keys().next(), Some(&3001));
@@ -1142,7 +1155,8 @@ mod tests {
     #[test]
     fn an_idle_log_whose_entries_are_all_purged_gives_its_space_back() {
         let dir = tempfile::tempdir().expect("dir");
-        let (mut wal, _) = Wal::open_with(Storage::Real, dir.path(), SMALL.0, 1 << 30).expect("open");
+        let (mut wal, _) =
+            Wal::open_with(Storage::Real, dir.path(), SMALL.0, 1 << 30).expect("open");
         append(&mut wal, 0, 0);
         for i in 0..100 {
             append(&mut wal, i * 10 + 1, i * 10 + 10);
@@ -1217,7 +1231,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let files;
         {
-            let (mut wal, _) = Wal::open_with(Storage::Real, dir.path(), SMALL.0, SMALL.1).expect("open");
+            let (mut wal, _) =
+                Wal::open_with(Storage::Real, dir.path(), SMALL.0, SMALL.1).expect("open");
             append(&mut wal, 0, 0);
             for i in 0..100 {
                 append(&mut wal, i * 10 + 1, i * 10 + 10);
