@@ -95,7 +95,11 @@ pub struct Args {
     pub no_partitions: bool,
 
     /// With --cluster: only these kinds of fault (comma-separated), each
-    /// drawn as often as in the full mix; default: every kind.
+    /// drawn as often as in the full mix; default: every kind but the power
+    /// cuts (power-cut-node, power-cut-minority, power-cut-cluster), which
+    /// run the nodes with --test-volatile-disk and so need a dlock-server
+    /// built with the testing feature (cargo build -p dlock-server -p
+    /// dlock-torture builds it so).
     #[arg(
         long,
         value_name = "KIND,...",

@@ -49,7 +49,7 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
     let target = match (args.cluster, &args.server_bin, &args.server) {
         (Some(n), _, _) => {
             println!("dlock-torture: cluster of {n}, seed {seed}");
-            Target::nodes(&args, n).await?
+            Target::nodes(&args, n, seed).await?
         }
         (None, Some(bin), _) => Target::child(bin)?,
         (None, None, Some(addr)) => Target::external(addr, args.server_pid)?,

@@ -26,6 +26,7 @@
 //! | `wal` | the log's segment files: records, checkpoints, crash recovery |
 //! | `storage` | the one door from the log's files to the disk (real, or simulated in tests) |
 //! | `storage_sim` | tests only: a disk in memory that power cuts tear, and that fails on command |
+//! | `storage_volatile` | the torture only: writes held in memory until synced, so a SIGKILL is a power cut |
 //! | `redb_import` | data directories of versions that kept the log in redb |
 //! | `machine` | the state machine: the table, applied entries, snapshots |
 //! | `snapshot_file` | the latest snapshot on disk, replaced atomically |
@@ -117,6 +118,8 @@ mod status;
 mod storage;
 #[cfg(test)]
 mod storage_sim;
+#[cfg(feature = "testing")]
+mod storage_volatile;
 #[cfg(test)]
 mod store_suite;
 mod timer;

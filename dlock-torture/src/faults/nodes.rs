@@ -5,8 +5,9 @@
 //! in turn; partitions: the leader cut off from its peers while the
 //! clients still reach it, the leader's side of a split in the minority,
 //! one direction of a link cut, a follower cut off; a follower's log file
-//! cut short; the clients cut from the leader, silently or by resets), each
-//! healed after a random time.
+//! cut short; the clients cut from the leader, silently or by resets; power
+//! cuts of one node, of a minority, of the whole cluster at once, when the
+//! nodes' logs are on a volatile disk), each healed after a random time.
 
 use crate::workload::Workload;
 use dlock::proto::ClusterInfo;
@@ -358,6 +359,17 @@ pub enum Kind {
     /// next. Waits for the other faults to heal and holds every node, so
     /// what it costs is its own.
     RollingRestart,
+    /// A power cut of one node, the leader or a follower: SIGKILL of a node
+    /// whose log keeps unsynced writes in its memory
+    /// (`--test-volatile-disk`), so they are lost or torn; started again
+    /// after 0.2 to 4 s.
+    PowerCutNode,
+    /// A power cut of fewer than half the nodes, the leader among them.
+    PowerCutMinority,
+    /// A power cut of the whole cluster at once: every node SIGKILLed in
+    /// the same moment, then all started again. Waits for the other
+    /// faults to heal, as it holds every node.
+    PowerCutCluster,
 }
 
 /// How often each kind is drawn, in parts of the whole. The leader cut off
@@ -379,15 +391,26 @@ const MIX: &[(Kind, u32)] = &[
     (Kind::IsolateFollower, 1),
     (Kind::CutClientsSilently, 1),
     (Kind::ResetClients, 1),
+    (Kind::PowerCutNode, 2),
+    (Kind::PowerCutMinority, 1),
+    (Kind::PowerCutCluster, 1),
 ];
 
-/// The kinds a run may draw: those of `only` (every kind when empty) that
-/// need no proxies unless `partitions`.
+/// The kinds a run may draw: those of `only` (every kind but the power
+/// cuts when empty) that need no proxies unless `partitions`. Power cuts
+/// are drawn only when named: they need nodes built with the `testing`
+/// feature (`--test-volatile-disk`).
 pub fn drawable(only: &[Kind], partitions: bool) -> Vec<(Kind, u32)> {
     MIX.iter()
         .copied()
         .filter(|(k, _)| partitions || !k.needs_proxies())
-        .filter(|(k, _)| only.is_empty() || only.contains(k))
+        .filter(|(k, _)| {
+            if only.is_empty() {
+                !k.is_power_cut()
+            } else {
+                only.contains(k)
+            }
+        })
         .collect()
 }
 
@@ -423,7 +446,19 @@ impl Kind {
             Kind::CutClientsSilently => "clients cut from the leader (silent)",
             Kind::ResetClients => "clients cut from the leader (reset)",
             Kind::RollingRestart => "rolling restart (SIGTERM each node in turn)",
+            Kind::PowerCutNode => "power cut: one node",
+            Kind::PowerCutMinority => "power cut: a minority, the leader among it",
+            Kind::PowerCutCluster => "power cut: the whole cluster at once",
         }
+    }
+
+    /// Whether the fault is a power cut, which needs the nodes' logs on a
+    /// volatile disk (`--test-volatile-disk`).
+    pub fn is_power_cut(self) -> bool {
+        matches!(
+            self,
+            Kind::PowerCutNode | Kind::PowerCutMinority | Kind::PowerCutCluster
+        )
     }
 
     /// Whether the fault works through the proxies, which
@@ -452,7 +487,11 @@ impl Kind {
     fn hits_leader(self) -> bool {
         matches!(
             self,
-            Kind::KillLeader | Kind::PauseLeader | Kind::IsolateLeader | Kind::SplitLeaderMinority
+            Kind::KillLeader
+                | Kind::PauseLeader
+                | Kind::IsolateLeader
+                | Kind::SplitLeaderMinority
+                | Kind::PowerCutMinority
         )
     }
 
@@ -528,6 +567,12 @@ pub async fn schedule(
                 cluster.claim(Some(follower(&mut rng)), 1)
             }
             Kind::KillMajority => cluster.claim(leader, n / 2 + 1),
+            Kind::PowerCutNode => {
+                let i = rng.usize(..n);
+                cluster.claim(Some(i), 1)
+            }
+            Kind::PowerCutMinority => leader.and_then(|l| cluster.claim(Some(l), (n - 1) / 2)),
+            Kind::PowerCutCluster => cluster.claim_all(sh.faults_until).await,
             // Every node, once the other faults have healed: no turn is
             // skipped for it, and what it costs is its own.
             Kind::RollingRestart => cluster.claim_all(sh.faults_until).await,

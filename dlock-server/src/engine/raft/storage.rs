@@ -16,6 +16,8 @@
 
 #[cfg(test)]
 use super::storage_sim::{SimDisk, SimFile, SimLock};
+#[cfg(feature = "testing")]
+use super::storage_volatile::{VolatileDisk, VolatileFile};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -30,6 +32,24 @@ pub(crate) enum Storage {
     /// An in-memory disk that models power cuts and I/O errors.
     #[cfg(test)]
     Sim(SimDisk),
+    /// The real filesystem, every file's writes held in memory until it is
+    /// synced: a SIGKILL is a power cut (the torture's).
+    #[cfg(feature = "testing")]
+    Volatile(VolatileDisk),
+}
+
+/// The disk `--test-volatile-disk` asked for, for the whole process: a
+/// global rather than a field handed down through the node's start, since
+/// it exists only in test builds and the log is all it changes.
+#[cfg(feature = "testing")]
+static VOLATILE: std::sync::OnceLock<VolatileDisk> = std::sync::OnceLock::new();
+
+/// Puts every raft log this process opens from now on on a volatile disk
+/// (see `storage_volatile`) whose torn writes are drawn from `seed`.
+#[cfg(feature = "testing")]
+pub(crate) fn use_volatile_disk(seed: u64) {
+    // A second call (a second node in one test process) keeps the first.
+    drop(VOLATILE.set(VolatileDisk::new(seed)));
 }
 
 /// An open file on a [`Storage`].
@@ -39,6 +59,9 @@ pub(crate) enum StorageFile {
     /// A file on a simulated disk.
     #[cfg(test)]
     Sim(SimFile),
+    /// A real file whose writes wait in memory for its sync.
+    #[cfg(feature = "testing")]
+    Volatile(VolatileFile),
 }
 
 /// An exclusive hold on a path, released when dropped (or when the process
@@ -54,10 +77,22 @@ pub(crate) enum StorageLock {
 }
 
 impl Storage {
+    /// The disk a node's raft log is on: the real one, unless a test build
+    /// was asked for a volatile one.
+    pub(crate) fn for_log() -> Storage {
+        #[cfg(feature = "testing")]
+        if let Some(disk) = VOLATILE.get() {
+            return Storage::Volatile(disk.clone());
+        }
+        Storage::Real
+    }
+
     /// Whether `path` is a directory.
     pub(crate) fn is_dir(&self, path: &Path) -> bool {
         match self {
             Storage::Real => path.is_dir(),
+            #[cfg(feature = "testing")]
+            Storage::Volatile(_) => path.is_dir(),
             #[cfg(test)]
             Storage::Sim(d) => d.is_dir(path),
         }
@@ -80,6 +115,8 @@ impl Storage {
         };
         self.create_dir_all(parent)?;
         match self {
+            #[cfg(feature = "testing")]
+            Storage::Volatile(_) => Storage::Real.create_dir_all(path)?,
             Storage::Real => match std::fs::create_dir(path) {
                 Ok(()) => {}
                 // Made by another process meanwhile; synced below all the same.
@@ -99,6 +136,8 @@ impl Storage {
     pub(crate) fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
         match self {
             Storage::Real => std::fs::remove_dir_all(path),
+            #[cfg(feature = "testing")]
+            Storage::Volatile(_) => std::fs::remove_dir_all(path),
             #[cfg(test)]
             Storage::Sim(d) => d.remove_dir_all(path),
         }
@@ -111,6 +150,8 @@ impl Storage {
     /// The directory cannot be read.
     pub(crate) fn list(&self, path: &Path) -> io::Result<Vec<String>> {
         match self {
+            #[cfg(feature = "testing")]
+            Storage::Volatile(_) => Storage::Real.list(path),
             Storage::Real => {
                 let mut names = Vec::new();
                 for item in std::fs::read_dir(path)? {
@@ -138,6 +179,11 @@ impl Storage {
                 .map(StorageFile::Real),
             #[cfg(test)]
             Storage::Sim(d) => d.open(path).map(StorageFile::Sim),
+            #[cfg(feature = "testing")]
+            Storage::Volatile(v) => match Storage::Real.open(path)? {
+                StorageFile::Real(f) => v.wrap(f).map(StorageFile::Volatile),
+                other => Ok(other),
+            },
         }
     }
 
@@ -161,6 +207,11 @@ impl Storage {
             }
             #[cfg(test)]
             Storage::Sim(d) => d.create(path, new).map(StorageFile::Sim),
+            #[cfg(feature = "testing")]
+            Storage::Volatile(v) => match Storage::Real.create(path, new)? {
+                StorageFile::Real(f) => v.wrap(f).map(StorageFile::Volatile),
+                other => Ok(other),
+            },
         }
     }
 
@@ -171,6 +222,8 @@ impl Storage {
     /// when the file cannot be made or locked.
     pub(crate) fn lock(&self, path: &Path) -> io::Result<StorageLock> {
         match self {
+            #[cfg(feature = "testing")]
+            Storage::Volatile(_) => Storage::Real.lock(path),
             Storage::Real => {
                 let file = OpenOptions::new()
                     .create(true)
@@ -193,6 +246,8 @@ impl Storage {
     pub(crate) fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         match self {
             Storage::Real => std::fs::rename(from, to),
+            #[cfg(feature = "testing")]
+            Storage::Volatile(_) => std::fs::rename(from, to),
             #[cfg(test)]
             Storage::Sim(d) => d.rename(from, to),
         }
@@ -205,6 +260,8 @@ impl Storage {
     pub(crate) fn remove_file(&self, path: &Path) -> io::Result<()> {
         match self {
             Storage::Real => std::fs::remove_file(path),
+            #[cfg(feature = "testing")]
+            Storage::Volatile(_) => std::fs::remove_file(path),
             #[cfg(test)]
             Storage::Sim(d) => d.remove_file(path),
         }
@@ -218,6 +275,8 @@ impl Storage {
     pub(crate) fn sync_dir(&self, path: &Path) -> io::Result<()> {
         match self {
             Storage::Real => File::open(path)?.sync_all(),
+            #[cfg(feature = "testing")]
+            Storage::Volatile(_) => File::open(path)?.sync_all(),
             #[cfg(test)]
             Storage::Sim(d) => d.sync_dir(path),
         }
@@ -234,6 +293,8 @@ impl StorageFile {
             StorageFile::Real(f) => Ok(f.metadata()?.len()),
             #[cfg(test)]
             StorageFile::Sim(f) => f.len(),
+            #[cfg(feature = "testing")]
+            StorageFile::Volatile(f) => f.len(),
         }
     }
 
@@ -246,6 +307,8 @@ impl StorageFile {
             StorageFile::Real(f) => f.read_exact_at(buf, at),
             #[cfg(test)]
             StorageFile::Sim(f) => f.read_exact_at(buf, at),
+            #[cfg(feature = "testing")]
+            StorageFile::Volatile(f) => f.read_exact_at(buf, at),
         }
     }
 
@@ -258,6 +321,8 @@ impl StorageFile {
             StorageFile::Real(f) => f.write_all_at(buf, at),
             #[cfg(test)]
             StorageFile::Sim(f) => f.write_all_at(buf, at),
+            #[cfg(feature = "testing")]
+            StorageFile::Volatile(f) => f.write_all_at(buf, at),
         }
     }
 
@@ -286,6 +351,8 @@ impl StorageFile {
             }
             #[cfg(test)]
             StorageFile::Sim(f) => f.set_len(len),
+            #[cfg(feature = "testing")]
+            StorageFile::Volatile(f) => f.allocate(len),
         }
     }
 
@@ -299,6 +366,8 @@ impl StorageFile {
             StorageFile::Real(f) => f.sync_data(),
             #[cfg(test)]
             StorageFile::Sim(f) => f.sync(),
+            #[cfg(feature = "testing")]
+            StorageFile::Volatile(f) => f.sync(false),
         }
     }
 
@@ -312,6 +381,8 @@ impl StorageFile {
             StorageFile::Real(f) => f.sync_all(),
             #[cfg(test)]
             StorageFile::Sim(f) => f.sync(),
+            #[cfg(feature = "testing")]
+            StorageFile::Volatile(f) => f.sync(true),
         }
     }
 }

@@ -345,7 +345,7 @@ impl Wal {
     /// Another process has it open, it is damaged (see the module
     /// documentation), or it cannot be read or created.
     pub(crate) fn open(data_dir: &Path) -> Result<(Wal, Replayed), DiskError> {
-        Wal::open_on(Storage::default(), data_dir)
+        Wal::open_on(Storage::for_log(), data_dir)
     }
 
     /// [`Wal::open`] on the disk `storage`.
