@@ -749,6 +749,33 @@ async fn run_fault(
         }
         return;
     }
+    if kind.is_power_cut() {
+        let hit = nodes.to_vec();
+        let torn = with_nodes_value(cluster, move |n| {
+            hit.into_iter()
+                .filter(|&i| {
+                    n.restart(i);
+                    dropped_a_torn_tail(&n.recent_log(i))
+                })
+                .count()
+        })
+        .await;
+        match torn {
+            Some(torn) => {
+                for _ in nodes {
+                    sh.counts.bump("power cut: nodes restarted");
+                }
+                for _ in 0..torn {
+                    sh.counts
+                        .bump("power cut: a torn log tail dropped at the restart");
+                }
+            }
+            None => sh
+                .report
+                .violation("node did not come back", format!("after {}", kind.name())),
+        }
+        return;
+    }
     let hit = nodes.to_vec();
     let healed = with_nodes(cluster, move |n| {
         for i in hit {
@@ -764,6 +791,19 @@ async fn run_fault(
         sh.report
             .violation("node did not come back", format!("after {}", kind.name()));
     }
+}
+
+/// Whether a node's log since its latest start (the volatile disk's line
+/// opens every start) says it dropped a write cut short at the end of its
+/// raft log: the power cut tore what it had not synced.
+fn dropped_a_torn_tail(log: &[String]) -> bool {
+    let start = log
+        .iter()
+        .rposition(|l| l.contains("--test-volatile-disk"))
+        .unwrap_or(0);
+    log[start..]
+        .iter()
+        .any(|l| l.contains("ends in a write cut short"))
 }
 
 /// Restarts every node of `nodes` (all of them, claimed) in turn, as an
@@ -967,7 +1007,8 @@ mod tests {
     #[test]
     fn every_kind_is_drawn_about_as_often_as_its_parts_say() {
         let mix = drawable(&[], true);
-        assert_eq!(mix.len(), MIX.len());
+        let power_cuts = MIX.iter().filter(|(k, _)| k.is_power_cut()).count();
+        assert_eq!(mix.len(), MIX.len() - power_cuts);
         let total: u32 = mix.iter().map(|(_, w)| w).sum();
         let n = 100_000;
         for ((kind, got), (_, parts)) in tally(&mix, n).into_iter().zip(&mix) {
@@ -983,6 +1024,26 @@ mod tests {
         assert!(mix.iter().all(|(k, _)| !k.needs_proxies()), "{mix:?}");
         assert!(mix.iter().any(|(k, _)| *k == Kind::RollingRestart));
         assert!(drawable(&[Kind::IsolateLeader], false).is_empty());
+    }
+
+    #[test]
+    fn power_cuts_are_drawn_only_when_named() {
+        assert!(drawable(&[], true).iter().all(|(k, _)| !k.is_power_cut()));
+        let named = drawable(&[Kind::PowerCutCluster, Kind::KillLeader], false);
+        assert!(named.iter().any(|(k, _)| *k == Kind::PowerCutCluster));
+    }
+
+    #[test]
+    fn a_torn_tail_is_seen_only_in_the_latest_start() {
+        let line = |s: &str| s.to_owned();
+        let earlier = [
+            line("WARN --test-volatile-disk: ..."),
+            line("WARN the raft log ends in a write cut short (the node stopped mid-write)"),
+            line("WARN --test-volatile-disk: ..."),
+            line("INFO listening"),
+        ];
+        assert!(!dropped_a_torn_tail(&earlier));
+        assert!(dropped_a_torn_tail(&earlier[..2]));
     }
 
     #[test]
