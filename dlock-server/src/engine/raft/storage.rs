@@ -38,6 +38,18 @@ pub(crate) enum Storage {
     Volatile(VolatileDisk),
 }
 
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Storage::Real => "Real",
+            #[cfg(test)]
+            Storage::Sim(_) => "Sim",
+            #[cfg(feature = "testing")]
+            Storage::Volatile(_) => "Volatile",
+        })
+    }
+}
+
 /// The disk `--test-volatile-disk` asked for, for the whole process: a
 /// global rather than a field handed down through the node's start, since
 /// it exists only in test builds and the log is all it changes.
@@ -284,6 +296,22 @@ impl Storage {
 }
 
 impl StorageFile {
+    /// The real file, for what needs one (tokio's, to stream a snapshot
+    /// to openraft).
+    ///
+    /// # Errors
+    /// It is a simulated file, or one whose writes are held in memory.
+    pub(crate) fn into_real(self) -> io::Result<File> {
+        match self {
+            StorageFile::Real(f) => Ok(f),
+            #[allow(unreachable_patterns)]
+            _ => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "not a real file: a simulated or volatile disk",
+            )),
+        }
+    }
+
     /// The file's length.
     ///
     /// # Errors

@@ -375,17 +375,6 @@ impl SimDisk {
         }
     }
 
-    /// Replaces the bytes of `path`, durably: a test's damage.
-    pub(crate) fn put_bytes(&self, path: &Path, bytes: Vec<u8>) {
-        let mut s = self.state();
-        if let Some(Node::File(ino)) = s.live.get(path).copied() {
-            let inode = &mut s.inodes[ino];
-            inode.live = bytes.clone();
-            inode.durable = bytes;
-            inode.pending.clear();
-        }
-    }
-
     pub(crate) fn is_dir(&self, path: &Path) -> bool {
         self.state().live.get(path) == Some(&Node::Dir)
     }
