@@ -157,9 +157,10 @@ impl SnapshotFile {
         // umask, readable by others like the rest of the data directory (a
         // backup run as another user).
         let (file, path) = loop {
-            let path = self
-                .dir
-                .join(format!("{TMP_PREFIX}{:08x}", super::wal::new_salt()));
+            let path = self.dir.join(format!(
+                "{TMP_PREFIX}{:08x}",
+                super::storage::unpredictable()
+            ));
             match self.storage.create(&path, true) {
                 Ok(file) => break (file, path),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,

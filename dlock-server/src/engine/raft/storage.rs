@@ -415,6 +415,21 @@ impl StorageFile {
     }
 }
 
+/// An unpredictable number, from the random keys std seeds its hash maps
+/// with: the salt of a log segment, the suffix of a snapshot's temporary
+/// name.
+pub(crate) fn unpredictable() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(now);
+    h.write_u32(std::process::id());
+    // The low half of a 64-bit hash: no bias that matters here.
+    h.finish() as u32
+}
+
 /// Reads a [`StorageFile`] front to back from a position of its own, so a
 /// `BufReader` can stand on it (the file itself is read by offset only).
 pub(crate) struct ReadFrom<'a> {

@@ -168,18 +168,9 @@ fn crc_of(salt: Option<u32>, len: &[u8], body: &[u8]) -> u32 {
 }
 
 /// A new segment's salt (format 2 keeps it at header bytes 12..16):
-/// unpredictable, from the random keys std seeds its hash maps with. Also
-/// the suffix of a snapshot's temporary name.
-pub(super) fn new_salt() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    h.write_u128(now);
-    h.write_u32(std::process::id());
-    // The low half of a 64-bit hash: no bias that matters here.
-    h.finish() as u32
+/// unpredictable.
+fn new_salt() -> u32 {
+    super::storage::unpredictable()
 }
 
 /// Where a segment's salt sits in its header.
