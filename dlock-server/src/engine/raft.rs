@@ -24,7 +24,7 @@
 //! | `log_store` | the Raft log and vote: openraft's log storage |
 //! | `log_writer` | the one thread writing the log, appends grouped per sync |
 //! | `wal` | the log's segment files: records, checkpoints, crash recovery |
-//! | `storage` | the one door from the log's files to the disk (real, or simulated in tests) |
+//! | `storage` | the one door from the log's and the snapshot's files to the disk (real, or simulated in tests) |
 //! | `storage_sim` | tests only: a disk in memory that power cuts tear, and that fails on command |
 //! | `storage_volatile` | the torture only: writes held in memory until synced, so a SIGKILL is a power cut |
 //! | `redb_import` | data directories of versions that kept the log in redb |
