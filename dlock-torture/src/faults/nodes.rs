@@ -414,6 +414,20 @@ pub fn drawable(only: &[Kind], partitions: bool) -> Vec<(Kind, u32)> {
         .collect()
 }
 
+/// Whether a cluster of one node (a single durable server) can take the
+/// faults `only` names: a kill or a power cut of its node, nothing that
+/// needs a follower or a peer link (`--no-partitions`).
+pub fn lone_node_can_take(only: &[Kind], no_partitions: bool) -> bool {
+    no_partitions
+        && !only.is_empty()
+        && only.iter().all(|k| {
+            matches!(
+                k,
+                Kind::KillLeader | Kind::PowerCutNode | Kind::PowerCutCluster
+            )
+        })
+}
+
 /// One kind of `mix` at random, by its parts; `None` when `mix` is empty.
 fn draw(rng: &mut fastrand::Rng, mix: &[(Kind, u32)]) -> Option<Kind> {
     let total: u32 = mix.iter().map(|(_, w)| w).sum();
@@ -1024,6 +1038,18 @@ mod tests {
         assert!(mix.iter().all(|(k, _)| !k.needs_proxies()), "{mix:?}");
         assert!(mix.iter().any(|(k, _)| *k == Kind::RollingRestart));
         assert!(drawable(&[Kind::IsolateLeader], false).is_empty());
+    }
+
+    #[test]
+    fn a_lone_node_takes_only_kills_and_power_cuts_without_proxies() {
+        let lone = [Kind::PowerCutNode, Kind::PowerCutCluster, Kind::KillLeader];
+        assert!(lone_node_can_take(&lone, true));
+        assert!(!lone_node_can_take(&lone, false), "proxies need peers");
+        assert!(
+            !lone_node_can_take(&[], true),
+            "the default mix needs followers"
+        );
+        assert!(!lone_node_can_take(&[Kind::KillFollower], true));
     }
 
     #[test]
