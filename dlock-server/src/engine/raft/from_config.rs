@@ -60,9 +60,10 @@ pub async fn start(
     check_request_fits_a_record(config)?;
     #[cfg(feature = "testing")]
     if let Some(seed) = config.test_volatile_disk {
-        super::storage::use_volatile_disk(seed);
+        let lies = super::storage::use_volatile_disk(seed);
         tracing::warn!(
             seed,
+            lies,
             "--test-volatile-disk: the raft log's unsynced writes live in memory; a SIGKILL is a power cut"
         );
     }

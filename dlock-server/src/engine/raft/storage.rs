@@ -57,11 +57,12 @@ impl std::fmt::Debug for Storage {
 static VOLATILE: std::sync::OnceLock<VolatileDisk> = std::sync::OnceLock::new();
 
 /// Puts every raft log this process opens from now on on a volatile disk
-/// (see `storage_volatile`) whose torn writes are drawn from `seed`.
+/// (see `storage_volatile`) whose torn writes are drawn from `seed`; says
+/// whether its data syncs lie (`DLOCK_TEST_LYING_DISK=1`).
 #[cfg(feature = "testing")]
-pub(crate) fn use_volatile_disk(seed: u64) {
+pub(crate) fn use_volatile_disk(seed: u64) -> bool {
     // A second call (a second node in one test process) keeps the first.
-    drop(VOLATILE.set(VolatileDisk::new(seed)));
+    VOLATILE.get_or_init(|| VolatileDisk::new(seed)).lies()
 }
 
 /// An open file on a [`Storage`].

@@ -11,6 +11,12 @@
 //! back when the power went: the file then holds a torn tail for the next
 //! start to deal with.
 //!
+//! The negative control: with `DLOCK_TEST_LYING_DISK=1` in the node's
+//! environment, `fdatasync` (every append's sync) reports success and
+//! writes nothing (a new segment's `fsync` still works, so the node finds
+//! its files): a power cut then loses acknowledged entries, and the
+//! torture must report it.
+//!
 //! Directory entries (a new segment's rename, a purged segment's removal)
 //! are made at once: the log syncs the directory right after each, so
 //! there is no window to speak of here. Unsynced directory entries are
@@ -26,22 +32,36 @@ use std::sync::{Arc, Mutex, MutexGuard};
 const EARLY_ONE_IN: u64 = 4;
 
 /// The volatile disk of one node process: a seed from which each file
-/// draws its own.
+/// draws its own, and whether its data syncs lie.
 #[derive(Clone)]
-pub(crate) struct VolatileDisk(Arc<AtomicU64>);
+pub(crate) struct VolatileDisk {
+    seed: Arc<AtomicU64>,
+    lies: bool,
+}
 
 impl VolatileDisk {
     /// A disk whose torn early writes are drawn from `seed`.
     pub(crate) fn new(seed: u64) -> VolatileDisk {
-        VolatileDisk(Arc::new(AtomicU64::new(seed)))
+        VolatileDisk {
+            seed: Arc::new(AtomicU64::new(seed)),
+            lies: std::env::var_os("DLOCK_TEST_LYING_DISK").is_some_and(|v| v == "1"),
+        }
+    }
+
+    /// Whether its data syncs lie (the negative control).
+    pub(crate) fn lies(&self) -> bool {
+        self.lies
     }
 
     /// `file`, its writes held until synced.
     pub(crate) fn wrap(&self, file: File) -> io::Result<VolatileFile> {
         let len = file.metadata()?.len();
-        let seed = self.0.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        let seed = self
+            .seed
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
         Ok(VolatileFile {
             file,
+            lies: self.lies,
             held: Mutex::new(Held {
                 writes: Vec::new(),
                 len,
@@ -76,6 +96,7 @@ impl Held {
 /// A real file whose writes wait in memory for its sync.
 pub(crate) struct VolatileFile {
     file: File,
+    lies: bool,
     held: Mutex<Held>,
 }
 
@@ -151,8 +172,13 @@ impl VolatileFile {
         Ok(())
     }
 
-    /// Writes what is held, then syncs it.
+    /// Writes what is held, then syncs it (`all`: `fsync`, else
+    /// `fdatasync`, which the negative control turns into a lie).
     pub(crate) fn sync(&self, all: bool) -> io::Result<()> {
+        if self.lies && !all {
+            // Held on: reads still see it, a SIGKILL loses it.
+            return Ok(());
+        }
         let mut held = self.held();
         if let Some(len) = held.set_len.take() {
             self.file.set_len(len)?;
