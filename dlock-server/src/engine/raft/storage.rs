@@ -1,13 +1,16 @@
-//! The one door through which the raft log's files (`wal`) reach the disk:
-//! opening, reading, writing, growing and syncing a file, and listing,
-//! renaming, removing and syncing the entries of a directory.
+//! The one door through which the raft log's files (`wal`) and the
+//! snapshot file (`snapshot_file`) reach the disk: opening, reading,
+//! writing, growing and syncing a file, and listing, renaming, removing and
+//! syncing the entries of a directory.
 //!
 //! Why a door of its own: whether the log survives a power cut depends on
 //! which bytes and which directory entries were synced before it, and a
 //! process kill cannot show that (the kernel still writes out its page
-//! cache). With every operation going through here, tests can put the real
-//! log on a simulated disk (`storage_sim`) that loses or tears what was
-//! never synced, and fails an operation with EIO or ENOSPC on command.
+//! cache). With every operation going through here, unit tests can put the
+//! real log on a simulated disk (`storage_sim`) that loses or tears what
+//! was never synced, and fails an operation with EIO or ENOSPC on command;
+//! and the torture can put a node's log on a volatile disk
+//! (`storage_volatile`) whose unsynced writes die with the process.
 //!
 //! An enum, not a trait object: the write path is hot (one `pwrite` and one
 //! `fdatasync` per append), and a match on a variant that is always
@@ -24,10 +27,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 /// The disk the log's files live on.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) enum Storage {
     /// The real filesystem, through `std::fs`.
-    #[default]
     Real,
     /// An in-memory disk that models power cuts and I/O errors.
     #[cfg(test)]
