@@ -4,19 +4,18 @@
 //! cluster, opens or resumes the session; the link (`link.rs`) takes the
 //! stream from there.
 
-use crate::client::ClientOptions;
+use crate::backoff::Backoff;
 use crate::codec::{encode_frame, FrameCodec};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
-use crate::limits::Limits;
-use crate::liveness::NodeWatch;
+use crate::options::ClientOptions;
 use crate::proto::{Request, RequestType, Response, ResponseStatus};
 use crate::servers::Servers;
 use crate::transport::{self, Stream};
+use crate::Limits;
 use bytes::BytesMut;
-use std::collections::HashMap;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -36,8 +35,6 @@ pub(crate) struct Dial {
     /// Nodes a probe found silent and that have not answered since: tried
     /// last (see `liveness.rs`).
     suspects: Mutex<Vec<String>>,
-    /// The probe of each node some link is on.
-    watches: Mutex<HashMap<String, Weak<NodeWatch>>>,
     pub(crate) events: broadcast::Sender<Event>,
 }
 
@@ -52,7 +49,6 @@ impl Dial {
             options,
             leader: Mutex::new(None),
             suspects: Mutex::new(Vec::new()),
-            watches: Mutex::new(HashMap::new()),
             events: broadcast::channel(EVENTS_KEPT).0,
         }
     }
@@ -96,19 +92,6 @@ impl Dial {
         let suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
         suspects.iter().any(|a| a == addr)
     }
-
-    /// The probe of `addr`, started if no link has one running: see
-    /// `liveness.rs`.
-    pub(crate) fn watch_node(self: &Arc<Self>, addr: &str, limit: Duration) -> Arc<NodeWatch> {
-        let mut watches = self.watches.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(w) = watches.get(addr).and_then(Weak::upgrade) {
-            return w;
-        }
-        watches.retain(|_, w| w.strong_count() > 0);
-        let w = Arc::new(NodeWatch::start(self.clone(), addr.to_owned(), limit));
-        watches.insert(addr.to_owned(), Arc::downgrade(&w));
-        w
-    }
 }
 
 /// A stream to a node, ready for the writer and the reader.
@@ -151,7 +134,7 @@ pub(crate) async fn establish(
     persist: bool,
 ) -> Result<Established> {
     let mut attempts: Vec<(String, Error)> = Vec::new();
-    let mut pause = Duration::from_millis(20);
+    let mut pause = Backoff::new(Duration::from_millis(20), MAX_PAUSE);
     loop {
         let mut queue: VecDeque<String> = dial.leader().into_iter().collect();
         // A node found silent goes last: it may cost a whole attempt's time.
@@ -234,9 +217,9 @@ pub(crate) async fn establish(
         }
         // An election takes a few heartbeats: do not hammer the nodes, nor
         // arrive in step with every other client of the old leader.
-        let wake = (Instant::now() + crate::jitter::jittered(pause)).min(deadline);
+        let wake = (Instant::now() + pause.pause()).min(deadline);
         tokio::time::sleep_until(wake).await;
-        pause = (pause * 2).min(MAX_PAUSE);
+        pause.grow();
         // Keep the report to the latest round of each address.
         let keep = attempts
             .len()
@@ -330,7 +313,7 @@ async fn try_node(
         session,
         session_ttl_micro: options
             .session_ttl
-            .map_or(0, |t| crate::client::micros(t).max(1)),
+            .map_or(0, |t| crate::request::micros(t).max(1)),
         ..Request::default()
     };
     let sent = Instant::now();
@@ -428,7 +411,7 @@ pub(crate) async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
         // A server that predates Hello.
         return Ok(None);
     }
-    let resp = crate::client::check(resp)?;
+    let resp = crate::request::check(resp)?;
     Ok(resp.limits.as_ref().map(Limits::from))
 }
 

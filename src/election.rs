@@ -17,13 +17,14 @@
 //! renewed by [`LockGuard::keep_alive`] instead, which outlives a brief
 //! network drop but leaves the key held for up to the lease after a crash.
 
+use crate::backoff::Backoff;
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::inspect::KeyState;
+use crate::options::LockOptions;
 use crate::proto::ResponseStatus;
 use crate::safety::Lost;
-use crate::LockOptions;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
@@ -227,7 +228,7 @@ impl Election {
         let this = self.clone();
         let limit = self.watch_limit();
         tokio::spawn(async move {
-            let mut pause = OBSERVE_RETRY;
+            let mut pause = Backoff::new(OBSERVE_RETRY, OBSERVE_MAX_RETRY);
             loop {
                 let known = tx.borrow().clone();
                 let known_ref = known.as_ref().map(|l| (l.fence, l.value.as_slice()));
@@ -238,7 +239,7 @@ impl Election {
                 };
                 match answer {
                     Ok(state) => {
-                        pause = OBSERVE_RETRY;
+                        pause.reset();
                         let now = Leader::of(&state);
                         if !Leader::same(&known, &now) {
                             tx.send_replace(now);
@@ -248,12 +249,12 @@ impl Election {
                     Err(_) => {
                         tokio::select! {
                             _ = tx.closed() => return,
-                            _ = tokio::time::sleep(crate::jitter::jittered(pause)) => {}
+                            _ = tokio::time::sleep(pause.pause()) => {}
                         }
                         // Doubling up to a bound: a server that keeps
                         // refusing (WatchLimit, no Watch at all) is not
                         // polled.
-                        pause = (pause * 2).min(OBSERVE_MAX_RETRY);
+                        pause.grow();
                     }
                 }
             }

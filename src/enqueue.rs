@@ -7,13 +7,17 @@
 //! as the request is in line, with its place, so the caller can act on
 //! knowing that it waits; the request keeps its FIFO place until `wait`
 //! collects the outcome. Like a Lock, it runs on a connection of its own
-//! (see `client.rs`), which a dropped [`Queued`] closes: the server then
+//! (see `owners.rs`), which a dropped [`Queued`] closes: the server then
 //! withdraws the request, or releases a grant nobody collected.
 
-use crate::client::{busy_if_no_wait, granted, lease_of, Client, LockOptions};
+use crate::client::Client;
 use crate::error::Result;
 use crate::guard::LockGuard;
-use crate::proto::{RequestLock, RequestType};
+use crate::keys::IntoKeys;
+use crate::lock::granted;
+use crate::options::LockOptions;
+use crate::proto::{RequestLock, RequestType, ResponseStatus};
+use crate::request::{busy_if_no_wait, lease_of, lock_body};
 use tokio::time::Instant;
 
 /// What [`Client::enqueue`] got: the lock, or a place in line.
@@ -124,5 +128,48 @@ impl Queued {
         };
         let lease = lease_of(&self.options);
         granted(self.conn, self.keys, resp.fence, lease, self.sent).await
+    }
+}
+
+impl Client {
+    /// Asks for all `keys` at once as [`Client::lock`] does, in two steps:
+    /// the server answers at once, with the lock if the keys were free
+    /// ([`Enqueued::Granted`]), or with the request's place in line
+    /// ([`Enqueued::Queued`]), whose [`Queued::wait`] then waits for the
+    /// grant. In between the request keeps its place in every queue, FIFO,
+    /// and the caller can act on knowing that it waits (tell someone, show
+    /// a progress line). The wait limit in `options` counts from this call.
+    ///
+    /// Cancel-safe: dropping the [`Queued`] (or this future, or the
+    /// `wait` future) closes the request's connection, and the server
+    /// withdraws the request or releases what it granted.
+    ///
+    /// # Errors
+    /// As [`Client::lock`]; [`Error::Busy`] at once with [`LockWait::No`].
+    pub async fn enqueue(&self, keys: impl IntoKeys, options: LockOptions) -> Result<Enqueued> {
+        let keys: Vec<String> = keys.into_keys();
+        let body = lock_body(&keys, &options);
+        self.check_open()?;
+        let conn = self.owner_connection().await?;
+        let sent = Instant::now();
+        let resp = match conn.call_releasing(RequestType::Enqueue, body, None).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                conn.recycle();
+                return Err(busy_if_no_wait(e, &options));
+            }
+        };
+        if resp.status == ResponseStatus::Queued as i32 {
+            return Ok(Enqueued::Queued(Queued::new(
+                conn,
+                keys,
+                resp.ticket,
+                resp.place,
+                options,
+                sent,
+            )));
+        }
+        let guard = granted(conn, keys, resp.fence, lease_of(&options), sent).await?;
+        Ok(Enqueued::Granted(guard))
     }
 }

@@ -1,9 +1,11 @@
 //! [`LockGuard`]: a held lock, its fencing token, and when it must be given up.
 
-use crate::client::{micros, Client};
+use crate::client::Client;
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::proto::{RequestLock, RequestType};
+use crate::request::micros;
+use crate::rules::Hold;
 use crate::safety::{self, Lost};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -67,9 +69,10 @@ pub struct LockGuard {
     client: Mutex<Client>,
     keys: Vec<String>,
     fence: u64,
-    /// For a lease: when the Lock or the latest Renew was sent, and the
-    /// lease it set. `None`: bound to the connection.
-    lease: watch::Sender<Option<(Instant, Duration)>>,
+    /// How long the lock lasts at the server, as far as the client knows:
+    /// its lease, if any, and renewals whose answer has not come
+    /// ([`rules::Hold`]).
+    hold: watch::Sender<Hold<Instant>>,
     released: bool,
     /// `client` is a connection of this lock's own, to be given back to
     /// the `Client` once the lock is released.
@@ -88,7 +91,11 @@ impl LockGuard {
             client: Mutex::new(client),
             keys,
             fence,
-            lease: watch::channel(lease).0,
+            hold: watch::channel(Hold {
+                lease,
+                unconfirmed: None,
+            })
+            .0,
             released: false,
             own_connection,
         }
@@ -107,7 +114,7 @@ impl LockGuard {
 
     /// The lease length, if the lock is a lease.
     pub fn lease(&self) -> Option<Duration> {
-        self.lease.borrow().map(|(_, lease)| lease)
+        self.hold.borrow().lease.map(|(_, lease)| lease)
     }
 
     /// The client this guard's lock was taken or taken over on (or, once
@@ -128,20 +135,16 @@ impl LockGuard {
     /// server's session timeout. Both are shortened by
     /// [`safety::CLOCK_RATE_BOUND`].
     pub fn deadline(&self) -> Instant {
-        match *self.lease.borrow() {
-            Some((sent, lease)) => safety::deadline(sent, lease),
-            None => {
-                let c = self.conn();
-                safety::deadline(c.last_acked(), c.session_timeout())
-            }
-        }
+        let c = self.conn();
+        let hold = *self.hold.borrow();
+        hold.deadline(c.last_acked(), c.session_timeout())
     }
 
     /// The safety margin in force for this lock: [`LockGuard::lost`]
     /// resolves this long before [`LockGuard::deadline`].
     pub fn margin(&self) -> Duration {
         let c = self.conn();
-        let window = self.lease().unwrap_or(c.session_timeout());
+        let window = self.hold.borrow().window(c.session_timeout());
         safety::margin(c.safety_margin(), window)
     }
 
@@ -171,7 +174,7 @@ impl LockGuard {
     pub fn into_parts(mut self) -> LockParts {
         let lease = self.lease();
         self.released = true;
-        if self.own_connection && self.lease.borrow().is_none() {
+        if self.own_connection && self.hold.borrow().lease.is_none() {
             // The lock lives as long as its connection.
             self.client().park();
         }
@@ -220,27 +223,13 @@ impl LockGuard {
         let client = self.client();
         // Once sent, the server may apply it though its answer never comes
         // (the call fails, or is dropped at the alarm): a lease that would
-        // end sooner than the one in force counts from now on, answered or
-        // not. (Not for a lock without a lease: taken for a lease, it would
-        // no longer be reported lost when its connection ends.)
-        self.lease.send_if_modified(|current| {
-            let sooner = current.is_some_and(|(s, l)| sent + lease < s + l);
-            if sooner {
-                *current = Some((sent, lease));
-            }
-            sooner
-        });
+        // end sooner than the lock's deadline bounds it from now on,
+        // answered or not, also for a lock without a lease, which the
+        // Renew may have made a lease.
+        self.hold.send_if_modified(|h| h.renew_sent(sent, lease));
         client.call(RequestType::Renew, body).await?;
-        // The server replaces the lease end with each Renew, in the order
-        // sent, so the latest-sent renewal is the one in force, even if it
-        // set a shorter lease than an earlier one.
-        self.lease.send_if_modified(|current| {
-            let newer = current.is_none_or(|(s, _)| s <= sent);
-            if newer {
-                *current = Some((sent, lease));
-            }
-            newer
-        });
+        self.hold
+            .send_if_modified(|h| h.renew_answered(sent, lease));
         Ok(())
     }
 
@@ -256,9 +245,9 @@ impl LockGuard {
     /// alarm, on the safe side). Take independent locks on separate clients.
     pub async fn lost(&self) -> Lost {
         let client = self.client();
-        let mut lease = self.lease.subscribe();
+        let mut hold = self.hold.subscribe();
         loop {
-            let is_lease = lease.borrow_and_update().is_some();
+            let is_lease = hold.borrow_and_update().lease.is_some();
             let deadline = self.deadline();
             let alarm = deadline.checked_sub(self.margin()).unwrap_or(deadline);
             if Instant::now() >= alarm {
@@ -271,11 +260,11 @@ impl LockGuard {
                 // Woken at the alarm, the deadline is computed afresh: an
                 // answer may have moved it on meanwhile.
                 _ = tokio::time::sleep_until(alarm) => {}
-                _ = lease.changed() => {}
+                _ = hold.changed() => {}
                 reason = client.closed(), if !is_lease => {
                     // A renewal that made this a lease may have raced the
                     // close: a lease survives the connection.
-                    if self.lease.borrow().is_none() {
+                    if self.hold.borrow().lease.is_none() {
                         return Lost::ConnectionLost(reason);
                     }
                 }
@@ -314,7 +303,7 @@ impl LockGuard {
 
     async fn keep_renewing(&self) -> Lost {
         loop {
-            let Some((sent, lease)) = *self.lease.borrow() else {
+            let Some((sent, lease)) = self.hold.borrow().lease else {
                 return self.lost().await;
             };
             let client = self.client();
@@ -366,7 +355,7 @@ impl LockGuard {
                         after: broke.elapsed(),
                     });
                     *self.conn() = fresh;
-                    self.lease.send_replace(Some((sent, lease)));
+                    self.hold.send_replace(Hold::granted(sent, Some(lease)));
                     return Ok(());
                 }
                 // Released by fence, or it ran out: no use trying.
@@ -386,7 +375,7 @@ impl LockGuard {
 
     /// Whether [`LockGuard::lost`] would resolve at once.
     pub fn is_lost(&self) -> bool {
-        if self.lease.borrow().is_none() && self.conn().is_closed() {
+        if self.hold.borrow().lease.is_none() && self.conn().is_closed() {
             return true;
         }
         let deadline = self.deadline();

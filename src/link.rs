@@ -21,10 +21,12 @@ use crate::codec::{encode_frame, FrameCodec, FrameError};
 use crate::dial::{establish, write_flush, Dial};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
-use crate::limits::Limits;
+use crate::liveness::{silence_limit, Watches};
 use crate::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
+use crate::rules;
 use crate::safety::AckClock;
 use crate::transport::Stream;
+use crate::Limits;
 use bytes::BytesMut;
 use futures_util::StreamExt;
 use std::collections::VecDeque;
@@ -70,7 +72,7 @@ impl Link {
     /// With one address: [`Error::Connect`], [`Error::ConnectTimeout`] or
     /// what the server answered. With several: [`Error::Unreachable`],
     /// naming every address tried and why it failed.
-    pub(crate) async fn open(dial: Arc<Dial>) -> Result<Link> {
+    pub(crate) async fn open(dial: Arc<Dial>, watches: Arc<Watches>) -> Result<Link> {
         let deadline = Instant::now() + dial.options.connect_timeout;
         let est = establish(&dial, 0, deadline, false).await?;
         let options = &dial.options;
@@ -91,6 +93,7 @@ impl Link {
         let addr = Arc::new(Mutex::new(est.addr.clone()));
         let driver = Driver {
             dial: dial.clone(),
+            watches,
             addr: addr.clone(),
             pending: Arc::new(Mutex::new(VecDeque::new())),
             calls: calls.downgrade(),
@@ -99,10 +102,7 @@ impl Link {
             heartbeat,
             session_ttl: session_timeout,
             silence_limit: (session != 0).then(|| {
-                crate::liveness::silence_limit(
-                    est.limits.and_then(|l| l.election_timeout),
-                    session_timeout,
-                )
+                silence_limit(est.limits.and_then(|l| l.election_timeout), session_timeout)
             }),
         };
         let writer = Writer {
@@ -189,6 +189,8 @@ struct Writer {
 /// stream, and on a session replaces a broken stream.
 struct Driver {
     dial: Arc<Dial>,
+    /// The probes of the nodes this client's links are on.
+    watches: Arc<Watches>,
     addr: Arc<Mutex<String>>,
     pending: PendingQueue,
     calls: mpsc::WeakSender<Call>,
@@ -226,7 +228,7 @@ impl Driver {
             // On a session, a node found silent ends the stream too, while
             // a Lock waits as much as while nothing does.
             let silence = self.silence_limit.filter(|_| on_session).map(|limit| {
-                let watch = self.dial.watch_node(&self.addr(), limit);
+                let watch = self.watches.watch(&self.dial, &self.addr(), limit);
                 let ended = ended.clone();
                 tokio::spawn(async move {
                     let mut seen = watch.seen();
@@ -290,7 +292,7 @@ impl Driver {
             // which the client does not see while a Lock waits. Past this no
             // node knows it; before it, a node that does not answers
             // UnknownSession. (Guards enforce the safety deadline apart.)
-            let deadline = self.acked.last().max(broke) + self.session_ttl;
+            let deadline = rules::session_lives_until(self.acked.last(), broke, self.session_ttl);
             match establish(&self.dial, writer.session, deadline, true).await {
                 Ok(est) => {
                     self.acked.record(est.acked_from);
@@ -452,7 +454,8 @@ fn unanswered_too_long(pending: &PendingQueue, ttl: Option<Duration>) -> Option<
     let queue = pending.lock().unwrap_or_else(|p| p.into_inner());
     let oldest = queue.front()?;
     let waited = oldest.sent.elapsed();
-    (!may_wait(oldest.kind) && waited >= ttl / 2).then_some(Disconnect::NoAnswer { waited })
+    let kind = RequestType::try_from(oldest.kind).unwrap_or(RequestType::Ping);
+    rules::unanswered_too_long(kind, waited, ttl).then_some(Disconnect::NoAnswer { waited })
 }
 
 /// Encodes every request kept for sending again, in order, and restamps
@@ -510,27 +513,9 @@ fn with_queued_calls(first: Call, calls: &mut mpsc::Receiver<Call>) -> Vec<Call>
     batch
 }
 
-/// Whether a request acts for an owner (so it names the session) and
-/// whether it changes the table (so it is numbered).
+/// [`rules::session_use`] of a request's raw type.
 fn session_use(kind: i32) -> (bool, bool) {
-    match RequestType::try_from(kind) {
-        Ok(RequestType::Lock | RequestType::Unlock | RequestType::Renew | RequestType::Enqueue) => {
-            (true, true)
-        }
-        // A Wait changes nothing: sent again after a failover, the new
-        // leader finds its ticket in the session (see docs/PROTOCOL.md).
-        Ok(RequestType::Inspect | RequestType::Wait) => (true, false),
-        _ => (false, false),
-    }
-}
-
-/// Requests whose answer may rightly take long: a Lock and a Wait wait
-/// for busy keys.
-fn may_wait(kind: i32) -> bool {
-    // A Watch waits rightly too, up to its limit.
-    kind == RequestType::Lock as i32
-        || kind == RequestType::Wait as i32
-        || kind == RequestType::Watch as i32
+    RequestType::try_from(kind).map_or((false, false), rules::session_use)
 }
 
 /// Encodes `batch` into `out` and queues each call for its answer, in
@@ -664,7 +649,7 @@ async fn read_loop(
         // On a session only an answer from a command that kept the session
         // alive proves it lived when the request was sent; a refusal, an
         // Inspect or a request the cluster could not commit proves nothing.
-        if !on_session || keeps_session_alive(p.kind, resp.status) {
+        if moves_deadline(on_session, p.kind, resp.status) {
             acked.record(p.sent);
         }
         deliver(p, resp, &calls);
@@ -673,58 +658,25 @@ async fn read_loop(
     (reason, reader.into_inner())
 }
 
-/// On a session, an answer that means the request was not acted on here
-/// and the session must go on elsewhere (or has ended): why.
+/// [`rules::elsewhere`] of an answer.
 fn elsewhere(resp: &Response) -> Option<Disconnect> {
-    match ResponseStatus::try_from(resp.status) {
-        // The cluster ended the session (its TTL ran out while the client
-        // could not reach it): its locks may be another's now.
-        Ok(ResponseStatus::UnknownSession) => Some(Disconnect::SessionEnded),
-        // The node stopped leading and did not act: send the request (and
-        // everything behind it) again to the new leader.
-        Ok(ResponseStatus::NotLeader) => Some(Disconnect::NotLeader {
-            leader: Some(resp.leader_addr.clone()).filter(|a| !a.is_empty()),
-        }),
-        // It could not commit in time: it may still be applied, so only a
-        // resend under the same number is safe, after a fresh look for
-        // the leader.
-        Ok(ResponseStatus::Unavailable) => Some(Disconnect::NoQuorum),
-        // The node is stopping (a rolling restart): the session goes on at
-        // the next leader, where what is unanswered is sent again under
-        // its number, so nothing is lost or done twice.
-        Ok(ResponseStatus::ShuttingDown) => Some(Disconnect::NotLeader { leader: None }),
-        _ => None,
-    }
+    let status = ResponseStatus::try_from(resp.status).ok()?;
+    rules::elsewhere(
+        status,
+        Some(resp.leader_addr.clone()).filter(|a| !a.is_empty()),
+    )
 }
 
-/// Whether an answer with `status` to a request of type `kind` comes from a
-/// command the cluster committed for the session (which kept it alive). A
-/// Wait's answer is read, not committed: it proves nothing.
-fn keeps_session_alive(kind: i32, status: i32) -> bool {
-    let (Ok(kind), Ok(status)) = (
+/// [`rules::moves_deadline`] of a request's raw type and its answer's raw
+/// status; an unknown one moves nothing.
+fn moves_deadline(on_session: bool, kind: i32, status: i32) -> bool {
+    match (
         RequestType::try_from(kind),
         ResponseStatus::try_from(status),
-    ) else {
-        return false;
-    };
-    matches!(
-        (kind, status),
-        (
-            RequestType::Ping
-                | RequestType::Lock
-                | RequestType::Unlock
-                | RequestType::Renew
-                | RequestType::Enqueue,
-            ResponseStatus::Ok
-        ) | (
-            RequestType::Lock | RequestType::Enqueue,
-            ResponseStatus::AcquireTimeout
-        ) | (RequestType::Enqueue, ResponseStatus::Queued)
-            | (
-                RequestType::Unlock | RequestType::Renew,
-                ResponseStatus::NotHeld
-            )
-    )
+    ) {
+        (Ok(kind), Ok(status)) => rules::moves_deadline(on_session, kind, status),
+        _ => !on_session,
+    }
 }
 
 /// Hands a response to its caller. A Lock granted to a caller that stopped

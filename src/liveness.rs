@@ -18,10 +18,12 @@
 //! (`link.rs`), and the node is tried last until it answers again. A node that refuses the probe outright (down,
 //! full, access denied) is left to the links, which see that themselves.
 
+use crate::backoff::Backoff;
 use crate::dial::{configure, exchange, hello, Dial};
 use crate::proto::{Request, RequestType, ResponseStatus};
 use crate::transport;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -55,6 +57,24 @@ pub(crate) fn silence_limit(election_timeout: Option<Duration>, ttl: Duration) -
 /// The shortest silence limit whatever the TTL: below it a healthy node's
 /// scheduling delays would count as silence.
 const FLOOR: Duration = Duration::from_millis(250);
+
+/// The probe of each node some link of a client is on.
+#[derive(Debug, Default)]
+pub(crate) struct Watches(Mutex<HashMap<String, Weak<NodeWatch>>>);
+
+impl Watches {
+    /// The probe of `addr`, started if no link has one running.
+    pub(crate) fn watch(&self, dial: &Arc<Dial>, addr: &str, limit: Duration) -> Arc<NodeWatch> {
+        let mut watches = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = watches.get(addr).and_then(Weak::upgrade) {
+            return w;
+        }
+        watches.retain(|_, w| w.strong_count() > 0);
+        let w = Arc::new(NodeWatch::start(dial.clone(), addr.to_owned(), limit));
+        watches.insert(addr.to_owned(), Arc::downgrade(&w));
+        w
+    }
+}
 
 /// The probe of one node, shared by every link of a client on it; the
 /// probing stops when the last link lets go.
@@ -101,7 +121,7 @@ async fn probe(
     silences: watch::Sender<u64>,
     stop: CancellationToken,
 ) {
-    let mut retry = limit / 2;
+    let mut retry = Backoff::new(limit / 2, MAX_RETRY);
     loop {
         let silent = tokio::select! {
             _ = stop.cancelled() => return,
@@ -111,13 +131,13 @@ async fn probe(
             Some(_) => {
                 dial.suspect(&addr, true);
                 silences.send_modify(|n| *n += 1);
-                retry = limit / 2;
+                retry.reset();
             }
-            None => retry = (retry * 2).min(MAX_RETRY),
+            None => retry.grow(),
         }
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(crate::jitter::jittered(retry)) => {}
+            _ = tokio::time::sleep(retry.pause()) => {}
         }
     }
 }

@@ -24,12 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// How much faster the server's clock may run than the client's, as a
-/// fraction of elapsed time. Clocks disciplined by NTP differ in rate by at
-/// most 500 ppm (the kernel's slew limit), free-running quartz by about 100
-/// ppm; 0.1 % leaves room beyond both. Only rates matter: the clocks' values
-/// never meet.
-pub const CLOCK_RATE_BOUND: f64 = 0.001;
+pub use crate::rules::CLOCK_RATE_BOUND;
 
 /// Default time between a lock falling into jeopardy and its deadline: the
 /// time a holder gets to stop. Capped at a quarter of the window, so short
@@ -39,12 +34,12 @@ pub const DEFAULT_SAFETY_MARGIN: Duration = Duration::from_secs(2);
 /// The latest moment the lock is still certainly held, for a window that
 /// started (at the server) no earlier than `sent`.
 pub fn deadline(sent: Instant, window: Duration) -> Instant {
-    sent + window.saturating_sub(window.mul_f64(CLOCK_RATE_BOUND))
+    crate::rules::deadline(sent, window)
 }
 
 /// The safety margin in force for `window`.
 pub fn margin(configured: Duration, window: Duration) -> Duration {
-    configured.min(window / 4)
+    crate::rules::margin(configured, window)
 }
 
 /// Why a lock can no longer be assumed held.
@@ -54,7 +49,7 @@ pub enum Lost {
     /// server; a lease still runs until its deadline (see
     /// [`crate::LockGuard::deadline`]) and can be taken over from a new
     /// connection with [`crate::Client::take_over`].
-    ConnectionLost(crate::Disconnect),
+    ConnectionLost(crate::disconnect::Disconnect),
     /// No answer from the server proves the lock held much longer: its
     /// deadline is within the safety margin. Stop using it now; the server
     /// may hand it on after `deadline`.

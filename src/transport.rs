@@ -1,7 +1,7 @@
 //! The client's byte stream: plain TCP, or TLS over it when
 //! [`ClientOptions::tls`](crate::ClientOptions::tls) is set.
 
-use crate::client::ClientOptions;
+use crate::options::ClientOptions;
 use rustls_pki_types::ServerName;
 use std::io;
 use std::pin::Pin;

@@ -251,9 +251,7 @@ func (c *Client) onEnd(err error, closing bool) {
 		if l.own && !closing {
 			continue
 		}
-		l.mu.Lock()
-		bound := l.lease == 0
-		l.mu.Unlock()
+		bound := l.Lease() == 0
 		if bound || closing {
 			lost = append(lost, l)
 		}
@@ -525,7 +523,7 @@ func (c *Client) granted(ctx context.Context, ln *link, cl *claim, keys []string
 			return nil, err
 		}
 	}
-	l := &Lock{c: c, ln: ln, own: own, claim: cl, keys: keys, fence: fence, lease: lease, leaseSent: sent,
+	l := &Lock{c: c, ln: ln, own: own, claim: cl, keys: keys, fence: fence, hold: granted(sent, lease),
 		lost: make(chan struct{}), changed: make(chan struct{}), ended: make(chan struct{}),
 		renewing: make(chan struct{}, 1)}
 	c.mu.Lock()

@@ -63,7 +63,7 @@ func TestOnlyAnswersOfCommittedCommandsProveASessionAlive(t *testing.T) {
 	for k := range pb.RequestType_name {
 		for s := range pb.ResponseStatus_name {
 			want := proving[[2]int32{k, s}]
-			if got := keepsSessionAlive(pb.RequestType(k), pb.ResponseStatus(s)); got != want {
+			if got := movesDeadline(true, pb.RequestType(k), pb.ResponseStatus(s)); got != want {
 				t.Errorf("%v answered %v: %v, want %v", pb.RequestType(k), pb.ResponseStatus(s), got, want)
 			}
 		}

@@ -28,7 +28,8 @@ package dlock
 // fresh is the send time of the last request whose answer proves the owner
 // alive: the input of the client-side safety rule (lock.go). On a single
 // server any answer does; on a cluster only answers from commands that kept
-// the session alive (keepsSessionAlive).
+// the session alive (movesDeadline). The rules the link follows are the
+// pure functions of rules.go.
 
 import (
 	"bufio"
@@ -124,44 +125,6 @@ type link struct {
 	late     func(keys []string, fence uint64)
 	// onEnd is told once when the link ends (in a goroutine of its own).
 	onEnd func(err error, closing bool)
-}
-
-// numberedKinds change the table: numbered in a session, so that one sent
-// again after a reconnect is recognised instead of acted on twice.
-func numbered(k pb.RequestType) bool {
-	switch k {
-	case pb.RequestType_Lock, pb.RequestType_Unlock, pb.RequestType_Renew, pb.RequestType_Enqueue:
-		return true
-	}
-	return false
-}
-
-// mayWait: requests whose answer may rightly take long (they wait for busy
-// keys, or for a change).
-func mayWait(k pb.RequestType) bool {
-	return k == pb.RequestType_Lock || k == pb.RequestType_Wait || k == pb.RequestType_Watch
-}
-
-// keepsSessionAlive says whether an answer with status to a request of
-// type kind comes, on a cluster, from a command committed for the session
-// (which kept it alive), as src/link.rs decides: Ok to a Ping or to a
-// Lock, Unlock, Renew or Enqueue; AcquireTimeout to a Lock or Enqueue;
-// Queued to an Enqueue; NotHeld to an Unlock or Renew. A refusal
-// (NotLeader from a deposed leader, Unavailable, ...), an Inspect or a
-// Wait (read, not committed) proves nothing: counting it would keep a lock
-// "held" here after the cluster gave it away.
-func keepsSessionAlive(kind pb.RequestType, status pb.ResponseStatus) bool {
-	switch status {
-	case pb.ResponseStatus_Ok:
-		return kind == pb.RequestType_Ping || numbered(kind)
-	case pb.ResponseStatus_AcquireTimeout:
-		return kind == pb.RequestType_Lock || kind == pb.RequestType_Enqueue
-	case pb.ResponseStatus_Queued:
-		return kind == pb.RequestType_Enqueue
-	case pb.ResponseStatus_NotHeld:
-		return kind == pb.RequestType_Unlock || kind == pb.RequestType_Renew
-	}
-	return false
 }
 
 // openLink connects (on a cluster: to the leader, with a new session) and
@@ -328,15 +291,9 @@ func (l *link) failLocked(reason string, err error, prefer, avoid string) {
 func (l *link) resume(reason, prefer, avoid string) {
 	l.mu.Lock()
 	broke := time.Now()
-	// The session lives a TTL after the last command that kept it alive:
-	// the last answered request, or, while the stream was open, the node's
-	// own keep-alives, which the client does not see while a Lock waits.
-	// Past this no node knows it. (Locks enforce the safety deadline apart.)
-	from := l.fresh
-	if broke.After(from) {
-		from = broke
-	}
-	deadline := from.Add(l.limits.SessionTimeout)
+	// Past this no node knows the session. (Locks enforce the safety
+	// deadline apart.)
+	deadline := sessionLivesUntil(l.fresh, broke, l.limits.SessionTimeout)
 	l.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -426,26 +383,25 @@ func (l *link) onResponse(s *stream, resp *pb.Response) bool {
 	if l.session != 0 {
 		// Answers that send the session elsewhere leave the request in
 		// place, to be sent again there.
-		switch resp.Status {
-		case pb.ResponseStatus_UnknownSession:
+		switch why, leader := elsewhere(resp.Status, resp.LeaderAddr); why {
+		case sessionEnded:
 			l.endLocked(&ConnectionLostError{
 				Reason: fmt.Sprintf("session %d has ended (%s): its locks without a lease may be another's", l.session, resp.ErrorText),
 				Err:    errorOf(l.pend[0].kind, resp),
 			}, false)
 			return false
-		case pb.ResponseStatus_NotLeader:
-			l.failLocked(fmt.Sprintf("%s stopped leading", s.addr), nil, resp.LeaderAddr, "")
+		case notLeader:
+			if resp.Status == pb.ResponseStatus_ShuttingDown {
+				// The node is stopping (a rolling restart) and did
+				// nothing: as NotLeader naming no leader, and the node
+				// is tried last. The caller never sees it.
+				l.failLocked(fmt.Sprintf("%s is shutting down", s.addr), nil, "", s.addr)
+			} else {
+				l.failLocked(fmt.Sprintf("%s stopped leading", s.addr), nil, leader, "")
+			}
 			return false
-		case pb.ResponseStatus_Unavailable:
+		case noQuorum:
 			l.failLocked(fmt.Sprintf("%s could not commit in time (Unavailable)", s.addr), nil, "", "")
-			return false
-		case pb.ResponseStatus_ShuttingDown:
-			// The node is stopping (a rolling restart) and did nothing:
-			// as NotLeader naming no leader. The session goes on at the
-			// next leader, where what is unanswered is sent again under
-			// its number, so nothing is lost or done twice; the caller
-			// never sees it.
-			l.failLocked(fmt.Sprintf("%s is shutting down", s.addr), nil, "", s.addr)
 			return false
 		}
 	}
@@ -464,7 +420,7 @@ func (l *link) onResponse(s *stream, resp *pb.Response) bool {
 	if p.counted {
 		<-l.slots
 	}
-	if !l.limits.ResumableSessions || keepsSessionAlive(p.kind, resp.Status) {
+	if movesDeadline(l.limits.ResumableSessions, p.kind, resp.Status) {
 		if p.sent.After(l.fresh) {
 			l.fresh = p.sent
 		}
@@ -576,9 +532,10 @@ func (l *link) close(reason string) {
 func (l *link) sendLocked(kind pb.RequestType, body *pb.RequestLock, p *pending) error {
 	req := &pb.Request{Version: ProtocolVersion, Id: l.nextID + 1, AccessToken: l.d.token, Type: kind, Lock: body}
 	var seq uint64
+	actsForSession, isNumbered := sessionUse(kind)
 	if l.session != 0 {
 		switch {
-		case numbered(kind):
+		case isNumbered:
 			seq = l.nextSeq
 			req.Session = l.session
 			req.Seq = seq
@@ -592,7 +549,7 @@ func (l *link) sendLocked(kind pb.RequestType, body *pb.RequestLock, p *pending)
 				}
 			}
 			req.SeqDone = below - 1
-		case kind == pb.RequestType_Wait, kind == pb.RequestType_Inspect && len(body.GetKeys()) > 0:
+		case actsForSession && (kind == pb.RequestType_Wait || len(body.GetKeys()) > 0):
 			// An Inspect without keys asks for server counts, no owner's.
 			req.Session = l.session
 		}
@@ -621,7 +578,7 @@ func (l *link) sendLocked(kind pb.RequestType, body *pb.RequestLock, p *pending)
 		p.frame = frame
 	}
 	l.pend = append(l.pend, p)
-	if !l.limits.ResumableSessions || kind == pb.RequestType_Ping || numbered(kind) {
+	if !l.limits.ResumableSessions || kind == pb.RequestType_Ping || isNumbered {
 		// On a cluster an Inspect keeps nothing alive that the client could
 		// prove: a Ping is still due.
 		l.lastSend = now
@@ -755,17 +712,15 @@ func (l *link) freshness() time.Time {
 
 // tick sends a Ping whenever nothing was sent for a quarter of the session
 // timeout, and on a session leaves a node that leaves a request that
-// should be answered at once unanswered for a quarter of the TTL. A
-// quarter, not src/link.rs's half: a lock's deadline falls 0.999 TTL after
-// the last answered Ping, which may be a quarter TTL before the silence
-// began, and finding the leader takes time too. (The probe, liveness.go,
-// usually notices first.)
+// should be answered at once unanswered too long (unansweredTooLong: half
+// the TTL, as src/link.rs). The probe, liveness.go, usually notices a
+// silent node first, within a quarter of the TTL.
 func (l *link) tick() {
-	interval := l.limits.SessionTimeout / 4
+	ttl := l.limits.SessionTimeout
+	interval := ttl / 4
 	if interval < 10*time.Millisecond {
 		interval = 10 * time.Millisecond
 	}
-	silence := interval
 	timer := time.NewTimer(interval)
 	defer timer.Stop()
 	for {
@@ -778,14 +733,16 @@ func (l *link) tick() {
 		wake := now.Add(interval)
 		if l.cur != nil {
 			wake = l.lastSend.Add(interval)
-			if l.session != 0 && len(l.pend) > 0 && !mayWait(l.pend[0].kind) {
+			if l.session != 0 && len(l.pend) > 0 {
 				head := l.pend[0]
-				if waited := now.Sub(head.sent); waited >= silence {
+				if waited := now.Sub(head.sent); unansweredTooLong(head.kind, waited, ttl) {
 					l.failLocked(fmt.Sprintf("no answer from %s for %v", l.addr, waited.Round(time.Millisecond)), nil, "", l.addr)
 					l.mu.Unlock()
 					continue
 				}
-				if h := head.sent.Add(silence); h.Before(wake) {
+				// Half a TTL after it was sent, unansweredTooLong says yes
+				// to a request that may not wait.
+				if h := head.sent.Add(ttl / 2); !mayWait(head.kind) && h.Before(wake) {
 					wake = h
 				}
 			}

@@ -10,12 +10,6 @@ import (
 	pb "dlock/clients/go/dlockpb"
 )
 
-// ClockRateBound is how much faster the server's clock may run than the
-// client's, as a fraction of elapsed time. Clocks disciplined by NTP differ
-// in rate by at most 500 ppm (the kernel's slew limit); 0.1 % leaves room
-// beyond that. Only rates matter: the clocks' values never meet.
-const ClockRateBound = 0.001
-
 // Lock is keys held together under one fencing token, from Client.Lock.
 //
 // Every Lock has a safety deadline (Deadline): the latest moment it is
@@ -30,14 +24,18 @@ const ClockRateBound = 0.001
 //     time of the last request whose answer proves the owner alive, plus
 //     the session timeout. On a single server any answer proves it; on a
 //     cluster only the answer to a command the cluster committed for the
-//     session (a deposed leader's NotLeader proves nothing).
+//     session (a deposed leader's NotLeader proves nothing);
+//   - a Renew sent and not answered may have been applied all the same:
+//     until an answer to a renewal sent no earlier comes, the deadline is
+//     no later than that renewal's lease after it was sent (for a lock
+//     without a lease too, which the Renew may have made a lease).
 //
-// Both are shortened by ClockRateBound. Lost is closed a safety margin
-// before the deadline unless an answer moved it on, and at once when the
-// connection of a lock without a lease ends; Err then says why. Stop using
-// the lock when Lost is closed, and pass Fence to the resource you protect,
-// which should refuse a lower fence than it has seen: a paused process
-// cannot notice in time that its lock was lost.
+// All are shortened by ClockRateBound (rules.go holds these rules). Lost is
+// closed a safety margin before the deadline unless an answer moved it on,
+// and at once when the connection of a lock without a lease ends; Err then
+// says why. Stop using the lock when Lost is closed, and pass Fence to the
+// resource you protect, which should refuse a lower fence than it has
+// seen: a paused process cannot notice in time that its lock was lost.
 type Lock struct {
 	c *Client
 	// ln is the connection that holds it: the client's, or (own) one of
@@ -51,14 +49,14 @@ type Lock struct {
 	fence uint64
 
 	mu sync.Mutex
-	// lease is 0 for a lock bound to the connection (session).
-	lease time.Duration
-	// leaseSent is the send time of the last answered Lock or Renew.
-	leaseSent time.Time
-	released  bool
-	err       error
-	lost      chan struct{}
-	// changed is closed, and replaced, when the lease moves or the lock
+	// hold is its lease, if any (none: bound to the connection, on a
+	// cluster the session), and the renewal unanswered that may end it
+	// sooner.
+	hold     hold
+	released bool
+	err      error
+	lost     chan struct{}
+	// changed is closed, and replaced, when the hold moves or the lock
 	// is released: it wakes every waiter (the watchdog, KeepAlive).
 	changed chan struct{}
 	// renewing orders renewals (a token of capacity 1): each is stamped
@@ -103,7 +101,7 @@ func (l *Lock) Fence() uint64 { return l.fence }
 func (l *Lock) Lease() time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.lease
+	return l.hold.leaseLen()
 }
 
 // Lost is closed when the lock can no longer be assumed held; Err says why.
@@ -124,46 +122,45 @@ func (l *Lock) Deadline() time.Time {
 	return d
 }
 
-// deadline is the safety deadline and the alarm a margin before it.
-func (l *Lock) deadline() (time.Time, time.Time) {
+// deadline is the safety deadline and the margin before it at which the
+// lock is in jeopardy.
+func (l *Lock) deadline() (time.Time, time.Duration) {
 	l.mu.Lock()
-	lease, sent := l.lease, l.leaseSent
+	h := l.hold
 	l.mu.Unlock()
-	window := lease
-	if lease == 0 {
-		window = l.ln.limits.SessionTimeout
-		sent = l.ln.freshness()
-	}
-	deadline := sent.Add(window - time.Duration(float64(window)*ClockRateBound))
-	margin := l.c.margin
-	if q := window / 4; margin > q {
-		margin = q
-	}
-	return deadline, deadline.Add(-margin)
+	timeout := l.ln.limits.SessionTimeout
+	return h.deadline(l.ln.freshness(), timeout), margin(l.c.margin, h.window(timeout))
 }
 
-// Check returns Err, or a LostError if the alarm has passed though the
+// Check returns Err, or a LostError if the lock is in jeopardy though the
 // watchdog has not run yet: it reads the clock now (a paused or starved
 // process runs its timers late).
 func (l *Lock) Check() error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	if _, alarm := l.deadline(); !time.Now().Before(alarm) {
+	if dl, m := l.deadline(); inJeopardy(time.Now(), dl, m) {
 		l.setLost(LostDeadline, l.pastDeadline(), nil)
 	}
 	return l.Err()
 }
 
 func (l *Lock) pastDeadline() string {
-	if lease := l.Lease(); lease > 0 {
+	l.mu.Lock()
+	h := l.hold
+	l.mu.Unlock()
+	t := l.ln.limits.SessionTimeout
+	if u := h.unconfirmed; u != nil && !h.deadline(l.ln.freshness(), t).Before(u.end()) {
+		return fmt.Sprintf("a renewal to a lease of %v got no answer in time, and the server may have applied it", u.lease)
+	}
+	if lease := h.leaseLen(); lease > 0 {
 		return fmt.Sprintf("the lease of %v was not renewed in time", lease)
 	}
-	t := l.ln.limits.SessionTimeout
 	return fmt.Sprintf("no answer from the server proves the owner alive within the session timeout of %v; the server may end it and hand the lock on", t)
 }
 
-// watchdog reports the lock lost at its alarm unless an answer moved it.
+// watchdog reports the lock lost once it is in jeopardy (its deadline
+// within the margin) unless an answer moved the deadline.
 // Timers are re-armed lazily: answers move the deadline without touching
 // the timer, which looks again when it fires.
 func (l *Lock) watchdog() {
@@ -174,12 +171,13 @@ func (l *Lock) watchdog() {
 			return
 		}
 		changed := l.changes()
-		_, alarm := l.deadline()
-		wait := time.Until(alarm)
-		if wait <= 0 {
+		dl, m := l.deadline()
+		now := time.Now()
+		if inJeopardy(now, dl, m) {
 			l.setLost(LostDeadline, l.pastDeadline(), nil)
 			return
 		}
+		wait := dl.Add(-m).Sub(now)
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
@@ -288,13 +286,13 @@ func (l *Lock) Renew(ctx context.Context, lease time.Duration) error {
 	}
 	sent := time.Now()
 	// Once sent, the server may apply it though its answer never comes
-	// (an error, a cancelled ctx): a lease ending sooner than the one in
-	// force counts from now on, answered or not. (Not for a lock without a
-	// lease: taken for a lease, it would no longer be reported lost when
-	// its connection ends.)
+	// (an error, a cancelled ctx): a lease ending sooner than the deadline
+	// bounds it from now on, answered or not, also for a lock without a
+	// lease, which the Renew may have made a lease. (Until answered it is
+	// not taken for a lease: a lock without one is still reported lost
+	// when its connection ends.)
 	l.mu.Lock()
-	if l.lease != 0 && sent.Add(lease).Before(l.leaseSent.Add(l.lease)) {
-		l.lease, l.leaseSent = lease, sent
+	if l.hold.renewSent(sent, lease) {
 		l.changedLocked()
 	}
 	l.mu.Unlock()
@@ -307,20 +305,43 @@ func (l *Lock) Renew(ctx context.Context, lease time.Duration) error {
 	}
 	l.mu.Lock()
 	// The server replaces the lease end with each Renew, in the order sent,
-	// and renewals go one at a time, so the latest-sent one is in force.
-	if l.lease == 0 || !sent.Before(l.leaseSent) {
-		l.lease, l.leaseSent = lease, sent
+	// so the latest-sent one answered is in force.
+	if l.hold.renewAnswered(sent, lease) {
+		l.changedLocked()
 	}
-	l.changedLocked()
 	l.mu.Unlock()
 	return nil
 }
 
+// nextRenewal is when KeepAlive renews a lock of hold h, and to what lease:
+// a third into the lease in force, or into an unanswered renewal's lease
+// if that comes sooner (the server may have applied it, and the deadline
+// follows it); to the lease in force, or without one to the unanswered
+// renewal's, which may have made the lock a lease. false: no lease to
+// keep.
+func nextRenewal(h hold) (time.Time, time.Duration, bool) {
+	var at time.Time
+	var lease time.Duration
+	if h.lease != nil {
+		at, lease = h.lease.sent.Add(h.lease.lease/3), h.lease.lease
+	}
+	if u := h.unconfirmed; u != nil {
+		if due := u.sent.Add(u.lease / 3); h.lease == nil || due.Before(at) {
+			at = due
+		}
+		if h.lease == nil {
+			lease = u.lease
+		}
+	}
+	return at, lease, h.lease != nil || h.unconfirmed != nil
+}
+
 // KeepAlive renews a lease every third of it until ctx ends or the lock is
 // lost, and returns why it stopped: the *LostError, or ctx's error. For a
-// lock without a lease it only waits (the client's pings keep it). A
-// renewal that gets no answer does not delay the verdict: the deadline is
-// watched throughout. Run it beside the work:
+// lock without a lease it only waits (the client's pings keep it), unless
+// a Renew whose answer never came may have made it a lease: then it renews
+// that lease. A renewal that gets no answer does not delay the verdict:
+// the deadline is watched throughout. Run it beside the work:
 //
 //	go lock.KeepAlive(ctx)
 //	select { case <-lock.Lost(): ...; case <-done: }
@@ -330,8 +351,10 @@ func (l *Lock) KeepAlive(ctx context.Context) error {
 			return nil
 		}
 		changed := l.changes()
-		lease := l.Lease()
-		if lease == 0 {
+		l.mu.Lock()
+		at, lease, ok := nextRenewal(l.hold)
+		l.mu.Unlock()
+		if !ok {
 			select {
 			case <-l.lost:
 				return l.Err()
@@ -342,9 +365,6 @@ func (l *Lock) KeepAlive(ctx context.Context) error {
 				continue
 			}
 		}
-		l.mu.Lock()
-		at := l.leaseSent.Add(lease / 3)
-		l.mu.Unlock()
 		t := time.NewTimer(time.Until(at))
 		select {
 		case <-l.lost:

@@ -24,9 +24,9 @@ import (
 // (TestMain): "KEY ROUNDS", with DLOCK_SERVER naming the servers.
 const otherOwnerEnv = "DLOCK_GO_TEST_OTHER_OWNER"
 
-// hold is how long each turn keeps the key: long enough that two holders
+// turn is how long each turn keeps the key: long enough that two holders
 // at once would meet, short enough for many turns.
-const hold = 2 * time.Millisecond
+const turn = 2 * time.Millisecond
 
 // otherOwner takes KEY ROUNDS times on a Client of its own (another
 // process: another owner by any measure). Around each hold it writes
@@ -63,7 +63,7 @@ func otherOwner(spec string) int {
 		if _, err := in.ReadString('\n'); err != nil {
 			return fail(err)
 		}
-		time.Sleep(hold)
+		time.Sleep(turn)
 		if err := l.Check(); err != nil {
 			return fail(err)
 		}
@@ -186,7 +186,7 @@ func checkTurns(t *testing.T, servers string, workers, rounds int) {
 					return
 				}
 				tr.enter(who, l.Fence())
-				time.Sleep(hold)
+				time.Sleep(turn)
 				err = l.Check()
 				tr.leave()
 				if err != nil {

@@ -13,9 +13,9 @@ mod workloads;
 
 use clap::Parser;
 use cli::{Cli, PipelineKind, Workload};
-use dlock::proc_sample::ProcSample;
 use dlock::tls::rustls::ClientConfig;
 use dlock::ClientOptions;
+use dlock_testkit::proc_sample::ProcSample;
 use stats::{Control, Report};
 use std::io::IsTerminal;
 use std::process::ExitCode;

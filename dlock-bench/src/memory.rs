@@ -2,9 +2,9 @@
 
 use crate::stats::{mib, Control, Recorder, Report};
 use crate::workloads::{lock_unlock, open_many, Target};
-use dlock::proc_sample::ProcSample;
 use dlock::proto::{RequestType, ResponseStatus};
 use dlock::raw::{RawClient, Stream};
+use dlock_testkit::proc_sample::ProcSample;
 use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::time::{Duration, Instant};

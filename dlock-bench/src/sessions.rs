@@ -11,8 +11,8 @@
 
 use crate::stats::{Recorder, Report};
 use crate::workloads::{open_many, Target};
-use dlock::proc_sample::ProcSample;
 use dlock::proto::{RequestType, ResponseStatus};
+use dlock_testkit::proc_sample::ProcSample;
 use std::io;
 use std::time::{Duration, Instant};
 

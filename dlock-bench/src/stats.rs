@@ -1,7 +1,7 @@
 //! Measurements: latency histograms, run control, the server's CPU and
-//! memory from /proc (`dlock::proc_sample`), and the report.
+//! memory from /proc (`dlock_testkit::proc_sample`), and the report.
 
-use dlock::proc_sample::ProcSample;
+use dlock_testkit::proc_sample::ProcSample;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -1,6 +1,7 @@
 //! The command dlock runs: spawning it, signalling it, reading its fate.
 
 use crate::exit::{self, Failure};
+use crate::signals::kill;
 use std::process::{ExitStatus, Stdio};
 use tokio::process::Command;
 
@@ -77,7 +78,7 @@ impl Child {
             // restored before exec.
             unsafe {
                 cmd.pre_exec(move || {
-                    let msg = crate::guardian::target_message(libc::getpid(), own_group);
+                    let msg = crate::guardian_message::target_message(libc::getpid(), own_group);
                     libc::signal(libc::SIGPIPE, libc::SIG_IGN);
                     libc::write(fd, msg.as_ptr().cast(), msg.len());
                     libc::signal(libc::SIGPIPE, libc::SIG_DFL);
@@ -141,21 +142,6 @@ impl Child {
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
         self.child.wait().await
     }
-}
-
-/// Sends `signal` to process `target`, or to the group `-target` when it
-/// is negative (kill(2)'s convention). The pid is our own unreaped child
-/// (or its group, or a member of our own group); one already gone needs
-/// nothing.
-pub(crate) fn kill(target: i32, signal: i32) {
-    let Some(sig) = rustix::process::Signal::from_named_raw(signal) else {
-        return;
-    };
-    let _ = match rustix::process::Pid::from_raw(target.saturating_abs()) {
-        Some(pid) if target < 0 => rustix::process::kill_process_group(pid, sig),
-        Some(pid) => rustix::process::kill_process(pid, sig),
-        None => Ok(()),
-    };
 }
 
 /// dlock's descendants in its own process group: what the command started

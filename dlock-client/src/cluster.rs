@@ -8,7 +8,6 @@ use clap::{Parser, Subcommand};
 use dlock::proto::{ClusterInfo, Request, RequestCluster, RequestType, Response, ResponseStatus};
 use dlock::raw::{RawClient, Stream};
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// Shows and changes the members of a dlock cluster. The options may come
@@ -17,81 +16,10 @@ use std::time::Duration;
 #[command(name = "dlock cluster", version = crate::cli::VERSION)]
 pub struct ClusterArgs {
     #[command(flatten)]
-    conn: Connection,
+    conn: crate::connect::Connection,
 
     #[command(subcommand)]
     action: Action,
-}
-
-/// The options of a form that only talks to the server (`dlock cluster`,
-/// `dlock top`): where, with which token, over TLS or not, and how the
-/// answer is printed.
-#[derive(Debug, clap::Args)]
-pub struct Connection {
-    /// Nodes of the cluster, separated by commas: the first that answers
-    /// is asked (dlock cluster add and remove go on to the leader it names).
-    #[arg(short, long, global = true, env = "DLOCK_SERVER", default_value = dlock::DEFAULT_ADDR, value_name = "HOST:PORT[,...]", value_parser = crate::cli::server_addresses)]
-    pub server: String,
-
-    /// Read the access token from this file; DLOCK_TOKEN otherwise.
-    #[arg(
-        long,
-        global = true,
-        env = "DLOCK_CLIENT_TOKEN_FILE",
-        value_name = "PATH"
-    )]
-    pub token_file: Option<PathBuf>,
-
-    /// Connect with TLS, trusting the CA certificates in this PEM file.
-    #[arg(long, global = true, env = "DLOCK_TLS_CA", value_name = "PATH")]
-    pub tls_ca: Option<PathBuf>,
-
-    /// Client certificate chain (PEM) for a server that requires one.
-    #[arg(long, global = true, env = "DLOCK_TLS_CERT", value_name = "PATH", requires_all = ["tls_key", "tls_ca"])]
-    pub tls_cert: Option<PathBuf>,
-
-    /// Private key (PEM) of --tls-cert.
-    #[arg(
-        long,
-        global = true,
-        env = "DLOCK_TLS_KEY",
-        value_name = "PATH",
-        requires = "tls_cert"
-    )]
-    pub tls_key: Option<PathBuf>,
-
-    /// How the answer is printed: text for people, or one json object
-    /// for scripts.
-    #[arg(short = 'o', long, global = true, value_enum, default_value_t = crate::cli::Output::Text, value_name = "FORMAT")]
-    pub output: crate::cli::Output,
-
-    /// How long to wait for a connection (and its TLS handshake).
-    #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = dlock::duration::parse_positive)]
-    pub connect_timeout: std::time::Duration,
-
-    /// Say on stderr which node was asked and answered, and where a change
-    /// was sent on to (dlock cluster). dlock top's screen already shows it.
-    #[arg(short, long, global = true)]
-    pub verbose: bool,
-}
-
-impl Connection {
-    /// The token and TLS of every other form.
-    ///
-    /// # Errors
-    /// An unreadable token file or TLS file.
-    pub fn client_options(&self) -> Result<dlock::ClientOptions, Failure> {
-        Ok(dlock::ClientOptions {
-            connect_timeout: self.connect_timeout,
-            access_token: crate::run::token_from(self.token_file.as_deref())?,
-            tls: crate::run::tls_from(
-                self.tls_ca.as_deref(),
-                self.tls_cert.as_deref(),
-                self.tls_key.as_deref(),
-            )?,
-            ..dlock::ClientOptions::default()
-        })
-    }
 }
 
 #[derive(Debug, Subcommand)]

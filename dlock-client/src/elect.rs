@@ -64,7 +64,7 @@ pub async fn run(e: ElectArgs) -> Result<u8, Failure> {
     check(args)?;
     let keys = args.all_keys();
     let argv = crate::run::command_line(args, &keys)?;
-    let options = crate::run::client_options(args)?;
+    let options = crate::connect::client_options(args)?;
     let id = e.id.clone().unwrap_or_else(default_id);
     if id.len() > dlock::MAX_VALUE_LEN {
         return Err(Failure::new(

@@ -17,6 +17,7 @@
 //! (setsid, setpgid) is beyond reach, and a guardian that is itself killed or
 //! stopped protects nothing.
 
+use crate::guardian_message::{message, parse, DEADLINE, DONE, MESSAGE, TARGET};
 use std::io::Write;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
@@ -24,16 +25,6 @@ use tokio::time::Instant;
 
 /// First argument that makes `dlock` run as a guardian.
 pub const ARG: &str = "__dlock_guardian";
-
-/// Bytes per message: a tag and a big-endian 64-bit value. Under PIPE_BUF,
-/// so every write is whole or not at all.
-pub const MESSAGE: usize = 9;
-/// Tag: COMMAND has ended; exit without killing anything.
-const DONE: u8 = b'X';
-/// Tag: what to kill (a pid, or a negated process group id).
-const TARGET: u8 = b'T';
-/// Tag: when the target must be gone (CLOCK_MONOTONIC ns; 0 = no deadline).
-const DEADLINE: u8 = b'D';
 
 /// dlock's end of the pipe to its guardian.
 pub struct Guardian {
@@ -102,21 +93,6 @@ impl Guardian {
     }
 }
 
-fn message(tag: u8, value: u64) -> [u8; MESSAGE] {
-    let mut msg = [tag; MESSAGE];
-    msg[1..].copy_from_slice(&value.to_be_bytes());
-    msg
-}
-
-/// The message naming what to kill: `pid`, with its process group if
-/// `group`. COMMAND writes it itself between fork and exec (no allocation,
-/// so it is safe there): the guardian then knows its target before COMMAND
-/// runs a single instruction of its own, whatever happens to dlock.
-pub fn target_message(pid: i32, group: bool) -> [u8; MESSAGE] {
-    let target = i64::from(if group { -pid } else { pid });
-    message(TARGET, u64::from_be_bytes(target.to_be_bytes()))
-}
-
 /// Runs as the guardian, from `main`, before any argument parsing.
 pub fn run() -> ExitCode {
     for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGHUP, libc::SIGTSTP] {
@@ -135,7 +111,7 @@ pub fn run() -> ExitCode {
     let why = watch.run(&mut pipe);
     if let (Some(why), Some(target)) = (why, watch.target) {
         // A negative target is the command's process group.
-        crate::child::kill(target, libc::SIGKILL);
+        crate::signals::kill(target, libc::SIGKILL);
         crate::say!("guardian: {why}; killed the command (SIGKILL)");
     }
     ExitCode::SUCCESS
@@ -204,10 +180,8 @@ impl Watch {
                 continue;
             }
             have = 0;
-            let mut value = [0u8; 8];
-            value.copy_from_slice(&msg[1..]);
-            let value = u64::from_be_bytes(value);
-            match msg[0] {
+            let (tag, value) = parse(&msg);
+            match tag {
                 DONE => return None,
                 TARGET => {
                     self.target = i32::try_from(i64::from_be_bytes(value.to_be_bytes()))

@@ -4,7 +4,6 @@
 use crate::cli::{Args, Output};
 use crate::columns::columns;
 use crate::exit::{self, Failure};
-use crate::keeper;
 use dlock::{ClientOptions, Holder, KeyState};
 use serde_json::{json, Value};
 
@@ -13,7 +12,7 @@ use serde_json::{json, Value};
 /// # Errors
 /// Connection failures and refusals, as exit codes.
 pub async fn run(args: &Args, options: ClientOptions, keys: Vec<String>) -> Result<u8, Failure> {
-    let client = keeper::connect(&args.server, options).await?;
+    let client = crate::connect::connect(&args.server, options).await?;
     let failed = |e| exit::from_client_error(e, &args.server);
     // On a cluster, the leader that answered.
     let leader = client.session().map(|_| client.addr());

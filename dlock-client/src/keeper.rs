@@ -11,9 +11,8 @@
 //! new connection while there is time left before its deadline, so a brief
 //! network drop does not cost the lock. `-v` reports both (see `run.rs`).
 
-use crate::exit::{self, Failure};
 use crate::guardian::Guardian;
-use dlock::{Client, ClientOptions, Disconnect, LockGuard, Lost};
+use dlock::{Disconnect, LockGuard, Lost};
 use std::cell::RefCell;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -139,14 +138,4 @@ fn guardian_deadline(guard: &LockGuard) -> Instant {
 #[allow(clippy::await_holding_refcell_ref)] // shared borrows only; see Keeper::guard
 async fn keep(guard: &RefCell<LockGuard>) -> Lost {
     guard.borrow().keep_alive().await
-}
-
-/// Connects, mapping failures to exit codes.
-///
-/// # Errors
-/// Exit code 69 with a message naming the address and the fix.
-pub async fn connect(server: &str, options: ClientOptions) -> Result<Client, Failure> {
-    Client::connect_with(server, options)
-        .await
-        .map_err(|e| exit::from_client_error(e, server))
 }

@@ -49,8 +49,8 @@ pub async fn run(l: LeaderArgs) -> Result<u8, Failure> {
             "dlock leader: name exactly one key with -k KEY",
         ));
     }
-    let options = crate::run::client_options(args)?;
-    let client = crate::keeper::connect(&args.server, options).await?;
+    let options = crate::connect::client_options(args)?;
+    let client = crate::connect::connect(&args.server, options).await?;
     let failed = |e| exit::from_client_error(e, &args.server);
     let election = Election::new(&client, args.keys[0].as_str());
     if !l.watch {

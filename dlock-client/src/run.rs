@@ -5,12 +5,11 @@ use crate::child::{exit_code, Child};
 use crate::cli::{Args, OnLost};
 use crate::exit::{self, Failure};
 use crate::guardian::Guardian;
-use crate::keeper::{self, Keeper};
+use crate::keeper::Keeper;
 use crate::say;
 use crate::signals::{self, Signals};
 use dlock::{Client, ClientOptions, Enqueued, Error, LockGuard, LockOptions, Lost};
 use std::io::IsTerminal;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -19,7 +18,7 @@ use tokio::time::Instant;
 /// # Errors
 /// A [`Failure`] with its exit code and message.
 pub async fn run(args: Args) -> Result<u8, Failure> {
-    let options = client_options(&args)?;
+    let options = crate::connect::client_options(&args)?;
     if args.ping {
         return ping(&args, options).await;
     }
@@ -38,19 +37,6 @@ pub async fn run(args: Args) -> Result<u8, Failure> {
 /// job-control stops are dlock's to pass on.
 pub fn install_signals() -> Result<Signals, Failure> {
     Signals::install(!std::io::stdin().is_terminal())
-}
-
-/// The client's options from the command line: timeouts, token, TLS.
-///
-/// # Errors
-/// An unreadable token file or TLS file.
-pub fn client_options(args: &Args) -> Result<ClientOptions, Failure> {
-    Ok(ClientOptions {
-        connect_timeout: args.connect_timeout,
-        access_token: token(args)?,
-        tls: tls(args)?,
-        ..ClientOptions::default()
-    })
 }
 
 /// The command to run, once there are keys to lock and a command.
@@ -83,7 +69,7 @@ pub async fn run_locked(
     // As `install_signals` decided.
     let own_group = !std::io::stdin().is_terminal();
     // Kept open until dlock ends, as the connection it first made.
-    let client = keeper::connect(&args.server, options.clone()).await?;
+    let client = crate::connect::connect(&args.server, options.clone()).await?;
     if args.verbose {
         report_reconnects(&client);
     }
@@ -543,7 +529,7 @@ async fn describe_holders(client: &Client, busy: &[String], what: &str) {
 }
 
 async fn ping(args: &Args, options: ClientOptions) -> Result<u8, Failure> {
-    let client = keeper::connect(&args.server, options).await?;
+    let client = crate::connect::connect(&args.server, options).await?;
     let rtt = client
         .ping()
         .await
@@ -557,55 +543,4 @@ async fn ping(args: &Args, options: ClientOptions) -> Result<u8, Failure> {
         ),
     }
     Ok(0)
-}
-
-/// The TLS settings of --tls-ca, --tls-cert and --tls-key; `None` for
-/// plain TCP.
-fn tls(args: &Args) -> Result<Option<Arc<dlock::tls::rustls::ClientConfig>>, Failure> {
-    tls_from(
-        args.tls_ca.as_deref(),
-        args.tls_cert.as_deref(),
-        args.tls_key.as_deref(),
-    )
-}
-
-/// The TLS configuration of --tls-ca, --tls-cert and --tls-key: none
-/// without a CA.
-pub fn tls_from(
-    ca: Option<&std::path::Path>,
-    cert: Option<&std::path::Path>,
-    key: Option<&std::path::Path>,
-) -> Result<Option<Arc<dlock::tls::rustls::ClientConfig>>, Failure> {
-    let Some(ca) = ca else {
-        return Ok(None);
-    };
-    dlock::tls::client_config(ca, cert.zip(key))
-        .map(Some)
-        .map_err(|e| Failure::new(exit::USAGE, format!("TLS: {e}")))
-}
-
-/// The access token: from --token-file (the first token in it), else
-/// DLOCK_TOKEN.
-fn token(args: &Args) -> Result<Option<String>, Failure> {
-    token_from(args.token_file.as_deref())
-}
-
-/// The access token: the first in `file` when given, else DLOCK_TOKEN.
-pub fn token_from(file: Option<&std::path::Path>) -> Result<Option<String>, Failure> {
-    if let Some(path) = file {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Failure::new(
-                exit::USAGE,
-                format!("cannot read token file {}: {e}", path.display()),
-            )
-        })?;
-        let Some(token) = dlock::token_file::tokens(&text).next() else {
-            return Err(Failure::new(
-                exit::USAGE,
-                format!("token file {} holds no token", path.display()),
-            ));
-        };
-        return Ok(Some(token.to_string()));
-    }
-    Ok(std::env::var("DLOCK_TOKEN").ok().filter(|t| !t.is_empty()))
 }

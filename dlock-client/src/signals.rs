@@ -1,5 +1,6 @@
 //! The signals dlock handles: while waiting they end dlock cleanly, while
-//! the command runs they are passed on to it.
+//! the command runs they are passed on to it; and [`kill`], how dlock and its
+//! guardian send one.
 
 use crate::exit::{self, Failure};
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -89,4 +90,19 @@ pub fn name(signal: i32) -> String {
         libc::SIGCONT => "SIGCONT".into(),
         n => format!("signal {n}"),
     }
+}
+
+/// Sends `signal` to process `target`, or to the group `-target` when it
+/// is negative (kill(2)'s convention). The pid is our own unreaped child
+/// (or its group, or a member of our own group); one already gone needs
+/// nothing.
+pub(crate) fn kill(target: i32, signal: i32) {
+    let Some(sig) = rustix::process::Signal::from_named_raw(signal) else {
+        return;
+    };
+    let _ = match rustix::process::Pid::from_raw(target.saturating_abs()) {
+        Some(pid) if target < 0 => rustix::process::kill_process_group(pid, sig),
+        Some(pid) => rustix::process::kill_process(pid, sig),
+        None => Ok(()),
+    };
 }

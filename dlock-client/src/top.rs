@@ -8,7 +8,7 @@ mod sample;
 mod screen;
 
 use crate::cli::Output;
-use crate::cluster::Connection;
+use crate::connect::Connection;
 use crate::exit::{self, Failure};
 use clap::Parser;
 use crossterm::event::{Event, EventStream, KeyCode, KeyEvent, KeyModifiers};
@@ -74,7 +74,7 @@ pub async fn run(top: TopArgs) -> Result<u8, Failure> {
     }
     let server = &top.conn.server;
     let options = top.conn.client_options()?;
-    let client = crate::keeper::connect(server, options.clone()).await?;
+    let client = crate::connect::connect(server, options.clone()).await?;
     // Refused tokens show at once, before the screen is taken over.
     client
         .stats()

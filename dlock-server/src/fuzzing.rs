@@ -29,8 +29,8 @@ use crate::service::{Connected, Service};
 use crate::table::{LockTable, TableLimits};
 use bytes::{Buf, BufMut, BytesMut};
 use clap::Parser;
-use dlock::codec::FrameCodec;
-use dlock::proto::{Response, ResponseStatus};
+use dlock_proto::codec::FrameCodec;
+use dlock_proto::proto::{Response, ResponseStatus};
 use prost::Message;
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -271,7 +271,7 @@ impl Harness<'_> {
     fn check_output(&mut self, p: &mut Pipeline) {
         let mut out = BytesMut::from(p.output());
         p.written();
-        let mut codec = FrameCodec::new(dlock::MAX_RESPONSE_FRAME);
+        let mut codec = FrameCodec::new(dlock_proto::MAX_RESPONSE_FRAME);
         loop {
             match codec.decode(&mut out) {
                 Ok(Some(body)) => match Response::decode(body) {
@@ -293,7 +293,7 @@ impl Harness<'_> {
     /// to others were answered; the replay checks the table's own order.
     fn check(&mut self, r: &Response) {
         assert!(
-            r.encoded_len() <= dlock::MAX_RESPONSE_FRAME,
+            r.encoded_len() <= dlock_proto::MAX_RESPONSE_FRAME,
             "response of {} bytes",
             r.encoded_len()
         );

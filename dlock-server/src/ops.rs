@@ -6,6 +6,7 @@
 //! or an engine.
 
 pub mod acl;
+pub mod ask;
 pub mod cert;
 pub mod config;
 pub mod limit_log;

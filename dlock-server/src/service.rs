@@ -43,8 +43,8 @@ use crate::service::pending::{Arrived, Pending};
 use crate::table::{LockTable, OwnerId, ReqId};
 use bytes::BytesMut;
 pub use conn::Conn;
-use dlock::codec::encode_frame;
-use dlock::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
+use dlock_proto::codec::encode_frame;
+use dlock_proto::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
 pub use outcomes::Outcomes;
 pub use reply::Refusal;
 use std::future::Future;
@@ -243,12 +243,12 @@ impl Service {
 
     /// Server-wide counts, for Inspect without keys and for metrics (this
     /// node's copy of the table on a cluster); no busiest keys.
-    pub fn stats(&self) -> dlock::proto::ServerStats {
+    pub fn stats(&self) -> dlock_proto::proto::ServerStats {
         let (held, waiting, sessions) = self
             .engine
             .read(|t, _| (t.held_keys(), t.waiting(), t.sessions()));
         let (grants, handoffs) = metrics::grants();
-        dlock::proto::ServerStats {
+        dlock_proto::proto::ServerStats {
             connections: self.connections.load(Ordering::Relaxed) as u64,
             held_keys: held as u64,
             waiting_requests: waiting as u64,
@@ -334,12 +334,7 @@ impl Service {
             Err(refusal) => Err(refusal),
             Ok((typed, who)) => match &self.engine {
                 Engine::Local(_) => drive(self.answer(conn, req, typed, who.as_deref()))
-                    .unwrap_or_else(|| {
-                        Err(Refusal::new(
-                            ResponseStatus::General,
-                            "internal error: the request did not finish",
-                        ))
-                    }),
+                    .unwrap_or_else(|| Err(reply::unfinished())),
                 Engine::Raft(_) => {
                     let answer = self.spawn(conn, req, typed, who);
                     return Some(Waiting {
@@ -366,7 +361,7 @@ impl Service {
                         Pending::Table(rx)
                     }
                     None => {
-                        let r = reply::refused(id, session::unknown_session(owner));
+                        let r = reply::refused(id, reply::unknown_session(owner));
                         return self.answered(r, kind, since, out);
                     }
                 };
@@ -479,21 +474,15 @@ impl Service {
         conn: &Conn,
         req: &Request,
     ) -> Result<(RequestType, Option<Arc<Identity>>), Refusal> {
-        if req.version != 0 && req.version != dlock::PROTOCOL_VERSION {
-            return Err(Refusal::new(
-                ResponseStatus::Version,
-                format!("protocol version {} not supported; use 2", req.version),
-            ));
+        if req.version != 0 && req.version != dlock_proto::PROTOCOL_VERSION {
+            return Err(reply::unsupported_version(req.version));
         }
         let who = self
             .access
             .identify(&req.access_token, &conn.peer_names)
             .map_err(|text| Refusal::new(ResponseStatus::AccessDenied, text))?;
         let Ok(kind) = RequestType::try_from(req.r#type) else {
-            return Err(Refusal::new(
-                ResponseStatus::InvalidType,
-                format!("unknown request type {}", req.r#type),
-            ));
+            return Err(reply::unknown_type(req.r#type));
         };
         if let Some(who) = &who {
             let none = RequestLock::default();
@@ -535,10 +524,7 @@ impl Service {
             RequestType::ClusterStatus | RequestType::ClusterAdd | RequestType::ClusterRemove => {
                 self.admin(req, kind).await
             }
-            RequestType::Invalid => Err(Refusal::new(
-                ResponseStatus::InvalidType,
-                "request type not set",
-            )),
+            RequestType::Invalid => Err(reply::type_not_set()),
         }
     }
 }
@@ -578,7 +564,7 @@ mod tests {
 
     fn request(kind: RequestType, key: &str, lease_micro: u64) -> Request {
         Request {
-            version: dlock::PROTOCOL_VERSION,
+            version: dlock_proto::PROTOCOL_VERSION,
             id: 1,
             r#type: kind as i32,
             lock: Some(RequestLock {
@@ -595,7 +581,9 @@ mod tests {
         let mut out = BytesMut::new();
         match svc.execute(conn.conn(), req, &mut out) {
             Some(waiting) => Err(waiting),
-            None => Ok(Response::decode(&out[dlock::codec::LEN_PREFIX..]).expect("a Response")),
+            None => {
+                Ok(Response::decode(&out[dlock_proto::codec::LEN_PREFIX..]).expect("a Response"))
+            }
         }
     }
 

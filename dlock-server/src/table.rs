@@ -178,7 +178,7 @@ struct Hold {
     /// The holder's value (see `value`): left out of the encoding when
     /// empty, and empty in older snapshots.
     #[serde(default, skip_serializing_if = "value::is_empty")]
-    value: Box<[u8]>,
+    value: value::HoldValue,
     /// When it was granted; older snapshots, which did not keep it, read
     /// as the timeline's origin.
     #[serde(default)]

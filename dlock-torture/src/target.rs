@@ -4,8 +4,8 @@
 use crate::cli::Args;
 use crate::faults::nodes::{Cluster, Links};
 use anyhow::{bail, Context};
-use dlock::proc_sample::ProcSample;
 use dlock_server::testing::nodes::NodeProcesses;
+use dlock_testkit::proc_sample::ProcSample;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -185,6 +185,33 @@ def test_a_shorter_lease_counts_from_its_sending_even_when_its_answer_never_come
                 with pytest.raises(asyncio.TimeoutError):
                     await asyncio.wait_for(lease.renew(3), 0.1)
                 assert lease.remaining() <= 3
+                # Reported lost when the 3 s could run out, not when the
+                # keeper would have renewed the 60 s lease.
+                await asyncio.wait_for(lease.lost.wait(), 5)
+                assert "got no answer" in lease.lost_reason
+            finally:
+                server.resume()
+
+    run(body())
+
+
+def test_an_unanswered_renew_of_a_lock_without_a_lease_bounds_its_deadline(server):
+    # A Renew makes a lock without a lease a lease. Its answer lost, the
+    # server may have applied it: the lock may end with the 1 s lease, not
+    # with the connection (rules.Hold; the client used to keep trusting
+    # the session timeout).
+    async def body():
+        async with dlock.aio.connect(server.addr) as a:
+            lock = await a.lock("unconfirmed")
+            assert lock.remaining() > 1
+            server.pause()
+            try:
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(lock.renew(1), 0.1)
+                assert lock.lease is None  # not known to be a lease
+                assert lock.remaining() <= 1
+                await asyncio.wait_for(lock.lost.wait(), 2)
+                assert "got no answer" in lock.lost_reason
             finally:
                 server.resume()
 

@@ -23,6 +23,7 @@ import type { RequestInit } from "./framing.js";
 import { legacyLimits, limitsOf, now, toMicros } from "./types.js";
 import type { ClientEvent, Limits } from "./types.js";
 import type { NodeWatch } from "./liveness.js";
+import { elsewhere } from "./rules.js";
 
 /** dlock-server's default listen address. */
 export const DEFAULT_SERVER = "127.0.0.1:7436";
@@ -330,29 +331,27 @@ export class Dialer {
       } catch (e) {
         return failed(e as Error, false);
       }
-      switch (resp.status) {
-        case ResponseStatus.Ok: {
-          ok = true;
-          if (resp.sessionTtlMicro > 0n) limits.sessionTimeout = Number(resp.sessionTtlMicro) / 1000;
-          return { conn, addr, limits, session: resp.session, ackedFrom: sent };
-        }
-        case ResponseStatus.NotLeader: {
-          const why = resp.leaderAddr
-            ? `not the leader (the leader is ${resp.leaderAddr})`
-            : "not the leader, and no leader is known yet";
-          return { error: new Error(`${addr}: ${why}`), notLead: true, leader: resp.leaderAddr, answered: true };
-        }
-        // Stopping (a rolling restart): as a node that does not lead, and
-        // no leader named, so it is not tried first again.
-        case ResponseStatus.ShuttingDown:
-          return { error: new Error(`${addr}: shutting down`), notLead: true, leader: "", answered: true };
-        case ResponseStatus.UnknownSession:
-          if (session !== 0n) return { error: errorOf(RequestType.OpenSession, resp) as Error, gone: true };
-          break;
-        case ResponseStatus.AccessDenied:
-        case ResponseStatus.InvalidArgument:
-          return { error: errorOf(RequestType.OpenSession, resp) as Error, fatal: true };
+      if (resp.status === ResponseStatus.Ok) {
+        ok = true;
+        if (resp.sessionTtlMicro > 0n) limits.sessionTimeout = Number(resp.sessionTtlMicro) / 1000;
+        return { conn, addr, limits, session: resp.session, ackedFrom: sent };
       }
+      if (resp.status === ResponseStatus.AccessDenied || resp.status === ResponseStatus.InvalidArgument) {
+        return { error: errorOf(RequestType.OpenSession, resp) as Error, fatal: true };
+      }
+      const away = elsewhere(resp.status, resp.leaderAddr || null);
+      if (away?.means === "not_leader") {
+        // Stopping (a rolling restart) is as a node that does not lead, and
+        // names no leader, so it is not tried first again.
+        let why = "not the leader, and no leader is known yet";
+        if (resp.status === ResponseStatus.ShuttingDown) why = "shutting down";
+        else if (away.leader !== null) why = `not the leader (the leader is ${away.leader})`;
+        return { error: new Error(`${addr}: ${why}`), notLead: true, leader: away.leader ?? "", answered: true };
+      }
+      if (away?.means === "session_ended" && session !== 0n) {
+        return { error: errorOf(RequestType.OpenSession, resp) as Error, gone: true };
+      }
+      // Unavailable (no quorum) and other refusals: look on.
       return { error: errorOf(RequestType.OpenSession, resp) as Error, answered: true };
     } finally {
       // Until the node has answered, an attempt given up ends with a reset:

@@ -17,7 +17,8 @@
 
 export { connect, Client } from "./client.js";
 export type { ConnectOptions, LockOptions, Keys } from "./client.js";
-export { Lock, CLOCK_RATE_BOUND } from "./lock.js";
+export { Lock } from "./lock.js";
+export { CLOCK_RATE_BOUND } from "./rules.js";
 export { Queued } from "./enqueue.js";
 export { Election } from "./election.js";
 export type { Leader } from "./election.js";

@@ -22,7 +22,8 @@
 // `fresh` is the send time of the last request whose answer proves the
 // owner alive: the input of the client-side safety rule (lock.ts). On a
 // single server any answer does; on a cluster only answers from commands
-// that kept the session alive (keepsSessionAlive).
+// that kept the session alive (movesDeadline). The rules the link follows
+// are the pure functions of rules.ts.
 
 import { RequestType, ResponseStatus } from "./gen/dlock_pb.js";
 import type { RequestLock, Response } from "./gen/dlock_pb.js";
@@ -34,6 +35,7 @@ import type { FrameConn, RequestInit } from "./framing.js";
 import type { Dialer, Established } from "./dial.js";
 import { silenceLimit, watchNode } from "./liveness.js";
 import type { NodeWatch, Watched } from "./liveness.js";
+import { elsewhere, millis, mayWait, movesDeadline, nanos, sessionLivesUntil, sessionUse, unansweredTooLong } from "./rules.js";
 import { now } from "./types.js";
 import type { Limits } from "./types.js";
 
@@ -86,37 +88,16 @@ export interface CallOptions {
   counted?: boolean;
 }
 
-/** Change the table: numbered in a session, so that one sent again after a reconnect is recognised instead of acted on twice. */
-export function numbered(k: RequestType): boolean {
-  return k === RequestType.Lock || k === RequestType.Unlock || k === RequestType.Renew || k === RequestType.Enqueue;
-}
-
-/** Requests whose answer may rightly take long (they wait for busy keys, or for a change). */
-function mayWait(k: RequestType): boolean {
-  return k === RequestType.Lock || k === RequestType.Wait || k === RequestType.Watch;
-}
-
 /**
  * Whether an answer with `status` to a request of type `kind` comes, on a
  * cluster, from a command committed for the session (which kept it alive):
- * Ok to a Ping or to a Lock, Unlock, Renew or Enqueue; AcquireTimeout to a
- * Lock or Enqueue; Queued to an Enqueue; NotHeld to an Unlock or Renew. A
- * refusal (NotLeader from a deposed leader, Unavailable, ...), an Inspect or
- * a Wait (read, not committed) proves nothing: counting it would keep a
- * lock "held" here after the cluster gave it away.
+ * rules.movesDeadline on a session. A refusal (NotLeader from a deposed
+ * leader, Unavailable, ...), an Inspect or a Wait (read, not committed)
+ * proves nothing: counting it would keep a lock "held" here after the
+ * cluster gave it away.
  */
 export function keepsSessionAlive(kind: RequestType, status: ResponseStatus): boolean {
-  switch (status) {
-    case ResponseStatus.Ok:
-      return kind === RequestType.Ping || numbered(kind);
-    case ResponseStatus.AcquireTimeout:
-      return kind === RequestType.Lock || kind === RequestType.Enqueue;
-    case ResponseStatus.Queued:
-      return kind === RequestType.Enqueue;
-    case ResponseStatus.NotHeld:
-      return kind === RequestType.Unlock || kind === RequestType.Renew;
-  }
-  return false;
+  return movesDeadline(true, kind, status);
 }
 
 export class Link implements Watched {
@@ -241,11 +222,9 @@ export class Link implements Watched {
 
   private async resume(reason: string, prefer: string, avoid: string): Promise<void> {
     const broke = now();
-    // The session lives a TTL after the last command that kept it alive:
-    // the last answered request, or, while the stream was open, the node's
-    // own keep-alives, which the client does not see while a Lock waits.
-    // Past this no node knows it. (Locks enforce the safety deadline apart.)
-    const deadline = Math.max(this.fresh, broke) + this.limits.sessionTimeout;
+    // Past this no node knows the session. (Locks enforce the safety
+    // deadline apart.)
+    const deadline = millis(sessionLivesUntil(nanos(this.fresh), nanos(broke), nanos(this.limits.sessionTimeout)));
     let est: Established;
     try {
       est = await this.dialer.establish(this.session, deadline, true, prefer, avoid, this.ended.signal);
@@ -298,8 +277,9 @@ export class Link implements Watched {
     if (this.session !== 0n) {
       // Answers that send the session elsewhere leave the request in
       // place, to be sent again there.
-      switch (resp.status) {
-        case ResponseStatus.UnknownSession:
+      const away = elsewhere(resp.status, resp.leaderAddr || null);
+      switch (away?.means) {
+        case "session_ended":
           this.end(
             new ConnectionLostError(
               `session ${this.session} has ended (${resp.errorText}): its locks without a lease may be another's`,
@@ -308,17 +288,19 @@ export class Link implements Watched {
             false,
           );
           return;
-        case ResponseStatus.NotLeader:
-          this.fail(`${this.addr} stopped leading`, undefined, resp.leaderAddr, "");
+        case "not_leader":
+          if (resp.status === ResponseStatus.ShuttingDown) {
+            // The node is stopping (a rolling restart) and did nothing: as
+            // NotLeader naming no leader, and the node is tried last. The
+            // session goes on at the next leader, where what is unanswered
+            // is sent again under its number.
+            this.fail(`${this.addr} is shutting down`, undefined, "", this.addr);
+          } else {
+            this.fail(`${this.addr} stopped leading`, undefined, away.leader ?? "", "");
+          }
           return;
-        case ResponseStatus.Unavailable:
+        case "no_quorum":
           this.fail(`${this.addr} could not commit in time (Unavailable)`, undefined, "", "");
-          return;
-        // The node is stopping (a rolling restart): nothing was done; the
-        // session goes on at the next leader, where what is unanswered is
-        // sent again under its number.
-        case ResponseStatus.ShuttingDown:
-          this.fail(`${this.addr} is shutting down`, undefined, "", this.addr);
           return;
       }
     }
@@ -332,7 +314,7 @@ export class Link implements Watched {
       this.queuedTickets.delete(p.ticket);
     }
     if (p.counted) this.releaseSlot();
-    if (!this.limits.resumableSessions || keepsSessionAlive(p.kind, resp.status)) {
+    if (movesDeadline(this.session !== 0n, p.kind, resp.status)) {
       if (p.sent > this.fresh) this.fresh = p.sent;
     }
     if (p.tick) this.pingsOut--;
@@ -427,17 +409,19 @@ export class Link implements Watched {
       lock: body,
     };
     let seq = 0n;
+    const use = sessionUse(kind);
     if (this.session !== 0n) {
-      if (numbered(kind)) {
-        seq = this.nextSeq;
+      // An Inspect without keys asks for server counts, no owner's.
+      const namesKeys = (body?.keys?.length ?? 0) > 0;
+      if (use.actsForSession && (use.numbered || namesKeys || kind === RequestType.Wait)) {
         req.session = this.session;
+      }
+      if (use.numbered) {
+        seq = this.nextSeq;
         req.seq = seq;
         let below = this.numberedSeqs.length > 0 ? this.numberedSeqs[0] : seq;
         for (const s of this.queuedTickets.values()) if (s < below) below = s;
         req.seqDone = below - 1n;
-      } else if (kind === RequestType.Wait || (kind === RequestType.Inspect && (body?.keys?.length ?? 0) > 0)) {
-        // An Inspect without keys asks for server counts, no owner's.
-        req.session = this.session;
       }
     }
     const frame = encodeFrame(req);
@@ -464,7 +448,7 @@ export class Link implements Watched {
     if (kind === RequestType.Wait) p.ticket = (body?.ticket as bigint | undefined) ?? 0n;
     if (this.session !== 0n) p.frame = frame;
     this.pend.push(p);
-    if (!this.limits.resumableSessions || kind === RequestType.Ping || numbered(kind)) {
+    if (this.session === 0n || kind === RequestType.Ping || use.numbered) {
       // On a cluster an Inspect keeps nothing alive that the client could
       // prove: a Ping is still due.
       this.lastSend = t;
@@ -608,8 +592,9 @@ export class Link implements Watched {
   /**
    * Sends a Ping whenever nothing was sent for a quarter of the session
    * timeout, and on a session leaves a node that leaves a request that
-   * should be answered at once unanswered for a quarter of the TTL (the
-   * probe, liveness.ts, usually notices first).
+   * should be answered at once unanswered for half the TTL
+   * (unansweredTooLong; the probe, liveness.ts, notices a silent node long
+   * before).
    */
   private tick(): void {
     if (this.tickTimer !== null) clearTimeout(this.tickTimer);
@@ -623,11 +608,14 @@ export class Link implements Watched {
       const head = this.pend[0];
       if (this.session !== 0n && head !== undefined && !mayWait(head.kind)) {
         const waited = t - head.sent;
-        if (waited >= interval) {
+        const ttl = nanos(this.limits.sessionTimeout);
+        if (unansweredTooLong(head.kind, nanos(waited), ttl)) {
           this.fail(`no answer from ${this.addr} for ${Math.round(waited)} ms`, undefined, "", this.addr);
           return;
         }
-        wake = Math.min(wake, head.sent + interval);
+        // Looked at again when it would have waited half the TTL, the
+        // limit unansweredTooLong sets.
+        wake = Math.min(wake, head.sent + millis(ttl / 2n));
       }
       if (t >= wake) {
         // Pings behind a waiting Lock are read (they keep the owner alive)

@@ -13,25 +13,29 @@
 //    session timeout. On a single server any answer proves it; on a cluster
 //    only the answer to a command the cluster committed for the session (a
 //    deposed leader's NotLeader proves nothing).
-// Both are shortened by CLOCK_RATE_BOUND. `lost` is aborted a safety margin
+//  - A Renew sent and not answered may have been applied: until an answer
+//    to it or to a later renewal comes, the lock ends no later than its
+//    lease after it was sent, a lock without a lease too (the Renew makes
+//    it a lease).
+// Each is shortened by CLOCK_RATE_BOUND. `lost` is aborted a safety margin
 // before the deadline unless an answer moved it on, and at once when the
 // connection of a lock without a lease ends. Stop using the lock then, and
 // pass `fence` to the resource you protect, which should refuse a lower
 // fence than it has seen: a paused process cannot notice in time that its
-// lock was lost.
+// lock was lost. The arithmetic is rules.ts's (Hold, margin, inJeopardy).
 
 import { RequestType } from "./gen/dlock_pb.js";
 import { AcquireTimeoutError, ConnectionLostError, DlockError, LockLostError, NotHeldError, ServerError } from "./errors.js";
 import type { LostReason } from "./errors.js";
 import type { Link } from "./link.js";
+import { Hold, deadline, inJeopardy, margin, millis, nanos } from "./rules.js";
 import { now, toMicros } from "./types.js";
 
-/**
- * How much faster the server's clock may run than the client's, as a
- * fraction of elapsed time. Clocks disciplined by NTP differ in rate by at
- * most 500 ppm; 0.1 % leaves room beyond that. Only rates matter.
- */
-export const CLOCK_RATE_BOUND = 0.001;
+/** A lease of `ms` as the server takes it: in whole microseconds (null for none). */
+function leaseOf(ms: number): bigint | null {
+  const us = toMicros(ms);
+  return us > 0n ? us * 1000n : null;
+}
 
 /** What a Lock needs of the client that made it. */
 export interface LockOwner {
@@ -58,9 +62,8 @@ export class Lock implements AsyncDisposable {
   readonly own: boolean;
   private readonly owner: LockOwner;
   private readonly lostCtl = new AbortController();
-  private leaseMs: number;
-  /** The send time of the last answered Lock or Renew. */
-  private leaseSent: number;
+  /** How long the lock lasts at the server, as far as the client knows: its lease, if any, and the renewals whose answer has not come (on the rules' nanoseconds of the performance.now() clock). */
+  private readonly hold: Hold;
   private released = false;
   private readonly keep: boolean;
   private watchdogTimer: NodeJS.Timeout | null = null;
@@ -78,16 +81,15 @@ export class Lock implements AsyncDisposable {
     this.keys = keys;
     this.fence = fence;
     this.lost = this.lostCtl.signal;
-    this.leaseMs = lease;
-    this.leaseSent = sent;
+    this.hold = Hold.granted(nanos(sent), leaseOf(lease));
     this.keep = keep;
     this.claimed = !own;
     this.arm();
   }
 
-  /** The lease length (ms); 0 for a lock held without a lease. */
+  /** The lease length (ms), as the server applies it (in whole microseconds); 0 for a lock held without a lease. */
   get lease(): number {
-    return this.leaseMs;
+    return this.hold.lease === null ? 0 : millis(this.hold.lease[1]);
   }
 
   /** Why the lock was lost; null while held (or once unlocked). */
@@ -102,7 +104,7 @@ export class Lock implements AsyncDisposable {
 
   /** The safety deadline (on the performance.now() clock): after it the server may hand the lock to someone else. */
   get deadline(): number {
-    return this.bounds()[0];
+    return millis(this.bounds().deadline);
   }
 
   /** Milliseconds until the safety deadline (negative when past). */
@@ -110,15 +112,19 @@ export class Lock implements AsyncDisposable {
     return this.deadline - now();
   }
 
-  private bounds(): [number, number] {
-    let window = this.leaseMs;
-    let sent = this.leaseSent;
-    if (window === 0) {
-      window = this.link.limits.sessionTimeout;
-      sent = this.link.fresh;
-    }
-    const deadline = sent + window - window * CLOCK_RATE_BOUND;
-    return [deadline, deadline - Math.min(this.owner.margin, window / 4)];
+  /** The safety deadline and the margin in force, in nanoseconds. */
+  private bounds(): { deadline: bigint; margin: bigint } {
+    const timeout = nanos(this.link.limits.sessionTimeout);
+    return {
+      deadline: this.hold.deadline(nanos(this.link.fresh), timeout),
+      margin: margin(nanos(this.owner.margin), this.hold.window(timeout)),
+    };
+  }
+
+  /** Whether the lock is in jeopardy at `t` (ms): past its alarm, a margin before its deadline. */
+  private inJeopardy(t: number): boolean {
+    const b = this.bounds();
+    return inJeopardy(nanos(t), b.deadline, b.margin);
   }
 
   /**
@@ -127,7 +133,7 @@ export class Lock implements AsyncDisposable {
    * busy process runs its timers late).
    */
   check(): void {
-    if (!this.lost.aborted && !this.released && now() >= this.bounds()[1]) {
+    if (!this.lost.aborted && !this.released && this.inJeopardy(now())) {
       this.setLost("deadline", this.pastDeadline());
     }
     const err = this.error;
@@ -135,42 +141,54 @@ export class Lock implements AsyncDisposable {
   }
 
   private pastDeadline(): string {
-    if (this.leaseMs > 0) return `the lease of ${this.leaseMs} ms was not renewed in time`;
+    const u = this.hold.unconfirmed;
+    if (u !== null && this.bounds().deadline === deadline(u[0], u[1])) {
+      return `a renewal to a lease of ${millis(u[1])} ms was not answered in time, and the server may have applied it`;
+    }
+    if (this.hold.lease !== null) return `the lease of ${this.lease} ms was not renewed in time`;
     return `no answer from the server proves the owner alive within the session timeout of ${this.link.limits.sessionTimeout} ms; the server may end it and hand the lock on`;
   }
 
   /** (Re)arms the watchdog at the alarm, and the keeper a third into the lease. */
   private arm(): void {
     if (this.lost.aborted || this.released) return;
-    if (this.watchdogTimer === null) this.watchdog();
+    this.rewatch();
     if (this.keeperTimer !== null) clearTimeout(this.keeperTimer);
     this.keeperTimer = null;
-    if (this.leaseMs > 0 && this.keep) {
-      const at = this.leaseSent + this.leaseMs / 3;
+    if (this.hold.lease !== null && this.keep) {
+      const [sent, lease] = this.hold.lease;
+      const at = millis(sent + lease / 3n);
       this.keeperTimer = setTimeout(() => this.keepAlive(), Math.max(0, at - now()));
       this.keeperTimer.unref();
     }
   }
 
-  /** Reports the lock lost at its alarm unless an answer moved it; re-armed lazily (answers move the deadline without touching the timer). */
+  /** Sets the watchdog afresh: the alarm may have come nearer (a renewal sent, or one to a shorter lease answered). */
+  private rewatch(): void {
+    if (this.watchdogTimer !== null) clearTimeout(this.watchdogTimer);
+    this.watchdog();
+  }
+
+  /** Reports the lock lost at its alarm unless an answer moved it; re-armed lazily (answers that move the deadline on leave the timer, which looks again when it fires). */
   private watchdog(): void {
     this.watchdogTimer = null;
     if (this.lost.aborted || this.released) return;
-    const alarm = this.bounds()[1];
-    const wait = alarm - now();
-    if (wait <= 0) {
+    const t = now();
+    if (this.inJeopardy(t)) {
       this.setLost("deadline", this.pastDeadline());
       return;
     }
+    const b = this.bounds();
+    const wait = millis(b.deadline - b.margin) - t;
     this.watchdogTimer = setTimeout(() => this.watchdog(), Math.min(wait + 1, 2 ** 31 - 1));
     this.watchdogTimer.unref();
   }
 
   private async keepAlive(): Promise<void> {
     this.keeperTimer = null;
-    if (this.lost.aborted || this.released || this.leaseMs === 0) return;
+    if (this.lost.aborted || this.released || this.hold.lease === null) return;
     try {
-      await this.renew(this.leaseMs);
+      await this.renew();
     } catch (e) {
       if (this.lost.aborted || this.released) return;
       if (e instanceof NotHeldError) {
@@ -251,43 +269,38 @@ export class Lock implements AsyncDisposable {
    * NotHeldError if the keys are no longer held.
    */
   async renew(lease?: number, opts: { signal?: AbortSignal } = {}): Promise<void> {
-    const ms = lease ?? this.leaseMs;
-    if (!(ms > 0)) throw new DlockError(`dlock: renew of ${JSON.stringify(this.keys)} needs a positive lease, not ${lease}`);
+    // In whole microseconds, as the server takes it.
+    const ns = lease === undefined ? (this.hold.lease?.[1] ?? null) : leaseOf(lease);
+    if (ns === null) throw new DlockError(`dlock: renew of ${JSON.stringify(this.keys)} needs a positive lease, not ${lease}`);
     const lostNow = this.error;
     if (lostNow !== null) throw lostNow;
     if (this.released) throw new DlockError("dlock: renew of a lock already unlocked");
-    const turn = this.renewing.then(() => this.renewOnce(ms, opts.signal));
+    const turn = this.renewing.then(() => this.renewOnce(ns, opts.signal));
     this.renewing = turn.catch(() => {});
     return turn;
   }
 
-  private async renewOnce(ms: number, signal?: AbortSignal): Promise<void> {
+  private async renewOnce(lease: bigint, signal?: AbortSignal): Promise<void> {
     const lostNow = this.error;
     if (lostNow !== null) throw lostNow;
-    const sent = now();
+    const sent = nanos(now());
     // Once sent, the server may apply it though its answer never comes (an
-    // error, an abort): a lease ending sooner than the one in force counts
-    // from now on, answered or not. (Not for a lock without a lease: taken
-    // for a lease, it would no longer be reported lost when its connection
-    // ends.)
-    if (this.leaseMs !== 0 && sent + ms < this.leaseSent + this.leaseMs) {
-      this.leaseMs = ms;
-      this.leaseSent = sent;
-    }
+    // error, an abort): until an answer to it or to a later renewal, the
+    // lock ends no later than this lease from now, also a lock without a
+    // lease, which it makes one (it is still reported lost when its
+    // connection ends, until an answer says it is a lease).
+    if (this.hold.renewSent(sent, lease)) this.rewatch();
     const stop = signal === undefined ? this.lost : AbortSignal.any([signal, this.lost]);
     try {
-      await this.link.call(RequestType.Renew, { keys: this.keys, fence: this.fence, releaseMicro: toMicros(ms) }, { signal: stop });
+      await this.link.call(RequestType.Renew, { keys: this.keys, fence: this.fence, releaseMicro: lease / 1000n }, { signal: stop });
     } catch (e) {
       const lostNow = this.error;
       if (lostNow !== null) throw lostNow;
       throw e;
     }
     // The server replaces the lease end with each Renew, in the order sent,
-    // and renewals go one at a time, so the latest-sent one is in force.
-    if (this.leaseMs === 0 || sent >= this.leaseSent) {
-      this.leaseMs = ms;
-      this.leaseSent = sent;
-    }
+    // so the latest-sent one answered is in force.
+    this.hold.renewAnswered(sent, lease);
     this.arm();
   }
 
@@ -315,7 +328,7 @@ export class Lock implements AsyncDisposable {
       if (e instanceof NotHeldError) {
         throw new LockLostError("not-held", this.keys, this.fence, `not held any more when unlocked (${e.message})`, e);
       }
-      if (e instanceof ConnectionLostError && this.leaseMs === 0) {
+      if (e instanceof ConnectionLostError && this.hold.lease === null) {
         throw new LockLostError("connection", this.keys, this.fence, e.reason, e);
       }
       throw e;

@@ -17,7 +17,7 @@ use crate::ops::config::Config;
 use crate::ops::metrics::{self, CloseReason};
 use crate::service::pending::{Arrived, Dropped};
 use crate::service::{Conn, Service};
-use dlock::proto::ResponseStatus;
+use dlock_proto::proto::ResponseStatus;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -20,8 +20,8 @@ use crate::service::pending::{Arrived, Dropped, Pending};
 use crate::service::{reply, Conn, Service, Waiting};
 use bytes::buf::Limit;
 use bytes::{Buf, BufMut, BytesMut};
-use dlock::codec::{encode_frame, frame_len, FrameError, LEN_PREFIX};
-use dlock::proto::{Request, ResponseStatus};
+use dlock_proto::codec::{encode_frame, frame_len, FrameError, LEN_PREFIX};
+use dlock_proto::proto::{Request, ResponseStatus};
 use prost::Message;
 use std::io;
 use std::sync::Arc;
@@ -370,7 +370,7 @@ mod tests {
     use crate::ops::config::Config;
     use crate::service::Connected;
     use clap::Parser;
-    use dlock::proto::{RequestType, Response};
+    use dlock_proto::proto::{RequestType, Response};
     use std::net::{Ipv4Addr, SocketAddr};
 
     struct Fixture {
@@ -408,7 +408,7 @@ mod tests {
             version: 2,
             id,
             r#type: kind as i32,
-            lock: (!keys.is_empty()).then(|| dlock::proto::RequestLock {
+            lock: (!keys.is_empty()).then(|| dlock_proto::proto::RequestLock {
                 keys: keys.iter().map(|k| k.to_string()).collect(),
                 ..Default::default()
             }),
@@ -444,7 +444,7 @@ mod tests {
     fn responses(p: &mut Pipeline) -> Vec<Response> {
         let mut out = BytesMut::from(p.output());
         p.written();
-        let mut codec = dlock::codec::FrameCodec::new(dlock::MAX_RESPONSE_FRAME);
+        let mut codec = dlock_proto::codec::FrameCodec::new(dlock_proto::MAX_RESPONSE_FRAME);
         let mut all = Vec::new();
         while let Some(body) =
             tokio_util::codec::Decoder::decode(&mut codec, &mut out).expect("frames")

@@ -76,13 +76,13 @@ fn server_config(
     key: &Path,
     client_ca: Option<&Path>,
 ) -> anyhow::Result<Arc<ServerConfig>> {
-    let provider = dlock::tls::provider();
+    let provider = dlock_proto::tls::provider();
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?;
     let builder = match client_ca {
         Some(ca) => {
-            let roots = dlock::tls::read_roots(ca)?;
+            let roots = dlock_proto::tls::read_roots(ca)?;
             // Every client must present a certificate from this CA.
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
@@ -92,7 +92,10 @@ fn server_config(
         None => builder.with_no_client_auth(),
     };
     let config = builder
-        .with_single_cert(dlock::tls::read_certs(cert)?, dlock::tls::read_key(key)?)
+        .with_single_cert(
+            dlock_proto::tls::read_certs(cert)?,
+            dlock_proto::tls::read_key(key)?,
+        )
         .with_context(|| format!("cannot use {} with {}", cert.display(), key.display()))?;
     Ok(Arc::new(config))
 }

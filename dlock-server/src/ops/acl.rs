@@ -22,7 +22,7 @@
 //! log line, an error or `Debug` output.
 
 use anyhow::{anyhow, bail, Context};
-use dlock::proto::{RequestLock, RequestType};
+use dlock_proto::proto::{RequestLock, RequestType};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};

@@ -15,7 +15,7 @@ use std::time::Duration;
 pub struct Config {
     /// Address to listen on. Loopback by default; use 0.0.0.0:7436 to serve
     /// other machines (and set --token-file).
-    #[arg(long, env = "DLOCK_LISTEN", default_value = dlock::DEFAULT_ADDR)]
+    #[arg(long, env = "DLOCK_LISTEN", default_value = dlock_proto::DEFAULT_ADDR)]
     pub listen: SocketAddr,
 
     /// Access control file: tokens (a bare token per line has every right)
@@ -61,7 +61,7 @@ pub struct Config {
     pub fence_file: Option<PathBuf>,
 
     /// Largest request frame body, in bytes.
-    #[arg(long, env = "DLOCK_MAX_FRAME", default_value_t = dlock::DEFAULT_MAX_FRAME, value_parser = frame_size)]
+    #[arg(long, env = "DLOCK_MAX_FRAME", default_value_t = dlock_proto::DEFAULT_MAX_FRAME, value_parser = frame_size)]
     pub max_frame: usize,
 
     /// Most keys in one request.
@@ -106,24 +106,24 @@ pub struct Config {
     pub max_held_keys: usize,
 
     /// Longest lease a Lock or Renew may ask for.
-    #[arg(long, env = "DLOCK_MAX_LEASE", default_value = "30days", value_parser = dlock::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_MAX_LEASE", default_value = "30days", value_parser = dlock_proto::duration::parse_positive)]
     pub max_lease: Duration,
 
     /// Close a connection that sends no complete request for this long.
-    #[arg(long, env = "DLOCK_IDLE_TIMEOUT", default_value = "60s", value_parser = dlock::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_IDLE_TIMEOUT", default_value = "60s", value_parser = dlock_proto::duration::parse_positive)]
     pub idle_timeout: Duration,
 
     /// Close a connection whose responses cannot be written for this long
     /// (a client that stopped reading).
-    #[arg(long, env = "DLOCK_WRITE_TIMEOUT", default_value = "10s", value_parser = dlock::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_WRITE_TIMEOUT", default_value = "10s", value_parser = dlock_proto::duration::parse_positive)]
     pub write_timeout: Duration,
 
     /// TCP keepalive: idle time before the first probe.
-    #[arg(long, env = "DLOCK_KEEPALIVE_TIME", default_value = "30s", value_parser = dlock::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_KEEPALIVE_TIME", default_value = "30s", value_parser = dlock_proto::duration::parse_positive)]
     pub keepalive_time: Duration,
 
     /// TCP keepalive: time between probes.
-    #[arg(long, env = "DLOCK_KEEPALIVE_INTERVAL", default_value = "10s", value_parser = dlock::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_KEEPALIVE_INTERVAL", default_value = "10s", value_parser = dlock_proto::duration::parse_positive)]
     pub keepalive_interval: Duration,
 
     /// TCP keepalive: unanswered probes before the connection is dropped.
@@ -131,7 +131,7 @@ pub struct Config {
     pub keepalive_retries: u32,
 
     /// How long shutdown waits for connections to finish.
-    #[arg(long, env = "DLOCK_SHUTDOWN_TIMEOUT", default_value = "5s", value_parser = dlock::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_SHUTDOWN_TIMEOUT", default_value = "5s", value_parser = dlock_proto::duration::parse_positive)]
     pub shutdown_timeout: Duration,
 
     /// Worker threads; 0 = one per CPU core. With 1 the server runs on a
@@ -303,7 +303,7 @@ pub struct Config {
     pub max_session_ttl: Duration,
 
     /// How often the leader sends heartbeats.
-    #[arg(long, env = "DLOCK_HEARTBEAT", default_value = "100ms", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_HEARTBEAT", default_value = "100ms", value_parser = dlock_proto::duration::parse_positive, help_heading = "Cluster")]
     pub heartbeat: Duration,
 
     /// Each node draws a timeout between this and twice this. A follower
@@ -312,7 +312,7 @@ pub struct Config {
     /// plus its own timeout: a dead leader is replaced after 3 to 4 times
     /// this. Raise it where a leader's fsync or scheduling can stall for
     /// hundreds of milliseconds, or such stalls start needless elections.
-    #[arg(long, env = "DLOCK_ELECTION_TIMEOUT", default_value = "200ms", value_parser = dlock::duration::parse_positive, help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_ELECTION_TIMEOUT", default_value = "200ms", value_parser = dlock_proto::duration::parse_positive, help_heading = "Cluster")]
     pub election_timeout: Duration,
 }
 
@@ -425,10 +425,10 @@ impl Config {
     }
 
     /// The limits a client is told in the answer to Hello.
-    pub fn limits(&self) -> dlock::proto::ServerLimits {
+    pub fn limits(&self) -> dlock_proto::proto::ServerLimits {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        dlock::proto::ServerLimits {
+        dlock_proto::proto::ServerLimits {
             session_timeout_micro: micros(self.session_timeout()),
             max_lease_micro: micros(self.max_lease),
             max_keys: small(self.max_keys),
@@ -461,7 +461,7 @@ pub const FENCE_FLOOR_MAX: u64 = crate::table::MAX_NEXT_FENCE / 2;
 pub const MIN_SESSION_TTL: Duration = Duration::from_secs(1);
 
 fn session_ttl(s: &str) -> Result<Duration, String> {
-    let ttl = dlock::duration::parse_positive(s)?;
+    let ttl = dlock_proto::duration::parse_positive(s)?;
     if ttl < MIN_SESSION_TTL {
         return Err(format!(
             "must be at least {}",
@@ -511,7 +511,7 @@ mod tests {
     #[test]
     fn defaults_parse() {
         let c = Config::default();
-        assert_eq!(c.listen.to_string(), dlock::DEFAULT_ADDR);
+        assert_eq!(c.listen.to_string(), dlock_proto::DEFAULT_ADDR);
         assert_eq!(c.max_frame, 16 * 1024);
         assert_eq!(c.idle_timeout, Duration::from_secs(60));
         assert_eq!(c.log_format, LogFormat::Text);

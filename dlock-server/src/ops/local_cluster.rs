@@ -46,20 +46,16 @@ const STOP_LIMIT: Duration = Duration::from_secs(10);
 /// How long the nodes get to elect their first leader.
 const READY_LIMIT: Duration = Duration::from_secs(30);
 
-/// Resolves once a client of `servers` connects (to the leader, with a
-/// session); `None` if none did within [`READY_LIMIT`].
+/// Resolves once one of `servers` says it leads; `None` if none did within
+/// [`READY_LIMIT`].
 async fn until_ready(servers: &str) -> Option<()> {
     let deadline = tokio::time::Instant::now() + READY_LIMIT;
-    let options = dlock::ClientOptions {
-        connect_timeout: Duration::from_secs(2),
-        ..dlock::ClientOptions::default()
-    };
     while tokio::time::Instant::now() < deadline {
-        if dlock::Client::connect_with(servers, options.clone())
-            .await
-            .is_ok()
-        {
-            return Some(());
+        for addr in servers.split(',') {
+            let status = super::ask::cluster_status(addr, Duration::from_secs(2)).await;
+            if status.is_some_and(|s| s.leader_id != 0 && s.leader_id == s.node_id) {
+                return Some(());
+            }
         }
         // The nodes are still binding their ports or electing.
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -141,7 +137,7 @@ impl LocalCluster {
             .collect::<Vec<_>>()
             .join(",");
         // The line to export comes once a client can use it: a leader is
-        // elected and has opened a session.
+        // elected.
         let ready = tokio::select! {
             ready = until_ready(&servers) => ready,
             _ = int.recv() => None,

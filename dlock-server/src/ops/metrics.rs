@@ -13,8 +13,8 @@
 //!
 //! [`http`](crate::ops::metrics_http) serves what [`Scrape`] encodes.
 
-use dlock::proto::ResponseStatus;
-use dlock::proto::ServerStats;
+use dlock_proto::proto::ResponseStatus;
+use dlock_proto::proto::ServerStats;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;

@@ -4,32 +4,23 @@
 use super::reply::{self, Refusal};
 use super::{Answer, Service};
 use crate::engine::raft::{ClusterStatus, Member};
-use dlock::proto::{ClusterInfo, ClusterMember, Request, RequestType, ResponseStatus};
+use dlock_proto::proto::{ClusterInfo, ClusterMember, Request, RequestType, ResponseStatus};
 
 impl Service {
     /// ClusterStatus, ClusterAdd or ClusterRemove (`kind`).
     pub(super) async fn admin(&self, req: Request, kind: RequestType) -> Result<Answer, Refusal> {
         let Some(cluster) = self.engine.cluster() else {
-            return Err(Refusal::new(
-                ResponseStatus::InvalidType,
-                "this server is not a cluster node (it was started without --data-dir)",
-            ));
+            return Err(reply::not_a_cluster_node());
         };
         let id = req.id;
         if kind != RequestType::ClusterStatus {
             let args = req.cluster.unwrap_or_default();
             if args.node_id == 0 {
-                return Err(Refusal::new(
-                    ResponseStatus::InvalidArgument,
-                    "cluster.node_id must be set",
-                ));
+                return Err(reply::node_id_missing());
             }
             if kind == RequestType::ClusterAdd {
                 if args.client_addr.is_empty() || args.peer_addr.is_empty() {
-                    return Err(Refusal::new(
-                        ResponseStatus::InvalidArgument,
-                        "ClusterAdd needs cluster.client_addr and cluster.peer_addr",
-                    ));
+                    return Err(reply::add_needs_addresses());
                 }
                 let member = Member {
                     client_addr: args.client_addr,
@@ -39,10 +30,7 @@ impl Service {
             } else {
                 let members = cluster.status().members;
                 if !members.iter().any(|m| m.id == args.node_id) {
-                    return Err(Refusal::new(
-                        ResponseStatus::InvalidArgument,
-                        format!("node {} is not a member of the cluster", args.node_id),
-                    ));
+                    return Err(reply::not_a_member(args.node_id));
                 }
                 cluster.remove_node(args.node_id).await?;
             }

@@ -19,7 +19,7 @@ use super::reply::{self, Refusal};
 use super::validate::{busiest_wanted, validate_keys, watch_args};
 use super::{Answer, Conn, Service};
 use crate::table::{FirstHolder, LockTable, OwnerId, Time};
-use dlock::proto::{KeyInfo, Request, ResponseStatus};
+use dlock_proto::proto::{KeyInfo, Request, ResponseStatus};
 use prost::Message;
 use std::sync::Arc;
 
@@ -77,7 +77,7 @@ impl Service {
             stats.busiest = self.busiest(busiest, caller);
             r.server_stats = Some(Box::new(stats));
         } else {
-            let mut budget = dlock::MAX_RESPONSE_FRAME;
+            let mut budget = dlock_proto::MAX_RESPONSE_FRAME;
             r.key_info = self.engine.read(|table, now| {
                 body.keys
                     .iter()
@@ -105,7 +105,7 @@ impl Service {
                 .read(|table, now| table.rank_busy(now, slot, SLICE, n, &mut top));
         }
         // A key freed since its slice was walked is left out.
-        let mut budget = dlock::MAX_RESPONSE_FRAME;
+        let mut budget = dlock_proto::MAX_RESPONSE_FRAME;
         self.engine.read(|table, now| {
             top.iter()
                 .map(|b| self.key_info(table, now, &b.key, caller, &mut budget))
@@ -124,10 +124,7 @@ impl Service {
         // A parked Watch is a task; the fuzz harness drives requests without
         // a runtime, and there it is refused rather than answered wrongly.
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(Refusal::new(
-                ResponseStatus::WatchLimit,
-                "Watch needs the server's runtime, which this harness has not",
-            ));
+            return Err(reply::watch_without_runtime());
         }
         let permit = self.watches.take()?;
         let svc = self.clone();
@@ -178,5 +175,5 @@ impl Service {
 
 /// The budget of a whole answer: the largest frame a client accepts.
 fn full_frame() -> usize {
-    dlock::MAX_RESPONSE_FRAME
+    dlock_proto::MAX_RESPONSE_FRAME
 }

@@ -15,9 +15,9 @@
 use super::conn::ANSWERED_TICKETS;
 use super::reply::{self, Refusal};
 use super::validate::lock_args;
-use super::{session, Answer, Conn, Service};
+use super::{Answer, Conn, Service};
 use crate::table::{LockResult, OwnerId, Reply, ReqId, TicketState, WaitOutcome, Woken};
-use dlock::proto::{Request, ResponseStatus};
+use dlock_proto::proto::Request;
 use std::time::Instant;
 
 impl Service {
@@ -131,7 +131,7 @@ impl Service {
         owner: OwnerId,
         seq: u64,
         reply: Reply,
-    ) -> Result<Result<LockResult, dlock::proto::Response>, Refusal> {
+    ) -> Result<Result<LockResult, dlock_proto::proto::Response>, Refusal> {
         match reply {
             Reply::Lock(result) => Ok(Ok(result)),
             Reply::Waited { req, outcome } => Ok(Err(self.ended_wait(id, owner, req, outcome))),
@@ -149,7 +149,7 @@ impl Service {
         owner: OwnerId,
         req: ReqId,
         outcome: WaitOutcome,
-    ) -> dlock::proto::Response {
+    ) -> dlock_proto::proto::Response {
         self.outcomes.discard(owner, req);
         let w = Woken {
             req,
@@ -166,16 +166,13 @@ impl Service {
     /// than wait forever; the wait stays the session's.
     pub(super) async fn await_outcome(&self, owner: OwnerId, req: ReqId) -> Result<Woken, Refusal> {
         let Some(rx) = self.outcomes.register(owner, req) else {
-            return Err(session::unknown_session(owner));
+            return Err(reply::unknown_session(owner));
         };
         tokio::select! {
             r = rx => {
                 // Detached: the session ended, or its connection went
                 // (then nobody reads this answer).
-                r.map_err(|_| Refusal::new(
-                    ResponseStatus::UnknownSession,
-                    "the session ended while the Lock waited",
-                ))
+                r.map_err(|_| reply::ended_while_waiting())
             }
             refusal = self.deposed() => Err(refusal),
         }
@@ -194,14 +191,11 @@ impl Service {
         match reply {
             Reply::UnknownSession => {
                 self.forget(conn, owner);
-                session::unknown_session(owner)
+                reply::unknown_session(owner)
             }
-            Reply::Forgotten => session::forgotten(seq),
-            Reply::NotHeld(_) | Reply::Lock(_) | Reply::Waited { .. } => session::not_the_same(seq),
-            other => Refusal::new(
-                ResponseStatus::General,
-                format!("internal error: unexpected table reply {other:?}"),
-            ),
+            Reply::Forgotten => reply::forgotten(seq),
+            Reply::NotHeld(_) | Reply::Lock(_) | Reply::Waited { .. } => reply::not_the_same(seq),
+            other => reply::unexpected_reply(&other),
         }
     }
 }

@@ -6,7 +6,7 @@
 //! its socket.
 
 use crate::table::Woken;
-use dlock::proto::Response;
+use dlock_proto::proto::Response;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -13,7 +13,7 @@ use super::validate::{check_value, checked_keys, fence_of, renew_lease};
 use super::{Answer, Conn, Service};
 use crate::ops::acl::Identity;
 use crate::table::{Command, Key, OwnerId, Reply};
-use dlock::proto::{Request, RequestType, ResponseStatus};
+use dlock_proto::proto::{Request, RequestType, ResponseStatus};
 
 impl Service {
     /// Unlock or Renew (`kind`).

@@ -1,13 +1,18 @@
 //! One place where outcomes become responses: every status a request can
-//! be answered with, and the text that explains it, for both engines.
+//! be answered with, and the text that explains it, for both engines. Each
+//! refusal has a named function here, grouped by family (requests as a
+//! whole, sessions, Watch, cluster admin); the checks of a request's
+//! arguments, and their texts, are `validate.rs`'s.
 
 use crate::engine::fence::unix_nanos;
 use crate::engine::EngineError;
 use crate::ops::config::Config;
 use crate::ops::limit_log;
 use crate::ops::metrics;
-use crate::table::{Key, KeyView, LockResult, Mode, OwnerId, ReqId, WaitOutcome, Woken};
-use dlock::proto::{KeyHolder, KeyInfo, Response, ResponseStatus};
+use crate::table::{
+    Key, KeyView, LockResult, Mode, OwnerId, Reply, ReqId, WaitOutcome, Woken, MAX_REMEMBERED,
+};
+use dlock_proto::proto::{KeyHolder, KeyInfo, Response, ResponseStatus};
 use prost::Message;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -56,7 +61,7 @@ impl From<EngineError> for Refusal {
 /// A response with the fields every response carries.
 pub fn response(request_id: u64, status: ResponseStatus) -> Response {
     Response {
-        version: dlock::PROTOCOL_VERSION,
+        version: dlock_proto::PROTOCOL_VERSION,
         request_id,
         status: status as i32,
         server_unix_time: i64::try_from(unix_nanos(SystemTime::now())).unwrap_or(i64::MAX),
@@ -246,7 +251,7 @@ pub fn key_info(
 }
 
 /// `r` within the largest response frame a client must accept
-/// ([`dlock::MAX_RESPONSE_FRAME`]). Only lists of shared holders grow
+/// ([`dlock_proto::MAX_RESPONSE_FRAME`]). Only lists of shared holders grow
 /// without a bound the request sets, so the longest list is cut first:
 /// its oldest grants, the caller's own and its latest one stay (what a
 /// client reads as the key's first holder, whether it holds, and the
@@ -255,7 +260,7 @@ pub fn key_info(
 /// far past their defaults). The table lists holders within the same
 /// budget already (`LockTable::inspect_within`); this is the exact check.
 pub fn within_frame(mut r: Response) -> Result<Response, Refusal> {
-    const LIMIT: usize = dlock::MAX_RESPONSE_FRAME;
+    const LIMIT: usize = dlock_proto::MAX_RESPONSE_FRAME;
     // The caller's hold between the first and the last, which stays.
     let mine = |i: &KeyInfo| {
         let n = i.holders.len();
@@ -345,6 +350,226 @@ pub fn held_result(id: u64, not_held: Vec<Key>) -> Response {
     r
 }
 
+// ---- Requests as a whole: the checks every request passes first, and
+// the answer that never came (service.rs).
+
+/// A request of a protocol version this server does not speak.
+pub fn unsupported_version(version: u32) -> Refusal {
+    Refusal::new(
+        ResponseStatus::Version,
+        format!("protocol version {version} not supported; use 2"),
+    )
+}
+
+/// A request whose type this server does not know.
+pub fn unknown_type(kind: i32) -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidType,
+        format!("unknown request type {kind}"),
+    )
+}
+
+/// A request whose type is not set (`RequestType::Invalid`).
+pub fn type_not_set() -> Refusal {
+    Refusal::new(ResponseStatus::InvalidType, "request type not set")
+}
+
+/// A request on the local engine that did not finish at once (it never
+/// waits there: a bug).
+pub fn unfinished() -> Refusal {
+    Refusal::new(
+        ResponseStatus::General,
+        "internal error: the request did not finish",
+    )
+}
+
+// ---- Sessions: opening, resuming, closing, keeping alive, and the
+// requests that name one (session.rs, lock.rs, service.rs).
+
+/// An OpenSession asking a TTL (`asked` micros, 0 for the default) under
+/// the shortest, `min`.
+pub fn session_ttl_too_short(asked: u64, min: Duration) -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidArgument,
+        format!(
+            "session_ttl_micro {asked} is under the shortest session TTL, {}",
+            humantime::format_duration(min)
+        ),
+    )
+}
+
+/// An OpenSession asking a TTL (`asked` micros, 0 for the default) over the
+/// server's `--max-session-ttl`, `max`.
+pub fn session_ttl_too_long(asked: u64, max: Duration) -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidArgument,
+        format!(
+            "session_ttl_micro {asked} exceeds the server's --max-session-ttl of {}",
+            humantime::format_duration(max)
+        ),
+    )
+}
+
+/// A client's liveness probe (a Ping with no session) to a node that counts
+/// itself leader but leads no majority, or steps aside to stop.
+pub fn node_without_majority() -> Refusal {
+    Refusal::new(
+        ResponseStatus::Unavailable,
+        "this node cannot serve: it leads no majority (cut off from the other nodes, \
+         or stopping); use another node",
+    )
+}
+
+/// A Ping of a connection one of whose sessions, `session`, has ended.
+pub fn session_ended(session: OwnerId) -> Refusal {
+    Refusal::new(
+        ResponseStatus::UnknownSession,
+        format!("session {session} of this connection has ended"),
+    )
+}
+
+/// An OpenSession naming `session` to resume on a single server, where
+/// sessions end with their connection.
+pub fn not_resumable(session: u64) -> Refusal {
+    Refusal::new(
+        ResponseStatus::UnknownSession,
+        format!(
+            "session {session} cannot be resumed: on a single server a session ends with its connection"
+        ),
+    )
+}
+
+/// An OpenSession on a connection that has `--max-sessions`, `max`,
+/// sessions open.
+pub fn too_many_sessions(max: usize) -> Refusal {
+    Refusal::new(
+        ResponseStatus::LimitReached,
+        format!("this connection has --max-sessions {max} sessions open; close one first"),
+    )
+}
+
+/// A new session while the cluster has `--max-cluster-sessions`, `max`,
+/// sessions open.
+pub fn too_many_cluster_sessions(max: usize) -> Refusal {
+    Refusal::new(
+        ResponseStatus::LimitReached,
+        format!("the cluster has --max-cluster-sessions {max} sessions open; retry later"),
+    )
+}
+
+/// An OpenSession (or an implicit session's opening) the table answered
+/// with something else than a session (a bug).
+pub fn open_session_answered(other: &Reply) -> Refusal {
+    Refusal::new(
+        ResponseStatus::General,
+        format!("internal error: OpenSession answered {other:?}"),
+    )
+}
+
+/// A CloseSession that names no session.
+pub fn close_needs_session() -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidArgument,
+        "CloseSession needs a session; the connection's own ends with the connection",
+    )
+}
+
+/// A session opened for a connection that ended while the request was in
+/// flight: it is ended again at once.
+pub fn connection_ended() -> Refusal {
+    Refusal::new(ResponseStatus::ShuttingDown, "the connection has ended")
+}
+
+/// A request naming a session this connection may not name: never opened
+/// on it, resumed elsewhere, or ended.
+pub fn unknown_session(session: u64) -> Refusal {
+    Refusal::new(
+        ResponseStatus::UnknownSession,
+        format!("session {session} is not open on this connection or has ended"),
+    )
+}
+
+/// A waiting Lock whose session ended (or whose connection went) before its
+/// outcome came.
+pub fn ended_while_waiting() -> Refusal {
+    Refusal::new(
+        ResponseStatus::UnknownSession,
+        "the session ended while the Lock waited",
+    )
+}
+
+/// A numbered request (`seq`) whose answer the session no longer remembers.
+pub fn forgotten(seq: u64) -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidArgument,
+        format!(
+            "seq {seq} was applied in this session but its answer is forgotten \
+             (seq_done passed it, or the session kept its {MAX_REMEMBERED} latest answers)"
+        ),
+    )
+}
+
+/// A numbered request (`seq`) sent again as another type of request.
+pub fn not_the_same(seq: u64) -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidArgument,
+        format!("seq {seq} was another type of request in this session; a resend must be the same request"),
+    )
+}
+
+/// A command of a session the table answered with a reply no request of
+/// that kind gets (a bug).
+pub fn unexpected_reply(other: &Reply) -> Refusal {
+    Refusal::new(
+        ResponseStatus::General,
+        format!("internal error: unexpected table reply {other:?}"),
+    )
+}
+
+// ---- Watch (inspect.rs).
+
+/// A Watch where no runtime can park it (the fuzz harness).
+pub fn watch_without_runtime() -> Refusal {
+    Refusal::new(
+        ResponseStatus::WatchLimit,
+        "Watch needs the server's runtime, which this harness has not",
+    )
+}
+
+// ---- Cluster admin: ClusterStatus, ClusterAdd, ClusterRemove (admin.rs).
+
+/// A cluster request to a single server.
+pub fn not_a_cluster_node() -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidType,
+        "this server is not a cluster node (it was started without --data-dir)",
+    )
+}
+
+/// A ClusterAdd or ClusterRemove without `cluster.node_id`.
+pub fn node_id_missing() -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidArgument,
+        "cluster.node_id must be set",
+    )
+}
+
+/// A ClusterAdd without the new node's client or peer address.
+pub fn add_needs_addresses() -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidArgument,
+        "ClusterAdd needs cluster.client_addr and cluster.peer_addr",
+    )
+}
+
+/// A ClusterRemove of `node_id`, which is not a member.
+pub fn not_a_member(node_id: u64) -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidArgument,
+        format!("node {node_id} is not a member of the cluster"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -352,11 +577,11 @@ mod tests {
     fn key(n: usize, holders: usize) -> KeyInfo {
         KeyInfo {
             key: format!("k{n}"),
-            value: vec![b'v'; dlock::MAX_VALUE_LEN],
+            value: vec![b'v'; dlock_proto::MAX_VALUE_LEN],
             holders: (0..holders as u64)
                 .map(|fence| KeyHolder {
                     fence,
-                    value: vec![b'v'; dlock::MAX_VALUE_LEN],
+                    value: vec![b'v'; dlock_proto::MAX_VALUE_LEN],
                     ..KeyHolder::default()
                 })
                 .collect(),
@@ -370,8 +595,11 @@ mod tests {
         r.key_info = vec![key(0, 10), key(1, 5_000)];
         let r = within_frame(r).expect("fits once cut");
         let len = r.encoded_len();
-        assert!(len <= dlock::MAX_RESPONSE_FRAME);
-        assert!(len > dlock::MAX_RESPONSE_FRAME - 4 * 1100, "cut {len}");
+        assert!(len <= dlock_proto::MAX_RESPONSE_FRAME);
+        assert!(
+            len > dlock_proto::MAX_RESPONSE_FRAME - 4 * 1100,
+            "cut {len}"
+        );
         assert_eq!(r.key_info[0].holders.len(), 10, "the short list stays");
         assert_eq!(r.key_info[0].holders_omitted, 0);
         let long = &r.key_info[1];

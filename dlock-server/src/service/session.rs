@@ -20,8 +20,8 @@
 use super::reply::{self, Refusal};
 use super::{Answer, Conn, Service};
 use crate::ops::config::MIN_SESSION_TTL;
-use crate::table::{Command, OwnerId, Reply, MAX_REMEMBERED};
-use dlock::proto::{Request, ResponseStatus};
+use crate::table::{Command, OwnerId, Reply};
+use dlock_proto::proto::{Request, ResponseStatus};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -41,21 +41,12 @@ impl Service {
             m => Duration::from_micros(m),
         };
         if ttl < MIN_SESSION_TTL {
-            return Err(Refusal::new(
-                ResponseStatus::InvalidArgument,
-                format!(
-                    "session_ttl_micro {asked} is under the shortest session TTL, {}",
-                    humantime::format_duration(MIN_SESSION_TTL)
-                ),
-            ));
+            return Err(reply::session_ttl_too_short(asked, MIN_SESSION_TTL));
         }
         if ttl > self.config.max_session_ttl {
-            return Err(Refusal::new(
-                ResponseStatus::InvalidArgument,
-                format!(
-                    "session_ttl_micro {asked} exceeds the server's --max-session-ttl of {}",
-                    humantime::format_duration(self.config.max_session_ttl)
-                ),
+            return Err(reply::session_ttl_too_long(
+                asked,
+                self.config.max_session_ttl,
             ));
         }
         Ok(ttl)
@@ -84,25 +75,18 @@ impl Service {
                 .cluster()
                 .is_some_and(|c| c.leads_without_standing())
         {
-            return Err(Refusal::new(
-                ResponseStatus::Unavailable,
-                "this node cannot serve: it leads no majority (cut off from the other nodes, \
-                 or stopping); use another node",
-            ));
+            return Err(reply::node_without_majority());
         }
         if self.engine.sessions_outlive_connections() {
             if let Some(gone) = self.keep_alive(conn).await? {
-                return Err(Refusal::new(
-                    ResponseStatus::UnknownSession,
-                    format!("session {gone} of this connection has ended"),
-                ));
+                return Err(reply::session_ended(gone));
             }
         }
         Ok(Answer::Now(reply::response(id, ResponseStatus::Ok)))
     }
 
     /// Hello: the server's limits.
-    pub(super) fn hello(&self, id: u64) -> dlock::proto::Response {
+    pub(super) fn hello(&self, id: u64) -> dlock_proto::proto::Response {
         let mut r = reply::response(id, ResponseStatus::Ok);
         let mut limits = self.config.limits();
         if self.engine.sessions_outlive_connections() {
@@ -123,23 +107,11 @@ impl Service {
         let id = req.id;
         let resumable = self.engine.sessions_outlive_connections();
         if req.session != 0 && !resumable {
-            return Err(Refusal::new(
-                ResponseStatus::UnknownSession,
-                format!(
-                    "session {} cannot be resumed: on a single server a session ends with its connection",
-                    req.session
-                ),
-            ));
+            return Err(reply::not_resumable(req.session));
         }
         let resuming_own = req.session != 0 && conn.state().named.contains(&req.session);
         if !resuming_own && conn.state().named.len() >= self.config.max_sessions {
-            return Err(Refusal::new(
-                ResponseStatus::LimitReached,
-                format!(
-                    "this connection has --max-sessions {} sessions open; close one first",
-                    self.config.max_sessions
-                ),
-            ));
+            return Err(reply::too_many_sessions(self.config.max_sessions));
         }
         let identity = conn.state().identity.clone();
         let cmd = if req.session != 0 {
@@ -171,11 +143,8 @@ impl Service {
                 }
                 Ok(Answer::Now(r))
             }
-            Reply::UnknownSession => Err(unknown_session(req.session)),
-            other => Err(Refusal::new(
-                ResponseStatus::General,
-                format!("internal error: OpenSession answered {other:?}"),
-            )),
+            Reply::UnknownSession => Err(reply::unknown_session(req.session)),
+            other => Err(reply::open_session_answered(&other)),
         }
     }
 
@@ -187,10 +156,7 @@ impl Service {
         req: &Request,
     ) -> Result<Answer, Refusal> {
         if req.session == 0 {
-            return Err(Refusal::new(
-                ResponseStatus::InvalidArgument,
-                "CloseSession needs a session; the connection's own ends with the connection",
-            ));
+            return Err(reply::close_needs_session());
         }
         let owner = self.named(conn, req.session)?;
         if self.engine.sessions_outlive_connections() {
@@ -241,10 +207,7 @@ impl Service {
                 }
                 Ok(s)
             }
-            other => Err(Refusal::new(
-                ResponseStatus::General,
-                format!("internal error: OpenSession answered {other:?}"),
-            )),
+            other => Err(reply::open_session_answered(&other)),
         }
     }
 
@@ -259,10 +222,7 @@ impl Service {
             .engine
             .submit(Command::Disconnect { owner: session })
             .await;
-        Err(Refusal::new(
-            ResponseStatus::ShuttingDown,
-            "the connection has ended",
-        ))
+        Err(reply::connection_ended())
     }
 
     /// Refuses a new session when `--max-cluster-sessions` are open, as
@@ -275,12 +235,8 @@ impl Service {
         }
         let open = self.engine.read(|table, _| table.sessions());
         if open >= self.config.max_cluster_sessions {
-            return Err(Refusal::new(
-                ResponseStatus::LimitReached,
-                format!(
-                    "the cluster has --max-cluster-sessions {} sessions open; retry later",
-                    self.config.max_cluster_sessions
-                ),
+            return Err(reply::too_many_cluster_sessions(
+                self.config.max_cluster_sessions,
             ));
         }
         Ok(())
@@ -291,7 +247,7 @@ impl Service {
         if conn.state().named.contains(&session) {
             Ok(session)
         } else {
-            Err(unknown_session(session))
+            Err(reply::unknown_session(session))
         }
     }
 
@@ -443,33 +399,6 @@ impl Service {
             cmd: Box::new(cmd),
         }
     }
-}
-
-/// A numbered request whose answer the session no longer remembers.
-pub(super) fn forgotten(seq: u64) -> Refusal {
-    Refusal::new(
-        ResponseStatus::InvalidArgument,
-        format!(
-            "seq {seq} was applied in this session but its answer is forgotten \
-             (seq_done passed it, or the session kept its {MAX_REMEMBERED} latest answers)"
-        ),
-    )
-}
-
-/// A numbered request sent again as another type of request.
-pub(super) fn not_the_same(seq: u64) -> Refusal {
-    Refusal::new(
-        ResponseStatus::InvalidArgument,
-        format!("seq {seq} was another type of request in this session; a resend must be the same request"),
-    )
-}
-
-/// A session this connection may not name.
-pub(super) fn unknown_session(session: u64) -> Refusal {
-    Refusal::new(
-        ResponseStatus::UnknownSession,
-        format!("session {session} is not open on this connection or has ended"),
-    )
 }
 
 fn micros(d: Duration) -> u64 {

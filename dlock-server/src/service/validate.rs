@@ -5,7 +5,7 @@
 use super::reply::Refusal;
 use crate::ops::config::Config;
 use crate::table::{Command, Key, OwnerId, Sharing, WaitLimit, MAX_VALUE_LEN};
-use dlock::proto::{RequestLock, ResponseStatus};
+use dlock_proto::proto::{RequestLock, ResponseStatus};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;

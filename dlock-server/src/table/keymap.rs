@@ -10,12 +10,13 @@
 
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
-use std::sync::Arc;
 
-/// A lock name. Shared between the key map, the queues and the heaps; it
-/// lives here, with the map that owns the names, so the table depends on the
-/// map and not both ways.
-pub type Key = Arc<str>;
+/// A lock name. Names of up to 23 bytes (most: paths, host names, job
+/// ids) live inline, without an allocation; longer ones behind a shared
+/// pointer, so a copy in a queue or a waiter is a reference count, not a
+/// new string. It lives here, with the map that owns the names, so the
+/// table depends on the map and not both ways.
+pub type Key = smol_str::SmolStr;
 
 /// A slot number: where a key's entry lives for as long as the key does.
 pub type Slot = u32;

@@ -481,18 +481,4 @@ impl Drop for NodeProcesses {
     }
 }
 
-/// The answer of the node at `addr` to ClusterStatus, or `None` if it does
-/// not answer `Ok` within `patience` (down, paused, not a cluster node).
-pub async fn cluster_status(addr: &str, patience: Duration) -> Option<dlock::proto::ClusterInfo> {
-    use dlock::proto::{RequestType, ResponseStatus};
-    let ask = async {
-        let mut c = dlock::raw::RawClient::connect(addr).await.ok()?;
-        let req = c.request(RequestType::ClusterStatus, &[]);
-        let r = c.call(&req).await.ok()?;
-        (ResponseStatus::try_from(r.status) == Ok(ResponseStatus::Ok))
-            .then_some(r.cluster)
-            .flatten()
-            .map(|b| *b)
-    };
-    tokio::time::timeout(patience, ask).await.ok()?
-}
+pub use crate::ops::ask::cluster_status;

@@ -1,7 +1,7 @@
 //! The real `dlock-server` binary as a child process: for signals, restarts,
 //! resource limits, and the server's own memory and CPU figures.
 
-use dlock::proc_sample::ProcSample;
+use dlock_testkit::proc_sample::ProcSample;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;

@@ -57,12 +57,20 @@ still holds it for us, which is before the server could give it away:
   session timeout, and an answer to a request proves the server had not when
   it read that request). On a cluster node only answers from commands that
   kept the session alive count (`Ok` to a Ping, Lock, Unlock, Renew; see
-  `connection.keeps_session_alive`): a deposed leader's `NotLeader` proves
-  nothing;
+  `rules.moves_deadline`): a deposed leader's `NotLeader` proves nothing;
 - a lease: when `lease × (1 − margin)` has passed since the last Lock or
   Renew that was answered was sent, or when Renew is answered NotHeld.
   Leases are renewed in the background every third of the lease; a lease
-  outlives the connection, so losing the connection only stops renewal.
+  outlives the connection, so losing the connection only stops renewal;
+- a Renew sent and not answered (an error, a cancelled call) may still have
+  been applied: until an answer to it or a later one comes, the lock is also
+  lost when the lease it asked for could have run out, a lock without a
+  lease too (its first Renew makes it a lease).
+
+The deadlines and the margin are those of `dlock.rules` (src/rules.rs): the
+window less 0.1 % for clock rates, and `margin` (the part of the window
+kept in reserve, that 0.1 % included) at most 0.1 % plus a quarter of the
+window, which leaves three quarters for renewing.
 
 The deadlines count from when requests were *sent*. A Lock that waited long
 is answered long after it was sent, so the client follows its grant with a
@@ -80,7 +88,7 @@ import asyncio
 import ssl
 from typing import Any, Awaitable, Callable, Generator, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
 
-from . import _env
+from . import _env, rules
 from ._args import Keys, Shared, Value, keys_of, lock_body, micros, value_bytes
 from ._proto import dlock_pb2 as pb
 from .connection import Connection
@@ -118,7 +126,7 @@ class _Flag:
 T = TypeVar("T")
 
 #: The least `margin`: a server clock may run 0.1 % faster than the client's.
-_MIN_MARGIN = 0.001
+_MIN_MARGIN = rules.CLOCK_RATE_BOUND
 
 
 class _AwaitableContext(Generic[T]):
@@ -167,7 +175,8 @@ def connect(
 
     `token` defaults to DLOCK_TOKEN. `margin` is the fraction of the session
     timeout or lease kept in reserve before a lock is reported lost (taken
-    as at least 0.001, the allowance for a server clock running 0.1 % fast).
+    as at least 0.001, the allowance for a server clock running 0.1 % fast,
+    and at most 0.001 plus a quarter of the window: `dlock.rules`).
     `connect_timeout` bounds the whole connect; given several servers, each
     gets a share of it (at least half a second), so one that accepts but
     never answers cannot use it up.
@@ -802,13 +811,27 @@ class Client:
         if self._watchdog is None and self._bound and self._conn.close_reason is None:
             self._watchdog = self._loop.call_at(self._bound_deadline(), self._check_fresh)
 
+    def _margin_ns(self, window: int) -> int:
+        """The safety margin in force for `window` (nanoseconds, as
+        `rules.margin`): `margin` is the fraction of the window kept in
+        reserve, the clock-rate allowance (`rules.deadline`) included, so
+        the configured margin is the rest of it, at most a quarter of the
+        window."""
+        configured = round((self._margin - rules.CLOCK_RATE_BOUND) * window)
+        return rules.margin(max(configured, 0), window)
+
     def _bound_deadline(self) -> float:
-        return self._conn.fresh + self.limits.session_timeout * (1 - self._margin)
+        """When the locks held without a lease fall into jeopardy: the
+        owner's safety deadline, from the latest answer that proved it
+        alive, less the margin."""
+        timeout = rules.to_ns(self.limits.session_timeout)
+        deadline = rules.deadline(rules.to_ns(self._conn.fresh), timeout)
+        return rules.to_seconds(deadline - self._margin_ns(timeout))
 
     def _stale_reason(self) -> str:
         return (
             f"no answer from the server to any request sent in the last "
-            f"{self.limits.session_timeout * (1 - self._margin):.3g} s; "
+            f"{self._bound_deadline() - self._conn.fresh:.3g} s; "
             f"it may have ended the session (timeout {self.limits.session_timeout:.3g} s)"
         )
 

@@ -40,9 +40,14 @@ server any answer does: the server was reading the connection then, so it
 cannot have ended it before `fresh + session_timeout`. On a cluster the
 owner is a session that ends a TTL after the last command that kept it
 alive was committed, so only answers from such commands count
-(`keeps_session_alive`): a `NotLeader` or `Unavailable` answer, from a
+(`rules.moves_deadline`): a `NotLeader` or `Unavailable` answer, from a
 deposed leader say, proves nothing, and counting it would keep a lock "held"
 here after the cluster gave it away.
+
+Which requests name the session and which are numbered, which answers send
+the session elsewhere, how long a session may be looked for and when an
+unanswered request shows a silent node are the rules of rules.py (as
+src/rules.rs), which this module asks.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from typing import Callable, Deque, List, Optional
 
 from google.protobuf.message import DecodeError
 
+from . import rules
 from ._proto import dlock_pb2 as pb
 from .dial import PROTOCOL_VERSION, Dial, Established, SessionEnded, Stream, establish, reset
 from .errors import ConnectionLost, DlockError, ServerError, Status, from_response
@@ -66,14 +72,9 @@ __all__ = ["Connection", "PROTOCOL_VERSION", "keeps_session_alive"]
 
 log = logging.getLogger("dlock")
 
-#: Requests that change the table: numbered in a session, so that one sent
-#: again after a reconnect is recognised instead of acted on twice.
-_NUMBERED = frozenset((pb.Lock, pb.Unlock, pb.Renew, pb.Enqueue))
-#: Requests whose answer can prove a cluster session alive.
-_KEEPS_ALIVE = frozenset((pb.Ping, *_NUMBERED))
-#: Requests whose answer may rightly take long: they wait for busy keys, or
-#: for a change.
-_MAY_WAIT = frozenset((pb.Lock, pb.Wait, pb.Watch))
+#: Requests whose answer can prove a cluster session alive (an `Ok` to them
+#: moves the deadline): on a session, sending one is what keeps it alive.
+_KEEPS_ALIVE = frozenset(k for k in pb.RequestType.values() if rules.moves_deadline(True, k, Status.Ok))
 
 
 #: Told the answer to a call whose caller stopped waiting, once a grant in it
@@ -257,17 +258,18 @@ class Connection:
             req.lock.CopyFrom(body)
         seq = 0
         if self.session:
-            if rtype in _NUMBERED:
-                seq = self._next_seq
+            acts, numbered = rules.session_use(rtype)
+            # An Inspect without keys asks for server counts, no owner's.
+            names_keys = body is not None and len(body.keys) > 0
+            if acts and (numbered or names_keys or rtype == pb.Wait):
                 req.session = self.session
+            if numbered:
+                seq = self._next_seq
                 req.seq = seq
                 done_below = self._numbered[0] if self._numbered else seq
                 if self._queued:
                     done_below = min(done_below, min(self._queued.values()))
                 req.seq_done = done_below - 1
-            elif rtype == pb.Wait or (rtype == pb.Inspect and body is not None and len(body.keys) > 0):
-                # An Inspect without keys asks for server counts, no owner's.
-                req.session = self.session
         frame = encode(req)
         if len(frame) - 4 > self.limits.max_frame:
             # The server would answer FrameTooLarge and close the connection,
@@ -286,7 +288,7 @@ class Connection:
         keep = frame if self.session else None
         ticket = body.ticket if rtype == pb.Wait and body is not None else 0
         self._pending.append(_Pending(self._next_id, rtype, future, now, counted, lock_keys, seq, keep, ticket, on_abandoned))
-        if not self.limits.resumable_sessions or rtype in _KEEPS_ALIVE:
+        if not self.session or rtype in _KEEPS_ALIVE:
             # On a cluster an Inspect keeps nothing alive that the client
             # could prove: a Ping is still due.
             self._last_send = now
@@ -358,22 +360,9 @@ class Connection:
         if self.session:
             # Answers that send the session elsewhere leave the request in
             # place, to be sent again there.
-            if resp.status == Status.UnknownSession:
-                self.end(f"session {self.session} has ended ({resp.error_text}): its locks may be another's")
-                return
-            if resp.status == Status.NotLeader:
-                self._stream_failed(f"{self.addr} stopped leading", leader=resp.leader_addr or None)
-                return
-            if resp.status == Status.Unavailable:
-                self._stream_failed(f"{self.addr} could not commit in time (Unavailable)")
-                return
-            if resp.status == Status.ShuttingDown:
-                # The node is stopping (a rolling restart) and did nothing:
-                # as NotLeader naming no leader. The session goes on at the
-                # next leader, where what is unanswered is sent again under
-                # its number, so nothing is lost or done twice. The node is
-                # tried last: it is on its way out.
-                self._stream_failed(f"{self.addr} is shutting down", try_last=True)
+            where = rules.elsewhere(resp.status, resp.leader_addr or None)
+            if where is not None:
+                self._go_elsewhere(where, resp)
                 return
         p = self._pending.popleft()
         if p.seq:
@@ -384,7 +373,7 @@ class Connection:
             self._queued.pop(p.ticket, None)
         if p.counted:
             self._slots.release()
-        if not self.limits.resumable_sessions or keeps_session_alive(p.rtype, resp.status):
+        if rules.moves_deadline(bool(self.session), p.rtype, resp.status):
             self.fresh = max(self.fresh, p.sent)
         if p.rtype == pb.Ping and p.future is None:
             self._pings_out -= 1
@@ -395,6 +384,22 @@ class Connection:
             self._abandoned(p.lock_keys, resp, p.on_abandoned)
             return
         fut.set_result(resp)
+
+    def _go_elsewhere(self, where: rules.Elsewhere, resp: "pb.Response") -> None:
+        """The node did not act on the request at the head (`rules.elsewhere`)."""
+        if where.means == rules.SESSION_ENDED:
+            self.end(f"session {self.session} has ended ({resp.error_text}): its locks may be another's")
+        elif where.means == rules.NO_QUORUM:
+            self._stream_failed(f"{self.addr} could not commit in time (Unavailable)")
+        elif resp.status == Status.ShuttingDown:
+            # The node is stopping (a rolling restart) and did nothing: as
+            # NotLeader naming no leader. The session goes on at the next
+            # leader, where what is unanswered is sent again under its
+            # number, so nothing is lost or done twice. The node is tried
+            # last: it is on its way out.
+            self._stream_failed(f"{self.addr} is shutting down", try_last=True)
+        else:
+            self._stream_failed(f"{self.addr} stopped leading", leader=where.leader)
 
     def _abandoned(self, lock_keys: Optional[List[str]], resp: "pb.Response", then: Optional[Abandoned]) -> None:
         """The caller stopped waiting for `resp`: release what it was granted."""
@@ -470,7 +475,11 @@ class Connection:
         # does not see while a Lock waits. Past this no node knows it; before
         # it, a node that does not answers UnknownSession. (Locks enforce the
         # safety deadline apart.)
-        deadline = max(self.fresh, broke) + self.limits.session_timeout
+        deadline = rules.to_seconds(
+            rules.session_lives_until(
+                rules.to_ns(self.fresh), rules.to_ns(broke), rules.to_ns(self.limits.session_timeout)
+            )
+        )
         try:
             est = await establish(self._dial, self.session, deadline, persist=True, prefer=leader, avoid=avoid)
         except SessionEnded as e:
@@ -538,13 +547,12 @@ class Connection:
 
     async def _ping_loop(self) -> None:
         interval = self.limits.session_timeout / 4
-        # On a session: how long a request that should be answered at once
-        # may go unanswered before the node counts as gone (paused, cut off
-        # behind a path that drops without a reset). A quarter of the TTL,
-        # not src/link.rs's half: the safety deadline of a lock falls 0.9 TTL
-        # after the last answered Ping, which may be a quarter TTL before the
-        # silence began, so noticing it later leaves no time to resume.
-        silence = self.limits.session_timeout / 4
+        # On a session: the oldest request that should be answered at once,
+        # unanswered too long (`rules.unanswered_too_long`: half the TTL),
+        # shows a node that is gone (paused, cut off behind a path that
+        # drops without a reset) though the probe did not tell (liveness.py).
+        ttl = rules.to_ns(self.limits.session_timeout)
+        silence = rules.to_seconds(rules.unanswered_limit(ttl))
         while self.close_reason is None:
             now = self._loop.time()
             if self._stream is None:
@@ -553,9 +561,10 @@ class Connection:
             wake = self._last_send + interval
             if self.session and self._pending:
                 head = self._pending[0]
-                if head.rtype not in _MAY_WAIT:
-                    if now - head.sent >= silence:
-                        self._stream_failed(f"no answer for {now - head.sent:.3g} s", try_last=True)
+                if not rules.may_wait(head.rtype):
+                    waited = now - head.sent
+                    if rules.unanswered_too_long(head.rtype, rules.to_ns(waited), ttl):
+                        self._stream_failed(f"no answer for {waited:.3g} s", try_last=True)
                         continue
                     wake = min(wake, head.sent + silence)
             if now < wake:
@@ -578,19 +587,9 @@ def _with_timeout(limits: Limits, timeout: float) -> Limits:
 def keeps_session_alive(rtype: int, status: int) -> bool:
     """Whether an answer with `status` to a request of type `rtype` comes, on
     a cluster, from a command committed for the session (which kept it
-    alive), as src/link.rs decides: `Ok` to a Ping or to a Lock, Unlock,
-    Renew or Enqueue; `AcquireTimeout` to a Lock or Enqueue; `Queued` to an
-    Enqueue; `NotHeld` to an Unlock or Renew. A refusal (`NotLeader`,
-    `Unavailable`, `InvalidArgument`, ...), an Inspect or a Wait (read, not
-    committed) proves nothing."""
-    if rtype not in _KEEPS_ALIVE:
-        return False
-    if status == Status.Ok:
-        return True
-    if status == Status.AcquireTimeout:
-        return rtype in (pb.Lock, pb.Enqueue)
-    if status == Status.Queued:
-        return rtype == pb.Enqueue
-    if status == Status.NotHeld:
-        return rtype in (pb.Unlock, pb.Renew)
-    return False
+    alive): `rules.moves_deadline` on a session. `Ok` to a Ping or to a
+    Lock, Unlock, Renew or Enqueue; `AcquireTimeout` to a Lock or Enqueue;
+    `Queued` to an Enqueue; `NotHeld` to an Unlock or Renew. A refusal
+    (`NotLeader`, `Unavailable`, `InvalidArgument`, ...), an Inspect or a
+    Wait (read, not committed) proves nothing."""
+    return rules.moves_deadline(True, rtype, status)

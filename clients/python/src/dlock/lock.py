@@ -4,6 +4,13 @@ A Lock is held by a connection: the client's, or one of its own for a Lock
 that waited or whose key another Lock of the client held (`dlock.aio`). Its
 safety deadline counts from that connection's answers, a Lock without a
 lease is lost when that connection ends, and its unlock goes there.
+
+What the client knows of how long the lock lasts at the server is a
+`rules.Hold`: its lease, if any, and the renewal sent and not answered that
+may end it sooner (the server may have applied it though its answer never
+came, also the first Renew of a lock without a lease, which makes it a
+lease). The safety deadline, the margin and jeopardy are the rules' too
+(rules.py, as src/rules.rs).
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
+from . import rules
 from ._args import micros
 from ._proto import dlock_pb2 as pb
 from .errors import ConnectionLost, DlockError, LockLost, NotHeld
@@ -47,19 +55,24 @@ class Lock:
         self._client = client
         self.keys = keys
         self.fence = fence
-        #: Lease length in seconds; None for a lock held without a lease.
-        self.lease = lease
         self.lost = asyncio.Event()
         self.lost_reason: Optional[str] = None
         self._released = False
         # Holds the claim of its keys on the client's shared connection,
         # until its Unlock is queued (see `dlock.aio.Client._claims`).
         self._claimed = False
-        # Send time of the last answered Lock/Renew: the lease ends no sooner
-        # than this + lease on the server, which started counting later.
-        self._lease_sent = sent
+        # The lease and the send time of the Lock or latest Renew answered
+        # (the server started counting later), and the renewal sent and not
+        # answered that may end the lock sooner; in nanoseconds, a lease as
+        # the server takes it (whole microseconds).
+        self._hold = rules.Hold.granted(rules.to_ns(sent), None if lease is None else micros(lease) * 1_000)
         self._auto_renew = renew
+        # For a lease: renews it, and reports it lost when it could run out.
         self._keeper: Optional["asyncio.Task[None]"] = None
+        # For a lock without a lease after a Renew that got no answer (which
+        # may have made it a lease): reports it lost when that lease could
+        # run out. The client's watchdog watches the session's deadline.
+        self._alarm: Optional[asyncio.TimerHandle] = None
         # Held across a renewal, and while renew() replaces the keeper.
         self._renewing = asyncio.Lock()
         self._on_lost: List[Callable[[str], None]] = []
@@ -70,27 +83,58 @@ class Lock:
         state = "lost" if self.lost.is_set() else "released" if self._released else "held"
         return f"<dlock.aio.Lock {list(self.keys)} fence={self.fence} lease={self.lease} {state}>"
 
+    @property
+    def lease(self) -> Optional[float]:
+        """Lease length in seconds (the one the server last confirmed); None
+        for a lock held without a lease."""
+        held = self._hold.lease
+        return None if held is None else rules.to_seconds(held[1])
+
     def remaining(self) -> float:
-        """Seconds until the safety deadline: how long the lock may still be
-        relied on without a fresh answer from the server (negative when past)."""
+        """Seconds until the safety deadline less the safety margin: how
+        long the lock may still be relied on without a fresh answer from the
+        server (negative when past)."""
         return self._deadline() - self._client._loop.time()
 
     def check(self) -> None:
         """Raises `LockLost` if the lock is lost or its safety deadline has
         passed, reading the clock now instead of waiting for the timer (which
         a paused or busy process runs late)."""
-        if self.lost_reason is None and not self._released and self.remaining() <= 0:
-            self._set_lost(self._past_deadline())
+        if self.lost_reason is None and not self._released:
+            deadline, margin = self._safety()
+            if rules.in_jeopardy(rules.to_ns(self._client._loop.time()), deadline, margin):
+                self._set_lost(self._past_deadline())
         if self.lost_reason is not None:
             raise LockLost(self.lost_reason)
 
+    def _safety(self) -> Tuple[int, int]:
+        """The safety deadline and the margin in force, in nanoseconds
+        (`rules.Hold`): the lease's, or the owner's (the connection's or
+        session's), or an unanswered renewal's if it ends sooner."""
+        client = self._client
+        timeout = rules.to_ns(client.limits.session_timeout)
+        deadline = self._hold.deadline(rules.to_ns(client._conn.fresh), timeout)
+        return deadline, client._margin_ns(self._hold.window(timeout))
+
     def _deadline(self) -> float:
-        margin = self._client._margin
-        if self.lease is not None:
-            return self._lease_sent + self.lease * (1 - margin)
-        return self._client._bound_deadline()
+        """When the lock falls into jeopardy: the safety deadline less the margin."""
+        deadline, margin = self._safety()
+        return rules.to_seconds(deadline - margin)
+
+    def _unconfirmed_binds(self) -> bool:
+        """Whether an unanswered renewal is what ends the lock soonest."""
+        unconfirmed = self._hold.unconfirmed
+        if unconfirmed is None:
+            return False
+        return rules.deadline(*unconfirmed) < rules.Hold(self._hold.lease).deadline(
+            rules.to_ns(self._client._conn.fresh), rules.to_ns(self._client.limits.session_timeout)
+        )
 
     def _past_deadline(self) -> str:
+        if self._unconfirmed_binds():
+            assert self._hold.unconfirmed is not None
+            lease = rules.to_seconds(self._hold.unconfirmed[1])
+            return f"a Renew to a lease of {lease:.3g} s got no answer in time: the lease it may have set could run out"
         if self.lease is not None:
             return f"lease of {self.lease:.3g} s not renewed in time"
         return self._client._stale_reason()
@@ -125,9 +169,12 @@ class Lock:
             raise ValueError("renew needs a positive lease for a lock taken without one")
         async with self._renewing:
             await self._renew_locked(lease)
-            if self in self._client._bound:
+            if self._hold.lease is not None and self in self._client._bound:
+                # A lease now, as the server confirmed: it outlives the
+                # connection.
                 self._client._bound.discard(self)
                 self._client._leases.add(self)
+                self._disarm()
             # The keeper sleeps until a time reckoned from the lease it
             # had: a shorter lease needs its renewal (or its loss) sooner.
             # Holding the lock, it is not in the middle of a renewal whose
@@ -142,23 +189,52 @@ class Lock:
             await self._renew_locked(lease)
 
     async def _renew_locked(self, lease: float) -> None:
-        # One renewal at a time, stamped once the one before is answered:
-        # the server applies them in the order sent, so the latest stamp
-        # is the lease in force.
-        sent = asyncio.get_running_loop().time()
+        # One renewal at a time: the server applies them in the order sent,
+        # and the latest sent of those answered is the lease in force.
+        sent, lease_ns = rules.to_ns(asyncio.get_running_loop().time()), micros(lease) * 1_000
         body = pb.RequestLock(keys=self.keys, fence=self.fence, release_micro=micros(lease))
         # Once sent, the server may apply it though its answer never comes
-        # (an error, a cancelled call): a lease ending sooner than the one
-        # in force counts from now on, answered or not. (Not for a lock
-        # without a lease: taken for a lease, it would no longer be reported
-        # lost when its connection ends.)
-        if self.lease is not None and sent + lease < self._lease_sent + self.lease:
-            self.lease = lease
-            self._lease_sent = sent
+        # (an error, a cancelled call): until an answer to it (or a later
+        # one) comes, the lock may end with it. So for a lease ending sooner
+        # than the one in force, and for a lock without a lease, which it
+        # makes a lease (still lost with its connection until the server
+        # confirms it).
+        before = self._deadline()
+        if self._hold.renew_sent(sent, lease_ns):
+            if self._hold.lease is None:
+                self._arm()
+            elif self._deadline() < before and self._keeper is not asyncio.current_task():
+                # The keeper sleeps until a time reckoned from the hold
+                # before: it must look again sooner.
+                keeper, self._keeper = self._keeper, None
+                if keeper is not None:
+                    keeper.cancel()
+                self._start_keeper()
         await self._client._call(pb.Renew, body)
-        if sent > self._lease_sent or self.lease != lease:
-            self.lease = lease
-            self._lease_sent = sent
+        self._hold.renew_answered(sent, lease_ns)
+
+    def _arm(self) -> None:
+        """Watches the deadline of a lock without a lease that an unanswered
+        renewal may have made a lease: it is lost when that lease could run
+        out, whatever the session's answers say."""
+        self._disarm()
+        if self.lost_reason is None and not self._released and self._hold.unconfirmed is not None:
+            self._alarm = self._client._loop.call_at(self._deadline(), self._on_alarm)
+
+    def _disarm(self) -> None:
+        alarm, self._alarm = self._alarm, None
+        if alarm is not None:
+            alarm.cancel()
+
+    def _on_alarm(self) -> None:
+        self._alarm = None
+        if self.lost_reason is not None or self._released or self._hold.lease is not None:
+            return  # lost, released, or a lease now, which its keeper watches
+        deadline, margin = self._safety()
+        if rules.in_jeopardy(rules.to_ns(self._client._loop.time()), deadline, margin):
+            self._set_lost(self._past_deadline())
+        else:
+            self._arm()
 
     def _start_keeper(self) -> None:
         if self.lost_reason is None and not self._released:
@@ -168,15 +244,19 @@ class Lock:
         """Renews the lease every third of it; reports it lost when it could run out."""
         loop = asyncio.get_running_loop()
         while True:
-            assert self.lease is not None
+            held = self._hold.lease
+            assert held is not None
             now = loop.time()
-            lose_at = self._deadline()
-            if now >= lose_at:
+            deadline, margin = self._safety()
+            if rules.in_jeopardy(rules.to_ns(now), deadline, margin):
                 self._set_lost(self._past_deadline())
                 return
-            renew_at = self._lease_sent + self.lease / 3
+            lose_at = rules.to_seconds(deadline - margin)
+            renew_at = rules.to_seconds(held[0] + held[1] // 3)
             if not self._auto_renew or now < renew_at:
-                await asyncio.sleep((lose_at if not self._auto_renew else renew_at) - now)
+                # (A renewal sent and not answered may end it before the
+                # next one is due.)
+                await asyncio.sleep((lose_at if not self._auto_renew else min(renew_at, lose_at)) - now)
                 continue
             try:
                 await asyncio.wait_for(self._renew_once(self.lease), lose_at - now)
@@ -205,6 +285,7 @@ class Lock:
 
     def _stop(self) -> None:
         self._client._forget(self)
+        self._disarm()
         keeper, self._keeper = self._keeper, None
         if keeper is not None and keeper is not asyncio.current_task():
             keeper.cancel()

@@ -91,9 +91,9 @@ impl PeerTls {
 
 impl Halves {
     fn read(cert: &Path, key: &Path, ca: &Path) -> anyhow::Result<Halves> {
-        let provider = dlock::tls::provider();
-        let roots = Arc::new(dlock::tls::read_roots(ca)?);
-        let chain = dlock::tls::read_certs(cert)?;
+        let provider = dlock_proto::tls::provider();
+        let roots = Arc::new(dlock_proto::tls::read_roots(ca)?);
+        let chain = dlock_proto::tls::read_certs(cert)?;
         let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
             .build()
             .with_context(|| format!("cannot verify peers with {}", ca.display()))?;
@@ -101,13 +101,13 @@ impl Halves {
             .with_safe_default_protocol_versions()
             .context("TLS protocol versions")?
             .with_client_cert_verifier(verifier)
-            .with_single_cert(chain.clone(), dlock::tls::read_key(key)?)
+            .with_single_cert(chain.clone(), dlock_proto::tls::read_key(key)?)
             .with_context(|| format!("cannot use {} with {}", cert.display(), key.display()))?;
         let client = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .context("TLS protocol versions")?
             .with_root_certificates(roots)
-            .with_client_auth_cert(chain, dlock::tls::read_key(key)?)
+            .with_client_auth_cert(chain, dlock_proto::tls::read_key(key)?)
             .with_context(|| format!("cannot use {} with {}", cert.display(), key.display()))?;
         Ok(Halves {
             acceptor: TlsAcceptor::from(Arc::new(server)),

@@ -1,5 +1,5 @@
-//! CPU time and memory of a process, read from Linux's /proc (feature
-//! `proc-sample`): what `dlock-bench`, `dlock-torture` and the server's
+//! CPU time and memory of a process, read from Linux's /proc:
+//! what `dlock-bench`, `dlock-torture` and the server's
 //! resource tests report about the server they drive.
 
 use std::time::Duration;

@@ -1,0 +1,155 @@
+//! From flags to a connected client, shared by every subcommand that talks
+//! to a server (the main path, `cluster`, `elect`, `leader`, `top`): the
+//! client's options (timeouts, access token, TLS) and the connect whose
+//! failure becomes an exit code.
+
+use crate::cli::Args;
+use crate::exit::{self, Failure};
+use dlock::{Client, ClientOptions};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The client's options from the command line: timeouts, token, TLS.
+///
+/// # Errors
+/// An unreadable token file or TLS file.
+pub fn client_options(args: &Args) -> Result<ClientOptions, Failure> {
+    Ok(ClientOptions {
+        connect_timeout: args.connect_timeout,
+        access_token: token(args)?,
+        tls: tls(args)?,
+        ..ClientOptions::default()
+    })
+}
+
+/// The TLS settings of --tls-ca, --tls-cert and --tls-key; `None` for
+/// plain TCP.
+fn tls(args: &Args) -> Result<Option<Arc<dlock::tls::rustls::ClientConfig>>, Failure> {
+    tls_from(
+        args.tls_ca.as_deref(),
+        args.tls_cert.as_deref(),
+        args.tls_key.as_deref(),
+    )
+}
+
+/// The TLS configuration of --tls-ca, --tls-cert and --tls-key: none
+/// without a CA.
+pub fn tls_from(
+    ca: Option<&std::path::Path>,
+    cert: Option<&std::path::Path>,
+    key: Option<&std::path::Path>,
+) -> Result<Option<Arc<dlock::tls::rustls::ClientConfig>>, Failure> {
+    let Some(ca) = ca else {
+        return Ok(None);
+    };
+    dlock::tls::client_config(ca, cert.zip(key))
+        .map(Some)
+        .map_err(|e| Failure::new(exit::USAGE, format!("TLS: {e}")))
+}
+
+/// The access token: from --token-file (the first token in it), else
+/// DLOCK_TOKEN.
+fn token(args: &Args) -> Result<Option<String>, Failure> {
+    token_from(args.token_file.as_deref())
+}
+
+/// The access token: the first in `file` when given, else DLOCK_TOKEN.
+pub fn token_from(file: Option<&std::path::Path>) -> Result<Option<String>, Failure> {
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Failure::new(
+                exit::USAGE,
+                format!("cannot read token file {}: {e}", path.display()),
+            )
+        })?;
+        let Some(token) = dlock::token_file::tokens(&text).next() else {
+            return Err(Failure::new(
+                exit::USAGE,
+                format!("token file {} holds no token", path.display()),
+            ));
+        };
+        return Ok(Some(token.to_string()));
+    }
+    Ok(std::env::var("DLOCK_TOKEN").ok().filter(|t| !t.is_empty()))
+}
+
+/// Connects, mapping failures to exit codes.
+///
+/// # Errors
+/// Exit code 69 with a message naming the address and the fix.
+pub async fn connect(server: &str, options: ClientOptions) -> Result<Client, Failure> {
+    Client::connect_with(server, options)
+        .await
+        .map_err(|e| exit::from_client_error(e, server))
+}
+
+/// The options of a form that only talks to the server (`dlock cluster`,
+/// `dlock top`): where, with which token, over TLS or not, and how the
+/// answer is printed.
+#[derive(Debug, clap::Args)]
+pub struct Connection {
+    /// Nodes of the cluster, separated by commas: the first that answers
+    /// is asked (dlock cluster add and remove go on to the leader it names).
+    #[arg(short, long, global = true, env = "DLOCK_SERVER", default_value = dlock::DEFAULT_ADDR, value_name = "HOST:PORT[,...]", value_parser = crate::cli::server_addresses)]
+    pub server: String,
+
+    /// Read the access token from this file; DLOCK_TOKEN otherwise.
+    #[arg(
+        long,
+        global = true,
+        env = "DLOCK_CLIENT_TOKEN_FILE",
+        value_name = "PATH"
+    )]
+    pub token_file: Option<PathBuf>,
+
+    /// Connect with TLS, trusting the CA certificates in this PEM file.
+    #[arg(long, global = true, env = "DLOCK_TLS_CA", value_name = "PATH")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// Client certificate chain (PEM) for a server that requires one.
+    #[arg(long, global = true, env = "DLOCK_TLS_CERT", value_name = "PATH", requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --tls-cert.
+    #[arg(
+        long,
+        global = true,
+        env = "DLOCK_TLS_KEY",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+
+    /// How the answer is printed: text for people, or one json object
+    /// for scripts.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = crate::cli::Output::Text, value_name = "FORMAT")]
+    pub output: crate::cli::Output,
+
+    /// How long to wait for a connection (and its TLS handshake).
+    #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = dlock::duration::parse_positive)]
+    pub connect_timeout: std::time::Duration,
+
+    /// Say on stderr which node was asked and answered, and where a change
+    /// was sent on to (dlock cluster). dlock top's screen already shows it.
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+}
+
+impl Connection {
+    /// The token and TLS of every other form.
+    ///
+    /// # Errors
+    /// An unreadable token file or TLS file.
+    pub fn client_options(&self) -> Result<dlock::ClientOptions, Failure> {
+        Ok(dlock::ClientOptions {
+            connect_timeout: self.connect_timeout,
+            access_token: token_from(self.token_file.as_deref())?,
+            tls: tls_from(
+                self.tls_ca.as_deref(),
+                self.tls_cert.as_deref(),
+                self.tls_key.as_deref(),
+            )?,
+            ..dlock::ClientOptions::default()
+        })
+    }
+}

@@ -1,0 +1,62 @@
+//! One run of the checker over a configuration: breadth first, so the
+//! counterexample it reports is a shortest one, with the counts the docs
+//! quote.
+
+use std::time::{Duration, Instant};
+
+use stateright::{Checker, HasDiscoveries, Model, Path};
+
+use crate::model::{Action, SessionModel, State};
+use crate::Config;
+
+/// What one run found.
+pub struct Report {
+    /// States generated, repeats included.
+    pub states: usize,
+    /// Distinct states.
+    pub unique: usize,
+    /// The deepest path explored.
+    pub depth: usize,
+    /// How long it took.
+    pub took: Duration,
+    /// A path to a state that breaks (for `always`) or shows (for
+    /// `sometimes`) each property, by name.
+    pub found: Vec<(&'static str, Path<State, Action>)>,
+}
+
+impl Report {
+    /// The path found for `property`, if any.
+    pub fn path(&self, property: &str) -> Option<&Path<State, Action>> {
+        self.found
+            .iter()
+            .find(|(name, _)| *name == property)
+            .map(|(_, p)| p)
+    }
+}
+
+/// Checks `cfg` on every core. With `stop_at_failure`, stops at the first
+/// property broken (a bug's run); otherwise explores every state within
+/// the bounds.
+pub fn run(cfg: Config, stop_at_failure: bool) -> Report {
+    let model = SessionModel::new(cfg);
+    let names: Vec<&'static str> = model.properties().iter().map(|p| p.name).collect();
+    let start = Instant::now();
+    let mut builder = model.checker();
+    if stop_at_failure {
+        builder = builder.finish_when(HasDiscoveries::AnyFailures);
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let checker = builder.threads(threads).spawn_bfs().join();
+    let took = start.elapsed();
+    let found = names
+        .into_iter()
+        .filter_map(|name| checker.discovery(name).map(|p| (name, p)))
+        .collect();
+    Report {
+        states: checker.state_count(),
+        unique: checker.unique_state_count(),
+        depth: checker.max_depth(),
+        took,
+        found,
+    }
+}

@@ -1,0 +1,95 @@
+//! What one model run explores: the cluster's and the clients' sizes, the
+//! protocol's durations, the bounds that keep the state space finite, and
+//! which re-introduced bug (if any) the clients carry.
+
+use std::time::Duration;
+
+/// A bug that once lived in (or near) the client rules, swapped back in for
+/// one rule call so a test can show the checker finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Bug {
+    /// A NotLeader answer counted as proof of life: it moves the session's
+    /// deadline although the node did not keep the session alive.
+    NotLeaderProvesLife,
+    /// A Renew of a lock with a lease applied to the hold only when
+    /// answered (no `Hold::renew_sent`): a renewal to a shorter lease whose
+    /// answer is lost leaves the client on the longer one.
+    ShorterRenewalUnbounded,
+    /// The first Renew of a lock without a lease applied to the hold only
+    /// when answered: if its answer is lost the lock is a lease at the
+    /// server while the client still counts on its session.
+    LeaselessRenewalUnbounded,
+}
+
+/// One configuration of the model.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Server nodes (2 or 3); node 0 leads the first term.
+    pub nodes: u8,
+    /// The sessions' TTL.
+    pub ttl: Duration,
+    /// The lease a Lock may ask for, and the longer of the two a Renew may
+    /// set.
+    pub lease: Duration,
+    /// The shorter lease a Renew may set.
+    pub short_lease: Duration,
+    /// The safety margin the clients are configured with.
+    pub margin: Duration,
+    /// How far one tick of the clock moves time.
+    pub step: Duration,
+    /// Time stops here: no tick beyond it.
+    pub horizon: Duration,
+    /// The clients, each with its own session, contending for the one key:
+    /// how many requests each may send in all. The first sends every kind
+    /// of request; the others (contenders) only ask for the key.
+    pub sends: Vec<u8>,
+    /// Requests (and answers) in flight on one connection at once.
+    pub in_flight: usize,
+    /// Elections the cluster may hold.
+    pub elections: u8,
+    /// The bug the clients carry, if any.
+    pub bug: Option<Bug>,
+    /// Whether a client may send a Renew while another it sent at the same
+    /// instant is unanswered. `Hold::renew_answered` orders renewals by
+    /// send time, so two sent at one instant are ambiguous: the answer to
+    /// the first clears the second from `unconfirmed` although the second
+    /// may have been applied after it (a shorter lease). Off by default:
+    /// the model then assumes the library's clock moves between two
+    /// renewals of one lock; on, the checker shows the hole.
+    pub same_instant_renewals: bool,
+}
+
+impl Config {
+    /// The configuration CI checks: 2 nodes, 2 clients (3 requests and 2),
+    /// a 4 s TTL and lease, renewals to 2 s or 4 s, 1 s ticks up to 5 s,
+    /// one election.
+    pub fn ci() -> Config {
+        Config {
+            nodes: 2,
+            ttl: Duration::from_secs(4),
+            lease: Duration::from_secs(4),
+            short_lease: Duration::from_secs(2),
+            margin: Duration::from_secs(1),
+            step: Duration::from_secs(2),
+            horizon: Duration::from_secs(4),
+            sends: vec![3, 2],
+            in_flight: 2,
+            elections: 1,
+            bug: None,
+            same_instant_renewals: false,
+        }
+    }
+
+    /// The same with `bug` swapped in.
+    pub fn with_bug(self, bug: Bug) -> Config {
+        Config {
+            bug: Some(bug),
+            ..self
+        }
+    }
+
+    /// Whether this run carries `bug`.
+    pub fn has(&self, bug: Bug) -> bool {
+        self.bug == Some(bug)
+    }
+}

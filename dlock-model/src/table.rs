@@ -1,0 +1,87 @@
+//! The replicated state: the server's own lock table
+//! (`dlock_server::table::LockTable`), driven by its commands.
+//!
+//! The checker must hash, compare and clone every state it meets, and the
+//! table is none of those cheaply, so a [`Table`] keeps the table's
+//! snapshot written down (JSON): equal tables give equal snapshots (the
+//! table's determinism contract), so equal bytes are equal tables. Each
+//! step that touches the table restores it, applies the commands and
+//! writes it down again.
+
+use dlock_server::table::{
+    Command, LockTable, OwnerId, Reply, Snapshot, TableLimits, Time as TableTime,
+};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The one key the clients contend for.
+pub const KEY: &str = "k";
+
+/// The lock table, as its written-down snapshot.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Table {
+    encoded: Arc<[u8]>,
+}
+
+impl Table {
+    /// A cluster's table (owners are sessions) with `sessions` sessions of
+    /// `ttl` opened at time zero, and their ids in order.
+    pub fn with_sessions(sessions: usize, ttl: Duration) -> (Table, Vec<OwnerId>) {
+        let limits = TableLimits {
+            max_waiters: 16,
+            max_held_keys: 16,
+        };
+        let mut table = LockTable::with_sessions(limits, 1);
+        let ids = (0..sessions)
+            .map(|_| {
+                let open = Command::OpenSession {
+                    ttl,
+                    identity: String::new(),
+                };
+                match table.apply(open, TableTime::ZERO).reply {
+                    Reply::Session { id, .. } => id,
+                    other => panic!("a table with sessions answered OpenSession with {other:?}"),
+                }
+            })
+            .collect();
+        (Table::write(&table), ids)
+    }
+
+    /// The table rebuilt from its snapshot.
+    ///
+    /// # Panics
+    ///
+    /// If the bytes do not restore a table: they were written by
+    /// [`Table::write`] from a table, so that is a broken invariant of the
+    /// table's snapshot, not an input error.
+    pub fn read(&self) -> LockTable {
+        let snapshot: Snapshot =
+            serde_json::from_slice(&self.encoded).expect("a written table snapshot reads back");
+        LockTable::restore(snapshot).expect("a table's own snapshot restores")
+    }
+
+    /// `table` written down.
+    ///
+    /// # Panics
+    ///
+    /// If the snapshot cannot be written as JSON, which its types rule out.
+    pub fn write(table: &LockTable) -> Table {
+        let encoded = serde_json::to_vec(&table.snapshot()).expect("a table snapshot encodes");
+        Table {
+            encoded: encoded.into(),
+        }
+    }
+
+    /// Who holds [`KEY`] at `now`, and under which fence.
+    pub fn holder(&self, now: TableTime) -> Option<(OwnerId, u64)> {
+        self.read().inspect(KEY, now).holder
+    }
+}
+
+impl fmt::Debug for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The bytes say nothing to a reader; the table's own Debug does.
+        write!(f, "{:?}", self.read().inspect(KEY, TableTime::END))
+    }
+}

@@ -1,0 +1,259 @@
+//! The client's rules, as pure functions: what an answer proves, when a
+//! held lock must be given up, when a session moves to another node, what
+//! is numbered and sent again. No I/O and no clock of their own: the caller
+//! passes the times, so the link, the guards, the model checker
+//! (`dlock-model`) and the shared test vectors
+//! (`clients/conformance/rules.json`, which the Python, Go and TypeScript
+//! clients run) all ask the same code.
+//!
+//! Times are generic ([`Time`]): `tokio::time::Instant` in the library, a
+//! tick count in the model, microseconds in the vectors.
+
+use crate::disconnect::Disconnect;
+use crate::proto::{RequestType, ResponseStatus};
+use std::ops::Add;
+use std::time::Duration;
+
+/// How much faster the server's clock may run than the client's, as a
+/// fraction of elapsed time. Clocks disciplined by NTP differ in rate by at
+/// most 500 ppm (the kernel's slew limit), free-running quartz by about 100
+/// ppm; 0.1 % leaves room beyond both. Only rates matter: the clocks' values
+/// never meet.
+pub const CLOCK_RATE_BOUND: f64 = 0.001;
+
+/// A point in time the rules can compare and move forward.
+pub trait Time: Copy + Ord + Add<Duration, Output = Self> {}
+
+impl<T: Copy + Ord + Add<Duration, Output = T>> Time for T {}
+
+/// The latest moment a lock is still certainly held, for a window (a lease
+/// or a session timeout) that started at the server no earlier than `sent`:
+/// the window shortened by [`CLOCK_RATE_BOUND`] of itself, in case the
+/// server's clock runs faster than the client's.
+pub fn deadline<T: Time>(sent: T, window: Duration) -> T {
+    sent + window.saturating_sub(window.mul_f64(CLOCK_RATE_BOUND))
+}
+
+/// The safety margin in force for `window`: the configured one, at most a
+/// quarter of the window, so short windows still leave three quarters for
+/// renewing.
+pub fn margin(configured: Duration, window: Duration) -> Duration {
+    configured.min(window / 4)
+}
+
+/// Whether a lock whose deadline is `deadline` is in jeopardy at `now`: its
+/// holder must stop, since only `margin` is left before the server may hand
+/// the lock on.
+pub fn in_jeopardy<T: Time>(now: T, deadline: T, margin: Duration) -> bool {
+    now + margin >= deadline
+}
+
+/// What a client knows of how long one of its locks lasts at the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Hold<T> {
+    /// A lease: when the Lock, or the latest Renew answered, was sent, and
+    /// the lease it set. `None`: the lock lives as long as its owner (the
+    /// connection, or on a cluster the session).
+    pub lease: Option<(T, Duration)>,
+    /// The renewal sent and not (yet) answered whose lease ends first, as
+    /// (send time, lease). The server may have applied it though its answer
+    /// never comes, so until an answer to a later renewal supersedes it, the
+    /// lock may end with it: a renewal to a shorter lease, or the first
+    /// Renew of a lock without a lease, which makes it a lease.
+    pub unconfirmed: Option<(T, Duration)>,
+}
+
+impl<T: Time> Hold<T> {
+    /// A lock granted to a request sent at `sent`, with `lease` if it asked
+    /// for one.
+    pub fn granted(sent: T, lease: Option<Duration>) -> Self {
+        Hold {
+            lease: lease.map(|l| (sent, l)),
+            unconfirmed: None,
+        }
+    }
+
+    /// The safety deadline, given the send time of the latest answer that
+    /// proved the owner alive (`owner_acked`) and the owner's timeout.
+    pub fn deadline(&self, owner_acked: T, owner_timeout: Duration) -> T {
+        let held = match self.lease {
+            Some((sent, lease)) => deadline(sent, lease),
+            None => deadline(owner_acked, owner_timeout),
+        };
+        match self.unconfirmed {
+            Some((sent, lease)) => held.min(deadline(sent, lease)),
+            None => held,
+        }
+    }
+
+    /// The window the safety margin is taken from: the lease, or the
+    /// owner's timeout, or an unconfirmed renewal's lease if shorter (a
+    /// renewal to 2 s of a 60 s lease must leave time to renew, not a
+    /// margin as long as the new lease).
+    pub fn window(&self, owner_timeout: Duration) -> Duration {
+        let held = self.lease.map_or(owner_timeout, |(_, lease)| lease);
+        self.unconfirmed.map_or(held, |(_, lease)| held.min(lease))
+    }
+
+    /// A Renew to `lease` was sent at `sent`: once sent, the server may
+    /// apply it though its answer never comes. Returns whether the hold
+    /// changed.
+    pub fn renew_sent(&mut self, sent: T, lease: Duration) -> bool {
+        let sooner = self
+            .unconfirmed
+            .is_none_or(|(s, l)| deadline(sent, lease) < deadline(s, l));
+        if sooner {
+            self.unconfirmed = Some((sent, lease));
+        }
+        sooner
+    }
+
+    /// The Renew to `lease` sent at `sent` was answered: the server
+    /// replaces a lease's end with each Renew, in the order sent, so the
+    /// latest-sent renewal answered is the one in force, even if it set a
+    /// shorter lease, and it supersedes every renewal sent before it.
+    /// Returns whether the hold changed.
+    pub fn renew_answered(&mut self, sent: T, lease: Duration) -> bool {
+        let newer = self.lease.is_none_or(|(s, _)| s <= sent);
+        if newer {
+            self.lease = Some((sent, lease));
+        }
+        let superseded = self.unconfirmed.is_some_and(|(s, _)| s <= sent);
+        if superseded {
+            self.unconfirmed = None;
+        }
+        newer || superseded
+    }
+}
+
+/// Whether the answer `status` to a request of `kind` proves the owner was
+/// alive when the request was sent, and so moves the deadline of the locks
+/// bound to it. On a single server every answer does: the connection is the
+/// owner. On a session only an answer from a command that kept the session
+/// alive does; a refusal, an Inspect, a NotLeader or a request the cluster
+/// could not commit proves nothing.
+pub fn moves_deadline(on_session: bool, kind: RequestType, status: ResponseStatus) -> bool {
+    use RequestType as K;
+    use ResponseStatus as S;
+    !on_session
+        || matches!(
+            (kind, status),
+            (K::Ping | K::Lock | K::Unlock | K::Renew | K::Enqueue, S::Ok)
+                | (K::Lock | K::Enqueue, S::AcquireTimeout)
+                | (K::Enqueue, S::Queued)
+                | (K::Unlock | K::Renew, S::NotHeld)
+        )
+}
+
+/// On a session, whether the answer `status` means the request was not
+/// acted on at this node and the session must go on elsewhere (or has
+/// ended), and why. `leader` is the address a NotLeader named, if any.
+pub fn elsewhere(status: ResponseStatus, leader: Option<String>) -> Option<Disconnect> {
+    match status {
+        // The cluster ended the session (its TTL ran out while the client
+        // could not reach it): its locks may be another's now.
+        ResponseStatus::UnknownSession => Some(Disconnect::SessionEnded),
+        // The node stopped leading and did not act: send the request (and
+        // everything behind it) again to the new leader.
+        ResponseStatus::NotLeader => Some(Disconnect::NotLeader { leader }),
+        // It could not commit in time: it may still be applied, so only a
+        // resend under the same number is safe, after a fresh look for the
+        // leader.
+        ResponseStatus::Unavailable => Some(Disconnect::NoQuorum),
+        // The node is stopping (a rolling restart): the session goes on at
+        // the next leader, where what is unanswered is sent again under its
+        // number, so nothing is lost or done twice.
+        ResponseStatus::ShuttingDown => Some(Disconnect::NotLeader { leader: None }),
+        _ => None,
+    }
+}
+
+/// How a request of `kind` uses a session: (whether it acts for the
+/// session's owner, whether it is numbered with `seq` and so sent again
+/// after a reconnect under the same number). What changes the table is
+/// numbered; a Wait changes nothing (sent again after a failover, the new
+/// leader finds its ticket in the session) and an Inspect only reads.
+pub fn session_use(kind: RequestType) -> (bool, bool) {
+    match kind {
+        RequestType::Lock | RequestType::Unlock | RequestType::Renew | RequestType::Enqueue => {
+            (true, true)
+        }
+        RequestType::Inspect | RequestType::Wait => (true, false),
+        _ => (false, false),
+    }
+}
+
+/// Requests whose answer may rightly take long: a Lock and a Wait wait for
+/// busy keys, a Watch for a change, up to its limit.
+pub fn may_wait(kind: RequestType) -> bool {
+    matches!(
+        kind,
+        RequestType::Lock | RequestType::Wait | RequestType::Watch
+    )
+}
+
+/// How long a session may be looked for after its stream broke at `broke`:
+/// it lives a TTL after the last command that kept it alive, the latest
+/// answered one (`acked`) or, while the stream was open, the node's own
+/// keep-alives, which the client does not see while a Lock waits. Past
+/// this no node knows it.
+pub fn session_lives_until<T: Time>(acked: T, broke: T, ttl: Duration) -> T {
+    acked.max(broke) + ttl
+}
+
+/// Whether the oldest unanswered request on a session, of `kind` and
+/// waiting since `waited`, shows a node that accepts but does not answer (a
+/// paused or stalled node, a path that drops without a reset): one that
+/// may not rightly wait, unanswered for half a TTL.
+pub fn unanswered_too_long(kind: RequestType, waited: Duration, ttl: Duration) -> bool {
+    !may_wait(kind) && waited >= ttl / 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn an_unanswered_renewal_of_a_lock_without_a_lease_bounds_its_deadline() {
+        // The hole the model found: a Renew of a lock bound to its session,
+        // answer lost, may have made it a 1 s lease at the server while the
+        // client went on believing in the 10 s session.
+        let mut hold = Hold::granted(Duration::ZERO, None);
+        assert_eq!(hold.deadline(ms(5_000), ms(10_000)), ms(5_000) + ms(9_990));
+        assert!(hold.renew_sent(ms(6_000), ms(1_000)));
+        assert_eq!(hold.deadline(ms(6_000), ms(10_000)), ms(6_000) + ms(999));
+        assert!(hold.lease.is_none(), "not known to be a lease");
+        assert!(hold.renew_answered(ms(6_000), ms(1_000)));
+        assert_eq!(hold.lease, Some((ms(6_000), ms(1_000))));
+        assert_eq!(hold.unconfirmed, None);
+    }
+
+    #[test]
+    fn a_later_answer_supersedes_an_earlier_unanswered_renewal_and_not_the_reverse() {
+        let mut hold = Hold::granted(Duration::ZERO, Some(ms(30_000)));
+        hold.renew_sent(ms(1_000), ms(2_000));
+        hold.renew_sent(ms(1_500), ms(30_000));
+        // The second is answered: the first, sent before it, was applied
+        // before it, and is superseded.
+        assert!(hold.renew_answered(ms(1_500), ms(30_000)));
+        assert_eq!(hold.unconfirmed, None);
+        assert_eq!(hold.lease, Some((ms(1_500), ms(30_000))));
+        // An answer to an older renewal changes nothing.
+        assert!(!hold.renew_answered(ms(1_000), ms(2_000)));
+    }
+
+    #[test]
+    fn only_answers_that_kept_a_session_alive_move_its_deadline() {
+        use RequestType as K;
+        use ResponseStatus as S;
+        assert!(moves_deadline(true, K::Ping, S::Ok));
+        assert!(!moves_deadline(true, K::Ping, S::NotLeader));
+        assert!(!moves_deadline(true, K::Inspect, S::Ok));
+        assert!(!moves_deadline(true, K::Lock, S::Unavailable));
+        assert!(moves_deadline(false, K::Inspect, S::NotLeader));
+    }
+}
