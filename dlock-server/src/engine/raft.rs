@@ -94,14 +94,12 @@
 //! membership from the data directory and ignore the list.
 
 mod batcher;
-mod disk;
 mod encoding;
 mod error;
 mod from_config;
 mod ids;
 mod leader_clock;
-mod log_store;
-mod log_writer;
+mod log;
 mod machine;
 mod membership;
 mod peer_client;
@@ -109,7 +107,6 @@ mod peer_server;
 mod peer_tls;
 mod quorum;
 mod reachability;
-mod redb_import;
 mod restore;
 mod snapshot_file;
 mod standing;
@@ -124,7 +121,6 @@ mod storage_volatile;
 mod store_suite;
 mod timer;
 mod types;
-mod wal;
 mod wire;
 
 pub use error::ClusterError;

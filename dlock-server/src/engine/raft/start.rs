@@ -3,7 +3,7 @@
 //! on a fatal error.
 
 use super::leader_clock::LeaderClock;
-use super::log_store::LogStore;
+use super::log::LogStore;
 use super::machine::StateMachine;
 use super::peer_client::Network;
 use super::peer_server::PeerServer;
@@ -58,7 +58,7 @@ fn open_data_dir(
              cluster (dlock cluster remove), and add a node with an empty data directory and a \
              new id in its place (dlock cluster add)",
             dir.display(),
-            super::log_store::WRITTEN_MARKER
+            super::log::WRITTEN_MARKER
         );
     }
     let fresh = found.is_none() && log.is_fresh().context("cannot read the raft log")?;
