@@ -53,8 +53,11 @@ pub struct Args {
 
     /// Run a cluster of this many dlock-server node processes on loopback
     /// (--server-bin, by default the one beside this binary) and attack it
-    /// with SIGKILL and SIGSTOP instead of hostile clients.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(3..=5), conflicts_with = "server")]
+    /// with SIGKILL and SIGSTOP instead of hostile clients. 1 is a single
+    /// durable server (a cluster of one), for the faults a lone node can
+    /// take: --faults kill-leader, power-cut-node, power-cut-cluster, with
+    /// --no-partitions.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=5), conflicts_with = "server")]
     pub cluster: Option<u64>,
 
     /// With --cluster: mean time between two faults' starts.
@@ -95,7 +98,11 @@ pub struct Args {
     pub no_partitions: bool,
 
     /// With --cluster: only these kinds of fault (comma-separated), each
-    /// drawn as often as in the full mix; default: every kind.
+    /// drawn as often as in the full mix; default: every kind but the power
+    /// cuts (power-cut-node, power-cut-minority, power-cut-cluster), which
+    /// run the nodes with --test-volatile-disk and so need a dlock-server
+    /// built with the testing feature (cargo build -p dlock-server -p
+    /// dlock-torture builds it so).
     #[arg(
         long,
         value_name = "KIND,...",

@@ -41,6 +41,15 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
     if !(args.fault_rate >= 0.0 && args.fault_rate <= 1_000.0) {
         anyhow::bail!("--fault-rate must be between 0 and 1000 per second");
     }
+    if args.cluster == Some(2) {
+        anyhow::bail!("--cluster 2: a cluster of two stops with either node; give 1, or 3 to 5");
+    }
+    if args.cluster == Some(1) && !nodes::lone_node_can_take(&args.faults, args.no_partitions) {
+        anyhow::bail!(
+            "--cluster 1 (a single durable server) takes only --faults kill-leader, \
+             power-cut-node and power-cut-cluster, with --no-partitions"
+        );
+    }
     if args.cluster.is_some() && nodes::drawable(&args.faults, !args.no_partitions).is_empty() {
         anyhow::bail!(
             "--faults: each kind named needs the proxies that --no-partitions leaves out"
@@ -49,7 +58,7 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
     let target = match (args.cluster, &args.server_bin, &args.server) {
         (Some(n), _, _) => {
             println!("dlock-torture: cluster of {n}, seed {seed}");
-            Target::nodes(&args, n).await?
+            Target::nodes(&args, n, seed).await?
         }
         (None, Some(bin), _) => Target::child(bin)?,
         (None, None, Some(addr)) => Target::external(addr, args.server_pid)?,

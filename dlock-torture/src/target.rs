@@ -151,7 +151,9 @@ impl Target {
     /// `nodes` node processes of the `dlock-server` binary (`--server-bin`,
     /// or the one beside this program), with proxies on their links
     /// unless `--no-partitions`, started and ready for clients.
-    pub async fn nodes(args: &Args, nodes: u64) -> anyhow::Result<Target> {
+    /// `seed`: the run's, from which each node's volatile disk (when a
+    /// power cut is among the faults) draws its torn writes.
+    pub async fn nodes(args: &Args, nodes: u64, seed: u64) -> anyhow::Result<Target> {
         let bin = server_bin(args)?;
         let flags = [
             "--heartbeat".to_string(),
@@ -166,6 +168,14 @@ impl Target {
         let rate = args.clock_rate.to_string();
         for i in 0..args.clock_nodes.min(nodes) {
             procs.node_flags(i as usize, &["--test-clock-rate", &rate]);
+        }
+        if args.faults.iter().any(|k| k.is_power_cut()) {
+            // Every node's log on a volatile disk, so that a SIGKILL loses
+            // what it never synced; a seed of its own for its torn writes.
+            for i in 0..nodes {
+                let seed = seed.wrapping_add(i).to_string();
+                procs.node_flags(i as usize, &["--test-volatile-disk", &seed]);
+            }
         }
         let links = if args.no_partitions {
             None

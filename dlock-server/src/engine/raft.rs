@@ -24,6 +24,9 @@
 //! | `log_store` | the Raft log and vote: openraft's log storage |
 //! | `log_writer` | the one thread writing the log, appends grouped per sync |
 //! | `wal` | the log's segment files: records, checkpoints, crash recovery |
+//! | `storage` | the one door from the log's and the snapshot's files to the disk (real, or simulated in tests) |
+//! | `storage_sim` | tests only: a disk in memory that power cuts tear, and that fails on command |
+//! | `storage_volatile` | the torture only: writes held in memory until synced, so a SIGKILL is a power cut |
 //! | `redb_import` | data directories of versions that kept the log in redb |
 //! | `machine` | the state machine: the table, applied entries, snapshots |
 //! | `snapshot_file` | the latest snapshot on disk, replaced atomically |
@@ -91,14 +94,12 @@
 //! membership from the data directory and ignore the list.
 
 mod batcher;
-mod disk;
 mod encoding;
 mod error;
 mod from_config;
 mod ids;
 mod leader_clock;
-mod log_store;
-mod log_writer;
+mod log;
 mod machine;
 mod membership;
 mod peer_client;
@@ -106,17 +107,20 @@ mod peer_server;
 mod peer_tls;
 mod quorum;
 mod reachability;
-mod redb_import;
 mod restore;
 mod snapshot_file;
 mod standing;
 mod start;
 mod status;
+mod storage;
+#[cfg(test)]
+mod storage_sim;
+#[cfg(feature = "testing")]
+mod storage_volatile;
 #[cfg(test)]
 mod store_suite;
 mod timer;
 mod types;
-mod wal;
 mod wire;
 
 pub use error::ClusterError;

@@ -257,6 +257,14 @@ pub struct Config {
     #[arg(long, value_name = "RATE", default_value_t = 1.0, value_parser = parse_clock_rate, hide = true)]
     pub test_clock_rate: f64,
 
+    /// For fault-injection tests only (a build with the `testing`
+    /// feature): the raft log's writes are held in this process's memory
+    /// until synced, some written early and torn (drawn from SEED), so a
+    /// SIGKILL of the node is a power cut (engine/raft/storage_volatile.rs).
+    #[cfg(feature = "testing")]
+    #[arg(long, value_name = "SEED", hide = true)]
+    pub test_volatile_disk: Option<u64>,
+
     /// Prepare the backup in --data-dir (a copy of one node's data
     /// directory, no node running on it) to restore a whole cluster, then
     /// exit: fences issued afterwards start above --fence-floor and every

@@ -5,8 +5,9 @@
 //! in turn; partitions: the leader cut off from its peers while the
 //! clients still reach it, the leader's side of a split in the minority,
 //! one direction of a link cut, a follower cut off; a follower's log file
-//! cut short; the clients cut from the leader, silently or by resets), each
-//! healed after a random time.
+//! cut short; the clients cut from the leader, silently or by resets; power
+//! cuts of one node, of a minority, of the whole cluster at once, when the
+//! nodes' logs are on a volatile disk), each healed after a random time.
 
 use crate::workload::Workload;
 use dlock::proto::ClusterInfo;
@@ -358,6 +359,17 @@ pub enum Kind {
     /// next. Waits for the other faults to heal and holds every node, so
     /// what it costs is its own.
     RollingRestart,
+    /// A power cut of one node, the leader or a follower: SIGKILL of a node
+    /// whose log keeps unsynced writes in its memory
+    /// (`--test-volatile-disk`), so they are lost or torn; started again
+    /// after 0.2 to 4 s.
+    PowerCutNode,
+    /// A power cut of fewer than half the nodes, the leader among them.
+    PowerCutMinority,
+    /// A power cut of the whole cluster at once: every node SIGKILLed in
+    /// the same moment, then all started again. Waits for the other
+    /// faults to heal, as it holds every node.
+    PowerCutCluster,
 }
 
 /// How often each kind is drawn, in parts of the whole. The leader cut off
@@ -379,16 +391,41 @@ const MIX: &[(Kind, u32)] = &[
     (Kind::IsolateFollower, 1),
     (Kind::CutClientsSilently, 1),
     (Kind::ResetClients, 1),
+    (Kind::PowerCutNode, 2),
+    (Kind::PowerCutMinority, 1),
+    (Kind::PowerCutCluster, 1),
 ];
 
-/// The kinds a run may draw: those of `only` (every kind when empty) that
-/// need no proxies unless `partitions`.
+/// The kinds a run may draw: those of `only` (every kind but the power
+/// cuts when empty) that need no proxies unless `partitions`. Power cuts
+/// are drawn only when named: they need nodes built with the `testing`
+/// feature (`--test-volatile-disk`).
 pub fn drawable(only: &[Kind], partitions: bool) -> Vec<(Kind, u32)> {
     MIX.iter()
         .copied()
         .filter(|(k, _)| partitions || !k.needs_proxies())
-        .filter(|(k, _)| only.is_empty() || only.contains(k))
+        .filter(|(k, _)| {
+            if only.is_empty() {
+                !k.is_power_cut()
+            } else {
+                only.contains(k)
+            }
+        })
         .collect()
+}
+
+/// Whether a cluster of one node (a single durable server) can take the
+/// faults `only` names: a kill or a power cut of its node, nothing that
+/// needs a follower or a peer link (`--no-partitions`).
+pub fn lone_node_can_take(only: &[Kind], no_partitions: bool) -> bool {
+    no_partitions
+        && !only.is_empty()
+        && only.iter().all(|k| {
+            matches!(
+                k,
+                Kind::KillLeader | Kind::PowerCutNode | Kind::PowerCutCluster
+            )
+        })
 }
 
 /// One kind of `mix` at random, by its parts; `None` when `mix` is empty.
@@ -423,7 +460,19 @@ impl Kind {
             Kind::CutClientsSilently => "clients cut from the leader (silent)",
             Kind::ResetClients => "clients cut from the leader (reset)",
             Kind::RollingRestart => "rolling restart (SIGTERM each node in turn)",
+            Kind::PowerCutNode => "power cut: one node",
+            Kind::PowerCutMinority => "power cut: a minority, the leader among it",
+            Kind::PowerCutCluster => "power cut: the whole cluster at once",
         }
+    }
+
+    /// Whether the fault is a power cut, which needs the nodes' logs on a
+    /// volatile disk (`--test-volatile-disk`).
+    pub fn is_power_cut(self) -> bool {
+        matches!(
+            self,
+            Kind::PowerCutNode | Kind::PowerCutMinority | Kind::PowerCutCluster
+        )
     }
 
     /// Whether the fault works through the proxies, which
@@ -452,7 +501,11 @@ impl Kind {
     fn hits_leader(self) -> bool {
         matches!(
             self,
-            Kind::KillLeader | Kind::PauseLeader | Kind::IsolateLeader | Kind::SplitLeaderMinority
+            Kind::KillLeader
+                | Kind::PauseLeader
+                | Kind::IsolateLeader
+                | Kind::SplitLeaderMinority
+                | Kind::PowerCutMinority
         )
     }
 
@@ -528,6 +581,12 @@ pub async fn schedule(
                 cluster.claim(Some(follower(&mut rng)), 1)
             }
             Kind::KillMajority => cluster.claim(leader, n / 2 + 1),
+            Kind::PowerCutNode => {
+                let i = rng.usize(..n);
+                cluster.claim(Some(i), 1)
+            }
+            Kind::PowerCutMinority => leader.and_then(|l| cluster.claim(Some(l), (n - 1) / 2)),
+            Kind::PowerCutCluster => cluster.claim_all(sh.faults_until).await,
             // Every node, once the other faults have healed: no turn is
             // skipped for it, and what it costs is its own.
             Kind::RollingRestart => cluster.claim_all(sh.faults_until).await,
@@ -704,6 +763,33 @@ async fn run_fault(
         }
         return;
     }
+    if kind.is_power_cut() {
+        let hit = nodes.to_vec();
+        let torn = with_nodes_value(cluster, move |n| {
+            hit.into_iter()
+                .filter(|&i| {
+                    n.restart(i);
+                    dropped_a_torn_tail(&n.recent_log(i))
+                })
+                .count()
+        })
+        .await;
+        match torn {
+            Some(torn) => {
+                for _ in nodes {
+                    sh.counts.bump("power cut: nodes restarted");
+                }
+                for _ in 0..torn {
+                    sh.counts
+                        .bump("power cut: a torn log tail dropped at the restart");
+                }
+            }
+            None => sh
+                .report
+                .violation("node did not come back", format!("after {}", kind.name())),
+        }
+        return;
+    }
     let hit = nodes.to_vec();
     let healed = with_nodes(cluster, move |n| {
         for i in hit {
@@ -719,6 +805,19 @@ async fn run_fault(
         sh.report
             .violation("node did not come back", format!("after {}", kind.name()));
     }
+}
+
+/// Whether a node's log since its latest start (the volatile disk's line
+/// opens every start) says it dropped a write cut short at the end of its
+/// raft log: the power cut tore what it had not synced.
+fn dropped_a_torn_tail(log: &[String]) -> bool {
+    let start = log
+        .iter()
+        .rposition(|l| l.contains("--test-volatile-disk"))
+        .unwrap_or(0);
+    log[start..]
+        .iter()
+        .any(|l| l.contains("ends in a write cut short"))
 }
 
 /// Restarts every node of `nodes` (all of them, claimed) in turn, as an
@@ -922,7 +1021,8 @@ mod tests {
     #[test]
     fn every_kind_is_drawn_about_as_often_as_its_parts_say() {
         let mix = drawable(&[], true);
-        assert_eq!(mix.len(), MIX.len());
+        let power_cuts = MIX.iter().filter(|(k, _)| k.is_power_cut()).count();
+        assert_eq!(mix.len(), MIX.len() - power_cuts);
         let total: u32 = mix.iter().map(|(_, w)| w).sum();
         let n = 100_000;
         for ((kind, got), (_, parts)) in tally(&mix, n).into_iter().zip(&mix) {
@@ -938,6 +1038,38 @@ mod tests {
         assert!(mix.iter().all(|(k, _)| !k.needs_proxies()), "{mix:?}");
         assert!(mix.iter().any(|(k, _)| *k == Kind::RollingRestart));
         assert!(drawable(&[Kind::IsolateLeader], false).is_empty());
+    }
+
+    #[test]
+    fn a_lone_node_takes_only_kills_and_power_cuts_without_proxies() {
+        let lone = [Kind::PowerCutNode, Kind::PowerCutCluster, Kind::KillLeader];
+        assert!(lone_node_can_take(&lone, true));
+        assert!(!lone_node_can_take(&lone, false), "proxies need peers");
+        assert!(
+            !lone_node_can_take(&[], true),
+            "the default mix needs followers"
+        );
+        assert!(!lone_node_can_take(&[Kind::KillFollower], true));
+    }
+
+    #[test]
+    fn power_cuts_are_drawn_only_when_named() {
+        assert!(drawable(&[], true).iter().all(|(k, _)| !k.is_power_cut()));
+        let named = drawable(&[Kind::PowerCutCluster, Kind::KillLeader], false);
+        assert!(named.iter().any(|(k, _)| *k == Kind::PowerCutCluster));
+    }
+
+    #[test]
+    fn a_torn_tail_is_seen_only_in_the_latest_start() {
+        let line = |s: &str| s.to_owned();
+        let earlier = [
+            line("WARN --test-volatile-disk: ..."),
+            line("WARN the raft log ends in a write cut short (the node stopped mid-write)"),
+            line("WARN --test-volatile-disk: ..."),
+            line("INFO listening"),
+        ];
+        assert!(!dropped_a_torn_tail(&earlier));
+        assert!(dropped_a_torn_tail(&earlier[..2]));
     }
 
     #[test]

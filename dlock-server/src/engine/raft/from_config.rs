@@ -58,6 +58,15 @@ pub async fn start(
         .clone()
         .context("a cluster node needs --data-dir")?;
     check_request_fits_a_record(config)?;
+    #[cfg(feature = "testing")]
+    if let Some(seed) = config.test_volatile_disk {
+        let lies = super::storage::use_volatile_disk(seed);
+        tracing::warn!(
+            seed,
+            lies,
+            "--test-volatile-disk: the raft log's unsynced writes live in memory; a SIGKILL is a power cut"
+        );
+    }
     let members: BTreeMap<u64, Member> = config
         .initial_cluster
         .iter()

@@ -181,12 +181,12 @@ impl StateMachine {
         sink: ApplySink,
     ) -> Result<StateMachine, SnapshotError> {
         let applied = match found {
-            Some(Found { meta, data, .. }) => {
-                let (table, at) = decode(data)?;
+            Some(found) => {
+                let (table, at) = decode(found.reader())?;
                 Applied {
                     table,
-                    last_applied: meta.last_log_id,
-                    membership: meta.last_membership,
+                    last_applied: found.meta.last_log_id,
+                    membership: found.meta.last_membership,
                     at,
                     timer_at: Armed::default(),
                 }
@@ -333,10 +333,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let file = self.file.clone();
-        let found = blocking(None, ErrorVerb::Read, move || file.read()).await?;
-        Ok(found.map(|found| Snapshot {
-            meta: found.meta.clone(),
-            snapshot: Box::new(SnapshotData::new(found)),
+        let found = blocking(None, ErrorVerb::Read, move || {
+            file.read()?
+                .map(|found| {
+                    let meta = found.meta.clone();
+                    SnapshotData::new(found).map(|data| (meta, data))
+                })
+                .transpose()
+        })
+        .await?;
+        Ok(found.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(data),
         }))
     }
 }
@@ -354,7 +362,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
         let file = self.file.clone();
         // openraft purges the log this snapshot covers once this returns:
         // the file must be on disk by then.
-        let (found, paused) = blocking(None, ErrorVerb::Write, move || {
+        let (meta, data, bytes, paused) = blocking(None, ErrorVerb::Write, move || {
             // The table is encoded straight into the file under the lock,
             // so the data and the log id it is stamped with agree, without
             // a copy of the table: applying waits meanwhile (see
@@ -384,24 +392,22 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
                 (writer, locked.elapsed())
             };
             let (found, _) = writer.commit()?;
-            Ok::<_, SnapshotError>((found, paused))
+            let bytes = found.len().unwrap_or(0);
+            let meta = found.meta.clone();
+            let data = SnapshotData::new(found)?;
+            Ok::<_, SnapshotError>((meta, data, bytes, paused))
         })
         .await?;
         crate::ops::metrics::snapshot_built(started.elapsed());
-        let bytes = found
-            .data
-            .metadata()
-            .map(|m| m.len() - found.start)
-            .unwrap_or(0);
         tracing::info!(
-            snapshot = %found.meta,
+            snapshot = %meta,
             bytes,
             applying_paused_ms = paused.as_millis() as u64,
             "snapshot written"
         );
         Ok(Snapshot {
-            meta: found.meta.clone(),
-            snapshot: Box::new(SnapshotData::new(found)),
+            meta,
+            snapshot: Box::new(data),
         })
     }
 }

@@ -21,7 +21,7 @@
 //! above every fence issued. The single server's fence file makes the same
 //! assumption. Give `--fence-floor` to choose it yourself.
 
-use super::log_store::OfflineLog;
+use super::log::OfflineLog;
 use super::snapshot_file::SnapshotFile;
 use super::types::Stamped;
 use crate::table::{Command, Time};
@@ -46,12 +46,12 @@ pub struct Restored {
 /// `dir` holds no cluster log (not a data directory, or one never used),
 /// a node runs on it, or it cannot be written.
 pub fn restore_backup(dir: &Path, fence_floor: Option<u64>) -> anyhow::Result<Restored> {
-    if !dir.join(super::wal::DIR).is_dir() && !dir.join(super::redb_import::FILE).is_file() {
+    if !dir.join(super::log::DIR).is_dir() && !dir.join(super::log::REDB_FILE).is_file() {
         anyhow::bail!(
             "{} holds no raft log ({}/ or {}): give the copy of a node's data directory",
             dir.display(),
-            super::wal::DIR,
-            super::redb_import::FILE
+            super::log::DIR,
+            super::log::REDB_FILE
         );
     }
     let fence_floor = match fence_floor {

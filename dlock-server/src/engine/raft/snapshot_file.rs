@@ -9,19 +9,22 @@
 //! A new snapshot is written to a temporary file of its own
 //! (`snapshot.tmp.*`), fsynced, renamed over `snapshot`, and the directory
 //! fsynced, so after a crash the file is either the old snapshot or the
-//! new one, whole. Snapshots are large (the whole lock table) and written
+//! new one, whole. Every one of those file and directory operations goes
+//! through `storage`, so unit tests run them on a simulated disk that power
+//! cuts tear (the received file, unnamed and never needed after a crash,
+//! stays a real one). Snapshots are large (the whole lock table) and written
 //! rarely, which is why they live in a file of their own beside the log
 //! instead of in it: a snapshot written into the log would hold up log
 //! appends while it is written.
 
 use super::ids::{LogId, SnapshotMeta};
-use std::fs::{self, File};
+use super::storage::{ReadFrom, Storage, StorageFile};
+use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll};
-use tempfile::NamedTempFile;
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 
 const NAME: &str = "snapshot";
@@ -37,20 +40,35 @@ fn is_leftover(name: &str) -> bool {
     name.starts_with("snapshot.tmp") || name.starts_with(".tmp")
 }
 
-/// A snapshot on disk: its metadata, and its file positioned where the
-/// data starts.
+/// A snapshot on disk: its metadata, and its file.
 pub(crate) struct Found {
     /// What the snapshot covers.
     pub(crate) meta: SnapshotMeta,
-    /// The file, at the first byte of the data.
-    pub(crate) data: File,
+    /// The file (metadata line, then data).
+    pub(crate) data: StorageFile,
     /// Where the data starts in the file.
     pub(crate) start: u64,
+}
+
+impl Found {
+    /// Reads the data from its first byte.
+    pub(crate) fn reader(&self) -> ReadFrom<'_> {
+        ReadFrom::new(&self.data, self.start)
+    }
+
+    /// The data's length in bytes.
+    ///
+    /// # Errors
+    /// The file's length cannot be read.
+    pub(crate) fn len(&self) -> io::Result<u64> {
+        Ok(self.data.len()?.saturating_sub(self.start))
+    }
 }
 
 /// The snapshot file of one data directory; cheap to clone.
 #[derive(Clone, Debug)]
 pub(crate) struct SnapshotFile {
+    storage: Storage,
     dir: PathBuf,
     /// What the file holds now. Checked and updated under the lock as a
     /// new file is renamed into place (a snapshot being built and one being
@@ -65,15 +83,26 @@ impl SnapshotFile {
     /// The file exists but cannot be read, or its metadata line does not
     /// decode.
     pub(crate) fn open(dir: &Path) -> io::Result<(SnapshotFile, Option<Found>)> {
+        SnapshotFile::open_on(Storage::Real, dir)
+    }
+
+    /// [`SnapshotFile::open`] on the disk `storage`.
+    ///
+    /// # Errors
+    /// As for [`SnapshotFile::open`].
+    pub(crate) fn open_on(
+        storage: Storage,
+        dir: &Path,
+    ) -> io::Result<(SnapshotFile, Option<Found>)> {
         let file = SnapshotFile {
+            storage,
             dir: dir.to_path_buf(),
             current: Arc::new(Mutex::new(None)),
         };
         // Leftovers from a crash while writing: never renamed, so never used.
-        for entry in fs::read_dir(dir)? {
-            let entry = entry?;
-            if is_leftover(&entry.file_name().to_string_lossy()) {
-                fs::remove_file(entry.path())?;
+        for name in file.storage.list(dir)? {
+            if is_leftover(&name) {
+                file.storage.remove_file(&dir.join(name))?;
             }
         }
         let found = file.read()?;
@@ -92,15 +121,16 @@ impl SnapshotFile {
     /// # Errors
     /// The file cannot be read or its metadata does not decode.
     pub(crate) fn read(&self) -> io::Result<Option<Found>> {
-        let file = match File::open(self.dir.join(NAME)) {
+        let file = match self.storage.open(&self.dir.join(NAME)) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
         // The metadata is a few hundred bytes; a line far longer is not one.
         let mut line = Vec::new();
-        let mut reader = BufReader::new(&file).take(1 << 20);
+        let mut reader = BufReader::new(ReadFrom::new(&file, 0)).take(1 << 20);
         reader.read_until(b'\n', &mut line)?;
+        drop(reader);
         if line.last() != Some(&b'\n') {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -109,9 +139,11 @@ impl SnapshotFile {
         }
         let meta: SnapshotMeta = serde_json::from_slice(&line)?;
         let start = line.len() as u64;
-        let mut data = file;
-        data.seek(SeekFrom::Start(start))?;
-        Ok(Some(Found { meta, data, start }))
+        Ok(Some(Found {
+            meta,
+            data: file,
+            start,
+        }))
     }
 
     /// Starts writing a snapshot covering what `meta` says: the metadata
@@ -120,20 +152,33 @@ impl SnapshotFile {
     /// # Errors
     /// The temporary file cannot be created or written.
     pub(crate) fn create(&self, meta: &SnapshotMeta) -> io::Result<Writer> {
-        let mut builder = tempfile::Builder::new();
-        builder.prefix(TMP_PREFIX);
-        // Readable by others like the rest of the data directory (a backup
-        // run as another user), not tempfile's 0600.
-        #[cfg(unix)]
-        builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
-        let tmp = builder.tempfile_in(&self.dir)?;
+        // A name of its own, so that a snapshot being built and one being
+        // installed never write the same file. Created with the process's
+        // umask, readable by others like the rest of the data directory (a
+        // backup run as another user).
+        let (file, path) = loop {
+            let path = self.dir.join(format!(
+                "{TMP_PREFIX}{:08x}",
+                super::storage::unpredictable()
+            ));
+            match self.storage.create(&path, true) {
+                Ok(file) => break (file, path),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        let tmp = TmpName {
+            storage: self.storage.clone(),
+            path: Some(path),
+        };
         let mut line = serde_json::to_vec(meta)?;
         line.push(b'\n');
-        let mut out = BufWriter::with_capacity(1 << 20, tmp);
+        let mut out = BufWriter::with_capacity(1 << 20, WriteAt { file, at: 0 });
         out.write_all(&line)?;
         let start = line.len() as u64;
         Ok(Writer {
             out,
+            tmp,
             start,
             meta: meta.clone(),
             file: self.clone(),
@@ -152,7 +197,8 @@ impl SnapshotFile {
 
 /// A snapshot being written; see [`SnapshotFile::create`].
 pub(crate) struct Writer {
-    out: BufWriter<NamedTempFile>,
+    out: BufWriter<WriteAt>,
+    tmp: TmpName,
     start: u64,
     meta: SnapshotMeta,
     file: SnapshotFile,
@@ -176,28 +222,76 @@ impl Writer {
     pub(crate) fn commit(self) -> io::Result<(Found, bool)> {
         let Writer {
             out,
+            mut tmp,
             start,
             meta,
             file,
         } = self;
         let covers = meta.last_log_id;
-        let tmp = out.into_inner().map_err(io::IntoInnerError::into_error)?;
-        tmp.as_file().sync_all()?;
+        let data = out
+            .into_inner()
+            .map_err(io::IntoInnerError::into_error)?
+            .file;
+        data.sync_all()?;
         let mut current = file.lock();
-        let (mut data, kept) = if *current > covers {
-            // Deleted from the directory, still readable through the handle.
-            (tmp.into_file(), false)
+        let kept = if *current > covers {
+            // Deleted from the directory (as `tmp` is dropped), still
+            // readable through the handle.
+            false
         } else {
-            let data = tmp.persist(file.dir.join(NAME)).map_err(|e| e.error)?;
+            let path = tmp
+                .path
+                .take()
+                .ok_or_else(|| io::Error::other("renamed twice"))?;
+            if let Err(e) = file.storage.rename(&path, &file.dir.join(NAME)) {
+                tmp.path = Some(path);
+                return Err(e);
+            }
             // In place now, whatever happens next: no older one may replace it.
             *current = covers;
             // The rename is durable only once the directory is.
-            File::open(&file.dir)?.sync_all()?;
-            (data, true)
+            file.storage.sync_dir(&file.dir)?;
+            true
         };
         drop(current);
-        data.seek(SeekFrom::Start(start))?;
+        drop(tmp);
         Ok((Found { meta, data, start }, kept))
+    }
+}
+
+/// A file written front to back through `write_all_at`.
+struct WriteAt {
+    file: StorageFile,
+    at: u64,
+}
+
+impl Write for WriteAt {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file.write_all_at(buf, self.at)?;
+        self.at += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The temporary name of a snapshot being written: removed when dropped
+/// unless it was renamed into place (an error or an older snapshot leaves
+/// nothing behind; a crash leaves it for [`SnapshotFile::open`]).
+struct TmpName {
+    storage: Storage,
+    path: Option<PathBuf>,
+}
+
+impl Drop for TmpName {
+    fn drop(&mut self) {
+        if let Some(path) = self.path.take() {
+            if let Err(e) = self.storage.remove_file(&path) {
+                tracing::warn!(path = %path.display(), error = %e, "cannot remove a snapshot's temporary file");
+            }
+        }
     }
 }
 
@@ -213,12 +307,18 @@ pub struct SnapshotData {
 
 impl SnapshotData {
     /// The data of `found`.
-    pub(crate) fn new(found: Found) -> Self {
-        SnapshotData {
-            file: tokio::fs::File::from_std(found.data),
+    ///
+    /// # Errors
+    /// Its file is not a real one (a test's simulated disk), or cannot be
+    /// positioned.
+    pub(crate) fn new(found: Found) -> io::Result<Self> {
+        let mut file = found.data.into_real()?;
+        file.seek(SeekFrom::Start(found.start))?;
+        Ok(SnapshotData {
+            file: tokio::fs::File::from_std(file),
             start: found.start,
             seeking: false,
-        }
+        })
     }
 
     /// An empty file to receive a snapshot into.
@@ -307,8 +407,13 @@ impl AsyncSeek for SnapshotData {
 }
 
 #[cfg(test)]
+#[path = "snapshot_power_cut.rs"]
+mod power_cut;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
     fn meta(index: u64) -> SnapshotMeta {
@@ -341,7 +446,7 @@ mod tests {
         let (found, kept) = write(&file, 10, &want);
         assert!(kept);
         assert_eq!(found.meta, meta(10));
-        let mut d = SnapshotData::new(found);
+        let mut d = SnapshotData::new(found).unwrap();
         // What openraft's sender does: the length, then a chunk at a time.
         assert_eq!(d.seek(SeekFrom::End(0)).await.unwrap(), want.len() as u64);
         let mut got = Vec::new();
@@ -363,6 +468,7 @@ mod tests {
         assert_eq!(again.meta, meta(10));
         let mut all = Vec::new();
         SnapshotData::new(again)
+            .unwrap()
             .read_to_end(&mut all)
             .await
             .unwrap();
@@ -378,6 +484,7 @@ mod tests {
         assert!(!kept);
         let mut got = Vec::new();
         SnapshotData::new(older)
+            .unwrap()
             .read_to_end(&mut got)
             .await
             .unwrap();

@@ -3,7 +3,7 @@
 //! on a fatal error.
 
 use super::leader_clock::LeaderClock;
-use super::log_store::LogStore;
+use super::log::LogStore;
 use super::machine::StateMachine;
 use super::peer_client::Network;
 use super::peer_server::PeerServer;
@@ -40,7 +40,10 @@ fn open_data_dir(
     sessions: bool,
     sink: ApplySink,
 ) -> anyhow::Result<(LogStore, StateMachine, bool)> {
-    std::fs::create_dir_all(dir)
+    // Durably: a new data directory lost to a power cut would take the
+    // node's first vote and entries with it.
+    super::storage::Storage::Real
+        .create_dir_all(dir)
         .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
     let log = LogStore::open(dir)
         .with_context(|| format!("cannot open the raft log in {}", dir.display()))?;
@@ -55,7 +58,7 @@ fn open_data_dir(
              cluster (dlock cluster remove), and add a node with an empty data directory and a \
              new id in its place (dlock cluster add)",
             dir.display(),
-            super::log_store::WRITTEN_MARKER
+            super::log::WRITTEN_MARKER
         );
     }
     let fresh = found.is_none() && log.is_fresh().context("cannot read the raft log")?;

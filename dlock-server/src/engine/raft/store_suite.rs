@@ -1,7 +1,7 @@
 //! openraft's own storage test suite, run against the log store and
 //! the table state machine.
 
-use super::log_store::LogStore;
+use super::log::LogStore;
 use super::machine::StateMachine;
 use super::snapshot_file::SnapshotFile;
 use super::types::{NodeId, TypeConfig};

@@ -5,10 +5,11 @@
 //! renamed into place, so a crash leaves one or the other whole) and then
 //! deletes `raft.redb`.
 
-use super::disk::{redb, DiskError};
-use super::encoding;
-use super::types::{Entry, LogId, Vote};
-use super::wal::{self, Batch};
+use super::error::{redb, DiskError};
+use super::format::Batch;
+use super::wal;
+use crate::engine::raft::encoding;
+use crate::engine::raft::types::{Entry, LogId, Vote};
 use redb::{Database, ReadableTable, TableDefinition};
 use std::path::Path;
 
@@ -42,7 +43,7 @@ fn import_unguarded(dir: &Path) -> Result<(), DiskError> {
     if !old.is_file() {
         return Ok(());
     }
-    if dir.join(wal::DIR).is_dir() {
+    if dir.join(super::DIR).is_dir() {
         std::fs::remove_file(&old)?;
         return Ok(());
     }
@@ -91,8 +92,8 @@ fn import_unguarded(dir: &Path) -> Result<(), DiskError> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Wal;
     use super::*;
-    use crate::engine::raft::wal::Wal;
     use openraft::{CommittedLeaderId, EntryPayload};
 
     fn id(index: u64) -> LogId {
@@ -159,6 +160,6 @@ mod tests {
             import(dir.path()),
             Err(DiskError::Redb(_) | DiskError::Damaged(_))
         ));
-        assert!(!dir.path().join(wal::DIR).exists());
+        assert!(!dir.path().join(super::super::DIR).exists());
     }
 }

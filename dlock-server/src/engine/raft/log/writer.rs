@@ -11,9 +11,11 @@
 //! truncation, purge, the committed id) goes through the same queue, which
 //! keeps openraft's rule that storage writes complete in order.
 
-use super::disk::DiskError;
-use super::types::{LogId, TypeConfig, Vote};
-use super::wal::{Batch, Loc, Wal};
+use super::error::DiskError;
+use super::format::Batch;
+use super::segment::Loc;
+use super::Wal;
+use crate::engine::raft::types::{LogId, TypeConfig, Vote};
 use openraft::storage::LogFlushed;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -124,10 +126,10 @@ enum Op {
 /// Entries appended but not yet written, by index: readers see them as if
 /// they were on disk.
 #[derive(Clone, Default)]
-pub(crate) struct Pending(Arc<Mutex<BTreeMap<u64, super::types::Entry>>>);
+pub(crate) struct Pending(Arc<Mutex<BTreeMap<u64, crate::engine::raft::types::Entry>>>);
 
 impl Pending {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, super::types::Entry>> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, crate::engine::raft::types::Entry>> {
         // Plain entries, valid whatever a panicking holder did.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -254,7 +256,7 @@ fn write_committed(wal: &mut Wal, shared: &Shared, slot: &CommittedSlot) {
         return;
     }
     let mut batch = Batch::default();
-    let result = super::encoding::encode(&id)
+    let result = crate::engine::raft::encoding::encode(&id)
         .map_err(DiskError::from)
         .and_then(|bytes| batch.committed(bytes))
         .and_then(|()| write(wal, batch, false));
@@ -328,7 +330,7 @@ fn run(
                     mark_written(&mut marker);
                     if let Some(index) = purged {
                         if let Err(e) = wal.drop_purged(index) {
-                            tracing::error!(error = %e, "cannot start a new raft log segment");
+                            tracing::error!(error = %e, "cannot drop the purged raft log segments; nothing more is written");
                         }
                     }
                 }

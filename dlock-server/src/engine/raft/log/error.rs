@@ -20,7 +20,7 @@ pub(crate) enum DiskError {
     /// A record did not encode, or a stored one did not decode: the file
     /// was damaged or written by a newer version.
     #[error("raft log record: {0}")]
-    Codec(#[from] super::encoding::CodecError),
+    Codec(#[from] crate::engine::raft::encoding::CodecError),
     /// The redb file of an older version could not be read. Boxed: redb's
     /// error is large and this one travels in every `Result`.
     #[error("raft log database raft.redb: {0}")]

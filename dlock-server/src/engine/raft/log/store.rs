@@ -12,11 +12,12 @@
 //! the entries still queued, then the written ones, read back from their
 //! segment by position.
 
-use super::disk::DiskError;
-use super::encoding;
-use super::log_writer::{CommittedSlot, Pending, Shared, Then, Writer, Written};
-use super::types::{Entry, LogId, NodeId, TypeConfig, Vote};
-use super::wal::{Batch, Wal};
+use super::error::DiskError;
+use super::format::Batch;
+use super::writer::{CommittedSlot, Pending, Shared, Then, Writer, Written};
+use super::Wal;
+use crate::engine::raft::encoding;
+use crate::engine::raft::types::{Entry, LogId, NodeId, TypeConfig, Vote};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, StorageError, StorageIOError};
 use std::collections::BTreeMap;
@@ -179,7 +180,7 @@ impl OfflineLog {
     pub(crate) fn append_committed(
         mut self,
         snapshot: Option<LogId>,
-        payload: super::types::Stamped,
+        payload: crate::engine::raft::types::Stamped,
     ) -> Result<Option<LogId>, DiskError> {
         let Some(last) = [self.last, snapshot]
             .into_iter()
