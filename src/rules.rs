@@ -111,14 +111,20 @@ impl<T: Time> Hold<T> {
     /// The Renew to `lease` sent at `sent` was answered: the server
     /// replaces a lease's end with each Renew, in the order sent, so the
     /// latest-sent renewal answered is the one in force, even if it set a
-    /// shorter lease, and it supersedes every renewal sent before it.
-    /// Returns whether the hold changed.
+    /// shorter lease, and it supersedes every renewal sent before it. Two
+    /// sent at one instant cannot be told apart by time: the answer clears
+    /// an unconfirmed one of that instant only if it is that renewal (the
+    /// model checker found the hole: Renew 4 s and Renew 2 s at one instant,
+    /// the first's answer cleared the second, which the server applied
+    /// after it). Returns whether the hold changed.
     pub fn renew_answered(&mut self, sent: T, lease: Duration) -> bool {
         let newer = self.lease.is_none_or(|(s, _)| s <= sent);
         if newer {
             self.lease = Some((sent, lease));
         }
-        let superseded = self.unconfirmed.is_some_and(|(s, _)| s <= sent);
+        let superseded = self
+            .unconfirmed
+            .is_some_and(|(s, l)| s < sent || (s == sent && l == lease));
         if superseded {
             self.unconfirmed = None;
         }
@@ -244,6 +250,19 @@ mod tests {
         assert_eq!(hold.lease, Some((ms(1_500), ms(30_000))));
         // An answer to an older renewal changes nothing.
         assert!(!hold.renew_answered(ms(1_000), ms(2_000)));
+    }
+
+    #[test]
+    fn of_two_renewals_sent_at_one_instant_the_first_answer_clears_only_itself() {
+        let mut hold = Hold::granted(Duration::ZERO, Some(ms(30_000)));
+        hold.renew_sent(ms(1_000), ms(4_000));
+        hold.renew_sent(ms(1_000), ms(2_000));
+        hold.renew_answered(ms(1_000), ms(4_000));
+        assert_eq!(hold.unconfirmed, Some((ms(1_000), ms(2_000))));
+        assert_eq!(hold.deadline(ms(0), ms(10_000)), ms(1_000) + ms(1_998));
+        hold.renew_answered(ms(1_000), ms(2_000));
+        assert_eq!(hold.unconfirmed, None);
+        assert_eq!(hold.lease, Some((ms(1_000), ms(2_000))));
     }
 
     #[test]

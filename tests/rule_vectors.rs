@@ -224,6 +224,15 @@ fn holds() -> Value {
             ],
         ),
         (
+            "two renewals sent at one instant: the first answer clears only itself",
+            Some(30_000_000),
+            vec![
+                Sent(10_000_000, 4_000_000),
+                Sent(10_000_000, 2_000_000),
+                Answered(10_000_000, 4_000_000),
+            ],
+        ),
+        (
             "answers that come out of order: the latest sent is in force",
             Some(30_000_000),
             vec![

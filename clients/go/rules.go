@@ -143,7 +143,10 @@ func (h *hold) renewAnswered(sent time.Time, lease time.Duration) bool {
 	if newer {
 		h.lease = &leaseFrom{sent, lease}
 	}
-	superseded := h.unconfirmed != nil && !h.unconfirmed.sent.After(sent)
+	// Two sent at one instant cannot be told apart by time: clear an
+	// unconfirmed one of that instant only if it is this renewal.
+	superseded := h.unconfirmed != nil && (h.unconfirmed.sent.Before(sent) ||
+		(h.unconfirmed.sent.Equal(sent) && h.unconfirmed.lease == lease))
 	if superseded {
 		h.unconfirmed = nil
 	}

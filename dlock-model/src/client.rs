@@ -143,6 +143,11 @@ impl Client {
             (Kind::Renew(lease), ResponseStatus::Ok, _) => {
                 if let Some(held) = &mut self.held {
                     held.hold.renew_answered(req.sent, lease);
+                    if cfg.has(Bug::SameInstantSuperseded)
+                        && held.hold.unconfirmed.is_some_and(|(s, _)| s == req.sent)
+                    {
+                        held.hold.unconfirmed = None;
+                    }
                 }
             }
             // The server says the lock is gone: the client knows it lost it.

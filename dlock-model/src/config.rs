@@ -22,6 +22,10 @@ pub enum Bug {
     /// The safety deadline computed without the clock-rate bound (the
     /// whole window from the send time), while the clocks drift.
     NoRateBound,
+    /// The rule as it was before this checker found the hole: an answered
+    /// Renew clears an unconfirmed renewal sent at the same instant, even
+    /// one sent after it to a shorter lease.
+    SameInstantSuperseded,
 }
 
 /// One configuration of the model.
@@ -57,12 +61,10 @@ pub struct Config {
     /// The bug the clients carry, if any.
     pub bug: Option<Bug>,
     /// Whether a client may send a Renew while another it sent at the same
-    /// instant is unanswered. `Hold::renew_answered` orders renewals by
-    /// send time, so two sent at one instant are ambiguous: the answer to
-    /// the first clears the second from `unconfirmed` although the second
-    /// may have been applied after it (a shorter lease). Off by default:
-    /// the model then assumes the library's clock moves between two
-    /// renewals of one lock; on, the checker shows the hole.
+    /// instant is unanswered. The checker found that `Hold::renew_answered`
+    /// once let the first one's answer clear the second from `unconfirmed`
+    /// although the server applied the second after it; the rule now
+    /// clears only the renewal answered, and CI checks with this on.
     pub same_instant_renewals: bool,
 }
 
@@ -86,7 +88,7 @@ impl Config {
             in_flight: 2,
             elections: 1,
             bug: None,
-            same_instant_renewals: false,
+            same_instant_renewals: true,
         }
     }
 

@@ -86,19 +86,13 @@ fn a_deadline_without_the_clock_rate_bound_lets_two_clients_believe_when_clocks_
 }
 
 #[test]
-fn two_renewals_sent_at_one_instant_are_ambiguous_to_todays_rules() {
-    // A hole the model found in Hold::renew_answered (see
-    // Config::same_instant_renewals): an answer supersedes an unconfirmed
-    // renewal sent at the same instant, though that one was sent after it.
-    // When the rule orders same-instant renewals, this test fails: turn
-    // same_instant_renewals on in Config::ci and drop this test.
-    let cfg = Config {
-        same_instant_renewals: true,
-        ..Config::ci()
-    };
-    let (trace, _) = counterexample(cfg);
-    eprintln!("{trace}");
+fn the_rule_that_let_one_renewal_clear_another_sent_at_its_instant_is_found() {
+    // The hole this checker found in Hold::renew_answered: Renew 4 s and
+    // Renew 2 s sent at one instant, the first's answer cleared the second
+    // from `unconfirmed`, which the server applied after it.
+    let (trace, steps) = counterexample(Config::ci().with_bug(Bug::SameInstantSuperseded));
     assert!(trace.contains("sends Renew(2s)"), "{trace}");
+    assert!(steps <= 13, "{steps} steps");
 }
 
 #[test]

@@ -162,7 +162,11 @@ export class Hold {
   renewAnswered(sent: bigint, lease: bigint): boolean {
     const newer = this.lease === null || this.lease[0] <= sent;
     if (newer) this.lease = [sent, lease];
-    const superseded = this.unconfirmed !== null && this.unconfirmed[0] <= sent;
+    // Two sent at one instant cannot be told apart by time: clear an
+    // unconfirmed one of that instant only if it is this renewal.
+    const superseded =
+      this.unconfirmed !== null &&
+      (this.unconfirmed[0] < sent || (this.unconfirmed[0] === sent && this.unconfirmed[1] === lease));
     if (superseded) this.unconfirmed = null;
     return newer || superseded;
   }

@@ -168,7 +168,11 @@ class Hold:
         newer = self.lease is None or self.lease[0] <= sent
         if newer:
             self.lease = (sent, lease)
-        superseded = self.unconfirmed is not None and self.unconfirmed[0] <= sent
+        # Two sent at one instant cannot be told apart by time: clear an
+        # unconfirmed one of that instant only if it is this renewal.
+        superseded = self.unconfirmed is not None and (
+            self.unconfirmed[0] < sent or self.unconfirmed == (sent, lease)
+        )
         if superseded:
             self.unconfirmed = None
         return newer or superseded
