@@ -101,10 +101,11 @@ const PROTO: Layout = Layout {
 const LAYOUTS: [&Layout; 4] = [&SERVER, &LIBRARY, &CLI, &PROTO];
 
 /// Every crate whose files docs/ARCHITECTURE.md maps.
-const MAPPED: [&str; 7] = [
+const MAPPED: [&str; 8] = [
     "src",
     "dlock-proto/src",
     "dlock-testkit/src",
+    "dlock-model/src",
     "dlock-server/src",
     "dlock-client/src",
     "dlock-bench/src",
