@@ -189,7 +189,7 @@ impl Client {
 
     /// Reconnects of this client's connections: resumed sessions on a
     /// cluster, leases taken over by fence on a new connection (see
-    /// [`LockGuard::keep_alive`]). Events before the call are not seen.
+    /// [`LockGuard::keep_alive`](crate::LockGuard::keep_alive)). Events before the call are not seen.
     pub fn events(&self) -> broadcast::Receiver<Event> {
         self.owners.dial.events.subscribe()
     }
@@ -279,7 +279,7 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::NotHeld`] with the keys not held under `fence`;
-    /// [`ResponseStatus::ValueTooLarge`] for a value over
+    /// [`ResponseStatus::ValueTooLarge`](crate::proto::ResponseStatus::ValueTooLarge) for a value over
     /// [`crate::MAX_VALUE_LEN`].
     pub async fn proclaim(
         &self,
@@ -310,7 +310,7 @@ impl Client {
     /// a failover the library sends it again to the new leader.
     ///
     /// # Errors
-    /// [`ResponseStatus::WatchLimit`] when the server has its most
+    /// [`ResponseStatus::WatchLimit`](crate::proto::ResponseStatus::WatchLimit) when the server has its most
     /// Watches parked; connection and server errors.
     pub async fn watch(
         &self,
@@ -353,7 +353,7 @@ impl Client {
     /// is the difference between two overviews.
     ///
     /// # Errors
-    /// [`ResponseStatus::InvalidArgument`] for more than 100 keys; any error
+    /// [`ResponseStatus::InvalidArgument`](crate::proto::ResponseStatus::InvalidArgument) for more than 100 keys; any error
     /// of the connection or the server.
     pub async fn overview(&self, busiest: u32) -> Result<Overview> {
         let body = RequestLock {

@@ -145,7 +145,7 @@ impl Client {
     /// withdraws the request or releases what it granted.
     ///
     /// # Errors
-    /// As [`Client::lock`]; [`Error::Busy`] at once with [`LockWait::No`].
+    /// As [`Client::lock`]; [`Error::Busy`](crate::Error::Busy) at once with [`LockWait::No`](crate::LockWait::No).
     pub async fn enqueue(&self, keys: impl IntoKeys, options: LockOptions) -> Result<Enqueued> {
         let keys: Vec<String> = keys.into_keys();
         let body = lock_body(&keys, &options);

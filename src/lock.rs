@@ -22,7 +22,7 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::Timeout`] with the busy keys when the wait limit passes, or
-    /// [`Error::Busy`] at once with [`LockWait::No`]; [`Error::Server`] for
+    /// [`Error::Busy`] at once with [`LockWait::No`](crate::LockWait::No); [`Error::Server`] for
     /// invalid keys, a server limit, a mode or limit the key's other holders
     /// disagree with ([`ResponseStatus::ModeConflict`],
     /// [`ResponseStatus::LimitMismatch`]); connection errors.

@@ -1,13 +1,13 @@
-//! What a caller sets, before anything is sent: a [`Client`]'s options
+//! What a caller sets, before anything is sent: a [`Client`](crate::Client)'s options
 //! ([`ClientOptions`]) and one lock's ([`LockOptions`], [`LockWait`]).
 //!
-//! [`Client`]: crate::Client
+//! [`Client`](crate::Client): crate::Client
 
 use crate::safety::DEFAULT_SAFETY_MARGIN;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Settings of a [`Client`]. Its `Debug` shows whether an access token is
+/// Settings of a [`Client`](crate::Client). Its `Debug` shows whether an access token is
 /// set, never the token, so options can be logged.
 #[derive(Clone)]
 pub struct ClientOptions {
@@ -152,7 +152,7 @@ impl LockOptions {
     /// Take every key shared (a reader lock): any number of shared holders
     /// at once, or one exclusive holder. A Lock for a key this guard's
     /// owner holds in the other mode fails with
-    /// [`ResponseStatus::ModeConflict`].
+    /// [`ResponseStatus::ModeConflict`](crate::proto::ResponseStatus::ModeConflict).
     pub fn shared(mut self) -> Self {
         self.shared = true;
         self
@@ -160,7 +160,7 @@ impl LockOptions {
 
     /// Take every key as a semaphore of `n` holders: shared, at most `n` at
     /// once. Holders and waiters that name another limit for the key fail
-    /// with [`ResponseStatus::LimitMismatch`]. 0 is a plain shared lock.
+    /// with [`ResponseStatus::LimitMismatch`](crate::proto::ResponseStatus::LimitMismatch). 0 is a plain shared lock.
     pub fn limit(mut self, n: u32) -> Self {
         self.shared = true;
         self.limit = n;
