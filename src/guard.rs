@@ -5,7 +5,7 @@ use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::proto::{RequestLock, RequestType};
 use crate::request::micros;
-use crate::rules::Hold;
+use crate::rules::{self, Hold};
 use crate::safety::{self, Lost};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -94,6 +94,7 @@ impl LockGuard {
             hold: watch::channel(Hold {
                 lease,
                 unconfirmed: None,
+                latest: None,
             })
             .0,
             released: false,
@@ -132,8 +133,9 @@ impl LockGuard {
     /// someone else. For a lease, the send time of the latest successful
     /// Lock or Renew plus the lease; for a lock bound to the connection, the
     /// send time of the latest request the server answered plus the
-    /// server's session timeout. Both are shortened by
-    /// [`safety::CLOCK_RATE_BOUND`].
+    /// server's session timeout; either capped by a renewal whose answer has
+    /// not come, which the server may have applied ([`rules::Hold`]). All
+    /// are shortened by [`safety::CLOCK_RATE_BOUND`].
     pub fn deadline(&self) -> Instant {
         let c = self.conn();
         let hold = *self.hold.borrow();
@@ -355,7 +357,10 @@ impl LockGuard {
                         after: broke.elapsed(),
                     });
                     *self.conn() = fresh;
-                    self.hold.send_replace(Hold::granted(sent, Some(lease)));
+                    // Only the lease: a renewal still in flight on the old
+                    // connection may be applied after this one (two
+                    // connections keep no order), so its bound stays.
+                    self.hold.send_modify(|h| h.lease = Some((sent, lease)));
                     return Ok(());
                 }
                 // Released by fence, or it ran out: no use trying.
@@ -378,8 +383,7 @@ impl LockGuard {
         if self.hold.borrow().lease.is_none() && self.conn().is_closed() {
             return true;
         }
-        let deadline = self.deadline();
-        Instant::now() >= deadline.checked_sub(self.margin()).unwrap_or(deadline)
+        rules::in_jeopardy(Instant::now(), self.deadline(), self.margin())
     }
 }
 

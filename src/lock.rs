@@ -8,7 +8,7 @@ use crate::guard::{LockGuard, LockParts};
 use crate::keys::IntoKeys;
 use crate::options::LockOptions;
 use crate::proto::{RequestLock, RequestType, ResponseStatus};
-use crate::request::{busy_if_no_wait, lease_of, lock_body};
+use crate::request::{busy_if_no_wait, lease_of, lock_body, micros};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -120,6 +120,8 @@ impl Client {
         lease: Duration,
     ) -> Result<LockGuard> {
         let keys: Vec<String> = keys.into_keys();
+        // As Renew carries it: whole microseconds, at least one.
+        let lease = Duration::from_micros(micros(lease).max(1));
         let sent = Instant::now();
         self.renew_fence(&keys, fence, lease).await?;
         Ok(LockGuard::new(

@@ -32,7 +32,13 @@ pub(crate) fn lock_body(keys: &[String], options: &LockOptions) -> RequestLock {
 /// The lease `options` ask for: on the wire a zero lease means none; so it
 /// does here.
 pub(crate) fn lease_of(options: &LockOptions) -> Option<Duration> {
-    options.lease.filter(|l| !l.is_zero())
+    // As the server takes it, in whole microseconds: the guard must not
+    // count on the nanoseconds the wire drops.
+    options
+        .lease
+        .map(micros)
+        .filter(|&m| m > 0)
+        .map(Duration::from_micros)
 }
 
 /// A try-lock's "timed out" is "busy".

@@ -1,7 +1,8 @@
 //! The client's rules, as pure functions: what an answer proves, when a
 //! held lock must be given up, when a session moves to another node, what
 //! is numbered and sent again. No I/O and no clock of their own: the caller
-//! passes the times, so the link, the guards, the model checker
+//! passes the times, so the link (`link.rs`), the guards (`guard.rs`:
+//! `Hold`, `in_jeopardy`), the model checker
 //! (`dlock-model`) and the shared test vectors
 //! (`clients/conformance/rules.json`, which the Python, Go and TypeScript
 //! clients run) all ask the same code.
@@ -55,12 +56,16 @@ pub struct Hold<T> {
     /// the lease it set. `None`: the lock lives as long as its owner (the
     /// connection, or on a cluster the session).
     pub lease: Option<(T, Duration)>,
-    /// The renewal sent and not (yet) answered whose lease ends first, as
-    /// (send time, lease). The server may have applied it though its answer
-    /// never comes, so until an answer to a later renewal supersedes it, the
-    /// lock may end with it: a renewal to a shorter lease, or the first
-    /// Renew of a lock without a lease, which makes it a lease.
+    /// The renewal whose lease ends first among those sent since the
+    /// latest one was answered, as (send time, lease). The server may have
+    /// applied any of them though its answer never came, and applies them
+    /// in the order sent, so until the latest-sent renewal is answered the
+    /// lock may end with this one: a renewal to a shorter lease, or the
+    /// first Renew of a lock without a lease, which makes it a lease.
     pub unconfirmed: Option<(T, Duration)>,
+    /// The renewal sent last, as (send time, lease): its answer supersedes
+    /// every renewal sent before it.
+    pub latest: Option<(T, Duration)>,
 }
 
 impl<T: Time> Hold<T> {
@@ -70,6 +75,7 @@ impl<T: Time> Hold<T> {
         Hold {
             lease: lease.map(|l| (sent, l)),
             unconfirmed: None,
+            latest: None,
         }
     }
 
@@ -95,10 +101,11 @@ impl<T: Time> Hold<T> {
         self.unconfirmed.map_or(held, |(_, lease)| held.min(lease))
     }
 
-    /// A Renew to `lease` was sent at `sent`: once sent, the server may
-    /// apply it though its answer never comes. Returns whether the hold
-    /// changed.
+    /// A Renew to `lease` was sent at `sent` (after every renewal sent
+    /// before): once sent, the server may apply it though its answer never
+    /// comes. Returns whether the deadline may have moved.
     pub fn renew_sent(&mut self, sent: T, lease: Duration) -> bool {
+        self.latest = Some((sent, lease));
         let sooner = self
             .unconfirmed
             .is_none_or(|(s, l)| deadline(sent, lease) < deadline(s, l));
@@ -111,24 +118,25 @@ impl<T: Time> Hold<T> {
     /// The Renew to `lease` sent at `sent` was answered: the server
     /// replaces a lease's end with each Renew, in the order sent, so the
     /// latest-sent renewal answered is the one in force, even if it set a
-    /// shorter lease, and it supersedes every renewal sent before it. Two
-    /// sent at one instant cannot be told apart by time: the answer clears
-    /// an unconfirmed one of that instant only if it is that renewal (the
-    /// model checker found the hole: Renew 4 s and Renew 2 s at one instant,
-    /// the first's answer cleared the second, which the server applied
-    /// after it). Returns whether the hold changed.
+    /// shorter lease. Only the answer to the renewal sent last supersedes
+    /// every other: one sent later may still be applied after this one, and
+    /// `unconfirmed` keeps only the soonest end of those in flight, so it
+    /// stays (on the safe side) until that answer. Renewals are told apart
+    /// by send time and lease, so of two sent at one instant the first's
+    /// answer does not clear the second (the model checker found that hole:
+    /// Renew 4 s and Renew 2 s at one instant). Returns whether the hold
+    /// changed.
     pub fn renew_answered(&mut self, sent: T, lease: Duration) -> bool {
         let newer = self.lease.is_none_or(|(s, _)| s <= sent);
         if newer {
             self.lease = Some((sent, lease));
         }
-        let superseded = self
-            .unconfirmed
-            .is_some_and(|(s, l)| s < sent || (s == sent && l == lease));
-        if superseded {
+        let last = self.latest == Some((sent, lease));
+        if last {
             self.unconfirmed = None;
+            self.latest = None;
         }
-        newer || superseded
+        newer || last
     }
 }
 
@@ -243,8 +251,8 @@ mod tests {
         let mut hold = Hold::granted(Duration::ZERO, Some(ms(30_000)));
         hold.renew_sent(ms(1_000), ms(2_000));
         hold.renew_sent(ms(1_500), ms(30_000));
-        // The second is answered: the first, sent before it, was applied
-        // before it, and is superseded.
+        // The second, the last sent, is answered: the first, sent before
+        // it, was applied before it, and is superseded.
         assert!(hold.renew_answered(ms(1_500), ms(30_000)));
         assert_eq!(hold.unconfirmed, None);
         assert_eq!(hold.lease, Some((ms(1_500), ms(30_000))));
@@ -263,6 +271,23 @@ mod tests {
         hold.renew_answered(ms(1_000), ms(2_000));
         assert_eq!(hold.unconfirmed, None);
         assert_eq!(hold.lease, Some((ms(1_000), ms(2_000))));
+    }
+
+    #[test]
+    fn an_answer_before_the_last_renewal_keeps_the_bound_of_those_still_in_flight() {
+        // 2 s at 1, 30 s at 2, 5 s at 3; the first two answered: the third,
+        // never recorded as the soonest, may still be applied, so the bound
+        // stays until the last is answered.
+        let mut hold = Hold::granted(Duration::ZERO, Some(ms(30_000)));
+        hold.renew_sent(ms(1_000), ms(2_000));
+        hold.renew_sent(ms(2_000), ms(30_000));
+        hold.renew_sent(ms(3_000), ms(5_000));
+        hold.renew_answered(ms(1_000), ms(2_000));
+        hold.renew_answered(ms(2_000), ms(30_000));
+        assert!(hold.deadline(ms(0), ms(10_000)) <= ms(3_000) + ms(5_000));
+        hold.renew_answered(ms(3_000), ms(5_000));
+        assert_eq!(hold.unconfirmed, None);
+        assert_eq!(hold.deadline(ms(0), ms(10_000)), ms(3_000) + ms(4_995));
     }
 
     #[test]

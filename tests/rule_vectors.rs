@@ -233,6 +233,17 @@ fn holds() -> Value {
             ],
         ),
         (
+            "an answer before the last renewal's keeps the bound of those still in flight",
+            Some(30_000_000),
+            vec![
+                Sent(1_000_000, 2_000_000),
+                Sent(2_000_000, 30_000_000),
+                Sent(3_000_000, 5_000_000),
+                Answered(1_000_000, 2_000_000),
+                Answered(2_000_000, 30_000_000),
+            ],
+        ),
+        (
             "answers that come out of order: the latest sent is in force",
             Some(30_000_000),
             vec![

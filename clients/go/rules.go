@@ -66,12 +66,16 @@ type hold struct {
 	// lease it set. nil: the lock lives as long as its owner (the
 	// connection, or on a cluster the session).
 	lease *leaseFrom
-	// unconfirmed is the renewal sent and not (yet) answered whose lease
-	// ends first. The server may have applied it though its answer never
-	// comes, so until an answer to a later renewal supersedes it, the lock
-	// may end with it: a renewal to a shorter lease, or the first Renew of
-	// a lock without a lease, which makes it a lease.
+	// unconfirmed is the renewal whose lease ends first among those sent
+	// since the latest one was answered. The server may have applied any of
+	// them though its answer never came, and applies them in the order
+	// sent, so until the latest-sent renewal is answered the lock may end
+	// with this one: a renewal to a shorter lease, or the first Renew of a
+	// lock without a lease, which makes it a lease.
 	unconfirmed *leaseFrom
+	// latest is the renewal sent last: its answer supersedes every renewal
+	// sent before it.
+	latest *leaseFrom
 }
 
 // granted is the hold of a lock granted to a request sent at sent, with
@@ -126,6 +130,8 @@ func (h hold) leaseLen() time.Duration {
 // changed.
 func (h *hold) renewSent(sent time.Time, lease time.Duration) bool {
 	r := leaseFrom{sent, lease}
+	last := r
+	h.latest = &last
 	if h.unconfirmed != nil && !r.end().Before(h.unconfirmed.end()) {
 		return false
 	}
@@ -136,21 +142,23 @@ func (h *hold) renewSent(sent time.Time, lease time.Duration) bool {
 // renewAnswered: the Renew to lease sent at sent was answered. The server
 // replaces a lease's end with each Renew, in the order sent, so the
 // latest-sent renewal answered is the one in force, even if it set a
-// shorter lease, and it supersedes every renewal sent before it. Returns
-// whether the hold changed.
+// shorter lease. Only the answer to the renewal sent last supersedes every
+// other: one sent later may still be applied after this one, and
+// unconfirmed keeps only the soonest end of those in flight, so it stays
+// (on the safe side) until that answer. Renewals are told apart by send
+// time and lease, so of two sent at one instant the first's answer does
+// not clear the second. Returns whether the hold changed.
 func (h *hold) renewAnswered(sent time.Time, lease time.Duration) bool {
 	newer := h.lease == nil || !h.lease.sent.After(sent)
 	if newer {
 		h.lease = &leaseFrom{sent, lease}
 	}
-	// Two sent at one instant cannot be told apart by time: clear an
-	// unconfirmed one of that instant only if it is this renewal.
-	superseded := h.unconfirmed != nil && (h.unconfirmed.sent.Before(sent) ||
-		(h.unconfirmed.sent.Equal(sent) && h.unconfirmed.lease == lease))
-	if superseded {
+	last := h.latest != nil && h.latest.sent.Equal(sent) && h.latest.lease == lease
+	if last {
 		h.unconfirmed = nil
+		h.latest = nil
 	}
-	return newer || superseded
+	return newer || last
 }
 
 // movesDeadline says whether the answer status to a request of kind proves

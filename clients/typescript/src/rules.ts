@@ -112,15 +112,19 @@ export class Hold {
    * @param lease A lease: when the Lock, or the latest Renew answered, was
    *   sent, and the lease it set. null: the lock lives as long as its owner
    *   (the connection, or on a cluster the session).
-   * @param unconfirmed The renewal sent and not (yet) answered whose lease
-   *   ends first. The server may have applied it though its answer never
-   *   comes, so until an answer to a later renewal supersedes it, the lock
-   *   may end with it: a renewal to a shorter lease, or the first Renew of
-   *   a lock without a lease, which makes it a lease.
+   * @param unconfirmed The renewal whose lease ends first among those sent
+   *   since the latest one was answered. The server may have applied any of
+   *   them though its answer never came, and applies them in the order
+   *   sent, so until the latest-sent renewal is answered the lock may end
+   *   with this one: a renewal to a shorter lease, or the first Renew of a
+   *   lock without a lease, which makes it a lease.
+   * @param latest The renewal sent last: its answer supersedes every
+   *   renewal sent before it.
    */
   constructor(
     public lease: Stamp | null,
     public unconfirmed: Stamp | null = null,
+    public latest: Stamp | null = null,
   ) {}
 
   /** A lock granted to a request sent at `sent`, with `lease` if it asked for one. */
@@ -147,6 +151,7 @@ export class Hold {
 
   /** A Renew to `lease` was sent at `sent`: once sent, the server may apply it though its answer never comes. Returns whether the hold changed. */
   renewSent(sent: bigint, lease: bigint): boolean {
+    this.latest = [sent, lease];
     const sooner = this.unconfirmed === null || deadline(sent, lease) < deadline(this.unconfirmed[0], this.unconfirmed[1]);
     if (sooner) this.unconfirmed = [sent, lease];
     return sooner;
@@ -155,20 +160,23 @@ export class Hold {
   /**
    * The Renew to `lease` sent at `sent` was answered: the server replaces a
    * lease's end with each Renew, in the order sent, so the latest-sent
-   * renewal answered is the one in force, even if it set a shorter lease,
-   * and it supersedes every renewal sent before it. Returns whether the
-   * hold changed.
+   * renewal answered is the one in force, even if it set a shorter lease.
+   * Only the answer to the renewal sent last supersedes every other: one
+   * sent later may still be applied after this one, and `unconfirmed` keeps
+   * only the soonest end of those in flight, so it stays (on the safe side)
+   * until that answer. Renewals are told apart by send time and lease, so
+   * of two sent at one instant the first's answer does not clear the
+   * second. Returns whether the hold changed.
    */
   renewAnswered(sent: bigint, lease: bigint): boolean {
     const newer = this.lease === null || this.lease[0] <= sent;
     if (newer) this.lease = [sent, lease];
-    // Two sent at one instant cannot be told apart by time: clear an
-    // unconfirmed one of that instant only if it is this renewal.
-    const superseded =
-      this.unconfirmed !== null &&
-      (this.unconfirmed[0] < sent || (this.unconfirmed[0] === sent && this.unconfirmed[1] === lease));
-    if (superseded) this.unconfirmed = null;
-    return newer || superseded;
+    const last = this.latest !== null && this.latest[0] === sent && this.latest[1] === lease;
+    if (last) {
+      this.unconfirmed = null;
+      this.latest = null;
+    }
+    return newer || last;
   }
 }
 

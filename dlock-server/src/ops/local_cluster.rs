@@ -46,14 +46,23 @@ const STOP_LIMIT: Duration = Duration::from_secs(10);
 /// How long the nodes get to elect their first leader.
 const READY_LIMIT: Duration = Duration::from_secs(30);
 
-/// Resolves once one of `servers` says it leads; `None` if none did within
+/// Resolves once one of `servers` leads and has committed and applied its
+/// whole log (the entry a new leader writes in its term included), so a
+/// client's OpenSession can commit at once; `None` if none did within
 /// [`READY_LIMIT`].
 async fn until_ready(servers: &str) -> Option<()> {
     let deadline = tokio::time::Instant::now() + READY_LIMIT;
     while tokio::time::Instant::now() < deadline {
         for addr in servers.split(',') {
             let status = super::ask::cluster_status(addr, Duration::from_secs(2)).await;
-            if status.is_some_and(|s| s.leader_id != 0 && s.leader_id == s.node_id) {
+            let serving = |s: &dlock_proto::proto::ClusterInfo| {
+                s.leader_id != 0
+                    && s.leader_id == s.node_id
+                    && s.committed_index > 0
+                    && s.committed_index >= s.last_log_index
+                    && s.last_applied_index >= s.committed_index
+            };
+            if status.as_ref().is_some_and(serving) {
                 return Some(());
             }
         }
@@ -137,7 +146,7 @@ impl LocalCluster {
             .collect::<Vec<_>>()
             .join(",");
         // The line to export comes once a client can use it: a leader is
-        // elected.
+        // elected and has committed its term's first entry.
         let ready = tokio::select! {
             ready = until_ready(&servers) => ready,
             _ = int.recv() => None,

@@ -101,18 +101,28 @@ class Hold:
     sent, the lease it set); None: the lock lives as long as its owner (the
     connection, or on a cluster the session).
 
-    `unconfirmed`: the renewal sent and not (yet) answered whose lease ends
-    first, as (send time, lease). The server may have applied it though its
-    answer never comes, so until an answer to a later renewal supersedes
-    it, the lock may end with it: a renewal to a shorter lease, or the first
-    Renew of a lock without a lease, which makes it a lease.
+    `unconfirmed`: the renewal whose lease ends first among those sent
+    since the latest one was answered, as (send time, lease). The server may
+    have applied any of them though its answer never came, and applies them
+    in the order sent, so until the latest-sent renewal is answered the lock
+    may end with this one: a renewal to a shorter lease, or the first Renew
+    of a lock without a lease, which makes it a lease.
+
+    `latest`: the renewal sent last, as (send time, lease): its answer
+    supersedes every renewal sent before it.
     """
 
-    __slots__ = ("lease", "unconfirmed")
+    __slots__ = ("lease", "unconfirmed", "latest")
 
-    def __init__(self, lease: Optional[Window] = None, unconfirmed: Optional[Window] = None) -> None:
+    def __init__(
+        self,
+        lease: Optional[Window] = None,
+        unconfirmed: Optional[Window] = None,
+        latest: Optional[Window] = None,
+    ) -> None:
         self.lease = lease
         self.unconfirmed = unconfirmed
+        self.latest = latest
 
     @classmethod
     def granted(cls, sent: int, lease: Optional[int]) -> "Hold":
@@ -121,10 +131,14 @@ class Hold:
         return cls(None if lease is None else (sent, lease))
 
     def __repr__(self) -> str:
-        return f"Hold(lease={self.lease}, unconfirmed={self.unconfirmed})"
+        return f"Hold(lease={self.lease}, unconfirmed={self.unconfirmed}, latest={self.latest})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Hold) and (self.lease, self.unconfirmed) == (other.lease, other.unconfirmed)
+        return isinstance(other, Hold) and (self.lease, self.unconfirmed, self.latest) == (
+            other.lease,
+            other.unconfirmed,
+            other.latest,
+        )
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
@@ -154,6 +168,7 @@ class Hold:
         """A Renew to `lease` was sent at `sent`: once sent, the server may
         apply it though its answer never comes. Returns whether the hold
         changed."""
+        self.latest = (sent, lease)
         sooner = self.unconfirmed is None or deadline(sent, lease) < deadline(*self.unconfirmed)
         if sooner:
             self.unconfirmed = (sent, lease)
@@ -163,19 +178,20 @@ class Hold:
         """The Renew to `lease` sent at `sent` was answered: the server
         replaces a lease's end with each Renew, in the order sent, so the
         latest-sent renewal answered is the one in force, even if it set a
-        shorter lease, and it supersedes every renewal sent before it.
-        Returns whether the hold changed."""
+        shorter lease. Only the answer to the renewal sent last supersedes
+        every other: one sent later may still be applied after this one, and
+        `unconfirmed` keeps only the soonest end of those in flight, so it
+        stays (on the safe side) until that answer. Renewals are told apart
+        by send time and lease, so of two sent at one instant the first's
+        answer does not clear the second. Returns whether the hold changed."""
         newer = self.lease is None or self.lease[0] <= sent
         if newer:
             self.lease = (sent, lease)
-        # Two sent at one instant cannot be told apart by time: clear an
-        # unconfirmed one of that instant only if it is this renewal.
-        superseded = self.unconfirmed is not None and (
-            self.unconfirmed[0] < sent or self.unconfirmed == (sent, lease)
-        )
-        if superseded:
+        last = self.latest == (sent, lease)
+        if last:
             self.unconfirmed = None
-        return newer or superseded
+            self.latest = None
+        return newer or last
 
 
 #: What `elsewhere` answers: the cluster ended the session.
