@@ -48,6 +48,11 @@ go test -count=1 -timeout 5m ./...
 
 # The conformance kit (docs/CLIENTS.md) on the Go client, with the Python
 # venv the Python client's CI made (the kit reads frames with protobuf).
-go build -o "$work/conformance" ./cmd/conformance
-"$root/.ci-venv/bin/python" "$root/clients/conformance/kit.py" \
-  --server-bin "$DLOCK_SERVER_BIN" -- "$work/conformance"
+# Under .ci/run (DLOCK_KITS_TOGETHER) the program is left in the target
+# directory and clients/conformance/ci.sh runs it beside the other clients'.
+kit_program="${CARGO_TARGET_DIR:-$root/target}/go-conformance"
+go build -o "$kit_program" ./cmd/conformance
+if [ -z "${DLOCK_KITS_TOGETHER:-}" ]; then
+  "$root/.ci-venv/bin/python" "$root/clients/conformance/kit.py" \
+    --server-bin "$DLOCK_SERVER_BIN" -- "$kit_program"
+fi

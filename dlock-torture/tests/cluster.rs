@@ -1,6 +1,6 @@
 //! The cluster torture in every `cargo test --workspace`: three node
 //! processes killed, paused, partitioned, restarted in turn and given a
-//! damaged log under honest clients for 45 s, with the seed that found the
+//! damaged log under honest clients for 30 s, with the seed that found the
 //! UnknownSession loop (see docs/RELIABILITY.md, "Cluster torture"); zero
 //! violations required; node 1's clock runs 0.05 % fast (the default),
 //! which the clients' allowance must cover. A leader cut off from its
@@ -40,7 +40,7 @@ fn cluster_run_has_no_violations() {
         "--cluster",
         "3",
         "--duration",
-        "45s",
+        "30s",
         "--clients",
         "8",
         "--fault-every",
