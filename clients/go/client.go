@@ -523,7 +523,7 @@ func (c *Client) granted(ctx context.Context, ln *link, cl *claim, keys []string
 			return nil, err
 		}
 	}
-	l := &Lock{c: c, ln: ln, own: own, claim: cl, keys: keys, fence: fence, hold: granted(sent, lease),
+	l := &Lock{c: c, ln: ln, own: own, claim: cl, keys: keys, fence: fence, hold: granted(sent, wireLease(lease)),
 		lost: make(chan struct{}), changed: make(chan struct{}), ended: make(chan struct{}),
 		renewing: make(chan struct{}, 1)}
 	c.mu.Lock()

@@ -284,6 +284,8 @@ func (l *Lock) Renew(ctx context.Context, lease time.Duration) error {
 		}
 		return ctx.Err()
 	}
+	// As the server takes it: whole microseconds (toMicros).
+	lease = wireLease(lease)
 	sent := time.Now()
 	// Once sent, the server may apply it though its answer never comes
 	// (an error, a cancelled ctx): a lease ending sooner than the deadline

@@ -59,6 +59,13 @@ func micros(us uint64) time.Duration {
 	return time.Duration(us) * time.Microsecond
 }
 
+// wireLease is a lease as the server takes it: whole microseconds, at
+// least one (0 or less: none), so a lock's deadline never counts on the
+// nanoseconds toMicros drops.
+func wireLease(d time.Duration) time.Duration {
+	return time.Duration(toMicros(d)) * time.Microsecond
+}
+
 // toMicros is d in whole microseconds, at least 1 for a positive d (a
 // positive limit below a microsecond still means "a little", not "none").
 func toMicros(d time.Duration) uint64 {
