@@ -13,4 +13,5 @@ pub mod limit_log;
 pub mod local_cluster;
 pub mod metrics;
 pub mod metrics_http;
+pub mod ports;
 pub mod reload;

@@ -9,7 +9,7 @@
 //! SIGTERM by the kernel if this command dies, even by SIGKILL.
 
 use anyhow::Context;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -197,16 +197,14 @@ impl LocalCluster {
                 })
                 .collect();
         }
-        // Held together until all are chosen, so no two are the same; a
-        // node binds its port a moment after it is let go.
+        // Below the ephemeral range, where no outgoing connection is given
+        // one in the moment between choosing and binding (`ports.rs`); held
+        // together until all are chosen, so no two are the same.
         let held = (0..self.nodes * 2)
-            .map(|_| TcpListener::bind(loopback(0)))
+            .map(|_| super::ports::reserve())
             .collect::<Result<Vec<_>, _>>()
             .context("cannot find free loopback ports")?;
-        let addrs = held
-            .iter()
-            .map(TcpListener::local_addr)
-            .collect::<Result<Vec<_>, _>>()?;
+        let addrs: Vec<SocketAddr> = held.iter().map(|(addr, _)| *addr).collect();
         Ok(addrs.chunks(2).map(|p| (p[0], p[1])).collect())
     }
 }
