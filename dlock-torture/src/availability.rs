@@ -196,6 +196,23 @@ impl Availability {
         self.nodes == 0 || (now >= s.unreachable_until && !self.broken(s))
     }
 
+    /// Whether a majority with the leader is up and reachable from the
+    /// clients now, and has been since the last outage settled. Two faults
+    /// that each take one follower (neither costs a session alone) may
+    /// together leave a 3-node leader without a majority, so the sessions
+    /// it then cannot keep alive are not owed.
+    pub fn majority_reachable(&self) -> bool {
+        let s = self.state();
+        self.reachable_at(&s, Instant::now())
+    }
+
+    /// The faults in progress now, or else those settling: where a
+    /// violation happened, for its report line.
+    pub fn faults_now(&self) -> String {
+        let s = self.state();
+        Self::when(&s, Instant::now(), self.settle)
+    }
+
     /// Records a loss now of something that had `room` (its window less
     /// its safety margin) and says whether it is judged; if so, the caller
     /// reports a violation when [`Self::require`] says so.
@@ -343,6 +360,23 @@ mod tests {
             lines.contains(&("not judged: no majority".into(), 2)),
             "{lines:?}"
         );
+    }
+
+    #[test]
+    fn two_follower_faults_together_leave_no_majority_until_it_has_settled() {
+        let a = three_nodes();
+        assert!(a.majority_reachable());
+        let one = a.fault_began("SIGKILL follower", 1, false);
+        assert!(a.majority_reachable(), "one follower of three down");
+        let two = a.fault_began("SIGKILL follower", 1, false);
+        assert!(!a.majority_reachable(), "both followers down");
+        assert_eq!(a.faults_now(), "during SIGKILL follower");
+        a.fault_healed(two);
+        // Keep-alives the leader could not commit may still end sessions.
+        assert!(!a.majority_reachable(), "settling after the outage");
+        a.fault_healed(one);
+        assert!(!a.majority_reachable(), "the outage's settling runs on");
+        assert_eq!(a.faults_now(), "after SIGKILL follower");
     }
 
     #[test]

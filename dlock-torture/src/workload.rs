@@ -114,8 +114,10 @@ impl Workload {
     /// that can cut a client from the leader (or end the leader's term) is
     /// in progress or settling, so a majority with the leader has been up
     /// and reachable from every client for a TTL and a few elections. Only
-    /// followers may be down (killed, their log damaged). Always so in the
-    /// calm end, and always on a single server.
+    /// followers may be down (killed, their log damaged), and never so many
+    /// at once that the leader loses its majority (two faults on the two
+    /// followers of three nodes: [`Availability::majority_reachable`]).
+    /// Always so in the calm end, and always on a single server.
     pub fn sessions_owed(&self) -> bool {
         let calm = self
             .calm_from
@@ -123,7 +125,17 @@ impl Workload {
             .unwrap_or_else(|p| p.into_inner())
             .is_some_and(|t| Instant::now() >= t);
         let (active, settles) = *self.disrupted.lock().unwrap_or_else(|p| p.into_inner());
-        calm || (active == 0 && Instant::now() >= settles)
+        calm || (active == 0 && Instant::now() >= settles && self.availability.majority_reachable())
+    }
+
+    /// A session ended while [`Self::sessions_owed`] says it was owed: a
+    /// violation, reported with the faults in progress or settling, so a
+    /// long run's one loss can be traced to its moment.
+    pub fn session_lost_while_owed(&self, detail: String) {
+        self.report.violation(
+            "session lost with the leader and a majority up",
+            format!("{detail} ({})", self.availability.faults_now()),
+        );
     }
 
     /// A client lost `what`, which had `room` (its window less its safety

@@ -747,6 +747,7 @@ async fn run_fault(
                 .report
                 .violation("node did not come back", "with its log restored".into()),
         }
+        in_step(nodes, sh, cluster).await;
         return;
     }
     if let (true, Some(links)) = (kind.cuts_clients(), &cluster.links) {
@@ -788,6 +789,7 @@ async fn run_fault(
                 .report
                 .violation("node did not come back", format!("after {}", kind.name())),
         }
+        in_step(nodes, sh, cluster).await;
         return;
     }
     let hit = nodes.to_vec();
@@ -804,6 +806,25 @@ async fn run_fault(
     if !healed {
         sh.report
             .violation("node did not come back", format!("after {}", kind.name()));
+    }
+    in_step(nodes, sh, cluster).await;
+}
+
+/// Waits until every node of `nodes`, just restarted or resumed, has
+/// caught up with the leader, so the fault counts as taking them out of
+/// the majority until then. A node that is starting, or whose replication
+/// the leader is still backing off from, cannot help commit: if another
+/// fault took the other follower of three meanwhile, the leader could
+/// keep no session alive, and the run must not owe them. Bounded by the
+/// run's end; a node still behind then is counted, not judged (a fault
+/// in progress elsewhere may be what holds it back).
+async fn in_step(nodes: &[usize], sh: &Workload, cluster: &Arc<Cluster>) {
+    let until = (Instant::now() + CATCH_UP).min(sh.stop_at);
+    for &i in nodes {
+        if !cluster.caught_up(i, until).await {
+            sh.counts
+                .bump("node not caught up within 30 s of its restart");
+        }
     }
 }
 

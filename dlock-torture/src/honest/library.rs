@@ -184,10 +184,9 @@ async fn round(client: u64, c: &Client, sh: &Workload, rng: &mut fastrand::Rng) 
 /// sessions), or a violation.
 fn session_or_violation(client: u64, sh: &Workload, what: &str, e: Error) {
     match e {
-        Error::ConnectionLost(e) if sh.sessions_owed() => sh.report.violation(
-            "session lost with the leader and a majority up",
-            format!("client {client}: {what}: {e}"),
-        ),
+        Error::ConnectionLost(e) if sh.sessions_owed() => {
+            sh.session_lost_while_owed(format!("client {client}: {what}: {e}"))
+        }
         Error::ConnectionLost(_) => sh.counts.bump("sessions lost"),
         Error::Connect { .. } | Error::ConnectTimeout { .. } | Error::Unreachable { .. } => {
             sh.counts.bump("connect failed (no leader)")
@@ -326,10 +325,10 @@ async fn hold(
         // guard in jeopardy is the client's caution on a slow machine, and
         // counted.
         if matches!(why, Lost::ConnectionLost(_)) && sh.sessions_owed() {
-            sh.report.violation(
-                "session lost with the leader and a majority up",
-                format!("client {client}: fence {}: {why:?}", guard.fence()),
-            );
+            sh.session_lost_while_owed(format!(
+                "client {client}: fence {}: {why:?}",
+                guard.fence()
+            ));
         }
         sh.counts.bump(match why {
             Lost::ConnectionLost(_) => "locks lost: session ended",
