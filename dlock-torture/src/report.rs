@@ -7,6 +7,10 @@ use std::sync::Mutex;
 /// Most violation descriptions kept for the summary.
 const EXAMPLES: usize = 20;
 
+/// Descriptions kept of each kind even past [`EXAMPLES`], so that a rare
+/// kind is not hidden behind a burst of another.
+const EXAMPLES_OF_EACH: usize = 3;
+
 /// Operation counts: how much work the run did.
 #[derive(Debug, Default)]
 pub struct Ops {
@@ -30,7 +34,7 @@ pub struct Report {
     pub ops: Ops,
     faults: Mutex<BTreeMap<&'static str, u64>>,
     violations: Mutex<BTreeMap<&'static str, u64>>,
-    examples: Mutex<Vec<String>>,
+    examples: Mutex<Vec<(&'static str, String)>>,
 }
 
 pub fn add(counter: &AtomicU64, n: u64) {
@@ -68,8 +72,18 @@ impl Report {
             .or_default() += n;
         let mut ex = self.examples.lock().unwrap_or_else(|p| p.into_inner());
         for d in details {
-            if ex.len() < EXAMPLES {
-                ex.push(format!("{kind}: {d}"));
+            // At once too, with the wall clock, to be matched with the
+            // nodes' logs (DLOCK_TEST_NODE_LOG_DIR) of a long run.
+            let at = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            eprintln!(
+                "dlock-torture: at {:.3} (unix s): {kind}: {d}",
+                at.as_secs_f64()
+            );
+            let of_kind = ex.iter().filter(|(k, _)| *k == kind).count();
+            if ex.len() < EXAMPLES || of_kind < EXAMPLES_OF_EACH {
+                ex.push((kind, d));
             }
         }
     }
@@ -121,13 +135,13 @@ impl Report {
         for (k, v) in violations.iter() {
             out.push_str(&format!("  {k:<24} {v}\n"));
         }
-        for e in self
+        for (k, e) in self
             .examples
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
         {
-            out.push_str(&format!("  - {e}\n"));
+            out.push_str(&format!("  - {k}: {e}\n"));
         }
         out
     }

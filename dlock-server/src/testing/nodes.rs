@@ -8,7 +8,7 @@
 //! its own executable (see [`server_binary`]).
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -320,6 +320,15 @@ impl NodeProcesses {
         let panicked = self.panicked.clone();
         let id = n.id;
         let log = n.log.clone();
+        // A long run's whole logs, to explain what it reports: the ring
+        // keeps only the last lines.
+        let mut keep = std::env::var_os("DLOCK_TEST_NODE_LOG_DIR").and_then(|dir| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(Path::new(&dir).join(format!("node-{id}.log")))
+                .ok()
+        });
         // Reads the log to its end, so the node never blocks on a full pipe.
         std::thread::spawn(move || {
             let mut up_tx = Some(up_tx);
@@ -333,6 +342,9 @@ impl NodeProcesses {
                         log.pop_front();
                     }
                     log.push_back(line.clone());
+                }
+                if let Some(f) = keep.as_mut() {
+                    let _ = writeln!(f, "{line}");
                 }
                 if line.contains("panicked") {
                     // Into the test's output, shown when it fails.

@@ -47,6 +47,10 @@ const CATCH_UP_POLL: Duration = Duration::from_millis(100);
 pub struct Cluster {
     nodes: Mutex<NodeProcesses>,
     addrs: Vec<String>,
+    /// The nodes' raft ids, copied out so that async code never waits for
+    /// the process mutex a restart holds on a blocking thread (a worker
+    /// thread waiting for it stalls every client of the run).
+    ids: Vec<u64>,
     /// Per node: held by a fault (killed, paused or cut off, or about to
     /// be).
     claimed: Mutex<Vec<bool>>,
@@ -151,14 +155,18 @@ impl Cluster {
         let addrs = (0..nodes.len())
             .map(|i| nodes.addr(i).to_string())
             .collect();
+        let ids = (0..nodes.len()).map(|i| nodes.id(i)).collect();
         Cluster {
             claimed: Mutex::new(vec![false; nodes.len()]),
+            ids,
             nodes: Mutex::new(nodes),
             addrs,
             links,
         }
     }
 
+    /// The node processes. Only from a blocking thread: a restart holds
+    /// them while it waits for the node to listen.
     pub fn nodes(&self) -> MutexGuard<'_, NodeProcesses> {
         self.nodes.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -245,7 +253,7 @@ impl Cluster {
     /// which it cannot without every committed entry). False if that did
     /// not happen by `until`.
     async fn caught_up(&self, i: usize, until: Instant) -> bool {
-        let id = self.nodes().id(i);
+        let id = self.ids[i];
         loop {
             for j in 0..self.len() {
                 let Some(s) = self.status(j).await else {
