@@ -78,7 +78,8 @@ echo "snapshots written before the phases: $before (none expected)"
 for n in 1 2 3; do
   role=$([[ $n == "$LEADER" ]] && echo leader || { [[ $n == "$FOLLOWER" ]] && echo "follower asked" || echo follower; })
   paused=$(grep 'snapshot written' "$TMP/d$n.log" | sed -n 's/.*applying_paused_\(ms\|us\)=\([0-9]*\).*/\2\1/p' | tr '\n' ' ' || true)
-  echo "node $n ($role): snapshots $(grep -c 'snapshot written' "$TMP/d$n.log" || true), applying paused: ${paused:-none}"
+  took=$(grep 'snapshot written' "$TMP/d$n.log" | sed -n 's/.*took_ms=\([0-9]*\).*/\1ms/p' | tr '\n' ' ' || true)
+  echo "node $n ($role): snapshots $(grep -c 'snapshot written' "$TMP/d$n.log" || true), applying paused: ${paused:-none}; each took: ${took:-?}"
 done
 exec 3>&-
 wait "$HOLDER" || true
