@@ -94,13 +94,17 @@ impl<T: Clone> Chunks<T> {
     /// Appends `x`.
     pub fn push(&mut self, x: T) {
         if self.len & MASK == 0 {
-            self.chunks.push(Arc::new(Vec::with_capacity(CHUNK)));
+            // Empty, to grow as a vector does: a table of a few keys, which
+            // may empty and refill on every Lock, keeps small allocations.
+            self.chunks.push(Arc::new(Vec::new()));
         }
         if let Some(last) = self.chunks.last_mut() {
             let last = Arc::make_mut(last);
-            // A chunk copied on write has only its length's room: give it
-            // a whole chunk's at once rather than grow it by doubling.
-            last.reserve_exact(CHUNK - last.len());
+            if last.len() == last.capacity() {
+                // Doubling, never past a chunk (a chunk copied on write
+                // has only its length's room, which doubling would pass).
+                last.reserve_exact(last.len().max(4).min(CHUNK - last.len()));
+            }
             last.push(x);
             self.len += 1;
         }
@@ -318,6 +322,18 @@ mod tests {
         // Only the chunks written were copied.
         assert!(Arc::ptr_eq(&a.chunks[1], &copy.chunks[1]));
         assert!(!Arc::ptr_eq(&a.chunks[0], &copy.chunks[0]));
+    }
+
+    #[test]
+    fn a_chunk_never_holds_room_past_its_size() {
+        let mut a: Chunks<u8> = (0..1500).map(|i| i as u8).collect();
+        assert_eq!(a.chunks[0].capacity(), CHUNK, "doubling stops at a chunk");
+        let copy = a.clone();
+        for i in 0..600 {
+            a.push(i as u8);
+        }
+        assert_eq!(a.chunks[1].capacity(), CHUNK, "a copied chunk too");
+        assert_eq!((a.len(), copy.len()), (2100, 1500));
     }
 
     #[test]
