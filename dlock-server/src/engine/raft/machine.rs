@@ -57,8 +57,8 @@ pub(crate) struct MachineHandle {
     /// Tells snapshots built from the same state apart.
     snapshot_seq: AtomicU64,
     /// `Applied::at` in microseconds, written with it under the lock: the
-    /// leader stamps every proposal from it, and must not wait for the lock
-    /// while a snapshot is being encoded under it.
+    /// leader stamps every proposal from it, and need not wait for the lock
+    /// while applying (or a snapshot's freeze) holds it.
     applied_at: AtomicU64,
 }
 
