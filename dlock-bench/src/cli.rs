@@ -26,6 +26,7 @@ Examples:
   dlock-bench multikey -c 32 --keys 8 --pool 1000
   dlock-bench --server-pid $(pidof dlock-server) hold --count 1000000
   dlock-bench --server-pid $(pidof dlock-server) conns --idle 10000
+  dlock-bench --server LEADER snapshot-stall --leader-pid P1 --follower-pid P2
   dlock-bench --json --duration 2s ping | jq .ops_per_sec";
 
 /// Options every workload takes.
@@ -157,6 +158,26 @@ pub enum Workload {
         /// A client library's heartbeat: a quarter of the session TTL.
         #[arg(long, default_value = "2.5s", value_parser = dlock::duration::parse_positive)]
         every: Duration,
+    },
+    /// Lock and Unlock latency on a cluster's leader in three phases of
+    /// --duration each: quiet, the leader asked for a snapshot every
+    /// --every (SIGUSR1), then a follower asked the same
+    /// (bench/snapshot_stall.sh holds 1M leases first).
+    SnapshotStall {
+        #[arg(short = 'c', long, default_value_t = 16)]
+        connections: usize,
+        /// The leader's process id.
+        #[arg(long)]
+        leader_pid: u32,
+        /// A follower's process id.
+        #[arg(long)]
+        follower_pid: u32,
+        /// How often a snapshot is asked for.
+        #[arg(long, default_value = "1s", value_parser = dlock::duration::parse_positive)]
+        every: Duration,
+        /// Times the three phases are run, one after another.
+        #[arg(long, default_value_t = 1)]
+        rounds: u32,
     },
     /// Connect, lock, disconnect, repeatedly.
     Churn {

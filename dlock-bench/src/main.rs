@@ -8,6 +8,7 @@ mod memory;
 mod rng;
 mod sessions;
 mod sharing;
+mod snapshots;
 mod stats;
 mod workloads;
 
@@ -243,6 +244,20 @@ async fn measure(
         }
         Workload::Conns { idle, active } => {
             memory::conns(target, duration, idle, active.max(1), server.pid).await
+        }
+        Workload::SnapshotStall {
+            connections,
+            leader_pid,
+            follower_pid,
+            every,
+            rounds,
+        } => {
+            let nodes = snapshots::Nodes {
+                leader: leader_pid,
+                follower: follower_pid,
+                every,
+            };
+            snapshots::stall(target, duration, connections.max(1), nodes, rounds).await
         }
         Workload::IdleSessions { connections, every } => {
             match sessions::idle(target, duration, connections, every, server.pid).await {

@@ -52,6 +52,7 @@
 //! (or everyone) had.
 
 mod busiest;
+mod chunks;
 mod command;
 mod deadlines;
 mod grants;
@@ -71,7 +72,7 @@ pub use busiest::Busy;
 pub use command::{Command, LimitName, LockResult, Output, Reply, WaitOutcome, Woken};
 pub use mode::{Mode, Sharing};
 pub use resend::MAX_REMEMBERED;
-pub use snapshot::{BadSnapshot, LoadedSnapshot, Snapshot, SnapshotView};
+pub use snapshot::{BadSnapshot, FrozenTable, LoadedSnapshot, Snapshot, SnapshotView};
 pub use tickets::TicketState;
 pub use time::Time;
 pub use value::{FirstHolder, MAX_VALUE_LEN};
@@ -185,7 +186,9 @@ struct Hold {
     since: Time,
 }
 
-#[derive(Debug, Default)]
+/// A key's holders and waiters. Cloned only when a snapshot still shares
+/// the chunk of slots it is in (see `keymap`).
+#[derive(Debug, Default, Clone)]
 struct KeyState {
     holds: Holds,
     queue: Queue,

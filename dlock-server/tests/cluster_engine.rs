@@ -133,6 +133,7 @@ impl Harness {
             peer_tls: None,
             peer_routes: Default::default(),
             clock_rate: 1.0,
+            snapshot_every: dlock_server::engine::raft::SNAPSHOT_EVERY,
         };
         let cluster = Cluster::start(cfg, listener, sink, CancellationToken::new())
             .await

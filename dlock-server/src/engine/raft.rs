@@ -156,8 +156,9 @@ pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long [`Cluster::add_node`] waits for the new node to catch up, and
 /// each membership change to commit.
 pub const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
-/// A snapshot is taken after this many log entries since the last one.
-pub const SNAPSHOT_EVERY: u64 = 10_000;
+/// A snapshot is taken after this many log entries since the last one,
+/// unless [`ClusterConfig::snapshot_every`] says otherwise.
+pub const SNAPSHOT_EVERY: u64 = crate::ops::config::DEFAULT_SNAPSHOT_EVERY;
 /// Entries kept in the log after a snapshot, so that a follower a little
 /// behind catches up from the log rather than by a whole snapshot.
 pub const LOG_KEPT_AFTER_SNAPSHOT: u64 = 1_000;
@@ -213,6 +214,8 @@ pub struct ClusterConfig {
     /// How fast this node's clock runs against real time while it leads:
     /// 1, but in tests of the clients' allowance for clock rates.
     pub clock_rate: f64,
+    /// Log entries between snapshots (usually [`SNAPSHOT_EVERY`]).
+    pub snapshot_every: u64,
 }
 
 /// A cheap handle to a running node.

@@ -173,6 +173,9 @@ impl Server {
         };
         let shared = Arc::new(Shared::new(service).with_tls(tls));
         tracker.spawn(reload::on_sighup(reloadable(&shared), cancel.clone()));
+        if let Some(c) = shared.service.engine().cluster() {
+            tracker.spawn(snapshot_on_sigusr1(c.clone(), cancel.clone()));
+        }
         let server = Server {
             listener,
             shared,
@@ -346,6 +349,42 @@ fn reloadable(shared: &Arc<Shared>) -> Arc<Vec<Reloadable>> {
             }),
         },
     ])
+}
+
+/// Takes a snapshot on every SIGUSR1 until `shutdown`: before a backup is
+/// copied, or to measure a node while it writes one (bench/snapshot_stall.sh).
+/// A snapshot asked for while one is being written is the same snapshot.
+async fn snapshot_on_sigusr1(cluster: raft::Cluster, shutdown: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut usr1 = match signal(SignalKind::user_defined1()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGUSR1; no snapshots on demand");
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                got = usr1.recv() => {
+                    if got.is_none() {
+                        return;
+                    }
+                    match cluster.snapshot().await {
+                        Ok(index) => tracing::info!(?index, "snapshot taken on SIGUSR1"),
+                        Err(e) => tracing::warn!(error = %e, "SIGUSR1: no snapshot taken"),
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = cluster;
+        shutdown.cancelled().await;
+    }
 }
 
 /// The gauges of a cluster node's Raft state.

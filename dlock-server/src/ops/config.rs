@@ -314,7 +314,19 @@ pub struct Config {
     /// hundreds of milliseconds, or such stalls start needless elections.
     #[arg(long, env = "DLOCK_ELECTION_TIMEOUT", default_value = "200ms", value_parser = dlock_proto::duration::parse_positive, help_heading = "Cluster")]
     pub election_timeout: Duration,
+
+    /// Write a snapshot of the table after this many log entries since the
+    /// last one, and purge the log it covers. Fewer entries keep less log on
+    /// disk and make a restart replay less; each snapshot writes the whole
+    /// table. SIGUSR1 asks a node for a snapshot at once, whatever this is.
+    #[arg(long, env = "DLOCK_SNAPSHOT_EVERY", value_name = "ENTRIES", default_value_t = DEFAULT_SNAPSHOT_EVERY, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Cluster")]
+    pub snapshot_every: u64,
 }
+
+/// Log entries between a node's snapshots unless `--snapshot-every` says
+/// otherwise: at a few thousand entries a second, a snapshot every few
+/// seconds, and about 11,000 entries on disk (with the 1,000 kept after it).
+pub const DEFAULT_SNAPSHOT_EVERY: u64 = 10_000;
 
 /// The initial members of a cluster: id, client address, peer address.
 #[derive(Debug, Clone, PartialEq, Eq)]

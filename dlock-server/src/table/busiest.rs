@@ -54,7 +54,7 @@ impl LockTable {
                 .map(|b| (Reverse(b.waiters), Reverse(b.held_for))),
             false => None,
         };
-        for (key, state) in slots.get(from..end).unwrap_or_default().iter().flatten() {
+        for (key, state) in slots.range(from, end).flatten() {
             let waiters = state.queue.len();
             let since = state.holds.iter().map(|h| h.since).min();
             let held_for = since.map_or(Duration::ZERO, |s| now.saturating_duration_since(s));

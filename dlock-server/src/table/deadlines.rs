@@ -9,11 +9,13 @@
 //! order in which entries surface depends only on which entries there are,
 //! not on the heap's layout: a heap rebuilt from a snapshot pops in the same
 //! order as the one it was taken from.
+//!
+//! The heaps are kept in shared chunks ([`Heap`]), so a snapshot copies
+//! them in microseconds under the lock, whatever the number of leases.
 
+use super::chunks::Heap;
 use super::{ReqId, Time};
 use crate::table::keymap::Slot;
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 
 /// A lease entry: (deadline, fence, slot). The fence tells a live lease from
 /// a stale entry, even after the slot has been reused by another key.
@@ -27,32 +29,35 @@ pub(super) type TimeoutEntry = (Time, ReqId);
 const HEAP_SLACK: usize = 64;
 
 /// See the module documentation.
-#[derive(Debug, Default)]
+///
+/// A clone shares the heaps' chunks (see [`Heap`]): it is how a snapshot
+/// takes them.
+#[derive(Debug, Default, Clone)]
 pub(super) struct Deadlines {
-    leases: BinaryHeap<Reverse<LeaseEntry>>,
-    timeouts: BinaryHeap<Reverse<TimeoutEntry>>,
+    leases: Heap<LeaseEntry>,
+    timeouts: Heap<TimeoutEntry>,
 }
 
 impl Deadlines {
     /// Heaps holding exactly these entries.
     pub(super) fn from_entries(leases: Vec<LeaseEntry>, timeouts: Vec<TimeoutEntry>) -> Self {
         Deadlines {
-            leases: leases.into_iter().map(Reverse).collect(),
-            timeouts: timeouts.into_iter().map(Reverse).collect(),
+            leases: leases.into_iter().collect(),
+            timeouts: timeouts.into_iter().collect(),
         }
     }
 
     pub(super) fn push_lease(&mut self, entry: LeaseEntry) {
-        self.leases.push(Reverse(entry));
+        self.leases.push(entry);
     }
 
     pub(super) fn push_timeout(&mut self, entry: TimeoutEntry) {
-        self.timeouts.push(Reverse(entry));
+        self.timeouts.push(entry);
     }
 
     /// Removes and returns the earliest lease entry due at `now`.
     pub(super) fn pop_lease_due(&mut self, now: Time) -> Option<LeaseEntry> {
-        let &Reverse(entry) = self.leases.peek()?;
+        let &entry = self.leases.peek()?;
         (entry.0 <= now).then(|| {
             self.leases.pop();
             entry
@@ -61,7 +66,7 @@ impl Deadlines {
 
     /// Removes and returns the earliest wait-limit entry due at `now`.
     pub(super) fn pop_timeout_due(&mut self, now: Time) -> Option<TimeoutEntry> {
-        let &Reverse(entry) = self.timeouts.peek()?;
+        let &entry = self.timeouts.peek()?;
         (entry.0 <= now).then(|| {
             self.timeouts.pop();
             entry
@@ -71,8 +76,8 @@ impl Deadlines {
     /// The earliest deadline of either kind, stale entries included (an
     /// early wake-up that finds nothing to do is harmless).
     pub(super) fn next(&self) -> Option<Time> {
-        let lease = self.leases.peek().map(|Reverse((t, _, _))| *t);
-        let timeout = self.timeouts.peek().map(|Reverse((t, _))| *t);
+        let lease = self.leases.peek().map(|(t, _, _)| *t);
+        let timeout = self.timeouts.peek().map(|(t, _)| *t);
         match (lease, timeout) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -100,10 +105,10 @@ impl Deadlines {
         timeout_is_live: impl Fn(ReqId) -> bool,
     ) {
         if self.leases.len() > 2 * live_leases + HEAP_SLACK {
-            self.leases.retain(|Reverse(e)| lease_is_live(e));
+            self.leases.retain(lease_is_live);
         }
         if self.timeouts.len() > 2 * waiters + HEAP_SLACK {
-            self.timeouts.retain(|Reverse((_, r))| timeout_is_live(*r));
+            self.timeouts.retain(|(_, r)| timeout_is_live(*r));
         }
     }
 
@@ -115,10 +120,7 @@ impl Deadlines {
         impl Iterator<Item = &LeaseEntry>,
         impl Iterator<Item = &TimeoutEntry>,
     ) {
-        (
-            self.leases.iter().map(|Reverse(e)| e),
-            self.timeouts.iter().map(|Reverse(e)| e),
-        )
+        (self.leases.iter(), self.timeouts.iter())
     }
 
     /// How many entries each heap holds, stale ones included.
@@ -128,8 +130,8 @@ impl Deadlines {
 
     /// Every entry, sorted: the heaps' contents without their layout.
     pub(super) fn entries(&self) -> (Vec<LeaseEntry>, Vec<TimeoutEntry>) {
-        let mut leases: Vec<LeaseEntry> = self.leases.iter().map(|Reverse(e)| *e).collect();
-        let mut timeouts: Vec<TimeoutEntry> = self.timeouts.iter().map(|Reverse(e)| *e).collect();
+        let mut leases: Vec<LeaseEntry> = self.leases.iter().copied().collect();
+        let mut timeouts: Vec<TimeoutEntry> = self.timeouts.iter().copied().collect();
         leases.sort_unstable();
         timeouts.sort_unstable();
         (leases, timeouts)

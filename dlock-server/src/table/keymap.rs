@@ -7,7 +7,12 @@
 //! entry and round up to a power of two, so at a million keys most of its
 //! memory would be empty buckets. Stable slot numbers also let the lease
 //! heap name a key with 4 bytes instead of a pointer to its name.
+//!
+//! The slots are kept in shared chunks ([`Chunks`]), so a snapshot copies
+//! them in microseconds under the lock and encodes them after it; the hash
+//! index is never copied (a snapshot has no use for it).
 
+use super::chunks::Chunks;
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
 
@@ -24,9 +29,9 @@ pub type Slot = u32;
 /// Key names to values; see the module documentation.
 #[derive(Debug)]
 pub struct KeyMap<V> {
-    slots: Vec<Option<(Key, V)>>,
+    slots: Chunks<Option<(Key, V)>>,
     /// Empty slots, reused before the vector grows.
-    free: Vec<Slot>,
+    free: Chunks<Slot>,
     index: HashTable<Slot>,
     /// SipHash with a random key: names come from clients, so collisions
     /// must not be something they can choose.
@@ -36,11 +41,32 @@ pub struct KeyMap<V> {
 impl<V> Default for KeyMap<V> {
     fn default() -> Self {
         KeyMap {
-            slots: Vec::new(),
-            free: Vec::new(),
+            slots: Chunks::default(),
+            free: Chunks::default(),
             index: HashTable::new(),
             hasher: Default::default(),
         }
+    }
+}
+
+/// The slots of a [`KeyMap`] at one instant, apart from the map: what a
+/// snapshot encodes once the map has moved on. Taking them copies a pointer
+/// per chunk of slots; see [`KeyMap::frozen`].
+#[derive(Debug)]
+pub struct FrozenSlots<V> {
+    slots: Chunks<Option<(Key, V)>>,
+    free: Chunks<Slot>,
+}
+
+impl<V> FrozenSlots<V> {
+    /// Every slot, empty ones included, in slot order.
+    pub fn slots(&self) -> &Chunks<Option<(Key, V)>> {
+        &self.slots
+    }
+
+    /// Empty slots, in the reverse of the order they will be reused.
+    pub fn free_slots(&self) -> &Chunks<Slot> {
+        &self.free
     }
 }
 
@@ -79,7 +105,10 @@ impl<V> KeyMap<V> {
     }
 
     /// The value of `key`, mutably.
-    pub fn get_mut(&mut self, key: &str) -> Option<&mut V> {
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut V>
+    where
+        V: Clone,
+    {
         let s = self.find(key)?;
         self.at_mut(s)
     }
@@ -93,7 +122,10 @@ impl<V> KeyMap<V> {
     }
 
     /// The value in `slot`, mutably.
-    pub fn at_mut(&mut self, slot: Slot) -> Option<&mut V> {
+    pub fn at_mut(&mut self, slot: Slot) -> Option<&mut V>
+    where
+        V: Clone,
+    {
         self.slots
             .get_mut(slot as usize)
             .and_then(|e| e.as_mut())
@@ -104,7 +136,7 @@ impl<V> KeyMap<V> {
     /// slot.
     pub fn get_or_default(&mut self, key: &Key) -> (Slot, &mut V)
     where
-        V: Default,
+        V: Default + Clone,
     {
         let slot = match self.find(key) {
             Some(s) => s,
@@ -122,8 +154,9 @@ impl<V> KeyMap<V> {
                 let hash = self.hasher.hash_one(&**key);
                 let (slots, hasher) = (&self.slots, &self.hasher);
                 self.index.insert_unique(hash, slot, |&s| {
-                    slots[s as usize]
-                        .as_ref()
+                    slots
+                        .get(s as usize)
+                        .and_then(|e| e.as_ref())
                         .map_or(0, |(k, _)| hasher.hash_one(&**k))
                 });
                 slot
@@ -135,11 +168,17 @@ impl<V> KeyMap<V> {
     }
 
     /// Removes `key` and frees its slot.
-    pub fn remove(&mut self, key: &str) -> Option<V> {
+    pub fn remove(&mut self, key: &str) -> Option<V>
+    where
+        V: Clone,
+    {
         let hash = self.hasher.hash_one(key);
         let slots = &self.slots;
         let found = self.index.find_entry(hash, |&s| {
-            slots[s as usize].as_ref().is_some_and(|(k, _)| &**k == key)
+            slots
+                .get(s as usize)
+                .and_then(|e| e.as_ref())
+                .is_some_and(|(k, _)| &**k == key)
         });
         let slot = match found {
             Ok(entry) => entry.remove().0,
@@ -153,8 +192,8 @@ impl<V> KeyMap<V> {
         }
         if self.index.is_empty() {
             // Give back the memory of a burst once it is over.
-            self.slots = Vec::new();
-            self.free = Vec::new();
+            self.slots = Chunks::default();
+            self.free = Chunks::default();
             self.index = HashTable::new();
         }
         Some(v)
@@ -165,18 +204,28 @@ impl<V> KeyMap<V> {
     /// is deterministic.
     pub fn iter_slots(&self) -> impl Iterator<Item = (Slot, &Key, &V)> {
         (0..)
-            .zip(&self.slots)
+            .zip(self.slots.iter())
             .filter_map(|(s, e)| e.as_ref().map(|(k, v)| (s, k, v)))
     }
 
     /// Every slot, empty ones included, in slot order.
-    pub fn slots(&self) -> &[Option<(Key, V)>] {
+    pub fn slots(&self) -> &Chunks<Option<(Key, V)>> {
         &self.slots
     }
 
     /// Empty slots, in the reverse of the order they will be reused.
-    pub fn free_slots(&self) -> &[Slot] {
+    pub fn free_slots(&self) -> &Chunks<Slot> {
         &self.free
+    }
+
+    /// The slots as they are now, for a snapshot to encode while the map
+    /// goes on changing: a pointer per chunk is copied, and a later write
+    /// copies the chunk it lands in, once.
+    pub fn frozen(&self) -> FrozenSlots<V> {
+        FrozenSlots {
+            slots: self.slots.clone(),
+            free: self.free.clone(),
+        }
     }
 
     /// The map whose [`KeyMap::slots`] and [`KeyMap::free_slots`] these are,
@@ -185,28 +234,31 @@ impl<V> KeyMap<V> {
     ///
     /// # Errors
     /// A key appears twice, or the free list is not exactly the empty slots.
-    pub fn from_parts(slots: Vec<Option<(Key, V)>>, free: Vec<Slot>) -> Result<Self, String> {
+    pub fn from_parts(slots: Vec<Option<(Key, V)>>, free: Vec<Slot>) -> Result<Self, String>
+    where
+        V: Clone,
+    {
         if Slot::try_from(slots.len()).is_err() {
             return Err(format!(
                 "{} slots, more than a slot number can name",
                 slots.len()
             ));
         }
-        let mut map = KeyMap {
-            slots,
-            free,
-            ..KeyMap::default()
-        };
         let mut empty: Vec<Slot> = (0..)
-            .zip(&map.slots)
+            .zip(&slots)
             .filter_map(|(s, e)| e.is_none().then_some(s))
             .collect();
-        let mut listed = map.free.clone();
+        let mut listed = free.clone();
         listed.sort_unstable();
         empty.sort_unstable();
         if listed != empty {
             return Err("the free slot list is not the set of empty slots".into());
         }
+        let mut map = KeyMap {
+            slots: slots.into_iter().collect(),
+            free: free.into_iter().collect(),
+            ..KeyMap::default()
+        };
         for slot in 0..map.slots.len() {
             let Some((key, _)) = &map.slots[slot] else {
                 continue;
@@ -217,8 +269,9 @@ impl<V> KeyMap<V> {
             let hash = map.hasher.hash_one(&**key);
             let (slots, hasher) = (&map.slots, &map.hasher);
             map.index.insert_unique(hash, slot as Slot, |&s| {
-                slots[s as usize]
-                    .as_ref()
+                slots
+                    .get(s as usize)
+                    .and_then(|e| e.as_ref())
                     .map_or(0, |(k, _)| hasher.hash_one(&**k))
             });
         }
@@ -260,10 +313,15 @@ mod tests {
         }
         m.remove("b");
         m.remove("a");
-        let copy = KeyMap::from_parts(m.slots().to_vec(), m.free_slots().to_vec()).unwrap();
+        let parts = (
+            m.slots().iter().cloned().collect(),
+            m.free_slots().iter().copied().collect(),
+        );
+        let copy = KeyMap::from_parts(parts.0, parts.1).unwrap();
         assert_eq!(copy.slot("c"), m.slot("c"));
         assert_eq!(copy.get("d"), Some(&3));
-        assert_eq!(copy.free_slots(), [1, 0], "reused in the same order");
+        let free: Vec<Slot> = copy.free_slots().iter().copied().collect();
+        assert_eq!(free, [1, 0], "reused in the same order");
         let twice = vec![Some((Key::from("x"), 1)), Some((Key::from("x"), 2))];
         assert!(KeyMap::from_parts(twice, vec![]).is_err());
         let unlisted = vec![None, Some((Key::from("x"), 1))];

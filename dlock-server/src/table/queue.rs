@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 /// Most held keys have no waiters, so the queue is boxed and allocated only
 /// when someone waits: an empty queue costs 8 bytes, which adds up over
 /// millions of held keys.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct Queue(Option<Box<Inner>>);
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Inner {
     reqs: BTreeMap<ReqId, Mode>,
     /// How many of `reqs` are shared: they all agree on one limit, and a

@@ -12,6 +12,7 @@
 //! requests are fields that older snapshots lack and load as none. Every collection is written in a fixed
 //! order, so equal tables give equal snapshots.
 
+use super::chunks::Chunks;
 use super::deadlines::{Deadlines, LeaseEntry, TimeoutEntry};
 use super::mode::{Holds, SharedHolds};
 use super::sessions::Sessions;
@@ -19,7 +20,7 @@ use super::takers::Takers;
 use super::{
     Hold, Key, KeyState, LockTable, Mode, OwnerId, OwnerState, ReqId, TableLimits, Time, Waiter,
 };
-use crate::table::keymap::{KeyMap, Slot};
+use crate::table::keymap::{FrozenSlots, KeyMap, Slot};
 use serde::de::{Error as _, SeqAccess, Visitor};
 use serde::ser::{Error as _, SerializeSeq, SerializeStruct};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -69,13 +70,68 @@ struct KeySnapshot {
 }
 
 /// The table's state written as a [`Snapshot`] is, straight from the
-/// table: a [`Snapshot`] deserialises from what it serialises. It copies
-/// nothing, so a large table can be streamed to a file without a second
-/// copy of it in memory; the price is that the table must stay borrowed
-/// (unchanged) while it is written. Deadline entries come in the heaps'
-/// own order rather than sorted, which restores the same table (entries
-/// surface by value, see `deadlines`).
-pub struct SnapshotView<'a>(&'a LockTable);
+/// table or from a [`FrozenTable`]: a [`Snapshot`] deserialises from what
+/// it serialises. It copies nothing, so a large table can be streamed to a
+/// file without a second copy of it in memory. Deadline entries come in the
+/// heaps' own order rather than sorted, which restores the same table
+/// (entries surface by value, see `deadlines`).
+pub struct SnapshotView<'a> {
+    limits: TableLimits,
+    now: Time,
+    closed: bool,
+    next_fence: u64,
+    next_req: ReqId,
+    slots: &'a Chunks<Option<(Key, KeyState)>>,
+    free_slots: &'a Chunks<Slot>,
+    waiters: &'a BTreeMap<ReqId, Waiter>,
+    owners: &'a BTreeMap<OwnerId, OwnerState>,
+    deadlines: &'a Deadlines,
+    sessions: &'a Sessions,
+    takers: &'a Takers,
+}
+
+/// The table's state at one instant, kept apart from the table, which may
+/// change meanwhile: what a node encodes into a snapshot after releasing
+/// the table's lock. Taking it ([`LockTable::freeze`]) copies a pointer per
+/// chunk of key slots and of lease entries (about a thousand at 1,000,000
+/// keys) and clones the maps that grow with waiters, owners and sessions,
+/// not with held keys: of a key held without a lease its owner keeps the
+/// name, and with access control the fence's taker keeps the names too.
+/// Writes to the table after it copy the chunks they land in, once.
+#[derive(Debug)]
+pub struct FrozenTable {
+    limits: TableLimits,
+    now: Time,
+    closed: bool,
+    next_fence: u64,
+    next_req: ReqId,
+    keys: FrozenSlots<KeyState>,
+    waiters: BTreeMap<ReqId, Waiter>,
+    owners: BTreeMap<OwnerId, OwnerState>,
+    deadlines: Deadlines,
+    sessions: Sessions,
+    takers: Takers,
+}
+
+impl FrozenTable {
+    /// The state as a snapshot writes it.
+    pub fn view(&self) -> SnapshotView<'_> {
+        SnapshotView {
+            limits: self.limits,
+            now: self.now,
+            closed: self.closed,
+            next_fence: self.next_fence,
+            next_req: self.next_req,
+            slots: self.keys.slots(),
+            free_slots: self.keys.free_slots(),
+            waiters: &self.waiters,
+            owners: &self.owners,
+            deadlines: &self.deadlines,
+            sessions: &self.sessions,
+            takers: &self.takers,
+        }
+    }
+}
 
 /// One key slot as [`KeySnapshot`] writes it.
 #[derive(Serialize)]
@@ -124,8 +180,8 @@ where
 
 impl Serialize for SnapshotView<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let t = self.0;
-        let slots = t.keys.slots();
+        let t = self;
+        let slots = t.slots;
         let (leases, timeouts) = t.deadlines.iter();
         let (lease_count, timeout_count) = t.deadlines.counts();
         let takers = !t.takers.is_empty();
@@ -148,7 +204,9 @@ impl Serialize for SnapshotView<'_> {
             })
         });
         st.serialize_field("slots", &Seq::new(slots.len(), keys))?;
-        st.serialize_field("free_slots", t.keys.free_slots())?;
+        // As a slice would be: a sequence of known length.
+        let free = t.free_slots;
+        st.serialize_field("free_slots", &Seq::new(free.len(), free.iter()))?;
         st.serialize_field("waiters", &Seq::new(t.waiters.len(), t.waiters.iter()))?;
         st.serialize_field("owners", &Seq::new(t.owners.len(), t.owners.iter()))?;
         st.serialize_field("leases", &Seq::new(lease_count, leases))?;
@@ -172,7 +230,38 @@ impl LockTable {
     /// The table's whole state, ready to serialise without a copy; see
     /// [`SnapshotView`].
     pub fn snapshot_view(&self) -> SnapshotView<'_> {
-        SnapshotView(self)
+        SnapshotView {
+            limits: self.limits,
+            now: self.now,
+            closed: self.closed,
+            next_fence: self.next_fence,
+            next_req: self.next_req,
+            slots: self.keys.slots(),
+            free_slots: self.keys.free_slots(),
+            waiters: &self.waiters,
+            owners: &self.owners,
+            deadlines: &self.deadlines,
+            sessions: &self.sessions,
+            takers: &self.takers,
+        }
+    }
+
+    /// The table's state now, to encode while the table goes on changing;
+    /// see [`FrozenTable`] for what that costs.
+    pub fn freeze(&self) -> FrozenTable {
+        FrozenTable {
+            limits: self.limits,
+            now: self.now,
+            closed: self.closed,
+            next_fence: self.next_fence,
+            next_req: self.next_req,
+            keys: self.keys.frozen(),
+            waiters: self.waiters.clone(),
+            owners: self.owners.clone(),
+            deadlines: self.deadlines.clone(),
+            sessions: self.sessions.clone(),
+            takers: self.takers.clone(),
+        }
     }
 
     /// The table's whole state as data.
@@ -188,7 +277,7 @@ impl LockTable {
                 .keys
                 .slots()
                 .iter()
-                .map(|e| {
+                .map(|e: &Option<(Key, KeyState)>| {
                     e.as_ref().map(|(key, s)| {
                         let (hold, shared) = s.holds.to_parts();
                         KeySnapshot {
@@ -200,7 +289,7 @@ impl LockTable {
                     })
                 })
                 .collect(),
-            free_slots: self.keys.free_slots().to_vec(),
+            free_slots: self.keys.free_slots().iter().copied().collect(),
             waiters: self.waiters.iter().map(|(r, w)| (*r, w.clone())).collect(),
             owners: self.owners.iter().map(|(o, s)| (*o, s.clone())).collect(),
             leases,
@@ -397,7 +486,182 @@ const MAX_PREALLOCATED_SLOTS: usize = 1 << 22;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::TableLimits;
+    use crate::table::{Command, Sharing, TableLimits, WaitLimit};
+    use std::time::Duration;
+
+    fn at(micros: u64) -> Time {
+        Time::from_micros(micros)
+    }
+
+    fn lock(owner: OwnerId, keys: &[String], lease: Option<u64>, wait: WaitLimit) -> Command {
+        Command::Lock {
+            owner,
+            keys: keys.iter().map(|k| k.as_str().into()).collect(),
+            sharing: Sharing::exclusive(),
+            wait,
+            lease: lease.map(Duration::from_secs),
+            value: if owner.is_multiple_of(3) {
+                b"v".to_vec()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// A table over several chunks of slots and lease entries (a chunk is
+    /// 1,024), with holes in its slots, stale lease entries, keys held
+    /// without a lease, shared holds and waiters with wait limits.
+    fn busy_table() -> LockTable {
+        let limits = TableLimits {
+            max_waiters: 10_000,
+            max_held_keys: 10_000,
+        };
+        let mut t = LockTable::new(limits, 7);
+        let key = |i: u64| vec![format!("key/{i}")];
+        for i in 0..3_000 {
+            let lease = (i % 4 != 0).then_some(60 + i % 7);
+            t.apply(lock(1 + i % 5, &key(i), lease, WaitLimit::No), at(i));
+        }
+        for i in (0..3_000).step_by(11) {
+            let unlock = Command::Unlock {
+                owner: 1 + i % 5,
+                keys: key(i).iter().map(|k| k.as_str().into()).collect(),
+                fence: None,
+            };
+            t.apply(unlock, at(3_000 + i));
+        }
+        for i in (1..3_000).step_by(13) {
+            let renew = Command::Renew {
+                owner: 1 + i % 5,
+                keys: key(i).iter().map(|k| k.as_str().into()).collect(),
+                fence: None,
+                lease: Duration::from_secs(90),
+            };
+            t.apply(renew, at(6_000 + i));
+        }
+        for i in (2..600).step_by(17) {
+            let wait = WaitLimit::For(Duration::from_secs(30));
+            t.apply(lock(100 + i, &key(i), None, wait), at(9_000 + i));
+        }
+        for owner in [200, 201] {
+            let shared = Command::Lock {
+                owner,
+                keys: vec!["shared".into()],
+                sharing: Sharing::all(&["shared".into()], 0),
+                wait: WaitLimit::No,
+                lease: Some(Duration::from_secs(5)),
+                value: Vec::new(),
+            };
+            t.apply(shared, at(10_000));
+        }
+        t.check_invariants().expect("a consistent table");
+        t
+    }
+
+    /// Writes to the table that touch every chunk: unlocks, renewals (lease
+    /// entries pushed), new keys (slots reused and added), expiries (lease
+    /// entries popped), a disconnect.
+    fn churn(t: &mut LockTable, from: u64) {
+        let key = |i: u64| vec![format!("key/{i}")];
+        for i in (0..3_000).step_by(3) {
+            let unlock = Command::Unlock {
+                owner: 1 + i % 5,
+                keys: key(i).iter().map(|k| k.as_str().into()).collect(),
+                fence: None,
+            };
+            t.apply(unlock, at(from + i));
+        }
+        for i in 3_000..4_500 {
+            t.apply(
+                lock(1 + i % 5, &key(i), Some(61), WaitLimit::No),
+                at(from + i),
+            );
+        }
+        t.apply(Command::Disconnect { owner: 2 }, at(from + 5_000));
+        t.apply(Command::Advance, at(from + 70_000_000));
+    }
+
+    fn encoded(view: &SnapshotView) -> Vec<u8> {
+        rmp_serde::to_vec_named(view).expect("a table encodes")
+    }
+
+    #[test]
+    fn a_frozen_table_encodes_as_the_table_did_when_frozen_whatever_it_did_since() {
+        let mut t = busy_table();
+        let then = encoded(&t.snapshot_view());
+        let then_data = t.snapshot();
+        let frozen = t.freeze();
+        assert_eq!(encoded(&frozen.view()), then, "the same bytes at once");
+        churn(&mut t, 20_000);
+        assert_ne!(t.snapshot(), then_data, "the table did change");
+        assert_eq!(encoded(&frozen.view()), then, "and the frozen one did not");
+        // What it encodes is the table as it was: it reads back to it.
+        let loaded: LoadedSnapshot = rmp_serde::from_slice(&then).expect("decodes");
+        let restored = LockTable::restore_loaded(loaded).expect("restores");
+        assert_eq!(restored.snapshot(), then_data);
+        // The table goes on as usual, and is the same as a table that never
+        // had a frozen copy taken.
+        t.check_invariants().expect("still consistent");
+        let mut plain = busy_table();
+        churn(&mut plain, 20_000);
+        assert_eq!(t.snapshot(), plain.snapshot());
+        drop(frozen);
+        churn(&mut t, 100_000_000);
+        churn(&mut plain, 100_000_000);
+        assert_eq!(t.snapshot(), plain.snapshot());
+    }
+
+    #[test]
+    fn writes_while_a_frozen_table_is_encoded_do_not_reach_the_snapshot() {
+        let mut t = busy_table();
+        let then = encoded(&t.snapshot_view());
+        let frozen = t.freeze();
+        // Encoded on another thread while this one writes, as a node does
+        // once it has released the table's lock.
+        let encoder = std::thread::spawn(move || {
+            (0..20).map(|_| encoded(&frozen.view())).collect::<Vec<_>>()
+        });
+        for round in 0..5 {
+            churn(&mut t, 20_000 + round * 200_000_000);
+        }
+        for bytes in encoder.join().expect("the encoder finished") {
+            assert!(
+                bytes == then,
+                "an encoding saw a write made after the freeze"
+            );
+        }
+    }
+
+    #[test]
+    fn the_view_writes_what_a_snapshot_writes() {
+        // The streamed view and the plain `Snapshot` give the same data
+        // (the view's deadline entries in the heaps' order, which restores
+        // the same table), so files of either kind read alike.
+        let t = busy_table();
+        let from_view: Snapshot =
+            rmp_serde::from_slice(&encoded(&t.snapshot_view())).expect("decodes");
+        let restored = LockTable::restore(from_view).expect("restores");
+        assert_eq!(restored.snapshot(), t.snapshot());
+        let json_view = serde_json::to_value(t.freeze().view()).expect("encodes");
+        let mut json_plain = serde_json::to_value(t.snapshot()).expect("encodes");
+        for field in ["leases", "timeouts"] {
+            let sort = |v: &mut serde_json::Value| {
+                if let Some(a) = v.get_mut(field).and_then(|a| a.as_array_mut()) {
+                    a.sort_by_key(|e| e.to_string());
+                }
+            };
+            let mut view = json_view.clone();
+            sort(&mut view);
+            sort(&mut json_plain);
+            assert_eq!(view.get(field), json_plain.get(field), "{field}");
+        }
+        let mut view = json_view;
+        for field in ["leases", "timeouts"] {
+            view[field] = serde_json::Value::Null;
+            json_plain[field] = serde_json::Value::Null;
+        }
+        assert_eq!(view, json_plain);
+    }
 
     #[test]
     fn a_next_fence_of_zero_or_past_half_the_range_is_damage() {

@@ -131,6 +131,7 @@ pub async fn start(
         },
         peer_routes: config.peer_route.iter().cloned().collect(),
         clock_rate: config.test_clock_rate,
+        snapshot_every: config.snapshot_every,
     };
     Cluster::start(cfg, peers, sink, stop).await
 }

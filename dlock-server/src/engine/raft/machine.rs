@@ -57,8 +57,8 @@ pub(crate) struct MachineHandle {
     /// Tells snapshots built from the same state apart.
     snapshot_seq: AtomicU64,
     /// `Applied::at` in microseconds, written with it under the lock: the
-    /// leader stamps every proposal from it, and must not wait for the lock
-    /// while a snapshot is being encoded under it.
+    /// leader stamps every proposal from it, and need not wait for the lock
+    /// while applying (or a snapshot's freeze) holds it.
     applied_at: AtomicU64,
 }
 
@@ -145,6 +145,50 @@ fn snapshot_io(
         e,
     )
     .into()
+}
+
+/// Runs `work` (encoding and writing a snapshot: long for a large table)
+/// on a thread of its own at a low CPU priority, so that on a busy machine
+/// it takes the time the node's requests leave over rather than theirs. A
+/// thread of its own, as a thread's priority cannot be raised again without
+/// privileges, and the runtime's blocking threads are shared.
+async fn in_background<T, E>(
+    work: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, StorageError<NodeId>>
+where
+    T: Send + 'static,
+    E: Into<SnapshotError> + Send + 'static,
+{
+    let (done, result) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("dlock-snapshot".into())
+        .spawn(move || {
+            lower_this_threads_priority();
+            // The receiver is gone only if the node stopped waiting.
+            let _ = done.send(work().map_err(Into::into));
+        });
+    let outcome = match spawned {
+        Ok(_) => result.await.unwrap_or_else(|_| {
+            Err(SnapshotError::Io(std::io::Error::other(
+                "the snapshot thread ended without an answer",
+            )))
+        }),
+        Err(e) => Err(SnapshotError::Io(e)),
+    };
+    outcome.map_err(|e| snapshot_io(None, ErrorVerb::Write, &e))
+}
+
+/// Nice 10 for the calling thread: on Linux a thread's nice value is its
+/// own. Best effort: a thread left at normal priority only writes the
+/// snapshot sooner.
+fn lower_this_threads_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        let this = rustix::thread::gettid();
+        if let Err(e) = rustix::process::setpriority_process(Some(this), 10) {
+            tracing::debug!(error = %e, "cannot lower the snapshot thread's priority");
+        }
+    }
 }
 
 /// Runs `work` (file I/O, encoding or decoding: blocking, and long for a
@@ -358,51 +402,58 @@ pub(crate) struct Builder {
 impl RaftSnapshotBuilder<TypeConfig> for Builder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let started = std::time::Instant::now();
-        let shared = self.shared.clone();
-        let file = self.file.clone();
-        // openraft purges the log this snapshot covers once this returns:
-        // the file must be on disk by then.
-        let (meta, data, bytes, paused) = blocking(None, ErrorVerb::Write, move || {
-            // The table is encoded straight into the file under the lock,
-            // so the data and the log id it is stamped with agree, without
-            // a copy of the table: applying waits meanwhile (see
-            // docs/CLUSTER.md "Snapshots and disk use"). Only the fsync and
-            // the rename happen outside it.
-            let (writer, paused) = {
-                let st = shared.lock();
-                let locked = std::time::Instant::now();
-                let seq = shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
-                let id = match st.last_applied {
-                    Some(l) => format!("{}-{}-{seq}", l.leader_id.term, l.index),
-                    None => format!("0-0-{seq}"),
-                };
-                let meta = SnapshotMeta {
-                    last_log_id: st.last_applied,
-                    last_membership: st.membership.clone(),
-                    snapshot_id: id,
-                };
-                let mut writer = file.create(&meta)?;
-                let image = ImageView {
-                    table: st.table.snapshot_view(),
-                    last_applied: st.last_applied,
-                    membership: &st.membership,
-                    at: st.at,
-                };
-                super::encoding::encode_to(writer.data(), &image)?;
-                (writer, locked.elapsed())
+        // The table is frozen under the lock, so the data and the log id it
+        // is stamped with agree: that copies a pointer per chunk of the
+        // table's large collections and clones its small maps (see
+        // `table::FrozenTable`), and applying waits only that long. Here,
+        // not on the encoding thread, so the lock is never held by a thread
+        // of low priority.
+        let (frozen, meta, membership, at, paused) = {
+            let st = self.shared.lock();
+            let locked = std::time::Instant::now();
+            let frozen = st.table.freeze();
+            let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
+            let id = match st.last_applied {
+                Some(l) => format!("{}-{}-{seq}", l.leader_id.term, l.index),
+                None => format!("0-0-{seq}"),
             };
+            let meta = SnapshotMeta {
+                last_log_id: st.last_applied,
+                last_membership: st.membership.clone(),
+                snapshot_id: id,
+            };
+            let (membership, at) = (st.membership.clone(), st.at);
+            (frozen, meta, membership, at, locked.elapsed())
+        };
+        let file = self.file.clone();
+        // Encoded into the file while applying goes on (docs/CLUSTER.md
+        // "Snapshots and disk use"); a write meanwhile copies the chunk it
+        // lands in, once. openraft purges the log this snapshot covers once
+        // this returns: the file must be on disk by then.
+        let (meta, data, bytes) = in_background(move || {
+            let mut writer = file.create(&meta)?;
+            let image = ImageView {
+                table: frozen.view(),
+                last_applied: meta.last_log_id,
+                membership: &membership,
+                at,
+            };
+            super::encoding::encode_to(writer.data(), &image)?;
+            // The chunks only it still holds are freed here, off the lock.
+            drop(frozen);
             let (found, _) = writer.commit()?;
             let bytes = found.len().unwrap_or(0);
             let meta = found.meta.clone();
             let data = SnapshotData::new(found)?;
-            Ok::<_, SnapshotError>((meta, data, bytes, paused))
+            Ok::<_, SnapshotError>((meta, data, bytes))
         })
         .await?;
         crate::ops::metrics::snapshot_built(started.elapsed());
         tracing::info!(
             snapshot = %meta,
             bytes,
-            applying_paused_ms = paused.as_millis() as u64,
+            took_ms = started.elapsed().as_millis() as u64,
+            applying_paused_us = paused.as_micros() as u64,
             "snapshot written"
         );
         Ok(Snapshot {

@@ -173,7 +173,14 @@ impl SnapshotFile {
         };
         let mut line = serde_json::to_vec(meta)?;
         line.push(b'\n');
-        let mut out = BufWriter::with_capacity(1 << 20, WriteAt { file, at: 0 });
+        let mut out = BufWriter::with_capacity(
+            1 << 20,
+            WriteAt {
+                file,
+                at: 0,
+                unsynced: 0,
+            },
+        );
         out.write_all(&line)?;
         let start = line.len() as u64;
         Ok(Writer {
@@ -263,12 +270,25 @@ impl Writer {
 struct WriteAt {
     file: StorageFile,
     at: u64,
+    /// Bytes written since the last sync.
+    unsynced: u64,
 }
+
+/// A snapshot being written is synced every this many bytes. Left to the
+/// end, the 83 MiB of a table of 1,000,000 keys reach the disk in one burst,
+/// and the log's fsyncs (every commit waits for one) queue behind it for
+/// tens of milliseconds; in steps, a commit waits behind a step at most.
+const SYNC_STEP: u64 = 4 << 20;
 
 impl Write for WriteAt {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.file.write_all_at(buf, self.at)?;
         self.at += buf.len() as u64;
+        self.unsynced += buf.len() as u64;
+        if self.unsynced >= SYNC_STEP {
+            self.file.sync_data()?;
+            self.unsynced = 0;
+        }
         Ok(buf.len())
     }
 

@@ -12,7 +12,7 @@ use super::standing;
 use super::types::{Member, Raft};
 use super::{
     batcher, quorum, wire, ApplySink, Cluster, ClusterConfig, Inner, LOG_KEPT_AFTER_SNAPSHOT,
-    SNAPSHOT_EVERY, SNAPSHOT_INSTALL_TIMEOUT,
+    SNAPSHOT_INSTALL_TIMEOUT,
 };
 use crate::table::TableLimits;
 use anyhow::Context;
@@ -216,7 +216,7 @@ impl Cluster {
             election_timeout_min: millis(cfg.election_timeout.0),
             election_timeout_max: millis(cfg.election_timeout.1),
             install_snapshot_timeout: millis(SNAPSHOT_INSTALL_TIMEOUT),
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_every),
             snapshot_max_chunk_size: wire::SNAPSHOT_CHUNK as u64,
             max_in_snapshot_log_to_keep: LOG_KEPT_AFTER_SNAPSHOT,
             ..Default::default()
