@@ -14,6 +14,7 @@
 //! - [`table`]: the replicated lock table, hashable;
 //! - [`cluster`]: nodes, terms and who answers what;
 //! - [`network`]: requests, answers and a client's connection;
+//! - [`sessions`]: what a node keeps of connections, and ends with them;
 //! - [`client`]: a client's beliefs, by the real rules;
 //! - [`model`]: the state, the actions and the properties;
 //! - [`trace`]: a counterexample as a numbered timeline;
@@ -25,6 +26,7 @@ pub mod cluster;
 pub mod config;
 pub mod model;
 pub mod network;
+pub mod sessions;
 pub mod table;
 pub mod tick;
 pub mod trace;
