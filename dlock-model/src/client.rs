@@ -159,7 +159,7 @@ impl Client {
             done,
         };
         self.pending.push(req);
-        if let Some(conn) = self.conn.as_mut().filter(|c| !c.cut) {
+        if let Some(conn) = &mut self.conn {
             conn.out.push(req);
         }
     }

@@ -18,7 +18,7 @@ use dlock_server::table::{Command, LockResult, OwnerId, Reply, Sharing, Time, Wa
 
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::config::{Bug, Config};
 use crate::network::{Answer, Conn, Ended, Kind, Request};
 use crate::sessions::{self, Attached};
 use crate::table::{Table, KEY};
@@ -41,6 +41,13 @@ pub struct Cluster {
     /// The numbered Locks granted, as (client, seq, fence): the answers a
     /// Lock sent again may rightly repeat.
     pub granted: Vec<(u8, u8, u64)>,
+    /// The fences of the grants committed: in the log of a majority.
+    pub committed_grants: Vec<u64>,
+    /// Whether a client was ever told of a grant not in the log of a
+    /// majority.
+    pub forgotten: bool,
+    /// The bug the nodes carry, if any.
+    pub bug: Option<Bug>,
     /// The sessions' TTL, for the implicit sessions nodes open.
     pub ttl: Duration,
     /// Which connection each node last attached each session to.
@@ -77,6 +84,9 @@ impl Cluster {
             last_fence: 0,
             fence_fell: false,
             granted: Vec::new(),
+            committed_grants: Vec::new(),
+            forgotten: false,
+            bug: None,
             ttl,
             attached: Attached::default(),
             orphan_held: false,
@@ -100,6 +110,50 @@ impl Cluster {
         if let Some(l) = self.leads.get_mut(usize::from(node)) {
             *l = Some(self.term);
         }
+    }
+
+    /// A client read that it was granted `fence`: it must be in the log of
+    /// a majority, or a later leader may grant the key again.
+    pub fn acknowledged(&mut self, fence: u64) {
+        self.forgotten |= !self.committed_grants.contains(&fence);
+    }
+
+    /// The leader `conn` goes to reads `req` on it and applies it, but
+    /// loses its leadership before it knows that a majority has it; the
+    /// next node wins the election. With `kept` the new leader's log has
+    /// the command, which takes effect; without, it is lost with the old
+    /// leader. Either way the answer says nothing was done for sure
+    /// (`Unavailable`: the client sends it again, under its number); with
+    /// [`Bug::AnswerBeforeCommit`] a lost command is answered as applied.
+    pub fn answer_uncommitted(
+        &mut self,
+        client: u8,
+        session: Option<OwnerId>,
+        conn: &mut Conn,
+        req: Request,
+        now: Time,
+        kept: bool,
+    ) -> Answer {
+        let node = conn.node;
+        let unsure = Answer {
+            to: req,
+            status: ResponseStatus::Unavailable,
+            fence: None,
+        };
+        let applied = if kept {
+            self.answer(node, client, session, conn, req, now);
+            unsure
+        } else {
+            let mut lost = self.clone();
+            let answer = lost.answer(node, client, session, &mut conn.clone(), req, now);
+            if self.bug == Some(Bug::AnswerBeforeCommit) {
+                answer
+            } else {
+                unsure
+            }
+        };
+        self.elect((node + 1) % u8::try_from(self.leads.len()).unwrap_or(1).max(1));
+        applied
     }
 
     /// A deposed `node` learns of the newer term.
@@ -225,6 +279,7 @@ impl Cluster {
             if req.seq == 0 || !self.granted.contains(&again) {
                 self.fence_fell |= fence <= self.last_fence;
                 self.last_fence = self.last_fence.max(fence);
+                self.committed_grants.push(fence);
                 if req.seq != 0 {
                     self.granted.push(again);
                 }

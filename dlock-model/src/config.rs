@@ -37,6 +37,10 @@ pub enum Bug {
     /// `connection_ended`: nobody can resume it, so it ends with its
     /// connection however it ends).
     ImplicitOutlivesConnection,
+    /// A leader that answers a command once it applied it, before a
+    /// majority has it in its log: if it loses its leadership first, the
+    /// client was told of a grant the cluster forgot.
+    AnswerBeforeCommit,
 }
 
 /// One configuration of the model.
@@ -75,6 +79,10 @@ pub struct Config {
     /// Connections each client may open after its first (each resumes a
     /// named session).
     pub reconnects: u8,
+    /// Whether a leader may lose its leadership between applying a
+    /// command and a majority having it (the command is then lost, and
+    /// another node wins the next election).
+    pub uncommitted: bool,
     /// Whether the contenders name no session and act through their
     /// connection's implicit session (a dlock v2 client): they give their
     /// lock up with the connection, and the node must end the session when
@@ -111,6 +119,7 @@ impl Config {
             in_flight: 2,
             elections: 1,
             reconnects: 0,
+            uncommitted: true,
             implicit_contenders: false,
             bug: None,
             same_instant_renewals: true,

@@ -21,6 +21,8 @@ pub const FENCES_RISE: &str = "fences granted for the key strictly rise";
 /// connection breaks.
 pub const IMPLICIT_ENDS: &str =
     "an implicit session's lock is free once a leader saw its connection end";
+/// The name of the node abstraction's property.
+pub const NEVER_FORGOTTEN: &str = "an acknowledged grant is in the log of a majority";
 /// The name of the property that makes a model without grants fail.
 pub const GRANTED: &str = "a client is granted the key";
 /// The name of the property that shows a handover happens.
@@ -59,11 +61,14 @@ pub enum Action {
         /// Who.
         client: u8,
     },
-    /// The path of `client`'s connection goes silent: what is in flight
-    /// on it is lost, and nothing more gets through.
-    Cut {
-        /// Whose.
+    /// The node `client` is connected to, leading, reads its oldest
+    /// request and applies it, but loses its leadership before a majority
+    /// has it; the next node wins the election.
+    DeliverUncommitted {
+        /// Whose request.
         client: u8,
+        /// Whether the new leader's log has it.
+        kept: bool,
     },
     /// The node of `client`'s oldest ended connection reads a request
     /// still on its way on it; the answer goes nowhere.
@@ -142,8 +147,11 @@ impl SessionModel {
         Tick(now.0.saturating_sub(lag))
     }
 
-    fn client_actions(&self, id: u8, c: &Client, now: Tick, actions: &mut Vec<Action>) {
+    fn client_actions(&self, id: u8, state: &State, c: &Client, actions: &mut Vec<Action>) {
         let cfg = &self.cfg;
+        let now = self.clock(state.now);
+        let cluster = &state.cluster;
+        let elections_left = cluster.elections < cfg.elections;
         let client = id;
         if let Some(end) = c.closing.first() {
             actions.push(Action::End { client });
@@ -200,6 +208,14 @@ impl SessionModel {
         }
         if !conn.out.is_empty() && conn.back.len() < cfg.in_flight {
             actions.push(Action::Deliver { client });
+            if cfg.uncommitted
+                && elections_left
+                && cluster.role(conn.node) == crate::cluster::Role::Leader
+            {
+                for kept in [false, true] {
+                    actions.push(Action::DeliverUncommitted { client, kept });
+                }
+            }
         }
         if !conn.back.is_empty() {
             actions.push(Action::Receive { client });
@@ -211,7 +227,7 @@ impl SessionModel {
         // connection's implicit session; one with nothing in flight is
         // otherwise a reconnect, which the next request's answer shows as
         // well.
-        if conn.busy() || conn.cut || (c.session.is_none() && c.held.is_some()) {
+        if conn.busy() || (c.session.is_none() && c.held.is_some()) {
             actions.push(Action::Reset { client });
         }
     }
@@ -237,6 +253,7 @@ impl Model for SessionModel {
         };
         let (table, sessions) = Table::with_sessions(named, cfg.ttl);
         let mut cluster = Cluster::new(cfg.nodes, table, cfg.ttl);
+        cluster.bug = cfg.bug;
         // Every client starts at the leader, the named sessions opened on
         // that connection; the others are reached by a reconnect.
         let clients = (0u8..)
@@ -270,7 +287,7 @@ impl Model for SessionModel {
             }
         }
         for (id, c) in (0u8..).zip(&state.clients) {
-            self.client_actions(id, c, self.clock(state.now), actions);
+            self.client_actions(id, state, c, actions);
         }
     }
 
@@ -309,12 +326,21 @@ impl Model for SessionModel {
                 let answer = *c.conn.as_ref()?.back.first()?;
                 c.conn.as_mut()?.back.remove(0);
                 c.receive(answer, self.clock(now), cfg);
+                if let (Kind::Lock(_), Some(fence)) = (answer.to.kind, answer.fence) {
+                    s.cluster.acknowledged(fence);
+                }
             }
-            Action::Cut { client } => {
-                let conn = s.clients.get_mut(usize::from(client))?.conn.as_mut()?;
-                conn.out.clear();
-                conn.back.clear();
-                conn.cut = true;
+            Action::DeliverUncommitted { client, kept } => {
+                let c = s.clients.get_mut(usize::from(client))?;
+                let session = c.session;
+                let conn = c.conn.as_mut()?;
+                let req = *conn.out.first()?;
+                conn.out.remove(0);
+                let at = table_time(now);
+                let answer = s
+                    .cluster
+                    .answer_uncommitted(client, session, conn, req, at, kept);
+                conn.back.push(answer);
             }
             Action::DeliverLate { client } => {
                 let c = s.clients.get_mut(usize::from(client))?;
@@ -364,6 +390,7 @@ impl Model for SessionModel {
             }),
             Property::always(FENCES_RISE, |_, s: &State| !s.cluster.fence_fell),
             Property::always(IMPLICIT_ENDS, |_, s: &State| !s.cluster.orphan_held),
+            Property::always(NEVER_FORGOTTEN, |_, s: &State| !s.cluster.forgotten),
             Property::sometimes(GRANTED, |_, s: &State| {
                 s.clients.iter().any(|c| c.held.is_some())
             }),

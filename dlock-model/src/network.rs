@@ -4,8 +4,7 @@
 //! arrive in the order sent and answers come back in the order of their
 //! requests (one TCP stream each way), each after any delay: TCP loses no
 //! message in the middle of a stream and delivers none twice, so a loss is
-//! the path going silent ([`Conn::cut`]: what is in flight is gone, and
-//! nothing more gets through) until the client resets it. A connection
+//! a message never delivered, until the client resets the connection. A connection
 //! ends in one of two ways the node tells apart ([`Close`]): a clean close
 //! (FIN) or a reset (RST). Its end travels to the node as an [`Ended`],
 //! with the requests still on their way, which the node may read before
@@ -118,9 +117,6 @@ pub struct Conn {
     /// Answers written by the node and not yet read by the client, oldest
     /// first.
     pub back: Vec<Answer>,
-    /// The path went silent: nothing more is delivered either way, until
-    /// the client notices and resets.
-    pub cut: bool,
     /// The node's side: the connection's implicit session, opened by its
     /// first request that needed an owner, for a client that names none.
     pub implicit: Option<OwnerId>,
@@ -135,7 +131,6 @@ impl Conn {
             phase,
             out: Vec::new(),
             back: Vec::new(),
-            cut: false,
             implicit: None,
         }
     }

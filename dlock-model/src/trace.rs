@@ -170,14 +170,32 @@ fn describe(last: &State, action: Action, next: &State) -> (String, String) {
             }
             (name(id), event)
         }
-        Action::Cut { client: id } => (
-            "network".into(),
-            format!(
-                "{}'s path to {} goes silent: what is in flight is lost",
-                client_name(id),
-                node_of(id)
-            ),
-        ),
+        Action::DeliverUncommitted { client: id, kept } => {
+            let Some(c) = conn(id) else {
+                return (name(id), "?".into());
+            };
+            let answer = next
+                .clients
+                .get(usize::from(id))
+                .and_then(|n| n.conn.as_ref())
+                .and_then(|n| n.back.last());
+            let what = match answer {
+                Some(a) => format!("{:?}{}", a.status, fence(a.fence)),
+                None => "?".into(),
+            };
+            let req = c.out.first().map_or("?".into(), |r| r.kind.to_string());
+            (
+                format!("n{}", c.node),
+                format!(
+                    "(leader) applies {}'s {req}, deposed before it knows a majority has it \
+                     (n{} wins term {}, {}): answers {what}",
+                    client_name(id),
+                    (c.node + 1) % u8::try_from(next.cluster.leads.len()).unwrap_or(1).max(1),
+                    next.cluster.term,
+                    if kept { "with it" } else { "without it" }
+                ),
+            )
+        }
         Action::DeliverLate { client: id } => {
             let Some(end) = client(id).and_then(|c| c.closing.first()) else {
                 return ("?".into(), "?".into());

@@ -5,7 +5,9 @@
 //! quotes.
 
 use dlock_model::check::{run, Report};
-use dlock_model::model::{FENCES_RISE, GRANTED, HANDED_ON, IMPLICIT_ENDS, ONE_BELIEVER};
+use dlock_model::model::{
+    FENCES_RISE, GRANTED, HANDED_ON, IMPLICIT_ENDS, NEVER_FORGOTTEN, ONE_BELIEVER,
+};
 use dlock_model::trace::timeline;
 use dlock_model::{Bug, Config, SessionModel};
 use std::time::Duration;
@@ -39,7 +41,7 @@ fn counterexample_to(cfg: Config, property: &str) -> (String, usize) {
 fn holds(what: &str, cfg: Config) {
     let r = run(cfg.clone(), false);
     say(what, &r);
-    for property in [ONE_BELIEVER, FENCES_RISE, IMPLICIT_ENDS] {
+    for property in [ONE_BELIEVER, FENCES_RISE, IMPLICIT_ENDS, NEVER_FORGOTTEN] {
         if let Some(path) = r.path(property) {
             let trace = timeline(&SessionModel::new(cfg), path.clone());
             panic!("{property} broken:\n{trace}");
@@ -85,6 +87,17 @@ fn an_implicit_session_outliving_its_connection_keeps_its_lock_from_others() {
     eprintln!("{trace}");
     assert!(trace.contains("reads B's RST of connection 1"), "{trace}");
     assert!(steps <= 8, "{steps} steps");
+}
+
+#[test]
+fn a_leader_that_answers_before_a_majority_has_the_grant_lets_the_cluster_forget_it() {
+    let (trace, steps) = counterexample_to(
+        Config::ci().with_bug(Bug::AnswerBeforeCommit),
+        NEVER_FORGOTTEN,
+    );
+    eprintln!("{trace}");
+    assert!(trace.contains("without it): answers Ok fence"), "{trace}");
+    assert!(steps <= 6, "{steps} steps");
 }
 
 #[test]
@@ -214,7 +227,7 @@ fn todays_rules_hold_within_a_deeper_bound() {
     eprintln!("{cfg:?}");
     let r = run(cfg.clone(), true);
     say("deeper bound", &r);
-    for property in [ONE_BELIEVER, FENCES_RISE, IMPLICIT_ENDS] {
+    for property in [ONE_BELIEVER, FENCES_RISE, IMPLICIT_ENDS, NEVER_FORGOTTEN] {
         if let Some(path) = r.path(property) {
             let trace = timeline(&SessionModel::new(cfg), path.clone());
             panic!("{property} broken:\n{trace}");
