@@ -1,8 +1,8 @@
 //! dlock's client–session protocol as a model that
 //! [stateright](https://docs.rs/stateright) checks over every interleaving
 //! of a small cluster: two clients contend for one key through a cluster
-//! of a few nodes, over a network that loses messages, with leaders that
-//! are deposed. The clients decide what they believe with the library's
+//! of a few nodes, over connections that are delayed, reset, closed and
+//! resumed elsewhere, with leaders that are deposed. The clients decide what they believe with the library's
 //! own rules (`dlock::rules`); the cluster's state is the server's own lock
 //! table (`dlock_server::table`). See docs/RELIABILITY.md, "The
 //! client–session model", for what is modelled, what is abstracted, how to
