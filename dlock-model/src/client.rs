@@ -73,11 +73,6 @@ impl Client {
         }
     }
 
-    /// The connection, if it carries requests now.
-    pub fn open(&self) -> Option<&Conn> {
-        self.conn.as_ref().filter(|c| c.phase == Phase::Open)
-    }
-
     /// When the lock the client holds falls into jeopardy, by its clock:
     /// one margin before its safety deadline, both as the rules compute
     /// them. It believes it holds the key until then. `None` when it holds
