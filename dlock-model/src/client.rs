@@ -2,15 +2,19 @@
 //! believes of the key, all decided by the library's own rules
 //! (`dlock::rules`): the deadline and its margin, which answers move the
 //! deadline, which statuses send the session elsewhere, and the renewal
-//! bookkeeping of [`Hold`]. A [`Bug`] swaps one of those calls for the
-//! buggy version it replaced.
+//! bookkeeping of [`Hold`]. On a broken connection a client of a named
+//! session resumes it on a new one and sends again, under their numbers,
+//! the requests not answered, as the library's link does; a client that
+//! names no session (a dlock v2 client, on the connection's implicit
+//! session) gives its lock up with its connection. A [`Bug`] swaps one of
+//! those calls for the buggy version it replaced.
 
 use dlock::proto::{RequestType, ResponseStatus};
 use dlock::rules::{self, Hold};
 use dlock_server::table::OwnerId;
 
 use crate::config::{Bug, Config};
-use crate::network::{Answer, Conn, Kind, Request};
+use crate::network::{Answer, Close, Conn, Ended, Kind, Phase, Request};
 use crate::tick::Tick;
 
 /// What a client believes it holds.
@@ -25,33 +29,45 @@ pub struct Held {
 /// One client.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Client {
-    /// Its session (the table's owner id).
-    pub session: OwnerId,
+    /// Its named session (the table's owner id); `None` for a client that
+    /// names none and acts through its connection's implicit session.
+    pub session: Option<OwnerId>,
     /// The send time of the latest answer that proved the session alive.
     pub acked: Tick,
     /// The lock it holds, until its own rules say otherwise.
     pub held: Option<Held>,
-    /// Its connection.
-    pub conn: Conn,
-    /// Requests sent so far (bounded by the configuration).
+    /// Its connection, if it has one.
+    pub conn: Option<Conn>,
+    /// Requests written and not yet answered, oldest first (the link's
+    /// pending queue): on a named session they are sent again after a
+    /// resume.
+    pub pending: Vec<Request>,
+    /// The number the next numbered request gets.
+    pub next_seq: u8,
+    /// Connections opened so far (the first included).
+    pub conns: u8,
+    /// Ends of its connections on their way to their nodes, oldest first.
+    pub closing: Vec<Ended>,
+    /// Requests sent so far, not counting resumes and re-sends (bounded by
+    /// the configuration).
     pub sent: u8,
     /// The cluster told it the session ended: it stops.
     pub ended: bool,
 }
 
 impl Client {
-    /// A client whose `session` was opened at time zero, connected to
-    /// `node`.
-    pub fn new(session: OwnerId, node: u8) -> Client {
+    /// A client whose named `session` (or, with `None`, none) was opened
+    /// at time zero, connected to `node`.
+    pub fn new(session: Option<OwnerId>, node: u8) -> Client {
         Client {
             session,
             acked: Tick(0),
             held: None,
-            conn: Conn {
-                node,
-                out: Vec::new(),
-                back: Vec::new(),
-            },
+            conn: Some(Conn::new(node, 1, Phase::Open)),
+            pending: Vec::new(),
+            next_seq: 1,
+            conns: 1,
+            closing: Vec::new(),
             sent: 0,
             ended: false,
         }
@@ -95,7 +111,7 @@ impl Client {
         }
     }
 
-    /// Sends `kind` at `now`.
+    /// Sends `kind` at `now` on the open connection.
     pub fn send(&mut self, kind: Kind, now: Tick, cfg: &Config) {
         self.sent += 1;
         match kind {
@@ -114,19 +130,112 @@ impl Client {
             // Sending an Unlock gives the lock up: the guard is released
             // whatever the answer.
             Kind::Unlock => self.held = None,
-            Kind::Lock(_) | Kind::Ping => {}
+            Kind::Lock(_) | Kind::Ping | Kind::Resume => {}
         }
-        self.conn.out.push(Request { kind, sent: now });
+        // Numbered as the link numbers: what changes the table, on a named
+        // session; `done` is below the oldest numbered request unanswered.
+        let (seq, done) = if self.session.is_some() && kind.numbered() {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let oldest = self
+                .pending
+                .iter()
+                .find(|r| r.seq != 0)
+                .map_or(seq, |r| r.seq);
+            (seq, oldest - 1)
+        } else {
+            (0, 0)
+        };
+        let req = Request {
+            kind,
+            sent: now,
+            first: now,
+            seq,
+            done,
+        };
+        self.pending.push(req);
+        if let Some(conn) = &mut self.conn {
+            conn.out.push(req);
+        }
     }
 
-    /// Reads `answer`. `nodes` is the cluster's size, for going elsewhere.
-    pub fn receive(&mut self, answer: Answer, cfg: &Config, nodes: u8) {
+    /// Opens a connection to `node` at `now`; a named session is resumed
+    /// on it before anything else goes.
+    pub fn connect(&mut self, node: u8, now: Tick) {
+        self.conns += 1;
+        let phase = match self.session {
+            Some(_) => Phase::Resuming,
+            None => Phase::Open,
+        };
+        let mut conn = Conn::new(node, self.conns, phase);
+        if phase == Phase::Resuming {
+            conn.out.push(Request {
+                kind: Kind::Resume,
+                sent: now,
+                first: now,
+                seq: 0,
+                done: 0,
+            });
+        }
+        self.conn = Some(conn);
+    }
+
+    /// The connection ends, `how`: what was in flight on it is gone, and
+    /// its end goes to its node. A client without a named session gives
+    /// up what its connection held, as a single server's client does;
+    /// one with a session keeps its unanswered requests to send again.
+    pub fn close(&mut self, how: Close) {
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        // A reset of a connection with no implicit session and nothing on
+        // its way changes nothing at the node (a named session stays for
+        // its TTL, and the connection can end no second time): its end is
+        // not kept, which saves the checker its interleavings.
+        if how == Close::Fin || conn.implicit.is_some() || !conn.out.is_empty() {
+            self.closing.push(Ended {
+                node: conn.node,
+                conn: conn.id,
+                how,
+                implicit: conn.implicit,
+                out: conn.out,
+            });
+        }
+        if self.session.is_none() {
+            self.held = None;
+            self.pending.clear();
+        }
+    }
+
+    /// Gives up a resume whose answer has not come (its time ran out): the
+    /// attempt ends with a reset, since the node may have resumed the
+    /// session for it and a clean close would end the session
+    /// (`dial.rs`'s `reset_on_close`), or with [`Bug::FinAbandonsResume`]
+    /// a clean close.
+    pub fn abandon(&mut self, cfg: &Config) {
+        let how = if cfg.has(Bug::FinAbandonsResume) {
+            Close::Fin
+        } else {
+            Close::Rst
+        };
+        self.close(how);
+    }
+
+    /// Reads `answer` at `now`.
+    pub fn receive(&mut self, answer: Answer, now: Tick, cfg: &Config) {
         let req = answer.to;
+        if req.kind == Kind::Resume {
+            return self.resumed(answer, now);
+        }
+        if let Some(i) = self.pending.iter().position(|r| *r == req) {
+            self.pending.remove(i);
+        }
         let kind = match req.kind {
             Kind::Lock(_) => RequestType::Lock,
             Kind::Renew(_) => RequestType::Renew,
             Kind::Ping => RequestType::Ping,
             Kind::Unlock => RequestType::Unlock,
+            Kind::Resume => RequestType::OpenSession,
         };
         let proves_life = rules::moves_deadline(true, kind, answer.status)
             || (cfg.has(Bug::NotLeaderProvesLife) && answer.status == ResponseStatus::NotLeader);
@@ -136,15 +245,15 @@ impl Client {
         match (req.kind, answer.status, answer.fence) {
             (Kind::Lock(lease), ResponseStatus::Ok, Some(fence)) => {
                 self.held = Some(Held {
-                    hold: Hold::granted(req.sent, lease),
+                    hold: Hold::granted(req.first, lease),
                     fence,
                 });
             }
             (Kind::Renew(lease), ResponseStatus::Ok, _) => {
                 if let Some(held) = &mut self.held {
-                    held.hold.renew_answered(req.sent, lease);
+                    held.hold.renew_answered(req.first, lease);
                     if cfg.has(Bug::SameInstantSuperseded)
-                        && held.hold.unconfirmed.is_some_and(|(s, _)| s == req.sent)
+                        && held.hold.unconfirmed.is_some_and(|(s, _)| s == req.first)
                     {
                         held.hold.unconfirmed = None;
                     }
@@ -154,15 +263,39 @@ impl Client {
             (Kind::Renew(_), ResponseStatus::NotHeld, _) => self.held = None,
             _ => {}
         }
-        if let Some(why) = rules::elsewhere(answer.status, None) {
-            if matches!(why, dlock::Disconnect::SessionEnded) {
-                self.held = None;
-                self.ended = true;
-            }
-            // The rest of the connection's traffic is abandoned: the
-            // library would send it again under its number, which the model
-            // abstracts as those answers being lost.
-            self.conn.reset(nodes);
+        self.elsewhere(answer.status);
+    }
+
+    /// The answer to a resume: on `Ok` the session lives from the resume's
+    /// send time (docs/PROTOCOL.md, "Client-side safety"), and every
+    /// request not answered is sent again, in order, under its number.
+    fn resumed(&mut self, answer: Answer, now: Tick) {
+        if answer.status != ResponseStatus::Ok {
+            return self.elsewhere(answer.status);
         }
+        self.acked = self.acked.max(answer.to.sent);
+        let Some(conn) = &mut self.conn else {
+            return;
+        };
+        conn.phase = Phase::Open;
+        for req in &mut self.pending {
+            req.sent = now;
+            conn.out.push(*req);
+        }
+    }
+
+    /// `rules::elsewhere` of a status: the session ended, or goes on at
+    /// another node (the connection is reset, not closed: a clean close
+    /// would end the session).
+    fn elsewhere(&mut self, status: ResponseStatus) {
+        let Some(why) = rules::elsewhere(status, None) else {
+            return;
+        };
+        if matches!(why, dlock::Disconnect::SessionEnded) {
+            self.held = None;
+            self.ended = true;
+            self.pending.clear();
+        }
+        self.close(Close::Rst);
     }
 }

@@ -9,11 +9,18 @@
 //! reach the client later: every interleaving of those is explored. A
 //! paused node is one whose deliveries the checker does not schedule while
 //! time passes, which every interleaving also covers.
+//!
+//! What a node keeps of its connections, and what it does when one ends,
+//! is in [`crate::sessions`].
 
 use dlock::proto::ResponseStatus;
 use dlock_server::table::{Command, LockResult, OwnerId, Reply, Sharing, Time, WaitLimit};
 
-use crate::network::{Answer, Kind, Request};
+use std::time::Duration;
+
+use crate::config::{Bug, Config};
+use crate::network::{Answer, Conn, Ended, Kind, Request};
+use crate::sessions::{self, Attached};
 use crate::table::{Table, KEY};
 
 /// The cluster's state.
@@ -31,6 +38,23 @@ pub struct Cluster {
     pub last_fence: u64,
     /// Whether a grant ever came with a fence not above every earlier one.
     pub fence_fell: bool,
+    /// The numbered Locks granted, as (client, seq, fence): the answers a
+    /// Lock sent again may rightly repeat.
+    pub granted: Vec<(u8, u8, u64)>,
+    /// The fences of the grants committed: in the log of a majority.
+    pub committed_grants: Vec<u64>,
+    /// Whether a client was ever told of a grant not in the log of a
+    /// majority.
+    pub forgotten: bool,
+    /// The bug the nodes carry, if any.
+    pub bug: Option<Bug>,
+    /// The sessions' TTL, for the implicit sessions nodes open.
+    pub ttl: Duration,
+    /// Which connection each node last attached each session to.
+    pub attached: Attached,
+    /// Whether a leading node ever saw a connection end and its implicit
+    /// session still held the key after.
+    pub orphan_held: bool,
 }
 
 /// What a node is, as far as answering goes.
@@ -45,8 +69,9 @@ pub enum Role {
 }
 
 impl Cluster {
-    /// `nodes` nodes, node 0 leading term 1, over `table`.
-    pub fn new(nodes: u8, table: Table) -> Cluster {
+    /// `nodes` nodes, node 0 leading term 1, over `table`, whose sessions
+    /// last `ttl`.
+    pub fn new(nodes: u8, table: Table, ttl: Duration) -> Cluster {
         let mut leads = vec![None; usize::from(nodes)];
         if let Some(first) = leads.first_mut() {
             *first = Some(1);
@@ -58,6 +83,13 @@ impl Cluster {
             table,
             last_fence: 0,
             fence_fell: false,
+            granted: Vec::new(),
+            committed_grants: Vec::new(),
+            forgotten: false,
+            bug: None,
+            ttl,
+            attached: Attached::default(),
+            orphan_held: false,
         }
     }
 
@@ -80,6 +112,50 @@ impl Cluster {
         }
     }
 
+    /// A client read that it was granted `fence`: it must be in the log of
+    /// a majority, or a later leader may grant the key again.
+    pub fn acknowledged(&mut self, fence: u64) {
+        self.forgotten |= !self.committed_grants.contains(&fence);
+    }
+
+    /// The leader `conn` goes to reads `req` on it and applies it, but
+    /// loses its leadership before it knows that a majority has it; the
+    /// next node wins the election. With `kept` the new leader's log has
+    /// the command, which takes effect; without, it is lost with the old
+    /// leader. Either way the answer says nothing was done for sure
+    /// (`Unavailable`: the client sends it again, under its number); with
+    /// [`Bug::AnswerBeforeCommit`] a lost command is answered as applied.
+    pub fn answer_uncommitted(
+        &mut self,
+        client: u8,
+        session: Option<OwnerId>,
+        conn: &mut Conn,
+        req: Request,
+        now: Time,
+        kept: bool,
+    ) -> Answer {
+        let node = conn.node;
+        let unsure = Answer {
+            to: req,
+            status: ResponseStatus::Unavailable,
+            fence: None,
+        };
+        let applied = if kept {
+            self.answer(node, client, session, conn, req, now);
+            unsure
+        } else {
+            let mut lost = self.clone();
+            let answer = lost.answer(node, client, session, &mut conn.clone(), req, now);
+            if self.bug == Some(Bug::AnswerBeforeCommit) {
+                answer
+            } else {
+                unsure
+            }
+        };
+        self.elect((node + 1) % u8::try_from(self.leads.len()).unwrap_or(1).max(1));
+        applied
+    }
+
     /// A deposed `node` learns of the newer term.
     pub fn learn(&mut self, node: u8) {
         if let Some(l) = self.leads.get_mut(usize::from(node)) {
@@ -87,12 +163,30 @@ impl Cluster {
         }
     }
 
-    /// `node` reads `req` of session `owner` at server time `now` and
-    /// writes its answer. The leader first commits an Advance (expiry runs
-    /// only on Advance, and the real server advances on its own timer, so
-    /// the model advances before every command: nothing that fell due
-    /// waits for the next one).
-    pub fn answer(&mut self, node: u8, owner: OwnerId, req: Request, now: Time) -> Answer {
+    /// Applies `cmd` to the table at server time `now`, after an Advance
+    /// (expiry runs only on Advance, and the real server advances on its
+    /// own timer, so the model advances before every command: nothing that
+    /// fell due waits for the next one).
+    pub fn commit(&mut self, cmd: Command, now: Time) -> Reply {
+        let mut table = self.table.read();
+        table.apply(Command::Advance, now);
+        let out = table.apply(cmd, now);
+        self.table = Table::write(&table);
+        out.reply
+    }
+
+    /// `node` reads `req` on `conn`, of `client` and its named `session`
+    /// (`None`: the connection's implicit session, opened now if need
+    /// be), at server time `now`, and writes its answer.
+    pub fn answer(
+        &mut self,
+        node: u8,
+        client: u8,
+        session: Option<OwnerId>,
+        conn: &mut Conn,
+        req: Request,
+        now: Time,
+    ) -> Answer {
         let refused = |status| Answer {
             to: req,
             status,
@@ -103,6 +197,23 @@ impl Cluster {
             Role::Deposed => return refused(ResponseStatus::Unavailable),
             Role::Leader => {}
         }
+        let owner = match (session, conn.implicit) {
+            (Some(s), _) | (None, Some(s)) => s,
+            (None, None) => match self.commit(
+                Command::OpenSession {
+                    ttl: self.ttl,
+                    identity: String::new(),
+                },
+                now,
+            ) {
+                Reply::Session { id, .. } => {
+                    conn.implicit = Some(id);
+                    self.attached.attach(node, id, (client, conn.id));
+                    id
+                }
+                other => panic!("a table with sessions answered OpenSession with {other:?}"),
+            },
+        };
         let keys = vec![KEY.into()];
         let cmd = match req.kind {
             Kind::Lock(lease) => Command::Lock {
@@ -125,30 +236,79 @@ impl Cluster {
                 keys,
                 fence: None,
             },
+            Kind::Resume => Command::Resume {
+                owner,
+                identity: String::new(),
+            },
         };
-        let mut table = self.table.read();
-        table.apply(Command::Advance, now);
-        let out = table.apply(cmd, now);
-        self.table = Table::write(&table);
-        let (status, fence) = match out.reply {
+        // Numbered as the service numbers (`Service::numbered`): a
+        // request of a named session with a `seq`.
+        let cmd = if session.is_some() && req.seq != 0 {
+            Command::Sequenced {
+                seq: u64::from(req.seq),
+                done: u64::from(req.done),
+                cmd: Box::new(cmd),
+            }
+        } else {
+            cmd
+        };
+        let reply = self.commit(cmd, now);
+        if req.kind == Kind::Resume && matches!(reply, Reply::Session { .. }) {
+            self.attached.attach(node, owner, (client, conn.id));
+        }
+        let (status, fence) = match reply {
             Reply::Lock(LockResult::Granted { fence }) => (ResponseStatus::Ok, Some(fence)),
             Reply::Lock(LockResult::Busy(_)) => (ResponseStatus::AcquireTimeout, None),
             Reply::NotHeld(keys) if keys.is_empty() => (ResponseStatus::Ok, None),
             Reply::NotHeld(_) => (ResponseStatus::NotHeld, None),
             Reply::Session { .. } => (ResponseStatus::Ok, None),
             Reply::UnknownSession => (ResponseStatus::UnknownSession, None),
-            // Nothing else answers these four commands on a table with
-            // sessions and room to spare.
+            // A number the session applied and no longer remembers (only a
+            // copy read late on an ended connection, after the client said
+            // it has the answer): the service refuses it naming the `seq`.
+            Reply::Forgotten => (ResponseStatus::InvalidArgument, None),
+            // Nothing else answers these commands on a table with
+            // sessions and room to spare, whose sessions remember every
+            // answer the model's few requests get.
             other => panic!("the table answered {:?} with {other:?}", req.kind),
         };
         if let Some(fence) = fence {
-            self.fence_fell |= fence <= self.last_fence;
-            self.last_fence = self.last_fence.max(fence);
+            // A Lock sent again is answered as the first time, with its
+            // first fence: only a new grant must rise.
+            let again = (client, req.seq, fence);
+            if req.seq == 0 || !self.granted.contains(&again) {
+                self.fence_fell |= fence <= self.last_fence;
+                self.last_fence = self.last_fence.max(fence);
+                self.committed_grants.push(fence);
+                if req.seq != 0 {
+                    self.granted.push(again);
+                }
+            }
         }
         Answer {
             to: req,
             status,
             fence,
+        }
+    }
+
+    /// The node of `end` reads that `client`'s connection ended, at server
+    /// time `now`, and ends the sessions the rules say end with it
+    /// ([`sessions::ending`]); a node that does not lead cannot commit
+    /// that, and they live out their TTL.
+    pub fn connection_ended(&mut self, client: u8, end: &Ended, now: Time, cfg: &Config) {
+        let attached = self.attached.detach_all(end.node, (client, end.conn));
+        if self.role(end.node) != Role::Leader {
+            return;
+        }
+        for owner in sessions::ending(end, attached, cfg) {
+            self.commit(Command::Disconnect { owner }, now);
+        }
+        // An implicit session's locks are its connection's, as on a single
+        // server: once a leader has seen the connection end they are free.
+        if let Some(s) = end.implicit {
+            let holder = self.table.holder(now);
+            self.orphan_held |= holder.is_some_and(|(owner, _)| owner == s);
         }
     }
 }

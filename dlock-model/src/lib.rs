@@ -1,8 +1,8 @@
 //! dlock's client–session protocol as a model that
 //! [stateright](https://docs.rs/stateright) checks over every interleaving
 //! of a small cluster: two clients contend for one key through a cluster
-//! of a few nodes, over a network that loses messages, with leaders that
-//! are deposed. The clients decide what they believe with the library's
+//! of a few nodes, over connections that are delayed, reset, closed and
+//! resumed elsewhere, with leaders that are deposed. The clients decide what they believe with the library's
 //! own rules (`dlock::rules`); the cluster's state is the server's own lock
 //! table (`dlock_server::table`). See docs/RELIABILITY.md, "The
 //! client–session model", for what is modelled, what is abstracted, how to
@@ -14,6 +14,7 @@
 //! - [`table`]: the replicated lock table, hashable;
 //! - [`cluster`]: nodes, terms and who answers what;
 //! - [`network`]: requests, answers and a client's connection;
+//! - [`sessions`]: what a node keeps of connections, and ends with them;
 //! - [`client`]: a client's beliefs, by the real rules;
 //! - [`model`]: the state, the actions and the properties;
 //! - [`trace`]: a counterexample as a numbered timeline;
@@ -25,6 +26,7 @@ pub mod cluster;
 pub mod config;
 pub mod model;
 pub mod network;
+pub mod sessions;
 pub mod table;
 pub mod tick;
 pub mod trace;

@@ -9,7 +9,7 @@ use stateright::{Model, Property};
 use crate::client::Client;
 use crate::cluster::{Cluster, Role};
 use crate::config::Config;
-use crate::network::Kind;
+use crate::network::{Close, Conn, Kind, Phase};
 use crate::table::Table;
 use crate::tick::Tick;
 
@@ -17,6 +17,12 @@ use crate::tick::Tick;
 pub const ONE_BELIEVER: &str = "at most one client believes it holds the key";
 /// The name of the fence property.
 pub const FENCES_RISE: &str = "fences granted for the key strictly rise";
+/// The name of the property an implicit session outliving its
+/// connection breaks.
+pub const IMPLICIT_ENDS: &str =
+    "an implicit session's lock is free once a leader saw its connection end";
+/// The name of the node abstraction's property.
+pub const NEVER_FORGOTTEN: &str = "an acknowledged grant is in the log of a majority";
 /// The name of the property that makes a model without grants fail.
 pub const GRANTED: &str = "a client is granted the key";
 /// The name of the property that shows a handover happens.
@@ -55,19 +61,41 @@ pub enum Action {
         /// Who.
         client: u8,
     },
-    /// `client`'s oldest request in flight is lost.
-    DropRequest {
-        /// Whose.
+    /// The node `client` is connected to, leading, reads its oldest
+    /// request and applies it, but loses its leadership before a majority
+    /// has it; the next node wins the election.
+    DeliverUncommitted {
+        /// Whose request.
+        client: u8,
+        /// Whether the new leader's log has it.
+        kept: bool,
+    },
+    /// The node of `client`'s oldest ended connection reads a request
+    /// still on its way on it; the answer goes nowhere.
+    DeliverLate {
+        /// Whose connection.
         client: u8,
     },
-    /// `client`'s oldest answer in flight is lost.
-    DropAnswer {
-        /// Whose.
-        client: u8,
-    },
-    /// `client`'s connection is reset; it connects to the next node.
+    /// `client`'s connection is reset (the path broke).
     Reset {
         /// Whose.
+        client: u8,
+    },
+    /// `client` gives up its attempt to resume (no answer in time).
+    Abandon {
+        /// Whose.
+        client: u8,
+    },
+    /// `client`, without a connection, opens one to `node`.
+    Connect {
+        /// Who.
+        client: u8,
+        /// To where.
+        node: u8,
+    },
+    /// The node of `client`'s oldest ended connection reads its end.
+    End {
+        /// Whose connection.
         client: u8,
     },
     /// Time moves one step.
@@ -119,26 +147,48 @@ impl SessionModel {
         Tick(now.0.saturating_sub(lag))
     }
 
-    fn client_actions(&self, id: u8, c: &Client, now: Tick, actions: &mut Vec<Action>) {
+    fn client_actions(&self, id: u8, state: &State, c: &Client, actions: &mut Vec<Action>) {
         let cfg = &self.cfg;
+        let now = self.clock(state.now);
+        let cluster = &state.cluster;
+        let elections_left = cluster.elections < cfg.elections;
+        let client = id;
+        if let Some(end) = c.closing.first() {
+            actions.push(Action::End { client });
+            if !end.out.is_empty() {
+                actions.push(Action::DeliverLate { client });
+            }
+        }
         if c.ended {
             return;
         }
+        let Some(conn) = &c.conn else {
+            if c.conns <= cfg.reconnects {
+                for node in 0..cfg.nodes {
+                    actions.push(Action::Connect { client, node });
+                }
+            }
+            return;
+        };
         let mut send = |kind| actions.push(Action::Send { client: id, kind });
         let budget = cfg.sends.get(usize::from(id)).copied().unwrap_or(0);
-        if c.sent < budget && c.conn.out.len() < cfg.in_flight {
+        if conn.phase == Phase::Open && c.sent < budget && conn.out.len() < cfg.in_flight {
             if id > 0 {
                 // A contender only asks for the key: what it does once it
                 // holds it is what the first client explores.
-                if c.held.is_none() && !c.conn.awaits(|k| matches!(k, Kind::Lock(_))) {
+                if c.held.is_none() && !conn.awaits(|k| matches!(k, Kind::Lock(_))) {
                     send(Kind::Lock(None));
                 }
+            } else if c.held.is_some() && !cfg.leases {
+                send(Kind::Unlock);
+                if !conn.awaits(|k| k == Kind::Ping) {
+                    send(Kind::Ping);
+                }
             } else if c.held.is_some() {
-                let same_instant = c
-                    .conn
+                let same_instant = conn
                     .out
                     .iter()
-                    .chain(c.conn.back.iter().map(|a| &a.to))
+                    .chain(conn.back.iter().map(|a| &a.to))
                     .any(|r| matches!(r.kind, Kind::Renew(_)) && r.sent == now);
                 if cfg.same_instant_renewals || !same_instant {
                     send(Kind::Renew(cfg.short_lease));
@@ -146,28 +196,38 @@ impl SessionModel {
                 }
                 send(Kind::Unlock);
                 // A Ping matters only to a lock bound to the session.
-                if !c.conn.awaits(|k| k == Kind::Ping) {
+                if !conn.awaits(|k| k == Kind::Ping) {
                     send(Kind::Ping);
                 }
-            } else if !c.conn.awaits(|k| matches!(k, Kind::Lock(_))) {
+            } else if !c.pending.iter().any(|r| matches!(r.kind, Kind::Lock(_))) {
                 send(Kind::Lock(None));
-                send(Kind::Lock(Some(cfg.lease)));
+                if cfg.leases {
+                    send(Kind::Lock(Some(cfg.lease)));
+                }
             }
         }
-        let client = id;
-        if !c.conn.out.is_empty() {
-            if c.conn.back.len() < cfg.in_flight {
-                actions.push(Action::Deliver { client });
+        if !conn.out.is_empty() && conn.back.len() < cfg.in_flight {
+            actions.push(Action::Deliver { client });
+            if cfg.uncommitted
+                && elections_left
+                && cluster.role(conn.node) == crate::cluster::Role::Leader
+            {
+                for kept in [false, true] {
+                    actions.push(Action::DeliverUncommitted { client, kept });
+                }
             }
-            actions.push(Action::DropRequest { client });
         }
-        if !c.conn.back.is_empty() {
+        if !conn.back.is_empty() {
             actions.push(Action::Receive { client });
-            actions.push(Action::DropAnswer { client });
         }
-        // A reset matters for what it cuts off; one with nothing in flight
-        // is a reconnect, which the next request's answer shows as well.
-        if !c.conn.out.is_empty() || !c.conn.back.is_empty() {
+        if conn.phase == Phase::Resuming {
+            actions.push(Action::Abandon { client });
+        }
+        // A reset matters for what it cuts off, and for a lock held by the
+        // connection's implicit session; one with nothing in flight is
+        // otherwise a reconnect, which the next request's answer shows as
+        // well.
+        if conn.busy() || (c.session.is_none() && c.held.is_some()) {
             actions.push(Action::Reset { client });
         }
     }
@@ -183,13 +243,32 @@ impl Model for SessionModel {
     type Action = Action;
 
     fn init_states(&self) -> Vec<State> {
-        let (table, sessions) = Table::with_sessions(self.cfg.sends.len(), self.cfg.ttl);
-        // Every client starts at the leader; the others are reached by a
-        // reset or a NotLeader.
-        let clients = sessions.into_iter().map(|s| Client::new(s, 0)).collect();
+        let cfg = &self.cfg;
+        // The first client names its session; the contenders do too unless
+        // they act through implicit sessions.
+        let named = if cfg.implicit_contenders {
+            1
+        } else {
+            cfg.sends.len()
+        };
+        let (table, sessions) = Table::with_sessions(named, cfg.ttl);
+        let mut cluster = Cluster::new(cfg.nodes, table, cfg.ttl);
+        cluster.bug = cfg.bug;
+        // Every client starts at the leader, the named sessions opened on
+        // that connection; the others are reached by a reconnect.
+        let clients = (0u8..)
+            .zip(&cfg.sends)
+            .map(|(id, _)| {
+                let session = sessions.get(usize::from(id)).copied();
+                if let Some(s) = session {
+                    cluster.attached.attach(0, s, (id, 1));
+                }
+                Client::new(session, 0)
+            })
+            .collect();
         vec![State {
             now: Tick(0),
-            cluster: Cluster::new(self.cfg.nodes, table),
+            cluster,
             clients,
         }]
     }
@@ -208,7 +287,7 @@ impl Model for SessionModel {
             }
         }
         for (id, c) in (0u8..).zip(&state.clients) {
-            self.client_actions(id, c, self.clock(state.now), actions);
+            self.client_actions(id, state, c, actions);
         }
     }
 
@@ -234,36 +313,73 @@ impl Model for SessionModel {
             }
             Action::Deliver { client } => {
                 let c = s.clients.get_mut(usize::from(client))?;
-                let req = *c.conn.out.first()?;
-                c.conn.out.remove(0);
-                let answer = s
-                    .cluster
-                    .answer(c.conn.node, c.session, req, table_time(now));
-                c.conn.back.push(answer);
+                let session = c.session;
+                let conn = c.conn.as_mut()?;
+                let req = *conn.out.first()?;
+                conn.out.remove(0);
+                let (node, at) = (conn.node, table_time(now));
+                let answer = s.cluster.answer(node, client, session, conn, req, at);
+                conn.back.push(answer);
             }
             Action::Receive { client } => {
                 let c = s.clients.get_mut(usize::from(client))?;
-                let answer = *c.conn.back.first()?;
-                c.conn.back.remove(0);
-                c.receive(answer, cfg, cfg.nodes);
+                let answer = *c.conn.as_ref()?.back.first()?;
+                c.conn.as_mut()?.back.remove(0);
+                c.receive(answer, self.clock(now), cfg);
+                if let (Kind::Lock(_), Some(fence)) = (answer.to.kind, answer.fence) {
+                    s.cluster.acknowledged(fence);
+                }
             }
-            Action::DropRequest { client } => {
-                let out = &mut s.clients.get_mut(usize::from(client))?.conn.out;
-                out.first()?;
-                out.remove(0);
+            Action::DeliverUncommitted { client, kept } => {
+                let c = s.clients.get_mut(usize::from(client))?;
+                let session = c.session;
+                let conn = c.conn.as_mut()?;
+                let req = *conn.out.first()?;
+                conn.out.remove(0);
+                let at = table_time(now);
+                let answer = s
+                    .cluster
+                    .answer_uncommitted(client, session, conn, req, at, kept);
+                conn.back.push(answer);
             }
-            Action::DropAnswer { client } => {
-                let back = &mut s.clients.get_mut(usize::from(client))?.conn.back;
-                back.first()?;
-                back.remove(0);
+            Action::DeliverLate { client } => {
+                let c = s.clients.get_mut(usize::from(client))?;
+                let session = c.session;
+                let end = c.closing.first_mut()?;
+                let req = *end.out.first()?;
+                end.out.remove(0);
+                // The node's side of the connection, as it was when it ended.
+                let mut conn = Conn::new(end.node, end.conn, Phase::Open);
+                conn.implicit = end.implicit;
+                s.cluster
+                    .answer(end.node, client, session, &mut conn, req, table_time(now));
+                end.implicit = conn.implicit;
             }
             Action::Reset { client } => {
-                s.clients
-                    .get_mut(usize::from(client))?
-                    .conn
-                    .reset(cfg.nodes);
+                s.clients.get_mut(usize::from(client))?.close(Close::Rst);
+            }
+            Action::Abandon { client } => {
+                s.clients.get_mut(usize::from(client))?.abandon(cfg);
+            }
+            Action::Connect { client, node } => {
+                let clock = self.clock(now);
+                s.clients.get_mut(usize::from(client))?.connect(node, clock);
+            }
+            Action::End { client } => {
+                let c = s.clients.get_mut(usize::from(client))?;
+                c.closing.first()?;
+                let end = c.closing.remove(0);
+                s.cluster
+                    .connection_ended(client, &end, table_time(now), cfg);
             }
         }
+        let clients = &s.clients;
+        s.cluster.attached.forget_unless(|(id, conn)| {
+            clients.get(usize::from(id)).is_some_and(|c| {
+                c.conn.as_ref().is_some_and(|k| k.id == conn)
+                    || c.closing.iter().any(|e| e.conn == conn)
+            })
+        });
         Some(s)
     }
 
@@ -273,6 +389,8 @@ impl Model for SessionModel {
                 m.believers(s) <= 1
             }),
             Property::always(FENCES_RISE, |_, s: &State| !s.cluster.fence_fell),
+            Property::always(IMPLICIT_ENDS, |_, s: &State| !s.cluster.orphan_held),
+            Property::always(NEVER_FORGOTTEN, |_, s: &State| !s.cluster.forgotten),
             Property::sometimes(GRANTED, |_, s: &State| {
                 s.clients.iter().any(|c| c.held.is_some())
             }),

@@ -53,15 +53,16 @@ pub fn timeline(model: &SessionModel, path: Path<State, Action>) -> String {
 /// client, an answer lost.
 fn in_flight(out: &mut String, state: &State) {
     for (id, c) in (0u8..).zip(&state.clients) {
-        for r in &c.conn.out {
+        let Some(conn) = &c.conn else { continue };
+        for r in &conn.out {
             let _ = writeln!(
                 out,
                 "     in flight to n{}: {}'s {r}",
-                c.conn.node,
+                conn.node,
                 client_name(id)
             );
         }
-        for a in &c.conn.back {
+        for a in &conn.back {
             let _ = writeln!(out, "     in flight to {}: {a}", client_name(id));
         }
     }
@@ -96,6 +97,8 @@ fn role(state: &State, node: u8) -> &'static str {
 /// The actor and the event of the step from `last` by `action` to `next`.
 fn describe(last: &State, action: Action, next: &State) -> (String, String) {
     let client = |id: u8| last.clients.get(usize::from(id));
+    let conn = |id: u8| client(id).and_then(|c| c.conn.as_ref());
+    let node_of = |id: u8| conn(id).map_or("?".to_string(), |c| format!("n{}", c.node));
     let name = |id: u8| format!("client {}", client_name(id));
     match action {
         Action::Tick => ("clock".into(), format!("time passes to {}", next.now)),
@@ -105,27 +108,40 @@ fn describe(last: &State, action: Action, next: &State) -> (String, String) {
         ),
         Action::Learn { node } => (format!("n{node}"), "learns it was deposed".into()),
         Action::Send { client: id, kind } => {
-            let node = client(id).map_or(0, |c| c.conn.node);
-            (name(id), format!("sends {kind} to n{node}"))
+            let seq = next
+                .clients
+                .get(usize::from(id))
+                .and_then(|c| c.pending.last())
+                .map_or(0, |r| r.seq);
+            let num = if seq == 0 {
+                String::new()
+            } else {
+                format!(" #{seq}")
+            };
+            (name(id), format!("sends {kind}{num} to {}", node_of(id)))
         }
         Action::Deliver { client: id } => {
-            let Some(c) = client(id) else {
+            let Some(c) = conn(id) else {
                 return (name(id), "?".into());
             };
-            let node = c.conn.node;
+            let node = c.node;
             let answer = next
                 .clients
                 .get(usize::from(id))
-                .and_then(|n| n.conn.back.last());
+                .and_then(|n| n.conn.as_ref())
+                .and_then(|n| n.back.last());
             let what = match answer {
                 Some(a) => format!("{:?}{}", a.status, fence(a.fence)),
                 None => "?".into(),
             };
-            let req = c
-                .conn
-                .out
-                .first()
-                .map_or("?".into(), |r| r.kind.to_string());
+            let req = c.out.first().map_or("?".into(), |r| {
+                let num = if r.seq == 0 {
+                    String::new()
+                } else {
+                    format!(" #{}", r.seq)
+                };
+                format!("{}{num}", r.kind)
+            });
             (
                 format!("n{node}"),
                 format!(
@@ -136,46 +152,111 @@ fn describe(last: &State, action: Action, next: &State) -> (String, String) {
             )
         }
         Action::Receive { client: id } => {
-            let Some(c) = client(id) else {
+            let Some(c) = conn(id) else {
                 return (name(id), "?".into());
             };
-            let mut event = c
-                .conn
-                .back
-                .first()
-                .map_or("?".into(), |a| format!("reads {a}"));
-            let moved = next.clients.get(usize::from(id)).map(|n| n.conn.node);
-            if moved != Some(c.conn.node) {
-                let _ = write!(event, "; goes to n{}", moved.unwrap_or(0));
+            let mut event = c.back.first().map_or("?".into(), |a| format!("reads {a}"));
+            let after = next.clients.get(usize::from(id));
+            match after.and_then(|n| n.conn.as_ref()) {
+                None => event.push_str("; resets the connection"),
+                Some(n) if n.out.len() > c.out.len() => {
+                    let _ = write!(
+                        event,
+                        "; sends again {} unanswered",
+                        n.out.len() - c.out.len()
+                    );
+                }
+                Some(_) => {}
             }
             (name(id), event)
         }
-        Action::DropRequest { client: id } => {
-            let req = client(id)
-                .and_then(|c| c.conn.out.first())
-                .map_or("?".into(), |r| r.kind.to_string());
+        Action::DeliverUncommitted { client: id, kept } => {
+            let Some(c) = conn(id) else {
+                return (name(id), "?".into());
+            };
+            let answer = next
+                .clients
+                .get(usize::from(id))
+                .and_then(|n| n.conn.as_ref())
+                .and_then(|n| n.back.last());
+            let what = match answer {
+                Some(a) => format!("{:?}{}", a.status, fence(a.fence)),
+                None => "?".into(),
+            };
+            let req = c.out.first().map_or("?".into(), |r| r.kind.to_string());
             (
-                "network".into(),
-                format!("loses {}'s {req}", client_name(id)),
+                format!("n{}", c.node),
+                format!(
+                    "(leader) applies {}'s {req}, deposed before it knows a majority has it \
+                     (n{} wins term {}, {}): answers {what}",
+                    client_name(id),
+                    (c.node + 1) % u8::try_from(next.cluster.leads.len()).unwrap_or(1).max(1),
+                    next.cluster.term,
+                    if kept { "with it" } else { "without it" }
+                ),
             )
         }
-        Action::DropAnswer { client: id } => {
-            let answer = client(id)
-                .and_then(|c| c.conn.back.first())
-                .map_or("?".into(), |a| {
-                    format!("{:?}{} to {}", a.status, fence(a.fence), a.to.kind)
-                });
+        Action::DeliverLate { client: id } => {
+            let Some(end) = client(id).and_then(|c| c.closing.first()) else {
+                return ("?".into(), "?".into());
+            };
+            let req = end.out.first().map_or("?".into(), |r| r.to_string());
             (
-                "network".into(),
-                format!("loses the answer {answer} for {}", client_name(id)),
+                format!("n{}", end.node),
+                format!(
+                    "({}) reads {}'s {req} late, on ended connection {}",
+                    role(last, end.node),
+                    client_name(id),
+                    end.conn
+                ),
             )
         }
-        Action::Reset { client: id } => {
-            let from = client(id).map_or(0, |c| c.conn.node);
-            let to = next.clients.get(usize::from(id)).map_or(0, |c| c.conn.node);
+        Action::Reset { client: id } => (
+            "network".into(),
+            format!("resets {}'s connection to {}", client_name(id), node_of(id)),
+        ),
+        Action::Abandon { client: id } => {
+            let how = next
+                .clients
+                .get(usize::from(id))
+                .and_then(|c| c.closing.last())
+                .map_or("?".into(), |e| e.how.to_string());
             (
                 name(id),
-                format!("connection to n{from} reset; connects to n{to}"),
+                format!("gives up resuming at {}: closes it with {how}", node_of(id)),
+            )
+        }
+        Action::Connect { client: id, node } => {
+            let what = if client(id).is_some_and(|c| c.session.is_some()) {
+                "; sends Resume"
+            } else {
+                ""
+            };
+            (name(id), format!("connects to n{node}{what}"))
+        }
+        Action::End { client: id } => {
+            let Some(end) = client(id).and_then(|c| c.closing.first()) else {
+                return ("?".into(), "?".into());
+            };
+            let held = |s: &State| {
+                s.cluster
+                    .table
+                    .holder(dlock_server::table::Time::from_micros(s.now.0 * 1_000))
+            };
+            let freed = if held(last).is_some() && held(next).is_none() {
+                ": the key is free"
+            } else {
+                ""
+            };
+            (
+                format!("n{}", end.node),
+                format!(
+                    "({}) reads {}'s {} of connection {}{freed}",
+                    role(last, end.node),
+                    client_name(id),
+                    end.how,
+                    end.conn
+                ),
             )
         }
     }
