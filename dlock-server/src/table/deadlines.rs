@@ -10,7 +10,7 @@
 //! not on the heap's layout: a heap rebuilt from a snapshot pops in the same
 //! order as the one it was taken from.
 //!
-//! The heaps are kept in shared chunks ([`Heap`]), so a snapshot copies
+//! The heaps are kept in shared chunks (`chunks::Heap`), so a snapshot copies
 //! them in microseconds under the lock, whatever the number of leases.
 
 use super::chunks::Heap;
@@ -30,7 +30,7 @@ const HEAP_SLACK: usize = 64;
 
 /// See the module documentation.
 ///
-/// A clone shares the heaps' chunks (see [`Heap`]): it is how a snapshot
+/// A clone shares the heaps' chunks (see `chunks::Heap`): it is how a snapshot
 /// takes them.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Deadlines {
