@@ -25,6 +25,28 @@ async fn sigterm_answers_waiters_and_exits_zero() {
     assert_eq!(code.code(), Some(0));
 }
 
+/// A backup script may send SIGUSR1 (take a snapshot now) to every
+/// dlock-server it finds: one without a cluster says it has none to take
+/// and goes on serving, its locks held, instead of dying of the signal's
+/// default action.
+#[tokio::test]
+async fn sigusr1_on_a_server_without_a_cluster_changes_nothing() {
+    let mut server = Process::start(&[]);
+    let mut h = TestClient::connect(server.addr).await;
+    h.must_lock(&["k"]).await;
+    server.signal("USR1");
+    server.wait_for_log("keeps no snapshots");
+    // Still held: another client waiting a millisecond is refused.
+    let mut other = TestClient::connect(server.addr).await;
+    let r = other.lock(&["k"], 1_000, 0).await;
+    assert_eq!(status(&r), ResponseStatus::AcquireTimeout);
+    server.signal("TERM");
+    let code = tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .unwrap();
+    assert_eq!(code.code(), Some(0));
+}
+
 #[tokio::test]
 async fn fencing_tokens_increase_after_sigkill() {
     let dir = tempfile::tempdir().unwrap();

@@ -50,8 +50,9 @@
 //! its write to the log's segment file and an `fdatasync`. Votes are saved the
 //! same way before they are sent. The table itself lives in memory; a
 //! snapshot of it is written (and fsynced, then renamed into place) every
-//! [`SNAPSHOT_EVERY`] entries, after which openraft purges the log it covers
-//! but the last [`LOG_KEPT_AFTER_SNAPSHOT`], so the disk holds at most one
+//! `--snapshot-every` entries ([`SNAPSHOT_EVERY`] by default), after which
+//! openraft purges the log it covers but the last
+//! [`LOG_KEPT_AFTER_SNAPSHOT`], so the disk holds at most one
 //! snapshot and a bounded log. On start the table is restored from the
 //! snapshot and the log after it is applied again up to the last committed
 //! entry; the [`ApplySink`] sees those entries again.
@@ -159,6 +160,14 @@ pub const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
 /// A snapshot is taken after this many log entries since the last one,
 /// unless [`ClusterConfig::snapshot_every`] says otherwise.
 pub const SNAPSHOT_EVERY: u64 = crate::ops::config::DEFAULT_SNAPSHOT_EVERY;
+
+/// How long [`Cluster::snapshot`] waits for a snapshot covering what was
+/// applied: a million held leases take well under a second to write, and
+/// one already being written may come first.
+pub const SNAPSHOT_WAIT: Duration = Duration::from_secs(30);
+
+/// How often [`Cluster::snapshot`] asks again while it waits.
+const SNAPSHOT_WAIT_SLICE: Duration = Duration::from_millis(500);
 /// Entries kept in the log after a snapshot, so that a follower a little
 /// behind catches up from the log rather than by a whole snapshot.
 pub const LOG_KEPT_AFTER_SNAPSHOT: u64 = 1_000;
@@ -524,13 +533,16 @@ impl Cluster {
 
     /// Takes a snapshot now and purges the log it covers (beyond what the
     /// snapshot policy would keep); returns the last index it covers. For
-    /// backups and tests; snapshots are otherwise taken every
-    /// [`SNAPSHOT_EVERY`] entries. The purge itself may finish later, when no
-    /// replication still reads the entries.
+    /// backups, SIGUSR1 and tests; snapshots are otherwise taken every
+    /// `--snapshot-every` entries ([`SNAPSHOT_EVERY`] by default). A
+    /// snapshot already being written is waited for, then another taken if
+    /// it does not cover what was applied when this was called. The purge
+    /// itself may finish later, when no replication still reads the
+    /// entries.
     ///
     /// # Errors
-    /// [`ClusterError::Unavailable`] if the snapshot was not written within
-    /// [`COMMIT_TIMEOUT`] or the node is stopping; [`ClusterError::Fatal`].
+    /// [`ClusterError::Unavailable`] if no such snapshot was written within
+    /// [`SNAPSHOT_WAIT`] or the node is stopping; [`ClusterError::Fatal`].
     pub async fn snapshot(&self) -> Result<Option<u64>, ClusterError> {
         let applied = self
             .inner
@@ -542,22 +554,34 @@ impl Cluster {
         let Some(applied) = applied else {
             return Ok(None);
         };
-        self.inner
-            .raft
-            .trigger()
-            .snapshot()
-            .await
-            .map_err(|f| self.fatal(f))?;
-        let m = self
-            .inner
-            .raft
-            .wait(Some(COMMIT_TIMEOUT))
-            .metrics(
-                |m| m.snapshot.is_some_and(|s| s.index >= applied),
-                "snapshot taken",
-            )
-            .await
-            .map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+        // openraft ignores the trigger while a snapshot is being written,
+        // and that one may cover less than `applied`: ask again each slice
+        // until one covering it is taken.
+        let until = tokio::time::Instant::now() + SNAPSHOT_WAIT;
+        let m = loop {
+            self.inner
+                .raft
+                .trigger()
+                .snapshot()
+                .await
+                .map_err(|f| self.fatal(f))?;
+            let slice = SNAPSHOT_WAIT_SLICE
+                .min(until.saturating_duration_since(tokio::time::Instant::now()));
+            let waited = self
+                .inner
+                .raft
+                .wait(Some(slice))
+                .metrics(
+                    |m| m.snapshot.is_some_and(|s| s.index >= applied),
+                    "snapshot taken",
+                )
+                .await;
+            match waited {
+                Ok(m) => break m,
+                Err(_) if tokio::time::Instant::now() < until => continue,
+                Err(e) => return Err(ClusterError::Unavailable(e.to_string())),
+            }
+        };
         let covered = m.snapshot.map(|s| s.index);
         if let Some(upto) = covered {
             self.inner

@@ -173,9 +173,12 @@ impl Server {
         };
         let shared = Arc::new(Shared::new(service).with_tls(tls));
         tracker.spawn(reload::on_sighup(reloadable(&shared), cancel.clone()));
-        if let Some(c) = shared.service.engine().cluster() {
-            tracker.spawn(snapshot_on_sigusr1(c.clone(), cancel.clone()));
-        }
+        // On every server, so that a backup script signalling each one
+        // never ends a single server (SIGUSR1's default action).
+        tracker.spawn(snapshot_on_sigusr1(
+            shared.service.engine().cluster().cloned(),
+            cancel.clone(),
+        ));
         let server = Server {
             listener,
             shared,
@@ -353,8 +356,11 @@ fn reloadable(shared: &Arc<Shared>) -> Arc<Vec<Reloadable>> {
 
 /// Takes a snapshot on every SIGUSR1 until `shutdown`: before a backup is
 /// copied, or to measure a node while it writes one (bench/snapshot_stall.sh).
-/// A snapshot asked for while one is being written is the same snapshot.
-async fn snapshot_on_sigusr1(cluster: raft::Cluster, shutdown: CancellationToken) {
+/// One being written when the signal comes is waited for, then another is
+/// taken if it does not cover what was applied ([`raft::Cluster::snapshot`]).
+/// A server without a cluster (`None`) keeps no snapshots: it logs that the
+/// signal changed nothing.
+async fn snapshot_on_sigusr1(cluster: Option<raft::Cluster>, shutdown: CancellationToken) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -372,6 +378,10 @@ async fn snapshot_on_sigusr1(cluster: raft::Cluster, shutdown: CancellationToken
                     if got.is_none() {
                         return;
                     }
+                    let Some(cluster) = &cluster else {
+                        tracing::info!("SIGUSR1: a server without a cluster keeps no snapshots; nothing to do");
+                        continue;
+                    };
                     match cluster.snapshot().await {
                         Ok(index) => tracing::info!(?index, "snapshot taken on SIGUSR1"),
                         Err(e) => tracing::warn!(error = %e, "SIGUSR1: no snapshot taken"),
