@@ -8,7 +8,7 @@
 //! memory would be empty buckets. Stable slot numbers also let the lease
 //! heap name a key with 4 bytes instead of a pointer to its name.
 //!
-//! The slots are kept in shared chunks ([`Chunks`]), so a snapshot copies
+//! The slots are kept in shared chunks (`chunks::Chunks`), so a snapshot copies
 //! them in microseconds under the lock and encodes them after it; the hash
 //! index is never copied (a snapshot has no use for it).
 
@@ -234,7 +234,7 @@ impl<V> KeyMap<V> {
     ///
     /// # Errors
     /// A key appears twice, or the free list is not exactly the empty slots.
-    pub fn from_parts(slots: Vec<Option<(Key, V)>>, free: Vec<Slot>) -> Result<Self, String>
+    pub fn from_parts(slots: Chunks<Option<(Key, V)>>, free: Vec<Slot>) -> Result<Self, String>
     where
         V: Clone,
     {
@@ -245,7 +245,7 @@ impl<V> KeyMap<V> {
             ));
         }
         let mut empty: Vec<Slot> = (0..)
-            .zip(&slots)
+            .zip(slots.iter())
             .filter_map(|(s, e)| e.is_none().then_some(s))
             .collect();
         let mut listed = free.clone();
@@ -255,7 +255,9 @@ impl<V> KeyMap<V> {
             return Err("the free slot list is not the set of empty slots".into());
         }
         let mut map = KeyMap {
-            slots: slots.into_iter().collect(),
+            // Taken as read, in chunks: a second copy of a million slots
+            // beside the first would raise a restart's peak.
+            slots,
             free: free.into_iter().collect(),
             ..KeyMap::default()
         };
@@ -322,9 +324,9 @@ mod tests {
         assert_eq!(copy.get("d"), Some(&3));
         let free: Vec<Slot> = copy.free_slots().iter().copied().collect();
         assert_eq!(free, [1, 0], "reused in the same order");
-        let twice = vec![Some((Key::from("x"), 1)), Some((Key::from("x"), 2))];
-        assert!(KeyMap::from_parts(twice, vec![]).is_err());
-        let unlisted = vec![None, Some((Key::from("x"), 1))];
-        assert!(KeyMap::from_parts(unlisted, vec![]).is_err());
+        let twice = [Some((Key::from("x"), 1)), Some((Key::from("x"), 2))];
+        assert!(KeyMap::from_parts(twice.into_iter().collect(), vec![]).is_err());
+        let unlisted = [None, Some((Key::from("x"), 1))];
+        assert!(KeyMap::from_parts(unlisted.into_iter().collect(), vec![]).is_err());
     }
 }

@@ -380,7 +380,10 @@ impl LockTable {
         }
         let mut held_keys = 0;
         let mut live_leases = 0;
-        for (key, state) in slots.iter_mut().flatten() {
+        for slot in 0..slots.len() {
+            let Some(Some((key, state))) = slots.get_mut(slot) else {
+                continue;
+            };
             held_keys += state.holds.count();
             live_leases += state.holds.iter().filter(|h| h.lease.is_some()).count();
             if !state.queue.is_empty() {
@@ -449,7 +452,7 @@ pub struct LoadedSnapshot {
 }
 
 /// Key slots as the table keeps them.
-struct LoadedSlots(Vec<Option<(Key, KeyState)>>);
+struct LoadedSlots(Chunks<Option<(Key, KeyState)>>);
 
 impl<'de> Deserialize<'de> for LoadedSlots {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -462,13 +465,10 @@ impl<'de> Deserialize<'de> for LoadedSlots {
             }
 
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<LoadedSlots, A::Error> {
-                // The length the data claims, within reason: the vector is
-                // sized once, rather than grown through copies of itself.
-                let claimed = seq.size_hint().unwrap_or(0).min(MAX_PREALLOCATED_SLOTS);
-                let mut slots = Vec::new();
-                // A damaged length must fail as bad data, not abort the
-                // process on a refused allocation.
-                slots.try_reserve_exact(claimed).map_err(A::Error::custom)?;
+                // Straight into the table's chunks, which grow a chunk at a
+                // time: a damaged length reserves nothing, and no second
+                // copy of the slots is made when the table takes them.
+                let mut slots = Chunks::default();
                 while let Some(slot) = seq.next_element::<Option<KeySnapshot>>()? {
                     slots.push(slot.map(load_slot).transpose().map_err(A::Error::custom)?);
                 }
@@ -478,10 +478,6 @@ impl<'de> Deserialize<'de> for LoadedSlots {
         d.deserialize_seq(Slots)
     }
 }
-
-/// The most slots made room for before they are read (about 400 MB): a
-/// damaged length cannot make a node reserve more than this.
-const MAX_PREALLOCATED_SLOTS: usize = 1 << 22;
 
 #[cfg(test)]
 mod tests {
