@@ -319,7 +319,10 @@ pub struct Config {
     /// last one, and purge the log it covers. Fewer entries keep less log on
     /// disk and make a restart replay less; each snapshot writes the whole
     /// table. SIGUSR1 asks a node for a snapshot at once, whatever this is.
-    #[arg(long, env = "DLOCK_SNAPSHOT_EVERY", value_name = "ENTRIES", default_value_t = DEFAULT_SNAPSHOT_EVERY, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Cluster")]
+    /// From 100 (below that a node would spend its time writing the whole
+    /// table) to 100,000,000 (the log kept on disk grows with it: about
+    /// 100 bytes an entry).
+    #[arg(long, env = "DLOCK_SNAPSHOT_EVERY", value_name = "ENTRIES", default_value_t = DEFAULT_SNAPSHOT_EVERY, value_parser = clap::value_parser!(u64).range(100..=100_000_000), help_heading = "Cluster")]
     pub snapshot_every: u64,
 }
 
