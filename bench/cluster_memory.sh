@@ -89,7 +89,10 @@ restart_node() { # N
   PIDS[i]=${PIDS[-1]}
   unset 'PIDS[-1]'
   local deadline=$((SECONDS + 120))
-  until "$BIN/dlock" cluster -s "${CLIENT[$i]}" status 2>/dev/null | grep -q "^node $n is follower"; do
+  # `dlock cluster status` prints the leader's view first, then each node's
+  # own (the NODE table): that one must say follower.
+  until "$BIN/dlock" cluster -s "${CLIENT[$i]}" status 2>/dev/null |
+    awk -v n="$n" '/^NODE/ { own = 1; next } own && $1 == n && $2 == "follower" { found = 1 } END { exit !found }'; do
     (( SECONDS < deadline )) || { echo "cluster_memory.sh: node $n did not come back within 120 s" >&2; exit 1; }
     sleep 0.5
   done
