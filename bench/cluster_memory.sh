@@ -16,37 +16,14 @@ cd "$(dirname "$0")/.."
 COUNT=${1:-1000000}
 BATCH=${2:-256}
 BIN=${3:-target/release}
-for need in "$BIN/dlock-server" "$BIN/dlock" "$BIN/dlock-bench"; do
-  [[ -x $need ]] || { echo "cluster_memory.sh: $need is missing" >&2; exit 2; }
-done
-TMP=$(mktemp -d)
-PIDS=()
-HOLDER=""
-cleanup() { for p in "${PIDS[@]}" $HOLDER; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
-trap cleanup EXIT
-
+NAME=cluster_memory.sh
 CLIENT=(127.0.0.1:17701 127.0.0.1:17702 127.0.0.1:17703 127.0.0.1:17704)
 PEER=(127.0.0.1:17711 127.0.0.1:17712 127.0.0.1:17713 127.0.0.1:17714)
-MEMBERS="1=${CLIENT[0]}@${PEER[0]},2=${CLIENT[1]}@${PEER[1]},3=${CLIENT[2]}@${PEER[2]}"
-start_node() { # N [EXTRA ARGS...]
-  local n=$1 i=$(($1 - 1))
-  shift
-  "$BIN/dlock-server" --node-id "$n" --data-dir "$TMP/d$n" --listen "${CLIENT[$i]}" \
-    --peer-listen "${PEER[$i]}" --initial-cluster "$MEMBERS" --max-keys "$BATCH" \
-    --max-held-keys $((COUNT + 1000)) --log-level warn "$@" 2>>"$TMP/d$n.log" 3>&- &
-  PIDS+=($!)
-  disown
-}
+NODE_ARGS=(--log-level warn)
+# shellcheck source=bench/lib/cluster.sh
+source bench/lib/cluster.sh
 for n in 1 2 3; do start_node "$n"; done
-
-deadline=$((SECONDS + 60))
-LEADER=""
-while [[ -z $LEADER ]]; do
-  (( SECONDS < deadline )) || { echo "cluster_memory.sh: no leader within 60 s" >&2; exit 1; }
-  sleep 0.5
-  LEADER=$("$BIN/dlock" cluster -s "${CLIENT[0]}" status 2>/dev/null | sed -n 's/.*; leader \([0-9]*\);.*/\1/p' | head -1 || true)
-done
-LADDR=${CLIENT[$((LEADER - 1))]}
+await_leader
 echo "leader: node $LEADER; $COUNT keys, $BATCH a Lock; $(nproc) cores"
 
 NODES=(1 2 3)
@@ -98,19 +75,8 @@ restart_node() { # N
   done
 }
 figures "empty"
-start=$SECONDS
 # The holder keeps the keys until its standard input ends (fd 3 closes).
-mkfifo "$TMP/holder.in"
-"$BIN/dlock-bench" --server "$LADDR" --duration 1200s hold --count "$COUNT" --batch "$BATCH" \
-  --release-on-input -c 4 --depth 1 <"$TMP/holder.in" >"$TMP/holder.out" &
-HOLDER=$!
-exec 3>"$TMP/holder.in"
-until grep -q '^holding' "$TMP/holder.out"; do
-  kill -0 "$HOLDER" 2>/dev/null || { cat "$TMP/holder.out"; echo "cluster_memory.sh: hold failed" >&2; exit 1; }
-  (( SECONDS < start + 1200 )) || { echo "cluster_memory.sh: keys not taken in time" >&2; exit 1; }
-  sleep 0.5
-done
-echo "$(head -1 "$TMP/holder.out"); took $((SECONDS - start)) s"
+hold_keys
 snapshot_everywhere
 figures "held, snapshot"
 

@@ -24,51 +24,18 @@ BIN=${3:-target/release}
 CONNS=${4:-16}
 EVERY=${5:-1s}
 BATCH=256
-for need in "$BIN/dlock-server" "$BIN/dlock" "$BIN/dlock-bench"; do
-  [[ -x $need ]] || { echo "snapshot_stall.sh: $need is missing" >&2; exit 2; }
-done
-TMP=$(mktemp -d)
-PIDS=()
-HOLDER=""
-cleanup() { for p in "${PIDS[@]}" $HOLDER; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
-trap cleanup EXIT
-
+NAME=snapshot_stall.sh
 CLIENT=(127.0.0.1:17721 127.0.0.1:17722 127.0.0.1:17723)
 PEER=(127.0.0.1:17731 127.0.0.1:17732 127.0.0.1:17733)
-MEMBERS="1=${CLIENT[0]}@${PEER[0]},2=${CLIENT[1]}@${PEER[1]},3=${CLIENT[2]}@${PEER[2]}"
-for n in 1 2 3; do
-  i=$((n - 1))
-  "$BIN/dlock-server" --node-id "$n" --data-dir "$TMP/d$n" --listen "${CLIENT[$i]}" \
-    --peer-listen "${PEER[$i]}" --initial-cluster "$MEMBERS" --max-keys "$BATCH" \
-    --max-held-keys $((COUNT + 1000)) --snapshot-every 100000000 --log-level info \
-    2>>"$TMP/d$n.log" 3>&- &
-  PIDS+=($!)
-  disown
-done
-
-deadline=$((SECONDS + 60))
-LEADER=""
-while [[ -z $LEADER ]]; do
-  (( SECONDS < deadline )) || { echo "snapshot_stall.sh: no leader within 60 s" >&2; exit 1; }
-  sleep 0.5
-  LEADER=$("$BIN/dlock" cluster -s "${CLIENT[0]}" status 2>/dev/null | sed -n 's/.*; leader \([0-9]*\);.*/\1/p' | head -1 || true)
-done
-LADDR=${CLIENT[$((LEADER - 1))]}
+NODE_ARGS=(--snapshot-every 100000000 --log-level info)
+# shellcheck source=bench/lib/cluster.sh
+source bench/lib/cluster.sh
+for n in 1 2 3; do start_node "$n"; done
+await_leader
 FOLLOWER=$((LEADER % 3 + 1))
 echo "leader: node $LEADER, follower asked: node $FOLLOWER; $COUNT keys; $(nproc) cores; $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
-start=$SECONDS
-mkfifo "$TMP/holder.in"
-"$BIN/dlock-bench" --server "$LADDR" --duration 1200s hold --count "$COUNT" --batch "$BATCH" \
-  --release-on-input -c 4 --depth 1 <"$TMP/holder.in" >"$TMP/holder.out" &
-HOLDER=$!
-exec 3>"$TMP/holder.in"
-until grep -q '^holding' "$TMP/holder.out"; do
-  kill -0 "$HOLDER" 2>/dev/null || { cat "$TMP/holder.out"; echo "snapshot_stall.sh: hold failed" >&2; exit 1; }
-  (( SECONDS < start + 1200 )) || { echo "snapshot_stall.sh: keys not taken in time" >&2; exit 1; }
-  sleep 0.5
-done
-echo "$(head -1 "$TMP/holder.out"); took $((SECONDS - start)) s"
+hold_keys
 # Every node has applied the keys before the quiet phase starts.
 sleep 3
 before=$(cat "$TMP"/d*.log | grep -c 'snapshot written' || true)
