@@ -90,6 +90,27 @@ pub struct SnapshotView<'a> {
     takers: &'a Takers,
 }
 
+/// The view of a table or a frozen copy of one: both keep the same fields
+/// under the same names, and only the key slots' type differs.
+macro_rules! view_of {
+    ($t:expr) => {
+        SnapshotView {
+            limits: $t.limits,
+            now: $t.now,
+            closed: $t.closed,
+            next_fence: $t.next_fence,
+            next_req: $t.next_req,
+            slots: $t.keys.slots(),
+            free_slots: $t.keys.free_slots(),
+            waiters: &$t.waiters,
+            owners: &$t.owners,
+            deadlines: &$t.deadlines,
+            sessions: &$t.sessions,
+            takers: &$t.takers,
+        }
+    };
+}
+
 /// The table's state at one instant, kept apart from the table, which may
 /// change meanwhile: what a node encodes into a snapshot after releasing
 /// the table's lock. Taking it ([`LockTable::freeze`]) copies a pointer per
@@ -116,20 +137,7 @@ pub struct FrozenTable {
 impl FrozenTable {
     /// The state as a snapshot writes it.
     pub fn view(&self) -> SnapshotView<'_> {
-        SnapshotView {
-            limits: self.limits,
-            now: self.now,
-            closed: self.closed,
-            next_fence: self.next_fence,
-            next_req: self.next_req,
-            slots: self.keys.slots(),
-            free_slots: self.keys.free_slots(),
-            waiters: &self.waiters,
-            owners: &self.owners,
-            deadlines: &self.deadlines,
-            sessions: &self.sessions,
-            takers: &self.takers,
-        }
+        view_of!(self)
     }
 }
 
@@ -230,20 +238,7 @@ impl LockTable {
     /// The table's whole state, ready to serialise without a copy; see
     /// [`SnapshotView`].
     pub fn snapshot_view(&self) -> SnapshotView<'_> {
-        SnapshotView {
-            limits: self.limits,
-            now: self.now,
-            closed: self.closed,
-            next_fence: self.next_fence,
-            next_req: self.next_req,
-            slots: self.keys.slots(),
-            free_slots: self.keys.free_slots(),
-            waiters: &self.waiters,
-            owners: &self.owners,
-            deadlines: &self.deadlines,
-            sessions: &self.sessions,
-            takers: &self.takers,
-        }
+        view_of!(self)
     }
 
     /// The table's state now, to encode while the table goes on changing;
