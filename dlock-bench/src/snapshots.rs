@@ -145,22 +145,23 @@ async fn run_phase(
 }
 
 /// Sends SIGUSR1 to `pid` every `every` until `until`; how many were sent.
-/// Through kill(1), so that the tool needs no unsafe code for one signal.
 async fn ask_for_snapshots(pid: u32, every: Duration, until: Instant) -> u64 {
     let mut asked = 0;
+    let Some(target) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        eprintln!("dlock-bench: {pid} is not a process id");
+        return 0;
+    };
     // The first one a moment in, so the phase starts quiet for its workers
     // to connect.
     let mut next = Instant::now() + every / 4;
     while next < until {
         tokio::time::sleep_until(next.into()).await;
-        let sent = tokio::process::Command::new("kill")
-            .args(["-USR1", &pid.to_string()])
-            .status()
-            .await;
-        match sent {
-            Ok(s) if s.success() => asked += 1,
-            Ok(s) => eprintln!("dlock-bench: kill -USR1 {pid}: {s}"),
-            Err(e) => eprintln!("dlock-bench: kill -USR1 {pid}: {e}"),
+        match rustix::process::kill_process(target, rustix::process::Signal::USR1) {
+            Ok(()) => asked += 1,
+            Err(e) => eprintln!("dlock-bench: SIGUSR1 to {pid}: {e}"),
         }
         next += every;
     }
