@@ -98,10 +98,38 @@ class Server:
         self.proc.wait(timeout=LIMIT)
 
     def pause(self) -> None:
+        """SIGSTOP, and returns once every thread of the server has stopped.
+
+        kill(2) returns before the stop takes hold: on a busy machine a server
+        thread already running may still answer a request sent just after.
+        """
         self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + LIMIT
+        while not _all_threads_stopped(self.proc.pid):
+            if time.monotonic() > deadline:
+                pytest.fail(f"dlock-server {self.proc.pid} did not stop within {LIMIT} s of SIGSTOP")
+            time.sleep(0.001)
 
     def resume(self) -> None:
         self.proc.send_signal(signal.SIGCONT)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is in the stopped state (T); one that
+    has exited (Z, X, or gone) counts too: the caller's next step says so."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            continue
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
 
 
 @pytest.fixture

@@ -454,9 +454,21 @@ impl NodeProcesses {
         self.nodes.is_empty()
     }
 
-    /// SIGSTOP to node `i`: it keeps its sockets but does nothing.
+    /// SIGSTOP to node `i`: it keeps its sockets but does nothing. Returns
+    /// once every thread of it has stopped: kill(2) returns before that, and
+    /// on a busy machine a thread already running could still answer a
+    /// request sent just after.
     pub fn pause(&self, i: usize) {
         self.signal(i, "STOP");
+        let pid = self.nodes[i].child.as_ref().expect("node is running").id();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !all_threads_stopped(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {i} did not stop within 10 s of SIGSTOP"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// SIGCONT to node `i`.
@@ -494,3 +506,20 @@ impl Drop for NodeProcesses {
 }
 
 pub use crate::ops::ask::cluster_status;
+
+/// Whether every thread of process `pid` is stopped (state T in
+/// /proc/PID/task/TID/stat); one that has exited (Z, X, or gone) counts
+/// too, for the test's next step reports that.
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.filter_map(Result::ok).all(|task| {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().next());
+        matches!(state, None | Some("T" | "t" | "Z" | "X"))
+    })
+}
