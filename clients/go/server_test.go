@@ -133,7 +133,42 @@ func (s *testServer) logText() string {
 	return strings.Join(s.log, "\n")
 }
 
-func (s *testServer) signal(sig syscall.Signal) { _ = s.cmd.Process.Signal(sig) }
+// signal sends sig; after SIGSTOP it returns once every thread of the
+// server has stopped, for kill(2) returns before that, and on a busy
+// machine a thread already running could still answer a request sent just
+// after.
+func (s *testServer) signal(sig syscall.Signal) {
+	_ = s.cmd.Process.Signal(sig)
+	if sig != syscall.SIGSTOP {
+		return
+	}
+	deadline := time.Now().Add(limit)
+	for !allThreadsStopped(s.cmd.Process.Pid) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// allThreadsStopped reports whether every thread of pid is stopped (T in
+// /proc/PID/task/TID/stat); one that has exited (Z, X, gone) counts too,
+// for the test's next step reports that.
+func allThreadsStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return true
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			continue
+		}
+		rest := string(stat[strings.LastIndexByte(string(stat), ')')+1:])
+		fields := strings.Fields(rest)
+		if len(fields) > 0 && !strings.Contains("TtZX", fields[0]) {
+			return false
+		}
+	}
+	return true
+}
 
 func (s *testServer) kill() {
 	s.signal(syscall.SIGCONT)

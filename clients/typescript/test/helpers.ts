@@ -34,6 +34,30 @@ export const NODE_FLAGS = ["--heartbeat", "100ms", "--election-timeout", "500ms"
 
 type Cleanup = Pick<TestContext, "after"> | { after(fn: () => unknown): void };
 
+
+/**
+ * Whether every thread of `pid` is stopped (T in /proc/PID/task/TID/stat);
+ * one that has exited (Z, X, gone) counts too, for the test's next step
+ * reports that.
+ */
+function allThreadsStopped(pid: number): boolean {
+  let tasks: string[];
+  try {
+    tasks = fs.readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return true;
+  }
+  return tasks.every((tid) => {
+    let stat: string;
+    try {
+      stat = fs.readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8");
+    } catch {
+      return true;
+    }
+    const state = stat.slice(stat.lastIndexOf(")") + 1).trim().split(/\s+/)[0] ?? "";
+    return "TtZX".includes(state) && state !== "";
+  });
+}
 export class Server {
   addr = "";
   readonly proc: ChildProcess;
@@ -79,8 +103,18 @@ export class Server {
     return s;
   }
 
+  /**
+   * Sends `sig`; after SIGSTOP it returns once every thread of the server has
+   * stopped, for kill(2) returns before that, and on a busy machine a thread
+   * already running could still answer a request sent just after.
+   */
   signal(sig: NodeJS.Signals): void {
-    if (this.proc.exitCode === null && this.proc.signalCode === null) this.proc.kill(sig);
+    if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
+    this.proc.kill(sig);
+    if (sig !== "SIGSTOP" || this.proc.pid === undefined) return;
+    const deadline = Date.now() + 10_000;
+    const pause = new Int32Array(new SharedArrayBuffer(4));
+    while (!allThreadsStopped(this.proc.pid) && Date.now() < deadline) Atomics.wait(pause, 0, 0, 1);
   }
 
   async kill(): Promise<void> {
