@@ -8,7 +8,11 @@
 # them: the leader's mean log fsync and commit time over each dlock point
 # (from its /metrics), and an in-memory single server's one-client lock
 # cycle and ping, for the one-client bar (p50 at most the single server's
-# plus one fsync and one round trip per command).
+# plus one fsync and one round trip per command). At 1 and 32 clients on
+# own keys, each cluster's CPU time per cycle (its three nodes' user +
+# system time, summed, over the point) and context switches per cycle
+# (every thread of the three; about one wake-up each), read from /proc,
+# with dlock's over etcd's (issue 44: at most a fifth).
 #
 # Usage: bench/cluster.sh [SECONDS-PER-POINT] [BINARY-DIR]   (default 10, target/release)
 # Needs: etcd (Debian: etcd-server), etcdctl (etcd-client), python3, and
@@ -16,6 +20,8 @@
 #   -p dlock-bench --features dlock-bench/etcd
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/proc_usage.sh
+. bench/proc_usage.sh
 SECS=${1:-10}
 BIN=${2:-target/release}
 for need in etcd etcdctl python3 "$BIN/dlock-server" "$BIN/dlock" "$BIN/dlock-bench"; do
@@ -25,6 +31,7 @@ done
   { echo "cluster.sh: $BIN/dlock-bench was built without --features etcd" >&2; exit 2; }
 TMP=$(mktemp -d)
 PIDS=()
+DPIDS=() EPIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   # Gone, so that a run right after this one finds its ports free.
@@ -46,6 +53,7 @@ for n in 1 2 3; do
     --peer-listen "${PEER[$i]}" --initial-cluster "$MEMBERS" --metrics-listen "${METRICS[$i]}" \
     --log-level warn 2>>"$TMP/d$n.log" &
   PIDS+=($!)
+  DPIDS+=($!)
   disown
 done
 # The in-memory single server, for the one-client reference.
@@ -64,6 +72,7 @@ for n in 1 2 3; do
     --initial-cluster-state new --initial-cluster-token dlock-bench --log-level warn \
     2>>"$TMP/e$n.log" &
   PIDS+=($!)
+  EPIDS+=($!)
   disown
 done
 
@@ -99,6 +108,19 @@ r = json.load(open(sys.argv[2]))
 print(f"{sys.argv[1]:<22} {r['connections']:>3} {r['ops_per_sec']:>9.0f} {r['latency']['p50_us']/1000:>8.2f} {r['latency']['p99_us']/1000:>8.2f}")
 EOF
 }
+# A point, with the CPU time and context switches of one cluster's three
+# nodes read around it: keeps "cpu-seconds switches cycles" in $TMP/use-NAME.
+metered() { # NAME "PID PID PID" LABEL ARGS...
+  local name=$1 pids=$2 cpu0 sw0
+  shift 2
+  # shellcheck disable=SC2086
+  cpu0=$(proc_cpu $pids) sw0=$(proc_switches $pids)
+  point "$@"
+  # shellcheck disable=SC2086
+  echo "$(proc_cpu $pids) $cpu0 $(proc_switches $pids) $sw0" \
+    "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ops"])' "$TMP/point.json")" |
+    awk '{ print $1 - $2, $3 - $4, $5 }' >"$TMP/use-$name"
+}
 # The leader's Raft timings over a point: the mean of its log fsyncs and of
 # its commits (proposal to answer), from /metrics before and after.
 scrape() { python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://$DMETRICS/metrics"; }
@@ -123,10 +145,11 @@ EOF
 printf '%-22s %3s %9s %8s %8s\n' workload c "cycles/s" "p50 ms" "p99 ms"
 for c in 1 32; do
   scrape >"$TMP/m0"
-  point "dlock lock-unlock" --server "$DLEADER" lock-unlock -c "$c" | tee "$TMP/dlock$c"
+  metered "dlock$c" "${DPIDS[*]}" "dlock lock-unlock" --server "$DLEADER" lock-unlock -c "$c" |
+    tee "$TMP/dlock$c"
   scrape >"$TMP/m1"
   read -r FSYNC$c COMMIT$c < <(raft_means "$TMP/m0" "$TMP/m1")
-  point "etcd lock-unlock" etcd-lock -c "$c" --endpoints "$ELEADER"
+  metered "etcd$c" "${EPIDS[*]}" "etcd lock-unlock" etcd-lock -c "$c" --endpoints "$ELEADER"
 done
 scrape >"$TMP/m0"
 point "dlock contended" --server "$DLEADER" contended -c 32
@@ -145,4 +168,18 @@ p50 = lambda path: float(open(path).read().split()[-2])
 cluster, single, rtt, fsync = p50(sys.argv[1]), p50(sys.argv[2]), p50(sys.argv[3]), float(sys.argv[4])
 bar = single + 2 * (fsync + rtt)
 print(f"one client p50: cluster {cluster:.2f} ms; bar {bar:.2f} ms = single server {single:.2f} + 2 x (fsync {fsync:.2f} + round trip {rtt:.2f}); {'met' if cluster <= bar else 'missed'}")
+EOF
+# CPU per cycle: the bar is dlock's at most a fifth of etcd's.
+python3 - "$TMP" <<'EOF'
+import sys
+def use(name):
+    cpu, switches, cycles = open(f"{sys.argv[1]}/use-{name}").read().split()
+    cycles = max(float(cycles), 1)
+    return float(cpu) / cycles * 1e6, float(switches) / cycles
+print("CPU per cycle, three nodes summed (us) and context switches per cycle (all their threads):")
+print(f"{'clients':>7} {'dlock us':>9} {'etcd us':>9} {'ratio':>6} {'dlock cs':>9} {'etcd cs':>9} {'ratio':>6}  bar (cpu ratio <= 0.20)")
+for c in (1, 32):
+    (du, ds), (eu, es) = use(f"dlock{c}"), use(f"etcd{c}")
+    r = du / eu if eu else float("nan")
+    print(f"{c:>7} {du:>9.1f} {eu:>9.1f} {r:>6.2f} {ds:>9.1f} {es:>9.1f} {ds / es if es else float('nan'):>6.2f}  {'met' if r <= 0.2 else 'missed'}")
 EOF

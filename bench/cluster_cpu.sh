@@ -4,8 +4,9 @@
 # machine's drift falls on both alike: a dlock-bench WORKLOAD (default
 # `lock-unlock -c 32`) against the leader for SECONDS, with each node's CPU
 # time read from /proc before and after. Prints operations/s, the leader's
-# committed entries/s where the workload reports them (idle-sessions), and
-# the leader's and the followers' (mean) share of one core.
+# committed entries/s where the workload reports them (idle-sessions), the
+# leader's and the followers' (mean) share of one core, and per operation
+# the three nodes' CPU time (summed) and context switches (every thread).
 #
 # Usage: bench/cluster_cpu.sh BEFORE/dlock-server AFTER/dlock-server [ROUNDS] [SECONDS] [WORKLOAD...]
 #   e.g. bench/cluster_cpu.sh old/dlock-server new/dlock-server 2 20 idle-sessions -c 10000
@@ -13,6 +14,8 @@
 set -euo pipefail
 trap 'echo "cluster_cpu.sh: line $LINENO failed: $BASH_COMMAND" >&2' ERR
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/proc_usage.sh
+. bench/proc_usage.sh
 BEFORE=${1:?the server binary before}
 AFTER=${2:?the server binary after}
 ROUNDS=${3:-3}
@@ -40,10 +43,7 @@ PEER=(127.0.0.1:17711 127.0.0.1:17712 127.0.0.1:17713)
 MEMBERS="1=${CLIENT[0]}@${PEER[0]},2=${CLIENT[1]}@${PEER[1]},3=${CLIENT[2]}@${PEER[2]}"
 ALL=$(IFS=,; echo "${CLIENT[*]}")
 
-# Total CPU seconds (user + system) of each pid, space separated.
-cpu() { for p in "$@"; do awk -v t="$(getconf CLK_TCK)" '{print ($14 + $15) / t}' "/proc/$p/stat"; done | xargs; }
-
-printf '%-6s %-7s %12s %10s %10s %14s\n' round build "ops/s" "entries/s" "leader %" "follower % (mean)"
+printf '%-6s %-7s %12s %10s %10s %17s %8s %8s\n' round build "ops/s" "entries/s" "leader %" "follower % (mean)" "us/op" "cs/op"
 for round in $(seq "$ROUNDS"); do
   for which in before after; do
     bin=$BEFORE; [[ $which == after ]] && bin=$AFTER
@@ -73,15 +73,15 @@ print(next((m["client_addr"] for m in v["members"] if m["node_id"] == v["leader_
     # Warm up; a fresh cluster may still be settling, which the run itself
     # rides out.
     "$BENCH" --server "$leader" --duration 2s lock-unlock -c 4 >/dev/null 2>&1 || true
-    before_cpu=$(cpu "${PIDS[@]}")
+    before_cpu=$(proc_cpu_each "${PIDS[@]}") before_cs=$(proc_switches "${PIDS[@]}")
     t0=$(date +%s.%N)
     "$BENCH" --server "$leader" --duration "${SECS}s" --json "${WORKLOAD[@]}" >"$TMP/run.json"
     t1=$(date +%s.%N)
-    after_cpu=$(cpu "${PIDS[@]}")
+    after_cpu=$(proc_cpu_each "${PIDS[@]}") after_cs=$(proc_switches "${PIDS[@]}")
     python3 - "$round" "$which" "$TMP/run.json" "$t0" "$t1" "$before_cpu" "$after_cpu" \
-      "${PIDS[*]}" "$lead_pid" <<'PY'
+      "${PIDS[*]}" "$lead_pid" "$((after_cs - before_cs))" <<'PY'
 import json, sys
-rnd, which, path, t0, t1, b, a, pids, lead = sys.argv[1:]
+rnd, which, path, t0, t1, b, a, pids, lead, cs = sys.argv[1:]
 wall = float(t1) - float(t0)
 used = [(float(y) - float(x)) / wall * 100 for x, y in zip(b.split(), a.split())]
 pids = pids.split()
@@ -91,7 +91,9 @@ entries = r.get("extra", {}).get("entries_per_sec")
 entries = "-" if entries is None else f"{entries:.0f}"
 leader = [u for p, u in zip(pids, used) if p == lead]
 followers = [u for p, u in zip(pids, used) if p != lead]
-print(f"{rnd:<6} {which:<7} {rate:>12.0f} {entries:>10} {leader[0]:>10.1f} {sum(followers)/len(followers):>14.1f}")
+ops = max(r.get("ops") or 0, 1)
+cpu = sum(float(y) - float(x) for x, y in zip(b.split(), a.split()))
+print(f"{rnd:<6} {which:<7} {rate:>12.0f} {entries:>10} {leader[0]:>10.1f} {sum(followers)/len(followers):>17.1f} {cpu / ops * 1e6:>8.1f} {int(cs) / ops:>8.2f}")
 PY
     stop
   done

@@ -32,6 +32,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// How often the acknowledgements are read while this node leads, per
+/// limit: a standing may end up to this share of the limit early (never
+/// late), and one regained once they return comes as late.
+const READS_PER_LIMIT: u32 = 8;
+
 /// Whether this node stands as the leader now; updated by [`watch_quorum`].
 pub(crate) type Standing = watch::Receiver<bool>;
 
@@ -49,48 +54,74 @@ pub(crate) fn watch_quorum(
 ) {
     let (tx, rx) = watch::channel(false);
     let task = async move {
+        // Woken by the role (server metrics, published only when they
+        // change), not by openraft's full metrics: those are published at
+        // every turn of its core, several times per commit, and a watcher
+        // woken at each was a task wake-up (often a thread's) per turn.
+        // The acknowledgements are read from them instead at most a
+        // [`READS_PER_LIMIT`]th of the limit apart while this node leads.
+        let mut server = raft.server_metrics();
         let mut metrics = raft.metrics();
         // When openraft made this node leader (of which term): until a
         // first acknowledgement the election itself is the last word a
         // majority gave.
         let mut since: Option<(u64, Instant)> = None;
-        // The latest majority acknowledgement, as of the metrics last seen.
-        // Read only when openraft publishes (`millis_since_quorum_ack` is
-        // counted at publishing): a core that stops publishing (stuck on
-        // its storage) must lose its standing, not keep it.
-        let mut heard: Option<Instant> = None;
-        let mut published = true;
+        // The latest majority acknowledgement known in this term.
+        let mut acked: Option<Instant> = None;
+        // When the full metrics were last read. `millis_since_quorum_ack`
+        // is counted when openraft publishes, which for metrics not read
+        // yet was after this: counting from here places the
+        // acknowledgement no later than it was. Only new metrics move it,
+        // so a core that stops publishing (stuck on its storage) loses its
+        // standing rather than keeps it.
+        let mut read_at = Instant::now();
         loop {
             let now = Instant::now();
-            if published {
-                let m = metrics.borrow_and_update();
-                heard = if m.state == ServerState::Leader {
-                    let elected = match since {
-                        Some((term, at)) if term == m.current_term => at,
-                        _ => {
-                            since = Some((m.current_term, now));
-                            now
-                        }
-                    };
-                    Some(
-                        m.millis_since_quorum_ack
-                            .and_then(|ms| now.checked_sub(Duration::from_millis(ms)))
-                            .map_or(elected, |acked| acked.max(elected)),
-                    )
-                } else {
-                    since = None;
-                    None
+            let (state, term) = {
+                let s = server.borrow_and_update();
+                (s.state, s.vote.leader_id().get_term())
+            };
+            let heard = if state == ServerState::Leader {
+                let elected = match since {
+                    Some((t, at)) if t == term => at,
+                    _ => {
+                        since = Some((term, now));
+                        acked = None;
+                        now
+                    }
                 };
-            }
+                if metrics.has_changed().unwrap_or(false) {
+                    let m = metrics.borrow_and_update();
+                    if m.state == ServerState::Leader && m.current_term == term {
+                        let ack = m
+                            .millis_since_quorum_ack
+                            .and_then(|ms| read_at.checked_sub(Duration::from_millis(ms)));
+                        acked = acked.max(ack);
+                    }
+                }
+                Some(acked.map_or(elected, |a| a.max(elected)))
+            } else {
+                since = None;
+                acked = None;
+                None
+            };
+            read_at = now;
             let until = heard.map(|h| h + limit);
             let stands = until.is_some_and(|u| now < u) && !stepped_aside.is_cancelled();
             tx.send_if_modified(|s| std::mem::replace(s, stands) != stands);
-            // Woken by the next metrics (an acknowledgement moves `until`),
-            // or when the standing would run out without one.
-            let wake = until.filter(|u| *u > now);
-            published = false;
+            // Woken when the role changes and, while leading, to read the
+            // acknowledgements (a standing lost comes back with them) or
+            // when the standing would run out unless newer ones came.
+            let wake = until.map(|u| {
+                let read = now + limit / READS_PER_LIMIT;
+                if u > now {
+                    u.min(read)
+                } else {
+                    read
+                }
+            });
             tokio::select! {
-                r = metrics.changed() => {
+                r = server.changed() => {
                     if r.is_err() {
                         // openraft stopped: the supervisor stops the node
                         // and says why; this node stands no more.
@@ -98,7 +129,6 @@ pub(crate) fn watch_quorum(
                         stop.cancelled().await;
                         break;
                     }
-                    published = true;
                 }
                 _ = sleep_until(wake) => {}
                 _ = stepped_aside.cancelled(), if !stepped_aside.is_cancelled() => {}

@@ -346,26 +346,28 @@ impl Cluster {
     /// ends ([`Cluster::fail`]): logs why, then shuts down cleanly.
     /// Meanwhile counts each new leader this node learns of.
     async fn supervise(self, shutdown: CancellationToken) {
-        let mut metrics = self.inner.raft.metrics();
+        // The server metrics, published only when the role or leader
+        // changes (the full ones change at every turn of openraft's core,
+        // and waking for each cost a wake-up per turn). openraft drops
+        // their sender when its core stops, after it published why in the
+        // full metrics.
+        let mut server = self.inner.raft.server_metrics();
         let mut leader = None;
         let fatal = loop {
-            let (state, now_leads) = {
-                let m = metrics.borrow_and_update();
-                (m.running_state.clone(), m.current_leader)
-            };
+            let now_leads = server.borrow_and_update().current_leader;
             if now_leads.is_some() && now_leads != leader {
                 crate::ops::metrics::leader_changed();
                 leader = now_leads;
-            }
-            if let Err(fatal) = state {
-                break Some(format!("the consensus engine stopped: {fatal}"));
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break None,
                 _ = self.inner.failed.cancelled() => break self.failure(),
                 _ = self.inner.stop.cancelled() => return,
-                r = metrics.changed() => if r.is_err() {
-                    break Some("the consensus engine stopped (its metrics ended)".into());
+                r = server.changed() => if r.is_err() {
+                    break Some(match &self.inner.raft.metrics().borrow().running_state {
+                        Err(fatal) => format!("the consensus engine stopped: {fatal}"),
+                        Ok(()) => "the consensus engine stopped (its metrics ended)".into(),
+                    });
                 },
             }
         };
