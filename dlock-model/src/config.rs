@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-/// A bug that once lived in (or near) the client rules, swapped back in for
-/// one rule call so a test can show the checker finds it.
+/// A bug that once lived in (or near) the client rules, or that breaks one
+/// of Raft's, swapped back in for one rule call so a test can show the
+/// checker finds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Bug {
     /// A NotLeader answer counted as proof of life: it moves the session's
@@ -41,6 +42,16 @@ pub enum Bug {
     /// majority has it in its log: if it loses its leadership first, the
     /// client was told of a grant the cluster forgot.
     AnswerBeforeCommit,
+    /// In the replication model ([`crate::replication`]): a voter grants
+    /// its vote without checking that the candidate's log is at least as
+    /// up to date as its own, so a node that lacks a committed entry can
+    /// lead, and its log overwrites the followers'.
+    VoteWithoutUpToDate,
+    /// In the replication model: a leader commits an entry of an earlier
+    /// term once it counts it on a majority (Raft's Figure 8): a node
+    /// whose log ends in a later term can still win an election and
+    /// overwrite it.
+    CommitEarlierTermByCount,
 }
 
 /// One configuration of the model.
