@@ -52,6 +52,13 @@ pub enum Bug {
     /// whose log ends in a later term can still win an election and
     /// overwrite it.
     CommitEarlierTermByCount,
+    /// In the ownership model ([`crate::ownership`]), issue 41's (e): the
+    /// Go client before 796fce3, which sent every Lock on its one shared
+    /// connection (one owner, so the server granted a key two tasks asked
+    /// for to both) and reported the older of two such locks lost
+    /// (`LostRegranted`), the older by the order the tasks returned in,
+    /// which may be the one the server granted last.
+    LostByRecordOrder,
 }
 
 /// One configuration of the model.

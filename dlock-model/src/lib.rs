@@ -20,6 +20,8 @@
 //! - [`replication`]: a second, smaller model: Raft's replication with a
 //!   log per node, votes and commits, which justifies the one log of
 //!   [`cluster`];
+//! - [`ownership`]: a third: tasks sharing one client, and which of their
+//!   locks a grant belongs to;
 //! - [`trace`]: a counterexample as a numbered timeline;
 //! - [`check`]: one run of the checker, with its counts.
 
@@ -29,6 +31,7 @@ pub mod cluster;
 pub mod config;
 pub mod model;
 pub mod network;
+pub mod ownership;
 pub mod replication;
 pub mod sessions;
 pub mod table;

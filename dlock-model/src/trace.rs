@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 use crate::client::Client;
 use crate::cluster::Role;
 use crate::model::{Action, SessionModel, State};
-use crate::replication;
 use crate::tick::Tick;
+use crate::{ownership, replication};
 use stateright::Path;
 
 /// The name the timeline gives client `id`: A, B, C…
@@ -380,4 +380,53 @@ fn replication_step(
             (format!("n{leader}"), event)
         }
     }
+}
+
+/// A path of the ownership model as a timeline: each step, then each
+/// task's account of the key and who holds it at the server.
+pub fn ownership_timeline(path: Path<ownership::State, ownership::Action>) -> String {
+    let steps = path.into_vec();
+    let mut out = String::new();
+    let mut before: Option<(&ownership::State, ownership::Action)> = None;
+    for (n, (state, action)) in steps.iter().enumerate() {
+        let event = match before.map(|(_, a)| a) {
+            None => "start: tasks T0 and T1 share one client".to_string(),
+            Some(ownership::Action::Lock(id)) => {
+                let conn = match state.tasks.get(usize::from(id)) {
+                    Some(t) if t.shared => "the shared connection".to_string(),
+                    _ => format!("a connection of its own (c{})", 1 + id),
+                };
+                format!("T{id} calls Lock: sent on {conn}")
+            }
+            Some(ownership::Action::Apply(conn)) => {
+                let head = before
+                    .and_then(|(last, _)| last.queues.get(usize::from(conn)))
+                    .and_then(|q| q.first());
+                match head {
+                    Some(&(id, true)) => format!("the server applies T{id}'s Lock on c{conn}"),
+                    Some(&(id, false)) => format!("the server applies T{id}'s Unlock on c{conn}"),
+                    None => format!("the server applies c{conn}'s next"),
+                }
+            }
+            Some(ownership::Action::Return(id)) => format!("T{id} returns from Lock"),
+            Some(ownership::Action::Unlock(id)) => format!("T{id} calls Unlock"),
+        };
+        let server = state
+            .holder
+            .map_or("free".to_string(), |(_, f)| format!("fence {f}"));
+        let _ = write!(out, "{n:>3}  {event:<52} | server: {server:<8}");
+        for (id, t) in (0u8..).zip(&state.tasks) {
+            let what = match t.phase {
+                _ if t.lost => format!("told lost (fence {})", t.fence),
+                ownership::Phase::Idle => "idle".to_string(),
+                ownership::Phase::Asking => "asking".to_string(),
+                ownership::Phase::Granted => format!("granted fence {}, not returned", t.fence),
+                ownership::Phase::Holding => format!("holds fence {}", t.fence),
+            };
+            let _ = write!(out, " | T{id}: {what}");
+        }
+        out.push('\n');
+        before = action.map(|a| (state, a));
+    }
+    out
 }
