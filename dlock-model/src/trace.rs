@@ -284,7 +284,7 @@ pub fn replication_timeline(path: Path<replication::State, replication::Action>)
             ),
             Some((last, action)) => replication_step(last, action, state),
         };
-        let _ = write!(out, "{n:>3}  {actor:<4} {event:<58}");
+        let _ = write!(out, "{n:>3}  {actor:<5} {event:<58}");
         for (id, node) in (0u8..).zip(&state.nodes) {
             let _ = write!(out, " | n{id} {}", node_state(node));
         }
