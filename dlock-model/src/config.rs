@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-/// A bug that once lived in (or near) the client rules, swapped back in for
-/// one rule call so a test can show the checker finds it.
+/// A bug that once lived in (or near) the client rules, or that breaks one
+/// of Raft's, swapped back in for one rule call so a test can show the
+/// checker finds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Bug {
     /// A NotLeader answer counted as proof of life: it moves the session's
@@ -41,6 +42,23 @@ pub enum Bug {
     /// majority has it in its log: if it loses its leadership first, the
     /// client was told of a grant the cluster forgot.
     AnswerBeforeCommit,
+    /// In the replication model ([`crate::replication`]): a voter grants
+    /// its vote without checking that the candidate's log is at least as
+    /// up to date as its own, so a node that lacks a committed entry can
+    /// lead, and its log overwrites the followers'.
+    VoteWithoutUpToDate,
+    /// In the replication model: a leader commits an entry of an earlier
+    /// term once it counts it on a majority (Raft's Figure 8): a node
+    /// whose log ends in a later term can still win an election and
+    /// overwrite it.
+    CommitEarlierTermByCount,
+    /// In the ownership model ([`crate::ownership`]), issue 41's (e): the
+    /// Go client before 796fce3, which sent every Lock on its one shared
+    /// connection (one owner, so the server granted a key two tasks asked
+    /// for to both) and reported the older of two such locks lost
+    /// (`LostRegranted`), the older by the order the tasks returned in,
+    /// which may be the one the server granted last.
+    LostByRecordOrder,
 }
 
 /// One configuration of the model.

@@ -17,6 +17,11 @@
 //! - [`sessions`]: what a node keeps of connections, and ends with them;
 //! - [`client`]: a client's beliefs, by the real rules;
 //! - [`model`]: the state, the actions and the properties;
+//! - [`replication`]: a second, smaller model: Raft's replication with a
+//!   log per node, votes and commits, which justifies the one log of
+//!   [`cluster`];
+//! - [`ownership`]: a third: tasks sharing one client, and which of their
+//!   locks a grant belongs to;
 //! - [`trace`]: a counterexample as a numbered timeline;
 //! - [`check`]: one run of the checker, with its counts.
 
@@ -26,6 +31,8 @@ pub mod cluster;
 pub mod config;
 pub mod model;
 pub mod network;
+pub mod ownership;
+pub mod replication;
 pub mod sessions;
 pub mod table;
 pub mod tick;

@@ -9,6 +9,7 @@ use crate::client::Client;
 use crate::cluster::Role;
 use crate::model::{Action, SessionModel, State};
 use crate::tick::Tick;
+use crate::{ownership, replication};
 use stateright::Path;
 
 /// The name the timeline gives client `id`: A, B, C…
@@ -264,4 +265,168 @@ fn describe(last: &State, action: Action, next: &State) -> (String, String) {
 
 fn fence(fence: Option<u64>) -> String {
     fence.map_or(String::new(), |f| format!(" fence {f}"))
+}
+
+/// A path of the replication model as a timeline: each step's actor and
+/// event, then every node's term, standing, log and commit after it. An
+/// entry prints as its payload and term: `A@1` is client A's Lock appended
+/// in term 1, `-@2` a new leader's blank entry of term 2; `|` marks the end
+/// of the prefix the node knows committed.
+pub fn replication_timeline(path: Path<replication::State, replication::Action>) -> String {
+    let steps = path.into_vec();
+    let mut out = String::new();
+    let mut before: Option<(&replication::State, replication::Action)> = None;
+    for (n, (state, action)) in steps.iter().enumerate() {
+        let (actor, event) = match before {
+            None => (
+                "start".to_string(),
+                "n0 leads term 1, every log empty".into(),
+            ),
+            Some((last, action)) => replication_step(last, action, state),
+        };
+        let _ = write!(out, "{n:>3}  {actor:<5} {event:<58}");
+        for (id, node) in (0u8..).zip(&state.nodes) {
+            let _ = write!(out, " | n{id} {}", node_state(node));
+        }
+        out.push('\n');
+        before = action.map(|a| (state, a));
+    }
+    out
+}
+
+fn node_state(node: &replication::Node) -> String {
+    let role = match node.role {
+        replication::Role::Leader { .. } => "leader",
+        replication::Role::Candidate { .. } => "candidate",
+        replication::Role::Follower => "follower",
+    };
+    let mut log = String::new();
+    for (i, e) in (1u8..).zip(&node.log) {
+        let who = match e.payload {
+            replication::Payload::Blank => '-',
+            replication::Payload::Lock(c) => client_name(c),
+        };
+        let _ = write!(log, "{}{who}@{}", if i == 1 { "" } else { " " }, e.term);
+        if i == node.commit {
+            log.push_str(" |");
+        }
+    }
+    format!("t{} {role:<9} [{log}]", node.term)
+}
+
+fn replication_step(
+    last: &replication::State,
+    action: replication::Action,
+    next: &replication::State,
+) -> (String, String) {
+    use replication::Action as A;
+    let term = |s: &replication::State, id: u8| s.nodes.get(usize::from(id)).map_or(0, |n| n.term);
+    let leads = |s: &replication::State, id: u8| {
+        s.nodes
+            .get(usize::from(id))
+            .is_some_and(|n| matches!(n.role, replication::Role::Leader { .. }))
+    };
+    match action {
+        A::Stand { node } => (
+            format!("n{node}"),
+            format!("stands for election in term {}", term(next, node)),
+        ),
+        A::Vote { voter, candidate } => {
+            let voted = next
+                .nodes
+                .get(usize::from(voter))
+                .is_some_and(|v| v.voted == Some(candidate) && v.term == term(last, candidate));
+            let mut event = if term(last, voter) > term(last, candidate) {
+                format!(
+                    "refuses n{candidate} (term {} is behind)",
+                    term(last, candidate)
+                )
+            } else if voted {
+                format!("votes for n{candidate} in term {}", term(last, candidate))
+            } else {
+                format!("refuses n{candidate} in term {}", term(last, candidate))
+            };
+            if !leads(last, candidate) && leads(next, candidate) {
+                let _ = write!(event, "; n{candidate} leads");
+            }
+            (format!("n{voter}"), event)
+        }
+        A::Append { node, client } => (
+            format!("n{node}"),
+            format!("appends {}'s Lock", client_name(client)),
+        ),
+        A::Copy {
+            leader,
+            follower,
+            len,
+        } => {
+            let mut event = if term(last, follower) > term(last, leader) {
+                format!(
+                    "copies to n{follower}: refused, n{leader} learns term {}",
+                    term(last, follower)
+                )
+            } else {
+                format!("copies its first {len} to n{follower}")
+            };
+            for ack in next.acks.iter().skip(last.acks.len()) {
+                let _ = write!(
+                    event,
+                    "; commits {}: {} told Ok fence {}",
+                    ack.index,
+                    client_name(ack.client),
+                    ack.fence
+                );
+            }
+            (format!("n{leader}"), event)
+        }
+    }
+}
+
+/// A path of the ownership model as a timeline: each step, then each
+/// task's account of the key and who holds it at the server.
+pub fn ownership_timeline(path: Path<ownership::State, ownership::Action>) -> String {
+    let steps = path.into_vec();
+    let mut out = String::new();
+    let mut before: Option<(&ownership::State, ownership::Action)> = None;
+    for (n, (state, action)) in steps.iter().enumerate() {
+        let event = match before.map(|(_, a)| a) {
+            None => "start: tasks T0 and T1 share one client".to_string(),
+            Some(ownership::Action::Lock(id)) => {
+                let conn = match state.tasks.get(usize::from(id)) {
+                    Some(t) if t.shared => "the shared connection".to_string(),
+                    _ => format!("a connection of its own (c{})", 1 + id),
+                };
+                format!("T{id} calls Lock: sent on {conn}")
+            }
+            Some(ownership::Action::Apply(conn)) => {
+                let head = before
+                    .and_then(|(last, _)| last.queues.get(usize::from(conn)))
+                    .and_then(|q| q.first());
+                match head {
+                    Some(&(id, true)) => format!("the server applies T{id}'s Lock on c{conn}"),
+                    Some(&(id, false)) => format!("the server applies T{id}'s Unlock on c{conn}"),
+                    None => format!("the server applies c{conn}'s next"),
+                }
+            }
+            Some(ownership::Action::Return(id)) => format!("T{id} returns from Lock"),
+            Some(ownership::Action::Unlock(id)) => format!("T{id} calls Unlock"),
+        };
+        let server = state
+            .holder
+            .map_or("free".to_string(), |(_, f)| format!("fence {f}"));
+        let _ = write!(out, "{n:>3}  {event:<52} | server: {server:<8}");
+        for (id, t) in (0u8..).zip(&state.tasks) {
+            let what = match t.phase {
+                _ if t.lost => format!("told lost (fence {})", t.fence),
+                ownership::Phase::Idle => "idle".to_string(),
+                ownership::Phase::Asking => "asking".to_string(),
+                ownership::Phase::Granted => format!("granted fence {}, not returned", t.fence),
+                ownership::Phase::Holding => format!("holds fence {}", t.fence),
+            };
+            let _ = write!(out, " | T{id}: {what}");
+        }
+        out.push('\n');
+        before = action.map(|a| (state, a));
+    }
+    out
 }
