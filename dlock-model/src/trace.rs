@@ -95,12 +95,29 @@ fn role(state: &State, node: u8) -> &'static str {
     }
 }
 
+/// " #seq" for a request numbered in its session; nothing for one that is not.
+fn seq_mark(seq: u8) -> String {
+    if seq == 0 {
+        String::new()
+    } else {
+        format!(" #{seq}")
+    }
+}
+
 /// The actor and the event of the step from `last` by `action` to `next`.
 fn describe(last: &State, action: Action, next: &State) -> (String, String) {
     let client = |id: u8| last.clients.get(usize::from(id));
     let conn = |id: u8| client(id).and_then(|c| c.conn.as_ref());
     let node_of = |id: u8| conn(id).map_or("?".to_string(), |c| format!("n{}", c.node));
     let name = |id: u8| format!("client {}", client_name(id));
+    // The answer a node's step put on the client's connection.
+    let answered = |id: u8| {
+        next.clients
+            .get(usize::from(id))
+            .and_then(|n| n.conn.as_ref())
+            .and_then(|n| n.back.last())
+            .map_or("?".into(), |a| format!("{:?}{}", a.status, fence(a.fence)))
+    };
     match action {
         Action::Tick => ("clock".into(), format!("time passes to {}", next.now)),
         Action::Elect { node } => (
@@ -114,11 +131,7 @@ fn describe(last: &State, action: Action, next: &State) -> (String, String) {
                 .get(usize::from(id))
                 .and_then(|c| c.pending.last())
                 .map_or(0, |r| r.seq);
-            let num = if seq == 0 {
-                String::new()
-            } else {
-                format!(" #{seq}")
-            };
+            let num = seq_mark(seq);
             (name(id), format!("sends {kind}{num} to {}", node_of(id)))
         }
         Action::Deliver { client: id } => {
@@ -126,23 +139,11 @@ fn describe(last: &State, action: Action, next: &State) -> (String, String) {
                 return (name(id), "?".into());
             };
             let node = c.node;
-            let answer = next
-                .clients
-                .get(usize::from(id))
-                .and_then(|n| n.conn.as_ref())
-                .and_then(|n| n.back.last());
-            let what = match answer {
-                Some(a) => format!("{:?}{}", a.status, fence(a.fence)),
-                None => "?".into(),
-            };
-            let req = c.out.first().map_or("?".into(), |r| {
-                let num = if r.seq == 0 {
-                    String::new()
-                } else {
-                    format!(" #{}", r.seq)
-                };
-                format!("{}{num}", r.kind)
-            });
+            let what = answered(id);
+            let req = c
+                .out
+                .first()
+                .map_or("?".into(), |r| format!("{}{}", r.kind, seq_mark(r.seq)));
             (
                 format!("n{node}"),
                 format!(
@@ -175,15 +176,7 @@ fn describe(last: &State, action: Action, next: &State) -> (String, String) {
             let Some(c) = conn(id) else {
                 return (name(id), "?".into());
             };
-            let answer = next
-                .clients
-                .get(usize::from(id))
-                .and_then(|n| n.conn.as_ref())
-                .and_then(|n| n.back.last());
-            let what = match answer {
-                Some(a) => format!("{:?}{}", a.status, fence(a.fence)),
-                None => "?".into(),
-            };
+            let what = answered(id);
             let req = c.out.first().map_or("?".into(), |r| r.kind.to_string());
             (
                 format!("n{}", c.node),
