@@ -134,6 +134,7 @@ impl Harness {
             peer_routes: Default::default(),
             clock_rate: 1.0,
             snapshot_every: dlock_server::engine::raft::SNAPSHOT_EVERY,
+            snapshot_write_rate: dlock_server::engine::raft::SNAPSHOT_WRITE_RATE,
         };
         let cluster = Cluster::start(cfg, listener, sink, CancellationToken::new())
             .await

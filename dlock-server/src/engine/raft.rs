@@ -161,9 +161,14 @@ pub const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
 /// unless [`ClusterConfig::snapshot_every`] says otherwise.
 pub const SNAPSHOT_EVERY: u64 = crate::ops::config::DEFAULT_SNAPSHOT_EVERY;
 
+/// A node writes its own snapshots at most this many bytes a second,
+/// unless [`ClusterConfig::snapshot_write_rate`] says otherwise.
+pub const SNAPSHOT_WRITE_RATE: u64 = crate::ops::config::DEFAULT_SNAPSHOT_WRITE_RATE_MIB << 20;
+
 /// How long [`Cluster::snapshot`] waits for a snapshot covering what was
-/// applied: a million held leases take well under a second to write, and
-/// one already being written may come first.
+/// applied: a million held leases take under two seconds to write at
+/// [`SNAPSHOT_WRITE_RATE`] (the most a node holds, 4,000,000 by default,
+/// about seven), and one already being written may come first.
 pub const SNAPSHOT_WAIT: Duration = Duration::from_secs(30);
 
 /// How often [`Cluster::snapshot`] asks again while it waits.
@@ -225,6 +230,9 @@ pub struct ClusterConfig {
     pub clock_rate: f64,
     /// Log entries between snapshots (usually [`SNAPSHOT_EVERY`]).
     pub snapshot_every: u64,
+    /// Bytes a second this node writes its own snapshots at, at most; 0:
+    /// as fast as the disk takes them (usually [`SNAPSHOT_WRITE_RATE`]).
+    pub snapshot_write_rate: u64,
 }
 
 /// A cheap handle to a running node.

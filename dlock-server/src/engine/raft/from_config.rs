@@ -132,6 +132,7 @@ pub async fn start(
         peer_routes: config.peer_route.iter().cloned().collect(),
         clock_rate: config.test_clock_rate,
         snapshot_every: config.snapshot_every,
+        snapshot_write_rate: config.snapshot_write_rate << 20,
     };
     Cluster::start(cfg, peers, sink, stop).await
 }

@@ -263,6 +263,12 @@ impl StateMachine {
     pub(crate) fn shared(&self) -> Arc<MachineHandle> {
         self.shared.clone()
     }
+
+    /// Writes the snapshots this node builds at most `bytes_per_second`
+    /// (0: unpaced); see [`SnapshotFile::pace_writes`].
+    pub(crate) fn pace_snapshot_writes(&mut self, bytes_per_second: u64) {
+        self.file.pace_writes(bytes_per_second);
+    }
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
@@ -431,7 +437,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
         // lands in, once. openraft purges the log this snapshot covers once
         // this returns: the file must be on disk by then.
         let (meta, data, bytes) = in_background(move || {
-            let mut writer = file.create(&meta)?;
+            let mut writer = file.create_paced(&meta)?;
             let image = ImageView {
                 table: frozen.view(),
                 last_applied: meta.last_log_id,

@@ -20,11 +20,13 @@
 use super::ids::{LogId, SnapshotMeta};
 use super::storage::{ReadFrom, Storage, StorageFile};
 use std::fs::File;
+use std::num::NonZeroU64;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 
 const NAME: &str = "snapshot";
@@ -74,6 +76,9 @@ pub(crate) struct SnapshotFile {
     /// new file is renamed into place (a snapshot being built and one being
     /// installed can race), so an older snapshot never replaces a newer one.
     current: Arc<Mutex<Option<LogId>>>,
+    /// How fast a snapshot this node builds is written, in bytes a second;
+    /// `None`: as fast as the disk takes it. See [`WriteAt::pace`].
+    write_rate: Option<NonZeroU64>,
 }
 
 impl SnapshotFile {
@@ -98,6 +103,7 @@ impl SnapshotFile {
             storage,
             dir: dir.to_path_buf(),
             current: Arc::new(Mutex::new(None)),
+            write_rate: None,
         };
         // Leftovers from a crash while writing: never renamed, so never used.
         for name in file.storage.list(dir)? {
@@ -152,6 +158,26 @@ impl SnapshotFile {
     /// # Errors
     /// The temporary file cannot be created or written.
     pub(crate) fn create(&self, meta: &SnapshotMeta) -> io::Result<Writer> {
+        self.create_at(meta, None)
+    }
+
+    /// [`SnapshotFile::create`] for a snapshot this node builds: written
+    /// no faster than [`SnapshotFile::pace_writes`] said.
+    ///
+    /// # Errors
+    /// As for [`SnapshotFile::create`].
+    pub(crate) fn create_paced(&self, meta: &SnapshotMeta) -> io::Result<Writer> {
+        self.create_at(meta, self.write_rate)
+    }
+
+    /// Writes the snapshots this node builds at most `bytes_per_second`
+    /// (0: as fast as the disk takes them). A snapshot received from the
+    /// leader is not paced: the node waits for it to catch up.
+    pub(crate) fn pace_writes(&mut self, bytes_per_second: u64) {
+        self.write_rate = NonZeroU64::new(bytes_per_second);
+    }
+
+    fn create_at(&self, meta: &SnapshotMeta, rate: Option<NonZeroU64>) -> io::Result<Writer> {
         // A name of its own, so that a snapshot being built and one being
         // installed never write the same file. Created with the process's
         // umask, readable by others like the rest of the data directory (a
@@ -179,6 +205,10 @@ impl SnapshotFile {
                 file,
                 at: 0,
                 unsynced: 0,
+                pace: rate.map(|rate| Pace {
+                    rate,
+                    started: Instant::now(),
+                }),
             },
         );
         out.write_all(&line)?;
@@ -272,7 +302,17 @@ struct WriteAt {
     at: u64,
     /// Bytes written since the last sync.
     unsynced: u64,
+    pace: Option<Pace>,
 }
+
+/// The rate a snapshot is written at, and since when.
+struct Pace {
+    rate: NonZeroU64,
+    started: Instant,
+}
+
+/// Written before any pacing: a small table's snapshot is never slowed.
+const UNPACED: u64 = SYNC_STEP;
 
 /// A snapshot being written is synced every this many bytes. Left to the
 /// end, the 83 MiB of a table of 1,000,000 keys reach the disk in one burst,
@@ -280,8 +320,28 @@ struct WriteAt {
 /// tens of milliseconds; in steps, a commit waits behind a step at most.
 const SYNC_STEP: u64 = 4 << 20;
 
+impl WriteAt {
+    /// Waits until the bytes written so far are due at the pace's rate.
+    /// The log's fsyncs share the disk with the snapshot, and on the
+    /// machines measured (BENCHMARKS.md, "no stall during a snapshot") what
+    /// a commit waits for is the snapshot's bytes the disk has taken since
+    /// the last fsync: written at full speed, 83 MiB in 150-250 ms, they
+    /// doubled the tail of every commit meanwhile; spread out, each fsync
+    /// carries only a little of them. Sleeping is right here: this runs on
+    /// the snapshot's thread of its own, never on the runtime.
+    fn pace(&self) {
+        let Some(pace) = &self.pace else { return };
+        let ahead = self.at.saturating_sub(UNPACED);
+        let due = Duration::from_secs_f64(ahead as f64 / pace.rate.get() as f64);
+        if let Some(wait) = due.checked_sub(pace.started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+}
+
 impl Write for WriteAt {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.pace();
         self.file.write_all_at(buf, self.at)?;
         self.at += buf.len() as u64;
         self.unsynced += buf.len() as u64;

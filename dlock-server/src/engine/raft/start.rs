@@ -198,7 +198,7 @@ impl Cluster {
         let dir = cfg.data_dir.clone();
         // Reading and decoding a large snapshot takes a while: off the
         // runtime's threads.
-        let (log, state_machine, fresh) = {
+        let (log, mut state_machine, fresh) = {
             let dir = dir.clone();
             let (limits, first_fence, sessions) = (cfg.limits, cfg.first_fence, cfg.sessions);
             tokio::task::spawn_blocking(move || {
@@ -207,6 +207,7 @@ impl Cluster {
             .await
             .context("opening the data directory")??
         };
+        state_machine.pace_snapshot_writes(cfg.snapshot_write_rate);
         let machine = state_machine.shared();
         let committed = log.committed_index();
 
