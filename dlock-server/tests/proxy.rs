@@ -63,6 +63,48 @@ async fn a_reset_arrives_as_a_reset_after_the_bytes_before_it() {
     );
 }
 
+/// A client that resets while answers wait in the proxy for it to read
+/// them: the proxy's blocked write towards the client may be the call that
+/// learns of the reset (Linux reports it once), and its read of the client
+/// then sees an end of stream; and both directions may end in the same
+/// turn. That must still reach the node as a reset, or the node ends the
+/// session the client is resuming (the torture saw it, seed 44301: a clean
+/// close, then the client's resume 10 ms later answered UnknownSession).
+/// Several rounds, as which comes first varies.
+#[tokio::test]
+async fn a_reset_arrives_as_a_reset_while_answers_wait_for_the_client() {
+    for _ in 0..10 {
+        let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = FreezableProxy::start(upstream.local_addr().unwrap()).await;
+        // A small window, so the proxy's write towards it blocks soon.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let client = socket.connect(proxy.addr).await.unwrap();
+        let (mut server, _) = tokio::time::timeout(PATIENCE, upstream.accept())
+            .await
+            .expect("the proxy connects upstream")
+            .unwrap();
+        // More than the client's window and the proxy's socket hold, less
+        // than the proxy's queue: the node's write completes (so no write
+        // of its own is pending when the reset comes) and the proxy's
+        // write to the client waits.
+        let answers = vec![7u8; 512 * 1024];
+        tokio::time::timeout(PATIENCE, server.write_all(&answers))
+            .await
+            .expect("the proxy takes the answers")
+            .unwrap();
+        abort(client);
+        let mut buf = [0u8; 16];
+        let end = tokio::time::timeout(PATIENCE, server.read(&mut buf))
+            .await
+            .expect("the end arrives");
+        assert!(
+            matches!(&end, Err(e) if e.kind() == ErrorKind::ConnectionReset),
+            "{end:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_clean_close_arrives_as_a_clean_close() {
     let (_proxy, mut client, mut server) = path().await;

@@ -6,7 +6,8 @@
 //! ones are refused until healed: a client cut off from its server. Delayed,
 //! every byte arrives late by the same time: a slow path. A reset from
 //! either end is passed on as a reset (after what was sent before it), a
-//! clean close as a clean close.
+//! clean close as a clean close. (A reset is told from a clean close by the
+//! socket's state, not by the read alone: see [`was_reset`].)
 //!
 //! Clients connect to [`FreezableProxy::addr`]; each connection is forwarded
 //! to the upstream address given at start.
@@ -76,10 +77,12 @@ impl FreezableProxy {
                             )
                         } => false,
                         // One end reset its connection: so does the other
-                        // end's, as a path passes a reset on.
+                        // end's, as a path passes a reset on. (Also when
+                        // both directions finished in the same turn and
+                        // select! took the join: hence the check after.)
                         _ = broken.cancelled() => true,
                         _ = cut.wait_for(|severed| *severed) => true,
-                    };
+                    } || broken.is_cancelled();
                     if reset_both {
                         reset(cr.as_ref());
                         reset(sr.as_ref());
@@ -138,6 +141,50 @@ fn reset(stream: &TcpStream) {
     let _ = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO));
 }
 
+/// Whether the end `half` reads from reset the connection. Linux reports a
+/// reset once, to whichever call on the socket comes first: when the
+/// other direction's write to the same socket took it, the read that
+/// follows returns 0, as after a clean close. Passing that on as a FIN
+/// would tell a cluster node that its client closed cleanly, and the node
+/// would end the session the client is about to resume (a torture run saw
+/// exactly that). The socket's TCP state still tells: a reset leaves it
+/// closed, a clean close leaves it waiting for this side's own close.
+fn was_reset(half: &OwnedReadHalf) -> bool {
+    tcp_state(half.as_ref()) == Some(TCP_CLOSE)
+}
+
+/// `TCP_CLOSE` in the kernel's `tcp_states.h`: no connection at all.
+const TCP_CLOSE: u8 = 7;
+
+/// The kernel's TCP state of `stream` (`tcp_states.h`), if it can be read.
+#[cfg(target_os = "linux")]
+fn tcp_state(stream: &TcpStream) -> Option<u8> {
+    use std::os::fd::AsRawFd;
+    let mut info = std::mem::MaybeUninit::<libc::tcp_info>::zeroed();
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the descriptor is the open socket `stream` borrows; the
+    // kernel writes at most `len` bytes into `info`, which is that large
+    // and zeroed, so every field is initialised whatever it writes.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: zeroed above and possibly overwritten by the kernel: every
+    // bit pattern is a valid `tcp_info` (integers only).
+    (rc == 0).then(|| unsafe { info.assume_init() }.tcpi_state)
+}
+
+/// Elsewhere the read alone decides (a reset the write took is missed).
+#[cfg(not(target_os = "linux"))]
+fn tcp_state(_stream: &TcpStream) -> Option<u8> {
+    None
+}
+
 impl Drop for FreezableProxy {
     fn drop(&mut self) {
         self.accept.abort();
@@ -180,6 +227,7 @@ async fn forward(
                 return;
             }
             let chunk = match from.read(&mut buf).await {
+                Ok(0) if was_reset(from) => Chunk::Reset,
                 Ok(0) => Chunk::End,
                 Ok(n) => Chunk::Data(buf[..n].to_vec()),
                 Err(_) => Chunk::Reset,
@@ -200,7 +248,10 @@ async fn forward(
             }
             match chunk {
                 Chunk::Data(bytes) => {
+                    // The end written to broke (it reset, most likely):
+                    // so does the path, both ways.
                     if to.write_all(&bytes).await.is_err() {
+                        broken.cancel();
                         return;
                     }
                 }
@@ -216,4 +267,53 @@ async fn forward(
         }
     };
     tokio::join!(reader, writer);
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// Both ends of a loopback connection: (the peer, the proxy's side).
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let peer = TcpStream::connect(addr).await.expect("connect");
+        let (ours, _) = listener.accept().await.expect("accept");
+        (peer, ours)
+    }
+
+    #[tokio::test]
+    async fn a_reset_that_a_write_learned_of_first_is_still_told_from_a_clean_close() {
+        let (peer, ours) = pair().await;
+        reset(&peer);
+        drop(peer);
+        let (mut rd, mut wr) = ours.into_split();
+        // A write fails once the reset is in, and takes its error.
+        let mut failed = false;
+        for _ in 0..1000 {
+            if wr.write_all(b"answer").await.is_err() {
+                failed = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(failed, "writes to a reset connection fail");
+        // So the read says what it says after a clean close...
+        let n = rd
+            .read(&mut [0u8; 8])
+            .await
+            .expect("no error left to report");
+        assert_eq!(n, 0);
+        // ...and only the socket's state tells the two apart.
+        assert!(was_reset(&rd));
+    }
+
+    #[tokio::test]
+    async fn a_clean_close_is_not_taken_for_a_reset() {
+        let (mut peer, ours) = pair().await;
+        peer.shutdown().await.expect("shutdown");
+        let (mut rd, _wr) = ours.into_split();
+        assert_eq!(rd.read(&mut [0u8; 8]).await.expect("read"), 0);
+        assert!(!was_reset(&rd));
+    }
 }

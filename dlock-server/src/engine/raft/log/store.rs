@@ -304,11 +304,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     /// Kept so that a restarted node applies what it knows was committed at
     /// once, instead of waiting for a leader to tell it again. Written by
-    /// the writer after the appends queued before it, never past the entries
-    /// on disk (see `log_writer::write_committed`), and not waited for, so
-    /// it never holds openraft up behind an fsync; saves made while one write
-    /// is queued share it. Not synced on its own: the next append's sync
-    /// carries it, and losing it only delays that re-apply.
+    /// the writer with the next append (in its batch and its sync), or on
+    /// its own when none comes within 50 ms, never past the entries on disk
+    /// (see `writer::CommittedSlot`), and not waited for, so it never holds
+    /// openraft up behind an fsync or wakes the writer per commit. Written
+    /// on its own it is not synced: the next append's sync carries it, and
+    /// losing it only delays that re-apply.
     async fn save_committed(
         &mut self,
         committed: Option<LogId>,
@@ -319,13 +320,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             return Ok(());
         }
         self.writer
-            .write_committed()
-            .await
+            .write_committed(&self.committed_slot)
             .map_err(|e| e.storage(ErrorSubject::Store, ErrorVerb::Write))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError<NodeId>> {
-        Ok(self.written.lock().committed)
+        // The latest saved, written or not yet.
+        Ok(self
+            .committed_slot
+            .peek()
+            .unwrap_or_else(|| self.written.lock().committed))
     }
 
     async fn append<I>(

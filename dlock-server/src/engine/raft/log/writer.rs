@@ -25,6 +25,9 @@ use tokio::sync::{mpsc, oneshot};
 
 /// Queued changes at most; openraft waits when it is full.
 const QUEUE: usize = 1024;
+/// How long a committed id saved waits for an append to carry it before it
+/// is written on its own (see [`CommittedSlot`]).
+const COMMITTED_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// Appends grouped into one write at most: bounds one write's size.
 const GROUP: usize = 256;
 
@@ -69,15 +72,19 @@ impl Shared {
 pub(crate) type Then = Box<dyn FnOnce(&mut Written) + Send>;
 
 /// The latest committed id saved and not yet written, shared by the store
-/// and the writer: while one write of it is queued, later saves only
-/// replace the value it will write, so a busy node writes one record for
-/// many saves instead of waking the writer for each.
+/// and the writer. openraft saves one after every commit, and a write of
+/// its own per save woke the writer thread once more per commit on every
+/// node. Instead the next append writes it in the same batch (and the same
+/// sync), and only one that no append carried within [`COMMITTED_WAIT`]
+/// is queued for a write of its own: while that wait or write is pending,
+/// later saves only replace the value.
 #[derive(Clone, Default)]
 pub(crate) struct CommittedSlot(Arc<Mutex<SlotState>>);
 
 #[derive(Default)]
 struct SlotState {
     latest: Option<Option<LogId>>,
+    /// A wait or a write for the slot is pending.
     queued: bool,
 }
 
@@ -99,6 +106,31 @@ impl CommittedSlot {
         let mut s = self.lock();
         s.queued = false;
         s.latest.take()
+    }
+
+    /// The value saved and not written yet, if any.
+    pub(crate) fn peek(&self) -> Option<Option<LogId>> {
+        self.lock().latest
+    }
+
+    /// Takes the value for an append to carry, unless it points past
+    /// `written_to` (the pending wait or write stays pending either way).
+    fn take_within(&self, written_to: Option<u64>) -> Option<Option<LogId>> {
+        let mut s = self.lock();
+        match s.latest {
+            Some(id) if points_past(id, written_to) => None,
+            _ => s.latest.take(),
+        }
+    }
+
+    /// At the end of the wait: true when a value is still unwritten (a
+    /// write must be queued; it ends the pending state), else ends it.
+    fn unwritten(&self) -> bool {
+        let mut s = self.lock();
+        if s.latest.is_none() {
+            s.queued = false;
+        }
+        s.latest.is_some()
     }
 
     /// Gives back a value not written yet, unless a newer one came.
@@ -186,10 +218,23 @@ impl Writer {
             .map_err(|_| gone())
     }
 
-    /// Queues a write of the committed id in `slot` (see [`CommittedSlot`]).
-    pub(crate) async fn write_committed(&self) -> Result<(), DiskError> {
-        let tx = self.tx.as_ref().ok_or_else(gone)?;
-        tx.send(Op::Committed).await.map_err(|_| gone())
+    /// Writes the committed id in `slot` within [`COMMITTED_WAIT`]: with
+    /// the next append if one comes, else on its own (see
+    /// [`CommittedSlot`]). Not waited for. The wait holds no sender, so it
+    /// never keeps the writer from finishing.
+    pub(crate) fn write_committed(&self, slot: &CommittedSlot) -> Result<(), DiskError> {
+        let tx = self.tx.as_ref().ok_or_else(gone)?.downgrade();
+        let slot = slot.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(COMMITTED_WAIT).await;
+            if slot.unwritten() {
+                if let Some(tx) = tx.upgrade() {
+                    // Fails only when the writer is stopping.
+                    let _ = tx.send(Op::Committed).await;
+                }
+            }
+        });
+        Ok(())
     }
 
     /// Writes and syncs `batch` after everything queued before it, and
@@ -246,12 +291,7 @@ fn write_committed(wal: &mut Wal, shared: &Shared, slot: &CommittedSlot) {
     let Some(id) = slot.take() else {
         return;
     };
-    let written_to = {
-        let w = shared.lock();
-        let last = w.entries.keys().next_back().copied();
-        last.max(w.purged.map(|p| p.index))
-    };
-    if id.is_some_and(|id| written_to.is_none_or(|w| id.index > w)) {
+    if points_past(id, written_to(shared)) {
         slot.put_back(id);
         return;
     }
@@ -264,6 +304,18 @@ fn write_committed(wal: &mut Wal, shared: &Shared, slot: &CommittedSlot) {
         Ok(_) => shared.lock().committed = id,
         Err(e) => tracing::error!(error = %e, "cannot write to the raft log"),
     }
+}
+
+/// The last index the log holds on disk (or purged).
+fn written_to(shared: &Shared) -> Option<u64> {
+    let w = shared.lock();
+    let last = w.entries.keys().next_back().copied();
+    last.max(w.purged.map(|p| p.index))
+}
+
+/// Whether a committed id points past entries written up to `written_to`.
+fn points_past(id: Option<LogId>, written_to: Option<u64>) -> bool {
+    id.is_some_and(|id| written_to.is_none_or(|w| id.index > w))
 }
 
 /// Creates the marker once a write is durable; on failure keeps it for the
@@ -307,10 +359,17 @@ fn run(
                     }
                     match rx.blocking_recv() {
                         Some(op) => op,
-                        None => return,
+                        None => {
+                            write_committed(&mut wal, shared, slot);
+                            return;
+                        }
                     }
                 }
-                Err(mpsc::error::TryRecvError::Disconnected) => return,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    // Closing: what no append carried yet is written now.
+                    write_committed(&mut wal, shared, slot);
+                    return;
+                }
             },
         };
         let (entries, callback) = match op {
@@ -354,18 +413,33 @@ fn run(
         let mut callbacks = Vec::with_capacity(group.len());
         let mut batch = Batch::default();
         let mut encoded = Ok(());
+        let mut last = None;
         for (entries, callback) in group {
             for (id, bytes) in &entries {
                 if encoded.is_ok() {
                     encoded = batch.entry(*id, bytes);
                 }
+                last = last.max(Some(id.index));
             }
             callbacks.push(callback);
+        }
+        // The committed id saved since the last write rides along, after
+        // the entries (a torn write that keeps it keeps them too).
+        let committed = slot.take_within(last.max(written_to(shared)));
+        if let Some(id) = committed {
+            if encoded.is_ok() {
+                encoded = crate::engine::raft::encoding::encode(&id)
+                    .map_err(DiskError::from)
+                    .and_then(|bytes| batch.committed(bytes));
+            }
         }
         let written = encoded.and_then(|()| write(&mut wal, batch, true));
         match written {
             Ok(locs) => {
                 mark_written(&mut marker);
+                if let Some(id) = committed {
+                    shared.lock().committed = id;
+                }
                 let ids: Vec<LogId> = locs.iter().map(|l| l.id).collect();
                 {
                     let mut written = shared.lock();
@@ -389,6 +463,9 @@ fn run(
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot write the raft log");
+                if let Some(id) = committed {
+                    slot.put_back(id);
+                }
                 for callback in callbacks {
                     callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
                 }
