@@ -9,9 +9,10 @@
 //! session) gives its lock up with its connection. A [`Bug`] swaps one of
 //! those calls for the buggy version it replaced.
 
-use dlock::proto::{RequestType, ResponseStatus};
+use dlock::proto::ResponseStatus;
 use dlock::rules::{self, Hold};
-use dlock_server::table::OwnerId;
+use dlock_server::table::{OwnerId, ReqId};
+use std::time::Duration;
 
 use crate::config::{Bug, Config};
 use crate::network::{Answer, Close, Conn, Ended, Kind, Phase, Request};
@@ -24,6 +25,34 @@ pub struct Held {
     pub hold: Hold<Tick>,
     /// The grant's fence.
     pub fence: u64,
+}
+
+/// A client's request for the key that may wait in line, until answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Wait {
+    /// When it was first sent, by the client's clock: the wait limit (and
+    /// a grant's hold) counts from no earlier than this.
+    pub first: Tick,
+    /// Its wait limit.
+    pub limit: Duration,
+    /// The ticket of a queued Enqueue, once told.
+    pub ticket: Option<ReqId>,
+}
+
+/// How a client's last wait for the key ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WaitEnd {
+    /// It was granted the key.
+    Granted,
+    /// It was told `AcquireTimeout`; `early` if before its limit had passed
+    /// by the servers' time.
+    TimedOut {
+        /// Whether the limit had not yet passed.
+        early: bool,
+    },
+    /// It was told something else (`UnknownTicket`, its session ended…):
+    /// it will never be granted by this request.
+    Refused(ResponseStatus),
 }
 
 /// One client.
@@ -53,6 +82,10 @@ pub struct Client {
     pub sent: u8,
     /// The cluster told it the session ended: it stops.
     pub ended: bool,
+    /// Its request for the key that may wait, until answered.
+    pub wait: Option<Wait>,
+    /// How its last such request ended.
+    pub wait_end: Option<WaitEnd>,
 }
 
 impl Client {
@@ -70,6 +103,8 @@ impl Client {
             closing: Vec::new(),
             sent: 0,
             ended: false,
+            wait: None,
+            wait_end: None,
         }
     }
 
@@ -130,7 +165,14 @@ impl Client {
             // Sending an Unlock gives the lock up: the guard is released
             // whatever the answer.
             Kind::Unlock => self.held = None,
-            Kind::Lock(_) | Kind::Ping | Kind::Resume => {}
+            Kind::LockWaiting(limit) | Kind::Enqueue(limit) => {
+                self.wait = Some(Wait {
+                    first: now,
+                    limit,
+                    ticket: None,
+                });
+            }
+            Kind::Lock(_) | Kind::Wait(_) | Kind::Ping | Kind::Resume => {}
         }
         // Numbered as the link numbers: what changes the table, on a named
         // session; `done` is below the oldest numbered request unanswered.
@@ -202,8 +244,11 @@ impl Client {
             });
         }
         if self.session.is_none() {
+            // Its wait, if any, was withdrawn with the connection's
+            // session: the client gave it up.
             self.held = None;
             self.pending.clear();
+            self.wait = None;
         }
     }
 
@@ -221,31 +266,51 @@ impl Client {
         self.close(how);
     }
 
-    /// Reads `answer` at `now`.
-    pub fn receive(&mut self, answer: Answer, now: Tick, cfg: &Config) {
+    /// Reads `answer` at `now`, by its clock; the servers' time is
+    /// `server_now` (only to note whether a wait timed out before its
+    /// limit, which the client cannot tell).
+    pub fn receive(&mut self, answer: Answer, now: Tick, server_now: Tick, cfg: &Config) {
         let req = answer.to;
         if req.kind == Kind::Resume {
-            return self.resumed(answer, now);
+            return self.resumed(answer, now, cfg);
         }
-        if let Some(i) = self.pending.iter().position(|r| *r == req) {
-            self.pending.remove(i);
+        // An answer that sends the session elsewhere leaves the request in
+        // place, to be sent again after the resume (the link's read loop).
+        if rules::elsewhere(answer.status, None).is_none() {
+            if let Some(i) = self.pending.iter().position(|r| *r == req) {
+                self.pending.remove(i);
+            }
         }
-        let kind = match req.kind {
-            Kind::Lock(_) => RequestType::Lock,
-            Kind::Renew(_) => RequestType::Renew,
-            Kind::Ping => RequestType::Ping,
-            Kind::Unlock => RequestType::Unlock,
-            Kind::Resume => RequestType::OpenSession,
-        };
+        let kind = req.kind.request_type();
         let proves_life = rules::moves_deadline(true, kind, answer.status)
             || (cfg.has(Bug::NotLeaderProvesLife) && answer.status == ResponseStatus::NotLeader);
         if proves_life {
             self.acked = self.acked.max(req.sent);
         }
+        let asked_at = self.wait.map_or(req.first, |w| w.first);
+        let waits = req.kind.wait_limit().is_some() || matches!(req.kind, Kind::Wait(_));
+        if waits && rules::elsewhere(answer.status, None).is_none() {
+            self.waited(answer, server_now);
+        }
         match (req.kind, answer.status, answer.fence) {
             (Kind::Lock(lease), ResponseStatus::Ok, Some(fence)) => {
                 self.held = Some(Held {
                     hold: Hold::granted(req.first, lease),
+                    fence,
+                });
+            }
+            // A grant after waiting: the hold counts from the first send
+            // of the request that asked (the Enqueue's, for a Wait), as
+            // the library's `granted` does.
+            (Kind::LockWaiting(_) | Kind::Enqueue(_), ResponseStatus::Ok, Some(fence)) => {
+                self.held = Some(Held {
+                    hold: Hold::granted(req.first, None),
+                    fence,
+                });
+            }
+            (Kind::Wait(_), ResponseStatus::Ok, Some(fence)) => {
+                self.held = Some(Held {
+                    hold: Hold::granted(asked_at, None),
                     fence,
                 });
             }
@@ -266,10 +331,33 @@ impl Client {
         self.elsewhere(answer.status);
     }
 
+    /// The answer (not one that sends the session elsewhere) to a request
+    /// that may wait: an Enqueue's `Queued` gives the ticket to wait on;
+    /// anything else ends the wait.
+    fn waited(&mut self, answer: Answer, server_now: Tick) {
+        let Some(wait) = &mut self.wait else {
+            return;
+        };
+        let end = match answer.status {
+            ResponseStatus::Queued => {
+                wait.ticket = answer.ticket;
+                return;
+            }
+            ResponseStatus::Ok => WaitEnd::Granted,
+            ResponseStatus::AcquireTimeout => WaitEnd::TimedOut {
+                early: server_now < wait.first + wait.limit,
+            },
+            other => WaitEnd::Refused(other),
+        };
+        self.wait = None;
+        self.wait_end = Some(end);
+    }
+
     /// The answer to a resume: on `Ok` the session lives from the resume's
     /// send time (docs/PROTOCOL.md, "Client-side safety"), and every
-    /// request not answered is sent again, in order, under its number.
-    fn resumed(&mut self, answer: Answer, now: Tick) {
+    /// request not answered is sent again, in order, under its number
+    /// (with [`Bug::ResendOnlyNumbered`], only the numbered ones).
+    fn resumed(&mut self, answer: Answer, now: Tick, cfg: &Config) {
         if answer.status != ResponseStatus::Ok {
             return self.elsewhere(answer.status);
         }
@@ -279,6 +367,9 @@ impl Client {
         };
         conn.phase = Phase::Open;
         for req in &mut self.pending {
+            if cfg.has(Bug::ResendOnlyNumbered) && req.seq == 0 {
+                continue;
+            }
             req.sent = now;
             conn.out.push(*req);
         }
@@ -295,6 +386,9 @@ impl Client {
             self.held = None;
             self.ended = true;
             self.pending.clear();
+            if self.wait.take().is_some() {
+                self.wait_end = Some(WaitEnd::Refused(status));
+            }
         }
         self.close(Close::Rst);
     }

@@ -14,12 +14,14 @@
 //! is in [`crate::sessions`].
 
 use dlock::proto::ResponseStatus;
-use dlock_server::table::{Command, LockResult, OwnerId, Reply, Sharing, Time, WaitLimit};
+use dlock_server::table::{
+    Command, LockResult, OwnerId, Reply, ReqId, Sharing, TicketState, Time, WaitLimit, WaitOutcome,
+};
 
 use std::time::Duration;
 
 use crate::config::{Bug, Config};
-use crate::network::{Answer, Conn, Ended, Kind, Request};
+use crate::network::{Answer, Conn, Ended, Kind, Parked, Request};
 use crate::sessions::{self, Attached};
 use crate::table::{Table, KEY};
 
@@ -55,6 +57,38 @@ pub struct Cluster {
     /// Whether a leading node ever saw a connection end and its implicit
     /// session still held the key after.
     pub orphan_held: bool,
+    /// Waiting requests the last step's commands decided, in order: the
+    /// node holding each one's connection answers it (`SessionModel`
+    /// delivers them at the end of the step, so a state never keeps any).
+    pub woken: Vec<Wake>,
+    /// Sessions the last step's commands ended (a TTL, a Disconnect): a
+    /// request of theirs waiting at a node is answered `UnknownSession`
+    /// (`ended_while_waiting`). Emptied at the end of the step.
+    pub ended: Vec<OwnerId>,
+    /// The fences of the grants made to requests that had waited in line.
+    pub waited_grants: Vec<u64>,
+}
+
+/// A waiting request the table decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Wake {
+    /// Whose.
+    pub owner: OwnerId,
+    /// Which.
+    pub ticket: ReqId,
+    /// Its answer: `Ok` with the fence, `AcquireTimeout`, `LimitReached`.
+    pub status: ResponseStatus,
+    /// The fence of a grant.
+    pub fence: Option<u64>,
+}
+
+/// The answer a waiting request's `outcome` gives (`reply::woken`).
+pub fn outcome_answer(outcome: &WaitOutcome) -> (ResponseStatus, Option<u64>) {
+    match outcome {
+        WaitOutcome::Granted { fence } => (ResponseStatus::Ok, Some(*fence)),
+        WaitOutcome::TimedOut(_) => (ResponseStatus::AcquireTimeout, None),
+        WaitOutcome::LimitReached => (ResponseStatus::LimitReached, None),
+    }
 }
 
 /// What a node is, as far as answering goes.
@@ -90,7 +124,18 @@ impl Cluster {
             ttl,
             attached: Attached::default(),
             orphan_held: false,
+            woken: Vec::new(),
+            ended: Vec::new(),
+            waited_grants: Vec::new(),
         }
+    }
+
+    /// Whether `client` believes it holds a grant made to a request that
+    /// had waited in line.
+    pub fn holds_waited(&self, client: &crate::client::Client) -> bool {
+        client
+            .held
+            .is_some_and(|h| self.waited_grants.contains(&h.fence))
     }
 
     /// The role of `node`.
@@ -135,21 +180,18 @@ impl Cluster {
         kept: bool,
     ) -> Answer {
         let node = conn.node;
-        let unsure = Answer {
-            to: req,
-            status: ResponseStatus::Unavailable,
-            fence: None,
-        };
+        let unsure = Answer::bare(req, ResponseStatus::Unavailable);
         let applied = if kept {
             self.answer(node, client, session, conn, req, now);
+            // Answered Unavailable, not waited for at this node.
+            conn.parked = None;
             unsure
         } else {
             let mut lost = self.clone();
             let answer = lost.answer(node, client, session, &mut conn.clone(), req, now);
-            if self.bug == Some(Bug::AnswerBeforeCommit) {
-                answer
-            } else {
-                unsure
+            match answer {
+                Some(answer) if self.bug == Some(Bug::AnswerBeforeCommit) => answer,
+                _ => unsure,
             }
         };
         self.elect((node + 1) % u8::try_from(self.leads.len()).unwrap_or(1).max(1));
@@ -169,15 +211,54 @@ impl Cluster {
     /// fell due waits for the next one).
     pub fn commit(&mut self, cmd: Command, now: Time) -> Reply {
         let mut table = self.table.read();
-        table.apply(Command::Advance, now);
+        let advanced = table.apply(Command::Advance, now);
+        self.decided(&advanced, None);
+        let disconnected = match cmd {
+            Command::Disconnect { owner } => Some(owner),
+            _ => None,
+        };
         let out = table.apply(cmd, now);
+        self.decided(&out, disconnected);
         self.table = Table::write(&table);
         out.reply
     }
 
+    /// The leader advances the table to `now` on its own timer: leases,
+    /// wait limits and sessions' TTLs due by then expire.
+    pub fn advance(&mut self, now: Time) {
+        let mut table = self.table.read();
+        let out = table.apply(Command::Advance, now);
+        self.decided(&out, None);
+        self.table = Table::write(&table);
+    }
+
+    /// Notes what `out` decided for waiting requests: their answers, and
+    /// the grants among them, which are new (fences must rise).
+    fn decided(&mut self, out: &dlock_server::table::Output, disconnected: Option<OwnerId>) {
+        for w in &out.woken {
+            let (status, fence) = outcome_answer(&w.wake);
+            if let Some(fence) = fence {
+                self.fence_fell |= fence <= self.last_fence;
+                self.last_fence = self.last_fence.max(fence);
+                self.committed_grants.push(fence);
+                self.waited_grants.push(fence);
+            }
+            self.woken.push(Wake {
+                owner: w.owner,
+                ticket: w.req,
+                status,
+                fence,
+            });
+        }
+        self.ended.extend(out.ended_sessions.iter().copied());
+        self.ended.extend(disconnected);
+    }
+
     /// `node` reads `req` on `conn`, of `client` and its named `session`
     /// (`None`: the connection's implicit session, opened now if need
-    /// be), at server time `now`, and writes its answer.
+    /// be), at server time `now`, and writes its answer; or, for a request
+    /// that waits in the table's queue, parks it on `conn` (`None`), to be
+    /// answered when the table decides it.
     pub fn answer(
         &mut self,
         node: u8,
@@ -186,16 +267,15 @@ impl Cluster {
         conn: &mut Conn,
         req: Request,
         now: Time,
-    ) -> Answer {
-        let refused = |status| Answer {
-            to: req,
-            status,
-            fence: None,
-        };
+    ) -> Option<Answer> {
+        let refused = |status| Some(Answer::bare(req, status));
         match self.role(node) {
             Role::Follower => return refused(ResponseStatus::NotLeader),
             Role::Deposed => return refused(ResponseStatus::Unavailable),
             Role::Leader => {}
+        }
+        if let Kind::Wait(ticket) = req.kind {
+            return self.wait(session.or(conn.implicit), conn, req, ticket);
         }
         let owner = match (session, conn.implicit) {
             (Some(s), _) | (None, Some(s)) => s,
@@ -215,15 +295,19 @@ impl Cluster {
             },
         };
         let keys = vec![KEY.into()];
+        let lock = |wait, lease| Command::Lock {
+            owner,
+            keys: vec![KEY.into()],
+            sharing: Sharing::exclusive(),
+            wait,
+            lease,
+            value: Vec::new(),
+        };
         let cmd = match req.kind {
-            Kind::Lock(lease) => Command::Lock {
-                owner,
-                keys,
-                sharing: Sharing::exclusive(),
-                wait: WaitLimit::No,
-                lease,
-                value: Vec::new(),
-            },
+            Kind::Lock(lease) => lock(WaitLimit::No, lease),
+            Kind::LockWaiting(wait) | Kind::Enqueue(wait) => lock(WaitLimit::For(wait), None),
+            // Answered above: a Wait reads the table, it commits nothing.
+            Kind::Wait(_) => return refused(ResponseStatus::InvalidArgument),
             Kind::Renew(lease) => Command::Renew {
                 owner,
                 keys,
@@ -257,6 +341,25 @@ impl Cluster {
             self.attached.attach(node, owner, (client, conn.id));
         }
         let (status, fence) = match reply {
+            Reply::Lock(LockResult::Waiting(ticket)) => {
+                if let Kind::Enqueue(_) = req.kind {
+                    return Some(Answer {
+                        ticket: Some(ticket),
+                        ..Answer::bare(req, ResponseStatus::Queued)
+                    });
+                }
+                conn.parked = Some(Parked { req, owner, ticket });
+                return None;
+            }
+            // A waiting Lock (or Enqueue) sent again, its wait decided:
+            // answered as its outcome was, no new grant.
+            Reply::Waited { outcome, .. } => {
+                let (status, fence) = outcome_answer(&outcome);
+                return Some(Answer {
+                    fence,
+                    ..Answer::bare(req, status)
+                });
+            }
             Reply::Lock(LockResult::Granted { fence }) => (ResponseStatus::Ok, Some(fence)),
             Reply::Lock(LockResult::Busy(_)) => (ResponseStatus::AcquireTimeout, None),
             Reply::NotHeld(keys) if keys.is_empty() => (ResponseStatus::Ok, None),
@@ -285,10 +388,42 @@ impl Cluster {
                 }
             }
         }
-        Answer {
-            to: req,
-            status,
+        Some(Answer {
             fence,
+            ..Answer::bare(req, status)
+        })
+    }
+
+    /// A Wait for `ticket` of `owner`, read on `conn` by the leader: the
+    /// outcome the session remembers, or, while the request still waits in
+    /// line, parked until it is decided; a ticket the session does not
+    /// hold is `UnknownTicket` (`Service::wait`; the node's slot of an
+    /// outcome applied before the Wait came is that outcome, which the
+    /// session's memory of its numbered Enqueue holds as well).
+    fn wait(
+        &mut self,
+        owner: Option<OwnerId>,
+        conn: &mut Conn,
+        req: Request,
+        ticket: ReqId,
+    ) -> Option<Answer> {
+        let unknown = Some(Answer::bare(req, ResponseStatus::UnknownTicket));
+        let Some(owner) = owner else {
+            return unknown;
+        };
+        match self.table.ticket(owner, ticket) {
+            TicketState::Waiting => {
+                conn.parked = Some(Parked { req, owner, ticket });
+                None
+            }
+            TicketState::Decided(outcome) => {
+                let (status, fence) = outcome_answer(&outcome);
+                Some(Answer {
+                    fence,
+                    ..Answer::bare(req, status)
+                })
+            }
+            TicketState::Unknown => unknown,
         }
     }
 

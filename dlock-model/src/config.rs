@@ -59,6 +59,18 @@ pub enum Bug {
     /// (`LostRegranted`), the older by the order the tasks returned in,
     /// which may be the one the server granted last.
     LostByRecordOrder,
+    /// A node that learns it was deposed leaves a Lock (or a Wait) waiting
+    /// on it unanswered: without the `deposed()` arm of the server's
+    /// `await_outcome`, a node that stopped leading learns no more
+    /// outcomes and never answers, and the client, whose probe finds the
+    /// node alive and whose rules let a Lock wait without an answer
+    /// (`rules::may_wait`), waits for a grant the new leader made.
+    DeposedKeepsWaiting,
+    /// After a resume the client sends again only its numbered requests
+    /// (the ones the session can recognise when sent twice), not an
+    /// unanswered Wait, which has no number: the Wait's caller waits for
+    /// an answer no node will send.
+    ResendOnlyNumbered,
 }
 
 /// One configuration of the model.
@@ -108,6 +120,25 @@ pub struct Config {
     pub implicit_contenders: bool,
     /// The bug the clients carry, if any.
     pub bug: Option<Bug>,
+    /// How long the contenders' Locks wait for the key (the table's
+    /// `WaitLimit::For`); `None`: they never wait (a busy key is answered
+    /// at once). With a limit the checker also adds the leader's own
+    /// Advance (the server's timer) as a step, and the liveness
+    /// properties.
+    pub wait: Option<Duration>,
+    /// Whether the contenders ask in two steps, Enqueue then Wait on its
+    /// ticket, rather than with a Lock that waits.
+    pub two_phase: bool,
+    /// Whether every fault is bounded and the clients keep going, so that
+    /// every behaviour ends (the liveness configuration): the network
+    /// breaks a client's connection (a reset, an abandoned resume) only
+    /// while the client has a reconnect left, and once they are spent a
+    /// client without a connection connects to the leader (it finds it in
+    /// the end: NotLeader names it, and the client tries each node).
+    pub persistent: bool,
+    /// With `persistent`: how many connections the network may break (a
+    /// reset, or a resume given up) in all, over every client.
+    pub breaks: u8,
     /// Whether a client may send a Renew while another it sent at the same
     /// instant is unanswered. The checker found that `Hold::renew_answered`
     /// once let the first one's answer clear the second from `unconfirmed`
@@ -141,6 +172,10 @@ impl Config {
             implicit_contenders: false,
             bug: None,
             same_instant_renewals: true,
+            wait: None,
+            two_phase: false,
+            persistent: false,
+            breaks: 0,
         }
     }
 
@@ -158,6 +193,38 @@ impl Config {
             reconnects: 1,
             implicit_contenders: true,
             ..Config::ci()
+        }
+    }
+
+    /// The configuration CI checks liveness with: client B's Lock waits up
+    /// to 2 s for the key client A holds (A locks with a 2 s lease or
+    /// none, then unlocks, renews or pings); 2 nodes, one election (which
+    /// may depose the leader mid-commit); a client whose node no longer
+    /// leads resumes at either node (once), then at the leader, and sends
+    /// again what is unanswered; no other network fault (`breaks` 0);
+    /// every fault bounded and the clients persistent (`persistent`), time
+    /// up to 2 s in one step, within the 4 s TTL, since the node's
+    /// keep-alives of a waiting session are not modelled. Every behaviour
+    /// ends, and the ending states are where liveness is checked.
+    pub fn liveness() -> Config {
+        Config {
+            lease: Duration::from_secs(2),
+            horizon: Duration::from_secs(2),
+            sends: vec![2, 1],
+            in_flight: 1,
+            reconnects: 1,
+            wait: Some(Duration::from_secs(2)),
+            persistent: true,
+            ..Config::ci()
+        }
+    }
+
+    /// The liveness configuration with client B asking in two steps:
+    /// Enqueue, then Wait on its ticket.
+    pub fn two_phase() -> Config {
+        Config {
+            two_phase: true,
+            ..Config::liveness()
         }
     }
 

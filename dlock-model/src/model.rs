@@ -2,14 +2,15 @@
 //! clients and their connections), the actions that move it, and the
 //! properties every reachable state must keep.
 
+use dlock::proto::ResponseStatus;
 use dlock::rules;
-use dlock_server::table::Time as TableTime;
+use dlock_server::table::{TicketState, Time as TableTime};
 use stateright::{Model, Property};
 
-use crate::client::Client;
+use crate::client::{Client, Wait, WaitEnd};
 use crate::cluster::{Cluster, Role};
-use crate::config::Config;
-use crate::network::{Close, Conn, Kind, Phase};
+use crate::config::{Bug, Config};
+use crate::network::{Answer, Close, Conn, Kind, Phase};
 use crate::table::Table;
 use crate::tick::Tick;
 
@@ -27,6 +28,21 @@ pub const NEVER_FORGOTTEN: &str = "an acknowledged grant is in the log of a majo
 pub const GRANTED: &str = "a client is granted the key";
 /// The name of the property that shows a handover happens.
 pub const HANDED_ON: &str = "the key is granted a second time";
+/// The name of the liveness property (configurations whose Locks wait):
+/// see [`SessionModel::waiters_served`].
+pub const WAITER_SERVED: &str =
+    "once nothing is left to do, no client waits for the key unless it still waits in line";
+/// The name of its companion: see [`SessionModel::waiters_at_leader`].
+pub const WAITER_AT_LEADER: &str =
+    "once nothing is left to do, a client waiting in line waits at the leader";
+/// The name of the property that a wait ends in a timeout only past its
+/// limit.
+pub const TIMEOUT_AFTER_LIMIT: &str = "a wait is told AcquireTimeout only once its limit passed";
+/// The name of the property that shows a wait ends in a grant.
+pub const GRANTED_AFTER_WAITING: &str = "a client holds the key it waited in line for";
+/// The name of the property that shows a wait survives a resume.
+pub const GRANTED_AFTER_RESUME: &str =
+    "a client holds the key it waited in line for, on a session it resumed";
 
 /// Everything the checker explores.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -38,6 +54,9 @@ pub struct State {
     pub cluster: Cluster,
     /// The clients.
     pub clients: Vec<Client>,
+    /// Connections the network broke so far (counted for `persistent`,
+    /// whose faults are bounded by `Config::breaks`).
+    pub broken: u8,
 }
 
 /// One step.
@@ -110,6 +129,11 @@ pub enum Action {
         /// Who.
         node: u8,
     },
+    /// The leader's timer: it advances the table to the time now, and the
+    /// leases, wait limits and TTLs due by then expire (configurations
+    /// whose Locks wait; otherwise the table advances only before each
+    /// command).
+    Advance,
 }
 
 /// The client–session model under one [`Config`].
@@ -162,10 +186,19 @@ impl SessionModel {
         if c.ended {
             return;
         }
+        // With `persistent`, faults that break a connection come only while
+        // the client has a reconnect left.
+        let may_break = !cfg.persistent || (c.conns <= cfg.reconnects && state.broken < cfg.breaks);
         let Some(conn) = &c.conn else {
             if c.conns <= cfg.reconnects {
                 for node in 0..cfg.nodes {
                     actions.push(Action::Connect { client, node });
+                }
+            } else if cfg.persistent {
+                for node in 0..cfg.nodes {
+                    if cluster.role(node) == Role::Leader {
+                        actions.push(Action::Connect { client, node });
+                    }
                 }
             }
             return;
@@ -176,8 +209,23 @@ impl SessionModel {
             if id > 0 {
                 // A contender only asks for the key: what it does once it
                 // holds it is what the first client explores.
-                if c.held.is_none() && !conn.awaits(|k| matches!(k, Kind::Lock(_))) {
-                    send(Kind::Lock(None));
+                let asking = c.pending.iter().any(|r| r.kind.locks());
+                match (cfg.wait, c.wait) {
+                    (None, _) => {
+                        if c.held.is_none() && !conn.awaits(|k| matches!(k, Kind::Lock(_))) {
+                            send(Kind::Lock(None));
+                        }
+                    }
+                    (Some(limit), None) if c.held.is_none() && !asking => {
+                        send(if cfg.two_phase {
+                            Kind::Enqueue(limit)
+                        } else {
+                            Kind::LockWaiting(limit)
+                        });
+                    }
+                    // The Wait is sent below, whatever the budget: it
+                    // completes the Enqueue.
+                    (Some(_), _) => {}
                 }
             } else if c.held.is_some() && !cfg.leases {
                 send(Kind::Unlock);
@@ -206,7 +254,23 @@ impl SessionModel {
                 }
             }
         }
-        if !conn.out.is_empty() && conn.back.len() < cfg.in_flight {
+        // A queued Enqueue's Wait, once per ticket.
+        if let (
+            Phase::Open,
+            Some(Wait {
+                ticket: Some(t), ..
+            }),
+        ) = (conn.phase, c.wait)
+        {
+            let waiting = c.pending.iter().any(|r| matches!(r.kind, Kind::Wait(_)));
+            if !waiting && conn.out.len() < cfg.in_flight {
+                actions.push(Action::Send {
+                    client,
+                    kind: Kind::Wait(t),
+                });
+            }
+        }
+        if !conn.out.is_empty() && conn.back.len() < cfg.in_flight && conn.parked.is_none() {
             actions.push(Action::Deliver { client });
             if cfg.uncommitted
                 && elections_left
@@ -220,15 +284,100 @@ impl SessionModel {
         if !conn.back.is_empty() {
             actions.push(Action::Receive { client });
         }
-        if conn.phase == Phase::Resuming {
+        if conn.phase == Phase::Resuming && may_break {
             actions.push(Action::Abandon { client });
         }
         // A reset matters for what it cuts off, and for a lock held by the
         // connection's implicit session; one with nothing in flight is
         // otherwise a reconnect, which the next request's answer shows as
         // well.
-        if conn.busy() || (c.session.is_none() && c.held.is_some()) {
+        if (conn.busy() || (c.session.is_none() && c.held.is_some())) && may_break {
             actions.push(Action::Reset { client });
+        }
+    }
+
+    /// Whether nothing is left to do at `state`: no step is enabled. Every
+    /// fault is bounded, so with `persistent` every behaviour ends in such
+    /// a state; there every delivery, read, end, election result and
+    /// expiry that was possible has happened (weak fairness).
+    pub fn quiescent(&self, state: &State) -> bool {
+        let mut actions = Vec::new();
+        self.actions(state, &mut actions);
+        actions.is_empty()
+    }
+
+    /// Issue 41's liveness property, on a state where nothing is left to
+    /// do: every client still waiting for the key (an unanswered waiting
+    /// Lock, or an Enqueue whose Wait is unanswered) has its request parked
+    /// at a node, and the table still has that request waiting in line;
+    /// and no wait ended but with a grant or a timeout (a refusal such as
+    /// `UnknownTicket`, or its session's end: no session's TTL runs out
+    /// within the liveness configuration). The table grants the first
+    /// waiter when the key is released, its lease or the holder's session
+    /// expires, and times it out when its limit passes, and the leader's
+    /// Advance has run (nothing is due): so a wait the table decided, a
+    /// grant after the holder released or a timeout after the limit, must
+    /// have reached its client.
+    pub fn waiters_served(&self, state: &State) -> bool {
+        state.clients.iter().all(|c| {
+            if matches!(c.wait_end, Some(WaitEnd::Refused(_))) {
+                return false;
+            }
+            if c.wait.is_none() {
+                return true;
+            }
+            c.conn
+                .as_ref()
+                .and_then(|conn| conn.parked)
+                .is_some_and(|p| {
+                    state.cluster.table.ticket(p.owner, p.ticket) == TicketState::Waiting
+                })
+        })
+    }
+
+    /// The companion of [`SessionModel::waiters_served`], on a state where
+    /// nothing is left to do: a request waiting in line is parked at the
+    /// leader, which will answer it when the table decides it (a node that
+    /// no longer leads learns no more outcomes).
+    pub fn waiters_at_leader(&self, state: &State) -> bool {
+        state.clients.iter().all(|c| {
+            c.conn.as_ref().is_none_or(|conn| {
+                conn.parked.is_none() || state.cluster.role(conn.node) == Role::Leader
+            })
+        })
+    }
+
+    /// Answers the requests parked at nodes that the last step decided: a
+    /// decision reaches the client only through the leader that applied
+    /// it, on the connection its session is attached to (the server's
+    /// outcome registry); one that does not reach it stays in the
+    /// session's memory, where the request sent again after a resume finds
+    /// it. A request whose session ended is answered `UnknownSession`.
+    fn deliver_decided(&self, s: &mut State) {
+        let woken = std::mem::take(&mut s.cluster.woken);
+        let ended = std::mem::take(&mut s.cluster.ended);
+        let cluster = &s.cluster;
+        for c in &mut s.clients {
+            let Some(conn) = &mut c.conn else { continue };
+            let Some(p) = conn.parked else { continue };
+            if cluster.role(conn.node) != Role::Leader {
+                continue;
+            }
+            let answer = if ended.contains(&p.owner) {
+                Answer::bare(p.req, ResponseStatus::UnknownSession)
+            } else if let Some(w) = woken
+                .iter()
+                .find(|w| (w.owner, w.ticket) == (p.owner, p.ticket))
+            {
+                Answer {
+                    fence: w.fence,
+                    ..Answer::bare(p.req, w.status)
+                }
+            } else {
+                continue;
+            };
+            conn.parked = None;
+            conn.back.push(answer);
         }
     }
 }
@@ -270,12 +419,16 @@ impl Model for SessionModel {
             now: Tick(0),
             cluster,
             clients,
+            broken: 0,
         }]
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
         if state.now + self.cfg.step <= Tick(0) + self.cfg.horizon {
             actions.push(Action::Tick);
+        }
+        if self.cfg.wait.is_some() && state.cluster.table.due(table_time(state.now)) {
+            actions.push(Action::Advance);
         }
         for node in 0..self.cfg.nodes {
             match state.cluster.role(node) {
@@ -304,7 +457,26 @@ impl Model for SessionModel {
                 }
             }
             Action::Elect { node } => s.cluster.elect(node),
-            Action::Learn { node } => s.cluster.learn(node),
+            Action::Learn { node } => {
+                s.cluster.learn(node);
+                // A node that stopped leading learns no more outcomes: it
+                // answers what waits on it rather than wait forever
+                // (`await_outcome`'s `deposed()`), and the client resumes
+                // at the leader and asks again.
+                if !cfg.has(Bug::DeposedKeepsWaiting) {
+                    for c in &mut s.clients {
+                        let Some(conn) = &mut c.conn else { continue };
+                        if conn.node != node {
+                            continue;
+                        }
+                        if let Some(p) = conn.parked.take() {
+                            conn.back
+                                .push(Answer::bare(p.req, ResponseStatus::NotLeader));
+                        }
+                    }
+                }
+            }
+            Action::Advance => s.cluster.advance(table_time(now)),
             Action::Send { client, kind } => {
                 let clock = self.clock(now);
                 s.clients
@@ -319,14 +491,14 @@ impl Model for SessionModel {
                 conn.out.remove(0);
                 let (node, at) = (conn.node, table_time(now));
                 let answer = s.cluster.answer(node, client, session, conn, req, at);
-                conn.back.push(answer);
+                conn.back.extend(answer);
             }
             Action::Receive { client } => {
                 let c = s.clients.get_mut(usize::from(client))?;
                 let answer = *c.conn.as_ref()?.back.first()?;
                 c.conn.as_mut()?.back.remove(0);
-                c.receive(answer, self.clock(now), cfg);
-                if let (Kind::Lock(_), Some(fence)) = (answer.to.kind, answer.fence) {
+                c.receive(answer, self.clock(now), now, cfg);
+                if let Some(fence) = answer.fence {
                     s.cluster.acknowledged(fence);
                 }
             }
@@ -357,9 +529,11 @@ impl Model for SessionModel {
             }
             Action::Reset { client } => {
                 s.clients.get_mut(usize::from(client))?.close(Close::Rst);
+                s.broken = s.broken.saturating_add(1);
             }
             Action::Abandon { client } => {
                 s.clients.get_mut(usize::from(client))?.abandon(cfg);
+                s.broken = s.broken.saturating_add(1);
             }
             Action::Connect { client, node } => {
                 let clock = self.clock(now);
@@ -373,6 +547,7 @@ impl Model for SessionModel {
                     .connection_ended(client, &end, table_time(now), cfg);
             }
         }
+        self.deliver_decided(&mut s);
         let clients = &s.clients;
         s.cluster.attached.forget_unless(|(id, conn)| {
             clients.get(usize::from(id)).is_some_and(|c| {
@@ -384,6 +559,36 @@ impl Model for SessionModel {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
+        let mut properties = self.safety_properties();
+        if self.cfg.wait.is_some() {
+            properties.extend([
+                Property::always(WAITER_SERVED, |m: &SessionModel, s: &State| {
+                    !m.quiescent(s) || m.waiters_served(s)
+                }),
+                Property::always(WAITER_AT_LEADER, |m: &SessionModel, s: &State| {
+                    !m.quiescent(s) || m.waiters_at_leader(s)
+                }),
+                Property::always(TIMEOUT_AFTER_LIMIT, |_, s: &State| {
+                    !s.clients
+                        .iter()
+                        .any(|c| c.wait_end == Some(WaitEnd::TimedOut { early: true }))
+                }),
+                Property::sometimes(GRANTED_AFTER_WAITING, |_, s: &State| {
+                    s.clients.iter().any(|c| s.cluster.holds_waited(c))
+                }),
+                Property::sometimes(GRANTED_AFTER_RESUME, |_, s: &State| {
+                    s.clients
+                        .iter()
+                        .any(|c| s.cluster.holds_waited(c) && c.conns > 1)
+                }),
+            ]);
+        }
+        properties
+    }
+}
+
+impl SessionModel {
+    fn safety_properties(&self) -> Vec<Property<Self>> {
         vec![
             Property::always(ONE_BELIEVER, |m: &SessionModel, s: &State| {
                 m.believers(s) <= 1

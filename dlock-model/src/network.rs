@@ -16,8 +16,8 @@
 //! duplicates and the reordering across connections that the session's
 //! numbering (`seq`) must absorb.
 
-use dlock::proto::ResponseStatus;
-use dlock_server::table::OwnerId;
+use dlock::proto::{RequestType, ResponseStatus};
+use dlock_server::table::{OwnerId, ReqId};
 use std::fmt;
 use std::time::Duration;
 
@@ -29,6 +29,16 @@ pub enum Kind {
     /// Lock the key, for `lease` or (`None`) for as long as the session
     /// lives; never waits (a busy key is answered at once).
     Lock(Option<Duration>),
+    /// Lock the key for as long as the session lives, waiting up to this
+    /// long for it (the table's `WaitLimit::For`): the node answers when
+    /// the table decides, on a release, a lease's or the limit's expiry.
+    LockWaiting(Duration),
+    /// Enqueue (request type 12): a Lock waiting up to this long,
+    /// answered at once, `Ok` with a fence or `Queued` with a ticket.
+    Enqueue(Duration),
+    /// Wait (request type 13) for the queued Enqueue of this ticket:
+    /// answered as the Lock would have been.
+    Wait(ReqId),
     /// Set the held key's lease to this.
     Renew(Duration),
     /// Keep the session alive.
@@ -41,11 +51,40 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The request type on the wire.
+    pub fn request_type(self) -> RequestType {
+        match self {
+            Kind::Lock(_) | Kind::LockWaiting(_) => RequestType::Lock,
+            Kind::Enqueue(_) => RequestType::Enqueue,
+            Kind::Wait(_) => RequestType::Wait,
+            Kind::Renew(_) => RequestType::Renew,
+            Kind::Ping => RequestType::Ping,
+            Kind::Unlock => RequestType::Unlock,
+            Kind::Resume => RequestType::OpenSession,
+        }
+    }
+
     /// Whether the request changes the table, and so is numbered (`seq`)
-    /// on a named session and sent again after a resume
-    /// (`dlock::rules::session_use`).
+    /// on a named session and sent again under its number after a resume:
+    /// `dlock::rules::session_use` of its type.
     pub fn numbered(self) -> bool {
-        matches!(self, Kind::Lock(_) | Kind::Renew(_) | Kind::Unlock)
+        dlock::rules::session_use(self.request_type()).1
+    }
+
+    /// Whether it asks for the key (a Lock of any kind, or an Enqueue).
+    pub fn locks(self) -> bool {
+        matches!(
+            self,
+            Kind::Lock(_) | Kind::LockWaiting(_) | Kind::Enqueue(_)
+        )
+    }
+
+    /// The wait limit of a request that may queue for the key.
+    pub fn wait_limit(self) -> Option<Duration> {
+        match self {
+            Kind::LockWaiting(d) | Kind::Enqueue(d) => Some(d),
+            _ => None,
+        }
     }
 }
 
@@ -78,6 +117,34 @@ pub struct Answer {
     pub status: ResponseStatus,
     /// The fence of a granted Lock.
     pub fence: Option<u64>,
+    /// The ticket of a queued Enqueue (`Queued`).
+    pub ticket: Option<ReqId>,
+}
+
+impl Answer {
+    /// `status` to `to`, with nothing else.
+    pub fn bare(to: Request, status: ResponseStatus) -> Answer {
+        Answer {
+            to,
+            status,
+            fence: None,
+            ticket: None,
+        }
+    }
+}
+
+/// A request the node read and answers later: one that waits in the
+/// table's queue (a waiting Lock, or a Wait on a queued ticket). Answers
+/// on a connection come in request order, so nothing else is read on the
+/// connection meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Parked {
+    /// The request.
+    pub req: Request,
+    /// The session it waits for.
+    pub owner: OwnerId,
+    /// The table's id of the waiting request.
+    pub ticket: ReqId,
 }
 
 /// How a connection ends, which a cluster node tells apart: a clean close
@@ -120,6 +187,9 @@ pub struct Conn {
     /// The node's side: the connection's implicit session, opened by its
     /// first request that needed an owner, for a client that names none.
     pub implicit: Option<OwnerId>,
+    /// The node's side: a request read and waiting for the table's
+    /// decision, answered when the decision is applied on this node.
+    pub parked: Option<Parked>,
 }
 
 impl Conn {
@@ -132,18 +202,22 @@ impl Conn {
             out: Vec::new(),
             back: Vec::new(),
             implicit: None,
+            parked: None,
         }
     }
 
     /// Whether a request whose kind matches `pred` is sent and not yet
     /// answered.
     pub fn awaits(&self, pred: impl Fn(Kind) -> bool) -> bool {
-        self.out.iter().any(|r| pred(r.kind)) || self.back.iter().any(|a| pred(a.to.kind))
+        self.out.iter().any(|r| pred(r.kind))
+            || self.back.iter().any(|a| pred(a.to.kind))
+            || self.parked.is_some_and(|p| pred(p.req.kind))
     }
 
-    /// Whether anything is in flight on it.
+    /// Whether anything is in flight on it (a request waiting at the node
+    /// included).
     pub fn busy(&self) -> bool {
-        !self.out.is_empty() || !self.back.is_empty()
+        !self.out.is_empty() || !self.back.is_empty() || self.parked.is_some()
     }
 }
 
@@ -168,6 +242,9 @@ impl fmt::Display for Kind {
         match self {
             Kind::Lock(Some(lease)) => write!(f, "Lock(lease {}s)", lease.as_secs_f64()),
             Kind::Lock(None) => write!(f, "Lock(no lease)"),
+            Kind::LockWaiting(wait) => write!(f, "Lock(no lease, wait {}s)", wait.as_secs_f64()),
+            Kind::Enqueue(wait) => write!(f, "Enqueue(wait {}s)", wait.as_secs_f64()),
+            Kind::Wait(ticket) => write!(f, "Wait(ticket {ticket})"),
             Kind::Renew(lease) => write!(f, "Renew({}s)", lease.as_secs_f64()),
             Kind::Ping => write!(f, "Ping"),
             Kind::Unlock => write!(f, "Unlock"),
@@ -195,6 +272,9 @@ impl fmt::Display for Answer {
         write!(f, "{:?}", self.status)?;
         if let Some(fence) = self.fence {
             write!(f, " fence {fence}")?;
+        }
+        if let Some(ticket) = self.ticket {
+            write!(f, " ticket {ticket}")?;
         }
         write!(f, " to {}", self.to)
     }

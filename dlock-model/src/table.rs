@@ -9,7 +9,8 @@
 //! writes it down again.
 
 use dlock_server::table::{
-    Command, LockTable, OwnerId, Reply, Snapshot, TableLimits, Time as TableTime,
+    Command, LockTable, OwnerId, Reply, ReqId, Snapshot, TableLimits, TicketState,
+    Time as TableTime,
 };
 use std::fmt;
 use std::sync::Arc;
@@ -22,6 +23,11 @@ pub const KEY: &str = "k";
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Table {
     encoded: Arc<[u8]>,
+    /// `LockTable::next_deadline` of the table written, kept beside it so
+    /// the checker can ask when an Advance has work without reading the
+    /// table back (it is a function of the bytes: equal tables, equal
+    /// deadlines).
+    due: Option<TableTime>,
 }
 
 impl Table {
@@ -70,7 +76,20 @@ impl Table {
         let encoded = serde_json::to_vec(&table.snapshot()).expect("a table snapshot encodes");
         Table {
             encoded: encoded.into(),
+            due: table.next_deadline(),
         }
+    }
+
+    /// Whether an Advance to `now` has work to do: a lease, a wait limit
+    /// or a session's TTL fell due (stale deadline entries included, which
+    /// an Advance drops: it always changes the table).
+    pub fn due(&self, now: TableTime) -> bool {
+        self.due.is_some_and(|t| t <= now)
+    }
+
+    /// What the table knows of waiting request `ticket` of `owner`.
+    pub fn ticket(&self, owner: OwnerId, ticket: ReqId) -> TicketState {
+        self.read().ticket(owner, ticket)
     }
 
     /// Who holds [`KEY`] at `now`, and under which fence.

@@ -25,7 +25,11 @@ pub fn timeline(model: &SessionModel, path: Path<State, Action>) -> String {
     for (n, (state, action)) in steps.iter().enumerate() {
         let (actor, event) = match before {
             None => ("start".to_string(), start(state)),
-            Some((last, action)) => describe(last, action, state),
+            Some((last, action)) => {
+                let (actor, mut event) = describe(last, action, state);
+                event.push_str(&decided(last, state));
+                (actor, event)
+            }
         };
         // The servers' time, then the clients' clocks (one reading: they
         // drift alike), then each client's belief by its clock.
@@ -66,7 +70,54 @@ fn in_flight(out: &mut String, state: &State) {
         for a in &conn.back {
             let _ = writeln!(out, "     in flight to {}: {a}", client_name(id));
         }
+        if let Some(p) = conn.parked {
+            let _ = writeln!(
+                out,
+                "     waiting at n{} ({}): {}'s {} (request {})",
+                conn.node,
+                role(state, conn.node),
+                client_name(id),
+                p.req,
+                p.ticket
+            );
+        }
     }
+}
+
+/// What the step decided for requests waiting in line (the table's
+/// grants to them), and the requests waiting at nodes that it answered: a
+/// grant or a timeout, a node that learned it no longer leads.
+fn decided(last: &State, next: &State) -> String {
+    let mut out = String::new();
+    for fence in next
+        .cluster
+        .waited_grants
+        .iter()
+        .skip(last.cluster.waited_grants.len())
+    {
+        let _ = write!(out, "; the table grants the waiting request fence {fence}");
+    }
+    for (id, (before, after)) in (0u8..).zip(last.clients.iter().zip(&next.clients)) {
+        let (Some(b), Some(a)) = (&before.conn, &after.conn) else {
+            continue;
+        };
+        let Some(p) = b.parked else { continue };
+        if a.parked.is_some() || b.id != a.id {
+            continue;
+        }
+        if let Some(answer) = a.back.iter().rev().find(|x| x.to == p.req) {
+            let _ = write!(
+                out,
+                "; n{} answers {}'s waiting {}: {:?}{}",
+                a.node,
+                client_name(id),
+                p.req.kind,
+                answer.status,
+                fence(answer.fence)
+            );
+        }
+    }
+    out
 }
 
 fn start(state: &State) -> String {
@@ -83,6 +134,7 @@ fn belief(model: &SessionModel, clock: Tick, c: &Client) -> String {
         }
         (Some(_), _) => "in jeopardy".to_string(),
         _ if c.ended => "session ended".to_string(),
+        _ if c.wait.is_some() => "waiting".to_string(),
         _ => "not held".to_string(),
     }
 }
@@ -110,13 +162,20 @@ fn describe(last: &State, action: Action, next: &State) -> (String, String) {
     let conn = |id: u8| client(id).and_then(|c| c.conn.as_ref());
     let node_of = |id: u8| conn(id).map_or("?".to_string(), |c| format!("n{}", c.node));
     let name = |id: u8| format!("client {}", client_name(id));
-    // The answer a node's step put on the client's connection.
+    // The answer a node's step put on the client's connection, or the
+    // request it parked there to answer later.
     let answered = |id: u8| {
-        next.clients
+        let conn = next
+            .clients
             .get(usize::from(id))
-            .and_then(|n| n.conn.as_ref())
-            .and_then(|n| n.back.last())
-            .map_or("?".into(), |a| format!("{:?}{}", a.status, fence(a.fence)))
+            .and_then(|n| n.conn.as_ref());
+        if let Some(p) = conn.and_then(|c| c.parked) {
+            return format!("waits in line (request {})", p.ticket);
+        }
+        conn.and_then(|n| n.back.last()).map_or("?".into(), |a| {
+            let ticket = a.ticket.map_or(String::new(), |t| format!(" ticket {t}"));
+            format!("{:?}{}{ticket}", a.status, fence(a.fence))
+        })
     };
     match action {
         Action::Tick => ("clock".into(), format!("time passes to {}", next.now)),
@@ -125,6 +184,27 @@ fn describe(last: &State, action: Action, next: &State) -> (String, String) {
             format!("wins the election for term {}", next.cluster.term),
         ),
         Action::Learn { node } => (format!("n{node}"), "learns it was deposed".into()),
+        Action::Advance => {
+            let leader = (0..u8::try_from(next.cluster.leads.len()).unwrap_or(0))
+                .find(|&n| next.cluster.role(n) == Role::Leader)
+                .map_or("?".to_string(), |n| format!("n{n}"));
+            let at = |s: &State| dlock_server::table::Time::from_micros(s.now.0 * 1_000);
+            let holder = |s: &State| s.cluster.table.holder(at(s)).map(|(_, f)| f);
+            let what = match (holder(last), holder(next)) {
+                (Some(_), None) => ": the lease ends, the key is free".to_string(),
+                (Some(a), Some(b)) if a != b => {
+                    format!(": the lease ends, the key passes to fence {b}")
+                }
+                _ => String::new(),
+            };
+            (
+                leader,
+                format!(
+                    "(leader) its timer advances the table to {}{what}",
+                    next.now
+                ),
+            )
+        }
         Action::Send { client: id, kind } => {
             let seq = next
                 .clients
