@@ -166,9 +166,9 @@ pub const SNAPSHOT_EVERY: u64 = crate::ops::config::DEFAULT_SNAPSHOT_EVERY;
 pub const SNAPSHOT_WRITE_RATE: u64 = crate::ops::config::DEFAULT_SNAPSHOT_WRITE_RATE_MIB << 20;
 
 /// How long [`Cluster::snapshot`] waits for a snapshot covering what was
-/// applied: a million held leases take under two seconds to write at
+/// applied: a million held leases take about 3.3 s to write at
 /// [`SNAPSHOT_WRITE_RATE`] (the most a node holds, 4,000,000 by default,
-/// about seven), and one already being written may come first.
+/// about 14 s), and one already being written may come first.
 pub const SNAPSHOT_WAIT: Duration = Duration::from_secs(30);
 
 /// How often [`Cluster::snapshot`] asks again while it waits.

@@ -20,8 +20,8 @@
 use super::ids::{LogId, SnapshotMeta};
 use super::storage::{ReadFrom, Storage, StorageFile};
 use std::fs::File;
-use std::num::NonZeroU64;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
