@@ -7,7 +7,7 @@
 //! every byte arrives late by the same time: a slow path. A reset from
 //! either end is passed on as a reset (after what was sent before it), a
 //! clean close as a clean close. (A reset is told from a clean close by the
-//! socket's state, not by the read alone: see [`was_reset`].)
+//! socket's state, not by the read alone: see `was_reset`.)
 //!
 //! Clients connect to [`FreezableProxy::addr`]; each connection is forwarded
 //! to the upstream address given at start.
