@@ -242,7 +242,9 @@ impl Driver {
                         // the probe's own connection was slow (a new leader
                         // flooded with resumes), not the node.
                         let last = *heard.lock().unwrap_or_else(|p| p.into_inner());
-                        if last.elapsed() >= limit {
+                        // Counted from zero: an instant plus a limit the node
+                        // sized could overflow, a duration since cannot.
+                        if rules::gone_silent(Duration::ZERO, last.elapsed(), limit) {
                             ended.cancel();
                             return Some(Disconnect::NoAnswer {
                                 waited: last.elapsed(),

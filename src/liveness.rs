@@ -29,34 +29,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-/// The election timeout assumed for a node that does not state one
-/// (dlock-server's default).
-const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(200);
-
-/// The shortest silence taken for a stall: a healthy node on a loaded
-/// machine may take a few hundred milliseconds to answer a Ping, and a
-/// false alarm costs a reconnect.
-const MIN_SILENCE: Duration = Duration::from_millis(1500);
-
 /// The longest pause between probe attempts on a node that refuses them.
 const MAX_RETRY: Duration = Duration::from_secs(5);
 
 /// How long a node may leave a probe unanswered before it is taken for
-/// gone: three election timeouts (by then the others have replaced it if it
-/// led), at least [`MIN_SILENCE`], and at most a quarter of the session's
-/// TTL (which wins: a short TTL must leave room to resume), so that finding
-/// a new leader and resuming there fit in what is left
-/// (docs/PROTOCOL.md, "Cluster", has the whole budget).
-pub(crate) fn silence_limit(election_timeout: Option<Duration>, ttl: Duration) -> Duration {
-    let election = election_timeout.unwrap_or(DEFAULT_ELECTION_TIMEOUT);
-    // A quarter TTL wins over MIN_SILENCE (a short TTL leaves no time), but
-    // never below FLOOR: a node stating no TTL must not make the probe spin.
-    (3 * election).max(MIN_SILENCE).min(ttl / 4).max(FLOOR)
-}
-
-/// The shortest silence limit whatever the TTL: below it a healthy node's
-/// scheduling delays would count as silence.
-const FLOOR: Duration = Duration::from_millis(250);
+/// gone: the rule is `rules::silence_limit`, which the model checker
+/// (`dlock-model`) asks too.
+pub(crate) use crate::rules::silence_limit;
 
 /// The probe of each node some link of a client is on.
 #[derive(Debug, Default)]

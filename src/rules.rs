@@ -1,11 +1,11 @@
 //! The client's rules, as pure functions: what an answer proves, when a
-//! held lock must be given up, when a session moves to another node, what
-//! is numbered and sent again. No I/O and no clock of their own: the caller
-//! passes the times, so the link (`link.rs`), the guards (`guard.rs`:
-//! `Hold`, `in_jeopardy`), the model checker
-//! (`dlock-model`) and the shared test vectors
-//! (`clients/conformance/rules.json`, which the Python, Go and TypeScript
-//! clients run) all ask the same code.
+//! held lock must be given up, when a session moves to another node (a
+//! node gone silent included), what is numbered and sent again. No I/O and
+//! no clock of their own: the caller passes the times, so the link
+//! (`link.rs`), the silent-node probe (`liveness.rs`), the guards
+//! (`guard.rs`: `Hold`, `in_jeopardy`), the model checker (`dlock-model`)
+//! and the shared test vectors (`clients/conformance/rules.json`, which the
+//! Python, Go and TypeScript clients run) all ask the same code.
 //!
 //! Times are generic ([`Time`]): `tokio::time::Instant` in the library, a
 //! tick count in the model, microseconds in the vectors.
@@ -223,6 +223,48 @@ pub fn unanswered_too_long(kind: RequestType, waited: Duration, ttl: Duration) -
     !may_wait(kind) && waited >= ttl / 2
 }
 
+/// The election timeout assumed for a node that does not state one
+/// (dlock-server's default).
+pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// The shortest silence taken for a stall: a healthy node on a loaded
+/// machine may take a few hundred milliseconds to answer a Ping, and a
+/// false alarm costs a reconnect.
+pub const MIN_SILENCE: Duration = Duration::from_millis(1500);
+
+/// The shortest silence limit whatever the TTL: below it a healthy node's
+/// scheduling delays would count as silence.
+pub const SILENCE_FLOOR: Duration = Duration::from_millis(250);
+
+/// How long a node may leave the silent-node probe (`liveness.rs`)
+/// unanswered before it is taken for gone: three election timeouts (by
+/// then the others have replaced it if it led), at least [`MIN_SILENCE`],
+/// and at most a quarter of the session's TTL (which wins: a short TTL
+/// must leave room to resume), so that finding a new leader and resuming
+/// there fit in what is left (docs/PROTOCOL.md, "Cluster", has the whole
+/// budget). `election_timeout` is the node's, if it states one.
+pub fn silence_limit(election_timeout: Option<Duration>, ttl: Duration) -> Duration {
+    let election = election_timeout.unwrap_or(DEFAULT_ELECTION_TIMEOUT);
+    // A quarter TTL wins over MIN_SILENCE (a short TTL leaves no time), but
+    // never below the floor: a node stating no TTL must not make the probe
+    // spin.
+    // Saturating: the election timeout is the node's word.
+    election
+        .saturating_mul(3)
+        .max(MIN_SILENCE)
+        .min(ttl / 4)
+        .max(SILENCE_FLOOR)
+}
+
+/// Whether a link last heard from its node at `last_heard` has gone
+/// silent at `now` for `limit` ([`silence_limit`]): once the probe finds
+/// the node silent, such a link breaks off and resumes its session
+/// elsewhere; one that heard from the node within the limit stays (the
+/// probe's own connection was slow, not the node).
+pub fn gone_silent<T: Time>(last_heard: T, now: T, limit: Duration) -> bool {
+    last_heard + limit <= now
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,5 +341,25 @@ mod tests {
         assert!(!moves_deadline(true, K::Inspect, S::Ok));
         assert!(!moves_deadline(true, K::Lock, S::Unavailable));
         assert!(moves_deadline(false, K::Inspect, S::NotLeader));
+    }
+
+    #[test]
+    fn the_silence_limit_is_three_election_timeouts_within_its_floor_and_a_quarter_ttl() {
+        // The default election timeout: 3 x 200 ms is below the minimum.
+        assert_eq!(silence_limit(None, ms(60_000)), ms(1_500));
+        assert_eq!(silence_limit(Some(ms(1_000)), ms(60_000)), ms(3_000));
+        // A quarter of the TTL wins over both.
+        assert_eq!(silence_limit(Some(ms(1_000)), ms(4_000)), ms(1_000));
+        assert_eq!(silence_limit(None, ms(3_000)), ms(750));
+        // Never below the floor.
+        assert_eq!(silence_limit(None, Duration::ZERO), ms(250));
+        // A node's absurd election timeout saturates, it does not panic.
+        assert_eq!(silence_limit(Some(Duration::MAX), ms(4_000)), ms(1_000));
+    }
+
+    #[test]
+    fn a_link_is_silent_once_it_has_heard_nothing_for_the_whole_limit() {
+        assert!(!gone_silent(ms(1_000), ms(1_999), ms(1_000)));
+        assert!(gone_silent(ms(1_000), ms(2_000), ms(1_000)));
     }
 }

@@ -86,6 +86,12 @@ pub struct Client {
     pub wait: Option<Wait>,
     /// How its last such request ended.
     pub wait_end: Option<WaitEnd>,
+    /// With the probe (`Config::probe`): when, by its clock, its
+    /// connection last heard from its node (opened, or an answer read),
+    /// as the link's `heard`.
+    pub heard: Tick,
+    /// With the probe: it broke off from a node found silent.
+    pub silenced: bool,
 }
 
 impl Client {
@@ -105,6 +111,8 @@ impl Client {
             ended: false,
             wait: None,
             wait_end: None,
+            heard: Tick(0),
+            silenced: false,
         }
     }
 

@@ -71,6 +71,11 @@ pub enum Bug {
     /// unanswered Wait, which has no number: the Wait's caller waits for
     /// an answer no node will send.
     ResendOnlyNumbered,
+    /// The silent-node probe's limit without its cap of a quarter of the
+    /// TTL (`rules::silence_limit` without `.min(ttl / 4)`): with a long
+    /// election timeout a client waits on a paused node until its session
+    /// has expired everywhere else, and resumes it nowhere.
+    SilenceUncapped,
 }
 
 /// One configuration of the model.
@@ -145,6 +150,16 @@ pub struct Config {
     /// although the server applied the second after it; the rule now
     /// clears only the renewal answered, and CI checks with this on.
     pub same_instant_renewals: bool,
+    /// Whether the leader may pause (once, for good: a SIGSTOP, a frozen
+    /// VM) and the clients run the silent-node probe: a client on the
+    /// paused node that has heard nothing from it for the probe's limit
+    /// (`rules::silence_limit`, `rules::gone_silent`) breaks off and
+    /// resumes its session at another node, and time does not pass a
+    /// break-off that is due (the probe is a timer).
+    pub probe: bool,
+    /// The nodes' election timeout, which the probe's limit counts in
+    /// (only with `probe`).
+    pub election_timeout: Duration,
 }
 
 impl Config {
@@ -176,6 +191,8 @@ impl Config {
             two_phase: false,
             persistent: false,
             breaks: 0,
+            probe: false,
+            election_timeout: Duration::from_secs(2),
         }
     }
 
@@ -226,6 +243,37 @@ impl Config {
             two_phase: true,
             ..Config::liveness()
         }
+    }
+
+    /// The configuration CI checks the silent-node probe with: one client
+    /// (a lock bound to its session, then Unlock or Ping, one request in
+    /// flight, one reconnect), 2 nodes, one election, a leader that may
+    /// pause at any moment, a 4 s TTL and a 2 s election timeout, so the
+    /// probe's limit is a quarter of the TTL, 1 s (three election
+    /// timeouts, 6 s, would outlast the session); time in 2 s steps up to
+    /// 4 s, the clients' clocks on time (the property compares the
+    /// client's own times).
+    pub fn probe() -> Config {
+        Config {
+            sends: vec![2],
+            leases: false,
+            drift: false,
+            in_flight: 1,
+            reconnects: 1,
+            uncommitted: false,
+            same_instant_renewals: false,
+            probe: true,
+            ..Config::ci()
+        }
+    }
+
+    /// The probe's limit, by the client's rule (`rules::silence_limit`),
+    /// or with [`Bug::SilenceUncapped`] without its cap.
+    pub fn silence_limit(&self) -> Duration {
+        if self.has(Bug::SilenceUncapped) {
+            return (3 * self.election_timeout).max(dlock::rules::MIN_SILENCE);
+        }
+        dlock::rules::silence_limit(Some(self.election_timeout), self.ttl)
     }
 
     /// The same with `bug` swapped in.

@@ -43,6 +43,13 @@ pub const GRANTED_AFTER_WAITING: &str = "a client holds the key it waited in lin
 /// The name of the property that shows a wait survives a resume.
 pub const GRANTED_AFTER_RESUME: &str =
     "a client holds the key it waited in line for, on a session it resumed";
+/// The name of the probe's property (`Config::probe`): see
+/// [`SessionModel::probe_in_time`].
+pub const PROBE_IN_TIME: &str =
+    "a client on a silent node breaks off while its session can still be resumed";
+/// The name of the property that shows the probe leads somewhere.
+pub const RESUMED_AFTER_SILENCE: &str =
+    "a client that broke off from a silent node resumed its session elsewhere";
 
 /// Everything the checker explores.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -57,6 +64,10 @@ pub struct State {
     /// Connections the network broke so far (counted for `persistent`,
     /// whose faults are bounded by `Config::breaks`).
     pub broken: u8,
+    /// With the probe: the node that paused, and when (the servers'
+    /// time). A paused node reads, answers, learns and times nothing out
+    /// again within the bound.
+    pub paused: Option<(u8, Tick)>,
 }
 
 /// One step.
@@ -134,6 +145,18 @@ pub enum Action {
     /// whose Locks wait; otherwise the table advances only before each
     /// command).
     Advance,
+    /// The leader `node` pauses (with the probe).
+    Pause {
+        /// Who.
+        node: u8,
+    },
+    /// `client`'s probe found its node silent, and its connection, which
+    /// has heard nothing from it within the limit either, breaks off
+    /// (a reset) to resume the session elsewhere.
+    BreakOff {
+        /// Who.
+        client: u8,
+    },
 }
 
 /// The client–session model under one [`Config`].
@@ -171,13 +194,53 @@ impl SessionModel {
         Tick(now.0.saturating_sub(lag))
     }
 
+    /// Whether `node` is paused at `state`.
+    fn paused(state: &State, node: u8) -> bool {
+        state.paused.is_some_and(|(n, _)| n == node)
+    }
+
+    /// Whether the probe breaks `c`'s connection off at `state`: its node
+    /// paused, the probe has had no answer from it for the limit, nor has
+    /// the connection, by the client's clock (`rules::gone_silent`).
+    pub fn breaks_off(&self, state: &State, c: &Client) -> bool {
+        let (Some((node, since)), Some(conn)) = (state.paused, &c.conn) else {
+            return false;
+        };
+        let (now, limit) = (self.clock(state.now), self.cfg.silence_limit());
+        conn.node == node
+            && rules::gone_silent(self.clock(since), now, limit)
+            && rules::gone_silent(c.heard, now, limit)
+    }
+
+    /// The probe's property: a client still on the paused node, on a
+    /// connection that was there when it paused, is there while its
+    /// session can still be resumed elsewhere, by its own rule
+    /// (`rules::session_lives_until`: a TTL past the latest answer that
+    /// kept it alive, or the node's last keep-alive, no later than its
+    /// pause). Time does not pass a break-off that is due, so this says
+    /// the probe's limit leaves room for the resume. (A connection opened
+    /// to the node after it paused is left out: its probe counts from its
+    /// connect, and the time lost before that is spent elsewhere.)
+    pub fn probe_in_time(&self, state: &State) -> bool {
+        let Some((node, since)) = state.paused else {
+            return true;
+        };
+        let now = self.clock(state.now);
+        state.clients.iter().all(|c| {
+            c.ended
+                || c.conn.as_ref().is_none_or(|conn| conn.node != node)
+                || c.heard > self.clock(since)
+                || now < rules::session_lives_until(c.acked, self.clock(since), self.cfg.ttl)
+        })
+    }
+
     fn client_actions(&self, id: u8, state: &State, c: &Client, actions: &mut Vec<Action>) {
         let cfg = &self.cfg;
         let now = self.clock(state.now);
         let cluster = &state.cluster;
         let elections_left = cluster.elections < cfg.elections;
         let client = id;
-        if let Some(end) = c.closing.first() {
+        if let Some(end) = c.closing.first().filter(|e| !Self::paused(state, e.node)) {
             actions.push(Action::End { client });
             if !end.out.is_empty() {
                 actions.push(Action::DeliverLate { client });
@@ -192,6 +255,11 @@ impl SessionModel {
         let Some(conn) = &c.conn else {
             if c.conns <= cfg.reconnects {
                 for node in 0..cfg.nodes {
+                    // A node found silent is tried last (`dial.suspect`):
+                    // with another to try, not at all.
+                    if c.silenced && Self::paused(state, node) {
+                        continue;
+                    }
                     actions.push(Action::Connect { client, node });
                 }
             } else if cfg.persistent {
@@ -270,7 +338,12 @@ impl SessionModel {
                 });
             }
         }
-        if !conn.out.is_empty() && conn.back.len() < cfg.in_flight && conn.parked.is_none() {
+        let paused = Self::paused(state, conn.node);
+        if !conn.out.is_empty()
+            && conn.back.len() < cfg.in_flight
+            && conn.parked.is_none()
+            && !paused
+        {
             actions.push(Action::Deliver { client });
             if cfg.uncommitted
                 && elections_left
@@ -286,6 +359,9 @@ impl SessionModel {
         }
         if conn.phase == Phase::Resuming && may_break {
             actions.push(Action::Abandon { client });
+        }
+        if cfg.probe && self.breaks_off(state, c) {
+            actions.push(Action::BreakOff { client });
         }
         // A reset matters for what it cuts off, and for a lock held by the
         // connection's implicit session; one with nothing in flight is
@@ -420,18 +496,41 @@ impl Model for SessionModel {
             cluster,
             clients,
             broken: 0,
+            paused: None,
         }]
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
-        if state.now + self.cfg.step <= Tick(0) + self.cfg.horizon {
+        // The probe is a timer: time does not pass a break-off that is due.
+        // Nor an answer the paused node wrote before it paused: its kernel
+        // sends it within far less than a tick.
+        let due = self.cfg.probe
+            && state.clients.iter().any(|c| {
+                self.breaks_off(state, c)
+                    || c.conn
+                        .as_ref()
+                        .is_some_and(|k| Self::paused(state, k.node) && !k.back.is_empty())
+            });
+        if state.now + self.cfg.step <= Tick(0) + self.cfg.horizon && !due {
             actions.push(Action::Tick);
         }
-        if self.cfg.wait.is_some() && state.cluster.table.due(table_time(state.now)) {
+        let leader_paused = state
+            .paused
+            .is_some_and(|(n, _)| state.cluster.role(n) == Role::Leader);
+        if self.cfg.wait.is_some()
+            && !leader_paused
+            && state.cluster.table.due(table_time(state.now))
+        {
             actions.push(Action::Advance);
         }
         for node in 0..self.cfg.nodes {
+            if Self::paused(state, node) {
+                continue;
+            }
             match state.cluster.role(node) {
+                Role::Leader if self.cfg.probe && state.paused.is_none() => {
+                    actions.push(Action::Pause { node })
+                }
                 Role::Deposed => actions.push(Action::Learn { node }),
                 Role::Follower if state.cluster.elections < self.cfg.elections => {
                     actions.push(Action::Elect { node })
@@ -477,6 +576,12 @@ impl Model for SessionModel {
                 }
             }
             Action::Advance => s.cluster.advance(table_time(now)),
+            Action::Pause { node } => s.paused = Some((node, now)),
+            Action::BreakOff { client } => {
+                let c = s.clients.get_mut(usize::from(client))?;
+                c.close(Close::Rst);
+                c.silenced = true;
+            }
             Action::Send { client, kind } => {
                 let clock = self.clock(now);
                 s.clients
@@ -498,6 +603,9 @@ impl Model for SessionModel {
                 let answer = *c.conn.as_ref()?.back.first()?;
                 c.conn.as_mut()?.back.remove(0);
                 c.receive(answer, self.clock(now), now, cfg);
+                if cfg.probe {
+                    c.heard = self.clock(now);
+                }
                 if let Some(fence) = answer.fence {
                     s.cluster.acknowledged(fence);
                 }
@@ -537,7 +645,11 @@ impl Model for SessionModel {
             }
             Action::Connect { client, node } => {
                 let clock = self.clock(now);
-                s.clients.get_mut(usize::from(client))?.connect(node, clock);
+                let c = s.clients.get_mut(usize::from(client))?;
+                c.connect(node, clock);
+                if cfg.probe {
+                    c.heard = clock;
+                }
             }
             Action::End { client } => {
                 let c = s.clients.get_mut(usize::from(client))?;
@@ -560,6 +672,18 @@ impl Model for SessionModel {
 
     fn properties(&self) -> Vec<Property<Self>> {
         let mut properties = self.safety_properties();
+        if self.cfg.probe {
+            properties.extend([
+                Property::always(PROBE_IN_TIME, |m: &SessionModel, s: &State| {
+                    m.probe_in_time(s)
+                }),
+                Property::sometimes(RESUMED_AFTER_SILENCE, |_, s: &State| {
+                    s.clients.iter().any(|c| {
+                        c.silenced && c.conn.as_ref().is_some_and(|k| k.phase == Phase::Open)
+                    })
+                }),
+            ]);
+        }
         if self.cfg.wait.is_some() {
             properties.extend([
                 Property::always(WAITER_SERVED, |m: &SessionModel, s: &State| {

@@ -184,6 +184,17 @@ fn describe(last: &State, action: Action, next: &State) -> (String, String) {
             format!("wins the election for term {}", next.cluster.term),
         ),
         Action::Learn { node } => (format!("n{node}"), "learns it was deposed".into()),
+        Action::Pause { node } => (
+            format!("n{node}"),
+            "(leader) pauses: it reads and answers nothing more".into(),
+        ),
+        Action::BreakOff { client: id } => (
+            name(id),
+            format!(
+                "probe finds {} silent: breaks off (a reset) to resume elsewhere",
+                node_of(id)
+            ),
+        ),
         Action::Advance => {
             let leader = (0..u8::try_from(next.cluster.leads.len()).unwrap_or(0))
                 .find(|&n| next.cluster.role(n) == Role::Leader)
