@@ -288,6 +288,54 @@ fn holds() -> Value {
     Value::Array(cases)
 }
 
+/// The silent-node probe's limit (`rules::silence_limit`) for election
+/// timeouts as a node states them (`null`: it states none; `0` too, as the
+/// wire's 0 reads, though the rule is given it here as a stated 0), from a
+/// microsecond to absurd ones (the wire's largest), against TTLs from none through
+/// ones so short that only the floor is left, to a month.
+fn silence_limits() -> Value {
+    let elections = [
+        None,
+        Some(0u64),
+        Some(1),
+        Some(100_000),
+        Some(200_000),
+        Some(500_000),
+        Some(700_000),
+        Some(1_000_000),
+        Some(10_000_000),
+        // 127 years: thrice it overflows 64-bit nanoseconds (Go's
+        // time.Duration) into a negative.
+        Some(4_000_000_000_000_000),
+        Some(u64::MAX),
+    ];
+    let ttls = [
+        0u64,
+        1,
+        999,
+        400_000,
+        999_999,
+        1_000_000,
+        1_000_001,
+        3_000_000,
+        4_000_000,
+        6_000_000,
+        10_000_000,
+        60_000_000,
+        2_592_000_000_000,
+    ];
+    let cases: Vec<Value> = elections
+        .iter()
+        .flat_map(|&election| {
+            ttls.iter().map(move |&ttl| {
+                json!({"election_timeout_us": election, "ttl_us": ttl,
+                       "limit_us": us(rules::silence_limit(election.map(d), d(ttl)))})
+            })
+        })
+        .collect();
+    Value::Array(cases)
+}
+
 fn vectors() -> Value {
     json!({
         "about": "Test vectors of the dlock client rules, written by tests/rule_vectors.rs from src/rules.rs; every client runs them (docs/CLIENTS.md). Times and durations in microseconds; kinds and statuses by their names in proto/dlock.proto.",
@@ -301,6 +349,7 @@ fn vectors() -> Value {
         "unanswered_too_long": unanswered(),
         "session_lives_until": session_lives(),
         "holds": holds(),
+        "silence_limits": silence_limits(),
     })
 }
 
