@@ -25,6 +25,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	pb "dlock/clients/go/dlockpb"
@@ -38,6 +39,9 @@ const (
 	// on a loaded machine may take a few hundred milliseconds to answer a
 	// Ping, and a false alarm costs a reconnect.
 	minSilence = 1500 * time.Millisecond
+	// silenceFloor is the shortest silence limit whatever the TTL: below
+	// it a healthy node's scheduling delays would count as silence.
+	silenceFloor = 250 * time.Millisecond
 	// maxProbeRetry is the longest pause between probe attempts on a node
 	// that refuses them.
 	maxProbeRetry = 5 * time.Second
@@ -46,18 +50,28 @@ const (
 // silenceLimit is how long a node may leave a probe unanswered before it
 // is taken for gone: three election timeouts (by then the others have
 // replaced it if it led), at least minSilence, at most a quarter of the
-// session's TTL, so that finding a new leader and resuming there fit in
-// what is left.
+// session's TTL (which wins: a short TTL must leave room to resume), so
+// that finding a new leader and resuming there fit in what is left; but
+// never below silenceFloor. As rules::silence_limit in src/rules.rs; the
+// shared vectors (rules_test.go) hold them together.
 func silenceLimit(election, ttl time.Duration) time.Duration {
 	if election <= 0 {
 		election = defaultElectionTimeout
 	}
-	limit := 3 * election
+	// Saturating: the election timeout is the node's word.
+	limit := time.Duration(math.MaxInt64)
+	if election < limit/3 {
+		limit = 3 * election
+	}
 	if limit < minSilence {
 		limit = minSilence
 	}
 	if q := ttl / 4; limit > q {
 		limit = q
+	}
+	// A node stating no TTL must not make the probe spin.
+	if limit < silenceFloor {
+		limit = silenceFloor
 	}
 	return limit
 }

@@ -85,6 +85,13 @@ type ruleVectors struct {
 		Lease        *int64 `json:"lease_us"`
 		Window       int64  `json:"window_us"`
 	} `json:"holds"`
+	// A null election timeout: the node states none (0 in this client,
+	// as the wire's 0 reads).
+	SilenceLimits []struct {
+		ElectionTimeout *uint64 `json:"election_timeout_us"`
+		TTL             uint64  `json:"ttl_us"`
+		Limit           int64   `json:"limit_us"`
+	} `json:"silence_limits"`
 }
 
 type renewalVector struct {
@@ -177,7 +184,7 @@ func TestRuleVectors(t *testing.T) {
 		"deadline": len(v.Deadline), "margin": len(v.Margin), "in_jeopardy": len(v.InJeopardy),
 		"moves_deadline": len(v.MovesDeadline), "elsewhere": len(v.Elsewhere), "kinds": len(v.Kinds),
 		"unanswered_too_long": len(v.UnansweredTooLong), "session_lives_until": len(v.SessionLivesUntil),
-		"holds": len(v.Holds),
+		"holds": len(v.Holds), "silence_limits": len(v.SilenceLimits),
 	}
 	for section, n := range sizes {
 		if n == 0 {
@@ -306,6 +313,21 @@ func TestRuleVectors(t *testing.T) {
 			if gotDeadline != c.Deadline || gotWindow != c.Window || show(gotLease) != show(c.Lease) {
 				t.Errorf("holds case %d (%s): deadline %d µs, lease %s, window %d µs; want %d, %s, %d",
 					i, c.Name, gotDeadline, show(gotLease), gotWindow, c.Deadline, show(c.Lease), c.Window)
+			}
+		}
+	})
+	t.Run("silence_limits", func(t *testing.T) {
+		for i, c := range v.SilenceLimits {
+			// As the node's word reaches silenceLimit: through the
+			// wire's decoding (micros), 0 for none.
+			var election time.Duration
+			stated := "none"
+			if c.ElectionTimeout != nil {
+				election = micros(*c.ElectionTimeout)
+				stated = fmt.Sprintf("%d µs", *c.ElectionTimeout)
+			}
+			if got := int64(silenceLimit(election, micros(c.TTL)) / time.Microsecond); got != c.Limit {
+				t.Errorf("silence_limits case %d (election timeout %s, TTL %d µs): %d µs, want %d", i, stated, c.TTL, got, c.Limit)
 			}
 		}
 	})

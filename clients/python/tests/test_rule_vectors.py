@@ -15,6 +15,7 @@ import pytest
 
 from conftest import REPO
 from dlock import rules
+from dlock.liveness import silence_limit
 from dlock._proto import dlock_pb2 as pb
 
 VECTORS_FILE = REPO / "clients" / "conformance" / "rules.json"
@@ -30,6 +31,7 @@ SECTIONS = [
     "unanswered_too_long",
     "session_lives_until",
     "holds",
+    "silence_limits",
 ]
 
 
@@ -113,6 +115,16 @@ def check_holds(case: Dict[str, Any]) -> None:
     assert us(hold.window(timeout)) == case["window_us"]
 
 
+def check_silence_limits(case: Dict[str, Any]) -> None:
+    # `dlock.liveness` works in float seconds, and the node's word reaches
+    # it as `Limits.election_timeout` does: None when it states none (the
+    # vectors' null; 0 reads the same). Float seconds are not whole
+    # microseconds: within one of the Rust answer, which truncates.
+    election = case["election_timeout_us"]
+    got = silence_limit(None if election is None else election / 1e6, case["ttl_us"] / 1e6)
+    assert abs(got * 1e6 - case["limit_us"]) < 1, f"{got} s"
+
+
 CHECKS: Dict[str, Callable[[Dict[str, Any]], None]] = {
     "deadline": check_deadline,
     "margin": check_margin,
@@ -123,6 +135,7 @@ CHECKS: Dict[str, Callable[[Dict[str, Any]], None]] = {
     "unanswered_too_long": check_unanswered_too_long,
     "session_lives_until": check_session_lives_until,
     "holds": check_holds,
+    "silence_limits": check_silence_limits,
 }
 
 

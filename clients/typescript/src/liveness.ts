@@ -28,18 +28,24 @@ import { now } from "./types.js";
 const DEFAULT_ELECTION_TIMEOUT = 200;
 /** The shortest silence taken for a stall: a healthy node on a loaded machine may take a few hundred milliseconds to answer a Ping, and a false alarm costs a reconnect. */
 const MIN_SILENCE = 1500;
+/** The shortest silence limit whatever the TTL, ms: below it a healthy node's scheduling delays would count as silence. */
+const SILENCE_FLOOR = 250;
 /** The longest pause between probe attempts on a node that refuses them. */
 const MAX_PROBE_RETRY = 5000;
 
 /**
  * How long a node may leave a probe unanswered before it is taken for gone
  * (ms): three election timeouts (by then the others have replaced it if it
- * led), at least 1.5 s, at most a quarter of the session's TTL, so that
- * finding a new leader and resuming there fit in what is left.
+ * led; 0: the node states none), at least 1.5 s, at most a quarter of the
+ * session's TTL (which wins: a short TTL must leave room to resume), so that
+ * finding a new leader and resuming there fit in what is left; but never
+ * below 250 ms, so that a node stating no TTL does not make the probe spin.
+ * As rules::silence_limit in src/rules.rs; the shared vectors
+ * (test/rules.test.ts) hold them together.
  */
 export function silenceLimit(election: number, ttl: number): number {
   if (!(election > 0)) election = DEFAULT_ELECTION_TIMEOUT;
-  return Math.min(Math.max(3 * election, MIN_SILENCE), ttl / 4);
+  return Math.max(Math.min(Math.max(3 * election, MIN_SILENCE), ttl / 4), SILENCE_FLOOR);
 }
 
 /** What a probe tells: a link on the node. */

@@ -10,6 +10,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { RequestType, ResponseStatus } from "../src/gen/dlock_pb.js";
 import * as rules from "../src/rules.js";
+import { silenceLimit } from "../src/liveness.js";
 import { Lock } from "../src/lock.js";
 import type { LockOwner } from "../src/lock.js";
 import type { Link } from "../src/link.js";
@@ -140,6 +141,18 @@ test("rule vectors: holds", () => {
     assert.equal(toUs(hold.deadline(...owner)), c.deadline_us, "deadline");
     assert.equal(hold.lease === null ? null : toUs(hold.lease[1]), c.lease_us, "lease");
     assert.equal(toUs(hold.window(owner[1])), c.window_us, "window");
+  });
+});
+
+test("rule vectors: silence_limits", () => {
+  each("silence_limits", (c) => {
+    // silenceLimit works in float milliseconds, and the node's word reaches
+    // it as Limits.electionTimeout does: 0 when it states none (the
+    // vectors' null). Float milliseconds are not whole microseconds: within
+    // one of the Rust answer, which truncates.
+    const election = c.election_timeout_us === null ? 0 : c.election_timeout_us / 1000;
+    const got = silenceLimit(election, c.ttl_us / 1000);
+    assert.ok(Math.abs(got * 1000 - c.limit_us) < 1, `${got} ms, want ${c.limit_us} µs`);
   });
 });
 

@@ -41,7 +41,15 @@ from .errors import DlockError, Status
 if TYPE_CHECKING:
     from .dial import Dial
 
-__all__ = ["DEFAULT_ELECTION_TIMEOUT", "MAX_RETRY", "MIN_SILENCE", "Probe", "silence_limit", "watch_node"]
+__all__ = [
+    "DEFAULT_ELECTION_TIMEOUT",
+    "MAX_RETRY",
+    "MIN_SILENCE",
+    "SILENCE_FLOOR",
+    "Probe",
+    "silence_limit",
+    "watch_node",
+]
 
 log = logging.getLogger("dlock")
 
@@ -52,6 +60,9 @@ DEFAULT_ELECTION_TIMEOUT = 0.2
 #: machine may take a few hundred milliseconds to answer a Ping, and a false
 #: alarm costs a reconnect.
 MIN_SILENCE = 1.5
+#: The shortest silence limit whatever the TTL, in seconds: below it a
+#: healthy node's scheduling delays would count as silence.
+SILENCE_FLOOR = 0.25
 #: The longest pause between probe attempts on a node that refuses them.
 MAX_RETRY = 5.0
 
@@ -60,11 +71,15 @@ def silence_limit(election_timeout: Optional[float], ttl: float) -> float:
     """How long a node may leave a probe unanswered before it is taken for
     gone: three election timeouts (by then the others have replaced it if
     it led; `election_timeout` None or 0: `DEFAULT_ELECTION_TIMEOUT`), at
-    least `MIN_SILENCE`, and at most a quarter of the session's `ttl`, so
-    that finding a new leader and resuming there fit in what is left
-    (docs/PROTOCOL.md, "Cluster", has the whole budget)."""
+    least `MIN_SILENCE`, and at most a quarter of the session's `ttl` (which
+    wins: a short TTL must leave room to resume), so that finding a new
+    leader and resuming there fit in what is left (docs/PROTOCOL.md,
+    "Cluster", has the whole budget); but never below `SILENCE_FLOOR`, so
+    that a node stating no TTL does not make the probe spin. As
+    rules::silence_limit in src/rules.rs; the shared vectors
+    (tests/test_rule_vectors.py) hold them together."""
     election = election_timeout or DEFAULT_ELECTION_TIMEOUT
-    return min(max(3 * election, MIN_SILENCE), ttl / 4)
+    return max(min(max(3 * election, MIN_SILENCE), ttl / 4), SILENCE_FLOOR)
 
 
 #: Told how long the node left the probe unanswered, in seconds (for a
