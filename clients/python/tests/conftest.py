@@ -208,6 +208,10 @@ class FreezableProxy:
         self._thawed = threading.Event()
         self._thawed.set()
         self._closed = False
+        # Connections accepted so far, and those to reset (by number).
+        self._accepted = 0
+        self._doomed: "set[int]" = set()
+        self._doomed_lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def freeze(self) -> None:
@@ -215,6 +219,16 @@ class FreezableProxy:
 
     def thaw(self) -> None:
         self._thawed.set()
+
+    def reset(self, n: int) -> None:
+        """Resets the `n`th connection accepted (from 0), both ways (within
+        a fifth of a second); the others go on."""
+        with self._doomed_lock:
+            self._doomed.add(n)
+
+    def _is_doomed(self, n: int) -> bool:
+        with self._doomed_lock:
+            return n in self._doomed
 
     def close(self) -> None:
         """Stops accepting, and resets every connection through the proxy
@@ -238,18 +252,21 @@ class FreezableProxy:
                 server.settimeout(None)
                 for s in (client, server):
                     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                threading.Thread(target=self._forward, args=(client, server), daemon=True).start()
+                n, self._accepted = self._accepted, self._accepted + 1
+                threading.Thread(target=self._forward, args=(client, server, n), daemon=True).start()
         except OSError:
             pass
         finally:
             self._listener.close()
 
-    def _forward(self, client: socket.socket, server: socket.socket) -> None:
+    def _forward(self, client: socket.socket, server: socket.socket, n: int) -> None:
         other = {client: server, server: client}
         reading = [client, server]
         swallowed = False  # upstream reset, and the client not told
         try:
             while reading and not self._closed:
+                if self._is_doomed(n):
+                    raise OSError("reset by the test")
                 if not self._thawed.wait(0.2):
                     continue  # frozen: nothing is read, the senders' buffers fill
                 ready, _, _ = select.select(reading, [], [], 0.2)

@@ -27,7 +27,7 @@ import dlock
 import dlock.aio
 from dlock import Timeout
 from dlock.aio import Election, Queued
-from conftest import LIMIT, run
+from conftest import LIMIT, FreezableProxy, run
 
 #: Workers sharing one client, and the turns each takes.
 WORKERS, ROUNDS = 4, 25
@@ -393,6 +393,40 @@ def test_killing_the_server_reports_a_lock_taken_aside_lost(server):
         await asyncio.wait_for(client.closed.wait(), LIMIT)
 
     run(body())
+
+
+def test_a_lock_on_a_connection_of_its_own_outlives_the_clients_connection(server):
+    # Each lock is an owner of its own: the client's shared connection
+    # ending (reset here, by a proxy) ends what it holds, not a Lock waiting
+    # or held on a connection of its own, as in the other clients. Closing
+    # the client then closes that one too.
+    proxy = FreezableProxy(server.addr)
+
+    async def body():
+        async with dlock.aio.connect(server.addr) as other:
+            client = await dlock.aio.connect(proxy.addr)  # the proxy's connection 0
+            first = await client.lock("k")
+            waiting = asyncio.ensure_future(client.lock("k"))  # claimed: connection 1
+            await _waiters(other, "k", 1)
+            proxy.reset(0)
+            await asyncio.wait_for(first.lost.wait(), LIMIT)
+            assert client.closed.is_set()
+            # The server released `first` with its connection, and grants the
+            # Lock that still waits on its own.
+            lock = await asyncio.wait_for(waiting, LIMIT)
+            assert not lock.lost.is_set() and lock.fence > first.fence
+            assert (await other.inspect("k"))[0].fence == lock.fence
+            await client.close()
+            assert lock.lost.is_set() and "closed by the client" in lock.lost_reason
+            deadline = asyncio.get_running_loop().time() + LIMIT
+            while (await other.inspect("k"))[0].fence != 0:
+                assert asyncio.get_running_loop().time() < deadline, "the closed client's lock stayed held"
+                await asyncio.sleep(0.01)
+
+    try:
+        run(body())
+    finally:
+        proxy.close()
 
 
 def test_a_lock_cancelled_before_its_answer_leaves_its_key_neither_held_nor_claimed(server):

@@ -32,9 +32,11 @@ a key is a second holder, and a writer waits for this client's readers
 instead of failing with ModeConflict.
 
 Against a single server, when the connection ends every pending call fails
-with `ConnectionLost`, later calls fail at once, and `Client.closed` is set;
-the connections the client opened for its locks are closed with it. There
-is no reconnect: the server has released every lock held without a lease.
+with `ConnectionLost`, later calls fail at once, and `Client.closed` is set.
+There is no reconnect: the server has released every lock held without a
+lease on it. A lock held or waited for on a connection of its own is another
+owner, as in every dlock client: it lives on with that connection until it
+is unlocked (which closes it) or the client is closed.
 
 Clusters: given a cluster's nodes (a list, or DLOCK_SERVER as a
 comma-separated list), the client connects to the leader and opens a
@@ -497,6 +499,13 @@ class Client:
         lease; leases stop being renewed and are reported lost at once (they
         stay on the server until they run out or are unlocked by fence)."""
         self._conn.end("closed by the client", closing=True)
+        # Owners that outlived the client's connection (see `_on_end`).
+        self._close_owners("closed by the client")
+
+    def _close_owners(self, why: str) -> None:
+        for owner in list(self._owners):
+            owner._conn.end(why, closing=True)
+        self._owners.clear()
 
     async def __aenter__(self) -> "Client":
         return self
@@ -861,8 +870,9 @@ class Client:
         return self._conn.call(rtype, body, counted=counted, lock_keys=lock_keys)
 
     def _on_end(self, reason: str, closing: bool) -> None:
-        """The connection ended: locks without a lease are gone with it, and
-        with the client's own, every connection it opened."""
+        """The connection ended: locks without a lease held on it are gone
+        with it, and so are its Watches' connections; closed by the client,
+        every connection it opened."""
         if self._parent is not None:
             self._parent._owner_ended(self)
         why = reason if closing else f"the client's connection ended: {reason}"
@@ -870,11 +880,15 @@ class Client:
             conn.end(why, closing=True)
         self._side.clear()
         self._watchers.clear()
-        # Closed cleanly, they release what they hold without a lease.
-        for owner in list(self._owners):
+        # Closed cleanly, they release what they hold without a lease. An
+        # owner that holds or waits for a lock is another owner, as in the
+        # other clients: it lives on and ends by itself (its unlock closes
+        # it), unless the client is closed. Idle ones are of no more use.
+        idle, self._idle = self._idle, []
+        for owner in idle:
             owner._conn.end(why, closing=True)
-        self._owners.clear()
-        self._idle.clear()
+        if closing:
+            self._close_owners(why)
         self._claims.clear()
         if self._watchdog is not None:
             self._watchdog.cancel()
