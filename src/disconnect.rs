@@ -50,8 +50,9 @@ pub enum Disconnect {
         leader: Option<String>,
     },
     /// The cluster node could not commit the request in time (no quorum
-    /// reachable); the client looks for the leader again and sends the
-    /// request again under the same number.
+    /// reachable), or told the client's liveness probe it cannot serve
+    /// (`Unavailable`); the client looks for the leader again and sends
+    /// the request again under the same number.
     NoQuorum,
     /// A request other than a waiting Lock went unanswered this long (half
     /// the session's TTL): the node is paused, stalled or cut off.
@@ -104,7 +105,9 @@ impl fmt::Display for Reason<'_> {
                 write!(f, "the node is no longer the leader ({l} is)")
             }
             Disconnect::NotLeader { leader: None } => write!(f, "the node is no longer the leader"),
-            Disconnect::NoQuorum => write!(f, "the node could not commit in time (no quorum)"),
+            Disconnect::NoQuorum => {
+                write!(f, "the node cannot commit: it has no quorum (Unavailable)")
+            }
             Disconnect::NoAnswer { waited } => {
                 write!(f, "no answer for {}", crate::duration::human(*waited))
             }

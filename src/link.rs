@@ -233,22 +233,27 @@ impl Driver {
                 tokio::spawn(async move {
                     let mut seen = watch.seen();
                     loop {
-                        tokio::select! {
+                        let cannot_serve = tokio::select! {
                             _ = ended.cancelled() => return None,
-                            _ = watch.silent_after(seen) => {}
-                        }
+                            found = watch.silent_after(seen) => found,
+                        };
                         seen = watch.seen();
-                        // This stream heard from the node within the limit:
-                        // the probe's own connection was slow (a new leader
-                        // flooded with resumes), not the node.
+                        if cannot_serve {
+                            // The node said so itself: what this stream
+                            // heard before does not say otherwise.
+                            ended.cancel();
+                            return Some(Disconnect::NoQuorum);
+                        }
+                        // A stream that heard from the node within the limit
+                        // stays: the probe's own connection was slow (a new
+                        // leader flooded with resumes), not the node.
                         let last = *heard.lock().unwrap_or_else(|p| p.into_inner());
                         // Counted from zero: an instant plus a limit the node
                         // sized could overflow, a duration since cannot.
-                        if rules::gone_silent(Duration::ZERO, last.elapsed(), limit) {
+                        let waited = last.elapsed();
+                        if rules::gone_silent(Duration::ZERO, waited, limit) {
                             ended.cancel();
-                            return Some(Disconnect::NoAnswer {
-                                waited: last.elapsed(),
-                            });
+                            return Some(Disconnect::NoAnswer { waited });
                         }
                     }
                 })

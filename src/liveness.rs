@@ -13,10 +13,13 @@
 //! once without a commit. When a Ping (or the probe's Hello) goes
 //! unanswered for [`silence_limit`], or answered `Unavailable` (a node that
 //! counts itself leader with no majority behind it: cut off from its peers,
-//! or stopping), every link on that node that has not heard from it within
-//! the limit either breaks off and resumes its session elsewhere
-//! (`link.rs`), and the node is tried last until it answers again. A node that refuses the probe outright (down,
-//! full, access denied) is left to the links, which see that themselves.
+//! or stopping), links on that node break off and resume their sessions
+//! elsewhere (`link.rs`), and the node is tried last until it answers
+//! again. On a silence, a link that heard from the node within the limit
+//! stays (`rules::gone_silent`: the probe's own connection was slow);
+//! on `Unavailable` every link goes, since the node said it cannot serve.
+//! A node that refuses the probe outright (down, full, access denied) is
+//! left to the links, which see that themselves.
 
 use crate::backoff::Backoff;
 use crate::dial::{configure, exchange, hello, Dial};
@@ -26,7 +29,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// The longest pause between probe attempts on a node that refuses them.
@@ -55,23 +57,32 @@ impl Watches {
     }
 }
 
+/// What the probe found last, and how many times it found the node gone.
+#[derive(Debug, Clone, Copy, Default)]
+struct Findings {
+    /// How many times the node was found silent or unable to serve.
+    count: u64,
+    /// Whether the last time it answered `Unavailable`, rather than
+    /// nothing.
+    cannot_serve: bool,
+}
+
 /// The probe of one node, shared by every link of a client on it; the
 /// probing stops when the last link lets go.
 #[derive(Debug)]
 pub(crate) struct NodeWatch {
-    /// How many times the node was found silent.
-    silences: watch::Receiver<u64>,
+    findings: watch::Receiver<Findings>,
     _stop: DropGuard,
 }
 
 impl NodeWatch {
     /// Starts probing `addr` for `dial`'s links.
     pub(crate) fn start(dial: Arc<Dial>, addr: String, limit: Duration) -> NodeWatch {
-        let (tx, silences) = watch::channel(0);
+        let (tx, findings) = watch::channel(Findings::default());
         let stop = CancellationToken::new();
         tokio::spawn(probe(dial, addr, limit, tx, stop.clone()));
         NodeWatch {
-            silences,
+            findings,
             _stop: stop.drop_guard(),
         }
     }
@@ -79,25 +90,29 @@ impl NodeWatch {
     /// How many silences were seen so far: pass it to
     /// [`NodeWatch::silent_after`].
     pub(crate) fn seen(&self) -> u64 {
-        *self.silences.borrow()
+        self.findings.borrow().count
     }
 
-    /// Resolves when the node is found silent after the `seen`th silence.
-    pub(crate) async fn silent_after(&self, seen: u64) {
-        let mut rx = self.silences.clone();
+    /// Resolves when the node is found silent or unable to serve after the
+    /// `seen`th time: with true if it answered `Unavailable` (it cannot
+    /// serve), false if it said nothing.
+    pub(crate) async fn silent_after(&self, seen: u64) -> bool {
+        let mut rx = self.findings.clone();
         // The sender lives as long as the probe, which lives as long as
         // this watch: an error cannot come while `self` is borrowed.
-        let _ = rx.wait_for(|&n| n > seen).await;
+        let found = rx.wait_for(|f| f.count > seen).await;
+        found.is_ok_and(|f| f.cannot_serve)
     }
 }
 
-/// Probes `addr` until `stop`: each silence bumps `silences`. (The links
-/// announce the reconnects it causes, so it says nothing itself.)
+/// Probes `addr` until `stop`: each silence, or `Unavailable`, is added to
+/// `findings`. (The links announce the reconnects it causes, so it says
+/// nothing itself.)
 async fn probe(
     dial: Arc<Dial>,
     addr: String,
     limit: Duration,
-    silences: watch::Sender<u64>,
+    findings: watch::Sender<Findings>,
     stop: CancellationToken,
 ) {
     let mut retry = Backoff::new(limit / 2, MAX_RETRY);
@@ -107,9 +122,12 @@ async fn probe(
             silent = until_silent(&dial, &addr, limit) => silent,
         };
         match silent {
-            Some(_) => {
+            Some(found) => {
                 dial.suspect(&addr, true);
-                silences.send_modify(|n| *n += 1);
+                findings.send_modify(|f| {
+                    f.count += 1;
+                    f.cannot_serve = matches!(found, Found::CannotServe);
+                });
                 retry.reset();
             }
             None => retry.grow(),
@@ -121,12 +139,19 @@ async fn probe(
     }
 }
 
+/// Why the probe takes a node for gone.
+enum Found {
+    /// A Ping (or the Hello) went unanswered for the limit.
+    Silent,
+    /// A Ping was answered `Unavailable`.
+    CannotServe,
+}
+
 /// Pings `addr` on a connection of the probe's own, a third of `limit`
-/// apart, until an answer is `limit` late: returns how long it waited.
-/// `None` when the node refuses or the connection breaks (not a silence).
-async fn until_silent(dial: &Dial, addr: &str, limit: Duration) -> Option<Duration> {
+/// apart, until an answer is `limit` late or says `Unavailable`. `None`
+/// when the node refuses or the connection breaks (not a silence).
+async fn until_silent(dial: &Dial, addr: &str, limit: Duration) -> Option<Found> {
     let token = dial.token();
-    let started = Instant::now();
     let connect = async {
         let mut stream = transport::connect(addr, &dial.options, |s| configure(s, &dial.options))
             .await
@@ -135,7 +160,7 @@ async fn until_silent(dial: &Dial, addr: &str, limit: Duration) -> Option<Durati
         Some(stream)
     };
     let mut stream = match tokio::time::timeout(limit, connect).await {
-        Err(_) => return Some(started.elapsed()),
+        Err(_) => return Some(Found::Silent),
         Ok(None) => return None,
         Ok(Some(stream)) => stream,
     };
@@ -151,15 +176,14 @@ async fn until_silent(dial: &Dial, addr: &str, limit: Duration) -> Option<Durati
             r#type: RequestType::Ping as i32,
             ..Request::default()
         };
-        let sent = Instant::now();
         match tokio::time::timeout(limit, exchange(&mut stream, &ping)).await {
-            Err(_) => return Some(sent.elapsed()),
+            Err(_) => return Some(Found::Silent),
             Ok(Ok(r)) if r.status == ResponseStatus::Ok as i32 => {}
             // It answers but cannot serve: it counts itself leader with no
             // majority behind it (cut off from its peers, or stopping).
             // As good as silent for the sessions on it, and sooner.
             Ok(Ok(r)) if r.status == ResponseStatus::Unavailable as i32 => {
-                return Some(sent.elapsed())
+                return Some(Found::CannotServe)
             }
             Ok(_) => return None,
         }

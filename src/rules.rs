@@ -260,7 +260,9 @@ pub fn silence_limit(election_timeout: Option<Duration>, ttl: Duration) -> Durat
 /// silent at `now` for `limit` ([`silence_limit`]): once the probe finds
 /// the node silent, such a link breaks off and resumes its session
 /// elsewhere; one that heard from the node within the limit stays (the
-/// probe's own connection was slow, not the node).
+/// probe's own connection was slow, not the node). A probe answered
+/// `Unavailable` sends every link away, whatever it heard: the node said
+/// it cannot serve.
 pub fn gone_silent<T: Time>(last_heard: T, now: T, limit: Duration) -> bool {
     last_heard + limit <= now
 }
