@@ -336,6 +336,38 @@ fn silence_limits() -> Value {
     Value::Array(cases)
 }
 
+/// Whether a link has gone silent (`rules::gone_silent`): last heard
+/// from its node at a few moments, against limits from none through the
+/// floor and the usual ones, and moments just before, at and after the
+/// limit runs out (and before the link last heard, as a clock read
+/// earlier may be).
+fn gone_silent() -> Value {
+    let cases: Vec<Value> = [0u64, 7, 1_000_000]
+        .iter()
+        .flat_map(|&heard| {
+            [0u64, 1, 250_000, 1_500_000, 2_500_000]
+                .iter()
+                .flat_map(move |&limit| {
+                    let end = heard + limit;
+                    let nows: std::collections::BTreeSet<u64> = [
+                        0,
+                        heard,
+                        end.saturating_sub(1),
+                        end,
+                        end + 1,
+                        end + 3_000_000,
+                    ]
+                    .into();
+                    nows.into_iter().map(move |now| {
+                        json!({"last_heard_us": heard, "now_us": now, "limit_us": limit,
+                               "gone": rules::gone_silent(d(heard), d(now), d(limit))})
+                    })
+                })
+        })
+        .collect();
+    Value::Array(cases)
+}
+
 fn vectors() -> Value {
     json!({
         "about": "Test vectors of the dlock client rules, written by tests/rule_vectors.rs from src/rules.rs; every client runs them (docs/CLIENTS.md). Times and durations in microseconds; kinds and statuses by their names in proto/dlock.proto.",
@@ -350,6 +382,7 @@ fn vectors() -> Value {
         "session_lives_until": session_lives(),
         "holds": holds(),
         "silence_limits": silence_limits(),
+        "gone_silent": gone_silent(),
     })
 }
 

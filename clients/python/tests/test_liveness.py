@@ -45,12 +45,13 @@ def test_a_node_that_accepts_and_never_answers_is_found_silent_and_tried_last():
             dial.leader = addr
             silent: "asyncio.Queue[tuple[float, str]]" = asyncio.Queue()
             start = time.monotonic()
-            unwatch = watch_node(dial, addr, 0.3, lambda waited, why: silent.put_nowait((waited, why)))
+            unwatch = watch_node(dial, addr, 0.3, lambda waited, why, cannot_serve: silent.put_nowait((waited, why, cannot_serve)))
             # A second watcher shares the probe.
             also: "asyncio.Queue[float]" = asyncio.Queue()
-            unwatch_also = watch_node(dial, addr, 0.3, lambda waited, why: also.put_nowait(waited))
+            unwatch_also = watch_node(dial, addr, 0.3, lambda waited, why, cannot_serve: also.put_nowait(waited))
             assert len(dial.probes) == 1
-            waited, why = await asyncio.wait_for(silent.get(), 5)
+            waited, why, cannot_serve = await asyncio.wait_for(silent.get(), 5)
+            assert not cannot_serve
             assert waited >= 0.3 and time.monotonic() - start < 3
             assert why == f"left the liveness probe unanswered for {waited:.3g} s", why
             assert await asyncio.wait_for(also.get(), 1) == waited
@@ -94,7 +95,7 @@ def test_a_refused_probe_is_no_silence():
         async def body():
             dial = _dial(addr)
             calls = []
-            unwatch = watch_node(dial, addr, 0.2, lambda waited, why: calls.append(why))
+            unwatch = watch_node(dial, addr, 0.2, lambda waited, why, cannot_serve: calls.append(why))
             await asyncio.sleep(1.0)
             assert calls == [] and dial.suspects() == []
             unwatch()

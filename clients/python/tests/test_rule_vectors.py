@@ -32,6 +32,7 @@ SECTIONS = [
     "session_lives_until",
     "holds",
     "silence_limits",
+    "gone_silent",
 ]
 
 
@@ -125,6 +126,11 @@ def check_silence_limits(case: Dict[str, Any]) -> None:
     assert abs(got * 1e6 - case["limit_us"]) < 1, f"{got} s"
 
 
+def check_gone_silent(case: Dict[str, Any]) -> None:
+    got = rules.gone_silent(ns(case["last_heard_us"]), ns(case["now_us"]), ns(case["limit_us"]))
+    assert got == case["gone"], got
+
+
 CHECKS: Dict[str, Callable[[Dict[str, Any]], None]] = {
     "deadline": check_deadline,
     "margin": check_margin,
@@ -136,6 +142,7 @@ CHECKS: Dict[str, Callable[[Dict[str, Any]], None]] = {
     "session_lives_until": check_session_lives_until,
     "holds": check_holds,
     "silence_limits": check_silence_limits,
+    "gone_silent": check_gone_silent,
 }
 
 

@@ -146,9 +146,10 @@ def test_a_probe_answered_unavailable_finds_the_node_silent_at_once():
         limit = 3.0
         silent: "asyncio.Queue[tuple[float, str]]" = asyncio.Queue()
         start = time.monotonic()
-        unwatch = watch_node(dial, node.addr, limit, lambda waited, why: silent.put_nowait((waited, why)))
+        unwatch = watch_node(dial, node.addr, limit, lambda waited, why, cannot_serve: silent.put_nowait((waited, why, cannot_serve)))
         # The first Ping goes a third of the limit after the Hello.
-        waited, why = await asyncio.wait_for(silent.get(), limit)
+        waited, why, cannot_serve = await asyncio.wait_for(silent.get(), limit)
+        assert cannot_serve
         took = time.monotonic() - start
         assert took < limit / 3 + 1.0, f"found after {took:.3g} s, the limit is {limit} s"
         assert waited < 1.0 and "Unavailable" in why and "leads no majority" in why, (waited, why)
@@ -169,7 +170,7 @@ def test_a_probe_answered_another_error_is_no_silence(status):
         node = await FakeNode(answer).start()
         dial = Dial([node.addr], "", 1.0, None, None, None)
         calls: list = []
-        unwatch = watch_node(dial, node.addr, 0.6, lambda waited, why: calls.append(why))
+        unwatch = watch_node(dial, node.addr, 0.6, lambda waited, why, cannot_serve: calls.append(why))
         await asyncio.sleep(1.5)
         assert node.of_type(pb.Ping), "the probe pinged"
         assert calls == [] and dial.suspects() == []
@@ -206,6 +207,40 @@ def test_a_connection_on_a_node_that_tells_the_probe_it_cannot_serve_resumes_els
         await client.close()
         for node in (a, b):
             await node.stop()
+
+    run(body())
+
+
+def test_a_silent_probe_leaves_a_connection_that_hears_from_the_node():
+    # The probe's Pings go unanswered while the session's own are answered
+    # (the probe's connection is slow, not the node): the session stays
+    # (rules.gone_silent). The silence limit is 1.5 s.
+    never = asyncio.Event()
+
+    async def mute_probe(node: FakeNode, req: "pb.Request") -> Optional["pb.Response"]:
+        if req.type == pb.Ping and not _on_session(node, req):
+            await never.wait()
+        return None
+
+    async def body():
+        a = await FakeNode(mute_probe).start()
+        events = Events()
+        client = await dlock.aio.connect([a.addr], on_event=events)
+        probe = client._conn._dial.probes[a.addr]
+        deadline = asyncio.get_running_loop().time() + LIMIT
+        # A Ping every 20 ms keeps the session's connection hearing from
+        # the node; the probe's silence is told to the connections in the
+        # same step that counts it.
+        while probe.silences == 0:
+            assert asyncio.get_running_loop().time() < deadline, "the probe never found the node silent"
+            await client.ping()
+            await asyncio.sleep(0.02)
+        await client.ping()
+        assert not [e for e in events.seen if isinstance(e, Reconnecting)], events.seen
+        assert len(a.of_type(pb.OpenSession)) == 1, "the session was resumed"
+        await client.close()
+        never.set()
+        await a.stop()
 
     run(body())
 

@@ -21,9 +21,10 @@ names the session in every request that acts for an owner and numbers those
 that change the table (`seq`, with `seq_done`). When the stream breaks, a
 node answers `NotLeader`, `Unavailable` or `ShuttingDown` (a node stopping:
 nothing was done, as with `NotLeader` naming no leader), the client's
-liveness probe of the node goes unanswered or is answered `Unavailable` (a
-paused node, or a leader cut off from its peers, noticed even while a Lock
-waits: liveness.py), or a request that should be answered at once is not
+liveness probe of the node goes unanswered while the stream heard nothing
+from the node either, or is answered `Unavailable` (a paused node, or a
+leader cut off from its peers, noticed even while a Lock waits:
+liveness.py), or a request that should be answered at once is not
 (the same, noticed later: a fallback), the stream is reset
 (never closed with a FIN, which would end the session on the node), the
 leader is looked for among the known addresses and those nodes name, the
@@ -167,6 +168,10 @@ class Connection:
         # how to stop watching the probe of the node of the current stream.
         self._silence_limit = silence_limit(est.limits.election_timeout, est.session_timeout) if est.session else None
         self._unwatch: Optional[Callable[[], None]] = None
+        # When the current stream last read a frame from its node (or
+        # began): a stream that heard from the node within the silence
+        # limit outlives a silence the probe found (`rules.gone_silent`).
+        self._heard = self._loop.time()
         #: Called once when the connection ends: (reason, closed by us).
         self.on_end: Callable[[str, bool], None] = lambda reason, closing: None
         #: Set when the connection has ended; `close_reason` says why.
@@ -310,12 +315,16 @@ class Connection:
 
     def _take(self, stream: Stream) -> None:
         self._stream = stream
+        self._heard = self._loop.time()
         if self._silence_limit is not None:
             # A node found silent ends the stream while a Lock waits as much
             # as while nothing does: its answers cannot tell in time.
             self._stop_watching()
             self._unwatch = watch_node(
-                self._dial, self.addr, self._silence_limit, lambda waited, why: self._on_silent(stream, why)
+                self._dial,
+                self.addr,
+                self._silence_limit,
+                lambda waited, why, cannot_serve: self._on_silent(stream, why, cannot_serve),
             )
         stream.attach(self._on_stream)
 
@@ -324,11 +333,21 @@ class Connection:
         if unwatch is not None:
             unwatch()
 
-    def _on_silent(self, stream: Stream, why: str) -> None:
+    def _on_silent(self, stream: Stream, why: str, cannot_serve: bool) -> None:
         """The client's probe found the node of `stream` silent, or unable
         to serve (`why` says which)."""
-        if stream is self._stream:
-            self._stream_failed(f"{self.addr} {why}", try_last=True)
+        if stream is not self._stream or self._silence_limit is None:
+            return
+        now = self._loop.time()
+        if not cannot_serve and not rules.gone_silent(
+            rules.to_ns(self._heard), rules.to_ns(now), rules.to_ns(self._silence_limit)
+        ):
+            # This stream heard from the node within the limit: the probe's
+            # own connection was slow (a new leader flooded with resumes),
+            # not the node. (Unavailable: the node said it cannot serve,
+            # whatever this stream heard.)
+            return
+        self._stream_failed(f"{self.addr} {why}", try_last=True)
 
     def _on_stream(self, stream: Stream, bodies: Optional[List[bytes]], gone: Optional[str]) -> None:
         if stream is not self._stream:
@@ -337,6 +356,8 @@ class Connection:
             self._stream_failed(gone)
             return
         assert bodies is not None
+        if bodies:
+            self._heard = self._loop.time()
         for body in bodies:
             if stream is not self._stream:
                 return

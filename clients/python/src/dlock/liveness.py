@@ -11,15 +11,17 @@ TTL. The connection's own answers cannot tell in time (they come in request
 order), so one *probe* per client and node pings on a connection of its
 own, with no session, which the node answers at once without a commit.
 When a Ping (or the probe's Hello) goes unanswered for `silence_limit`,
-every connection of the client on that node is reset and resumes its
-session elsewhere (connection.py), and the node is tried last until it
-answers again (`Dial.suspect`). A Ping answered `Unavailable` counts the
-same, at once: the node counts itself leader with no majority behind it
-(cut off from its peers while its clients still reach it, or stopping on
-SIGTERM) and can serve none of the sessions on it (docs/PROTOCOL.md,
-"Noticing a node that cannot serve"). A node that refuses the probe
-outright (down, full, access denied, closed) or answers it with another
-error is not silent: that is left to the connections, which see it
+every connection of the client on that node that has not heard from it
+within the limit either is reset and resumes its session elsewhere
+(connection.py; `rules.gone_silent`: one that has stays, since the probe's
+own connection was slow, not the node), and the node is tried last until
+it answers again (`Dial.suspect`). A Ping answered `Unavailable` sends
+every connection on the node away at once, whatever they heard: the node
+counts itself leader with no majority behind it (cut off from its peers
+while its clients still reach it, or stopping on SIGTERM) and can serve
+none of the sessions on it (docs/PROTOCOL.md, "Noticing a node that
+cannot serve"). A node that refuses the probe outright (down, full,
+access denied, closed) or answers it with another error is not silent: that is left to the connections, which see it
 themselves, and the probe tries again later, backing off up to
 `MAX_RETRY`.
 
@@ -83,10 +85,11 @@ def silence_limit(election_timeout: Optional[float], ttl: float) -> float:
 
 
 #: Told how long the node left the probe unanswered, in seconds (for a
-#: node that answered `Unavailable`: how long that answer took), and what
-#: the probe found, for messages ("left the liveness probe unanswered for
-#: 1.5 s", "answered the liveness probe Unavailable ...").
-OnSilent = Callable[[float, str], None]
+#: node that answered `Unavailable`: how long that answer took), what the
+#: probe found, for messages ("left the liveness probe unanswered for
+#: 1.5 s", "answered the liveness probe Unavailable ..."), and whether the
+#: node answered `Unavailable` (it cannot serve) rather than nothing.
+OnSilent = Callable[[float, str, bool], None]
 
 
 def watch_node(dial: "Dial", addr: str, limit: float, on_silent: OnSilent) -> Callable[[], None]:
@@ -162,7 +165,7 @@ class Probe:
                 if self.stopped:
                     return
                 if silence is not None:
-                    waited, why = silence
+                    waited, why, cannot_serve = silence
                     self.silences += 1
                     self.dial.suspect(self.addr, True)
                     log.info(
@@ -173,7 +176,7 @@ class Probe:
                     )
                     for on_silent in list(self._watchers.values()):
                         try:
-                            on_silent(waited, why)
+                            on_silent(waited, why, cannot_serve)
                         except Exception:  # one connection's bug must not blind the others
                             log.exception("dlock: a watcher of %s failed", self.addr)
                     retry = self.limit / 2
@@ -185,17 +188,18 @@ class Probe:
         finally:
             self._close()
 
-    async def _until_silent(self) -> Optional[Tuple[float, str]]:
+    async def _until_silent(self) -> Optional[Tuple[float, str, bool]]:
         """Pings the node, a third of the limit apart, until an answer is
-        `limit` late or says `Unavailable`: returns how long it waited and
-        what the probe found. None when the node refuses or the connection
-        breaks (not a silence)."""
+        `limit` late or says `Unavailable`: returns how long it waited,
+        what the probe found, and whether the node answered `Unavailable`.
+        None when the node refuses or the connection breaks (not a
+        silence)."""
         started = self._loop.time()
         try:
             await asyncio.wait_for(self._connect(), self.limit)
         except asyncio.TimeoutError:
             waited = self._loop.time() - started
-            return waited, f"left the liveness probe unanswered for {waited:.3g} s"
+            return waited, f"left the liveness probe unanswered for {waited:.3g} s", False
         except (OSError, ssl.SSLError, ValueError, DlockError) as e:
             log.debug("dlock: liveness probe of %s refused: %s", self.addr, e)
             return None
@@ -214,7 +218,7 @@ class Probe:
                 resp = await asyncio.wait_for(stream.exchange(ping), self.limit)
             except asyncio.TimeoutError:
                 waited = self._loop.time() - sent
-                return waited, f"left the liveness probe unanswered for {waited:.3g} s"
+                return waited, f"left the liveness probe unanswered for {waited:.3g} s", False
             except DlockError as e:
                 log.debug("dlock: liveness probe of %s ended: %s", self.addr, e)
                 return None
@@ -224,9 +228,8 @@ class Probe:
                 # stopping). As good as silent for the sessions on it, and
                 # sooner. (A follower answers Ok: the connections learn from
                 # its NotLeader where the leader is.)
-                return self._loop.time() - sent, (
-                    f"answered the liveness probe Unavailable ({resp.error_text or 'it cannot serve'})"
-                )
+                why = f"answered the liveness probe Unavailable ({resp.error_text or 'it cannot serve'})"
+                return self._loop.time() - sent, why, True
             if resp.status != Status.Ok:
                 log.debug("dlock: liveness probe of %s refused: %s", self.addr, resp.error_text or resp.status)
                 return None

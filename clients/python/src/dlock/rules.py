@@ -28,6 +28,7 @@ __all__ = [
     "Hold",
     "deadline",
     "elsewhere",
+    "gone_silent",
     "in_jeopardy",
     "margin",
     "may_wait",
@@ -293,6 +294,17 @@ def unanswered_too_long(kind: int, waited: int, ttl: int) -> bool:
     paused or stalled node, a path that drops without a reset): one that
     may not rightly wait, unanswered for half a TTL."""
     return not may_wait(kind) and waited >= unanswered_limit(ttl)
+
+
+def gone_silent(last_heard: int, now: int, limit: int) -> bool:
+    """Whether a connection that last heard from its node at `last_heard`
+    has gone silent at `now` for `limit` (`liveness.silence_limit`): once
+    the probe finds the node silent, such a connection breaks off and
+    resumes its session elsewhere; one that heard from the node within the
+    limit stays (the probe's own connection was slow, not the node). A
+    probe answered `Unavailable` sends every connection away, whatever it
+    heard: the node said it cannot serve."""
+    return last_heard + limit <= now
 
 
 def unanswered_limit(ttl: int) -> int:
