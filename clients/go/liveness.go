@@ -16,10 +16,11 @@ package dlock
 // silenceLimit, or a Ping is answered Unavailable (a node that counts
 // itself leader with no majority behind it: cut off from its peers while
 // clients still reach it, or stopping; docs/PROTOCOL.md, "Noticing a node
-// that cannot serve"), every link on that node breaks off and resumes its
-// session elsewhere, and the node is tried last until it answers again. A
-// node that refuses the probe outright (down, full, access denied) is left
-// to the links, which see that themselves.
+// that cannot serve"), every link on that node that has not heard from it
+// within the limit either (goneSilent) breaks off and resumes its session
+// elsewhere (link.go, nodeSilent), and the node is tried last until it
+// answers again. A node that refuses the probe outright (down, full,
+// access denied) is left to the links, which see that themselves.
 
 import (
 	"bufio"
@@ -85,6 +86,10 @@ type nodeWatch struct {
 	stop  chan struct{}
 	// links on the node, guarded by d.mu.
 	links map[*link]bool
+	// silences counts the reports of the node found silent, each once
+	// every link on it was told (src/liveness.rs counts them too), guarded
+	// by d.mu: what a test waits on.
+	silences int
 }
 
 // watchNode subscribes l to the probe of addr, starting one if no link of
@@ -130,6 +135,9 @@ func (w *nodeWatch) run() {
 			for _, l := range links {
 				l.nodeSilent(w.addr, why)
 			}
+			w.d.mu.Lock()
+			w.silences++
+			w.d.mu.Unlock()
 			retry = w.limit / 2
 		} else if retry *= 2; retry > maxProbeRetry {
 			retry = maxProbeRetry
