@@ -19,9 +19,10 @@ package dlock
 // session in every request that acts for an owner and numbers those that
 // change the table (seq, seq_done). When the stream breaks, a node answers
 // NotLeader, Unavailable or ShuttingDown (taken as NotLeader naming no
-// leader), a request that should be answered at once is not, or the node's
-// probe finds it silent or unable to serve (liveness.go) while the stream
-// too has heard nothing from it for the silence limit (goneSilent), the
+// leader), a request that should be answered at once is not, the node's
+// probe finds it unable to serve, or finds it silent (liveness.go) while
+// the stream too has heard nothing from it for the silence limit
+// (goneSilent), the
 // stream is reset (never closed with a FIN, which would end the session),
 // the leader is looked for, the session resumed there and the requests not
 // answered are sent again, in order and under their first numbers.
@@ -355,16 +356,22 @@ func asLost(err error, target **ConnectionLostError) bool {
 	return ok
 }
 
-// nodeSilent: the probe found addr silent or unable to serve (why says
-// how); leave it if the link is there and its stream too has heard
-// nothing from it for the silence limit. A stream that heard within the
-// limit stays, and is told again at the next report: the probe's own
-// connection was slow (a new leader flooded with resumes), not the node,
-// and breaking off would feed the storm (src/link.rs, Driver::run).
-func (l *link) nodeSilent(addr, why string) {
+// nodeSilent: the probe found addr silent, or unable to serve
+// (cannotServe; why says how). Unable to serve: leave it, whatever the
+// stream heard (the node said so itself). Silent: leave it if the stream
+// too has heard nothing from it for the silence limit. A stream that heard
+// within the limit stays, and is told again at the next report: the
+// probe's own connection was slow (a new leader flooded with resumes), not
+// the node, and breaking off would feed the storm (src/link.rs,
+// Driver::run).
+func (l *link) nodeSilent(addr, why string, cannotServe bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil || l.cur == nil || l.addr != addr {
+		return
+	}
+	if cannotServe {
+		l.failLocked(why, nil, "", addr)
 		return
 	}
 	// Counted from zero: a time plus a limit the node sized could
