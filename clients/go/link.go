@@ -19,11 +19,13 @@ package dlock
 // session in every request that acts for an owner and numbers those that
 // change the table (seq, seq_done). When the stream breaks, a node answers
 // NotLeader, Unavailable or ShuttingDown (taken as NotLeader naming no
-// leader), a request that should be answered at once is not, or the node's
-// probe finds it silent or unable to serve (liveness.go), the stream is
-// reset (never closed with a FIN, which would end the session), the leader
-// is looked for, the session resumed there and the requests not answered
-// are sent again, in order and under their first numbers.
+// leader), a request that should be answered at once is not, the node's
+// probe finds it unable to serve, or finds it silent (liveness.go) while
+// the stream too has heard nothing from it for the silence limit
+// (goneSilent), the
+// stream is reset (never closed with a FIN, which would end the session),
+// the leader is looked for, the session resumed there and the requests not
+// answered are sent again, in order and under their first numbers.
 //
 // fresh is the send time of the last request whose answer proves the owner
 // alive: the input of the client-side safety rule (lock.go). On a single
@@ -86,6 +88,10 @@ type stream struct {
 	// final is written before a clean close (the client's Close).
 	final []byte
 	clean bool
+	// heard is when the stream last read a frame from its node (at first,
+	// when it was attached), guarded by the link's mu: a stream that heard
+	// within the silence limit outlives the probe's report of a silence.
+	heard time.Time
 }
 
 type link struct {
@@ -171,7 +177,7 @@ func openLink(ctx context.Context, d *dialer, maxInFlight int, quiet bool) (*lin
 
 // attachLocked makes est the link's stream and starts its goroutines.
 func (l *link) attachLocked(est *established) {
-	s := &stream{conn: est.conn, rd: est.rd, addr: est.addr, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	s := &stream{conn: est.conn, rd: est.rd, addr: est.addr, wake: make(chan struct{}, 1), stop: make(chan struct{}), heard: time.Now()}
 	l.cur = s
 	l.addr = est.addr
 	if l.session != 0 {
@@ -254,7 +260,8 @@ func (l *link) reader(s *stream) {
 			l.streamFailed(s, fmt.Sprintf("reading from %s failed", s.addr), err)
 			return
 		}
-		if !l.onResponse(s, resp) {
+		// Taken as the frame arrives, not once the link's lock is had.
+		if !l.onResponse(s, resp, time.Now()) {
 			return
 		}
 	}
@@ -349,24 +356,44 @@ func asLost(err error, target **ConnectionLostError) bool {
 	return ok
 }
 
-// nodeSilent: the probe found addr silent (why says how); leave it if
-// the link is there.
-func (l *link) nodeSilent(addr, why string) {
+// nodeSilent: the probe found addr silent, or unable to serve
+// (cannotServe; why says how). Unable to serve: leave it, whatever the
+// stream heard (the node said so itself). Silent: leave it if the stream
+// too has heard nothing from it for the silence limit. A stream that heard
+// within the limit stays, and is told again at the next report: the
+// probe's own connection was slow (a new leader flooded with resumes), not
+// the node, and breaking off would feed the storm (src/link.rs,
+// Driver::run).
+func (l *link) nodeSilent(addr, why string, cannotServe bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil || l.cur == nil || l.addr != addr {
 		return
 	}
-	l.failLocked(why, nil, "", addr)
+	if cannotServe {
+		l.failLocked(why, nil, "", addr)
+		return
+	}
+	// Counted from zero: a time plus a limit the node sized could
+	// overflow, a duration since cannot.
+	quiet := time.Since(l.cur.heard)
+	if !goneSilent(0, quiet, l.silenceLimit) {
+		return
+	}
+	l.failLocked(fmt.Sprintf("%s; this connection heard nothing from it for %v", why, quiet.Round(time.Millisecond)), nil, "", addr)
 }
 
-// onResponse takes one answer off the queue; false ends the reader.
-func (l *link) onResponse(s *stream, resp *pb.Response) bool {
+// onResponse takes one answer, read from s at heard, off the queue; false
+// ends the reader.
+func (l *link) onResponse(s *stream, resp *pb.Response, heard time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.cur != s || l.err != nil {
 		return false
 	}
+	// Any frame counts, even one that sends the session elsewhere: the
+	// node is not silent.
+	s.heard = heard
 	if len(l.pend) == 0 || l.pend[0].id != resp.RequestId {
 		// An answer to nothing: the server turned the connection away
 		// (request_id 0: too many connections, frame too large) or broke

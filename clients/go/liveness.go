@@ -16,10 +16,13 @@ package dlock
 // silenceLimit, or a Ping is answered Unavailable (a node that counts
 // itself leader with no majority behind it: cut off from its peers while
 // clients still reach it, or stopping; docs/PROTOCOL.md, "Noticing a node
-// that cannot serve"), every link on that node breaks off and resumes its
-// session elsewhere, and the node is tried last until it answers again. A
-// node that refuses the probe outright (down, full, access denied) is left
-// to the links, which see that themselves.
+// that cannot serve"), links on that node break off and resume their
+// sessions elsewhere (link.go, nodeSilent), and the node is tried last
+// until it answers again. On a silence, a link that heard from the node
+// within the limit stays (goneSilent: the probe's own connection was slow,
+// not the node); on Unavailable every link goes, since the node said it
+// cannot serve. A node that refuses the probe outright (down, full,
+// access denied) is left to the links, which see that themselves.
 
 import (
 	"bufio"
@@ -85,6 +88,10 @@ type nodeWatch struct {
 	stop  chan struct{}
 	// links on the node, guarded by d.mu.
 	links map[*link]bool
+	// silences counts the reports of the node found silent, each once
+	// every link on it was told (src/liveness.rs counts them too), guarded
+	// by d.mu: what a test waits on.
+	silences int
 }
 
 // watchNode subscribes l to the probe of addr, starting one if no link of
@@ -117,7 +124,7 @@ func (w *nodeWatch) unsubscribe(l *link) {
 func (w *nodeWatch) run() {
 	retry := w.limit / 2
 	for {
-		if why := w.untilSilent(); why != "" {
+		if why, cannotServe := w.untilSilent(); why != "" {
 			w.d.suspect(w.addr, true)
 			w.d.mu.Lock()
 			links := make([]*link, 0, len(w.links))
@@ -128,8 +135,11 @@ func (w *nodeWatch) run() {
 			// Told outside d.mu: a link takes its own lock, then d.mu to
 			// unsubscribe.
 			for _, l := range links {
-				l.nodeSilent(w.addr, why)
+				l.nodeSilent(w.addr, why, cannotServe)
 			}
+			w.d.mu.Lock()
+			w.silences++
+			w.d.mu.Unlock()
 			retry = w.limit / 2
 		} else if retry *= 2; retry > maxProbeRetry {
 			retry = maxProbeRetry
@@ -146,10 +156,11 @@ func (w *nodeWatch) run() {
 
 // untilSilent pings the node on a connection of the probe's own, a third of
 // the limit apart, until an answer is the limit late or says Unavailable:
-// returns why the node counts as silent. "" when the node refuses
-// otherwise or the connection breaks (not a silence) or the probe is
-// stopped.
-func (w *nodeWatch) untilSilent() string {
+// returns why the node counts as silent, and whether it answered
+// Unavailable (it cannot serve) rather than nothing. "" when the node
+// refuses otherwise or the connection breaks (not a silence) or the probe
+// is stopped.
+func (w *nodeWatch) untilSilent() (string, bool) {
 	late := func(since time.Time) string {
 		return fmt.Sprintf("%s did not answer its probe for %v", w.addr, time.Since(since).Round(time.Millisecond))
 	}
@@ -166,9 +177,9 @@ func (w *nodeWatch) untilSilent() string {
 	conn, err := w.d.connect(ctx, w.addr, started.Add(w.limit))
 	if err != nil {
 		if ctx.Err() == nil && time.Since(started) >= w.limit {
-			return late(started)
+			return late(started), false
 		}
-		return ""
+		return "", false
 	}
 	// No session on it: a clean close ends nothing.
 	defer conn.Close()
@@ -181,12 +192,12 @@ func (w *nodeWatch) untilSilent() string {
 	resp, err := exchange(conn, rd, &pb.Request{Version: ProtocolVersion, Id: helloID, AccessToken: w.d.token, Type: pb.RequestType_Hello})
 	if err != nil {
 		if ctx.Err() == nil && isTimeout(err) {
-			return late(started)
+			return late(started), false
 		}
-		return ""
+		return "", false
 	}
 	if resp.Status != pb.ResponseStatus_Ok && resp.Status != pb.ResponseStatus_InvalidType {
-		return ""
+		return "", false
 	}
 	w.d.suspect(w.addr, false)
 	var id uint64
@@ -195,7 +206,7 @@ func (w *nodeWatch) untilSilent() string {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return ""
+			return "", false
 		case <-t.C:
 		}
 		id++
@@ -204,9 +215,9 @@ func (w *nodeWatch) untilSilent() string {
 		resp, err := exchange(conn, rd, &pb.Request{Version: ProtocolVersion, Id: id, AccessToken: w.d.token, Type: pb.RequestType_Ping})
 		if err != nil {
 			if ctx.Err() == nil && isTimeout(err) {
-				return late(sent)
+				return late(sent), false
 			}
-			return ""
+			return "", false
 		}
 		switch resp.Status {
 		case pb.ResponseStatus_Ok:
@@ -215,9 +226,9 @@ func (w *nodeWatch) untilSilent() string {
 			// no majority behind it (cut off from its peers, or
 			// stopping). As good as silent for the sessions on it, and
 			// sooner.
-			return fmt.Sprintf("%s answered its probe Unavailable: it cannot serve (%s)", w.addr, resp.ErrorText)
+			return fmt.Sprintf("%s answered its probe Unavailable: it cannot serve (%s)", w.addr, resp.ErrorText), true
 		default:
-			return ""
+			return "", false
 		}
 	}
 }

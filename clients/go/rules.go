@@ -1,12 +1,13 @@
 package dlock
 
 // The client's rules, as pure functions: what an answer proves, when a
-// held lock must be given up, when a session moves to another node, what
-// is numbered and sent again. Mirrors src/rules.rs of the Rust library, the
-// one written form of the rules. No I/O and no clock of their own: the
-// caller passes the times, so the link (link.go), the locks (lock.go) and
-// the shared test vectors (clients/conformance/rules.json, run by
-// rules_test.go) all ask the same code.
+// held lock must be given up, when a session moves to another node (a node
+// gone silent included), what is numbered and sent again. Mirrors
+// src/rules.rs of the Rust library, the one written form of the rules. No
+// I/O and no clock of their own: the caller passes the times, so the link
+// (link.go), the locks (lock.go) and the shared test vectors
+// (clients/conformance/rules.json, run by rules_test.go) all ask the same
+// code.
 
 import (
 	"math"
@@ -275,4 +276,22 @@ func sessionLivesUntil(acked, broke time.Time, ttl time.Duration) time.Time {
 // reset): one that may not rightly wait, unanswered for half a TTL.
 func unansweredTooLong(kind pb.RequestType, waited, ttl time.Duration) bool {
 	return !mayWait(kind) && waited >= ttl/2
+}
+
+// goneSilent says whether a link that last heard from its node at
+// lastHeard has gone silent at now for limit (silenceLimit): once the
+// probe finds the node silent, such a link breaks off and resumes its
+// session elsewhere; one that heard from the node within the limit stays
+// (the probe's own connection was slow, not the node). The twin of
+// rules::gone_silent in src/rules.rs: lastHeard + limit <= now. Times are
+// durations from one origin; the link counts from zero (lastHeard 0, now
+// the time since it heard), as src/link.rs does, so nothing it passes can
+// overflow. Should a sum still pass the end of time, it saturates: that
+// silence never comes.
+func goneSilent(lastHeard, now, limit time.Duration) bool {
+	end := lastHeard + limit
+	if limit > 0 && end < lastHeard {
+		return false
+	}
+	return end <= now
 }

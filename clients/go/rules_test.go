@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -92,6 +93,12 @@ type ruleVectors struct {
 		TTL             uint64  `json:"ttl_us"`
 		Limit           int64   `json:"limit_us"`
 	} `json:"silence_limits"`
+	GoneSilent []struct {
+		LastHeard int64 `json:"last_heard_us"`
+		Now       int64 `json:"now_us"`
+		Limit     int64 `json:"limit_us"`
+		Gone      bool  `json:"gone"`
+	} `json:"gone_silent"`
 }
 
 type renewalVector struct {
@@ -184,7 +191,7 @@ func TestRuleVectors(t *testing.T) {
 		"deadline": len(v.Deadline), "margin": len(v.Margin), "in_jeopardy": len(v.InJeopardy),
 		"moves_deadline": len(v.MovesDeadline), "elsewhere": len(v.Elsewhere), "kinds": len(v.Kinds),
 		"unanswered_too_long": len(v.UnansweredTooLong), "session_lives_until": len(v.SessionLivesUntil),
-		"holds": len(v.Holds), "silence_limits": len(v.SilenceLimits),
+		"holds": len(v.Holds), "silence_limits": len(v.SilenceLimits), "gone_silent": len(v.GoneSilent),
 	}
 	for section, n := range sizes {
 		if n == 0 {
@@ -331,6 +338,13 @@ func TestRuleVectors(t *testing.T) {
 			}
 		}
 	})
+	t.Run("gone_silent", func(t *testing.T) {
+		for i, c := range v.GoneSilent {
+			if got := goneSilent(us(c.LastHeard), us(c.Now), us(c.Limit)); got != c.Gone {
+				t.Errorf("gone_silent case %d (last heard %d µs, now %d µs, limit %d µs): %v, want %v", i, c.LastHeard, c.Now, c.Limit, got, c.Gone)
+			}
+		}
+	})
 }
 
 // The hole the vectors' holds close: a Renew of a lock without a lease
@@ -393,5 +407,18 @@ func TestAnUnansweredRenewalBoundsALockWithoutALease(t *testing.T) {
 	var lost *LostError
 	if !errors.As(l.Err(), &lost) || lost.Reason != LostDeadline || !strings.Contains(lost.Text, "got no answer") {
 		t.Fatalf("lost: %v", l.Err())
+	}
+}
+
+// The vectors' times are small; the link's silence limit is the node's
+// word (through silenceLimit), so a sum past the end of time must read as
+// a silence that never comes, not wrap round into one that came long ago.
+func TestGoneSilentSaturatesInsteadOfWrapping(t *testing.T) {
+	const end = time.Duration(math.MaxInt64)
+	if goneSilent(time.Second, 2*time.Second, end) {
+		t.Error("a limit to the end of time ran out after a second")
+	}
+	if !goneSilent(0, end, end) {
+		t.Error("a limit to the end of time did not run out at its end")
 	}
 }
