@@ -11,11 +11,12 @@
 // request order), so one probe per client and node pings on a connection of
 // its own, with no session, which the node answers at once without a
 // commit. When a Ping (or the probe's Hello) goes unanswered for the silence
-// limit, every link on that node breaks off and resumes its session
-// elsewhere, and the node is tried last until it answers again. A node that
-// refuses the probe outright (down, full, access denied) is left to the
-// links, which see that themselves. The probe's sockets and timers keep no
-// process alive: the links' sockets do.
+// limit, or is answered Unavailable, every link on that node that has not
+// heard from it within the limit either (rules.ts's goneSilent) breaks off
+// and resumes its session elsewhere, and the node is tried last until it
+// answers again. A node that refuses the probe outright (down, full, access
+// denied) is left to the links, which see that themselves. The probe's
+// sockets and timers keep no process alive: the links' sockets do.
 
 import { RequestType, ResponseStatus } from "./gen/dlock_pb.js";
 import { HELLO_ID, TimeoutError, exchange, sleep } from "./dial.js";
