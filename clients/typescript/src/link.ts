@@ -13,9 +13,10 @@
 // bound to the connection. Against a cluster the link names its session in
 // every request that acts for an owner and numbers those that change the
 // table (seq, seq_done). When the stream breaks, a node answers NotLeader or
-// Unavailable, a request that should be answered at once is not, or the
-// node's probe finds it silent (liveness.ts) and the stream too has heard
-// nothing from it for the silence limit (goneSilent), the stream is reset
+// Unavailable, a request that should be answered at once is not, the node's
+// probe finds it silent (liveness.ts) and the stream too has heard nothing
+// from it for the silence limit (goneSilent), or the probe is answered
+// Unavailable, the stream is reset
 // (never closed with a FIN, which would end the session), the leader is
 // looked for, the session resumed there and the requests not answered are
 // sent again, in order and under their first numbers.
@@ -180,15 +181,20 @@ export class Link implements Watched {
   }
 
   /**
-   * The node's probe found it silent (or answering Unavailable): leave it if
-   * the link is there and has heard nothing from it for the silence limit
-   * either. A link that heard from the node within the limit stays and
-   * waits for the probe's next report: the probe's own connection was slow
-   * (a new leader flooded with resumes), not the node. As Driver::run in
-   * src/link.rs.
+   * The node's probe found it silent, or answering Unavailable
+   * (`cannotServe`). Unavailable: leave it, whatever the link heard (the
+   * node said it cannot serve). Silent: leave it if the link has heard
+   * nothing from it for the silence limit either; a link that heard from
+   * the node within the limit stays and waits for the probe's next report:
+   * the probe's own connection was slow (a new leader flooded with
+   * resumes), not the node. As Driver::run in src/link.rs.
    */
-  nodeSilent(addr: string, waited: number): void {
+  nodeSilent(addr: string, waited: number, cannotServe: boolean): void {
     if (this.err !== null || this.cur === null || this.addr !== addr) return;
+    if (cannotServe) {
+      this.fail(`${addr} answered its probe Unavailable: it cannot serve`, undefined, "", addr);
+      return;
+    }
     const t = now();
     if (!goneSilent(nanos(this.heard), nanos(t), nanos(this.silence))) return;
     this.fail(
