@@ -13,11 +13,13 @@
 // bound to the connection. Against a cluster the link names its session in
 // every request that acts for an owner and numbers those that change the
 // table (seq, seq_done). When the stream breaks, a node answers NotLeader or
-// Unavailable, a request that should be answered at once is not, or the
-// node's probe finds it silent (liveness.ts), the stream is reset (never
-// closed with a FIN, which would end the session), the leader is looked
-// for, the session resumed there and the requests not answered are sent
-// again, in order and under their first numbers.
+// Unavailable, a request that should be answered at once is not, the node's
+// probe finds it silent (liveness.ts) and the stream too has heard nothing
+// from it for the silence limit (goneSilent), or the probe is answered
+// Unavailable, the stream is reset
+// (never closed with a FIN, which would end the session), the leader is
+// looked for, the session resumed there and the requests not answered are
+// sent again, in order and under their first numbers.
 //
 // `fresh` is the send time of the last request whose answer proves the
 // owner alive: the input of the client-side safety rule (lock.ts). On a
@@ -35,7 +37,17 @@ import type { FrameConn, RequestInit } from "./framing.js";
 import type { Dialer, Established } from "./dial.js";
 import { silenceLimit, watchNode } from "./liveness.js";
 import type { NodeWatch, Watched } from "./liveness.js";
-import { elsewhere, millis, mayWait, movesDeadline, nanos, sessionLivesUntil, sessionUse, unansweredTooLong } from "./rules.js";
+import {
+  elsewhere,
+  goneSilent,
+  millis,
+  mayWait,
+  movesDeadline,
+  nanos,
+  sessionLivesUntil,
+  sessionUse,
+  unansweredTooLong,
+} from "./rules.js";
 import { now } from "./types.js";
 import type { Limits } from "./types.js";
 
@@ -114,6 +126,8 @@ export class Link implements Watched {
   private readonly silence: number = 0;
   addr = "";
   private cur: FrameConn | null = null;
+  /** When the stream last read a frame from its node (or was attached): a probe's silence report leaves a link that heard within the limit. */
+  private heard = 0;
   private pend: Pending[] = [];
   private numberedSeqs: bigint[] = [];
   /**
@@ -166,10 +180,29 @@ export class Link implements Watched {
     return new Link(dialer, est, maxInFlight, quiet);
   }
 
-  /** The node's probe found it silent: leave it if the link is there. */
-  nodeSilent(addr: string, waited: number): void {
+  /**
+   * The node's probe found it silent, or answering Unavailable
+   * (`cannotServe`). Unavailable: leave it, whatever the link heard (the
+   * node said it cannot serve). Silent: leave it if the link has heard
+   * nothing from it for the silence limit either; a link that heard from
+   * the node within the limit stays and waits for the probe's next report:
+   * the probe's own connection was slow (a new leader flooded with
+   * resumes), not the node. As Driver::run in src/link.rs.
+   */
+  nodeSilent(addr: string, waited: number, cannotServe: boolean): void {
     if (this.err !== null || this.cur === null || this.addr !== addr) return;
-    this.fail(`${addr} did not answer its probe for ${Math.round(waited)} ms`, undefined, "", addr);
+    if (cannotServe) {
+      this.fail(`${addr} answered its probe Unavailable: it cannot serve`, undefined, "", addr);
+      return;
+    }
+    const t = now();
+    if (!goneSilent(nanos(this.heard), nanos(t), nanos(this.silence))) return;
+    this.fail(
+      `${addr} did not answer its probe for ${Math.round(waited)} ms, nor this connection for ${Math.round(t - this.heard)} ms`,
+      undefined,
+      "",
+      addr,
+    );
   }
 
   /** Makes `est` the link's stream. */
@@ -177,7 +210,13 @@ export class Link implements Watched {
     const conn = est.conn;
     this.cur = conn;
     this.addr = est.addr;
-    conn.onFrame = (resp) => this.onResponse(conn, resp);
+    // Counted from the attach: the handshake just heard from the node.
+    this.heard = now();
+    conn.onFrame = (resp) => {
+      // Any frame, whatever it answers, shows the node alive on this stream.
+      this.heard = now();
+      this.onResponse(conn, resp);
+    };
     conn.onFail = (err) => this.streamFailed(conn, `the connection to ${est.addr} failed`, err);
     if (this.session !== 0n) this.watch = watchNode(this.dialer, est.addr, this.silence, this);
     for (const r of conn.takeEarly()) this.onResponse(conn, r);

@@ -11,11 +11,13 @@
 // request order), so one probe per client and node pings on a connection of
 // its own, with no session, which the node answers at once without a
 // commit. When a Ping (or the probe's Hello) goes unanswered for the silence
-// limit, every link on that node breaks off and resumes its session
-// elsewhere, and the node is tried last until it answers again. A node that
-// refuses the probe outright (down, full, access denied) is left to the
-// links, which see that themselves. The probe's sockets and timers keep no
-// process alive: the links' sockets do.
+// limit, every link on that node that has not heard from it within the
+// limit either (rules.ts's goneSilent) breaks off and resumes its session
+// elsewhere, and the node is tried last until it answers again; a Ping
+// answered Unavailable sends every link on it away at once, whatever they
+// heard (the node said it cannot serve). A node that refuses the probe outright (down, full, access
+// denied) is left to the links, which see that themselves. The probe's
+// sockets and timers keep no process alive: the links' sockets do.
 
 import { RequestType, ResponseStatus } from "./gen/dlock_pb.js";
 import { HELLO_ID, TimeoutError, exchange, sleep } from "./dial.js";
@@ -48,9 +50,17 @@ export function silenceLimit(election: number, ttl: number): number {
   return Math.max(Math.min(Math.max(3 * election, MIN_SILENCE), ttl / 4), SILENCE_FLOOR);
 }
 
+/** What one round of probing found: `silent` (or, with `cannotServe`, answered Unavailable) after `waited` ms. */
+interface Finding {
+  silent: boolean;
+  waited: number;
+  cannotServe?: boolean;
+}
+
 /** What a probe tells: a link on the node. */
 export interface Watched {
-  nodeSilent(addr: string, waited: number): void;
+  /** `cannotServe`: the node answered Unavailable, rather than nothing. */
+  nodeSilent(addr: string, waited: number, cannotServe: boolean): void;
 }
 
 /** The probe of one node, shared by every link of a client on it; it stops when the last link lets go. */
@@ -80,11 +90,11 @@ export class NodeWatch {
   private async run(): Promise<void> {
     let retry = this.limit / 2;
     while (!this.stop.signal.aborted) {
-      const { silent, waited } = await this.untilSilent();
+      const { silent, waited, cannotServe } = await this.untilSilent();
       if (this.stop.signal.aborted) return;
       if (silent) {
         this.dialer.suspect(this.addr, true);
-        for (const l of [...this.links]) l.nodeSilent(this.addr, waited);
+        for (const l of [...this.links]) l.nodeSilent(this.addr, waited, cannotServe === true);
         retry = this.limit / 2;
       } else {
         retry = Math.min(retry * 2, MAX_PROBE_RETRY);
@@ -99,7 +109,7 @@ export class NodeWatch {
    * node refuses or the connection breaks (that is no silence) or the probe
    * is stopped.
    */
-  private async untilSilent(): Promise<{ silent: boolean; waited: number }> {
+  private async untilSilent(): Promise<Finding> {
     const signal = this.stop.signal;
     const started = now();
     let conn: FrameConn;
@@ -118,7 +128,7 @@ export class NodeWatch {
     }
   }
 
-  private async ping(conn: FrameConn, started: number): Promise<{ silent: boolean; waited: number }> {
+  private async ping(conn: FrameConn, started: number): Promise<Finding> {
     const signal = this.stop.signal;
     try {
       const resp = await exchange(
@@ -154,7 +164,7 @@ export class NodeWatch {
       // majority behind it (cut off from its peers, or stopping). As good
       // as silent for the sessions on it, and sooner (docs/PROTOCOL.md,
       // "Noticing a node that cannot serve").
-      if (resp.status === ResponseStatus.Unavailable) return { silent: true, waited: now() - sent };
+      if (resp.status === ResponseStatus.Unavailable) return { silent: true, waited: now() - sent, cannotServe: true };
       if (resp.status !== ResponseStatus.Ok) return { silent: false, waited: 0 };
     }
   }

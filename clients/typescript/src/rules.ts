@@ -292,3 +292,16 @@ export function sessionLivesUntil(acked: bigint, broke: bigint, ttl: bigint): bi
 export function unansweredTooLong(kind: RequestType, waited: bigint, ttl: bigint): boolean {
   return !mayWait(kind) && waited >= ttl / 2n;
 }
+
+/**
+ * Whether a link that last heard from its node (read any frame from it) at
+ * `lastHeard` has gone silent at `now` for `limit` (the probe's silence
+ * limit, liveness.ts's silenceLimit): once the probe finds the node silent
+ * (or answering Unavailable), such a link breaks off and resumes its
+ * session elsewhere; one that heard from the node within the limit stays,
+ * since the probe's own connection was slow, not the node. The twin of
+ * rules::gone_silent in src/rules.rs.
+ */
+export function goneSilent(lastHeard: bigint, now: bigint, limit: bigint): boolean {
+  return lastHeard + limit <= now;
+}

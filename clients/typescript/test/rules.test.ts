@@ -156,6 +156,12 @@ test("rule vectors: silence_limits", () => {
   });
 });
 
+test("rule vectors: gone_silent", () => {
+  each("gone_silent", (c) => {
+    assert.equal(rules.goneSilent(us(c.last_heard_us), us(c.now_us), us(c.limit_us)), c.gone);
+  });
+});
+
 test("the client's milliseconds agree with the rules' nanoseconds", () => {
   // performance.now()'s milliseconds, with fractions, to the nanosecond.
   assert.equal(rules.nanos(1234.567891), 1_234_567_891n);
