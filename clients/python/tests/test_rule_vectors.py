@@ -117,13 +117,14 @@ def check_holds(case: Dict[str, Any]) -> None:
 
 
 def check_silence_limits(case: Dict[str, Any]) -> None:
-    # `dlock.liveness` works in float seconds, and the node's word reaches
-    # it as `Limits.election_timeout` does: None when it states none (the
-    # vectors' null; 0 reads the same). Float seconds are not whole
-    # microseconds: within one of the Rust answer, which truncates.
     election = case["election_timeout_us"]
-    got = silence_limit(None if election is None else election / 1e6, case["ttl_us"] / 1e6)
-    assert abs(got * 1e6 - case["limit_us"]) < 1, f"{got} s"
+    got = rules.silence_limit(None if election is None else ns(election), ns(case["ttl_us"]))
+    assert us(got) == case["limit_us"], f"{got} ns"
+    # `dlock.liveness` works in float seconds, and the node's word reaches
+    # it as `Limits.election_timeout` does (None when it states none; 0
+    # reads the same): within a microsecond of the rule.
+    seconds = silence_limit(None if election is None else election / 1e6, case["ttl_us"] / 1e6)
+    assert abs(seconds * 1e6 - case["limit_us"]) < 1, f"{seconds} s"
 
 
 def check_gone_silent(case: Dict[str, Any]) -> None:

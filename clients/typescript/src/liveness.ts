@@ -25,13 +25,7 @@ import type { Dialer } from "./dial.js";
 import { PROTOCOL_VERSION } from "./framing.js";
 import type { FrameConn } from "./framing.js";
 import { now } from "./types.js";
-
-/** Assumed for a node that does not state its election timeout (dlock-server's default), ms. */
-const DEFAULT_ELECTION_TIMEOUT = 200;
-/** The shortest silence taken for a stall: a healthy node on a loaded machine may take a few hundred milliseconds to answer a Ping, and a false alarm costs a reconnect. */
-const MIN_SILENCE = 1500;
-/** The shortest silence limit whatever the TTL, ms: below it a healthy node's scheduling delays would count as silence. */
-const SILENCE_FLOOR = 250;
+import { millis, nanos, silenceLimit as silenceLimitNs } from "./rules.js";
 /** The longest pause between probe attempts on a node that refuses them. */
 const MAX_PROBE_RETRY = 5000;
 
@@ -42,12 +36,12 @@ const MAX_PROBE_RETRY = 5000;
  * session's TTL (which wins: a short TTL must leave room to resume), so that
  * finding a new leader and resuming there fit in what is left; but never
  * below 250 ms, so that a node stating no TTL does not make the probe spin.
- * As rules::silence_limit in src/rules.rs; the shared vectors
- * (test/rules.test.ts) hold them together.
+ * In milliseconds; rules.ts's silenceLimit is the rule, in nanoseconds (as
+ * rules::silence_limit in src/rules.rs; the shared vectors,
+ * test/rules.test.ts, hold them together).
  */
 export function silenceLimit(election: number, ttl: number): number {
-  if (!(election > 0)) election = DEFAULT_ELECTION_TIMEOUT;
-  return Math.max(Math.min(Math.max(3 * election, MIN_SILENCE), ttl / 4), SILENCE_FLOOR);
+  return millis(silenceLimitNs(election > 0 ? nanos(election) : null, nanos(Math.max(ttl, 0))));
 }
 
 /** What one round of probing found: `silent` (or, with `cannotServe`, answered Unavailable) after `waited` ms. */

@@ -293,14 +293,38 @@ export function unansweredTooLong(kind: RequestType, waited: bigint, ttl: bigint
   return !mayWait(kind) && waited >= ttl / 2n;
 }
 
+/** The election timeout assumed for a node that does not state one (dlock-server's default), ns. */
+export const DEFAULT_ELECTION_TIMEOUT = 200_000_000n;
+/** The shortest silence taken for a stall, ns: a healthy node on a loaded machine may take a few hundred milliseconds to answer a Ping, and a false alarm costs a reconnect. */
+export const MIN_SILENCE = 1_500_000_000n;
+/** The shortest silence limit whatever the TTL, ns: below it a healthy node's scheduling delays would count as silence. */
+export const SILENCE_FLOOR = 250_000_000n;
+
+/**
+ * How long a node may leave the silent-node probe (liveness.ts) unanswered
+ * before it is taken for gone: three election timeouts (by then the others
+ * have replaced it if it led), at least MIN_SILENCE, and at most a quarter
+ * of the session's `ttl` (which wins: a short TTL must leave room to
+ * resume), but never below SILENCE_FLOOR, so that a node stating no TTL
+ * does not make the probe spin. `electionTimeout` is the node's, if it
+ * states one (null: DEFAULT_ELECTION_TIMEOUT). The twin of
+ * rules::silence_limit in src/rules.rs.
+ */
+export function silenceLimit(electionTimeout: bigint | null, ttl: bigint): bigint {
+  const election = electionTimeout ?? DEFAULT_ELECTION_TIMEOUT;
+  const max = (a: bigint, b: bigint): bigint => (a > b ? a : b);
+  const min = (a: bigint, b: bigint): bigint => (a < b ? a : b);
+  return max(min(max(3n * election, MIN_SILENCE), ttl / 4n), SILENCE_FLOOR);
+}
+
 /**
  * Whether a link that last heard from its node (read any frame from it) at
- * `lastHeard` has gone silent at `now` for `limit` (the probe's silence
- * limit, liveness.ts's silenceLimit): once the probe finds the node silent
- * (or answering Unavailable), such a link breaks off and resumes its
+ * `lastHeard` has gone silent at `now` for `limit` (silenceLimit): once the
+ * probe finds the node silent, such a link breaks off and resumes its
  * session elsewhere; one that heard from the node within the limit stays,
- * since the probe's own connection was slow, not the node. The twin of
- * rules::gone_silent in src/rules.rs.
+ * since the probe's own connection was slow, not the node. (A probe
+ * answered Unavailable sends every link away, whatever it heard.) The twin
+ * of rules::gone_silent in src/rules.rs.
  */
 export function goneSilent(lastHeard: bigint, now: bigint, limit: bigint): boolean {
   return lastHeard + limit <= now;

@@ -146,7 +146,9 @@ test("rule vectors: holds", () => {
 
 test("rule vectors: silence_limits", () => {
   each("silence_limits", (c) => {
-    // silenceLimit works in float milliseconds, and the node's word reaches
+    const stated = c.election_timeout_us === null ? null : us(c.election_timeout_us);
+    assert.equal(toUs(rules.silenceLimit(stated, us(c.ttl_us))), c.limit_us, "the rule, in ns");
+    // liveness.ts's silenceLimit works in float milliseconds, and the node's word reaches
     // it as Limits.electionTimeout does: 0 when it states none (the
     // vectors' null). Float milliseconds are not whole microseconds: within
     // one of the Rust answer, which truncates.

@@ -36,6 +36,7 @@ import logging
 import ssl
 from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
 
+from . import rules
 from ._proto import dlock_pb2 as pb
 from .dial import HELLO_ID, PROTOCOL_VERSION, Stream, connect_stream, reset
 from .errors import DlockError, Status
@@ -55,16 +56,11 @@ __all__ = [
 
 log = logging.getLogger("dlock")
 
-#: The election timeout assumed for a node that does not state one
-#: (dlock-server's default), in seconds.
-DEFAULT_ELECTION_TIMEOUT = 0.2
-#: The shortest silence taken for a stall: a healthy node on a loaded
-#: machine may take a few hundred milliseconds to answer a Ping, and a false
-#: alarm costs a reconnect.
-MIN_SILENCE = 1.5
-#: The shortest silence limit whatever the TTL, in seconds: below it a
-#: healthy node's scheduling delays would count as silence.
-SILENCE_FLOOR = 0.25
+#: `rules.DEFAULT_ELECTION_TIMEOUT`, `rules.MIN_SILENCE` and
+#: `rules.SILENCE_FLOOR`, in seconds.
+DEFAULT_ELECTION_TIMEOUT = rules.to_seconds(rules.DEFAULT_ELECTION_TIMEOUT)
+MIN_SILENCE = rules.to_seconds(rules.MIN_SILENCE)
+SILENCE_FLOOR = rules.to_seconds(rules.SILENCE_FLOOR)
 #: The longest pause between probe attempts on a node that refuses them.
 MAX_RETRY = 5.0
 
@@ -77,11 +73,12 @@ def silence_limit(election_timeout: Optional[float], ttl: float) -> float:
     wins: a short TTL must leave room to resume), so that finding a new
     leader and resuming there fit in what is left (docs/PROTOCOL.md,
     "Cluster", has the whole budget); but never below `SILENCE_FLOOR`, so
-    that a node stating no TTL does not make the probe spin. As
-    rules::silence_limit in src/rules.rs; the shared vectors
-    (tests/test_rule_vectors.py) hold them together."""
-    election = election_timeout or DEFAULT_ELECTION_TIMEOUT
-    return max(min(max(3 * election, MIN_SILENCE), ttl / 4), SILENCE_FLOOR)
+    that a node stating no TTL does not make the probe spin. In seconds;
+    `rules.silence_limit` is the rule, in nanoseconds (as
+    rules::silence_limit in src/rules.rs; the shared vectors,
+    tests/test_rule_vectors.py, hold them together)."""
+    election = rules.to_ns(election_timeout) if election_timeout else None
+    return rules.to_seconds(rules.silence_limit(election, rules.to_ns(ttl)))
 
 
 #: Told how long the node left the probe unanswered, in seconds (for a

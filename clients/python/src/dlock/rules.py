@@ -21,9 +21,12 @@ from ._proto import dlock_pb2 as pb
 
 __all__ = [
     "CLOCK_RATE_BOUND",
+    "DEFAULT_ELECTION_TIMEOUT",
+    "MIN_SILENCE",
     "NO_QUORUM",
     "NOT_LEADER",
     "SESSION_ENDED",
+    "SILENCE_FLOOR",
     "Elsewhere",
     "Hold",
     "deadline",
@@ -35,6 +38,7 @@ __all__ = [
     "moves_deadline",
     "session_lives_until",
     "session_use",
+    "silence_limit",
     "to_ns",
     "to_seconds",
     "unanswered_limit",
@@ -296,9 +300,33 @@ def unanswered_too_long(kind: int, waited: int, ttl: int) -> bool:
     return not may_wait(kind) and waited >= unanswered_limit(ttl)
 
 
+#: The election timeout assumed for a node that does not state one
+#: (dlock-server's default), ns.
+DEFAULT_ELECTION_TIMEOUT = 200_000_000
+#: The shortest silence taken for a stall, ns: a healthy node on a loaded
+#: machine may take a few hundred milliseconds to answer a Ping, and a false
+#: alarm costs a reconnect.
+MIN_SILENCE = 1_500_000_000
+#: The shortest silence limit whatever the TTL, ns: below it a healthy
+#: node's scheduling delays would count as silence.
+SILENCE_FLOOR = 250_000_000
+
+
+def silence_limit(election_timeout: Optional[int], ttl: int) -> int:
+    """How long a node may leave the silent-node probe (liveness.py)
+    unanswered before it is taken for gone: three election timeouts (by then
+    the others have replaced it if it led), at least `MIN_SILENCE`, and at
+    most a quarter of the session's `ttl` (which wins: a short TTL must
+    leave room to resume), but never below `SILENCE_FLOOR`, so that a node
+    stating no TTL does not make the probe spin. `election_timeout` is the
+    node's, if it states one (None: `DEFAULT_ELECTION_TIMEOUT`)."""
+    election = DEFAULT_ELECTION_TIMEOUT if election_timeout is None else election_timeout
+    return max(min(max(3 * election, MIN_SILENCE), ttl // 4), SILENCE_FLOOR)
+
+
 def gone_silent(last_heard: int, now: int, limit: int) -> bool:
     """Whether a connection that last heard from its node at `last_heard`
-    has gone silent at `now` for `limit` (`liveness.silence_limit`): once
+    has gone silent at `now` for `limit` (`silence_limit`): once
     the probe finds the node silent, such a connection breaks off and
     resumes its session elsewhere; one that heard from the node within the
     limit stays (the probe's own connection was slow, not the node). A
