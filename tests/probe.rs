@@ -80,7 +80,10 @@ async fn a_silent_probe_leaves_a_link_that_hears_from_the_node() {
         .expect("the fake node runs");
     // One more round trip, on this one-thread runtime, lets the link act
     // on what the probe told it.
-    client.ping().await.expect("the session's connection answers");
+    client
+        .ping()
+        .await
+        .expect("the session's connection answers");
     assert!(
         matches!(events.try_recv(), Err(TryRecvError::Empty)),
         "the connection broke off though it heard from the node"
