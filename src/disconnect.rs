@@ -106,7 +106,7 @@ impl fmt::Display for Reason<'_> {
             }
             Disconnect::NotLeader { leader: None } => write!(f, "the node is no longer the leader"),
             Disconnect::NoQuorum => {
-                write!(f, "the node cannot commit: it has no quorum (Unavailable)")
+                write!(f, "the node cannot commit now (Unavailable)")
             }
             Disconnect::NoAnswer { waited } => {
                 write!(f, "no answer for {}", crate::duration::human(*waited))

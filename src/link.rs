@@ -232,17 +232,40 @@ impl Driver {
                 let ended = ended.clone();
                 tokio::spawn(async move {
                     let mut seen = watch.seen();
+                    // Set while this stream outlives a silence report: how
+                    // many probe answers there were then. Until the probe
+                    // is answered again, the stream goes as soon as it too
+                    // has heard nothing for the limit, not at the next
+                    // report (a whole retry and limit later).
+                    let mut suspect: Option<u64> = None;
                     loop {
-                        let cannot_serve = tokio::select! {
-                            _ = ended.cancelled() => return None,
-                            found = watch.silent_after(seen) => found,
+                        let last = *heard.lock().unwrap_or_else(|p| p.into_inner());
+                        let recheck = async {
+                            match suspect.and_then(|_| last.checked_add(limit)) {
+                                Some(at) => tokio::time::sleep_until(at).await,
+                                None => std::future::pending().await,
+                            }
                         };
-                        seen = watch.seen();
-                        if cannot_serve {
-                            // The node said so itself: what this stream
-                            // heard before does not say otherwise.
-                            ended.cancel();
-                            return Some(Disconnect::NoQuorum);
+                        let report = tokio::select! {
+                            _ = ended.cancelled() => return None,
+                            cannot_serve = watch.silent_after(seen) => Some(cannot_serve),
+                            () = recheck => None,
+                        };
+                        match report {
+                            Some(true) => {
+                                // The node said so itself: what this stream
+                                // heard before does not say otherwise.
+                                ended.cancel();
+                                return Some(Disconnect::NoQuorum);
+                            }
+                            Some(false) => seen = watch.seen(),
+                            None if suspect != Some(watch.answered()) => {
+                                // The probe was answered since: the node
+                                // answers again.
+                                suspect = None;
+                                continue;
+                            }
+                            None => {}
                         }
                         // A stream that heard from the node within the limit
                         // stays: the probe's own connection was slow (a new
@@ -254,6 +277,9 @@ impl Driver {
                         if rules::gone_silent(Duration::ZERO, waited, limit) {
                             ended.cancel();
                             return Some(Disconnect::NoAnswer { waited });
+                        }
+                        if report.is_some() {
+                            suspect = Some(watch.answered());
                         }
                     }
                 })

@@ -16,8 +16,10 @@
 //! or stopping), links on that node break off and resume their sessions
 //! elsewhere (`link.rs`), and the node is tried last until it answers
 //! again. On a silence, a link that heard from the node within the limit
-//! stays (`rules::gone_silent`: the probe's own connection was slow);
-//! on `Unavailable` every link goes, since the node said it cannot serve.
+//! stays (`rules::gone_silent`: the probe's own connection was slow), but
+//! goes as soon as it too has heard nothing for the limit, unless the
+//! probe has been answered since; on `Unavailable` every link goes, since
+//! the node said it cannot serve.
 //! A node that refuses the probe outright (down, full, access denied) is
 //! left to the links, which see that themselves.
 
@@ -65,6 +67,10 @@ struct Findings {
     /// Whether the last time it answered `Unavailable`, rather than
     /// nothing.
     cannot_serve: bool,
+    /// How many of the probe's Hellos and Pings the node answered `Ok`: a
+    /// link that outlived a silence report learns from it that the node
+    /// answers again.
+    answered: u64,
 }
 
 /// The probe of one node, shared by every link of a client on it; the
@@ -93,15 +99,26 @@ impl NodeWatch {
         self.findings.borrow().count
     }
 
+    /// How many of the probe's Hellos and Pings the node answered so far.
+    pub(crate) fn answered(&self) -> u64 {
+        self.findings.borrow().answered
+    }
+
     /// Resolves when the node is found silent or unable to serve after the
     /// `seen`th time: with true if it answered `Unavailable` (it cannot
     /// serve), false if it said nothing.
     pub(crate) async fn silent_after(&self, seen: u64) -> bool {
         let mut rx = self.findings.clone();
         // The sender lives as long as the probe, which lives as long as
-        // this watch: an error cannot come while `self` is borrowed.
-        let found = rx.wait_for(|f| f.count > seen).await;
-        found.is_ok_and(|f| f.cannot_serve)
+        // this watch; should the probe have died, it reports nothing more.
+        let found = rx
+            .wait_for(|f| f.count > seen)
+            .await
+            .map(|f| f.cannot_serve);
+        match found {
+            Ok(cannot_serve) => cannot_serve,
+            Err(_) => std::future::pending().await,
+        }
     }
 }
 
@@ -119,7 +136,7 @@ async fn probe(
     loop {
         let silent = tokio::select! {
             _ = stop.cancelled() => return,
-            silent = until_silent(&dial, &addr, limit) => silent,
+            silent = until_silent(&dial, &addr, limit, &findings) => silent,
         };
         match silent {
             Some(found) => {
@@ -149,8 +166,15 @@ enum Found {
 
 /// Pings `addr` on a connection of the probe's own, a third of `limit`
 /// apart, until an answer is `limit` late or says `Unavailable`. `None`
-/// when the node refuses or the connection breaks (not a silence).
-async fn until_silent(dial: &Dial, addr: &str, limit: Duration) -> Option<Found> {
+/// when the node refuses or the connection breaks (not a silence). Each
+/// `Ok` is counted in `findings`.
+async fn until_silent(
+    dial: &Dial,
+    addr: &str,
+    limit: Duration,
+    findings: &watch::Sender<Findings>,
+) -> Option<Found> {
+    let answered = || findings.send_modify(|f| f.answered += 1);
     let token = dial.token();
     let connect = async {
         let mut stream = transport::connect(addr, &dial.options, |s| configure(s, &dial.options))
@@ -164,6 +188,7 @@ async fn until_silent(dial: &Dial, addr: &str, limit: Duration) -> Option<Found>
         Ok(None) => return None,
         Ok(Some(stream)) => stream,
     };
+    answered();
     dial.suspect(addr, false);
     let mut id = 0u64;
     loop {
@@ -178,7 +203,7 @@ async fn until_silent(dial: &Dial, addr: &str, limit: Duration) -> Option<Found>
         };
         match tokio::time::timeout(limit, exchange(&mut stream, &ping)).await {
             Err(_) => return Some(Found::Silent),
-            Ok(Ok(r)) if r.status == ResponseStatus::Ok as i32 => {}
+            Ok(Ok(r)) if r.status == ResponseStatus::Ok as i32 => answered(),
             // It answers but cannot serve: it counts itself leader with no
             // majority behind it (cut off from its peers, or stopping).
             // As good as silent for the sessions on it, and sooner.

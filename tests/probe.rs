@@ -3,7 +3,9 @@
 //! unanswered sends away only a link that has heard nothing from the node
 //! within the silence limit either (`rules::gone_silent`: otherwise the
 //! probe's own connection was slow, not the node); a probe answered
-//! `Unavailable` sends every link away at once, whatever it heard.
+//! `Unavailable` sends every link away at once, whatever it heard. A link
+//! that outlived a silence report goes as soon as it too has heard nothing
+//! for the limit, not at the probe's next report.
 
 mod fake_node;
 
@@ -14,6 +16,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::TryRecvError;
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 /// The session TTL: with the fake's 200 ms election timeout, the silence
@@ -39,6 +42,22 @@ fn serve(mut link: TcpStream) -> JoinHandle<()> {
     tokio::spawn(async move {
         while let Some(req) = read_request(&mut link).await {
             answer(&mut link, ok(&req)).await;
+        }
+    })
+}
+
+/// Answers every request on the session's connection `Ok` until `stop`,
+/// then returns the connection, open and unanswered.
+fn serve_until(mut link: TcpStream, stop: std::sync::Arc<Notify>) -> JoinHandle<TcpStream> {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = stop.notified() => return link,
+                req = read_request(&mut link) => match req {
+                    Some(req) => answer(&mut link, ok(&req)).await,
+                    None => return link,
+                },
+            }
         }
     })
 }
@@ -124,4 +143,32 @@ async fn a_probe_answered_unavailable_sends_away_a_link_that_hears_from_the_node
     assert_eq!(open.session, SESSION, "the session is resumed");
     busy.abort();
     served.abort();
+}
+
+#[tokio::test]
+async fn a_link_that_outlived_a_silent_probe_goes_once_it_hears_nothing_either() {
+    let (client, mut node, link) = connected(Probe::Mute).await;
+    let mut events = client.events();
+    let stop = std::sync::Arc::new(Notify::new());
+    let served = serve_until(link, stop.clone());
+    let busy = keep_busy(&client);
+    tokio::time::timeout(PATIENCE, node.probes_ended.recv())
+        .await
+        .expect("the probe finds the node silent in time")
+        .expect("the fake node runs");
+    // The link outlived the report. Now the node stops answering it, and
+    // closes every new connection: the probe reports nothing more (a
+    // refusal is no silence), so only the link's own silence can tell.
+    node.refuse
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    busy.abort();
+    stop.notify_one();
+    let _held = served.await.expect("the fake's task");
+    let reason = broke_off(&mut events).await;
+    // A limit (1.5 s) after the link last heard, not the half TTL (30 s)
+    // after which an unanswered Ping tells.
+    assert!(
+        matches!(reason, Disconnect::NoAnswer { waited } if waited < TTL / 4),
+        "{reason:?}"
+    );
 }

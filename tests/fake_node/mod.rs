@@ -8,6 +8,8 @@
 use bytes::BytesMut;
 use dlock::codec::encode_frame;
 use dlock::proto::{Request, RequestType, Response, ResponseStatus, ServerLimits};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -36,17 +38,25 @@ pub struct FakeNode {
     pub sessions: mpsc::Receiver<(TcpStream, Request)>,
     /// One message per probe connection that ended (the client gave it up).
     pub probes_ended: mpsc::Receiver<()>,
+    /// Set, the node closes every new connection at once, as one that
+    /// is going away (the probe takes that for no silence).
+    pub refuse: Arc<AtomicBool>,
 }
 
 /// Serves `listener` as a node whose session TTL is `ttl`.
 pub fn start(listener: TcpListener, ttl: Duration, probe: Probe) -> FakeNode {
     let (tx, sessions) = mpsc::channel(8);
     let (ended_tx, probes_ended) = mpsc::channel(64);
+    let refuse = Arc::new(AtomicBool::new(false));
+    let refusing = refuse.clone();
     tokio::spawn(async move {
         loop {
             let Ok((s, _)) = listener.accept().await else {
                 return;
             };
+            if refusing.load(Ordering::Relaxed) {
+                continue;
+            }
             let (tx, ended) = (tx.clone(), ended_tx.clone());
             tokio::spawn(async move {
                 let Some((s, first)) = hello(s, ttl).await else {
@@ -67,6 +77,7 @@ pub fn start(listener: TcpListener, ttl: Duration, probe: Probe) -> FakeNode {
     FakeNode {
         sessions,
         probes_ended,
+        refuse,
     }
 }
 

@@ -59,6 +59,9 @@ class FakeNode:
         self._server: Optional[asyncio.AbstractServer] = None
         self._conns = 0
         self._writers: List[asyncio.StreamWriter] = []
+        #: Set, new connections are closed at once (the probe takes that
+        #: for no silence).
+        self.refuse = False
 
     async def start(self) -> "FakeNode":
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -75,6 +78,9 @@ class FakeNode:
         return [r for _, r in self.requests if r.type == rtype]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refuse:
+            writer.transport.abort()
+            return
         self._conns += 1
         conn = self._conns
         self._writers.append(writer)
@@ -238,6 +244,43 @@ def test_a_silent_probe_leaves_a_connection_that_hears_from_the_node():
         await client.ping()
         assert not [e for e in events.seen if isinstance(e, Reconnecting)], events.seen
         assert len(a.of_type(pb.OpenSession)) == 1, "the session was resumed"
+        await client.close()
+        never.set()
+        await a.stop()
+
+    run(body())
+
+
+def test_a_connection_that_outlived_a_silent_probe_goes_once_it_hears_nothing_either():
+    # After the probe's first silence, which the busy connection outlives,
+    # the node stops answering it and closes every new connection (so the
+    # probe reports nothing more): the connection goes a limit (1.5 s)
+    # after it last heard, not when its own unanswered Ping tells (half
+    # the TTL).
+    never = asyncio.Event()
+    stalled = False
+
+    async def answer(node: FakeNode, req: "pb.Request") -> Optional["pb.Response"]:
+        on_session = _on_session(node, req)
+        if (req.type == pb.Ping and not on_session) or (stalled and on_session):
+            await never.wait()
+        return None
+
+    async def body():
+        nonlocal stalled
+        a = await FakeNode(answer).start()
+        events = Events()
+        client = await dlock.aio.connect([a.addr], on_event=events)
+        probe = client._conn._dial.probes[a.addr]
+        deadline = asyncio.get_running_loop().time() + LIMIT
+        while probe.silences == 0:
+            assert asyncio.get_running_loop().time() < deadline, "the probe never found the node silent"
+            await client.ping()
+            await asyncio.sleep(0.02)
+        stalled, a.refuse = True, True
+        moved = await events.next(Reconnecting, limit=LIMIT)
+        assert "heard nothing" in moved.reason, moved
+        assert probe.silences == 1
         await client.close()
         never.set()
         await a.stop()

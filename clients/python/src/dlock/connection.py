@@ -172,6 +172,11 @@ class Connection:
         # began): a stream that heard from the node within the silence
         # limit outlives a silence the probe found (`rules.gone_silent`).
         self._heard = self._loop.time()
+        # Set while the current stream outlives a silence the probe found:
+        # how many probe answers there were then, and the timer that checks
+        # the stream's own silence (a limit after it last heard).
+        self._suspect: Optional[int] = None
+        self._recheck: Optional[asyncio.TimerHandle] = None
         #: Called once when the connection ends: (reason, closed by us).
         self.on_end: Callable[[str, bool], None] = lambda reason, closing: None
         #: Set when the connection has ended; `close_reason` says why.
@@ -332,6 +337,43 @@ class Connection:
         unwatch, self._unwatch = self._unwatch, None
         if unwatch is not None:
             unwatch()
+        self._suspect = None
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
+
+    def _probe_answered(self) -> int:
+        probe = self._dial.probes.get(self.addr)
+        return probe.answered if probe is not None else -1
+
+    def _arm_recheck(self, stream: Stream, limit: float) -> None:
+        if self._recheck is not None:
+            self._recheck.cancel()
+        # Never in the past: the float sum may round a nanosecond short.
+        at = max(self._heard + limit, self._loop.time() + 1e-3)
+        self._recheck = self._loop.call_at(at, self._recheck_silence, stream)
+
+    def _recheck_silence(self, stream: Stream) -> None:
+        """A limit since the stream, which outlived a silence report, last
+        heard from its node: it goes now if it has heard nothing since and
+        the probe has not been answered again, not at the probe's next
+        report (a retry pause and a whole limit later)."""
+        self._recheck = None
+        limit = self._silence_limit
+        if stream is not self._stream or self._suspect is None or limit is None:
+            return
+        if self._probe_answered() != self._suspect:
+            self._suspect = None  # the node answers again
+            return
+        now = self._loop.time()
+        if rules.gone_silent(rules.to_ns(self._heard), rules.to_ns(now), rules.to_ns(limit)):
+            waited = now - self._heard
+            self._stream_failed(
+                f"{self.addr} left the liveness probe unanswered, and this connection heard nothing from it for {waited:.3g} s",
+                try_last=True,
+            )
+        else:
+            self._arm_recheck(stream, limit)
 
     def _on_silent(self, stream: Stream, why: str, cannot_serve: bool) -> None:
         """The client's probe found the node of `stream` silent, or unable
@@ -345,7 +387,10 @@ class Connection:
             # This stream heard from the node within the limit: the probe's
             # own connection was slow (a new leader flooded with resumes),
             # not the node. (Unavailable: the node said it cannot serve,
-            # whatever this stream heard.)
+            # whatever this stream heard.) It goes once it too hears nothing
+            # for the limit, unless the probe is answered again.
+            self._suspect = self._probe_answered()
+            self._arm_recheck(stream, self._silence_limit)
             return
         self._stream_failed(f"{self.addr} {why}", try_last=True)
 

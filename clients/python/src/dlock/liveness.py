@@ -14,7 +14,8 @@ When a Ping (or the probe's Hello) goes unanswered for `silence_limit`,
 every connection of the client on that node that has not heard from it
 within the limit either is reset and resumes its session elsewhere
 (connection.py; `rules.gone_silent`: one that has stays, since the probe's
-own connection was slow, not the node), and the node is tried last until
+own connection was slow, not the node, but goes as soon as it too has
+heard nothing for the limit, unless the probe is answered again), and the node is tried last until
 it answers again (`Dial.suspect`). A Ping answered `Unavailable` sends
 every connection on the node away at once, whatever they heard: the node
 counts itself leader with no majority behind it (cut off from its peers
@@ -113,6 +114,10 @@ class Probe:
         self.limit = limit
         #: How many times the node was found silent.
         self.silences = 0
+        #: How many of the probe's Hellos and Pings the node answered `Ok`:
+        #: a connection that outlived a silence learns from it that the
+        #: node answers again.
+        self.answered = 0
         #: Set once the last watcher let go: the probe sends nothing more.
         self.stopped = False
         self._loop = asyncio.get_running_loop()
@@ -166,7 +171,7 @@ class Probe:
                     self.silences += 1
                     self.dial.suspect(self.addr, True)
                     log.info(
-                        "dlock: %s %s (limit %.3g s): taken for gone, its connections resume elsewhere",
+                        "dlock: %s %s (limit %.3g s): taken for gone, its connections that heard nothing within the limit resume elsewhere",
                         self.addr,
                         why,
                         self.limit,
@@ -201,6 +206,7 @@ class Probe:
             log.debug("dlock: liveness probe of %s refused: %s", self.addr, e)
             return None
         # It answers (again): no longer tried last.
+        self.answered += 1
         self.dial.suspect(self.addr, False)
         ping_id = 0
         while True:
@@ -227,7 +233,9 @@ class Probe:
                 # its NotLeader where the leader is.)
                 why = f"answered the liveness probe Unavailable ({resp.error_text or 'it cannot serve'})"
                 return self._loop.time() - sent, why, True
-            if resp.status != Status.Ok:
+            if resp.status == Status.Ok:
+                self.answered += 1
+            else:
                 log.debug("dlock: liveness probe of %s refused: %s", self.addr, resp.error_text or resp.status)
                 return None
 
