@@ -15,6 +15,7 @@
 //! |---|---|
 //! | this file | the handle [`Cluster`]: proposing, reads, status, shutdown |
 //! | `start` | starting a node: data directory, openraft, first-start init |
+//! | `own_thread` | openraft, the peer port and the batcher on one thread of their own |
 //! | `membership` | adding and removing nodes |
 //! | `quorum` | whether a leader stands: a majority heard lately (CheckQuorum) |
 //! | `reachability` | which peers this node's RPCs reach, and its paced log lines about them |
@@ -103,6 +104,7 @@ mod leader_clock;
 mod log;
 mod machine;
 mod membership;
+mod own_thread;
 mod peer_client;
 mod peer_server;
 mod peer_tls;

@@ -5,6 +5,7 @@
 use super::leader_clock::LeaderClock;
 use super::log::LogStore;
 use super::machine::StateMachine;
+use super::own_thread;
 use super::peer_client::Network;
 use super::peer_server::PeerServer;
 use super::snapshot_file::SnapshotFile;
@@ -179,22 +180,45 @@ async fn refuse_a_start_that_would_harm(
 impl Cluster {
     /// Starts this node: opens (or creates) its data directory, restores the
     /// table, starts openraft, the peer port on `peer_listener` and the
-    /// batcher, and initialises the cluster if the directory is fresh
-    /// (see the module documentation). The node stops when `shutdown` is
-    /// cancelled, [`Cluster::shutdown`] is called, or on a fatal storage
-    /// error.
+    /// batcher (on a thread of their own when the caller's runtime has
+    /// several, see `own_thread`), and initialises the cluster if the
+    /// directory is fresh (see the module documentation). The node stops
+    /// when `shutdown` is cancelled, [`Cluster::shutdown`] is called, or on a
+    /// fatal storage error.
     ///
     /// # Errors
     /// The data directory cannot be created or read (or is in use by
     /// another process), its contents do not decode, the timing is invalid
     /// (heartbeat not below the election timeout), or openraft fails to
-    /// start.
+    /// start, or its thread cannot be created.
     pub async fn start(
         cfg: ClusterConfig,
         peer_listener: TcpListener,
         sink: ApplySink,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Cluster> {
+        let stopped = CancellationToken::new();
+        let place = own_thread::Place::for_node(cfg.node_id, stopped.clone())
+            .context("cannot start the consensus engine's thread")?;
+        // Registered again with the runtime that serves it.
+        let peers = peer_listener
+            .into_std()
+            .context("cannot move the peer port")?;
+        place
+            .run(Self::start_here(cfg, peers, sink, shutdown, stopped))
+            .await
+    }
+
+    /// [`Cluster::start`] on the runtime the node's consensus tasks run
+    /// on (see `own_thread`); `stopped` becomes [`Cluster::stopped`].
+    async fn start_here(
+        cfg: ClusterConfig,
+        peers: std::net::TcpListener,
+        sink: ApplySink,
+        shutdown: CancellationToken,
+        stopped: CancellationToken,
+    ) -> anyhow::Result<Cluster> {
+        let peer_listener = TcpListener::from_std(peers).context("cannot serve the peer port")?;
         let dir = cfg.data_dir.clone();
         // Reading and decoding a large snapshot takes a while: off the
         // runtime's threads.
@@ -292,7 +316,7 @@ impl Cluster {
                 peer_tls: cfg.peer_tls.clone(),
                 committed,
                 stop: stop.clone(),
-                stopped: CancellationToken::new(),
+                stopped,
                 failure: std::sync::OnceLock::new(),
                 failed: CancellationToken::new(),
                 standing,
