@@ -3,11 +3,14 @@ package dlock
 // The silent-node probe's link rule (goneSilent, as rules::gone_silent in
 // src/rules.rs): when the probe finds a node silent, a link on it that has
 // itself heard from the node within the silence limit stays, and only one
-// that heard nothing for the whole limit breaks off and resumes elsewhere.
-// Fake nodes over real TCP; the test waits on the probe's count of
-// reports, not on the clock.
+// that heard nothing for the whole limit breaks off and resumes elsewhere;
+// one that stayed goes once it too has heard nothing for the limit, unless
+// the probe was answered since, without waiting for the probe's next
+// report. Fake nodes over real TCP; the tests wait on the probe's reports
+// and its connections' ends, not on the clock.
 
 import (
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -180,4 +183,118 @@ func TestOnASilentNodeOnlyTheLinkThatHeardNothingForTheLimitResumesElsewhere(t *
 		t.Fatal(err)
 	}
 	t.Logf("%d silence reports of a; the Lock's connection moved, the client's stayed", silences(c, a.Addr))
+}
+
+func TestALinkThatOutlivedASilenceReportLeavesOnceItHearsNothingForTheLimit(t *testing.T) {
+	// Node a answers its probe's Hello, never a Ping: a limit (1.5 s)
+	// after the first Ping the probe reports it silent and ends its
+	// connection. Until then the client's connection hears from a (the
+	// test's Pings, 20 ms apart), so it stays; from then on a stalls whole
+	// and answers nothing, on the client's connection or on a new probe's.
+	// The connection must leave a once it has heard nothing for the
+	// limit, within a limit of the report; the probe's next report comes
+	// only after its retry pause and a whole limit more, which is what the
+	// link waited for before. (The probe's connections that ended cannot
+	// tell the reports apart: the link leaving a stops the probe, which
+	// ends its second connection too. The probe's own count of reports
+	// can: a stopped probe reports nothing.)
+	opens := fakeLeader(1)
+	a := startFake(t, func(fc *fakeConn, req *pb.Request) *pb.Response {
+		stalled := fc.node.probesEnded() > 0
+		if stalled || req.Type == pb.RequestType_Ping && fc.session == 0 {
+			return noAnswer
+		}
+		return opens(fc, req)
+	})
+	// How many times the probe of a had reported it silent when the
+	// session came to be resumed on b.
+	var probe struct {
+		sync.Mutex
+		reports func() int
+	}
+	atResume := make(chan int, 4)
+	others := fakeLeader(100)
+	b := startFake(t, func(fc *fakeConn, req *pb.Request) *pb.Response {
+		if req.Type == pb.RequestType_OpenSession && req.Session != 0 {
+			probe.Lock()
+			atResume <- probe.reports()
+			probe.Unlock()
+		}
+		return others(fc, req)
+	})
+	ctx := testCtx(t)
+	ev := make(events, 64)
+	c := connect(t, a.Addr+","+b.Addr, &Options{OnEvent: ev.on})
+	if c.Addr() != a.Addr || c.l.silenceLimit != 1500*time.Millisecond {
+		t.Fatalf("on %s with a silence limit of %v", c.Addr(), c.l.silenceLimit)
+	}
+	c.l.mu.Lock()
+	first := c.l.cur
+	c.l.mu.Unlock()
+	// Kept past the link's leaving a, which takes it out of the client's
+	// watches.
+	c.d.mu.Lock()
+	w := c.d.watches[a.Addr]
+	c.d.mu.Unlock()
+	probe.Lock()
+	probe.reports = func() int {
+		c.d.mu.Lock()
+		defer c.d.mu.Unlock()
+		return w.silences
+	}
+	probe.Unlock()
+
+	var pinging sync.WaitGroup
+	pinging.Add(1)
+	var pingErr error
+	go func() {
+		defer pinging.Done()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for a.probesEnded() == 0 {
+			// One sent as a stalls is answered once resumed on b.
+			if _, err := c.Ping(ctx); err != nil {
+				pingErr = err
+				return
+			}
+			<-tick.C
+		}
+	}()
+	// The report told every link, and the client's, which had just heard
+	// from a, stayed.
+	waitFor(t, "the probe's first report", func() bool { return silences(c, a.Addr) >= 1 })
+	c.l.mu.Lock()
+	stayed := c.l.cur == first
+	c.l.mu.Unlock()
+	if !stayed {
+		t.Fatal("the client's connection, which had just heard from a, broke off at the probe's report")
+	}
+	select {
+	case n := <-atResume:
+		if n != 1 {
+			t.Fatalf("the session was resumed on b only after %d reports of the probe, not at its first recheck", n)
+		}
+	case <-time.After(limit):
+		t.Fatal("the session was never resumed on b")
+	}
+	broke := ev.next(t, Reconnecting, "")
+	if broke.Addr != a.Addr || !strings.Contains(broke.Reason, "heard nothing from it") {
+		t.Fatalf("broke off %+v", broke)
+	}
+	resumed := ev.next(t, Resumed, a.Addr)
+	if resumed.Addr != b.Addr || resumed.Session != 1 || c.Addr() != b.Addr {
+		t.Fatalf("resumed %+v; now on %s", resumed, c.Addr())
+	}
+	pinging.Wait()
+	if pingErr != nil {
+		t.Fatalf("a Ping on the client's connection: %v", pingErr)
+	}
+	// The stream left behind keeps no recheck.
+	c.l.mu.Lock()
+	left := first.suspect
+	c.l.mu.Unlock()
+	if left != nil {
+		t.Fatal("the stream that broke off is still suspect")
+	}
+	t.Logf("broke off: %s", broke.Reason)
 }

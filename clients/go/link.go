@@ -22,7 +22,8 @@ package dlock
 // leader), a request that should be answered at once is not, the node's
 // probe finds it unable to serve, or finds it silent (liveness.go) while
 // the stream too has heard nothing from it for the silence limit
-// (goneSilent), the
+// (goneSilent) or, having outlived that report, hears nothing for the
+// limit before the probe is answered again (recheck), the
 // stream is reset (never closed with a FIN, which would end the session),
 // the leader is looked for, the session resumed there and the requests not
 // answered are sent again, in order and under their first numbers.
@@ -92,6 +93,23 @@ type stream struct {
 	// when it was attached), guarded by the link's mu: a stream that heard
 	// within the silence limit outlives the probe's report of a silence.
 	heard time.Time
+	// suspect is set, under the link's mu, while the stream has outlived
+	// a report of its node's silence that the probe has not been answered
+	// since: see nodeSilent.
+	suspect *suspicion
+}
+
+// suspicion is what a stream that outlived a silence report keeps of it.
+type suspicion struct {
+	// why the probe found the node silent.
+	why string
+	// answered is the probe's count of answers (nodeWatch.answered) at the
+	// report: once it moves, the node answers again.
+	answered uint64
+	// recheck fires when the stream will have heard nothing for the
+	// silence limit (if it hears nothing more): recheck. Stopped when the
+	// stream is detached.
+	recheck *time.Timer
 }
 
 type link struct {
@@ -198,6 +216,11 @@ func (l *link) detachLocked(clean bool) {
 		return
 	}
 	l.cur = nil
+	if s.suspect != nil {
+		// A recheck already under way finds the stream detached.
+		s.suspect.recheck.Stop()
+		s.suspect = nil
+	}
 	if l.watch != nil {
 		l.watch.unsubscribe(l)
 		l.watch = nil
@@ -357,14 +380,18 @@ func asLost(err error, target **ConnectionLostError) bool {
 }
 
 // nodeSilent: the probe found addr silent, or unable to serve
-// (cannotServe; why says how). Unable to serve: leave it, whatever the
-// stream heard (the node said so itself). Silent: leave it if the stream
-// too has heard nothing from it for the silence limit. A stream that heard
-// within the limit stays, and is told again at the next report: the
-// probe's own connection was slow (a new leader flooded with resumes), not
-// the node, and breaking off would feed the storm (src/link.rs,
-// Driver::run).
-func (l *link) nodeSilent(addr, why string, cannotServe bool) {
+// (cannotServe; why says how); answered is its count of answers from the
+// node at the report (nodeWatch.answered). Unable to serve: leave it,
+// whatever the stream heard (the node said so itself). Silent: leave it if
+// the stream too has heard nothing from it for the silence limit. A stream
+// that heard within the limit stays: the probe's own connection was slow
+// (a new leader flooded with resumes), not the node, and breaking off
+// would feed the storm (src/link.rs, Driver::run). But the node is
+// suspect: the stream checks again when it will have heard nothing for the
+// limit (recheck), at most a limit after this report, rather than wait
+// for the probe's next one, which comes only after its retry pause (half a
+// limit) and a whole limit more.
+func (l *link) nodeSilent(addr, why string, cannotServe bool, answered uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil || l.cur == nil || l.addr != addr {
@@ -374,13 +401,52 @@ func (l *link) nodeSilent(addr, why string, cannotServe bool) {
 		l.failLocked(why, nil, "", addr)
 		return
 	}
+	s := l.cur
 	// Counted from zero: a time plus a limit the node sized could
 	// overflow, a duration since cannot.
-	quiet := time.Since(l.cur.heard)
-	if !goneSilent(0, quiet, l.silenceLimit) {
+	quiet := time.Since(s.heard)
+	if goneSilent(0, quiet, l.silenceLimit) {
+		l.silentLocked(why, quiet)
 		return
 	}
-	l.failLocked(fmt.Sprintf("%s; this connection heard nothing from it for %v", why, quiet.Round(time.Millisecond)), nil, "", addr)
+	// A later report while suspect starts the suspicion over from it.
+	if s.suspect == nil {
+		s.suspect = &suspicion{recheck: time.AfterFunc(l.silenceLimit-quiet, func() { l.recheck(s) })}
+	} else {
+		s.suspect.recheck.Reset(l.silenceLimit - quiet)
+	}
+	s.suspect.why, s.suspect.answered = why, answered
+}
+
+// recheck: s, which outlived a report of its node's silence, would by now
+// have heard nothing for the silence limit if it heard nothing since. If
+// the probe was answered since the report, the node answers again: no
+// longer suspect. Otherwise, if s has heard nothing for the limit, it
+// breaks off as on the report; if it heard meanwhile, it checks again a
+// limit after that.
+func (l *link) recheck(s *stream) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil || l.cur != s || s.suspect == nil || l.watch == nil {
+		return
+	}
+	if l.watch.answers() != s.suspect.answered {
+		s.suspect = nil
+		return
+	}
+	quiet := time.Since(s.heard)
+	if goneSilent(0, quiet, l.silenceLimit) {
+		l.silentLocked(s.suspect.why, quiet)
+		return
+	}
+	// Never 0: goneSilent says no only while quiet is under the limit.
+	s.suspect.recheck.Reset(l.silenceLimit - quiet)
+}
+
+// silentLocked breaks off from the node the probe found silent (why), on
+// which the stream too heard nothing for quiet.
+func (l *link) silentLocked(why string, quiet time.Duration) {
+	l.failLocked(fmt.Sprintf("%s; this connection heard nothing from it for %v", why, quiet.Round(time.Millisecond)), nil, "", l.addr)
 }
 
 // onResponse takes one answer, read from s at heard, off the queue; false

@@ -20,9 +20,11 @@ package dlock
 // sessions elsewhere (link.go, nodeSilent), and the node is tried last
 // until it answers again. On a silence, a link that heard from the node
 // within the limit stays (goneSilent: the probe's own connection was slow,
-// not the node); on Unavailable every link goes, since the node said it
-// cannot serve. A node that refuses the probe outright (down, full,
-// access denied) is left to the links, which see that themselves.
+// not the node), but goes as soon as it too has heard nothing for the
+// limit, unless the probe has been answered since (link.go, recheck); on
+// Unavailable every link goes, since the node said it cannot serve. A
+// node that refuses the probe outright (down, full, access denied) is
+// left to the links, which see that themselves.
 
 import (
 	"bufio"
@@ -92,6 +94,25 @@ type nodeWatch struct {
 	// every link on it was told (src/liveness.rs counts them too), guarded
 	// by d.mu: what a test waits on.
 	silences int
+	// answered counts the probe's Hellos and Pings the node answered,
+	// guarded by d.mu: a link that outlived a silence report learns from
+	// it that the node answers again (link.go, recheck).
+	answered uint64
+}
+
+// answers is how many of the probe's Hellos and Pings the node answered
+// so far.
+func (w *nodeWatch) answers() uint64 {
+	w.d.mu.Lock()
+	defer w.d.mu.Unlock()
+	return w.answered
+}
+
+// answer counts one of the probe's Hellos or Pings answered.
+func (w *nodeWatch) answer() {
+	w.d.mu.Lock()
+	w.answered++
+	w.d.mu.Unlock()
 }
 
 // watchNode subscribes l to the probe of addr, starting one if no link of
@@ -131,11 +152,14 @@ func (w *nodeWatch) run() {
 			for l := range w.links {
 				links = append(links, l)
 			}
+			// Nothing is answered until the next attempt: the count
+			// stands for the moment of the report.
+			answered := w.answered
 			w.d.mu.Unlock()
 			// Told outside d.mu: a link takes its own lock, then d.mu to
 			// unsubscribe.
 			for _, l := range links {
-				l.nodeSilent(w.addr, why, cannotServe)
+				l.nodeSilent(w.addr, why, cannotServe, answered)
 			}
 			w.d.mu.Lock()
 			w.silences++
@@ -159,7 +183,7 @@ func (w *nodeWatch) run() {
 // returns why the node counts as silent, and whether it answered
 // Unavailable (it cannot serve) rather than nothing. "" when the node
 // refuses otherwise or the connection breaks (not a silence) or the probe
-// is stopped.
+// is stopped. Each answer that is not a refusal is counted (answered).
 func (w *nodeWatch) untilSilent() (string, bool) {
 	late := func(since time.Time) string {
 		return fmt.Sprintf("%s did not answer its probe for %v", w.addr, time.Since(since).Round(time.Millisecond))
@@ -199,6 +223,7 @@ func (w *nodeWatch) untilSilent() (string, bool) {
 	if resp.Status != pb.ResponseStatus_Ok && resp.Status != pb.ResponseStatus_InvalidType {
 		return "", false
 	}
+	w.answer()
 	w.d.suspect(w.addr, false)
 	var id uint64
 	for {
@@ -221,6 +246,7 @@ func (w *nodeWatch) untilSilent() (string, bool) {
 		}
 		switch resp.Status {
 		case pb.ResponseStatus_Ok:
+			w.answer()
 		case pb.ResponseStatus_Unavailable:
 			// It answers but cannot serve: it counts itself leader with
 			// no majority behind it (cut off from its peers, or

@@ -27,17 +27,26 @@ import (
 
 // fakeNode answers the client's requests as handle says: one goroutine per
 // connection, answers in order; a nil answer ends the connection with a
-// reset.
+// reset, noAnswer leaves the request unanswered and reads on.
 type fakeNode struct {
 	Addr   string
 	handle func(fc *fakeConn, req *pb.Request) *pb.Response
 	mu     sync.Mutex
 	seen   []*pb.Request
+	// bareEnded counts the connections without a session (a probe's) that
+	// the client ended.
+	bareEnded int
 }
 
-// fakeConn is one connection's state: the session opened or resumed on it
-// (0: none, as on a probe's).
+// noAnswer, returned by a fake node's handle, leaves the request
+// unanswered: the node says nothing, as a stalled one, yet sees the
+// connection end.
+var noAnswer = &pb.Response{}
+
+// fakeConn is one connection's state: its node, and the session opened or
+// resumed on it (0: none, as on a probe's).
 type fakeConn struct {
+	node    *fakeNode
 	session uint64
 }
 
@@ -76,10 +85,15 @@ func startFake(t *testing.T, handle func(fc *fakeConn, req *pb.Request) *pb.Resp
 func (f *fakeNode) serve(conn net.Conn) {
 	defer conn.Close()
 	rd := bufio.NewReader(conn)
-	fc := &fakeConn{}
+	fc := &fakeConn{node: f}
 	for {
 		var size [4]byte
 		if _, err := io.ReadFull(rd, size[:]); err != nil {
+			if fc.session == 0 {
+				f.mu.Lock()
+				f.bareEnded++
+				f.mu.Unlock()
+			}
 			return
 		}
 		body := make([]byte, binary.BigEndian.Uint32(size[:]))
@@ -98,6 +112,9 @@ func (f *fakeNode) serve(conn net.Conn) {
 			reset(conn)
 			return
 		}
+		if resp == noAnswer {
+			continue
+		}
 		if resp.RequestId == 0 {
 			resp.RequestId = req.Id
 		}
@@ -109,6 +126,14 @@ func (f *fakeNode) serve(conn net.Conn) {
 			return
 		}
 	}
+}
+
+// probesEnded is how many connections without a session (the client's
+// probes, in a test that opens no other) the client ended.
+func (f *fakeNode) probesEnded() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.bareEnded
 }
 
 // requests are the requests of type kind the node was sent.
