@@ -15,8 +15,9 @@
 // table (seq, seq_done). When the stream breaks, a node answers NotLeader or
 // Unavailable, a request that should be answered at once is not, the node's
 // probe finds it silent (liveness.ts) and the stream too has heard nothing
-// from it for the silence limit (goneSilent), or the probe is answered
-// Unavailable, the stream is reset
+// from it for the silence limit (goneSilent), or has not by a limit after
+// it last heard while the probe has had no answer since, or the probe is
+// answered Unavailable, the stream is reset
 // (never closed with a FIN, which would end the session), the leader is
 // looked for, the session resumed there and the requests not answered are
 // sent again, in order and under their first numbers.
@@ -128,6 +129,14 @@ export class Link implements Watched {
   private cur: FrameConn | null = null;
   /** When the stream last read a frame from its node (or was attached): a probe's silence report leaves a link that heard within the limit. */
   private heard = 0;
+  /**
+   * Set while the stream outlives a probe's silence report (it had heard
+   * within the limit): how many answers the probe had had then, and since
+   * when the probe had heard nothing.
+   */
+  private suspect: { answered: number; silentSince: number } | null = null;
+  /** While suspect: the look, a limit after the stream last heard, at whether it has gone silent too. */
+  private recheckTimer: NodeJS.Timeout | null = null;
   private pend: Pending[] = [];
   private numberedSeqs: bigint[] = [];
   /**
@@ -184,24 +193,74 @@ export class Link implements Watched {
    * The node's probe found it silent, or answering Unavailable
    * (`cannotServe`). Unavailable: leave it, whatever the link heard (the
    * node said it cannot serve). Silent: leave it if the link has heard
-   * nothing from it for the silence limit either; a link that heard from
-   * the node within the limit stays and waits for the probe's next report:
-   * the probe's own connection was slow (a new leader flooded with
-   * resumes), not the node. As Driver::run in src/link.rs.
+   * nothing from it for the silence limit either. A link that heard from
+   * the node within the limit stays, since the probe's own connection may
+   * have been slow (a new leader flooded with resumes), not the node; but
+   * the node may also have stalled just after the link last heard, and the
+   * probe's next report comes a pause and a limit later: so the link looks
+   * again a limit after it last heard (recheck). As Driver::run in
+   * src/link.rs.
    */
   nodeSilent(addr: string, waited: number, cannotServe: boolean): void {
-    if (this.err !== null || this.cur === null || this.addr !== addr) return;
+    if (this.err !== null || this.cur === null || this.watch === null || this.addr !== addr) return;
     if (cannotServe) {
       this.fail(`${addr} answered its probe Unavailable: it cannot serve`, undefined, "", addr);
       return;
     }
     const t = now();
-    if (!goneSilent(nanos(this.heard), nanos(t), nanos(this.silence))) return;
+    if (goneSilent(nanos(this.heard), nanos(t), nanos(this.silence))) {
+      this.breakSilent(waited, t);
+      return;
+    }
+    // It stays, suspecting the node until the probe is answered again; a
+    // later report re-bases that on the probe's answers then.
+    this.suspect = { answered: this.watch.answered, silentSince: t - waited };
+    this.armRecheck();
+  }
+
+  /**
+   * While suspect, a limit after the stream last heard: if the probe has
+   * been answered since the report, the node answers again and the link
+   * stops suspecting it; else if the stream has heard nothing for the limit
+   * either, it leaves as on a silence report; else it heard meanwhile, and
+   * looks again a limit after that.
+   */
+  private recheck(): void {
+    this.recheckTimer = null;
+    const s = this.suspect;
+    if (s === null || this.err !== null || this.cur === null || this.watch === null) return;
+    if (this.watch.answered !== s.answered) {
+      this.suspect = null;
+      return;
+    }
+    const t = now();
+    if (goneSilent(nanos(this.heard), nanos(t), nanos(this.silence))) {
+      this.breakSilent(t - s.silentSince, t);
+      return;
+    }
+    this.armRecheck();
+  }
+
+  /**
+   * Sets the recheck a limit after the stream last heard. Moved when the
+   * timer fires, not on every frame read: a frame costs no timer.
+   */
+  private armRecheck(): void {
+    if (this.recheckTimer !== null) clearTimeout(this.recheckTimer);
+    // At least 1 ms: a timer that fires a little early (the clock's
+    // rounding) looks again just after, without spinning.
+    this.recheckTimer = setTimeout(() => this.recheck(), Math.max(1, this.heard + this.silence - now()));
+    // No process waits for it: the link's socket keeps it alive.
+    this.recheckTimer.unref();
+  }
+
+  /** Leaves a node whose probe went unanswered for `probeWaited` ms and whose stream has heard nothing for the limit either. */
+  private breakSilent(probeWaited: number, t: number): void {
     this.fail(
-      `${addr} did not answer its probe for ${Math.round(waited)} ms, nor this connection for ${Math.round(t - this.heard)} ms`,
+      `${this.addr} did not answer its probe for ${Math.round(probeWaited)} ms, nor this connection for ${Math.round(t - this.heard)} ms`,
       undefined,
       "",
-      addr,
+      this.addr,
     );
   }
 
@@ -232,6 +291,12 @@ export class Link implements Watched {
     s.onFail = null;
     this.watch?.unsubscribe(this);
     this.watch = null;
+    // The suspicion was of this stream's node: none outlives the stream.
+    this.suspect = null;
+    if (this.recheckTimer !== null) {
+      clearTimeout(this.recheckTimer);
+      this.recheckTimer = null;
+    }
     if (clean) {
       // A clean close: on a cluster the node ends the session at once.
       this.closing = s.close();

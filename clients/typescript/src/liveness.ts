@@ -13,11 +13,15 @@
 // commit. When a Ping (or the probe's Hello) goes unanswered for the silence
 // limit, every link on that node that has not heard from it within the
 // limit either (rules.ts's goneSilent) breaks off and resumes its session
-// elsewhere, and the node is tried last until it answers again; a Ping
-// answered Unavailable sends every link on it away at once, whatever they
-// heard (the node said it cannot serve). A node that refuses the probe outright (down, full, access
-// denied) is left to the links, which see that themselves. The probe's
-// sockets and timers keep no process alive: the links' sockets do.
+// elsewhere, and the node is tried last until it answers again; a link that
+// heard within the limit stays, but goes as soon as it too has heard
+// nothing for the limit, unless the probe has been answered since (the
+// probe counts its answers: NodeWatch.answered). A Ping answered
+// Unavailable sends every link on it away at once, whatever they heard
+// (the node said it cannot serve). A node that refuses the probe outright
+// (down, full, access denied) is left to the links, which see that
+// themselves. The probe's sockets and timers keep no process alive: the
+// links' sockets do.
 
 import { RequestType, ResponseStatus } from "./gen/dlock_pb.js";
 import { HELLO_ID, TimeoutError, exchange, sleep } from "./dial.js";
@@ -61,6 +65,7 @@ export interface Watched {
 export class NodeWatch {
   readonly links = new Set<Watched>();
   private readonly stop = new AbortController();
+  private answers = 0;
 
   constructor(
     private readonly dialer: Dialer,
@@ -70,6 +75,15 @@ export class NodeWatch {
     this.run().catch(() => {
       // stopped
     });
+  }
+
+  /**
+   * How many of the probe's Hellos and Pings the node answered so far: a
+   * link that outlived a silence report learns from it that the node
+   * answers again.
+   */
+  get answered(): number {
+    return this.answers;
   }
 
   /** Lets go of the probe; the last link stops it. */
@@ -101,7 +115,8 @@ export class NodeWatch {
    * Pings the node on a connection of the probe's own, a third of the limit
    * apart, until an answer is the limit late: silent. Not silent when the
    * node refuses or the connection breaks (that is no silence) or the probe
-   * is stopped.
+   * is stopped. Each answer that shows the node serving is counted
+   * (answered).
    */
   private async untilSilent(): Promise<Finding> {
     const signal = this.stop.signal;
@@ -135,6 +150,9 @@ export class NodeWatch {
     } catch (e) {
       return { silent: !signal.aborted && e instanceof TimeoutError, waited: now() - started };
     }
+    // InvalidType too: a server that predates Hello, answering (as the
+    // Rust probe counts it).
+    this.answers++;
     this.dialer.suspect(this.addr, false);
     for (let id = 1n; ; id++) {
       try {
@@ -160,6 +178,7 @@ export class NodeWatch {
       // "Noticing a node that cannot serve").
       if (resp.status === ResponseStatus.Unavailable) return { silent: true, waited: now() - sent, cannotServe: true };
       if (resp.status !== ResponseStatus.Ok) return { silent: false, waited: 0 };
+      this.answers++;
     }
   }
 }

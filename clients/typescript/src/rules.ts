@@ -322,9 +322,10 @@ export function silenceLimit(electionTimeout: bigint | null, ttl: bigint): bigin
  * `lastHeard` has gone silent at `now` for `limit` (silenceLimit): once the
  * probe finds the node silent, such a link breaks off and resumes its
  * session elsewhere; one that heard from the node within the limit stays,
- * since the probe's own connection was slow, not the node. (A probe
- * answered Unavailable sends every link away, whatever it heard.) The twin
- * of rules::gone_silent in src/rules.rs.
+ * since the probe's own connection was slow, not the node, and asks again
+ * a limit after it last heard, unless the probe has been answered since
+ * (link.ts's recheck). (A probe answered Unavailable sends every link away,
+ * whatever it heard.) The twin of rules::gone_silent in src/rules.rs.
  */
 export function goneSilent(lastHeard: bigint, now: bigint, limit: bigint): boolean {
   return lastHeard + limit <= now;

@@ -1,7 +1,8 @@
 // A fake cluster node for the tests that need a node to say what no real
 // one says on cue: a probe answered Unavailable while the session's own
 // requests are served, ShuttingDown on a session, a probe's Ping held
-// unanswered while the session link hears from the node. A real server
+// unanswered while the session link hears from the node, new connections
+// closed at once while the old ones stay open. A real server
 // resets the connections of a leader that steps aside before either
 // answer is seen, and cannot be made silent on one connection only.
 
@@ -34,6 +35,11 @@ export class FakeNode {
   sessionOpened = 0;
   /** Connections the client closed while this node held one of their requests unanswered. */
   heldClosed = 0;
+  /**
+   * Set, the node closes every new connection at once, as one that is
+   * going away (the probe takes that for no silence); those open stay.
+   */
+  refuse = false;
   constructor(
     private readonly answer: (req: Request, onSession: boolean) => Say | undefined,
     private readonly ttl = 10_000,
@@ -49,6 +55,10 @@ export class FakeNode {
     this.server.close();
   }
   private serve(sock: net.Socket): void {
+    if (this.refuse) {
+      sock.resetAndDestroy();
+      return;
+    }
     let buf = Buffer.alloc(0);
     let onSession = false;
     let holding = false;

@@ -2,8 +2,10 @@
 // goneSilent, as src/link.rs does): when a node leaves its probe's Ping
 // unanswered for the silence limit, a session link that heard from the node
 // within the limit stays on it, and one that heard nothing breaks off and
-// resumes elsewhere. Against fake nodes (fake_node.ts) that hold the
-// probe's Ping unanswered, on a 2 s TTL (a 500 ms silence limit).
+// resumes elsewhere; one that stayed breaks off once it too has heard
+// nothing for the limit, unless the probe was answered since. Against fake
+// nodes (fake_node.ts) that hold the probe's Ping unanswered, on a 2 s TTL
+// (a 500 ms silence limit), or on a 60 s one (a 1.5 s limit).
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -18,9 +20,13 @@ const TTL = 2_000;
 const PACE = 50;
 
 /** Nodes `a`, whose answers `answer` gives, and `b`, which answers everything: where a session that left a would go. */
-async function nodes(t: { after(fn: () => unknown): void }, answer: ConstructorParameters<typeof FakeNode>[0]): Promise<[FakeNode, FakeNode]> {
-  const a = new FakeNode(answer, TTL);
-  const b = new FakeNode(() => undefined, TTL);
+async function nodes(
+  t: { after(fn: () => unknown): void },
+  answer: ConstructorParameters<typeof FakeNode>[0],
+  ttl = TTL,
+): Promise<[FakeNode, FakeNode]> {
+  const a = new FakeNode(answer, ttl);
+  const b = new FakeNode(() => undefined, ttl);
   await a.start();
   await b.start();
   t.after(() => {
@@ -70,4 +76,40 @@ test("a link that hears nothing from its node either breaks off and resumes when
   // The probe's doing, not the link's own check of its Ping (unanswered for half the TTL).
   assert.match(events.find((e) => e.kind === "reconnecting")?.reason ?? "", /did not answer its probe/);
   assert.equal(c.addr, b.addr);
+});
+
+test("a link that stayed after a silence report breaks off once it too hears nothing for the limit", async (t) => {
+  // A 1.5 s silence limit (three times the fake's 200 ms election timeout is below the 1.5 s floor, a
+  // quarter of the TTL above it); the link's own Ping (every quarter TTL, 15 s) would tell only half a
+  // TTL (30 s) after it went unanswered.
+  let stalled = false;
+  const [a, b] = await nodes(
+    t,
+    (req, onSession) => ((req.type === RequestType.Ping && !onSession) || (stalled && onSession) ? null : undefined),
+    60_000,
+  );
+  const events: ClientEvent[] = [];
+  const c = await client(t, [a.addr, b.addr], { onEvent: (e) => events.push(e) });
+  assert.equal(c.addr, a.addr, "the session opens on the first node");
+  // The link hears from the node until the probe's first report (the node sees the probe's connection
+  // end, and the links were told in the same turn): the link outlives it.
+  await within(
+    "the probe's first report",
+    (async () => {
+      while (a.heldClosed === 0) {
+        await c.ping();
+        await delay(PACE / 2);
+      }
+    })(),
+    10_000,
+  );
+  assert.equal(events.length, 0, "the link stayed at the first report");
+  // Now the node answers the link no more, and closes every new connection: the probe reports nothing
+  // more (a refusal is no silence), so only the link's own silence can tell.
+  stalled = true;
+  a.refuse = true;
+  await waitFor("the session resumed on the other node", () => events.some((e) => e.kind === "resumed" && e.addr === b.addr), 10_000);
+  assert.match(events.find((e) => e.kind === "reconnecting")?.reason ?? "", /did not answer its probe .*, nor this connection/);
+  assert.equal(b.sessionOpened, 1);
+  await c.ping();
 });
