@@ -18,9 +18,11 @@ import (
 	pb "dlock/clients/go/dlockpb"
 )
 
-// shortTTL makes the silence limit short: a quarter of it, 500 ms (the
-// fakes' 300 ms election timeout asks for 1.5 s, and a quarter TTL wins).
-const shortTTL = 2 * time.Second
+// shortTTL makes the silence limit a quarter of it, 1.5 s, as the fakes'
+// 300 ms election timeout asks (at least 1.5 s): long enough that a test
+// process stalled a few hundred milliseconds at the probe's report does not
+// make a link that hears every 20 ms look silent.
+const shortTTL = 6 * time.Second
 
 // shortLeader is fakeLeader with sessions of shortTTL.
 func shortLeader(first uint64) func(fc *fakeConn, req *pb.Request) *pb.Response {
@@ -93,7 +95,7 @@ func TestOnASilentNodeOnlyTheLinkThatHeardNothingForTheLimitResumesElsewhere(t *
 	c.l.mu.Unlock()
 
 	// The client's connection hears from a every 20 ms, well within the
-	// 500 ms limit, until the test has seen what it waits for.
+	// 1.5 s limit, until the test has seen what it waits for.
 	stop := make(chan struct{})
 	var pinging sync.WaitGroup
 	pinging.Add(1)
