@@ -12,6 +12,7 @@ mod fake_node;
 use dlock::{Client, ClientOptions, Disconnect, Event};
 use fake_node::{answer, next_session, ok, read_request, session_opened, FakeNode, Probe};
 use fake_node::{PATIENCE, SESSION};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::broadcast;
@@ -37,18 +38,9 @@ async fn connected(probe: Probe) -> (Client, FakeNode, TcpStream) {
     (client, node, link)
 }
 
-/// Answers every request on the session's connection `Ok`.
-fn serve(mut link: TcpStream) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        while let Some(req) = read_request(&mut link).await {
-            answer(&mut link, ok(&req)).await;
-        }
-    })
-}
-
 /// Answers every request on the session's connection `Ok` until `stop`,
 /// then returns the connection, open and unanswered.
-fn serve_until(mut link: TcpStream, stop: std::sync::Arc<Notify>) -> JoinHandle<TcpStream> {
+fn serve(mut link: TcpStream, stop: Arc<Notify>) -> JoinHandle<TcpStream> {
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -60,6 +52,17 @@ fn serve_until(mut link: TcpStream, stop: std::sync::Arc<Notify>) -> JoinHandle<
             }
         }
     })
+}
+
+/// Waits for the probe's first silence report: the probe drops its
+/// connection when it finds the node silent and tells the links in the
+/// same poll of its task; on this one-thread runtime the fake reads that
+/// close only in a later poll, so by then the links have been told.
+async fn first_report(node: &mut FakeNode) {
+    tokio::time::timeout(PATIENCE, node.probes_ended.recv())
+        .await
+        .expect("the probe finds the node silent in time")
+        .expect("the fake node runs");
 }
 
 /// Keeps the session's connection hearing from the node: a Ping every
@@ -89,16 +92,9 @@ async fn broke_off(events: &mut broadcast::Receiver<Event>) -> Disconnect {
 async fn a_silent_probe_leaves_a_link_that_hears_from_the_node() {
     let (client, mut node, link) = connected(Probe::Mute).await;
     let mut events = client.events();
-    let served = serve(link);
+    let served = serve(link, Arc::new(Notify::new()));
     let busy = keep_busy(&client);
-    // The probe drops its connection when it finds the node silent and
-    // tells the links in the same poll of its task; on this one-thread
-    // runtime the fake reads that close only in a later poll, so by then
-    // the links have been told.
-    tokio::time::timeout(PATIENCE, node.probes_ended.recv())
-        .await
-        .expect("the probe finds the node silent in time")
-        .expect("the fake node runs");
+    first_report(&mut node).await;
     // One more round trip lets the link act on what the probe told it (a
     // link that broke off would resume instead, which the fake never
     // answers: the timeout tells).
@@ -138,7 +134,7 @@ async fn a_silent_probe_sends_away_a_link_that_heard_nothing_either() {
 async fn a_probe_answered_unavailable_sends_away_a_link_that_hears_from_the_node() {
     let (client, mut node, link) = connected(Probe::Unavailable).await;
     let mut events = client.events();
-    let served = serve(link);
+    let served = serve(link, Arc::new(Notify::new()));
     let busy = keep_busy(&client);
     let reason = broke_off(&mut events).await;
     assert!(matches!(reason, Disconnect::NoQuorum), "{reason:?}");
@@ -152,13 +148,10 @@ async fn a_probe_answered_unavailable_sends_away_a_link_that_hears_from_the_node
 async fn a_link_that_outlived_a_silent_probe_goes_once_it_hears_nothing_either() {
     let (client, mut node, link) = connected(Probe::Mute).await;
     let mut events = client.events();
-    let stop = std::sync::Arc::new(Notify::new());
-    let served = serve_until(link, stop.clone());
+    let stop = Arc::new(Notify::new());
+    let served = serve(link, stop.clone());
     let busy = keep_busy(&client);
-    tokio::time::timeout(PATIENCE, node.probes_ended.recv())
-        .await
-        .expect("the probe finds the node silent in time")
-        .expect("the fake node runs");
+    first_report(&mut node).await;
     // The link outlived the report. Now the node stops answering it, and
     // closes every new connection: the probe reports nothing more (a
     // refusal is no silence), so only the link's own silence can tell.

@@ -10,6 +10,7 @@ package dlock
 // and its connections' ends, not on the clock.
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"testing"
@@ -97,25 +98,14 @@ func TestOnASilentNodeOnlyTheLinkThatHeardNothingForTheLimitResumesElsewhere(t *
 	// The client's connection hears from a every 20 ms, well within the
 	// 1.5 s limit, until the test has seen what it waits for.
 	stop := make(chan struct{})
-	var pinging sync.WaitGroup
-	pinging.Add(1)
-	var pingErr error
-	go func() {
-		defer pinging.Done()
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			if _, err := c.Ping(ctx); err != nil {
-				pingErr = err
-				return
-			}
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
+	pinged := keepHearing(ctx, c, func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
 		}
-	}()
+	})
 
 	got := make(chan grant, 1)
 	go func() {
@@ -162,8 +152,7 @@ func TestOnASilentNodeOnlyTheLinkThatHeardNothingForTheLimitResumesElsewhere(t *
 	// until one has told them all.
 	waitFor(t, "the probe's report told every link", func() bool { return silences(c, a.Addr) >= 1 })
 	close(stop)
-	pinging.Wait()
-	if pingErr != nil {
+	if pingErr := pinged(); pingErr != nil {
 		t.Fatalf("a Ping on the client's connection: %v", pingErr)
 	}
 	c.l.mu.Lock()
@@ -246,22 +235,8 @@ func TestALinkThatOutlivedASilenceReportLeavesOnceItHearsNothingForTheLimit(t *t
 	}
 	probe.Unlock()
 
-	var pinging sync.WaitGroup
-	pinging.Add(1)
-	var pingErr error
-	go func() {
-		defer pinging.Done()
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for a.probesEnded() == 0 {
-			// One sent as a stalls is answered once resumed on b.
-			if _, err := c.Ping(ctx); err != nil {
-				pingErr = err
-				return
-			}
-			<-tick.C
-		}
-	}()
+	// (A Ping sent as a stalls is answered once resumed on b.)
+	pinged := keepHearing(ctx, c, func() bool { return a.probesEnded() != 0 })
 	// The report told every link, and the client's, which had just heard
 	// from a, stayed.
 	waitFor(t, "the probe's first report", func() bool { return silences(c, a.Addr) >= 1 })
@@ -287,8 +262,7 @@ func TestALinkThatOutlivedASilenceReportLeavesOnceItHearsNothingForTheLimit(t *t
 	if resumed.Addr != b.Addr || resumed.Session != 1 || c.Addr() != b.Addr {
 		t.Fatalf("resumed %+v; now on %s", resumed, c.Addr())
 	}
-	pinging.Wait()
-	if pingErr != nil {
+	if pingErr := pinged(); pingErr != nil {
 		t.Fatalf("a Ping on the client's connection: %v", pingErr)
 	}
 	// The stream left behind keeps no recheck.
@@ -299,4 +273,27 @@ func TestALinkThatOutlivedASilenceReportLeavesOnceItHearsNothingForTheLimit(t *t
 		t.Fatal("the stream that broke off is still suspect")
 	}
 	t.Logf("broke off: %s", broke.Reason)
+}
+
+// keepHearing pings on c's connection every 20 ms, so that it keeps hearing
+// from its node, until done says to stop; the function it returns waits
+// for the pinging to end and returns the error of a Ping that failed.
+func keepHearing(ctx context.Context, c *Client, done func() bool) func() error {
+	var err error
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for !done() {
+			if _, err = c.Ping(ctx); err != nil {
+				return
+			}
+			<-tick.C
+		}
+	}()
+	return func() error {
+		<-finished
+		return err
+	}
 }

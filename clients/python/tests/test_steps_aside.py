@@ -30,7 +30,7 @@ from dlock import Reconnecting, Resumed
 from dlock._proto import dlock_pb2 as pb
 from dlock.dial import Dial
 from dlock.framing import FrameDecoder, encode
-from dlock.liveness import watch_node
+from dlock.liveness import Probe, watch_node
 from conftest import LIMIT, FreezableProxy, run
 from test_cluster import Events
 
@@ -232,15 +232,7 @@ def test_a_silent_probe_leaves_a_connection_that_hears_from_the_node():
         a = await FakeNode(mute_probe).start()
         events = Events()
         client = await dlock.aio.connect([a.addr], on_event=events)
-        probe = client._conn._dial.probes[a.addr]
-        deadline = asyncio.get_running_loop().time() + LIMIT
-        # A Ping every 20 ms keeps the session's connection hearing from
-        # the node; the probe's silence is told to the connections in the
-        # same step that counts it.
-        while probe.silences == 0:
-            assert asyncio.get_running_loop().time() < deadline, "the probe never found the node silent"
-            await client.ping()
-            await asyncio.sleep(0.02)
+        probe = await _hear_until_the_probe_finds_silence(client, a)
         await client.ping()
         assert not [e for e in events.seen if isinstance(e, Reconnecting)], events.seen
         assert len(a.of_type(pb.OpenSession)) == 1, "the session was resumed"
@@ -271,12 +263,7 @@ def test_a_connection_that_outlived_a_silent_probe_goes_once_it_hears_nothing_ei
         a = await FakeNode(answer).start()
         events = Events()
         client = await dlock.aio.connect([a.addr], on_event=events)
-        probe = client._conn._dial.probes[a.addr]
-        deadline = asyncio.get_running_loop().time() + LIMIT
-        while probe.silences == 0:
-            assert asyncio.get_running_loop().time() < deadline, "the probe never found the node silent"
-            await client.ping()
-            await asyncio.sleep(0.02)
+        probe = await _hear_until_the_probe_finds_silence(client, a)
         stalled, a.refuse = True, True
         moved = await events.next(Reconnecting, limit=LIMIT)
         assert "heard nothing" in moved.reason, moved
@@ -286,6 +273,20 @@ def test_a_connection_that_outlived_a_silent_probe_goes_once_it_hears_nothing_ei
         await a.stop()
 
     run(body())
+
+
+async def _hear_until_the_probe_finds_silence(client: dlock.aio.Client, node: FakeNode) -> Probe:
+    """Pings every 20 ms, so that the session's connection keeps hearing
+    from `node`, until the client's probe of it finds it silent; returns the
+    probe. (The probe tells the connections in the same step that counts
+    the silence.)"""
+    probe = client._conn._dial.probes[node.addr]
+    deadline = asyncio.get_running_loop().time() + LIMIT
+    while probe.silences == 0:
+        assert asyncio.get_running_loop().time() < deadline, "the probe never found the node silent"
+        await client.ping()
+        await asyncio.sleep(0.02)
+    return probe
 
 
 def _on_session(node: FakeNode, req: "pb.Request") -> bool:

@@ -342,6 +342,12 @@ class Connection:
             self._recheck.cancel()
             self._recheck = None
 
+    def _heard_nothing_for(self, limit: float) -> bool:
+        """Whether the current stream has heard nothing from its node for
+        `limit` seconds (`rules.gone_silent`)."""
+        now = self._loop.time()
+        return rules.gone_silent(rules.to_ns(self._heard), rules.to_ns(now), rules.to_ns(limit))
+
     def _probe_answered(self) -> int:
         probe = self._dial.probes.get(self.addr)
         return probe.answered if probe is not None else -1
@@ -365,9 +371,8 @@ class Connection:
         if self._probe_answered() != self._suspect:
             self._suspect = None  # the node answers again
             return
-        now = self._loop.time()
-        if rules.gone_silent(rules.to_ns(self._heard), rules.to_ns(now), rules.to_ns(limit)):
-            waited = now - self._heard
+        if self._heard_nothing_for(limit):
+            waited = self._loop.time() - self._heard
             self._stream_failed(
                 f"{self.addr} left the liveness probe unanswered, and this connection heard nothing from it for {waited:.3g} s",
                 try_last=True,
@@ -380,10 +385,7 @@ class Connection:
         to serve (`why` says which)."""
         if stream is not self._stream or self._silence_limit is None:
             return
-        now = self._loop.time()
-        if not cannot_serve and not rules.gone_silent(
-            rules.to_ns(self._heard), rules.to_ns(now), rules.to_ns(self._silence_limit)
-        ):
+        if not cannot_serve and not self._heard_nothing_for(self._silence_limit):
             # This stream heard from the node within the limit: the probe's
             # own connection was slow (a new leader flooded with resumes),
             # not the node. (Unavailable: the node said it cannot serve,
