@@ -278,6 +278,48 @@ func unansweredTooLong(kind pb.RequestType, waited, ttl time.Duration) bool {
 	return !mayWait(kind) && waited >= ttl/2
 }
 
+const (
+	// defaultElectionTimeout is assumed for a node that does not state one
+	// (dlock-server's default).
+	defaultElectionTimeout = 200 * time.Millisecond
+	// minSilence is the shortest silence taken for a stall: a healthy node
+	// on a loaded machine may take a few hundred milliseconds to answer a
+	// Ping, and a false alarm costs a reconnect.
+	minSilence = 1500 * time.Millisecond
+	// silenceFloor is the shortest silence limit whatever the TTL: below
+	// it a healthy node's scheduling delays would count as silence.
+	silenceFloor = 250 * time.Millisecond
+)
+
+// silenceLimit is how long a node may leave a probe unanswered before it
+// is taken for gone: three election timeouts (by then the others have
+// replaced it if it led), at least minSilence, at most a quarter of the
+// session's TTL (which wins: a short TTL must leave room to resume), so
+// that finding a new leader and resuming there fit in what is left; but
+// never below silenceFloor. As rules::silence_limit in src/rules.rs; the
+// shared vectors (rules_test.go) hold them together.
+func silenceLimit(election, ttl time.Duration) time.Duration {
+	if election <= 0 {
+		election = defaultElectionTimeout
+	}
+	// Saturating: the election timeout is the node's word.
+	limit := time.Duration(math.MaxInt64)
+	if election < limit/3 {
+		limit = 3 * election
+	}
+	if limit < minSilence {
+		limit = minSilence
+	}
+	if q := ttl / 4; limit > q {
+		limit = q
+	}
+	// A node stating no TTL must not make the probe spin.
+	if limit < silenceFloor {
+		limit = silenceFloor
+	}
+	return limit
+}
+
 // goneSilent says whether a link that last heard from its node at
 // lastHeard has gone silent at now for limit (silenceLimit): once the
 // probe finds the node silent, such a link breaks off and resumes its
