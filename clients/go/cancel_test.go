@@ -84,6 +84,7 @@ func TestCancellingAWaitingLockWithdrawsIt(t *testing.T) {
 }
 
 func TestCancellingAWaitingLockWithdrawsItOnACluster(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 3, "--session-ttl", "6s")
 	checkCancelWithdraws(t, cl.Servers(), nil)
 }

@@ -84,6 +84,7 @@ func TestSilenceLimitFollowsTheRustLibrary(t *testing.T) {
 }
 
 func TestAClusterClientFollowsNotLeaderAndOpensASession(t *testing.T) {
+	// Not parallel: it covers NotLeader before TestEveryStatusOfTheProtoHasATest.
 	covers(t, pb.ResponseStatus_NotLeader)
 	cl := startCluster(t, 3, "--session-ttl", "6s")
 	lead := cl.leader(-1)
@@ -115,6 +116,7 @@ func TestAClusterClientFollowsNotLeaderAndOpensASession(t *testing.T) {
 }
 
 func TestAKilledLeaderIsRiddenThroughWithLocksAndPlacesInLineKept(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 3, "--session-ttl", "6s")
 	old := cl.leader(-1)
 	ctx := testCtx(t)
@@ -178,6 +180,7 @@ func TestAKilledLeaderIsRiddenThroughWithLocksAndPlacesInLineKept(t *testing.T) 
 }
 
 func TestAPausedLeaderIsNoticedByTheProbeAndCostsTheHolderNothing(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 3, "--session-ttl", "6s")
 	old := cl.leader(-1)
 	ctx := testCtx(t)
@@ -234,6 +237,7 @@ func TestAPausedLeaderIsNoticedByTheProbeAndCostsTheHolderNothing(t *testing.T) 
 }
 
 func TestADeposedLeaderNeverLeavesALockHeldHereThatTheClusterGaveAway(t *testing.T) {
+	t.Parallel()
 	// A leader paused until the others replace it, then resumed, answers
 	// the Pings that queued up with NotLeader. Those answers must not keep
 	// the lock "held" here: either the holder resumes its session on the
@@ -299,6 +303,7 @@ func waitEvent(ev events, kind EventKind, not string) <-chan Event {
 }
 
 func TestWithEveryNodeDownTheLockIsLostAndTheErrorNamesEachNode(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 3, "--session-ttl", "2s")
 	cl.leader(-1)
 	ctx := testCtx(t)

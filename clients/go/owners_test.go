@@ -238,6 +238,7 @@ func TestGoroutinesSharingAClientTakeTurnsWithEachOtherAndAnotherProcess(t *test
 }
 
 func TestGoroutinesSharingAClientTakeTurnsOnACluster(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 3, "--session-ttl", "6s")
 	cl.leader(-1)
 	checkTurns(t, cl.Servers(), 4, 25)

@@ -224,6 +224,10 @@ type testCluster struct {
 // 500 ms still rides out the scheduling stalls of a loaded two-core machine.
 var nodeFlags = []string{"--heartbeat", "100ms", "--election-timeout", "500ms"}
 
+// startCluster starts n nodes of a cluster of their own. The tests that
+// start one call t.Parallel(): their time is mostly spent waiting for
+// elections and failovers, and `go test` runs at most GOMAXPROCS of them at
+// once (two on a 2-core CI machine, as `cargo test` runs the Rust ones).
 func startCluster(t testing.TB, n int, flags ...string) *testCluster {
 	c := prepareCluster(t, n, append(append([]string{}, nodeFlags...), flags...))
 	for i := 0; i < n; i++ {

@@ -284,6 +284,7 @@ func TestShuttingDownAtConnectTriesTheNextNode(t *testing.T) {
 }
 
 func TestAProbeAnsweredUnavailableMovesTheSessionAtOnce(t *testing.T) {
+	t.Parallel()
 	// The node keeps answering the session's own requests (as a leader cut
 	// off from its peers would Pings it queued before it stepped aside):
 	// only the probe tells that it cannot serve.
@@ -588,6 +589,7 @@ func handOver(t *testing.T, ctx context.Context, l *Lock, got chan grant) {
 }
 
 func TestALeaderCutOffFromItsPeersCostsNoLockAndNoPlaceInLine(t *testing.T) {
+	t.Parallel()
 	const cutFor = 10 * time.Second // longer than the 8 s TTL
 	cl := prepareCluster(t, 3, cutOffFlags)
 	links := routePeers(t, cl)
@@ -637,6 +639,7 @@ func TestALeaderCutOffFromItsPeersCostsNoLockAndNoPlaceInLine(t *testing.T) {
 }
 
 func TestALeaderStoppedWithSigtermCostsNoLockAndNoPlaceInLine(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 3, "--session-ttl", "6s")
 	cl.leader(-1)
 	ctx := testCtx(t)

@@ -28,6 +28,9 @@ cd "$here"
 npm ci --no-audit --no-fund
 npm run gen:check
 npm run build
+# Two test files at a time (package.json's --test-concurrency=2), each with
+# servers of its own: their time is mostly waiting for elections and
+# failovers, as with `cargo test`'s two threads.
 npm test
 
 # The packed tarball installs into an empty project and loads there.
