@@ -305,7 +305,7 @@ impl LockGuard {
 
     async fn keep_renewing(&self) -> Lost {
         loop {
-            let Some((sent, lease)) = self.hold.borrow().lease else {
+            let Some((at, lease)) = self.hold.borrow().renewal() else {
                 return self.lost().await;
             };
             let client = self.client();
@@ -314,7 +314,7 @@ impl LockGuard {
                 // No renewal can get through: say so at once, so there is
                 // as much of the lease as possible left to reconnect in.
                 reason = client.closed() => return Lost::ConnectionLost(reason),
-                _ = tokio::time::sleep_until(sent + lease / 3) => {}
+                _ = tokio::time::sleep_until(at) => {}
             }
             let renewed = tokio::select! {
                 lost = self.lost() => return lost,

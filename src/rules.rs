@@ -101,6 +101,18 @@ impl<T: Time> Hold<T> {
         self.unconfirmed.map_or(held, |(_, lease)| held.min(lease))
     }
 
+    /// When a keeper renews this lock, and to what lease: a third into the
+    /// lease in force, to that lease again. `None` for a lock without a
+    /// lease, even when an unanswered Renew may have made it one: that
+    /// Renew's answer comes before any later one's (answers keep the order
+    /// of requests), so a renewal sent behind it could prove nothing
+    /// sooner, and renewing to the lease in force while a shorter renewal
+    /// is unanswered would undo the shortening the owner asked for. Until
+    /// the answer comes, the deadline follows the unanswered renewal.
+    pub fn renewal(&self) -> Option<(T, Duration)> {
+        self.lease.map(|(sent, lease)| (sent + lease / 3, lease))
+    }
+
     /// A Renew to `lease` was sent at `sent` (after every renewal sent
     /// before): once sent, the server may apply it though its answer never
     /// comes. Returns whether the deadline may have moved.

@@ -171,7 +171,8 @@ enum Step {
 }
 
 /// Lives of a lock: granted, renewals sent and answered (or not), then the
-/// deadline, the lease known and the margin's window.
+/// deadline, the lease known, the margin's window and the keeper's next
+/// renewal (`Hold::renewal`).
 fn holds() -> Value {
     use Step::{Answered, Sent};
     let lives: Vec<(&str, Option<u64>, Vec<Step>)> = vec![
@@ -282,6 +283,12 @@ fn holds() -> Value {
                 "deadline_us": us(hold.deadline(d(owner_acked), d(owner_timeout))),
                 "lease_us": hold.lease.map(|(_, l)| us(l)),
                 "window_us": us(hold.window(d(owner_timeout))),
+                // In nanoseconds: a third of a lease is seldom whole
+                // microseconds, and every client computes it in nanoseconds.
+                "renewal": hold.renewal().map(|(at, lease)| json!({
+                    "at_ns": u64::try_from(at.as_nanos()).expect("test times fit"),
+                    "lease_us": us(lease),
+                })),
             })
         })
         .collect();

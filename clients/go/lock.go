@@ -315,35 +315,13 @@ func (l *Lock) Renew(ctx context.Context, lease time.Duration) error {
 	return nil
 }
 
-// nextRenewal is when KeepAlive renews a lock of hold h, and to what lease:
-// a third into the lease in force, or into an unanswered renewal's lease
-// if that comes sooner (the server may have applied it, and the deadline
-// follows it); to the lease in force, or without one to the unanswered
-// renewal's, which may have made the lock a lease. false: no lease to
-// keep.
-func nextRenewal(h hold) (time.Time, time.Duration, bool) {
-	var at time.Time
-	var lease time.Duration
-	if h.lease != nil {
-		at, lease = h.lease.sent.Add(h.lease.lease/3), h.lease.lease
-	}
-	if u := h.unconfirmed; u != nil {
-		if due := u.sent.Add(u.lease / 3); h.lease == nil || due.Before(at) {
-			at = due
-		}
-		if h.lease == nil {
-			lease = u.lease
-		}
-	}
-	return at, lease, h.lease != nil || h.unconfirmed != nil
-}
-
 // KeepAlive renews a lease every third of it until ctx ends or the lock is
 // lost, and returns why it stopped: the *LostError, or ctx's error. For a
-// lock without a lease it only waits (the client's pings keep it), unless
-// a Renew whose answer never came may have made it a lease: then it renews
-// that lease. A renewal that gets no answer does not delay the verdict:
-// the deadline is watched throughout. Run it beside the work:
+// lock without a lease it only waits (the client's pings keep it); once a
+// Renew of it is answered, it renews that lease. While a Renew is
+// unanswered the lock's deadline follows it (hold.renewal says why no
+// renewal is sent behind it). A renewal that gets no answer does not delay
+// the verdict: the deadline is watched throughout. Run it beside the work:
 //
 //	go lock.KeepAlive(ctx)
 //	select { case <-lock.Lost(): ...; case <-done: }
@@ -354,7 +332,7 @@ func (l *Lock) KeepAlive(ctx context.Context) error {
 		}
 		changed := l.changes()
 		l.mu.Lock()
-		at, lease, ok := nextRenewal(l.hold)
+		at, lease, ok := l.hold.renewal()
 		l.mu.Unlock()
 		if !ok {
 			select {

@@ -278,6 +278,22 @@ func unansweredTooLong(kind pb.RequestType, waited, ttl time.Duration) bool {
 	return !mayWait(kind) && waited >= ttl/2
 }
 
+// renewal is when a keeper (KeepAlive) renews a lock of hold h, and to
+// what lease: a third into the lease in force, to that lease again. false:
+// a lock without a lease, even when an unanswered Renew may have made it
+// one. That Renew's answer comes before any later one's (answers keep the
+// order of requests), so a renewal sent behind it could prove nothing
+// sooner, and renewing to the lease in force while a shorter renewal is
+// unanswered would undo the shortening the owner asked for; until the
+// answer comes, the deadline follows the unanswered renewal. The twin of
+// Hold::renewal in src/rules.rs.
+func (h hold) renewal() (time.Time, time.Duration, bool) {
+	if h.lease == nil {
+		return time.Time{}, 0, false
+	}
+	return h.lease.sent.Add(h.lease.lease / 3), h.lease.lease, true
+}
+
 const (
 	// defaultElectionTimeout is assumed for a node that does not state one
 	// (dlock-server's default).

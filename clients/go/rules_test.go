@@ -85,6 +85,10 @@ type ruleVectors struct {
 		Deadline     int64  `json:"deadline_us"`
 		Lease        *int64 `json:"lease_us"`
 		Window       int64  `json:"window_us"`
+		Renewal      *struct {
+			At    int64 `json:"at_ns"`
+			Lease int64 `json:"lease_us"`
+		} `json:"renewal"`
 	} `json:"holds"`
 	// A null election timeout: the node states none (0 in this client,
 	// as the wire's 0 reads).
@@ -320,6 +324,18 @@ func TestRuleVectors(t *testing.T) {
 			if gotDeadline != c.Deadline || gotWindow != c.Window || show(gotLease) != show(c.Lease) {
 				t.Errorf("holds case %d (%s): deadline %d µs, lease %s, window %d µs; want %d, %s, %d",
 					i, c.Name, gotDeadline, show(gotLease), gotWindow, c.Deadline, show(c.Lease), c.Window)
+			}
+			renewAt, renewLease, renews := h.renewal()
+			want := "none"
+			if c.Renewal != nil {
+				want = fmt.Sprintf("at %d ns to %d µs", c.Renewal.At, c.Renewal.Lease)
+			}
+			got := "none"
+			if renews {
+				got = fmt.Sprintf("at %d ns to %d µs", renewAt.Sub(vectorEpoch).Nanoseconds(), renewLease/time.Microsecond)
+			}
+			if got != want {
+				t.Errorf("holds case %d (%s): renewal %s, want %s", i, c.Name, got, want)
 			}
 		}
 	})

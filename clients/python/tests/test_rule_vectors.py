@@ -114,6 +114,8 @@ def check_holds(case: Dict[str, Any]) -> None:
     assert us(hold.deadline(acked, timeout)) == case["deadline_us"]
     assert (None if hold.lease is None else us(hold.lease[1])) == case["lease_us"]
     assert us(hold.window(timeout)) == case["window_us"]
+    renewal = case["renewal"]
+    assert hold.renewal() == (None if renewal is None else (renewal["at_ns"], ns(renewal["lease_us"])))
 
 
 def check_silence_limits(case: Dict[str, Any]) -> None:

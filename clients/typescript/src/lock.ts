@@ -155,9 +155,9 @@ export class Lock implements AsyncDisposable {
     this.rewatch();
     if (this.keeperTimer !== null) clearTimeout(this.keeperTimer);
     this.keeperTimer = null;
-    if (this.hold.lease !== null && this.keep) {
-      const [sent, lease] = this.hold.lease;
-      const at = millis(sent + lease / 3n);
+    const renewal = this.hold.renewal();
+    if (renewal !== null && this.keep) {
+      const at = millis(renewal[0]);
       this.keeperTimer = setTimeout(() => this.keepAlive(), Math.max(0, at - now()));
       this.keeperTimer.unref();
     }

@@ -149,6 +149,20 @@ export class Hold {
     return this.unconfirmed === null ? held : min(held, this.unconfirmed[1]);
   }
 
+  /**
+   * When a keeper renews this lock, and to what lease: a third into the
+   * lease in force, to that lease again. null for a lock without a lease,
+   * even when an unanswered Renew may have made it one: that Renew's answer
+   * comes before any later one's (answers keep the order of requests), so a
+   * renewal sent behind it could prove nothing sooner, and renewing to the
+   * lease in force while a shorter renewal is unanswered would undo the
+   * shortening the owner asked for. Until the answer comes, the deadline
+   * follows the unanswered renewal. As `Hold::renewal` in src/rules.rs.
+   */
+  renewal(): Stamp | null {
+    return this.lease === null ? null : [this.lease[0] + this.lease[1] / 3n, this.lease[1]];
+  }
+
   /** A Renew to `lease` was sent at `sent`: once sent, the server may apply it though its answer never comes. Returns whether the hold changed. */
   renewSent(sent: bigint, lease: bigint): boolean {
     this.latest = [sent, lease];

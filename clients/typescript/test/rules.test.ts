@@ -141,6 +141,12 @@ test("rule vectors: holds", () => {
     assert.equal(toUs(hold.deadline(...owner)), c.deadline_us, "deadline");
     assert.equal(hold.lease === null ? null : toUs(hold.lease[1]), c.lease_us, "lease");
     assert.equal(toUs(hold.window(owner[1])), c.window_us, "window");
+    const renewal = hold.renewal();
+    assert.deepEqual(
+      renewal === null ? null : { at_ns: Number(renewal[0]), lease_us: toUs(renewal[1]) },
+      c.renewal,
+      "renewal",
+    );
   });
 });
 

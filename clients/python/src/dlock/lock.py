@@ -244,15 +244,15 @@ class Lock:
         """Renews the lease every third of it; reports it lost when it could run out."""
         loop = asyncio.get_running_loop()
         while True:
-            held = self._hold.lease
-            assert held is not None
+            renewal = self._hold.renewal()
+            assert renewal is not None
             now = loop.time()
             deadline, margin = self._safety()
             if rules.in_jeopardy(rules.to_ns(now), deadline, margin):
                 self._set_lost(self._past_deadline())
                 return
             lose_at = rules.to_seconds(deadline - margin)
-            renew_at = rules.to_seconds(held[0] + held[1] // 3)
+            renew_at = rules.to_seconds(renewal[0])
             if not self._auto_renew or now < renew_at:
                 # (A renewal sent and not answered may end it before the
                 # next one is due.)

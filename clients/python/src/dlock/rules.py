@@ -169,6 +169,21 @@ class Hold:
             return min(held, self.unconfirmed[1])
         return held
 
+    def renewal(self) -> Optional[Window]:
+        """When a keeper renews this lock, and to what lease, as (when, the
+        lease): a third into the lease in force, to that lease again. None
+        for a lock without a lease, even when an unanswered Renew may have
+        made it one: that Renew's answer comes before any later one's
+        (answers keep the order of requests), so a renewal sent behind it
+        could prove nothing sooner, and renewing to the lease in force while
+        a shorter renewal is unanswered would undo the shortening the owner
+        asked for. Until the answer comes, the deadline follows the
+        unanswered renewal. As `Hold::renewal` in src/rules.rs."""
+        if self.lease is None:
+            return None
+        sent, lease = self.lease
+        return sent + lease // 3, lease
+
     def renew_sent(self, sent: int, lease: int) -> bool:
         """A Renew to `lease` was sent at `sent`: once sent, the server may
         apply it though its answer never comes. Returns whether the hold
