@@ -212,10 +212,27 @@ class FreezableProxy:
         self._accepted = 0
         self._doomed: "set[int]" = set()
         self._doomed_lock = threading.Lock()
+        # For `freeze(settle=True)`: freezes so far, and the latest each
+        # live connection has seen (None: it may still be forwarding).
+        self._settled = threading.Condition()
+        self._freezes = 0
+        self._seen: "dict[int, Optional[int]]" = {}
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def freeze(self) -> None:
-        self._thawed.clear()
+    def freeze(self, settle: bool = False) -> None:
+        """Holds everything back from now on. A connection in the middle of
+        forwarding may still pass on what it read: with `settle`, returns
+        only once every connection has stopped (within a fifth of a second),
+        so nothing sent after the call gets through."""
+        with self._settled:
+            self._thawed.clear()
+            self._freezes += 1
+            freezes = self._freezes
+            if settle:
+                done = self._settled.wait_for(
+                    lambda: all(seen is not None and seen >= freezes for seen in self._seen.values()), timeout=5
+                )
+                assert done, "a connection through the proxy did not stop"
 
     def thaw(self) -> None:
         self._thawed.set()
@@ -253,6 +270,8 @@ class FreezableProxy:
                 for s in (client, server):
                     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 n, self._accepted = self._accepted, self._accepted + 1
+                with self._settled:
+                    self._seen[n] = None
                 threading.Thread(target=self._forward, args=(client, server, n), daemon=True).start()
         except OSError:
             pass
@@ -267,8 +286,14 @@ class FreezableProxy:
             while reading and not self._closed:
                 if self._is_doomed(n):
                     raise OSError("reset by the test")
+                if not self._thawed.is_set():
+                    with self._settled:
+                        self._seen[n] = self._freezes
+                        self._settled.notify_all()
                 if not self._thawed.wait(0.2):
                     continue  # frozen: nothing is read, the senders' buffers fill
+                with self._settled:
+                    self._seen[n] = None
                 ready, _, _ = select.select(reading, [], [], 0.2)
                 for s in ready:
                     try:
@@ -295,6 +320,10 @@ class FreezableProxy:
                 client.close()
                 server.close()
                 return
+        finally:
+            with self._settled:
+                self._seen.pop(n, None)
+                self._settled.notify_all()
         _reset(client)
         _reset(server)
 

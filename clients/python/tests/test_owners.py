@@ -429,6 +429,46 @@ def test_a_lock_on_a_connection_of_its_own_outlives_the_clients_connection(serve
         proxy.close()
 
 
+def test_a_lease_granted_as_its_lock_is_cancelled_is_released_after_the_clients_connection_ended(server):
+    # A waiting Lock with a lease, on a connection of its own, is cancelled
+    # just as its grant crosses the cancel, after the client's shared
+    # connection ended: the grant is released by fence on a connection
+    # opened for it, not left to hold the key until the lease runs out.
+    proxy = FreezableProxy(server.addr)
+
+    async def body():
+        async with dlock.aio.connect(server.addr) as other:
+            held = await other.lock("late")
+            client = await dlock.aio.connect(proxy.addr)  # the proxy's connection 0
+            try:
+                waiting = asyncio.ensure_future(client.lock("late", lease=3600))  # tried on 0, waits on 1
+                await _waiters(other, "late", 1)
+                proxy.reset(0)
+                await asyncio.wait_for(client.closed.wait(), LIMIT)
+                proxy.freeze(settle=True)
+                await held.unlock()  # granted to the waiting Lock; the grant waits in the proxy
+                await _waiters(other, "late", 0)
+                granted = (await other.inspect("late"))[0].fence
+                assert granted > held.fence
+                waiting.cancel()
+                await asyncio.sleep(0)  # the cancel half-closes connection 1
+                proxy.thaw()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                deadline = asyncio.get_running_loop().time() + LIMIT
+                while (await other.inspect("late"))[0].fence == granted:
+                    assert asyncio.get_running_loop().time() < deadline, "the late lease stayed held"
+                    await asyncio.sleep(0.01)
+                assert (await other.inspect("late"))[0].fence == 0
+            finally:
+                await client.close()
+
+    try:
+        run(body())
+    finally:
+        proxy.close()
+
+
 def test_a_lock_cancelled_before_its_answer_leaves_its_key_neither_held_nor_claimed(server):
     async def body():
         async with dlock.aio.connect(server.addr) as client:

@@ -97,7 +97,7 @@ from .connection import Connection
 from .dial import Dial
 from .election import Election, Leader, Leadership
 from .enqueue import Queued
-from .errors import ConnectionLost, LockLost, NotHeld, ProtocolError, Status, Timeout
+from .errors import ConnectionLost, DlockError, LockLost, NotHeld, ProtocolError, Status, Timeout
 from .lock import Lock
 from .types import Event, KeyInfo, Limits, ServerStats
 
@@ -241,6 +241,9 @@ class Client:
         # those idle for the next such lock.
         self._owners: "set[Client]" = set()
         self._idle: "List[Client]" = []
+        # Unlocks by fence of late grants on connections opened for them
+        # (`_release_late`), kept so that they are not collected mid-way.
+        self._releasing: "set[asyncio.Task[None]]" = set()
         self._watchdog: Optional[asyncio.TimerHandle] = None
         # Connections of Watches (a parked Watch holds back the answers
         # behind it): every one open, and those idle for the next Watch.
@@ -754,10 +757,31 @@ class Client:
             raise
 
     def _release_late(self, keys: List[str], fence: int) -> None:
-        """Releases, by fence on the shared connection, a grant that reached an
-        owner of its own given up meanwhile (a lease outlives it)."""
+        """Releases, by fence, a grant that reached an owner of its own given
+        up meanwhile (a lease outlives it): on the shared connection, or, when
+        that has ended (the owner outlives it), on a connection opened for
+        the Unlock, so the lease does not keep others out until it runs out."""
+        body = pb.RequestLock(keys=keys, fence=fence)
         if self._conn.close_reason is None:
-            self._conn.send(pb.Unlock, pb.RequestLock(keys=keys, fence=fence), None)
+            self._conn.send(pb.Unlock, body, None)
+            return
+        task = self._loop.create_task(self._release_elsewhere(body))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _release_elsewhere(self, body: "pb.RequestLock") -> None:
+        """One Unlock by fence on a connection of its own, within the drain
+        limit; on failure the lease runs out on its own."""
+        try:
+            conn = await asyncio.wait_for(Connection.open(self._conn._dial, 1, quiet=True), _DRAIN_LIMIT)
+        except (DlockError, OSError, asyncio.TimeoutError):
+            return
+        try:
+            await asyncio.wait_for(conn.call(pb.Unlock, body), _DRAIN_LIMIT)
+        except (DlockError, asyncio.TimeoutError):
+            pass  # NotHeld: the lease ended or was released meanwhile
+        finally:
+            conn.end("a late grant released", closing=True)
 
     def _done_with(self, owner: "Client") -> None:
         """`owner`'s lock is over: keeps it for the next lock that waits, or closes it."""
