@@ -5,7 +5,7 @@
 //! stream from there.
 
 use crate::backoff::Backoff;
-use crate::codec::{encode_frame, FrameCodec};
+use crate::codec::{encode_frame, FrameCodec, FrameError};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::options::ClientOptions;
@@ -281,7 +281,9 @@ async fn try_node(
     stream.reset_on_close(true);
     let hello_sent = Instant::now();
     let limits = hello(&mut stream, &token).await.map_err(|e| match e {
-        e @ (Error::AccessDenied(_) | Error::Protocol(_)) => NodeError::Fatal(e),
+        e @ Error::AccessDenied(_) => NodeError::Fatal(e),
+        // Which address misbehaved: a cluster's list may hold one wrong port.
+        Error::Protocol(why) => NodeError::Fatal(Error::Protocol(format!("{addr}: {why}"))),
         e @ Error::ServerSpeaksTls if session == 0 => NodeError::Fatal(e),
         error => NodeError::Failed {
             error,
@@ -432,8 +434,11 @@ pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         if transport::looks_like_tls(&buf) {
             return Err(Error::ServerSpeaksTls);
         }
-        if let Some(body) = tokio_util::codec::Decoder::decode(&mut codec, &mut buf)
-            .map_err(|e| Error::Protocol(format!("bad answer to {:?}: {e}", req.r#type())))?
+        if let Some(body) =
+            tokio_util::codec::Decoder::decode(&mut codec, &mut buf).map_err(|e| match e {
+                FrameError::TooLarge { .. } => Error::Protocol(transport::not_dlock(&buf)),
+                e => Error::Protocol(format!("bad answer to {:?}: {e}", req.r#type())),
+            })?
         {
             break body;
         }

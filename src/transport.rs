@@ -97,6 +97,24 @@ pub(crate) fn looks_like_tls(read: &[u8]) -> bool {
     matches!(read, [0x15 | 0x16, 0x03, minor, ..] if *minor <= 0x04)
 }
 
+/// What a client tells its user when the first answer it read announces
+/// a frame longer than any dlock answer: the other end is another service
+/// (an HTTP metrics port, SSH, a dlock-server's peer port), and `read`'s
+/// start, shown as text, usually names it ("HTTP/1.1 400").
+pub(crate) fn not_dlock(read: &[u8]) -> String {
+    let start: String = read
+        .iter()
+        .take(24)
+        .flat_map(|&b| std::ascii::escape_default(b))
+        .map(char::from)
+        .collect();
+    format!(
+        "the other end does not speak dlock's protocol (it answered \"{start}\"): \
+         give the client port of a dlock-server (its --listen), not its metrics \
+         or peer port or another service's"
+    )
+}
+
 /// The host of `host:port`, without the brackets of an IPv6 address.
 fn host(addr: &str) -> &str {
     let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
