@@ -285,6 +285,16 @@ async fn try_node(
         // Which address misbehaved: a cluster's list may hold one wrong port.
         Error::Protocol(why) => NodeError::Fatal(Error::Protocol(format!("{addr}: {why}"))),
         e @ Error::ServerSpeaksTls if session == 0 => NodeError::Fatal(e),
+        // TLS 1.3 ends the client's handshake before the server checks
+        // the client's certificate: its refusal is the first thing read.
+        Error::ConnectionLost(Disconnect::Read(e))
+            if transport::tls_failure(&e).is_some_and(transport::TlsFailure::is_the_clients) =>
+        {
+            // The Arc is this exchange's alone; the copy keeps kind and text.
+            let source =
+                Arc::try_unwrap(e).unwrap_or_else(|e| std::io::Error::new(e.kind(), e.to_string()));
+            connect_error(addr, source, session)
+        }
         error => NodeError::Failed {
             error,
             answered: false,
@@ -376,6 +386,12 @@ fn connect_error(addr: &str, source: std::io::Error, session: u64) -> NodeError 
         Some(transport::TlsFailure::NotTls) => Error::ServerSpeaksNoTls { addr, source },
         Some(transport::TlsFailure::CaAsEndEntity) => {
             Error::CaUsedAsServerCertificate { addr, source }
+        }
+        Some(transport::TlsFailure::ClientCertRequired) => {
+            Error::ClientCertificateRequired { addr, source }
+        }
+        Some(transport::TlsFailure::ClientCertRefused) => {
+            Error::ClientCertificateRefused { addr, source }
         }
         None => {
             return NodeError::Failed {

@@ -73,13 +73,46 @@ pub(crate) enum TlsFailure {
     NotTls,
     /// The server presented a CA certificate as its own.
     CaAsEndEntity,
+    /// The server wants a client certificate and got none. With TLS 1.3
+    /// its alert comes after the client's handshake, on the first read.
+    ClientCertRequired,
+    /// The server refused the client's certificate.
+    ClientCertRefused,
 }
 
-/// What `e`, from [`connect`], says of the TLS setup.
+impl TlsFailure {
+    /// Whether the server refused the client's certificate, or its lack
+    /// of one.
+    pub(crate) fn is_the_clients(self) -> bool {
+        matches!(
+            self,
+            TlsFailure::ClientCertRequired | TlsFailure::ClientCertRefused
+        )
+    }
+}
+
+/// What `e`, from [`connect`] or the first read after it, says of the
+/// TLS setup.
 pub(crate) fn tls_failure(e: &io::Error) -> Option<TlsFailure> {
+    use rustls::AlertDescription as Alert;
     let tls = e.get_ref()?.downcast_ref::<rustls::Error>()?;
     match tls {
         rustls::Error::InvalidMessage(_) => Some(TlsFailure::NotTls),
+        rustls::Error::AlertReceived(Alert::CertificateRequired) => {
+            Some(TlsFailure::ClientCertRequired)
+        }
+        // What a server sends for a client certificate it does not accept
+        // (rustls answers one of another CA with DecryptError: its
+        // signature does not check against the trusted CA's key).
+        rustls::Error::AlertReceived(
+            Alert::BadCertificate
+            | Alert::UnsupportedCertificate
+            | Alert::CertificateRevoked
+            | Alert::CertificateExpired
+            | Alert::CertificateUnknown
+            | Alert::UnknownCA
+            | Alert::DecryptError,
+        ) => Some(TlsFailure::ClientCertRefused),
         rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other))
             if format!("{other:?}").contains("CaUsedAsEndEntity") =>
         {
