@@ -5,7 +5,7 @@
 //! stream from there.
 
 use crate::backoff::Backoff;
-use crate::codec::{encode_frame, FrameCodec};
+use crate::codec::{encode_frame, FrameCodec, FrameError};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::options::ClientOptions;
@@ -281,8 +281,20 @@ async fn try_node(
     stream.reset_on_close(true);
     let hello_sent = Instant::now();
     let limits = hello(&mut stream, &token).await.map_err(|e| match e {
-        e @ (Error::AccessDenied(_) | Error::Protocol(_)) => NodeError::Fatal(e),
+        e @ Error::AccessDenied(_) => NodeError::Fatal(e),
+        // Which address misbehaved: a cluster's list may hold one wrong port.
+        Error::Protocol(why) => NodeError::Fatal(Error::Protocol(format!("{addr}: {why}"))),
         e @ Error::ServerSpeaksTls if session == 0 => NodeError::Fatal(e),
+        // TLS 1.3 ends the client's handshake before the server checks
+        // the client's certificate: its refusal is the first thing read.
+        Error::ConnectionLost(Disconnect::Read(e))
+            if transport::tls_failure(&e).is_some_and(transport::TlsFailure::is_the_clients) =>
+        {
+            // The Arc is this exchange's alone; the copy keeps kind and text.
+            let source =
+                Arc::try_unwrap(e).unwrap_or_else(|e| std::io::Error::new(e.kind(), e.to_string()));
+            connect_error(addr, source, session)
+        }
         error => NodeError::Failed {
             error,
             answered: false,
@@ -375,6 +387,12 @@ fn connect_error(addr: &str, source: std::io::Error, session: u64) -> NodeError 
         Some(transport::TlsFailure::CaAsEndEntity) => {
             Error::CaUsedAsServerCertificate { addr, source }
         }
+        Some(transport::TlsFailure::ClientCertRequired) => {
+            Error::ClientCertificateRequired { addr, source }
+        }
+        Some(transport::TlsFailure::ClientCertRefused) => {
+            Error::ClientCertificateRefused { addr, source }
+        }
         None => {
             return NodeError::Failed {
                 error: Error::Connect { addr, source },
@@ -432,8 +450,11 @@ pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         if transport::looks_like_tls(&buf) {
             return Err(Error::ServerSpeaksTls);
         }
-        if let Some(body) = tokio_util::codec::Decoder::decode(&mut codec, &mut buf)
-            .map_err(|e| Error::Protocol(format!("bad answer to {:?}: {e}", req.r#type())))?
+        if let Some(body) =
+            tokio_util::codec::Decoder::decode(&mut codec, &mut buf).map_err(|e| match e {
+                FrameError::TooLarge { .. } => Error::Protocol(transport::not_dlock(&buf)),
+                e => Error::Protocol(format!("bad answer to {:?}: {e}", req.r#type())),
+            })?
         {
             break body;
         }

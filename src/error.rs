@@ -75,6 +75,26 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The server requires a client certificate (mutual TLS) and this
+    /// client gave none.
+    #[error("the server at {addr} requires a client certificate ({source}): give --tls-cert and --tls-key (DLOCK_TLS_CERT, DLOCK_TLS_KEY) of one signed by the CA of its --tls-client-ca (dlock-server cert create-client NAME)")]
+    ClientCertificateRequired {
+        /// The address tried.
+        addr: String,
+        /// The server's TLS alert.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server refused this client's certificate: not signed by a CA
+    /// it trusts, expired, or otherwise unusable.
+    #[error("the server at {addr} refused this client's certificate ({source}): --tls-cert must be signed by the CA of the server's --tls-client-ca (dlock-server cert create-client NAME) and be valid now")]
+    ClientCertificateRefused {
+        /// The address tried.
+        addr: String,
+        /// The server's TLS alert.
+        #[source]
+        source: std::io::Error,
+    },
     /// The server's certificate is a CA certificate presented as its own
     /// (one self-signed certificate given as both `--tls-cert` and the
     /// clients' `--tls-ca`), which TLS refuses.

@@ -73,13 +73,46 @@ pub(crate) enum TlsFailure {
     NotTls,
     /// The server presented a CA certificate as its own.
     CaAsEndEntity,
+    /// The server wants a client certificate and got none. With TLS 1.3
+    /// its alert comes after the client's handshake, on the first read.
+    ClientCertRequired,
+    /// The server refused the client's certificate.
+    ClientCertRefused,
 }
 
-/// What `e`, from [`connect`], says of the TLS setup.
+impl TlsFailure {
+    /// Whether the server refused the client's certificate, or its lack
+    /// of one.
+    pub(crate) fn is_the_clients(self) -> bool {
+        matches!(
+            self,
+            TlsFailure::ClientCertRequired | TlsFailure::ClientCertRefused
+        )
+    }
+}
+
+/// What `e`, from [`connect`] or the first read after it, says of the
+/// TLS setup.
 pub(crate) fn tls_failure(e: &io::Error) -> Option<TlsFailure> {
+    use rustls::AlertDescription as Alert;
     let tls = e.get_ref()?.downcast_ref::<rustls::Error>()?;
     match tls {
         rustls::Error::InvalidMessage(_) => Some(TlsFailure::NotTls),
+        rustls::Error::AlertReceived(Alert::CertificateRequired) => {
+            Some(TlsFailure::ClientCertRequired)
+        }
+        // What a server sends for a client certificate it does not accept
+        // (rustls answers one of another CA with DecryptError: its
+        // signature does not check against the trusted CA's key).
+        rustls::Error::AlertReceived(
+            Alert::BadCertificate
+            | Alert::UnsupportedCertificate
+            | Alert::CertificateRevoked
+            | Alert::CertificateExpired
+            | Alert::CertificateUnknown
+            | Alert::UnknownCA
+            | Alert::DecryptError,
+        ) => Some(TlsFailure::ClientCertRefused),
         rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other))
             if format!("{other:?}").contains("CaUsedAsEndEntity") =>
         {
@@ -95,6 +128,24 @@ pub(crate) fn tls_failure(e: &io::Error) -> Option<TlsFailure> {
 /// frame of 352 MB).
 pub(crate) fn looks_like_tls(read: &[u8]) -> bool {
     matches!(read, [0x15 | 0x16, 0x03, minor, ..] if *minor <= 0x04)
+}
+
+/// What a client tells its user when the first answer it read announces
+/// a frame longer than any dlock answer: the other end is another service
+/// (an HTTP metrics port, SSH, a dlock-server's peer port), and `read`'s
+/// start, shown as text, usually names it ("HTTP/1.1 400").
+pub(crate) fn not_dlock(read: &[u8]) -> String {
+    let start: String = read
+        .iter()
+        .take(24)
+        .flat_map(|&b| std::ascii::escape_default(b))
+        .map(char::from)
+        .collect();
+    format!(
+        "the other end does not speak dlock's protocol (it answered \"{start}\"): \
+         give the client port of a dlock-server (its --listen), not its metrics \
+         or peer port or another service's"
+    )
 }
 
 /// The host of `host:port`, without the brackets of an IPv6 address.

@@ -156,7 +156,13 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
             Ok(ResponseStatus::InvalidType) => {
                 return Err(Failure::new(
                     exit::UNAVAILABLE,
-                    format!("{server} is not a cluster node: {}", r.error_text),
+                    // The server's text says it already ("this server is
+                    // not a cluster node (...)"); an older one may send none.
+                    if r.error_text.is_empty() {
+                        format!("{server} is not a cluster node")
+                    } else {
+                        format!("{server}: {}", r.error_text)
+                    },
                 ));
             }
             Ok(ResponseStatus::InvalidArgument) => {

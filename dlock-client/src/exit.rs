@@ -92,7 +92,10 @@ pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
         ),
         // The server is there and says what to change: the user's TLS flags.
         e @ Error::ServerSpeaksTls => Failure::new(UNAVAILABLE, format!("cannot use {server}: {e}")),
-        e @ (Error::ServerSpeaksNoTls { .. } | Error::CaUsedAsServerCertificate { .. }) => {
+        e @ (Error::ServerSpeaksNoTls { .. }
+        | Error::CaUsedAsServerCertificate { .. }
+        | Error::ClientCertificateRequired { .. }
+        | Error::ClientCertificateRefused { .. }) => {
             Failure::new(UNAVAILABLE, e.to_string())
         }
         Error::ConnectTimeout { timeout, .. } => Failure::new(

@@ -110,9 +110,45 @@ async fn dlock_runs_a_command_over_mutual_tls_and_fails_without_the_ca() {
         .unwrap();
     assert_eq!(code(&out), 0, "{}", stderr(&out));
 
-    // Without the client certificate, or without TLS at all: refused.
+    // Without the client certificate, or without TLS at all: refused,
+    // saying which flags the server wants rather than a TLS alert's name.
     let out = run_at(&addr, &["--tls-ca", &ca_file, "--ping"]).await;
-    assert_ne!(code(&out), 0);
+    let err = stderr(&out);
+    assert_eq!(code(&out), 69, "{err}");
+    assert!(
+        err.contains("requires a client certificate") && err.contains("--tls-cert"),
+        "{err}"
+    );
+    // A client certificate of another CA: refused, and the server's CA named.
+    let other_dir = dir.path().join("other");
+    std::fs::create_dir(&other_dir).unwrap();
+    let (other_ca, ..) = ca_and_server_cert(&other_dir);
+    let (ocert, okey) = issue(
+        &other_dir,
+        &other_ca,
+        "client",
+        "cron.example",
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let out = run_at(
+        &addr,
+        &[
+            "--tls-ca",
+            &ca_file,
+            "--tls-cert",
+            &ocert,
+            "--tls-key",
+            &okey,
+            "--ping",
+        ],
+    )
+    .await;
+    let err = stderr(&out);
+    assert_eq!(code(&out), 69, "{err}");
+    assert!(
+        err.contains("refused this client's certificate") && err.contains("--tls-client-ca"),
+        "{err}"
+    );
     let out = run_at(&addr, &["--ping"]).await;
     assert_ne!(code(&out), 0);
     // A certificate without its key is a usage mistake.

@@ -364,3 +364,36 @@ async fn the_version_names_the_commit_and_the_protocol_as_the_server_does() {
         "{client}"
     );
 }
+
+/// `--server` naming a server's metrics port (HTTP) instead of its client
+/// port: dlock says the other end does not speak its protocol, which
+/// address, and what it answered, rather than "a frame of 1213486160 bytes".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_that_does_not_speak_dlock_is_named_with_what_it_answered() {
+    use dlock_server::ops::metrics::{Gauges, ReadGauges};
+    use dlock_server::ops::metrics_http::{self, Health};
+    let gauges: ReadGauges = std::sync::Arc::new(|| Gauges {
+        stats: dlock::proto::ServerStats::default(),
+        raft: None,
+    });
+    let http = metrics_http::start(
+        "127.0.0.1:0".parse().unwrap(),
+        gauges,
+        std::sync::Arc::new(Health::default()),
+    )
+    .await
+    .unwrap();
+    let addr = http.addr.to_string();
+    for args in [&["--ping"][..], &["-k", "k", "--", "true"][..]] {
+        let o = run_at(&addr, args).await;
+        let err = stderr(&o);
+        assert_eq!(code(&o), 70, "{args:?}: {err}");
+        assert!(
+            err.contains(&addr) && err.contains("does not speak dlock's protocol"),
+            "{err}"
+        );
+        assert!(err.contains("HTTP/1.1"), "{err}");
+        assert!(err.contains("--listen"), "{err}");
+    }
+    http.stop().await;
+}

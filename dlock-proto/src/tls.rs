@@ -35,6 +35,18 @@ pub enum TlsError {
     /// not match its certificate).
     #[error("{0}")]
     Rustls(#[from] rustls::Error),
+    /// rustls refuses a certificate with its key: most often a key that is
+    /// not the certificate's own (another node's .key).
+    #[error("cannot use {} with {}: {}", cert.display(), key.display(), pair_trouble(source))]
+    Pair {
+        /// The certificate chain's file.
+        cert: PathBuf,
+        /// The key's file.
+        key: PathBuf,
+        /// What rustls said. Not a `#[source]`: the message holds it, and a
+        /// chain printed with `{:#}` would say it twice.
+        source: rustls::Error,
+    },
     /// A certificate authority cannot be used.
     #[error("cannot use CA certificate from {path}: {source}")]
     Ca {
@@ -44,6 +56,27 @@ pub enum TlsError {
         #[source]
         source: rustls::Error,
     },
+}
+
+/// What rustls's refusal of a certificate with a key means to the one who
+/// gave the two files.
+fn pair_trouble(e: &rustls::Error) -> String {
+    match e {
+        rustls::Error::InconsistentKeys(_) => "the key is not the certificate's own: give \
+             the .key file written beside that .pem (dlock-server cert writes NAME.pem and \
+             NAME.key together)"
+            .into(),
+        e => e.to_string(),
+    }
+}
+
+/// [`TlsError::Pair`] for `cert` and `key`, which rustls refused together.
+pub fn pair_error(source: rustls::Error, cert: &Path, key: &Path) -> TlsError {
+    TlsError::Pair {
+        cert: cert.to_owned(),
+        key: key.to_owned(),
+        source,
+    }
 }
 
 /// The crypto provider every dlock program uses: ring, which builds with a
@@ -116,7 +149,9 @@ pub fn client_config(
         .with_safe_default_protocol_versions()?
         .with_root_certificates(read_roots(ca)?);
     let config = match identity {
-        Some((cert, key)) => builder.with_client_auth_cert(read_certs(cert)?, read_key(key)?)?,
+        Some((cert, key)) => builder
+            .with_client_auth_cert(read_certs(cert)?, read_key(key)?)
+            .map_err(|e| pair_error(e, cert, key))?,
         None => builder.with_no_client_auth(),
     };
     Ok(Arc::new(config))

@@ -90,6 +90,20 @@ fn unusable_token_file_is_a_clear_startup_error() {
         stderr.contains("cannot read token file /nonexistent/tokens"),
         "{stderr}"
     );
+
+    // A mistyped header: refused, not read as a token with every right.
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "tokne jobs s3cret\n    lock jobs/*\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+        .args(["--listen", "127.0.0.1:0", "--token-file"])
+        .arg(&tokens)
+        .output()
+        .expect("run dlock-server");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("line 1: expected"), "{stderr}");
+    assert!(!stderr.contains("s3cret"), "{stderr}");
 }
 
 #[test]

@@ -229,3 +229,50 @@ async fn sigkill_of_the_command_leaves_no_node_behind() {
     let _ = tokio::task::spawn_blocking(move || cmd.wait()).await;
     none_left(&cluster).await;
 }
+
+/// A second local cluster on the ports of one that runs (here, a port
+/// some other program holds) is refused before any node starts, rather
+/// than printing the other cluster's addresses as its own; nodes that all
+/// fail to start (data directories that cannot be made) end the command
+/// with an error instead of leaving it waiting with nothing running.
+#[test]
+fn ports_in_use_or_nodes_that_all_fail_end_the_command_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+        .args(["local-cluster", "-n", "1", "--port", &port, "--dir"])
+        .arg(dir.path().join("cluster"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("cannot listen on 127.0.0.1:{port}")) && err.contains("--port 0"),
+        "{err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // Each node's data directory is a file: every node exits at once.
+    let cluster = dir.path().join("broken");
+    std::fs::create_dir(&cluster).unwrap();
+    for id in 1..=3 {
+        std::fs::write(cluster.join(format!("node{id}")), "not a directory").unwrap();
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+        .args(["local-cluster", "--port", "0", "--dir"])
+        .arg(&cluster)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("every node exited"), "{err}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!said.contains("export DLOCK_SERVER"), "{said}");
+}

@@ -223,3 +223,25 @@ fn flags(args: &[&str]) -> dlock_server::Config {
     )
     .expect("flags parse")
 }
+
+/// A certificate given with another certificate's key (the .key of
+/// another node) is refused at start by the server, and by the client
+/// library, naming both files and what is wrong rather than rustls's
+/// "keys may not be consistent: KeyMismatch".
+#[test]
+fn a_key_that_is_not_the_certificates_own_is_named_with_both_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Ca::new(dir.path(), "a"), Ca::new(dir.path(), "b"));
+    let ((cert, _), (_, key)) = (a.server(&["localhost"]), b.server(&["localhost"]));
+    let flags = flags(&["--tls-cert", s(&cert), "--tls-key", s(&key)]);
+    let server = dlock_server::net::tls::Tls::from_config(&flags)
+        .map(|_| ())
+        .unwrap_err();
+    let client = dlock::tls::client_config(&a.ca_file(), Some((&cert, &key)))
+        .map(|_| ())
+        .unwrap_err();
+    for e in [format!("{server:#}"), client.to_string()] {
+        assert!(e.contains("not the certificate's own"), "{e}");
+        assert!(e.contains(s(&cert)) && e.contains(s(&key)), "{e}");
+    }
+}

@@ -96,7 +96,7 @@ fn server_config(
             dlock_proto::tls::read_certs(cert)?,
             dlock_proto::tls::read_key(key)?,
         )
-        .with_context(|| format!("cannot use {} with {}", cert.display(), key.display()))?;
+        .map_err(|e| dlock_proto::tls::pair_error(e, cert, key))?;
     Ok(Arc::new(config))
 }
 

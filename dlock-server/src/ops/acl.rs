@@ -217,6 +217,17 @@ impl Acl {
                     };
                     open = Some((id, None));
                 }
+                Some(first) if is_rule(first) => bail!(
+                    "line {n}: the rule {first:?} is under no \"token NAME SECRET\" or \
+                     \"identity NAME\" line: indent it under one"
+                ),
+                // A mistyped header ("tokne jobs s3cret") would otherwise
+                // become a token with every right. The line is not shown:
+                // it may hold a secret.
+                _ if line.contains(char::is_whitespace) => bail!(
+                    "line {n}: expected \"token NAME SECRET\", \"identity NAME\" or a bare \
+                     token (one word, no spaces)"
+                ),
                 _ => {
                     // A bare token: every right, as the old file meant.
                     let id = Identity {
@@ -266,6 +277,13 @@ impl Acl {
         let i = usize::try_from(found).ok()?.checked_sub(1)?;
         self.tokens.get(i).map(|(_, id)| id)
     }
+}
+
+/// Whether `word` starts a rule. Such a line with no identity above it
+/// is a misplaced rule, never a bare token: read as one, an indented
+/// `admin` would become the secret "admin" with every right.
+fn is_rule(word: &str) -> bool {
+    matches!(word, "admin" | "lock" | "inspect")
 }
 
 fn add_rule(id: &mut Identity, line: &str) -> anyhow::Result<()> {
@@ -414,10 +432,22 @@ mod tests {
             ("token a x\n    lock j*bs/*\n", "line 2"),
             ("token a x\n    delete *\n", "unknown rule"),
             ("identity a\nidentity a\n", "twice"),
+            // A rule under a bare token, or under a mistyped header, is no
+            // token of its own with every right.
+            (
+                "1f0c2a9e\n    admin\n",
+                "line 2: the rule \"admin\" is under no",
+            ),
+            ("tokne jobs s3cret\n    lock jobs/*\n", "line 1: expected"),
+            ("admin\n", "line 1"),
         ] {
             let e = format!("{:#}", Acl::parse(text).unwrap_err());
             assert!(e.contains(want), "{text:?}: {e}");
+            assert!(!e.contains("s3cret"), "{e}");
         }
+        // The old format, indented or not, still reads.
+        let old = Acl::parse("alpha\n  beta\n").unwrap();
+        assert!(old.by_token(b"beta").is_some_and(|id| id.is_admin()));
     }
 
     #[test]

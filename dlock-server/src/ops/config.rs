@@ -1,7 +1,7 @@
 //! Server configuration: command-line flags, their defaults and limits.
 
 use clap::Parser;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use std::time::Duration;
 pub struct Config {
     /// Address to listen on. Loopback by default; use 0.0.0.0:7436 to serve
     /// other machines (and set --token-file).
-    #[arg(long, env = "DLOCK_LISTEN", default_value = dlock_proto::DEFAULT_ADDR)]
+    #[arg(long, env = "DLOCK_LISTEN", default_value = dlock_proto::DEFAULT_ADDR, value_parser = listen_addr)]
     pub listen: SocketAddr,
 
     /// Access control file: tokens (a bare token per line has every right)
@@ -143,7 +143,7 @@ pub struct Config {
 
     /// Serve Prometheus metrics (/metrics) and health probes (/healthz,
     /// /readyz) over HTTP on this address. Off by default.
-    #[arg(long, env = "DLOCK_METRICS_LISTEN", value_name = "ADDR")]
+    #[arg(long, env = "DLOCK_METRICS_LISTEN", value_name = "ADDR", value_parser = listen_addr)]
     pub metrics_listen: Option<SocketAddr>,
 
     /// Log filter (e.g. info, debug, dlock_server=trace). Overrides RUST_LOG.
@@ -178,6 +178,7 @@ pub struct Config {
         long,
         env = "DLOCK_PEER_LISTEN",
         value_name = "ADDR",
+        value_parser = listen_addr,
         help_heading = "Cluster"
     )]
     pub peer_listen: Option<SocketAddr>,
@@ -491,6 +492,27 @@ pub const FENCE_FLOOR_MAX: u64 = crate::table::MAX_NEXT_FENCE / 2;
 /// would make one idle connection a stream of commits.
 pub const MIN_SESSION_TTL: Duration = Duration::from_secs(1);
 
+/// An address to listen on: an IP address and a port. A host name is
+/// refused (a name may resolve to several addresses, or to another one
+/// after a restart), and the error says so with examples instead of
+/// "invalid socket address syntax".
+fn listen_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    let examples = "for example 127.0.0.1:PORT (this machine only), 0.0.0.0:PORT (every \
+                    interface) or [::]:PORT";
+    match s.rsplit_once(':') {
+        Some((host, _)) if host.trim_matches(['[', ']']).parse::<IpAddr>().is_err() => Err(
+            format!("{host:?} is not an IP address: give IP:PORT, {examples}"),
+        ),
+        Some((_, port)) => Err(format!(
+            "{port:?} is not a port number (0 to 65535): give IP:PORT, {examples}"
+        )),
+        None => Err(format!("no port: give IP:PORT, {examples}")),
+    }
+}
+
 fn session_ttl(s: &str) -> Result<Duration, String> {
     let ttl = dlock_proto::duration::parse_positive(s)?;
     if ttl < MIN_SESSION_TTL {
@@ -585,6 +607,26 @@ mod tests {
                 Config::try_parse_from(["s", "--initial-cluster", bad]).is_err(),
                 "{bad:?} accepted"
             );
+        }
+    }
+
+    #[test]
+    fn a_listen_address_is_an_ip_and_a_port_and_a_bad_one_says_which_part_is_wrong() {
+        let parse = |flag: &str, value: &str| {
+            Config::try_parse_from(["s", flag, value])
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        for flag in ["--listen", "--metrics-listen", "--peer-listen"] {
+            assert!(parse(flag, "127.0.0.1:7436").is_ok());
+            assert!(parse(flag, "[::1]:0").is_ok());
+            let e = parse(flag, "localhost:7436").unwrap_err();
+            assert!(e.contains("\"localhost\" is not an IP address"), "{e}");
+            assert!(e.contains("0.0.0.0:PORT"), "{e}");
+            let e = parse(flag, "127.0.0.1:99999").unwrap_err();
+            assert!(e.contains("\"99999\" is not a port number"), "{e}");
+            let e = parse(flag, "127.0.0.1").unwrap_err();
+            assert!(e.contains("no port"), "{e}");
         }
     }
 

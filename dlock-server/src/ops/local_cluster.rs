@@ -147,14 +147,22 @@ impl LocalCluster {
             .join(",");
         // The line to export comes once a client can use it: a leader is
         // elected and has committed its term's first entry.
+        // Every node gone first (a data directory in use, a port taken
+        // since it was checked) is said at once, not after READY_LIMIT.
         let ready = tokio::select! {
             ready = until_ready(&servers) => ready,
+            () = running.every_node_exited() => {
+                anyhow::bail!("every node exited: {}", self.see_logs())
+            }
             _ = int.recv() => None,
             _ = term.recv() => None,
         };
         if ready.is_none() {
             running.stop().await;
-            anyhow::bail!("no leader was elected within {READY_LIMIT:?}: see the nodes' logs");
+            anyhow::bail!(
+                "no leader was elected within {READY_LIMIT:?}: {}",
+                self.see_logs()
+            );
         }
         if !say(&[
             format!("export DLOCK_SERVER={servers}"),
@@ -171,6 +179,11 @@ impl LocalCluster {
                     if let Ok((id, status)) = exit {
                         running.exited(id, &status, "the others go on");
                     }
+                    // Waiting on with nothing left to stop would look
+                    // like a cluster that serves.
+                    if running.nodes.is_empty() {
+                        anyhow::bail!("every node exited: {}", self.see_logs());
+                    }
                 }
             }
         }
@@ -179,11 +192,16 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// Where the user finds why a node stopped.
+    fn see_logs(&self) -> String {
+        format!("see the nodes' logs in {}", self.dir.display())
+    }
+
     /// Each node's client and peer address.
     fn ports(&self) -> anyhow::Result<Vec<(SocketAddr, SocketAddr)>> {
         let loopback = |port: u16| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         if self.port != 0 {
-            return (0..self.nodes)
+            let ports = (0..self.nodes)
                 .map(|i| {
                     let client = u64::from(self.port) + 10 * i;
                     match (u16::try_from(client), u16::try_from(client + 1)) {
@@ -195,7 +213,20 @@ impl LocalCluster {
                         ),
                     }
                 })
-                .collect();
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            // Before any node starts: a port in use (most often by a local
+            // cluster already running) would otherwise let the readiness
+            // check find that other cluster and print its addresses as
+            // this one's.
+            for &addr in ports.iter().flat_map(|(c, p)| [c, p]) {
+                std::net::TcpListener::bind(addr).with_context(|| {
+                    format!(
+                        "cannot listen on {addr} (is another local cluster or dlock-server \
+                         running?): stop it, or give --port 0 to pick free ports"
+                    )
+                })?;
+            }
+            return Ok(ports);
         }
         // Below the ephemeral range, where no outgoing connection is given
         // one in the moment between choosing and binding (`ports.rs`); held
@@ -280,6 +311,21 @@ impl Running {
             Err(e) => tell!("dlock-server: node {id}: cannot wait for it: {e}"),
         }
         self.nodes.retain(|n| n.id != id);
+    }
+
+    /// Resolves once every node has exited, saying so of each; pending
+    /// for ever while one runs.
+    async fn every_node_exited(&mut self) {
+        while let Some(exit) = self.exits.join_next().await {
+            if let Ok((id, status)) = exit {
+                self.exited(id, &status, "");
+            }
+        }
+        if !self.nodes.is_empty() {
+            // A waiting task failed (it panicked): its node is not known to
+            // have exited.
+            std::future::pending::<()>().await;
+        }
     }
 
     /// SIGTERM to every node still running; those that have not exited

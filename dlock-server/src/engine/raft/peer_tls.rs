@@ -102,13 +102,13 @@ impl Halves {
             .context("TLS protocol versions")?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain.clone(), dlock_proto::tls::read_key(key)?)
-            .with_context(|| format!("cannot use {} with {}", cert.display(), key.display()))?;
+            .map_err(|e| dlock_proto::tls::pair_error(e, cert, key))?;
         let client = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .context("TLS protocol versions")?
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, dlock_proto::tls::read_key(key)?)
-            .with_context(|| format!("cannot use {} with {}", cert.display(), key.display()))?;
+            .map_err(|e| dlock_proto::tls::pair_error(e, cert, key))?;
         Ok(Halves {
             acceptor: TlsAcceptor::from(Arc::new(server)),
             connector: TlsConnector::from(Arc::new(client)),
