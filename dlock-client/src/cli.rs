@@ -217,7 +217,7 @@ pub struct Args {
     pub output: Output,
 
     /// Check that the server answers, print the round trip, then exit.
-    #[arg(long, conflicts_with_all = ["command", "command_args"])]
+    #[arg(long, conflicts_with_all = ["command", "command_args", "keys", "auto_key"])]
     pub ping: bool,
 
     /// Print a completion script for SHELL and exit (see the README for
@@ -380,6 +380,15 @@ mod tests {
         assert_eq!(a.auto_key.as_deref(), Some("auto:"));
         assert_eq!(a.wait, Some(Duration::from_millis(2500)));
         assert_eq!(a.all_keys().len(), 1);
+        // A ping locks nothing: a key with it would be silently ignored.
+        for extra in [["-k", "x"], ["--auto-key", "--"]] {
+            let e = Args::try_parse_from(["dlock", "--ping", extra[0], extra[1]]).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ArgumentConflict,
+                "{extra:?}"
+            );
+        }
         let a = Args::try_parse_from(["dlock", "--auto-key=cron/", "-c", "x"]).unwrap();
         assert!(a.all_keys()[0].starts_with("cron/"));
         assert!(Args::try_parse_from(["dlock", "-n", "-w", "1s", "-k", "a", "--", "x"]).is_err());

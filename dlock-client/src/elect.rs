@@ -79,7 +79,7 @@ pub async fn run(e: ElectArgs) -> Result<u8, Failure> {
     let mut signals = crate::run::install_signals()?;
     loop {
         if args.verbose {
-            say!("campaigning for {} as {id:?}", keys.join(","));
+            say!("campaigning for {} as {id:?}", crate::say::keys(&keys));
         }
         let code = crate::run::run_locked(
             args,
@@ -93,7 +93,10 @@ pub async fn run(e: ElectArgs) -> Result<u8, Failure> {
         if code != exit::LOCK_LOST || e.once {
             return Ok(code);
         }
-        say!("leadership of {} lost; campaigning again", keys.join(","));
+        say!(
+            "leadership of {} lost; campaigning again",
+            crate::say::keys(&keys)
+        );
     }
 }
 

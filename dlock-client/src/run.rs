@@ -266,7 +266,7 @@ async fn supervise(
     signals: &mut Signals,
     acquired: Instant,
 ) -> Outcome {
-    let keys = keeper.guard().keys().join(",");
+    let keys = crate::say::keys(keeper.guard().keys());
     let mut lost = None;
     let mut max_time_hit = false;
     let mut kill_at: Option<Instant> = None;
@@ -357,7 +357,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 /// --release-timeout: a server that does not answer cannot hold dlock (and
 /// the cron runs behind it) up.
 async fn release(args: &Args, options: &ClientOptions, guard: LockGuard, acquired: Instant) {
-    let keys = guard.keys().join(",");
+    let keys = crate::say::keys(guard.keys());
     let lease = guard.lease();
     let work = async {
         // A lease outlives its connection: release it from a new one.
@@ -437,7 +437,11 @@ async fn acquire(
                     .await
                 {
                     Ok(g) => {
-                        say!("acquired {} (fence {}) at once", keys.join(","), g.fence());
+                        say!(
+                            "acquired {} (fence {}) at once",
+                            crate::say::keys(keys),
+                            g.fence()
+                        );
                         return Ok(g);
                     }
                     Err(Error::Busy { busy }) => {
@@ -454,7 +458,7 @@ async fn acquire(
             if args.verbose {
                 say!(
                     "acquired {} (fence {}) after {:.3}s",
-                    keys.join(","),
+                    crate::say::keys(keys),
                     g.fence(),
                     start.elapsed().as_secs_f64()
                 );
@@ -468,7 +472,7 @@ async fn acquire(
                 }
                 format!(
                     "lock busy: {} (gave up after {:.3}s)",
-                    busy.join(","),
+                    crate::say::keys(&busy),
                     start.elapsed().as_secs_f64()
                 )
             } else {
@@ -493,7 +497,11 @@ async fn enqueue_then_wait(
         Enqueued::Granted(g) => Ok(g),
         Enqueued::Queued(q) => {
             if args.verbose {
-                say!("queued for {} with {} ahead", keys.join(","), q.place());
+                say!(
+                    "queued for {} with {} ahead",
+                    crate::say::keys(keys),
+                    q.place()
+                );
                 describe_holders(client, keys, "waiting for").await;
             }
             crate::hook::on_queued(hook, keys, q.place()).await;
@@ -505,7 +513,7 @@ async fn enqueue_then_wait(
 /// Says who holds each of `busy`, one line per key.
 async fn describe_holders(client: &Client, busy: &[String], what: &str) {
     let Ok(infos) = client.inspect(busy.to_vec()).await else {
-        say!("{what} {}", busy.join(","));
+        say!("{what} {}", crate::say::keys(busy));
         return;
     };
     for info in infos {
