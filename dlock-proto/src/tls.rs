@@ -15,15 +15,16 @@ pub use rustls;
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// A PEM file cannot be read or parsed.
-    #[error("cannot read {what} from {path}: {source}")]
+    // The cause is in the message and not linked as the error's source:
+    // a chain printed whole (`{:#}`) would show it twice.
+    #[error("cannot read {what} from {path}: {cause}")]
     Pem {
         /// What the file should hold.
         what: &'static str,
         /// The file.
         path: PathBuf,
         /// Why.
-        #[source]
-        source: rustls_pki_types::pem::Error,
+        cause: rustls_pki_types::pem::Error,
     },
     /// A certificate file holds no certificate.
     #[error("{path} holds no certificate")]
@@ -91,10 +92,10 @@ pub fn provider() -> Arc<CryptoProvider> {
 /// # Errors
 /// The file cannot be read or parsed, or holds no certificate.
 pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = |source| TlsError::Pem {
+    let pem = |cause| TlsError::Pem {
         what: "certificates",
         path: path.to_owned(),
-        source,
+        cause,
     };
     let certs = CertificateDer::pem_file_iter(path)
         .map_err(pem)?
@@ -113,10 +114,10 @@ pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
 /// # Errors
 /// The file cannot be read, or holds no key.
 pub fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|source| TlsError::Pem {
+    PrivateKeyDer::from_pem_file(path).map_err(|cause| TlsError::Pem {
         what: "a private key",
         path: path.to_owned(),
-        source,
+        cause,
     })
 }
 
