@@ -186,3 +186,61 @@ func TestALeaseGrantedAsItsLockIsCancelledIsReleased(t *testing.T) {
 		})
 	}
 }
+
+// A lease granted as its Lock, waiting on a connection of its own, is
+// cancelled, after the client's connection ended (the Lock's connection
+// outlives it), is released by fence on a connection opened for the Unlock:
+// the key is free long before the lease of an hour could end.
+func TestALeaseGrantedAsItsLockIsCancelledIsReleasedAfterTheClientsConnectionEnded(t *testing.T) {
+	s := startServer(t, "")
+	ctx := testCtx(t)
+	fw := startForwarder(t, s.Addr)
+	other := connect(t, s.Addr, nil)
+	key := []string{"late"}
+	held, err := other.Lock(ctx, key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := func() KeyInfo {
+		i, err := other.Inspect(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i[0]
+	}
+	c := connect(t, fw.Addr, nil) // the forwarder's connection 0
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		// Tried on connection 0, then waits on connection 1.
+		_, err := c.Lock(wctx, key, &LockOptions{Lease: time.Hour})
+		errc <- err
+	}()
+	waitFor(t, "the Lock waits in line", func() bool { return info().Waiters == 1 })
+	fw.reset(0)
+	select {
+	case <-c.Done():
+	case <-time.After(limit):
+		t.Fatal("the client's connection did not end")
+	}
+	fw.freeze()
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Granted to the waiting Lock; the grant waits in the forwarder.
+	waitFor(t, "the grant", func() bool { return info().Waiters == 0 })
+	granted := info().First()
+	if granted == nil || granted.Fence <= held.Fence() {
+		t.Fatalf("after the unlock of fence %d: %+v", held.Fence(), granted)
+	}
+	cancel() // the Lock's connection is half-closed
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled Lock: %v", err)
+	}
+	fw.thaw()
+	waitFor(t, "the late lease released", func() bool {
+		i, err := other.Inspect(ctx, key)
+		return err == nil && i[0].First() == nil
+	})
+}

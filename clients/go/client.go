@@ -425,11 +425,16 @@ func (c *Client) asideLink(ctx context.Context) (*link, error) {
 	return ln, nil
 }
 
+// drainLimit bounds how long a Lock's connection of its own, given up,
+// waits for a grant that crossed the cancel, and how long that grant's
+// release on a connection opened for it may take.
+const drainLimit = 10 * time.Second
+
 // asideFailed disposes of a Lock's connection of its own whose request
 // failed with err. Given up (ctx ended), it is half-closed: the server
 // withdraws the request, and a grant that crossed (a lease outlives the
-// connection) is released by fence on the client's connection. Refused by
-// the server, it holds and waits for nothing, and is kept for the next.
+// connection) is released by fence (releaseLate). Refused by the server,
+// it holds and waits for nothing, and is kept for the next.
 func (c *Client) asideFailed(ctx context.Context, ln *link, err error) {
 	var se *ServerError
 	switch {
@@ -437,14 +442,34 @@ func (c *Client) asideFailed(ctx context.Context, ln *link, err error) {
 		c.mu.Lock()
 		delete(c.side, ln)
 		c.mu.Unlock()
-		ln.drain(func(keys []string, fence uint64) {
-			c.l.detached(pb.RequestType_Unlock, &pb.RequestLock{Keys: keys, Fence: fence})
-		}, 10*time.Second)
+		ln.drain(c.releaseLate, drainLimit)
 	case errors.As(err, &se) && !errors.Is(err, ErrConnectionLost):
 		c.keepAside(ln)
 	default:
 		c.dropSide(ln)
 	}
+}
+
+// releaseLate releases, by fence, a grant that reached a Lock's connection
+// of its own given up meanwhile (a lease outlives it): on the client's
+// connection, or, when that has ended (the Lock's connection outlives it;
+// on a cluster, a session that is moving has not ended), on a connection
+// opened for the Unlock, so the lease does not keep others out until it
+// runs out. On failure (NotHeld: it ended or was released meanwhile) the
+// lease runs out on its own. Called on a goroutine of its own.
+func (c *Client) releaseLate(keys []string, fence uint64) {
+	body := &pb.RequestLock{Keys: keys, Fence: fence}
+	if c.l.detached(pb.RequestType_Unlock, body) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), drainLimit)
+	defer cancel()
+	ln, err := openLink(ctx, c.d, 1, true)
+	if err != nil {
+		return
+	}
+	_, _ = ln.call(ctx, pb.RequestType_Unlock, body, nil)
+	ln.close("a late grant released")
 }
 
 // keepAside keeps a Lock's connection of its own that holds and waits for

@@ -780,13 +780,17 @@ func (l *link) callWith(ctx context.Context, kind pb.RequestType, body *pb.Reque
 	return r.resp, true, err
 }
 
-// detached sends a request whose answer nobody reads (best effort).
-func (l *link) detached(kind pb.RequestType, body *pb.RequestLock) {
+// detached sends a request whose answer nobody reads (best effort); false
+// if the link has ended or drains, and sends nothing. (On a cluster, while
+// the session moves, the request is queued and sent once it is resumed.)
+func (l *link) detached(kind pb.RequestType, body *pb.RequestLock) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.err == nil && !l.draining {
-		_ = l.sendLocked(kind, body, &pending{})
+	if l.err != nil || l.draining {
+		return false
 	}
+	_ = l.sendLocked(kind, body, &pending{})
+	return true
 }
 
 func (l *link) failure() error {

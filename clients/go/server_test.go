@@ -392,13 +392,20 @@ func rawExchange(addr string, frames [][]byte, n int, timeout time.Duration) ([]
 
 // forwarder is a TCP proxy in front of a server whose path can be frozen:
 // it then stops moving bytes either way, without a reset, as a cut network
-// path does.
+// path does; what it read is held back, and delivered if it is thawed. A
+// half-close is passed on as one, so a client's FIN reaches the server
+// while the server's answers still come back.
 type forwarder struct {
-	Addr   string
-	ln     net.Listener
-	mu     sync.Mutex
+	Addr string
+	ln   net.Listener
+	mu   sync.Mutex
+	// thawed is closed while the path is not frozen.
+	thawed chan struct{}
 	frozen bool
-	thaw   chan struct{}
+	done   chan struct{}
+	// conns are the connections in the order accepted: the client's side,
+	// then the server's.
+	conns [][2]net.Conn
 }
 
 func startForwarder(t testing.TB, to string) *forwarder {
@@ -406,8 +413,18 @@ func startForwarder(t testing.TB, to string) *forwarder {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &forwarder{Addr: ln.Addr().String(), ln: ln, thaw: make(chan struct{})}
-	t.Cleanup(func() { _ = ln.Close() })
+	f := &forwarder{Addr: ln.Addr().String(), ln: ln, thawed: make(chan struct{}), done: make(chan struct{})}
+	close(f.thawed)
+	t.Cleanup(func() {
+		close(f.done)
+		_ = ln.Close()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, c := range f.conns {
+			_ = c[0].Close()
+			_ = c[1].Close()
+		}
+	})
 	go func() {
 		for {
 			in, err := ln.Accept()
@@ -419,7 +436,9 @@ func startForwarder(t testing.TB, to string) *forwarder {
 				_ = in.Close()
 				continue
 			}
-			t.Cleanup(func() { _ = in.Close(); _ = out.Close() })
+			f.mu.Lock()
+			f.conns = append(f.conns, [2]net.Conn{in, out})
+			f.mu.Unlock()
 			go f.pipe(in, out)
 			go f.pipe(out, in)
 		}
@@ -427,28 +446,68 @@ func startForwarder(t testing.TB, to string) *forwarder {
 	return f
 }
 
+// freeze holds back, from its return on, everything sent either way. (A
+// pipe checks after each read, so whatever is sent after the return is
+// held, even by a pipe that was in the middle of a read.)
 func (f *forwarder) freeze() {
 	f.mu.Lock()
-	f.frozen = true
+	defer f.mu.Unlock()
+	if !f.frozen {
+		f.frozen = true
+		f.thawed = make(chan struct{})
+	}
+}
+
+// thaw delivers what was held back, and moves bytes again.
+func (f *forwarder) thaw() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.frozen {
+		f.frozen = false
+		close(f.thawed)
+	}
+}
+
+// reset resets both sides of the nth connection accepted (from 0), as a
+// broken network path does.
+func (f *forwarder) reset(n int) {
+	f.mu.Lock()
+	c := f.conns[n]
 	f.mu.Unlock()
+	reset(c[0])
+	reset(c[1])
+}
+
+// gate waits while the path is frozen; false once the test has ended.
+func (f *forwarder) gate() bool {
+	f.mu.Lock()
+	thawed := f.thawed
+	f.mu.Unlock()
+	select {
+	case <-thawed:
+		return true
+	case <-f.done:
+		return false
+	}
 }
 
 func (f *forwarder) pipe(from, to net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := from.Read(buf)
-		f.mu.Lock()
-		frozen := f.frozen
-		f.mu.Unlock()
-		if frozen {
-			// Swallow everything from now on: nothing arrives, nothing resets.
-			_, _ = io.Copy(io.Discard, from)
+		if !f.gate() {
 			return
 		}
 		if n > 0 {
 			if _, werr := to.Write(buf[:n]); werr != nil {
+				_ = from.Close()
 				return
 			}
+		}
+		if err == io.EOF {
+			// A half-close: the other way stays open.
+			_ = to.(*net.TCPConn).CloseWrite()
+			return
 		}
 		if err != nil {
 			_ = to.Close()

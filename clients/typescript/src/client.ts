@@ -74,6 +74,13 @@ export interface LockOptions {
 
 type Body = MessageInitShape<typeof RequestLockSchema>;
 
+/**
+ * How long a connection of its own, given up, waits for a grant that crossed
+ * the cancel (ms), and how long that grant's release on a connection opened
+ * for it may take.
+ */
+const DRAIN_LIMIT = 10_000;
+
 /** The keys of a call: one key or several. */
 export type Keys = string | readonly string[];
 
@@ -374,7 +381,7 @@ export class Client implements LockOwner, AsyncDisposable {
       if (o.signal?.aborted) {
         // Given up: half-closed, the server withdraws the request, and a
         // grant that crossed (a lease outlives the connection) is released
-        // by fence on the client's connection.
+        // by fence (releaseLate).
         this.drainAside(ln);
       } else {
         this.dropSide(ln);
@@ -384,7 +391,7 @@ export class Client implements LockOwner, AsyncDisposable {
     return this.granted(ln, keys, resp.fence, o, sent, null);
   }
 
-  /** @internal Gives up a connection of its own whose request was abandoned: half-closed, so the server withdraws the request, and a grant that crossed (a lease outlives the connection) is released by fence on the client's connection. */
+  /** @internal Gives up a connection of its own whose request was abandoned: half-closed, so the server withdraws the request, and a grant that crossed (a lease outlives the connection) is released by fence (releaseLate). */
   drainAside(ln: Link): void {
     this.side.delete(ln);
     this.draining.add(ln);
@@ -393,7 +400,29 @@ export class Client implements LockOwner, AsyncDisposable {
       this.draining.delete(ln);
       ended(err, closing);
     };
-    ln.drain((k, fence) => this.link.detached(RequestType.Unlock, { keys: k, fence }), 10_000);
+    ln.drain((k, fence) => this.releaseLate(k, fence), DRAIN_LIMIT);
+  }
+
+  /**
+   * Releases, by fence, a grant that reached a connection of its own given
+   * up meanwhile (a lease outlives it): on the client's connection, or,
+   * when that has ended (a connection of its own outlives it; on a cluster
+   * a session that is moving has not ended), on a connection opened for the
+   * Unlock, so the lease does not keep others out until it runs out. On
+   * failure (NotHeld: it ended or was released meanwhile) the lease runs
+   * out on its own.
+   */
+  private releaseLate(keys: string[], fence: bigint): void {
+    if (this.link.detached(RequestType.Unlock, { keys, fence })) return;
+    const signal = AbortSignal.timeout(DRAIN_LIMIT);
+    void Link.open(this.dialer, 1, true, signal).then(
+      (ln) =>
+        ln.call(RequestType.Unlock, { keys, fence }, { signal }).then(
+          () => ln.close("a late grant released"),
+          () => ln.close("a late grant released"),
+        ),
+      () => {},
+    );
   }
 
   /** @internal A connection of the client's own (on a cluster, with a session of its own). */

@@ -678,14 +678,19 @@ export class Link implements Watched {
     return resp;
   }
 
-  /** Sends a request whose answer nobody reads (best effort). */
-  detached(kind: RequestType, body: Body): void {
-    if (this.err !== null || this.draining) return;
+  /**
+   * Sends a request whose answer nobody reads (best effort); false if the
+   * link has ended or drains, and sends nothing. (On a cluster, while the
+   * session moves, the request is queued and sent once it is resumed.)
+   */
+  detached(kind: RequestType, body: Body): boolean {
+    if (this.err !== null || this.draining) return false;
     try {
       this.send(kind, body, this.newPending({ counted: false }));
     } catch {
       // too large to send: nothing to release then
     }
+    return true;
   }
 
   /** Pending answers (for tests). */

@@ -6,7 +6,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { LockOptions } from "../src/index.js";
-import { Cluster, Server, client, waitFor, within } from "./helpers.js";
+import { Cluster, Proxy, Server, aborted, client, waitFor, within } from "./helpers.js";
 
 async function cancelWithdraws(t: { after(fn: () => unknown): void }, servers: string, opts: LockOptions = {}): Promise<void> {
   const holder = await client(t, servers);
@@ -75,4 +75,34 @@ test("a lease granted as its Lock is aborted is released all the same", async (t
       return true;
     });
   }
+});
+
+test("a lease granted as its Lock is aborted is released after the client's connection ended", async (t) => {
+  // A waiting Lock with a lease, on a connection of its own, is aborted
+  // just as its grant crosses the abort, after the client's connection
+  // ended (the Lock's connection outlives it): the grant is released by
+  // fence on a connection opened for it, not left to hold the key until
+  // the lease runs out.
+  const s = await Server.start(t);
+  const proxy = await Proxy.start(t, s.addr);
+  const other = await client(t, s.addr);
+  const key = "late";
+  const info = async () => (await other.inspect(key))[0];
+  const held = await other.lock(key);
+  const c = await client(t, proxy.addr); // the proxy's connection 0
+  const ctl = new AbortController();
+  const waiting = c.lock(key, { lease: 3_600_000, signal: ctl.signal }); // tried on 0, waits on 1
+  waiting.catch(() => {});
+  await waitFor("the Lock waits in line", async () => (await info()).waiters === 1);
+  proxy.reset(0);
+  await within("the client's connection ends", aborted(c.ended));
+  proxy.freeze();
+  await held.unlock(); // granted to the waiting Lock; the grant waits in the proxy
+  await waitFor("the grant", async () => (await info()).waiters === 0);
+  const granted = (await info()).holders[0]?.fence ?? 0n;
+  assert.ok(granted > held.fence, `after the unlock of fence ${held.fence}: ${granted}`);
+  ctl.abort(); // the Lock's connection is half-closed
+  await assert.rejects(within("the aborted Lock", waiting), (e: Error) => e.name === "AbortError");
+  proxy.thaw();
+  await waitFor("the late lease released", async () => (await info()).holders.length === 0);
 });

@@ -372,30 +372,37 @@ export async function client(t: Cleanup, servers?: string | string[], opts: Conn
   return c;
 }
 
-/** A TCP proxy in front of a server whose path can be frozen: it then stops moving bytes either way, without a reset, as a cut network path does. */
+/**
+ * A TCP proxy in front of a server whose path can be frozen: it then stops
+ * moving bytes either way, without a reset, as a cut network path does;
+ * what it read is held back, and delivered if it is thawed. A half-close is
+ * passed on as one, so a client's FIN reaches the server while the server's
+ * answers still come back.
+ */
 export class Proxy {
   addr = "";
   private frozen = false;
+  /** What arrived while frozen, in order: delivered by thaw(). */
+  private held: (() => void)[] = [];
   private readonly server: net.Server;
   private readonly sockets = new Set<net.Socket>();
+  /** The connections in the order accepted: the client's side, then the server's. */
+  private readonly conns: [net.Socket, net.Socket][] = [];
 
   private constructor(to: string) {
     const i = to.lastIndexOf(":");
-    this.server = net.createServer((inbound) => {
-      const out = net.connect({ host: to.slice(0, i), port: Number(to.slice(i + 1)) });
+    this.server = net.createServer({ allowHalfOpen: true }, (inbound) => {
+      const out = net.connect({ host: to.slice(0, i), port: Number(to.slice(i + 1)), allowHalfOpen: true });
+      this.conns.push([inbound, out]);
       for (const s of [inbound, out]) {
         this.sockets.add(s);
         s.on("error", () => {});
         s.on("close", () => this.sockets.delete(s));
+        if (this.frozen) s.pause();
       }
       const pipe = (from: net.Socket, dest: net.Socket) => {
-        from.on("data", (d) => {
-          // Swallow everything from now on: nothing arrives, nothing resets.
-          if (!this.frozen) dest.write(d);
-        });
-        from.on("end", () => {
-          if (!this.frozen) dest.end();
-        });
+        from.on("data", (d) => this.pass(() => dest.write(d)));
+        from.on("end", () => this.pass(() => dest.end()));
       };
       pipe(inbound, out);
       pipe(out, inbound);
@@ -410,8 +417,30 @@ export class Proxy {
     return p;
   }
 
+  /** Forwards now, or once thawed. (One event loop: whatever arrives after freeze() returned is held.) */
+  private pass(forward: () => void): void {
+    if (this.frozen) this.held.push(forward);
+    else forward();
+  }
+
+  /** Holds back everything sent either way from now on; sockets stop reading, so senders' buffers fill. */
   freeze(): void {
     this.frozen = true;
+    for (const s of this.sockets) s.pause();
+  }
+
+  /** Delivers what was held back, in order, and moves bytes again. */
+  thaw(): void {
+    this.frozen = false;
+    const held = this.held;
+    this.held = [];
+    for (const forward of held) forward();
+    for (const s of this.sockets) s.resume();
+  }
+
+  /** Resets both sides of the nth connection accepted (from 0), as a broken network path does. */
+  reset(n: number): void {
+    for (const s of this.conns[n]) s.resetAndDestroy();
   }
 
   close(): Promise<void> {
