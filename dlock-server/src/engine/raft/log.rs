@@ -9,6 +9,12 @@
 //!   damage.
 //! - `wal.rs`: the open log ([`Wal`](wal::Wal)): the write path and the
 //!   sync, and what the format promises after a crash.
+//! - `written.rs`: what readers see: the entries, vote and ids on disk,
+//!   and the entries appended but not yet written.
+//! - `committed.rs`: the committed id saved and not yet written, carried by
+//!   the next append or written on its own after a wait.
+//! - `disk.rs`: the log's writes ([`Disk`](disk::Disk)), in the order
+//!   called, on the thread that calls.
 //! - `writer.rs`: the writer thread, one `pwrite` and one `fdatasync` for
 //!   everything queued.
 //! - `store.rs`: the openraft adapter ([`LogStore`]), and the log opened
@@ -19,6 +25,8 @@
 //! Its files and directories are reached through `storage.rs`, beside it,
 //! which the snapshot file shares.
 
+mod committed;
+mod disk;
 mod error;
 mod format;
 mod redb_import;
@@ -27,6 +35,7 @@ mod segment;
 mod store;
 mod wal;
 mod writer;
+mod written;
 
 use crate::engine::raft::storage::{Storage, StorageLock};
 use segment::Segment;

@@ -12,9 +12,12 @@
 //! the entries still queued, then the written ones, read back from their
 //! segment by position.
 
+use super::committed::CommittedSlot;
+use super::disk::Disk;
 use super::error::DiskError;
 use super::format::Batch;
-use super::writer::{CommittedSlot, Pending, Shared, Then, Writer, Written};
+use super::writer::Writer;
+use super::written::{Pending, Shared, Then, Written};
 use super::Wal;
 use crate::engine::raft::encoding;
 use crate::engine::raft::types::{Entry, LogId, NodeId, TypeConfig, Vote};
@@ -84,13 +87,13 @@ impl LogStore {
         let marker = dir.join(WRITTEN_MARKER);
         let written_before = marker.exists();
         let store = LogStore {
-            writer: Writer::start(
+            writer: Writer::start(Disk::new(
                 wal,
                 written.clone(),
                 pending.clone(),
                 committed_slot.clone(),
                 (!written_before).then_some(marker),
-            )?,
+            ))?,
             committed_slot,
             written_before,
             committed: Arc::new(AtomicU64::new(0)),
@@ -306,7 +309,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// once, instead of waiting for a leader to tell it again. Written by
     /// the writer with the next append (in its batch and its sync), or on
     /// its own when none comes within 50 ms, never past the entries on disk
-    /// (see `writer::CommittedSlot`), and not waited for, so it never holds
+    /// (see `committed::CommittedSlot`), and not waited for, so it never holds
     /// openraft up behind an fsync or wakes the writer per commit. Written
     /// on its own it is not synced: the next append's sync carries it, and
     /// losing it only delays that re-apply.
