@@ -1,8 +1,10 @@
 //! The log's writes as they reach its files ([`Disk`]): each change
 //! written, and synced (but for the committed id), on the thread that
 //! calls, in the order called; what readers see updated once it is durable;
-//! openraft's flush callbacks called after the sync. The writer thread
-//! (`writer.rs`) calls these for what it takes off its queue.
+//! openraft's flush callbacks called after the sync. Both ways of writing
+//! the log do it through these: the writer thread (`writer.rs`) for what it
+//! takes off its queue, and openraft's core itself on a node whose
+//! consensus tasks have a thread of their own (`inline.rs`).
 
 use super::committed::{points_past, CommittedSlot};
 use super::error::DiskError;

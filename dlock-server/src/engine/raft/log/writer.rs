@@ -1,7 +1,8 @@
 //! The log's writer thread: every change to the log's files, taken off a
 //! queue in the order it was asked for and written there (`disk.rs`), with
 //! appends that queued up behind each other made durable by one
-//! `fdatasync`.
+//! `fdatasync`. Used where an fsync on the caller would stall more than
+//! the consensus (`inline.rs` says where the caller writes instead).
 //!
 //! An append returns to openraft as soon as its entries are queued (they
 //! are readable from then on through `Pending`); the writer calls
