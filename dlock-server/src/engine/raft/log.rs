@@ -9,8 +9,16 @@
 //!   damage.
 //! - `wal.rs`: the open log ([`Wal`](wal::Wal)): the write path and the
 //!   sync, and what the format promises after a crash.
+//! - `written.rs`: what readers see: the entries, vote and ids on disk,
+//!   and the entries appended but not yet written.
+//! - `committed.rs`: the committed id saved and not yet written, carried by
+//!   the next append or written on its own after a wait.
+//! - `disk.rs`: the log's writes ([`Disk`](disk::Disk)), in the order
+//!   called, on the thread that calls: what both ways of writing share.
 //! - `writer.rs`: the writer thread, one `pwrite` and one `fdatasync` for
 //!   everything queued.
+//! - `inline.rs`: the log written by openraft's core itself, on a node
+//!   whose consensus tasks have a thread of their own.
 //! - `store.rs`: the openraft adapter ([`LogStore`]), and the log opened
 //!   offline for a restore ([`OfflineLog`]).
 //! - `error.rs`: what can go wrong in its files ([`DiskError`]).
@@ -19,27 +27,32 @@
 //! Its files and directories are reached through `storage.rs`, beside it,
 //! which the snapshot file shares.
 
+mod committed;
+mod disk;
 mod error;
 mod format;
+mod inline;
 mod redb_import;
 mod replay;
 mod segment;
 mod store;
 mod wal;
 mod writer;
+mod written;
 
 use crate::engine::raft::storage::{Storage, StorageLock};
 use segment::Segment;
 use std::path::PathBuf;
 
 pub(crate) use redb_import::FILE as REDB_FILE;
-pub(crate) use store::{LogStore, OfflineLog, WRITTEN_MARKER};
+pub(crate) use store::{LogStore, OfflineLog, WrittenBy, WRITTEN_MARKER};
 
 /// The log's directory inside a data directory.
 pub(crate) const DIR: &str = "raft-log";
 
-/// The open log: one writer (the writer thread, or an offline restore) at
-/// a time, which an advisory lock on `raft-log/lock` makes sure of.
+/// The open log: one writer (the writer thread, openraft's core, or an
+/// offline restore) at a time, which an advisory lock on `raft-log/lock`
+/// makes sure of.
 pub(crate) struct Wal {
     storage: Storage,
     dir: PathBuf,

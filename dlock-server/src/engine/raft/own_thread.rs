@@ -50,6 +50,13 @@ impl Place {
         })
     }
 
+    /// Whether the tasks get a thread of their own, which nothing else
+    /// runs on: there openraft's core may block on the log's fsync
+    /// (`log/inline.rs`) without stalling a client connection.
+    pub(super) fn is_own_thread(&self) -> bool {
+        self.handle.is_some()
+    }
+
     /// Runs `start` there and returns what it returned. If it fails (or
     /// panics), the thread ends: nothing started on it is left running.
     pub(super) async fn run<T, F>(&self, start: F) -> anyhow::Result<T>

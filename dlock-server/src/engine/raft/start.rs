@@ -3,7 +3,7 @@
 //! on a fatal error.
 
 use super::leader_clock::LeaderClock;
-use super::log::LogStore;
+use super::log::{LogStore, WrittenBy};
 use super::machine::StateMachine;
 use super::own_thread;
 use super::peer_client::Network;
@@ -36,6 +36,7 @@ fn millis(d: Duration) -> u64 {
 /// the directory is fresh (nothing ever written). Blocking.
 fn open_data_dir(
     dir: &Path,
+    log_by: WrittenBy,
     limits: TableLimits,
     first_fence: u64,
     sessions: bool,
@@ -46,7 +47,7 @@ fn open_data_dir(
     super::storage::Storage::Real
         .create_dir_all(dir)
         .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
-    let log = LogStore::open(dir)
+    let log = LogStore::open(dir, log_by)
         .with_context(|| format!("cannot open the raft log in {}", dir.display()))?;
     let (file, found) = SnapshotFile::open(dir)
         .with_context(|| format!("cannot read the snapshot in {}", dir.display()))?;
@@ -77,6 +78,7 @@ fn open_data_dir(
 /// anything else could panic on this thread.
 fn open_data_dir_guarded(
     dir: &Path,
+    log_by: WrittenBy,
     limits: TableLimits,
     first_fence: u64,
     sessions: bool,
@@ -113,7 +115,7 @@ fn open_data_dir_guarded(
         }));
     }
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        open_data_dir(dir, limits, first_fence, sessions, sink)
+        open_data_dir(dir, log_by, limits, first_fence, sessions, sink)
     }));
     drop(std::panic::take_hook());
     std::panic::set_hook(Box::new(move |info| previous(info)));
@@ -204,15 +206,24 @@ impl Cluster {
         let peers = peer_listener
             .into_std()
             .context("cannot move the peer port")?;
+        let log_by = if place.is_own_thread() {
+            WrittenBy::Caller
+        } else {
+            WrittenBy::WriterThread
+        };
         place
-            .run(Self::start_here(cfg, peers, sink, shutdown, stopped))
+            .run(Self::start_here(
+                cfg, log_by, peers, sink, shutdown, stopped,
+            ))
             .await
     }
 
     /// [`Cluster::start`] on the runtime the node's consensus tasks run
-    /// on (see `own_thread`); `stopped` becomes [`Cluster::stopped`].
+    /// on (see `own_thread`), its log written by `log_by`; `stopped`
+    /// becomes [`Cluster::stopped`].
     async fn start_here(
         cfg: ClusterConfig,
+        log_by: WrittenBy,
         peers: std::net::TcpListener,
         sink: ApplySink,
         shutdown: CancellationToken,
@@ -226,7 +237,7 @@ impl Cluster {
             let dir = dir.clone();
             let (limits, first_fence, sessions) = (cfg.limits, cfg.first_fence, cfg.sessions);
             tokio::task::spawn_blocking(move || {
-                open_data_dir_guarded(&dir, limits, first_fence, sessions, sink)
+                open_data_dir_guarded(&dir, log_by, limits, first_fence, sessions, sink)
             })
             .await
             .context("opening the data directory")??

@@ -1,20 +1,26 @@
 //! The Raft log and vote, durable in the log's segment files (`wal`,
 //! `raft-log/` in the data directory).
 //!
-//! Every change to the log or the vote is written by one writer thread
-//! (`log_writer`) in order and made durable with an `fdatasync` before it
-//! counts: openraft is told an append is flushed (its `LogFlushed`
-//! callback) only after that sync, and counts this node towards a majority
-//! only then. So an acknowledged write is on the disk of a majority of
-//! nodes. Appends queued behind each other share one sync.
+//! Every change to the log or the vote is written in order and made
+//! durable with an `fdatasync` before it counts: openraft is told an append
+//! is flushed (its `LogFlushed` callback) only after that sync, and counts
+//! this node towards a majority only then. So an acknowledged write is on
+//! the disk of a majority of nodes. Who writes ([`WrittenBy`]): openraft's
+//! core itself when the node's consensus tasks have a thread of their own
+//! (`inline.rs`), else the writer thread (`writer.rs`), where appends
+//! queued behind each other share one sync; both through `disk.rs`.
 //!
 //! Reads (replication streams read entries concurrently with appends) see
-//! the entries still queued, then the written ones, read back from their
-//! segment by position.
+//! the entries still queued for the writer thread, then the written ones,
+//! read back from their segment by position.
 
+use super::committed::CommittedSlot;
+use super::disk::Disk;
 use super::error::DiskError;
 use super::format::Batch;
-use super::writer::{CommittedSlot, Pending, Shared, Then, Writer, Written};
+use super::inline::Inline;
+use super::writer::Writer;
+use super::written::{Pending, Shared, Then, Written};
 use super::Wal;
 use crate::engine::raft::encoding;
 use crate::engine::raft::types::{Entry, LogId, NodeId, TypeConfig, Vote};
@@ -42,6 +48,51 @@ impl DiskError {
     }
 }
 
+/// Who writes the log's changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WrittenBy {
+    /// The writer thread: openraft's core queues each change to it. For a
+    /// node whose consensus tasks share a runtime with the client
+    /// connections (`--threads 1`), which an fsync must not stall.
+    WriterThread,
+    /// The caller, openraft's core, on the node's consensus thread
+    /// (`inline.rs`): no hand-off to another thread and back per write.
+    Caller,
+}
+
+/// One of the two, opened (see [`WrittenBy`]).
+enum Writes {
+    Thread(Writer),
+    Caller(Inline),
+}
+
+impl Writes {
+    async fn append(
+        &self,
+        entries: Vec<(LogId, Vec<u8>)>,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), DiskError> {
+        match self {
+            Writes::Thread(w) => w.append(entries, callback).await,
+            Writes::Caller(w) => w.append(entries, callback),
+        }
+    }
+
+    fn write_committed(&self, slot: &CommittedSlot) -> Result<(), DiskError> {
+        match self {
+            Writes::Thread(w) => w.write_committed(slot),
+            Writes::Caller(w) => w.write_committed(slot),
+        }
+    }
+
+    async fn write(&self, batch: Batch, then: Then, purged: Option<u64>) -> Result<(), DiskError> {
+        match self {
+            Writes::Thread(w) => w.write(batch, then, purged).await,
+            Writes::Caller(w) => w.write(batch, then, purged),
+        }
+    }
+}
+
 /// The Raft log and vote. openraft owns the one `LogStore` and drops it
 /// when it stops, which closes the log: the [`LogReader`]s it hands to
 /// replication tasks hold it weakly, because those tasks may outlive the
@@ -52,25 +103,29 @@ pub(crate) struct LogStore {
     /// The last committed index this node knows of, plus one (0: none),
     /// for status reports; openraft's metrics do not carry it.
     committed: Arc<AtomicU64>,
-    /// Appended entries the writer has not written yet.
+    /// Appended entries the writer thread has not written yet (always
+    /// empty when the caller writes).
     pending: Pending,
     /// The committed id waiting to be written.
     committed_slot: CommittedSlot,
     /// Whether [`WRITTEN_MARKER`] was there when the log was opened.
     written_before: bool,
     /// Declared last, so it is dropped last: its drop waits for the writer
-    /// thread, which holds the log open until it ends.
-    writer: Writer,
+    /// thread, which holds the log open until it ends (or, written by the
+    /// caller, closes the log itself).
+    writes: Writes,
 }
 
 impl LogStore {
     /// Opens (or creates) the log in the data directory `dir`, importing
-    /// the `raft.redb` of an older version first if that is what it holds.
+    /// the `raft.redb` of an older version first if that is what it holds,
+    /// to be written by `by`.
     ///
     /// # Errors
     /// The log cannot be opened or created (it is open in another process,
-    /// is damaged, or the directory is not writable).
-    pub(crate) fn open(dir: &Path) -> Result<LogStore, DiskError> {
+    /// is damaged, or the directory is not writable), or the writer thread
+    /// cannot be started.
+    pub(crate) fn open(dir: &Path, by: WrittenBy) -> Result<LogStore, DiskError> {
         super::redb_import::import(dir)?;
         let (wal, replayed) = Wal::open(dir)?;
         let written = Shared::new(Written {
@@ -83,14 +138,18 @@ impl LogStore {
         let committed_slot = CommittedSlot::default();
         let marker = dir.join(WRITTEN_MARKER);
         let written_before = marker.exists();
+        let disk = Disk::new(
+            wal,
+            written.clone(),
+            pending.clone(),
+            committed_slot.clone(),
+            (!written_before).then_some(marker),
+        );
         let store = LogStore {
-            writer: Writer::start(
-                wal,
-                written.clone(),
-                pending.clone(),
-                committed_slot.clone(),
-                (!written_before).then_some(marker),
-            )?,
+            writes: match by {
+                WrittenBy::WriterThread => Writes::Thread(Writer::start(disk)?),
+                WrittenBy::Caller => Writes::Caller(Inline::new(disk)),
+            },
             committed_slot,
             written_before,
             committed: Arc::new(AtomicU64::new(0)),
@@ -136,7 +195,7 @@ impl LogStore {
         purged: Option<u64>,
     ) -> Result<(), DiskError> {
         let then: Then = Box::new(then);
-        self.writer.write(batch, then, purged).await
+        self.writes.write(batch, then, purged).await
     }
 }
 
@@ -303,13 +362,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     /// Kept so that a restarted node applies what it knows was committed at
-    /// once, instead of waiting for a leader to tell it again. Written by
-    /// the writer with the next append (in its batch and its sync), or on
-    /// its own when none comes within 50 ms, never past the entries on disk
-    /// (see `writer::CommittedSlot`), and not waited for, so it never holds
-    /// openraft up behind an fsync or wakes the writer per commit. Written
-    /// on its own it is not synced: the next append's sync carries it, and
-    /// losing it only delays that re-apply.
+    /// once, instead of waiting for a leader to tell it again. Written with
+    /// the next append (in its batch and its sync), or on its own when none
+    /// comes within 50 ms, never past the entries on disk (see
+    /// `committed::CommittedSlot`), and not waited for, so it never holds
+    /// openraft up behind an fsync or wakes the writer thread per commit.
+    /// Written on its own it is not synced: the next append's sync carries
+    /// it, and losing it only delays that re-apply.
     async fn save_committed(
         &mut self,
         committed: Option<LogId>,
@@ -319,7 +378,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // A write is queued; it takes this newer value.
             return Ok(());
         }
-        self.writer
+        self.writes
             .write_committed(&self.committed_slot)
             .map_err(|e| e.storage(ErrorSubject::Store, ErrorVerb::Write))
     }
@@ -341,6 +400,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
+        let queues = matches!(self.writes, Writes::Thread(_));
         let mut encoded = Vec::new();
         let mut queued = Vec::new();
         for e in entries {
@@ -352,18 +412,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     return Err(e.storage(ErrorSubject::Logs, ErrorVerb::Write));
                 }
             }
-            queued.push(e);
+            if queues {
+                queued.push(e);
+            }
         }
-        // Readable from now on, though not yet on disk: openraft may send
-        // them to followers meanwhile, but counts this node towards the
-        // majority only once the writer calls `callback`.
-        {
+        // Queued for the writer thread, readable from now on, though not
+        // yet on disk: openraft counts this node towards the majority only
+        // once the writer calls `callback`. Written by the caller, they
+        // are on disk (and readable) before `append` returns.
+        if queues {
             let mut pending = self.pending.lock();
             for e in queued {
                 pending.insert(e.log_id.index, e);
             }
         }
-        self.writer
+        self.writes
             .append(encoded, callback)
             .await
             .map_err(|e| e.storage(ErrorSubject::Logs, ErrorVerb::Write))
@@ -379,6 +442,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(to_err)?;
         // Every append queued before the truncation was written (and left
         // the queue) before it; nothing from `from` on may stay readable.
+        // (Written by the caller, nothing is queued.)
         drop(self.pending.lock().split_off(&from));
         Ok(())
     }
@@ -410,6 +474,38 @@ mod tests {
 
     fn id(index: u64) -> LogId {
         LogId::new(CommittedLeaderId::new(3, 1), index)
+    }
+
+    /// A failed sync leaves what reached the disk unknown: the change
+    /// fails, and so does every later one, even once the disk works again,
+    /// whoever writes (the node stops on the first error and restarts).
+    #[cfg(feature = "testing")]
+    #[tokio::test]
+    async fn a_failed_sync_fails_every_later_write_whoever_writes() {
+        for by in [WrittenBy::WriterThread, WrittenBy::Caller] {
+            let dir = tempfile::tempdir().expect("dir");
+            let mut store = LogStore::open(dir.path(), by).expect("open");
+            store
+                .save_vote(&Vote::new(1, 1))
+                .await
+                .expect("a vote saved");
+            let fault = dir.path().join(super::super::DIR).join("FAIL-SYNC");
+            std::fs::write(&fault, b"").expect("the fault file");
+            assert!(store.save_vote(&Vote::new(2, 1)).await.is_err(), "{by:?}");
+            std::fs::remove_file(&fault).expect("healed");
+            assert!(
+                store.save_vote(&Vote::new(3, 1)).await.is_err(),
+                "{by:?}: written after a failed sync"
+            );
+            assert!(store.purge(id(0)).await.is_err(), "{by:?}");
+            assert_eq!(
+                store.read_vote().await.expect("read"),
+                Some(Vote::new(1, 1))
+            );
+            drop(store);
+            let (_wal, r) = Wal::open(dir.path()).expect("reopens");
+            assert!(r.purged.is_none(), "{by:?}");
+        }
     }
 
     /// A node can stop between installing a snapshot and purging the log it
