@@ -232,10 +232,10 @@ pub(crate) fn check(dir: &Path, found: &Identity, claim: &Claim) -> anyhow::Resu
              as node {}{default}. A node must only ever start on its own data directory: two \
              processes under one node id would each keep a vote, and Raft's safety rests on one \
              vote per node. Give this node its own data directory (--data-dir; an empty one for a \
-             new node), or, if this directory is the right one, start it with --node-id {id}. A copy of another \
-             node's directory (a backup) must first be prepared with --restore-backup. ({} \
-             records whose the directory is; see docs/CLUSTER.md, \"Files in the data \
-             directory\".)",
+             new node), or, if this directory is the right one, start it with --node-id {id}. \
+             A copy of another node's directory (a backup) must first be prepared with \
+             --restore-backup. ({} records whose the directory is; see docs/CLUSTER.md, \"Whose \
+             a data directory is\".)",
             dir.display(),
             found.cluster_id,
             claim.node_id,
