@@ -11,6 +11,9 @@ use dlock::proto::RequestType;
 use dlock::raw::RawClient;
 use dlock::{Client, LockOptions};
 use dlock_server::testing::nodes::NodeProcesses;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,4 +190,137 @@ async fn a_member_first_started_after_the_others_formed_the_cluster_bootstraps()
         Some(g.fence())
     );
     assert!(!nodes.any_panicked(), "a node's log says it panicked");
+}
+
+/// A data directory records whose it is (its `identity` file): a node
+/// started on another node's directory, a single server's durable directory
+/// used as a cluster node's, or a cluster node's as a single server's, is
+/// refused before it touches the log (which would otherwise run a second
+/// node under one id, or stop openraft on an assertion), with a message
+/// that says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_that_is_not_this_nodes_is_refused_at_start() {
+    let bin = env!("CARGO_BIN_EXE_dlock-server");
+    let mut nodes = NodeProcesses::start(bin, 3, &[]);
+    // Each stamped its directory at its first start, before it listened.
+    for i in 0..3 {
+        nodes.kill(i);
+    }
+    let dirs: Vec<PathBuf> = (0..3).map(|i| nodes.data_dir(i).to_path_buf()).collect();
+    let before: Vec<_> = dirs.iter().map(|d| contents(d)).collect();
+
+    // Node 1 on node 2's directory (swapped mounts, a wrong unit file).
+    swap(&dirs[0], &dirs[1]);
+    let why = nodes
+        .try_restart(0)
+        .expect_err("node 1 on node 2's directory");
+    assert!(
+        why.contains("belongs to node 2 of cluster 'dlock'"),
+        "{why}"
+    );
+    assert!(why.contains("started as node 1"), "{why}");
+    assert!(why.contains("--node-id 2"), "{why}");
+    assert!(why.contains(&dirs[0].display().to_string()), "{why}");
+    swap(&dirs[0], &dirs[1]);
+
+    // A single server's durable directory as a cluster node's: node 2's
+    // (another id) and node 1's (the single server's id, another role).
+    let single = tempfile::tempdir().expect("a temporary directory");
+    let single_dir = single.path().join("single");
+    let mut server = common::process::Process::start(&["--data-dir", path(&single_dir)]);
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    let single_before = contents(&single_dir);
+    for (i, says) in [
+        (1, "belongs to a single server (node 1)"),
+        (0, "started as a node of a cluster of several"),
+    ] {
+        swap(&dirs[i], &single_dir);
+        let why = nodes
+            .try_restart(i)
+            .expect_err("a single server's directory as a cluster node's");
+        assert!(why.contains(says), "{why}");
+        assert!(why.contains("its own data directory"), "{why}");
+        swap(&dirs[i], &single_dir);
+    }
+    assert_eq!(contents(&single_dir), single_before);
+
+    // The converse: node 3's directory as a single server's.
+    let why = refused(bin, &["--data-dir", path(&dirs[2])]);
+    assert!(why.contains("belongs to node 3"), "{why}");
+    assert!(
+        why.contains("without --node-id a server is node 1"),
+        "{why}"
+    );
+
+    // No refused start touched a directory.
+    let after: Vec<_> = dirs.iter().map(|d| contents(d)).collect();
+    assert!(before == after, "a refused start changed a data directory");
+
+    // A directory of a version without the file: its first start writes it
+    // from the flags.
+    let file = dirs[2].join("identity");
+    std::fs::remove_file(&file).expect("remove the identity file");
+    nodes.restart(2);
+    let written = std::fs::read_to_string(&file).expect("written again");
+    assert!(written.contains(r#""node_id":3"#), "{written}");
+    assert!(written.contains(r#""role":"cluster_node""#), "{written}");
+    assert!(!nodes.any_panicked(), "a node's log says it panicked");
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 temporary path")
+}
+
+/// Every file under `dir` with its bytes.
+fn contents(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut found = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).expect("read the directory") {
+        let p = entry.expect("an entry").path();
+        if p.is_dir() {
+            found.extend(contents(&p));
+        } else {
+            found.insert(p.clone(), std::fs::read(&p).expect("read a file"));
+        }
+    }
+    found
+}
+
+/// Exchanges directories `a` and `b`.
+fn swap(a: &Path, b: &Path) {
+    let aside = a.with_extension("aside");
+    std::fs::rename(a, &aside).expect("move aside");
+    std::fs::rename(b, a).expect("move in");
+    std::fs::rename(&aside, b).expect("move back");
+}
+
+/// Runs the server with `args`, which must make it exit with a failure
+/// before it listens; its log.
+fn refused(bin: &str, args: &[&str]) -> String {
+    let mut child = Command::new(bin)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dlock-server");
+    let deadline = Instant::now() + common::PATIENCE;
+    let status = loop {
+        match child.try_wait().expect("wait for the server") {
+            Some(status) => break status,
+            None if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the server started with {args:?} and did not exit");
+            }
+            // Polling a child process: no event to wait on in std.
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let out = child.wait_with_output().expect("its log");
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!status.success(), "exited with {status}: {log}");
+    assert!(!log.contains("panicked"), "{log}");
+    log
 }

@@ -15,6 +15,7 @@
 //! |---|---|
 //! | this file | the handle [`Cluster`]: proposing, reads, status, shutdown |
 //! | `start` | starting a node: data directory, openraft, first-start init |
+//! | `identity` | which node of which cluster a data directory belongs to; a mismatch refused at start |
 //! | `own_thread` | openraft, the peer port and the batcher on one thread of their own |
 //! | `membership` | adding and removing nodes |
 //! | `quorum` | whether a leader stands: a majority heard lately (CheckQuorum) |
@@ -99,6 +100,7 @@ mod batcher;
 mod encoding;
 mod error;
 mod from_config;
+mod identity;
 mod ids;
 mod leader_clock;
 mod log;

@@ -205,6 +205,19 @@ impl NodeProcesses {
     /// # Panics
     /// A node that does not start.
     pub fn start_all(&mut self) {
+        // Every port let go before the first node starts, not each just
+        // before its own node binds it: a fresh node asks the other listed
+        // members about itself before it bootstraps (`standing.rs`), and a
+        // port the test still holds accepts the connection and never
+        // answers, so each ask waited out its limit (2 s) where a real
+        // node not yet started refuses at once. Nothing else of this
+        // process binds these ports meanwhile: they are below the
+        // ephemeral range.
+        for node in &mut self.nodes {
+            if node.child.is_none() {
+                node.reserved = None;
+            }
+        }
         for i in 0..self.nodes.len() {
             if self.nodes[i].child.is_none() {
                 self.restart(i);

@@ -20,6 +20,9 @@
 //! restore does not run behind the one that prepared the last, the floor is
 //! above every fence issued. The single server's fence file makes the same
 //! assumption. Give `--fence-floor` to choose it yourself.
+//!
+//! The directory's identity file (`identity`) loses its node id, so that
+//! every node may start on a copy.
 
 use super::log::OfflineLog;
 use super::snapshot_file::SnapshotFile;
@@ -80,6 +83,12 @@ pub fn restore_backup(dir: &Path, fence_floor: Option<u64>) -> anyhow::Result<Re
             dir.display()
         );
     };
+    // The copy goes to every node: its identity keeps the cluster and the
+    // role, and each node's first start fills in its own id. A backup of a
+    // version without the file gets it from each node's flags instead.
+    if let Some(found) = super::identity::read(dir)? {
+        super::identity::write(dir, &super::identity::for_restore(&found))?;
+    }
     Ok(Restored {
         index: id.index,
         fence_floor,

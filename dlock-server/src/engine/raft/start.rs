@@ -2,6 +2,7 @@
 //! the first-start initialisation, and the supervisor that stops the node
 //! on a fatal error.
 
+use super::identity::{self, Claim, Identity};
 use super::leader_clock::LeaderClock;
 use super::log::{LogStore, WrittenBy};
 use super::machine::StateMachine;
@@ -31,22 +32,34 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// Opens (or creates) the data directory: the log store, and the state
-/// machine restored from the snapshot if there is one. Also says whether
-/// the directory is fresh (nothing ever written). Blocking.
+/// What [`open_data_dir`] found: the log store, the state machine restored
+/// from the snapshot if there is one, whether the directory is fresh
+/// (nothing ever written), and its identity file if it has one.
+type Opened = (LogStore, StateMachine, bool, Option<Identity>);
+
+/// Opens (or creates) the data directory, once its identity file (see
+/// `identity`) agrees with `claim`: the log store, and the state machine
+/// restored from the snapshot if there is one. Blocking.
 fn open_data_dir(
     dir: &Path,
     log_by: WrittenBy,
+    claim: &Claim,
     limits: TableLimits,
     first_fence: u64,
     sessions: bool,
     sink: ApplySink,
-) -> anyhow::Result<(LogStore, StateMachine, bool)> {
+) -> anyhow::Result<Opened> {
     // Durably: a new data directory lost to a power cut would take the
     // node's first vote and entries with it.
     super::storage::Storage::Real
         .create_dir_all(dir)
         .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+    // Before the log is opened: a directory that is another node's is left
+    // as it was found.
+    let stamp = identity::read(dir)?;
+    if let Some(found) = &stamp {
+        identity::check(dir, found, claim)?;
+    }
     let log = LogStore::open(dir, log_by)
         .with_context(|| format!("cannot open the raft log in {}", dir.display()))?;
     let (file, found) = SnapshotFile::open(dir)
@@ -66,7 +79,7 @@ fn open_data_dir(
     let fresh = found.is_none() && log.is_fresh().context("cannot read the raft log")?;
     let state_machine = StateMachine::open(file, found, limits, first_fence, sessions, sink)
         .with_context(|| format!("cannot restore the snapshot in {}", dir.display()))?;
-    Ok((log, state_machine, fresh))
+    Ok((log, state_machine, fresh, stamp))
 }
 
 /// [`open_data_dir`], with a panic inside it turned into an error that
@@ -79,11 +92,12 @@ fn open_data_dir(
 fn open_data_dir_guarded(
     dir: &Path,
     log_by: WrittenBy,
+    claim: &Claim,
     limits: TableLimits,
     first_fence: u64,
     sessions: bool,
     sink: ApplySink,
-) -> anyhow::Result<(LogStore, StateMachine, bool)> {
+) -> anyhow::Result<Opened> {
     type Hook = Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send>;
     let opener = std::thread::current().id();
     let previous: Arc<Hook> = Arc::new(std::panic::take_hook());
@@ -115,7 +129,7 @@ fn open_data_dir_guarded(
         }));
     }
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        open_data_dir(dir, log_by, limits, first_fence, sessions, sink)
+        open_data_dir(dir, log_by, claim, limits, first_fence, sessions, sink)
     }));
     drop(std::panic::take_hook());
     std::panic::set_hook(Box::new(move |info| previous(info)));
@@ -129,6 +143,16 @@ fn open_data_dir_guarded(
             dir.display()
         ))
     })
+}
+
+/// Who `cfg` says this node is, for its data directory's identity file.
+fn claim(cfg: &ClusterConfig) -> Claim {
+    let others = cfg.initial_members.keys().any(|&m| m != cfg.node_id);
+    Claim {
+        node_id: cfg.node_id,
+        cluster_id: cfg.cluster_id.clone(),
+        role: (cfg.join_existing || others).then_some(identity::Role::ClusterNode),
+    }
 }
 
 /// Stops a node with an empty data directory from starting where it
@@ -231,13 +255,14 @@ impl Cluster {
     ) -> anyhow::Result<Cluster> {
         let peer_listener = TcpListener::from_std(peers).context("cannot serve the peer port")?;
         let dir = cfg.data_dir.clone();
+        let claim = claim(&cfg);
         // Reading and decoding a large snapshot takes a while: off the
         // runtime's threads.
-        let (log, mut state_machine, fresh) = {
-            let dir = dir.clone();
+        let (log, mut state_machine, fresh, stamp) = {
+            let (dir, claim) = (dir.clone(), claim.clone());
             let (limits, first_fence, sessions) = (cfg.limits, cfg.first_fence, cfg.sessions);
             tokio::task::spawn_blocking(move || {
-                open_data_dir_guarded(&dir, log_by, limits, first_fence, sessions, sink)
+                open_data_dir_guarded(&dir, log_by, &claim, limits, first_fence, sessions, sink)
             })
             .await
             .context("opening the data directory")??
@@ -268,6 +293,23 @@ impl Cluster {
         let reach = network.reachability();
         if fresh {
             refuse_a_start_that_would_harm(&cfg, &network, &dir).await?;
+        }
+        // Only once the start is allowed, and before openraft writes
+        // anything: a refused start leaves a fresh directory unstamped, for
+        // the corrected flags to stamp.
+        let new_stamp = match &stamp {
+            None if fresh => Some(claim.for_fresh()),
+            None => {
+                tracing::info!(node = cfg.node_id, cluster_id = %cfg.cluster_id, data_dir = %dir.display(), "data directory of an older version: its identity file is written from the flags (there is nothing to check them against)");
+                Some(claim.for_unstamped())
+            }
+            Some(found) => identity::completed(found, &claim),
+        };
+        if let Some(stamp) = new_stamp {
+            let dir = dir.clone();
+            tokio::task::spawn_blocking(move || identity::write(&dir, &stamp))
+                .await
+                .context("writing the data directory's identity")??;
         }
         let raft = Raft::new(cfg.node_id, Arc::new(config), network, log, state_machine)
             .await
