@@ -86,12 +86,27 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
         say!("{server} answered");
     }
     let mut answer = Some(first);
-    // The first node's answer, then once more from the leader it names.
-    for _ in 0..2 {
+    let patience = tokio::time::Instant::now() + ELECTION_PATIENCE;
+    // The first node's answer, then once more from the leader it names; if
+    // that one knows no leader after all (a rejoining node may have started
+    // an election meanwhile), the nodes are asked afresh, within patience.
+    let mut hops = 0;
+    while hops < 2 {
+        hops += 1;
         let r = match answer.take() {
             Some(r) => r,
             None => ask(&server, &options, kind, body.clone()).await?,
         };
+        if knows_no_leader(&r) && hops > 1 && tokio::time::Instant::now() < patience {
+            if verbose {
+                say!("{server} knows no leader now; asking the nodes again");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let (again, r) =
+                first_answer(&args.conn.server, &options, kind, &body, verbose).await?;
+            (server, answer, hops) = (again, Some(r), 0);
+            continue;
+        }
         match ResponseStatus::try_from(r.status) {
             Ok(ResponseStatus::Ok) => {
                 let Some(info) = &r.cluster else {
@@ -191,7 +206,10 @@ fn leader_to_ask(info: &ClusterInfo, asked: &str) -> Option<String> {
 }
 
 /// The answer of the first node of `servers` that answers, and its address;
-/// exit 69 naming every node and why when none does.
+/// exit 69 naming every node and why when none does. A node that knows no
+/// leader (just restarted, or an election under way) is passed over for the
+/// next; when every node that answers knows none, they are asked again until
+/// [`ELECTION_PATIENCE`] has passed, since an election takes about a second.
 async fn first_answer(
     servers: &str,
     options: &dlock::ClientOptions,
@@ -199,17 +217,44 @@ async fn first_answer(
     body: &Option<RequestCluster>,
     verbose: bool,
 ) -> Result<(String, Response), Failure> {
-    let mut failed = Vec::new();
-    for server in dlock::Servers::parse(servers).addrs() {
-        if verbose {
-            say!("asking {server}");
+    let servers = dlock::Servers::parse(servers);
+    let deadline = tokio::time::Instant::now() + ELECTION_PATIENCE;
+    loop {
+        let mut failed = Vec::new();
+        let mut leaderless = None;
+        for server in servers.addrs() {
+            if verbose {
+                say!("asking {server}");
+            }
+            match ask(server, options, kind, body.clone()).await {
+                Ok(r) if knows_no_leader(&r) => {
+                    failed.push(refusal(server, &r));
+                    leaderless.get_or_insert((server.clone(), r));
+                }
+                Ok(r) => return Ok((server.clone(), r)),
+                Err(f) => failed.push(f.message),
+            }
         }
-        match ask(server, options, kind, body.clone()).await {
-            Ok(r) => return Ok((server.clone(), r)),
-            Err(f) => failed.push(f.message),
+        match leaderless {
+            Some(answer) if tokio::time::Instant::now() >= deadline => return Ok(answer),
+            Some(_) => {
+                if verbose {
+                    say!("no node knows a leader yet; asking again");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            None => return Err(Failure::new(exit::UNAVAILABLE, failed.join("; "))),
         }
     }
-    Err(Failure::new(exit::UNAVAILABLE, failed.join("; ")))
+}
+
+/// How long `dlock cluster` asks again while the nodes that answer know no
+/// leader: a few election timeouts.
+const ELECTION_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Whether `r` says its node knows no leader to send the request to.
+fn knows_no_leader(r: &Response) -> bool {
+    r.status == ResponseStatus::NotLeader as i32 && r.leader_addr.is_empty()
 }
 
 fn refusal(server: &str, r: &Response) -> String {
