@@ -107,6 +107,21 @@ fn unusable_token_file_is_a_clear_startup_error() {
 }
 
 #[test]
+fn a_data_dir_that_is_a_file_is_a_clear_startup_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("data");
+    std::fs::write(&file, "").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&file)
+        .output()
+        .expect("run dlock-server");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is a file, not a directory"), "{stderr}");
+}
+
+#[test]
 fn bad_flag_is_a_usage_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
         .args(["--idle-timeout", "soon"])

@@ -49,6 +49,13 @@ fn open_data_dir(
     sessions: bool,
     sink: ApplySink,
 ) -> anyhow::Result<Opened> {
+    // Said plainly: creating it would fail with "File exists".
+    if dir.exists() && !dir.is_dir() {
+        anyhow::bail!(
+            "the data directory {} is a file, not a directory: give --data-dir a directory              (it is created if missing)",
+            dir.display()
+        );
+    }
     // Durably: a new data directory lost to a power cut would take the
     // node's first vote and entries with it.
     super::storage::Storage::Real
