@@ -75,17 +75,7 @@ async fn fencing_tokens_increase_after_sigkill() {
 
 #[test]
 fn unusable_token_file_is_a_clear_startup_error() {
-    let out = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--token-file",
-            "/nonexistent/tokens",
-        ])
-        .output()
-        .expect("run dlock-server");
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused_at_start(&["--token-file".as_ref(), "/nonexistent/tokens".as_ref()]);
     assert!(
         stderr.contains("cannot read token file /nonexistent/tokens"),
         "{stderr}"
@@ -95,13 +85,7 @@ fn unusable_token_file_is_a_clear_startup_error() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, "tokne jobs s3cret\n    lock jobs/*\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
-        .args(["--listen", "127.0.0.1:0", "--token-file"])
-        .arg(&tokens)
-        .output()
-        .expect("run dlock-server");
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused_at_start(&["--token-file".as_ref(), tokens.as_os_str()]);
     assert!(stderr.contains("line 1: expected"), "{stderr}");
     assert!(!stderr.contains("s3cret"), "{stderr}");
 }
@@ -111,14 +95,20 @@ fn a_data_dir_that_is_a_file_is_a_clear_startup_error() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("data");
     std::fs::write(&file, "").unwrap();
+    let stderr = refused_at_start(&["--data-dir".as_ref(), file.as_os_str()]);
+    assert!(stderr.contains("is a file, not a directory"), "{stderr}");
+}
+
+/// Runs the server on a loopback port with `args`, which must make it exit
+/// 1 at start; returns what it wrote on stderr.
+fn refused_at_start(args: &[&std::ffi::OsStr]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
-        .args(["--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(&file)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
         .output()
         .expect("run dlock-server");
     assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("is a file, not a directory"), "{stderr}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
