@@ -12,7 +12,9 @@
 # own keys, each cluster's CPU time per cycle (its three nodes' user +
 # system time, summed, over the point) and context switches per cycle
 # (every thread of the three; about one wake-up each), read from /proc,
-# with dlock's over etcd's (issue 44: at most a fifth).
+# with dlock's over etcd's (issue 44: at most a fifth). Last, the one-client
+# floor: what six fsyncs (dlock-bench sync-floor, in the nodes' directory)
+# and the fewest messages cost per cycle, as a share of etcd's cycle.
 #
 # Usage: bench/cluster.sh [SECONDS-PER-POINT] [BINARY-DIR]   (default 10, target/release)
 # Needs: etcd (Debian: etcd-server), etcdctl (etcd-client), python3, and
@@ -59,6 +61,7 @@ done
 # The in-memory single server, for the one-client reference.
 "$BIN/dlock-server" --listen "$SINGLE" --log-level warn 2>>"$TMP/single.log" &
 PIDS+=($!)
+SPID=$!
 disown
 
 ECLIENT=(http://127.0.0.1:23791 http://127.0.0.1:23792 http://127.0.0.1:23793)
@@ -156,7 +159,12 @@ point "dlock contended" --server "$DLEADER" contended -c 32
 scrape >"$TMP/m1"
 read -r FSYNCH COMMITH < <(raft_means "$TMP/m0" "$TMP/m1")
 point "etcd contended" etcd-lock -c 32 --contended --endpoints "$ELEADER"
-point "single lock-unlock" --server "$SINGLE" lock-unlock -c 1 | tee "$TMP/single"
+point "single lock-unlock" --server "$SINGLE" --server-pid "$SPID" lock-unlock -c 1 | tee "$TMP/single"
+SINGLE_CPU=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["server"]["cpu_us_per_op"])' "$TMP/point.json")
+# The least a commit's fsync costs on this disk, where the nodes' data is.
+"$BIN/dlock-bench" --json --duration "${SECS}s" sync-floor --dir "$TMP" >"$TMP/floor.json" ||
+  { echo "cluster.sh: sync-floor failed" >&2; cat "$TMP/floor.json" >&2; exit 1; }
+SYNC_CPU=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["extra"]["cpu_us_per_sync"])' "$TMP/floor.json")
 point "single ping" --server "$SINGLE" ping -c 1 | tee "$TMP/ping"
 echo "leader, mean over each dlock point: log fsync / commit (proposal to answer), ms:" \
   "1 client $FSYNC1 / $COMMIT1; 32 clients $FSYNC32 / $COMMIT32; contended $FSYNCH / $COMMITH"
@@ -170,7 +178,7 @@ bar = single + 2 * (fsync + rtt)
 print(f"one client p50: cluster {cluster:.2f} ms; bar {bar:.2f} ms = single server {single:.2f} + 2 x (fsync {fsync:.2f} + round trip {rtt:.2f}); {'met' if cluster <= bar else 'missed'}")
 EOF
 # CPU per cycle: the bar is dlock's at most a fifth of etcd's.
-python3 - "$TMP" <<'EOF'
+python3 - "$TMP" "$SYNC_CPU" "$SINGLE_CPU" <<'EOF'
 import sys
 def use(name):
     cpu, switches, cycles = open(f"{sys.argv[1]}/use-{name}").read().split()
@@ -182,4 +190,17 @@ for c in (1, 32):
     (du, ds), (eu, es) = use(f"dlock{c}"), use(f"etcd{c}")
     r = du / eu if eu else float("nan")
     print(f"{c:>7} {du:>9.1f} {eu:>9.1f} {r:>6.2f} {ds:>9.1f} {es:>9.1f} {ds / es if es else float('nan'):>6.2f}  {'met' if r <= 0.2 else 'missed'}")
+# What no design that syncs each commit on every node gets under, at one
+# client: a cycle is two commits, each synced on three nodes (six syncs),
+# and each commit is at least five message ends (the client's request and
+# answer at the leader; to and from each follower, at both ends), which is
+# five times the single server's two exchanges per cycle, measured at full
+# speed (less than a wake-up from idle costs, so an underestimate).
+sync, single = float(sys.argv[2]), float(sys.argv[3])
+floor_sync, floor_all = 6 * sync, 6 * sync + 5 * single
+eu = use("etcd1")[0]
+if eu:
+    print(f"one-client floor: 6 syncs x {sync:.0f} us = {floor_sync:.0f} us ({floor_sync / eu:.2f} of etcd's cycle);"
+          f" + 5 x the single server's cycle ({single:.1f} us) = {floor_all:.0f} us ({floor_all / eu:.2f});"
+          f" the bar leaves {0.2 * eu - floor_all:.0f} us per cycle for the rest")
 EOF

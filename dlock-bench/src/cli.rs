@@ -27,6 +27,7 @@ Examples:
   dlock-bench --server-pid $(pidof dlock-server) hold --count 1000000
   dlock-bench --server-pid $(pidof dlock-server) conns --idle 10000
   dlock-bench --server LEADER snapshot-stall --leader-pid P1 --follower-pid P2
+  dlock-bench --duration 5s sync-floor --dir /var/lib/dlock
   dlock-bench --json --duration 2s ping | jq .ops_per_sec";
 
 /// Options every workload takes.
@@ -178,6 +179,19 @@ pub enum Workload {
         /// Times the three phases are run, one after another.
         #[arg(long, default_value_t = 1)]
         rounds: u32,
+    },
+    /// The least CPU a durable commit costs here: RECORD-byte appends to a
+    /// preallocated file in DIR, each followed by an fdatasync, as a
+    /// cluster node's log writes them; reports this process's CPU per
+    /// append (--server is not used). DIR must be on the disk the nodes'
+    /// data directories are on (not a tmpfs).
+    SyncFloor {
+        /// Directory for the scratch file (removed at the end).
+        #[arg(long, value_name = "DIR")]
+        dir: std::path::PathBuf,
+        /// Bytes per append: about one lock command's log entry.
+        #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+        record: u32,
     },
     /// Connect, lock, disconnect, repeatedly.
     Churn {

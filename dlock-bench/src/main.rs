@@ -10,6 +10,7 @@ mod sessions;
 mod sharing;
 mod snapshots;
 mod stats;
+mod sync_floor;
 mod workloads;
 
 use clap::Parser;
@@ -258,6 +259,26 @@ async fn measure(
                 every,
             };
             snapshots::stall(target, duration, connections.max(1), nodes, rounds).await
+        }
+        Workload::SyncFloor { dir, record } => {
+            let run = tokio::task::spawn_blocking(move || {
+                sync_floor::measure(&ctl, &dir, record as usize)
+            });
+            match run.await.map_err(std::io::Error::other).and_then(|r| r) {
+                Ok(floor) => {
+                    let ops = floor.rec.ops.max(1) as f64;
+                    Report::new("sync-floor", 1, floor.elapsed, &floor.rec, None, None)
+                        .with("record_bytes", u64::from(record))
+                        .with(
+                            "cpu_us_per_sync",
+                            (floor.cpu.as_secs_f64() * 1e6 / ops).round(),
+                        )
+                }
+                Err(e) => {
+                    eprintln!("dlock-bench: sync-floor: {e}");
+                    std::process::exit(1);
+                }
+            }
         }
         Workload::IdleSessions { connections, every } => {
             match sessions::idle(target, duration, connections, every, server.pid).await {

@@ -49,3 +49,42 @@ async fn every_workload_runs_and_reports() {
         assert_eq!(report["errors"].as_u64(), Some(0), "{args:?}: {report}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_floor_reports_cpu_per_sync_and_leaves_nothing_behind() {
+    let server = TestServer::start(Config::default()).await;
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let path = dir.path().to_str().expect("a UTF-8 path");
+    let report = bench(&server, &["--ops", "20", "sync-floor", "--dir", path]).await;
+    assert_eq!(report["ops"].as_u64(), Some(20), "{report}");
+    assert!(
+        report["extra"]["cpu_us_per_sync"].as_f64().is_some(),
+        "{report}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("the directory is readable")
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[tokio::test]
+async fn sync_floor_in_a_missing_directory_says_so() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock-bench"))
+        .args([
+            "--ops",
+            "5",
+            "sync-floor",
+            "--dir",
+            "/nonexistent/dlock-bench",
+        ])
+        .output()
+        .await
+        .expect("dlock-bench runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot create /nonexistent/dlock-bench/")
+            && stderr.contains("No such file"),
+        "{stderr}"
+    );
+}
