@@ -5,7 +5,7 @@
 //! stream from there.
 
 use crate::backoff::Backoff;
-use crate::codec::{encode_frame, FrameCodec, FrameError};
+use crate::codec::{encode_frame, FrameCodec};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::options::ClientOptions;
@@ -447,15 +447,13 @@ pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     buf.clear();
     let mut codec = FrameCodec::new(crate::MAX_RESPONSE_FRAME);
     let body = loop {
-        if transport::looks_like_tls(&buf) {
-            return Err(Error::ServerSpeaksTls);
+        if let Some(e) = transport::foreign_answer(&buf) {
+            return Err(e);
         }
-        if let Some(body) =
-            tokio_util::codec::Decoder::decode(&mut codec, &mut buf).map_err(|e| match e {
-                FrameError::TooLarge { .. } => Error::Protocol(transport::not_dlock(&buf)),
-                e => Error::Protocol(format!("bad answer to {:?}: {e}", req.r#type())),
-            })?
+        if let Some(body) = tokio_util::codec::Decoder::decode(&mut codec, &mut buf)
+            .map_err(|e| Error::Protocol(format!("bad answer to {:?}: {e}", req.r#type())))?
         {
+
             break body;
         }
         let read = stream.read_buf(&mut buf).await;

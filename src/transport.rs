@@ -130,11 +130,28 @@ pub(crate) fn looks_like_tls(read: &[u8]) -> bool {
     matches!(read, [0x15 | 0x16, 0x03, minor, ..] if *minor <= 0x04)
 }
 
+/// Whether `read`, the start of what came back where a dlock answer was
+/// expected, shows that the other end is no dlock client port: a TLS
+/// record ([`Error::ServerSpeaksTls`](crate::Error::ServerSpeaksTls)), or
+/// a frame longer than any dlock answer (an
+/// [`Error::Protocol`](crate::Error::Protocol) saying so). Every reader of
+/// answers asks this one function, so that the library's client and the
+/// raw one (`dlock cluster`) name a wrong port alike.
+pub(crate) fn foreign_answer(read: &[u8]) -> Option<crate::Error> {
+    if looks_like_tls(read) {
+        return Some(crate::Error::ServerSpeaksTls);
+    }
+    match crate::codec::frame_len(read, crate::MAX_RESPONSE_FRAME) {
+        Err(_) => Some(crate::Error::Protocol(not_dlock(read))),
+        Ok(_) => None,
+    }
+}
+
 /// What a client tells its user when the first answer it read announces
 /// a frame longer than any dlock answer: the other end is another service
-/// (an HTTP metrics port, SSH, a dlock-server's peer port), and `read`'s
-/// start, shown as text, usually names it ("HTTP/1.1 400").
-pub(crate) fn not_dlock(read: &[u8]) -> String {
+/// (an HTTP metrics port, SSH), and `read`'s start, shown as text, usually
+/// names it ("HTTP/1.1 400").
+fn not_dlock(read: &[u8]) -> String {
     let start: String = read
         .iter()
         .take(24)
@@ -144,7 +161,7 @@ pub(crate) fn not_dlock(read: &[u8]) -> String {
     format!(
         "the other end does not speak dlock's protocol (it answered \"{start}\"): \
          give the client port of a dlock-server (its --listen), not its metrics \
-         or peer port or another service's"
+         port or another service's"
     )
 }
 

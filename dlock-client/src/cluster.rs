@@ -6,7 +6,7 @@ use crate::exit::{self, Failure};
 use crate::say;
 use clap::{Parser, Subcommand};
 use dlock::proto::{ClusterInfo, Request, RequestCluster, RequestType, Response, ResponseStatus};
-use dlock::raw::{RawClient, Stream};
+use dlock::raw::{RawClient, RawError, Stream};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -228,11 +228,11 @@ async fn first_answer(
             }
             match ask(server, options, kind, body.clone()).await {
                 Ok(r) if knows_no_leader(&r) => {
-                    failed.push(refusal(server, &r));
+                    failed.push(Failure::new(exit::UNAVAILABLE, refusal(server, &r)));
                     leaderless.get_or_insert((server.clone(), r));
                 }
                 Ok(r) => return Ok((server.clone(), r)),
-                Err(f) => failed.push(f.message),
+                Err(f) => failed.push(f),
             }
         }
         match leaderless {
@@ -243,9 +243,21 @@ async fn first_answer(
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            None => return Err(Failure::new(exit::UNAVAILABLE, failed.join("; "))),
+            None => return Err(every_failure(failed)),
         }
     }
+}
+
+/// One failure for all of `failed`, one a node: each message, and their
+/// exit code when they share one (a single wrong port exits as the lock
+/// form would), else 69.
+fn every_failure(failed: Vec<Failure>) -> Failure {
+    let code = match failed.first() {
+        Some(f) if failed.iter().all(|g| g.code == f.code) => f.code,
+        _ => exit::UNAVAILABLE,
+    };
+    let messages: Vec<String> = failed.into_iter().map(|f| f.message).collect();
+    Failure::new(code, messages.join("; "))
 }
 
 /// How long `dlock cluster` asks again while the nodes that answer know no
@@ -297,7 +309,22 @@ async fn exchange(
         cluster: body,
         ..c.request(kind, &[])
     };
-    c.call(&req).await.map_err(|e| unreachable(server, &e))
+    c.call(&req).await.map_err(|e| match e {
+        RawError::Foreign(e) => wrong_port(server, *e),
+        e => unreachable(server, &e),
+    })
+}
+
+/// What `dlock` says of `server` when it answered as no dlock client port
+/// does: the same as the lock form says (a TLS port, an HTTP port).
+fn wrong_port(server: &str, e: dlock::Error) -> Failure {
+    match e {
+        // As the library's dial names the address a protocol error came from.
+        dlock::Error::Protocol(why) => {
+            exit::from_client_error(dlock::Error::Protocol(format!("{server}: {why}")), server)
+        }
+        e => exit::from_client_error(e, server),
+    }
 }
 
 /// Asks `server` on a connection of its own.

@@ -285,15 +285,19 @@ async fn a_tls_mismatch_says_which_flag_to_change_and_exits_69() {
     let (_, ca_file, cert, key) = ca_and_server_cert(dir.path());
     let tls = TestServer::start(flags(&["--tls-cert", &cert, "--tls-key", &key])).await;
     let tls_addr = format!("localhost:{}", tls.addr.port());
-    // A plain client at a TLS port: not a 352 MB "frame".
-    let out = run_at(&tls_addr, &["--ping"]).await;
-    let err = stderr(&out);
-    assert_eq!(code(&out), 69, "{err}");
-    assert!(
-        err.contains("speaks TLS") && err.contains("--tls-ca"),
-        "{err}"
-    );
-    assert!(!err.contains("is dlock-server running"), "{err}");
+    // A plain client at a TLS port: not a 352 MB "frame", in the lock
+    // form or `dlock cluster` (which reads its answers apart).
+    for args in [&["--ping"][..], &["cluster", "status"][..]] {
+        let out = run_at(&tls_addr, args).await;
+        let err = stderr(&out);
+        assert_eq!(code(&out), 69, "{args:?}: {err}");
+        assert!(
+            err.contains("speaks TLS") && err.contains("--tls-ca"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("is dlock-server running"), "{err}");
+    }
+
 
     // A TLS client at a plain port.
     let plain = TestServer::start(flags(&[])).await;
