@@ -111,6 +111,10 @@ impl RawClient<TcpStream> {
 /// The stream of [`RawClient::connect_with`]: TCP, or TLS over it.
 pub use crate::transport::Stream;
 
+/// What a failed [`RawClient::connect_with`] (or the first read after it)
+/// says of the user's TLS setup, as the library's client says it.
+pub use crate::transport::tls_setup_error;
+
 impl RawClient<Stream> {
     /// Connects as the library's client does with `options`: TCP_NODELAY,
     /// and TLS when [`ClientOptions::tls`](crate::ClientOptions::tls) is set
@@ -278,8 +282,6 @@ impl<S: AsyncRead + Unpin> RawClient<S> {
             }),
         }
     }
-
-
 
     /// Reads and discards until the server closes the connection (or it
     /// breaks) or `patience` runs out; returns whether it closed.

@@ -78,6 +78,10 @@ pub(crate) enum TlsFailure {
     ClientCertRequired,
     /// The server refused the client's certificate.
     ClientCertRefused,
+    /// The server refused the protocol name the client offered
+    /// ([`dlock_proto::tls::CLIENT_ALPN`]): a dlock-server's client port
+    /// names none and takes any, its cluster's peer port refuses it.
+    NotAClientPort,
 }
 
 impl TlsFailure {
@@ -101,6 +105,9 @@ pub(crate) fn tls_failure(e: &io::Error) -> Option<TlsFailure> {
         rustls::Error::AlertReceived(Alert::CertificateRequired) => {
             Some(TlsFailure::ClientCertRequired)
         }
+        rustls::Error::AlertReceived(Alert::NoApplicationProtocol) => {
+            Some(TlsFailure::NotAClientPort)
+        }
         // What a server sends for a client certificate it does not accept
         // (rustls answers one of another CA with DecryptError: its
         // signature does not check against the trusted CA's key).
@@ -120,6 +127,28 @@ pub(crate) fn tls_failure(e: &io::Error) -> Option<TlsFailure> {
         }
         _ => None,
     }
+}
+
+/// The error that names the fix, when `source`, from [`connect`] or the
+/// first read after it, shows a TLS setup that does not match the
+/// server's; else `source` back. What the library's client and the raw
+/// one (`dlock cluster`) both tell their user.
+///
+/// # Errors
+/// `source` itself when it says nothing of the TLS setup.
+pub fn tls_setup_error(addr: &str, source: io::Error) -> Result<crate::Error, io::Error> {
+    use crate::Error;
+    let Some(failure) = tls_failure(&source) else {
+        return Err(source);
+    };
+    let addr = addr.to_string();
+    Ok(match failure {
+        TlsFailure::NotTls => Error::ServerSpeaksNoTls { addr, source },
+        TlsFailure::CaAsEndEntity => Error::CaUsedAsServerCertificate { addr, source },
+        TlsFailure::ClientCertRequired => Error::ClientCertificateRequired { addr, source },
+        TlsFailure::ClientCertRefused => Error::ClientCertificateRefused { addr, source },
+        TlsFailure::NotAClientPort => Error::NotAClientPort { addr, source },
+    })
 }
 
 /// Whether the first bytes a plain connection read are a TLS record (an

@@ -180,6 +180,11 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
                     },
                 ));
             }
+            // A port that cannot serve clients at all, saying why (a
+            // cluster node's peer port): as the lock form puts it.
+            Ok(ResponseStatus::General) => {
+                return Err(wrong_port(&server, dlock::Error::Protocol(r.error_text)));
+            }
             Ok(ResponseStatus::InvalidArgument) => {
                 return Err(Failure::new(exit::USAGE, refusal(&server, &r)));
             }
@@ -294,8 +299,17 @@ async fn connect(
                 &format!("no connection within {limit} (--connect-timeout)"),
             )
         })?
-        .map_err(|e| unreachable(server, &e))?
+        .map_err(|e| connect_failed(server, e))?
         .with_token(options.access_token.clone().unwrap_or_default()))
+}
+
+/// A failed connect or first read: the fix when the TLS setup does not
+/// match the server's, named as the lock form names it.
+fn connect_failed(server: &str, e: std::io::Error) -> Failure {
+    match dlock::raw::tls_setup_error(server, e) {
+        Ok(e) => exit::from_client_error(e, server),
+        Err(e) => unreachable(server, &e),
+    }
 }
 
 /// One request of `kind` on `c`, a connection to `server`.
@@ -311,6 +325,9 @@ async fn exchange(
     };
     c.call(&req).await.map_err(|e| match e {
         RawError::Foreign(e) => wrong_port(server, *e),
+        // TLS 1.3 refuses a client's certificate after the client's
+        // handshake: on the first read.
+        RawError::Io(e) => connect_failed(server, e),
         e => unreachable(server, &e),
     })
 }
@@ -617,3 +634,4 @@ fn status_table(info: &ClusterInfo) -> String {
     out.push_str(&columns(&header, &rows, &[]));
     out
 }
+

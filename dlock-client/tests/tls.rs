@@ -210,18 +210,16 @@ fn flags(args: &[&str]) -> dlock_server::Config {
 
 /// A cluster of one that speaks TLS only, its data in `dir`: the server,
 /// the address its certificate names, and the CA file that trusts it.
-async fn tls_node(dir: &Path) -> (TestServer, String, String) {
+async fn tls_node(dir: &Path, peer_tls: bool) -> (TestServer, String, String) {
     let (_, ca_file, cert, key) = ca_and_server_cert(dir);
     let data = path(dir.join("node1"));
-    let server = TestServer::start(flags(&[
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-        "--data-dir",
-        &data,
-    ]))
-    .await;
+    let mut args = vec!["--tls-cert", &cert, "--tls-key", &key, "--data-dir", &data];
+    if peer_tls {
+        // The same certificate: a node of one never dials a peer.
+        args.extend(["--peer-tls-cert", &cert, "--peer-tls-key", &key]);
+        args.extend(["--peer-tls-ca", &ca_file]);
+    }
+    let server = TestServer::start(flags(&args)).await;
     let addr = format!("localhost:{}", server.addr.port());
     (server, addr, ca_file)
 }
@@ -229,27 +227,57 @@ async fn tls_node(dir: &Path) -> (TestServer, String, String) {
 #[tokio::test]
 async fn dlock_cluster_status_speaks_tls_to_a_tls_node() {
     let dir = tempfile::tempdir().unwrap();
-    let (_server, addr, ca_file) = tls_node(dir.path()).await;
+    let (_server, addr, ca_file) = tls_node(dir.path(), true).await;
     // A cluster of one elects itself after an election timeout.
     let deadline = std::time::Instant::now() + common::PATIENCE;
-    loop {
-        let out = run_at(&addr, &["cluster", "status", "--tls-ca", &ca_file]).await;
+    let status = loop {
+        let out = run_at(
+            &addr,
+            &["cluster", "status", "--tls-ca", &ca_file, "-o", "json"],
+        )
+        .await;
         assert_eq!(code(&out), 0, "{}", stderr(&out));
-        if common::stdout(&out).contains("node 1 is leader") {
-            break;
+        let status: serde_json::Value = serde_json::from_str(&common::stdout(&out)).unwrap();
+        if status["role"] == "leader" {
+            break status;
         }
         assert!(std::time::Instant::now() < deadline, "never a leader");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    };
     // Plain TCP to a TLS port gets no answer it can read.
     let out = run_at(&addr, &["cluster", "status"]).await;
     assert_eq!(code(&out), 69, "{}", stderr(&out));
+
+    // Its peer port (TLS too), given by mistake, with or without --tls-ca:
+    // named as a peer port, with the flag of the port to give instead,
+    // rather than a hint to add --tls-ca or a client certificate.
+    let peer = status["members"][0]["peer_addr"].as_str().unwrap();
+    let peer = peer.replace("127.0.0.1", "localhost");
+    let forms = [
+        &["--ping"][..],
+        &["cluster", "status"][..],
+        &["--ping", "--tls-ca", &ca_file][..],
+        &["cluster", "status", "--tls-ca", &ca_file][..],
+    ];
+    for args in forms {
+        let out = run_at(&peer, args).await;
+        let err = stderr(&out);
+        assert_ne!(code(&out), 0, "{args:?}: {err}");
+        assert!(
+            err.contains(&peer) && err.contains("peer port") && err.contains("--listen"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            !err.contains("give the CA certificate") && !err.contains("client certificate"),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_top_shows_a_tls_cluster_node_and_its_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let (_server, addr, ca_file) = tls_node(dir.path()).await;
+    let (_server, addr, ca_file) = tls_node(dir.path(), false).await;
     let options = dlock::ClientOptions {
         tls: Some(dlock::tls::client_config(std::path::Path::new(&ca_file), None).unwrap()),
         ..dlock::ClientOptions::default()
@@ -297,7 +325,6 @@ async fn a_tls_mismatch_says_which_flag_to_change_and_exits_69() {
         );
         assert!(!err.contains("is dlock-server running"), "{err}");
     }
-
 
     // A TLS client at a plain port.
     let plain = TestServer::start(flags(&[])).await;
