@@ -80,19 +80,29 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
         ),
     };
     let verbose = args.conn.verbose;
+    // One deadline for every wait on an election, here and in
+    // first_answer: waits that each had their own would add up.
+    let patience = tokio::time::Instant::now() + ELECTION_PATIENCE;
     let (mut server, first) =
-        first_answer(&args.conn.server, &options, kind, &body, verbose).await?;
+        first_answer(&args.conn.server, &options, kind, &body, verbose, patience).await?;
     if verbose {
         say!("{server} answered");
     }
     let mut answer = Some(first);
-    let patience = tokio::time::Instant::now() + ELECTION_PATIENCE;
     // The first node's answer, then once more from the leader it names; if
     // that one knows no leader after all (a rejoining node may have started
-    // an election meanwhile), the nodes are asked afresh, within patience.
+    // an election meanwhile), the nodes are asked afresh, and if it names
+    // yet another (the election is over), that one is asked, within
+    // patience.
     let mut hops = 0;
-    while hops < 2 {
+    loop {
         hops += 1;
+        if hops > 2 {
+            if tokio::time::Instant::now() >= patience {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let r = match answer.take() {
             Some(r) => r,
             None => ask(&server, &options, kind, body.clone()).await?,
@@ -103,7 +113,7 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
             let (again, r) =
-                first_answer(&args.conn.server, &options, kind, &body, verbose).await?;
+                first_answer(&args.conn.server, &options, kind, &body, verbose, patience).await?;
             (server, answer, hops) = (again, Some(r), 0);
             continue;
         }
@@ -214,16 +224,17 @@ fn leader_to_ask(info: &ClusterInfo, asked: &str) -> Option<String> {
 /// exit 69 naming every node and why when none does. A node that knows no
 /// leader (just restarted, or an election under way) is passed over for the
 /// next; when every node that answers knows none, they are asked again until
-/// [`ELECTION_PATIENCE`] has passed, since an election takes about a second.
+/// `deadline` (an election takes about a second), then the first such
+/// answer is returned.
 async fn first_answer(
     servers: &str,
     options: &dlock::ClientOptions,
     kind: RequestType,
     body: &Option<RequestCluster>,
     verbose: bool,
+    deadline: tokio::time::Instant,
 ) -> Result<(String, Response), Failure> {
     let servers = dlock::Servers::parse(servers);
-    let deadline = tokio::time::Instant::now() + ELECTION_PATIENCE;
     loop {
         let mut failed = Vec::new();
         let mut leaderless = None;
@@ -635,3 +646,62 @@ fn status_table(info: &ClusterInfo) -> String {
     out
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A node on 127.0.0.1:0 that answers every request `NotLeader`,
+    /// knowing no leader, and counts the requests.
+    async fn leaderless_node() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let asked = Arc::new(AtomicUsize::new(0));
+        let count = asked.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let mut len = [0u8; 4];
+                    while s.read_exact(&mut len).await.is_ok() {
+                        let mut body = vec![0; u32::from_be_bytes(len) as usize];
+                        if s.read_exact(&mut body).await.is_err() {
+                            return;
+                        }
+                        let req = <Request as prost::Message>::decode(&body[..]).unwrap();
+                        count.fetch_add(1, Ordering::SeqCst);
+                        let answer = prost::Message::encode_to_vec(&Response {
+                            request_id: req.id,
+                            status: ResponseStatus::NotLeader as i32,
+                            ..Response::default()
+                        });
+                        let len = u32::try_from(answer.len()).unwrap().to_be_bytes();
+                        let _ = s.write_all(&[&len[..], &answer].concat()).await;
+                    }
+                });
+            }
+        });
+        (addr, asked)
+    }
+
+    /// The waits on an election share `dlock cluster`'s one deadline
+    /// (ELECTION_PATIENCE from the start), so they cannot add up: given a
+    /// deadline already passed, first_answer asks once and returns what
+    /// it got, rather than waiting out a patience of its own. Counted, not
+    /// timed.
+    #[tokio::test]
+    async fn first_answer_keeps_the_deadline_it_is_given() {
+        let (addr, asked) = leaderless_node().await;
+        let options = dlock::ClientOptions::default();
+        let now = tokio::time::Instant::now();
+        let kind = RequestType::ClusterStatus;
+        let (at, r) = first_answer(&addr, &options, kind, &None, false, now)
+            .await
+            .unwrap_or_else(|f| panic!("{}", f.message));
+        assert_eq!(at, addr);
+        assert!(knows_no_leader(&r), "{r:?}");
+        assert_eq!(asked.load(Ordering::SeqCst), 1, "asked once");
+    }
+}
