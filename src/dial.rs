@@ -5,7 +5,7 @@
 //! stream from there.
 
 use crate::backoff::Backoff;
-use crate::codec::{encode_frame, FrameCodec, FrameError};
+use crate::codec::{encode_frame, FrameCodec};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::options::ClientOptions;
@@ -284,6 +284,14 @@ async fn try_node(
         e @ Error::AccessDenied(_) => NodeError::Fatal(e),
         // Which address misbehaved: a cluster's list may hold one wrong port.
         Error::Protocol(why) => NodeError::Fatal(Error::Protocol(format!("{addr}: {why}"))),
+        // A dlock server refuses with General only a frame that is no
+        // request, which Hello is: this is a port that cannot serve
+        // clients at all, and says so (a cluster node's peer port names
+        // its client port), so it is a wrong port as the one above.
+        Error::Server {
+            status: ResponseStatus::General,
+            text,
+        } => NodeError::Fatal(Error::Protocol(format!("{addr}: {text}"))),
         e @ Error::ServerSpeaksTls if session == 0 => NodeError::Fatal(e),
         // TLS 1.3 ends the client's handshake before the server checks
         // the client's certificate: its refusal is the first thing read.
@@ -381,21 +389,14 @@ async fn try_node(
 /// nodes are tried, so that one bad node cannot end a session the rest of
 /// the cluster keeps.
 fn connect_error(addr: &str, source: std::io::Error, session: u64) -> NodeError {
-    let addr = addr.to_string();
-    let error = match transport::tls_failure(&source) {
-        Some(transport::TlsFailure::NotTls) => Error::ServerSpeaksNoTls { addr, source },
-        Some(transport::TlsFailure::CaAsEndEntity) => {
-            Error::CaUsedAsServerCertificate { addr, source }
-        }
-        Some(transport::TlsFailure::ClientCertRequired) => {
-            Error::ClientCertificateRequired { addr, source }
-        }
-        Some(transport::TlsFailure::ClientCertRefused) => {
-            Error::ClientCertificateRefused { addr, source }
-        }
-        None => {
+    let error = match transport::tls_setup_error(addr, source) {
+        Ok(error) => error,
+        Err(source) => {
             return NodeError::Failed {
-                error: Error::Connect { addr, source },
+                error: Error::Connect {
+                    addr: addr.to_string(),
+                    source,
+                },
                 answered: false,
             }
         }
@@ -447,14 +448,11 @@ pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     buf.clear();
     let mut codec = FrameCodec::new(crate::MAX_RESPONSE_FRAME);
     let body = loop {
-        if transport::looks_like_tls(&buf) {
-            return Err(Error::ServerSpeaksTls);
+        if let Some(e) = transport::foreign_answer(&buf) {
+            return Err(e);
         }
-        if let Some(body) =
-            tokio_util::codec::Decoder::decode(&mut codec, &mut buf).map_err(|e| match e {
-                FrameError::TooLarge { .. } => Error::Protocol(transport::not_dlock(&buf)),
-                e => Error::Protocol(format!("bad answer to {:?}: {e}", req.r#type())),
-            })?
+        if let Some(body) = tokio_util::codec::Decoder::decode(&mut codec, &mut buf)
+            .map_err(|e| Error::Protocol(format!("bad answer to {:?}: {e}", req.r#type())))?
         {
             break body;
         }

@@ -106,6 +106,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The server's TLS refused the protocol name dlock offers: it is no
+    /// dlock client port, most likely a cluster node's peer port.
+    #[error("the server at {addr} refuses dlock's TLS protocol name ({source}): it is no dlock client port, most likely a cluster node's peer port (its --peer-listen): give a client port instead (a node's --listen)")]
+    NotAClientPort {
+        /// The address tried.
+        addr: String,
+        /// The server's TLS alert.
+        #[source]
+        source: std::io::Error,
+    },
     /// The connection is gone; locks bound to it are released by the server.
     /// Its [`source`](std::error::Error::source) is the I/O or decoding
     /// error that ended it, if one did.

@@ -31,6 +31,11 @@ pub enum RawError {
     /// The server announced a frame over this client's limit.
     #[error(transparent)]
     Frame(#[from] FrameError),
+    /// What came back shows the other end is no dlock client port: it
+    /// speaks TLS to a client without, or another protocol altogether (an
+    /// HTTP metrics port). The same error the library's client gives.
+    #[error(transparent)]
+    Foreign(Box<crate::Error>),
     /// A frame whose body is not a `Response`.
     #[error("undecodable response")]
     Decode(#[from] prost::DecodeError),
@@ -105,6 +110,10 @@ impl RawClient<TcpStream> {
 
 /// The stream of [`RawClient::connect_with`]: TCP, or TLS over it.
 pub use crate::transport::Stream;
+
+/// What a failed [`RawClient::connect_with`] (or the first read after it)
+/// says of the user's TLS setup, as the library's client says it.
+pub use crate::transport::tls_setup_error;
 
 impl RawClient<Stream> {
     /// Connects as the library's client does with `options`: TCP_NODELAY,
@@ -240,8 +249,7 @@ impl<S: AsyncRead + Unpin> RawClient<S> {
     ///
     /// # Errors
     /// [`RawError::Truncated`] on a close inside a frame, [`RawError::Io`]
-    /// when reading fails, [`RawError::Frame`] or [`RawError::Decode`] for
-    /// bytes that are not a response.
+    /// when reading fails, and any error of [`RawClient::buffered`].
     pub async fn recv_or_closed(&mut self) -> Result<Option<Response>, RawError> {
         loop {
             if let Some(resp) = self.buffered()? {
@@ -259,12 +267,19 @@ impl<S: AsyncRead + Unpin> RawClient<S> {
     /// A response already read, without touching the socket.
     ///
     /// # Errors
-    /// [`RawError::Frame`] or [`RawError::Decode`] for bytes that are not
-    /// a response.
+    /// [`RawError::Foreign`] for bytes from something other than a dlock
+    /// server's client port, [`RawError::Frame`] or [`RawError::Decode`]
+    /// for other bytes that are not a response.
     pub fn buffered(&mut self) -> Result<Option<Response>, RawError> {
-        match self.codec.decode(&mut self.rbuf)? {
-            Some(body) => Ok(Some(prost::Message::decode(body)?)),
-            None => Ok(None),
+        match self.codec.decode(&mut self.rbuf) {
+            Ok(Some(body)) => Ok(Some(prost::Message::decode(body)?)),
+            Ok(None) => Ok(None),
+            // Only past this client's limit: a caller that raised it reads
+            // longer frames than a dlock answer as frames.
+            Err(e) => Err(match crate::transport::foreign_answer(&self.rbuf) {
+                Some(foreign) => RawError::Foreign(Box::new(foreign)),
+                None => RawError::Frame(e),
+            }),
         }
     }
 

@@ -78,6 +78,10 @@ pub(crate) enum TlsFailure {
     ClientCertRequired,
     /// The server refused the client's certificate.
     ClientCertRefused,
+    /// The server refused the protocol name the client offered
+    /// ([`dlock_proto::tls::CLIENT_ALPN`]): a dlock-server's client port
+    /// names none and takes any, its cluster's peer port refuses it.
+    NotAClientPort,
 }
 
 impl TlsFailure {
@@ -101,6 +105,9 @@ pub(crate) fn tls_failure(e: &io::Error) -> Option<TlsFailure> {
         rustls::Error::AlertReceived(Alert::CertificateRequired) => {
             Some(TlsFailure::ClientCertRequired)
         }
+        rustls::Error::AlertReceived(Alert::NoApplicationProtocol) => {
+            Some(TlsFailure::NotAClientPort)
+        }
         // What a server sends for a client certificate it does not accept
         // (rustls answers one of another CA with DecryptError: its
         // signature does not check against the trusted CA's key).
@@ -122,6 +129,28 @@ pub(crate) fn tls_failure(e: &io::Error) -> Option<TlsFailure> {
     }
 }
 
+/// The error that names the fix, when `source`, from [`connect`] or the
+/// first read after it, shows a TLS setup that does not match the
+/// server's; else `source` back. What the library's client and the raw
+/// one (`dlock cluster`) both tell their user.
+///
+/// # Errors
+/// `source` itself when it says nothing of the TLS setup.
+pub fn tls_setup_error(addr: &str, source: io::Error) -> Result<crate::Error, io::Error> {
+    use crate::Error;
+    let Some(failure) = tls_failure(&source) else {
+        return Err(source);
+    };
+    let addr = addr.to_string();
+    Ok(match failure {
+        TlsFailure::NotTls => Error::ServerSpeaksNoTls { addr, source },
+        TlsFailure::CaAsEndEntity => Error::CaUsedAsServerCertificate { addr, source },
+        TlsFailure::ClientCertRequired => Error::ClientCertificateRequired { addr, source },
+        TlsFailure::ClientCertRefused => Error::ClientCertificateRefused { addr, source },
+        TlsFailure::NotAClientPort => Error::NotAClientPort { addr, source },
+    })
+}
+
 /// Whether the first bytes a plain connection read are a TLS record (an
 /// alert or a handshake, versions 3.x): the server speaks TLS, and its
 /// answer must not be read as a frame length (0x15030300 would claim a
@@ -130,11 +159,28 @@ pub(crate) fn looks_like_tls(read: &[u8]) -> bool {
     matches!(read, [0x15 | 0x16, 0x03, minor, ..] if *minor <= 0x04)
 }
 
+/// Whether `read`, the start of what came back where a dlock answer was
+/// expected, shows that the other end is no dlock client port: a TLS
+/// record ([`Error::ServerSpeaksTls`](crate::Error::ServerSpeaksTls)), or
+/// a frame longer than any dlock answer (an
+/// [`Error::Protocol`](crate::Error::Protocol) saying so). Every reader of
+/// answers asks this one function, so that the library's client and the
+/// raw one (`dlock cluster`) name a wrong port alike.
+pub(crate) fn foreign_answer(read: &[u8]) -> Option<crate::Error> {
+    if looks_like_tls(read) {
+        return Some(crate::Error::ServerSpeaksTls);
+    }
+    match crate::codec::frame_len(read, crate::MAX_RESPONSE_FRAME) {
+        Err(_) => Some(crate::Error::Protocol(not_dlock(read))),
+        Ok(_) => None,
+    }
+}
+
 /// What a client tells its user when the first answer it read announces
 /// a frame longer than any dlock answer: the other end is another service
-/// (an HTTP metrics port, SSH, a dlock-server's peer port), and `read`'s
-/// start, shown as text, usually names it ("HTTP/1.1 400").
-pub(crate) fn not_dlock(read: &[u8]) -> String {
+/// (an HTTP metrics port, SSH), and `read`'s start, shown as text, usually
+/// names it ("HTTP/1.1 400").
+fn not_dlock(read: &[u8]) -> String {
     let start: String = read
         .iter()
         .take(24)
@@ -144,7 +190,7 @@ pub(crate) fn not_dlock(read: &[u8]) -> String {
     format!(
         "the other end does not speak dlock's protocol (it answered \"{start}\"): \
          give the client port of a dlock-server (its --listen), not its metrics \
-         or peer port or another service's"
+         port or another service's"
     )
 }
 

@@ -6,7 +6,7 @@ use crate::exit::{self, Failure};
 use crate::say;
 use clap::{Parser, Subcommand};
 use dlock::proto::{ClusterInfo, Request, RequestCluster, RequestType, Response, ResponseStatus};
-use dlock::raw::{RawClient, Stream};
+use dlock::raw::{RawClient, RawError, Stream};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -80,19 +80,29 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
         ),
     };
     let verbose = args.conn.verbose;
+    // One deadline for every wait on an election, here and in
+    // first_answer: waits that each had their own would add up.
+    let patience = tokio::time::Instant::now() + ELECTION_PATIENCE;
     let (mut server, first) =
-        first_answer(&args.conn.server, &options, kind, &body, verbose).await?;
+        first_answer(&args.conn.server, &options, kind, &body, verbose, patience).await?;
     if verbose {
         say!("{server} answered");
     }
     let mut answer = Some(first);
-    let patience = tokio::time::Instant::now() + ELECTION_PATIENCE;
     // The first node's answer, then once more from the leader it names; if
     // that one knows no leader after all (a rejoining node may have started
-    // an election meanwhile), the nodes are asked afresh, within patience.
+    // an election meanwhile), the nodes are asked afresh, and if it names
+    // yet another (the election is over), that one is asked, within
+    // patience.
     let mut hops = 0;
-    while hops < 2 {
+    loop {
         hops += 1;
+        if hops > 2 {
+            if tokio::time::Instant::now() >= patience {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let r = match answer.take() {
             Some(r) => r,
             None => ask(&server, &options, kind, body.clone()).await?,
@@ -103,7 +113,7 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
             let (again, r) =
-                first_answer(&args.conn.server, &options, kind, &body, verbose).await?;
+                first_answer(&args.conn.server, &options, kind, &body, verbose, patience).await?;
             (server, answer, hops) = (again, Some(r), 0);
             continue;
         }
@@ -180,6 +190,11 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
                     },
                 ));
             }
+            // A port that cannot serve clients at all, saying why (a
+            // cluster node's peer port): as the lock form puts it.
+            Ok(ResponseStatus::General) => {
+                return Err(wrong_port(&server, dlock::Error::Protocol(r.error_text)));
+            }
             Ok(ResponseStatus::InvalidArgument) => {
                 return Err(Failure::new(exit::USAGE, refusal(&server, &r)));
             }
@@ -209,16 +224,17 @@ fn leader_to_ask(info: &ClusterInfo, asked: &str) -> Option<String> {
 /// exit 69 naming every node and why when none does. A node that knows no
 /// leader (just restarted, or an election under way) is passed over for the
 /// next; when every node that answers knows none, they are asked again until
-/// [`ELECTION_PATIENCE`] has passed, since an election takes about a second.
+/// `deadline` (an election takes about a second), then the first such
+/// answer is returned.
 async fn first_answer(
     servers: &str,
     options: &dlock::ClientOptions,
     kind: RequestType,
     body: &Option<RequestCluster>,
     verbose: bool,
+    deadline: tokio::time::Instant,
 ) -> Result<(String, Response), Failure> {
     let servers = dlock::Servers::parse(servers);
-    let deadline = tokio::time::Instant::now() + ELECTION_PATIENCE;
     loop {
         let mut failed = Vec::new();
         let mut leaderless = None;
@@ -228,11 +244,11 @@ async fn first_answer(
             }
             match ask(server, options, kind, body.clone()).await {
                 Ok(r) if knows_no_leader(&r) => {
-                    failed.push(refusal(server, &r));
+                    failed.push(Failure::new(exit::UNAVAILABLE, refusal(server, &r)));
                     leaderless.get_or_insert((server.clone(), r));
                 }
                 Ok(r) => return Ok((server.clone(), r)),
-                Err(f) => failed.push(f.message),
+                Err(f) => failed.push(f),
             }
         }
         match leaderless {
@@ -243,9 +259,21 @@ async fn first_answer(
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            None => return Err(Failure::new(exit::UNAVAILABLE, failed.join("; "))),
+            None => return Err(every_failure(failed)),
         }
     }
+}
+
+/// One failure for all of `failed`, one a node: each message, and their
+/// exit code when they share one (a single wrong port exits as the lock
+/// form would), else 69.
+fn every_failure(failed: Vec<Failure>) -> Failure {
+    let code = match failed.first() {
+        Some(f) if failed.iter().all(|g| g.code == f.code) => f.code,
+        _ => exit::UNAVAILABLE,
+    };
+    let messages: Vec<String> = failed.into_iter().map(|f| f.message).collect();
+    Failure::new(code, messages.join("; "))
 }
 
 /// How long `dlock cluster` asks again while the nodes that answer know no
@@ -282,8 +310,17 @@ async fn connect(
                 &format!("no connection within {limit} (--connect-timeout)"),
             )
         })?
-        .map_err(|e| unreachable(server, &e))?
+        .map_err(|e| connect_failed(server, e))?
         .with_token(options.access_token.clone().unwrap_or_default()))
+}
+
+/// A failed connect or first read: the fix when the TLS setup does not
+/// match the server's, named as the lock form names it.
+fn connect_failed(server: &str, e: std::io::Error) -> Failure {
+    match dlock::raw::tls_setup_error(server, e) {
+        Ok(e) => exit::from_client_error(e, server),
+        Err(e) => unreachable(server, &e),
+    }
 }
 
 /// One request of `kind` on `c`, a connection to `server`.
@@ -297,7 +334,25 @@ async fn exchange(
         cluster: body,
         ..c.request(kind, &[])
     };
-    c.call(&req).await.map_err(|e| unreachable(server, &e))
+    c.call(&req).await.map_err(|e| match e {
+        RawError::Foreign(e) => wrong_port(server, *e),
+        // TLS 1.3 refuses a client's certificate after the client's
+        // handshake: on the first read.
+        RawError::Io(e) => connect_failed(server, e),
+        e => unreachable(server, &e),
+    })
+}
+
+/// What `dlock` says of `server` when it answered as no dlock client port
+/// does: the same as the lock form says (a TLS port, an HTTP port).
+fn wrong_port(server: &str, e: dlock::Error) -> Failure {
+    match e {
+        // As the library's dial names the address a protocol error came from.
+        dlock::Error::Protocol(why) => {
+            exit::from_client_error(dlock::Error::Protocol(format!("{server}: {why}")), server)
+        }
+        e => exit::from_client_error(e, server),
+    }
 }
 
 /// Asks `server` on a connection of its own.
@@ -589,4 +644,64 @@ fn status_table(info: &ClusterInfo) -> String {
         .collect();
     out.push_str(&columns(&header, &rows, &[]));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A node on 127.0.0.1:0 that answers every request `NotLeader`,
+    /// knowing no leader, and counts the requests.
+    async fn leaderless_node() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let asked = Arc::new(AtomicUsize::new(0));
+        let count = asked.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let mut len = [0u8; 4];
+                    while s.read_exact(&mut len).await.is_ok() {
+                        let mut body = vec![0; u32::from_be_bytes(len) as usize];
+                        if s.read_exact(&mut body).await.is_err() {
+                            return;
+                        }
+                        let req = <Request as prost::Message>::decode(&body[..]).unwrap();
+                        count.fetch_add(1, Ordering::SeqCst);
+                        let answer = prost::Message::encode_to_vec(&Response {
+                            request_id: req.id,
+                            status: ResponseStatus::NotLeader as i32,
+                            ..Response::default()
+                        });
+                        let len = u32::try_from(answer.len()).unwrap().to_be_bytes();
+                        let _ = s.write_all(&[&len[..], &answer].concat()).await;
+                    }
+                });
+            }
+        });
+        (addr, asked)
+    }
+
+    /// The waits on an election share `dlock cluster`'s one deadline
+    /// (ELECTION_PATIENCE from the start), so they cannot add up: given a
+    /// deadline already passed, first_answer asks once and returns what
+    /// it got, rather than waiting out a patience of its own. Counted, not
+    /// timed.
+    #[tokio::test]
+    async fn first_answer_keeps_the_deadline_it_is_given() {
+        let (addr, asked) = leaderless_node().await;
+        let options = dlock::ClientOptions::default();
+        let now = tokio::time::Instant::now();
+        let kind = RequestType::ClusterStatus;
+        let (at, r) = first_answer(&addr, &options, kind, &None, false, now)
+            .await
+            .unwrap_or_else(|f| panic!("{}", f.message));
+        assert_eq!(at, addr);
+        assert!(knows_no_leader(&r), "{r:?}");
+        assert_eq!(asked.load(Ordering::SeqCst), 1, "asked once");
+    }
 }

@@ -95,7 +95,8 @@ pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
         e @ (Error::ServerSpeaksNoTls { .. }
         | Error::CaUsedAsServerCertificate { .. }
         | Error::ClientCertificateRequired { .. }
-        | Error::ClientCertificateRefused { .. }) => {
+        | Error::ClientCertificateRefused { .. }
+        | Error::NotAClientPort { .. }) => {
             Failure::new(UNAVAILABLE, e.to_string())
         }
         Error::ConnectTimeout { timeout, .. } => Failure::new(

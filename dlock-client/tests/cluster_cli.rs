@@ -55,6 +55,25 @@ async fn status_shows_the_members_and_bad_requests_say_why() {
     // Every member was asked for its own view too.
     assert_eq!(v["nodes"][0]["role"], "leader", "{v}");
     assert_eq!(v["nodes"][0]["version"], dlock_server::VERSION, "{v}");
+    // The node's peer port, given by mistake, says what it is and where
+    // the client port is, to the lock form and to `dlock cluster` alike.
+    let peer = v["members"][0]["peer_addr"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a peer address: {v}"))
+        .to_owned();
+    for args in [&["--ping"][..], &["cluster", "status"][..]] {
+        let o = run_at(&peer, args).await;
+        let err = stderr(&o);
+        assert_eq!(code(&o), 70, "{args:?}: {err}");
+        assert!(
+            err.contains(&peer) && err.contains("peer port of dlock cluster node 1"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            err.contains("--listen") && err.contains(&format!("this node's is {addr}")),
+            "{args:?}: {err}"
+        );
+    }
     let own = out
         .lines()
         .skip_while(|l| !l.starts_with("NODE "))

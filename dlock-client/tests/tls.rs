@@ -12,6 +12,35 @@ use rcgen::{
 };
 use std::path::{Path, PathBuf};
 
+/// A TLS server with nothing behind it, presenting `cert` (with `key`) to
+/// whoever connects to the `localhost:PORT` it returns: for certificates
+/// dlock-server refuses to start with. Its thread handshakes until the
+/// client gives up, and lives as long as the test process.
+fn bare_tls_server(cert: &str, key: &str) -> String {
+    use dlock::tls::rustls;
+    let config = rustls::ServerConfig::builder_with_provider(dlock::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            dlock::tls::read_certs(cert.as_ref()).unwrap(),
+            dlock::tls::read_key(key.as_ref()).unwrap(),
+        )
+        .unwrap();
+    let config = std::sync::Arc::new(config);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut tcp in listener.incoming().flatten() {
+            let Ok(mut tls) = rustls::ServerConnection::new(config.clone()) else {
+                return;
+            };
+            while tls.is_handshaking() && tls.complete_io(&mut tcp).is_ok() {}
+        }
+    });
+    format!("localhost:{port}")
+}
+
 /// Writes `NAME.pem` and `NAME.key` for `host`, signed by `ca`.
 fn issue(
     dir: &Path,
@@ -181,18 +210,16 @@ fn flags(args: &[&str]) -> dlock_server::Config {
 
 /// A cluster of one that speaks TLS only, its data in `dir`: the server,
 /// the address its certificate names, and the CA file that trusts it.
-async fn tls_node(dir: &Path) -> (TestServer, String, String) {
+async fn tls_node(dir: &Path, peer_tls: bool) -> (TestServer, String, String) {
     let (_, ca_file, cert, key) = ca_and_server_cert(dir);
     let data = path(dir.join("node1"));
-    let server = TestServer::start(flags(&[
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-        "--data-dir",
-        &data,
-    ]))
-    .await;
+    let mut args = vec!["--tls-cert", &cert, "--tls-key", &key, "--data-dir", &data];
+    if peer_tls {
+        // The same certificate: a node of one never dials a peer.
+        args.extend(["--peer-tls-cert", &cert, "--peer-tls-key", &key]);
+        args.extend(["--peer-tls-ca", &ca_file]);
+    }
+    let server = TestServer::start(flags(&args)).await;
     let addr = format!("localhost:{}", server.addr.port());
     (server, addr, ca_file)
 }
@@ -200,27 +227,57 @@ async fn tls_node(dir: &Path) -> (TestServer, String, String) {
 #[tokio::test]
 async fn dlock_cluster_status_speaks_tls_to_a_tls_node() {
     let dir = tempfile::tempdir().unwrap();
-    let (_server, addr, ca_file) = tls_node(dir.path()).await;
+    let (_server, addr, ca_file) = tls_node(dir.path(), true).await;
     // A cluster of one elects itself after an election timeout.
     let deadline = std::time::Instant::now() + common::PATIENCE;
-    loop {
-        let out = run_at(&addr, &["cluster", "status", "--tls-ca", &ca_file]).await;
+    let status = loop {
+        let out = run_at(
+            &addr,
+            &["cluster", "status", "--tls-ca", &ca_file, "-o", "json"],
+        )
+        .await;
         assert_eq!(code(&out), 0, "{}", stderr(&out));
-        if common::stdout(&out).contains("node 1 is leader") {
-            break;
+        let status: serde_json::Value = serde_json::from_str(&common::stdout(&out)).unwrap();
+        if status["role"] == "leader" {
+            break status;
         }
         assert!(std::time::Instant::now() < deadline, "never a leader");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    };
     // Plain TCP to a TLS port gets no answer it can read.
     let out = run_at(&addr, &["cluster", "status"]).await;
     assert_eq!(code(&out), 69, "{}", stderr(&out));
+
+    // Its peer port (TLS too), given by mistake, with or without --tls-ca:
+    // named as a peer port, with the flag of the port to give instead,
+    // rather than a hint to add --tls-ca or a client certificate.
+    let peer = status["members"][0]["peer_addr"].as_str().unwrap();
+    let peer = peer.replace("127.0.0.1", "localhost");
+    let forms = [
+        &["--ping"][..],
+        &["cluster", "status"][..],
+        &["--ping", "--tls-ca", &ca_file][..],
+        &["cluster", "status", "--tls-ca", &ca_file][..],
+    ];
+    for args in forms {
+        let out = run_at(&peer, args).await;
+        let err = stderr(&out);
+        assert_ne!(code(&out), 0, "{args:?}: {err}");
+        assert!(
+            err.contains(&peer) && err.contains("peer port") && err.contains("--listen"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            !err.contains("give the CA certificate") && !err.contains("client certificate"),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_top_shows_a_tls_cluster_node_and_its_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let (_server, addr, ca_file) = tls_node(dir.path()).await;
+    let (_server, addr, ca_file) = tls_node(dir.path(), false).await;
     let options = dlock::ClientOptions {
         tls: Some(dlock::tls::client_config(std::path::Path::new(&ca_file), None).unwrap()),
         ..dlock::ClientOptions::default()
@@ -256,15 +313,18 @@ async fn a_tls_mismatch_says_which_flag_to_change_and_exits_69() {
     let (_, ca_file, cert, key) = ca_and_server_cert(dir.path());
     let tls = TestServer::start(flags(&["--tls-cert", &cert, "--tls-key", &key])).await;
     let tls_addr = format!("localhost:{}", tls.addr.port());
-    // A plain client at a TLS port: not a 352 MB "frame".
-    let out = run_at(&tls_addr, &["--ping"]).await;
-    let err = stderr(&out);
-    assert_eq!(code(&out), 69, "{err}");
-    assert!(
-        err.contains("speaks TLS") && err.contains("--tls-ca"),
-        "{err}"
-    );
-    assert!(!err.contains("is dlock-server running"), "{err}");
+    // A plain client at a TLS port: not a 352 MB "frame", in the lock
+    // form or `dlock cluster` (which reads its answers apart).
+    for args in [&["--ping"][..], &["cluster", "status"][..]] {
+        let out = run_at(&tls_addr, args).await;
+        let err = stderr(&out);
+        assert_eq!(code(&out), 69, "{args:?}: {err}");
+        assert!(
+            err.contains("speaks TLS") && err.contains("--tls-ca"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("is dlock-server running"), "{err}");
+    }
 
     // A TLS client at a plain port.
     let plain = TestServer::start(flags(&[])).await;
@@ -289,8 +349,8 @@ async fn a_tls_mismatch_says_which_flag_to_change_and_exits_69() {
     );
     std::fs::write(&both_file, both.pem()).unwrap();
     std::fs::write(&both_key, key_pair.serialize_pem()).unwrap();
-    let odd = TestServer::start(flags(&["--tls-cert", &both_file, "--tls-key", &both_key])).await;
-    let odd_addr = format!("localhost:{}", odd.addr.port());
+    // dlock-server refuses to start with it; other TLS servers do not.
+    let odd_addr = bare_tls_server(&both_file, &both_key);
     let out = run_at(&odd_addr, &["--tls-ca", &both_file, "--ping"]).await;
     let err = stderr(&out);
     assert_eq!(code(&out), 69, "{err}");

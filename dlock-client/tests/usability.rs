@@ -384,7 +384,13 @@ async fn a_port_that_does_not_speak_dlock_is_named_with_what_it_answered() {
     .await
     .unwrap();
     let addr = http.addr.to_string();
-    for args in [&["--ping"][..], &["-k", "k", "--", "true"][..]] {
+    // `dlock cluster` reads its answers apart, and names the port alike.
+    let forms = [
+        &["--ping"][..],
+        &["-k", "k", "--", "true"][..],
+        &["cluster", "status"][..],
+    ];
+    for args in forms {
         let o = run_at(&addr, args).await;
         let err = stderr(&o);
         assert_eq!(code(&o), 70, "{args:?}: {err}");

@@ -136,9 +136,17 @@ pub fn read_roots(path: &Path) -> Result<RootCertStore, TlsError> {
     Ok(roots)
 }
 
+/// The TLS protocol name (ALPN) dlock's clients offer. A dlock-server's
+/// client port names none, and so takes any client; a cluster node's peer
+/// port takes only its own and refuses this one with an alert
+/// (`no_application_protocol`), by which a client given a peer port by
+/// mistake can say so rather than ask for a client certificate.
+pub const CLIENT_ALPN: &[u8] = b"dlock";
+
 /// A client configuration that trusts the CAs in `ca` and, for servers that
 /// ask for one (`--tls-client-ca`), presents the certificate chain and key
-/// in `identity`. The server's name is checked against its certificate.
+/// in `identity`. The server's name is checked against its certificate; it
+/// offers the protocol name [`CLIENT_ALPN`].
 ///
 /// # Errors
 /// A file cannot be read or parsed, or rustls refuses the key.
@@ -155,5 +163,7 @@ pub fn client_config(
             .map_err(|e| pair_error(e, cert, key))?,
         None => builder.with_no_client_auth(),
     };
+    let mut config = config;
+    config.alpn_protocols = vec![CLIENT_ALPN.to_vec()];
     Ok(Arc::new(config))
 }

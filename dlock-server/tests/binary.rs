@@ -99,6 +99,35 @@ fn a_data_dir_that_is_a_file_is_a_clear_startup_error() {
     assert!(stderr.contains("is a file, not a directory"), "{stderr}");
 }
 
+/// A CA certificate (`dlock-server cert create-ca`'s ca.pem) given as the
+/// server's own: refused at start, naming the file and what to give
+/// instead, rather than a server whose every TLS handshake fails.
+#[test]
+fn a_ca_certificate_as_the_servers_own_is_a_clear_startup_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let made = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+        .args(["cert", "create-ca", "--dir"])
+        .arg(dir.path())
+        .output()
+        .expect("run dlock-server cert");
+    assert!(made.status.success(), "{made:?}");
+    let (ca, key) = (dir.path().join("ca.pem"), dir.path().join("ca.key"));
+    let stderr = refused_at_start(&[
+        "--tls-cert".as_ref(),
+        ca.as_os_str(),
+        "--tls-key".as_ref(),
+        key.as_os_str(),
+    ]);
+    assert!(
+        stderr.contains(&format!("{} is a CA certificate", ca.display())),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the server's own certificate") && stderr.contains("create-node"),
+        "{stderr}"
+    );
+}
+
 /// Runs the server on a loopback port with `args`, which must make it exit
 /// 1 at start; returns what it wrote on stderr.
 fn refused_at_start(args: &[&std::ffi::OsStr]) -> String {

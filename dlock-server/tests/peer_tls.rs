@@ -78,6 +78,43 @@ async fn a_cluster_whose_peers_speak_tls_elects_serves_and_fails_over() {
         "a plain-TCP peer was answered: {:?}",
         read.map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
     );
+    // A dlock client without TLS is answered, in its own protocol: this
+    // is a peer port, and here is the client port (not "give --tls-ca").
+    let peer = nodes.peer_addr(follower).to_string();
+    let wrong = tokio::time::timeout(common::PATIENCE, Client::connect(peer.as_str()))
+        .await
+        .expect("the client is answered in time");
+    let Err(e) = wrong else {
+        panic!("a client connected to the peer port {peer}");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains(&peer) && e.contains("peer port of dlock cluster node"),
+        "{e}"
+    );
+    let client_port = nodes.addr(follower).to_string();
+    assert!(
+        e.contains("--listen") && e.contains(&client_port) && !e.contains("--tls-ca"),
+        "{e}"
+    );
+    // With TLS, trusting the cluster's CA: refused by the peer port's TLS
+    // protocol name, and told so, not asked for a client certificate.
+    let options = dlock::ClientOptions {
+        tls: Some(dlock::tls::client_config(&ca.ca_file(), None).expect("the CA")),
+        ..dlock::ClientOptions::default()
+    };
+    let wrong = tokio::time::timeout(common::PATIENCE, Client::connect_with(&peer, options))
+        .await
+        .expect("the client is answered in time");
+    let Err(e) = wrong else {
+        panic!("a TLS client connected to the peer port {peer}");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains(&peer) && e.contains("peer port") && e.contains("--listen"),
+        "{e}"
+    );
+    assert!(!e.contains("client certificate"), "{e}");
 
     // Killing the leader: the others elect a new one over TLS, and the
     // session (and its lock) moves there.

@@ -94,7 +94,7 @@ impl Wire {
     /// Cancel-safe, as [`RawClient::recv`] is.
     async fn next_response(&mut self) -> Result<Response, CallError> {
         let r = self.raw.recv().await.map_err(|e| match e {
-            RawError::Frame(_) | RawError::Decode(_) => CallError::Malformed,
+            RawError::Frame(_) | RawError::Decode(_) | RawError::Foreign(_) => CallError::Malformed,
             _ => CallError::Closed,
         })?;
         let expected = self.outstanding.pop_front().unwrap_or(0);

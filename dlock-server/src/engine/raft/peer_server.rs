@@ -5,8 +5,11 @@
 //! cluster (garbage, an oversized first frame, a dlock client that dialled
 //! the wrong port, a node with another cluster id, a hello meant for
 //! another node id) closes that connection with one log line; nothing else
-//! changes. The number of connections is capped, and a connection must say
-//! hello within [`wire::HELLO_TIMEOUT`], so idle sockets cannot pile up.
+//! changes. A dlock client is told first, in its own protocol, that this is
+//! a peer port and where the client port is, with or without TLS on it
+//! (see [`PeerServer::client_answer`]). The number of connections is
+//! capped, and a connection must say hello within [`wire::HELLO_TIMEOUT`],
+//! so idle sockets cannot pile up.
 
 use super::peer_tls::{self, PeerTls};
 use super::types::{NodeId, Raft};
@@ -22,6 +25,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+/// The first byte of a TLS handshake record, with which every TLS peer
+/// opens a connection.
+const TLS_HANDSHAKE: u8 = 0x16;
 
 /// Peer connections served at once. A 5-node cluster uses about one per
 /// peer for replication plus a few pooled for votes.
@@ -88,21 +95,103 @@ impl PeerServer {
     /// TLS, when the peer port has it, then the connection.
     async fn handshake(&self, tcp: TcpStream, addr: SocketAddr) {
         wire::tune(&tcp);
+        let deadline = tokio::time::Instant::now() + wire::HELLO_TIMEOUT;
         let stream = match &self.tls {
             None => peer_tls::plain(tcp),
-            Some(tls) => match tokio::time::timeout(wire::HELLO_TIMEOUT, tls.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::warn!(peer = %addr, error = %e, "peer TLS handshake failed");
-                    return;
+            Some(tls) => {
+                // Every peer opens with a TLS handshake record. Anything
+                // else is no peer; a dlock client without TLS is answered in
+                // its own protocol, where a TLS alert would have it look for
+                // a CA certificate instead of the right port.
+                let mut first = [0u8; 1];
+                match tokio::time::timeout_at(deadline, tcp.peek(&mut first)).await {
+                    Ok(Ok(1)) if first[0] != TLS_HANDSHAKE => {
+                        return self
+                            .no_tls(wire::frame(peer_tls::plain(tcp)), addr, deadline)
+                            .await
+                    }
+                    // A handshake, or a close the handshake will see.
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(peer = %addr, error = %e, "peer connection failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::warn!(peer = %addr, "peer TLS handshake timed out");
+                        return;
+                    }
                 }
-                Err(_) => {
-                    tracing::warn!(peer = %addr, "peer TLS handshake timed out");
-                    return;
+                match tokio::time::timeout_at(deadline, tls.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::warn!(peer = %addr, error = %e, "peer TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::warn!(peer = %addr, "peer TLS handshake timed out");
+                        return;
+                    }
                 }
-            },
+            }
         };
         self.serve(wire::frame(stream), addr).await;
+    }
+
+    /// A connection without TLS at a TLS peer port: its first frame is
+    /// read, a dlock client's answered, and the connection closed.
+    async fn no_tls(&self, mut conn: PeerFrames, addr: SocketAddr, deadline: tokio::time::Instant) {
+        let first = tokio::time::timeout_at(deadline, wire::recv_raw(&mut conn)).await;
+        let answer = match first {
+            Ok(Ok(frame)) => self.client_answer(&frame),
+            _ => None,
+        };
+        let reason = match answer {
+            Some(answer) => {
+                // Best effort: the connection ends either way.
+                let _ = wire::send_raw(&mut conn, answer).await;
+                "a dlock client without TLS at the peer port (told where the client port is)"
+            }
+            None => "no TLS handshake",
+        };
+        tracing::warn!(peer = %addr, reason, "peer connection refused");
+    }
+
+    /// When `frame`, the first a connection sent, is a dlock client's
+    /// request: a dlock answer to it (status `General`, as for a request
+    /// the port cannot serve) saying that this is a cluster's peer port and
+    /// naming the client port, for the client to show its user. A node
+    /// never sends such a frame (its hello is JSON), so answering cannot
+    /// disturb the peer protocol; no answer is owed, so a client of any
+    /// version only reads it as a refusal.
+    fn client_answer(&self, frame: &[u8]) -> Option<bytes::Bytes> {
+        use dlock_proto::proto::{Request, RequestType, Response, ResponseStatus};
+        let request = <Request as prost::Message>::decode(frame).ok()?;
+        if request.r#type == 0 || RequestType::try_from(request.r#type).is_err() {
+            return None;
+        }
+        let client_port = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            m.membership_config
+                .membership()
+                .get_node(&self.local)
+                .map(|n| n.client_addr.clone())
+        };
+        let instead = match client_port {
+            Some(a) if !a.is_empty() => format!("a node's --listen; this node's is {a}"),
+            _ => "a node's --listen".to_string(),
+        };
+        let answer = Response {
+            request_id: request.id,
+            status: ResponseStatus::General as i32,
+            error_text: format!(
+                "this is the peer port of dlock cluster node {}, where the nodes talk to \
+                 each other (its --peer-listen): give dlock a client port instead ({instead})",
+                self.local
+            ),
+            ..Response::default()
+        };
+        Some(prost::Message::encode_to_vec(&answer).into())
     }
 
     async fn serve(&self, mut conn: PeerFrames, addr: SocketAddr) {
@@ -130,26 +219,36 @@ impl PeerServer {
     /// Reads and checks the hello; returns the peer's node id and the
     /// format of the messages that follow.
     async fn welcome(&self, conn: &mut PeerFrames) -> Result<(NodeId, Format), String> {
-        let hello: Hello = match tokio::time::timeout(wire::HELLO_TIMEOUT, wire::recv(conn)).await {
-            Err(_) => return Err("no hello in time".into()),
-            // Every dlock node, old or new, says its hello in JSON: a first
-            // frame that is no JSON is another program (a dlock client at
-            // the peer port, a scanner), never a newer dlock.
-            Ok(Err(WireError::Codec(super::encoding::CodecError::Unknown(b)))) => {
-                return Err(format!(
-                    "first frame is not a peer hello (it starts with byte {b:#04x}, which no \
-                     dlock hello does): a client or another program at the peer port?"
-                ))
-            }
-            Ok(Err(WireError::Codec(e))) => {
-                return Err(format!(
-                    "first frame is not a peer hello ({e}): a client or another program at the \
-                     peer port?"
-                ))
-            }
-            Ok(Err(e)) => return Err(format!("bad first frame: {e}")),
-            Ok(Ok(h)) => h,
-        };
+        let hello: Hello =
+            match tokio::time::timeout(wire::HELLO_TIMEOUT, wire::recv_raw(conn)).await {
+                Err(_) => return Err("no hello in time".into()),
+                Ok(Err(e)) => return Err(format!("bad first frame: {e}")),
+                Ok(Ok(frame)) => match super::encoding::decode(&frame) {
+                    Ok(h) => h,
+                    // Every dlock node, old or new, says its hello in JSON: a
+                    // first frame that is no JSON is another program (a dlock
+                    // client at the peer port, a scanner), never a newer dlock.
+                    Err(super::encoding::CodecError::Unknown(b)) => {
+                        if let Some(answer) = self.client_answer(&frame) {
+                            // Best effort: the connection ends either way.
+                            let _ = wire::send_raw(conn, answer).await;
+                            return Err("a dlock client at the peer port (told where the client \
+                                    port is)"
+                                .into());
+                        }
+                        return Err(format!(
+                        "first frame is not a peer hello (it starts with byte {b:#04x}, which no \
+                         dlock hello does): a client or another program at the peer port?"
+                    ));
+                    }
+                    Err(e) => {
+                        return Err(format!(
+                        "first frame is not a peer hello ({e}): a client or another program at \
+                         the peer port?"
+                    ))
+                    }
+                },
+            };
         let refusal = if hello.protocol != PROTOCOL {
             Some(format!(
                 "protocol {:?}, expected {PROTOCOL:?}",

@@ -89,6 +89,9 @@ impl PeerTls {
     }
 }
 
+/// The TLS protocol name (ALPN) of the peer port.
+const PEER_ALPN: &[u8] = b"dlock-peer";
+
 impl Halves {
     fn read(cert: &Path, key: &Path, ca: &Path) -> anyhow::Result<Halves> {
         let provider = dlock_proto::tls::provider();
@@ -97,12 +100,18 @@ impl Halves {
         let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
             .build()
             .with_context(|| format!("cannot verify peers with {}", ca.display()))?;
-        let server = ServerConfig::builder_with_provider(provider.clone())
+        let mut server = ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .context("TLS protocol versions")?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain.clone(), dlock_proto::tls::read_key(key)?)
             .map_err(|e| dlock_proto::tls::pair_error(e, cert, key))?;
+        // A name of its own, so that a TLS client offering dlock's
+        // (dlock_proto::tls::CLIENT_ALPN) is refused with an alert that
+        // tells it this is a peer port, before it is asked for a peer
+        // certificate it cannot have. Nodes offer no name, old or new: a
+        // server accepts any client that offers none.
+        server.alpn_protocols = vec![PEER_ALPN.to_vec()];
         let client = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .context("TLS protocol versions")?
