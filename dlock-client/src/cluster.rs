@@ -154,17 +154,19 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
                 };
                 match args.conn.output {
                     crate::cli::Output::Text => {
-                        print!("{}", status_table(info));
+                        let mut text = status_table(info);
                         if !nodes.is_empty() {
-                            print!("\n{}", nodes_table(&nodes));
+                            text.push('\n');
+                            text.push_str(&nodes_table(&nodes));
                         }
+                        crate::stdout::print(&text)?;
                     }
                     crate::cli::Output::Json => {
                         let mut v = status_json(info);
                         if !nodes.is_empty() {
                             v["nodes"] = nodes_json(&nodes);
                         }
-                        println!("{v}");
+                        crate::stdout::print(&format!("{v}\n"))?;
                     }
                 }
                 return Ok(());

@@ -25,30 +25,31 @@ pub async fn run(args: &Args, options: ClientOptions, keys: Vec<String>) -> Resu
                 "waiting_requests": stats.waiting_requests,
             });
             out["leader"] = json!(leader);
-            println!("{out}");
+            crate::stdout::print(&format!("{out}\n"))?;
             return Ok(0);
         }
-        match client.session() {
-            None => println!("server       {}", args.server),
-            Some(_) => println!("leader       {}", client.addr()),
-        }
-        println!("connections  {}", stats.connections);
-        println!("held keys    {}", stats.held_keys);
-        println!("waiting      {}", stats.waiting_requests);
+        let at = match client.session() {
+            None => format!("server       {}", args.server),
+            Some(_) => format!("leader       {}", client.addr()),
+        };
+        crate::stdout::print(&format!(
+            "{at}\nconnections  {}\nheld keys    {}\nwaiting      {}\n",
+            stats.connections, stats.held_keys, stats.waiting_requests
+        ))?;
         return Ok(0);
     }
     let infos = client.inspect(keys).await.map_err(failed)?;
     if args.output == Output::Json {
-        println!(
-            "{}",
-            json!({ "leader": leader, "keys": key_states(&infos) })
-        );
+        let v = json!({ "leader": leader, "keys": key_states(&infos) });
+        crate::stdout::print(&format!("{v}\n"))?;
         return Ok(0);
     }
+    let mut text = String::new();
     if client.session().is_some() {
-        println!("leader {}", client.addr());
+        text = format!("leader {}\n", client.addr());
     }
-    print!("{}", table(&infos));
+    text.push_str(&table(&infos));
+    crate::stdout::print(&text)?;
     Ok(0)
 }
 

@@ -55,7 +55,7 @@ pub async fn run(l: LeaderArgs) -> Result<u8, Failure> {
     let election = Election::new(&client, args.keys[0].as_str());
     if !l.watch {
         let leader = election.leader().await.map_err(failed)?;
-        println!("{}", report(args.output, leader.as_ref()));
+        crate::stdout::print(&format!("{}\n", report(args.output, leader.as_ref())))?;
         return Ok(if leader.is_some() {
             0
         } else {
@@ -66,10 +66,8 @@ pub async fn run(l: LeaderArgs) -> Result<u8, Failure> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot watch for SIGTERM: {e}")))?;
     loop {
-        println!(
-            "{}",
-            report(args.output, changes.borrow_and_update().as_ref())
-        );
+        let line = report(args.output, changes.borrow_and_update().as_ref());
+        crate::stdout::print(&format!("{line}\n"))?;
         tokio::select! {
             changed = changes.changed() => {
                 if changed.is_err() {

@@ -17,6 +17,7 @@ mod reconnects;
 mod run;
 mod say;
 mod signals;
+mod stdout;
 mod subcommand;
 mod top;
 
@@ -79,14 +80,12 @@ fn command_tree() -> clap::Command {
 /// Writes generated text (completions, the man page) to stdout. A reader
 /// that stops early (`dlock --man | head`) is not an error, as for cat.
 fn print_generated(text: &[u8], what: &str) -> ExitCode {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text).and_then(|()| out.flush()) {
+    match stdout::print(&String::from_utf8_lossy(text)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-        Err(e) => {
-            say!("cannot write the {what}: {e}");
-            ExitCode::from(exit::SOFTWARE)
+        Err(f) if f.message.is_empty() => ExitCode::from(f.code),
+        Err(f) => {
+            say!("cannot write the {what}: {}", f.message);
+            ExitCode::from(f.code)
         }
     }
 }

@@ -542,13 +542,10 @@ async fn ping(args: &Args, options: ClientOptions) -> Result<u8, Failure> {
         .ping()
         .await
         .map_err(|e| exit::from_client_error(e, &args.server))?;
-    match client.session() {
-        None => println!("{} ok {:.3} ms", args.server, rtt.as_secs_f64() * 1e3),
-        Some(_) => println!(
-            "{} ok {:.3} ms (cluster leader)",
-            client.addr(),
-            rtt.as_secs_f64() * 1e3
-        ),
-    }
+    let ms = rtt.as_secs_f64() * 1e3;
+    crate::stdout::print(&match client.session() {
+        None => format!("{} ok {ms:.3} ms\n", args.server),
+        Some(_) => format!("{} ok {ms:.3} ms (cluster leader)\n", client.addr()),
+    })?;
     Ok(0)
 }

@@ -203,6 +203,32 @@ async fn inspect_without_keys_prints_the_server_counts() {
     assert!(stdout(&o).contains("held keys    2"), "{}", stdout(&o));
 }
 
+/// `dlock cluster status | head -1` and the like: a reader that stopped
+/// early ends the output quietly, as for cat, not with a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_went_away_ends_the_output_without_a_panic() {
+    let server = TestServer::start(Config::default()).await;
+    for args in [
+        &["--ping"][..],
+        &["--inspect"],
+        &["--inspect", "-k", "a"],
+        &["--inspect", "-o", "json"],
+        &["leader", "-k", "a"],
+        &["--man"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        // Not `output()`, which would capture stdout in a pipe of its own.
+        let child = dlock_at(&server.addr_string(), args)
+            .stdout(writer)
+            .spawn()
+            .expect("dlock runs");
+        let o = wait_output(child).await;
+        assert!(!stderr(&o).contains("panicked"), "{args:?}: {}", stderr(&o));
+        assert_eq!(code(&o), 0, "{args:?}: {}", stderr(&o));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_terminal_sigtstp_stops_the_command_not_dlock() {
     let server = TestServer::start(Config::default()).await;
