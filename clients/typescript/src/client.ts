@@ -458,6 +458,27 @@ export class Client implements LockOwner, AsyncDisposable {
     }
   }
 
+  /**
+   * @internal The Unlock of a lock that may be a lease failed with `cause`
+   * because its connection (on a cluster, its session) ended before the
+   * answer came, perhaps before it was sent: a session that ends while it
+   * moves between nodes fails what it had queued. A lease outlives the
+   * session, so the Unlock is sent again by fence on a connection opened
+   * for it (within the drain limit): resolves once that released the keys;
+   * NotHeldError if they were not so held any more (the lease ran out, or
+   * the first Unlock was applied though its answer was lost); `cause` if no
+   * server could be reached, or the client was closed.
+   */
+  async unlockAgain(keys: string[], fence: bigint, cause: ConnectionLostError): Promise<void> {
+    if (this.closed !== null) throw cause;
+    try {
+      await this.unlockOnNew(keys, fence, false);
+    } catch (e) {
+      if (e instanceof NotHeldError) throw e;
+      throw cause;
+    }
+  }
+
   /** @internal A connection of the client's own (on a cluster, with a session of its own). */
   async openSide(signal: AbortSignal | undefined, forLock: boolean): Promise<Link> {
     if (this.link.err !== null) throw this.link.err;
