@@ -242,7 +242,8 @@ class Client:
         self._owners: "set[Client]" = set()
         self._idle: "List[Client]" = []
         # Unlocks by fence of late grants on connections opened for them
-        # (`_release_late`), kept so that they are not collected mid-way.
+        # (`_release_late`), kept so that they are not collected mid-way and
+        # so that close() waits for them.
         self._releasing: "set[asyncio.Task[None]]" = set()
         self._watchdog: Optional[asyncio.TimerHandle] = None
         # Connections of Watches (a parked Watch holds back the answers
@@ -500,14 +501,31 @@ class Client:
         """Ends the connection, and every connection the client opened for
         its locks and Watches. The server releases the locks held without a
         lease; leases stop being renewed and are reported lost at once (they
-        stay on the server until they run out or are unlocked by fence)."""
+        stay on the server until they run out or are unlocked by fence).
+
+        A Lock cancelled while its grant may still be on its way is the
+        exception: close() returns only once that connection has ended and a
+        grant that arrived on it, a lease too, was released by fence (on a
+        connection opened for it), or once the drain limit (10 s) has
+        passed."""
+        draining = [o._conn for o in self._owners if o._conn._late is not None]
         self._conn.end("closed by the client", closing=True)
         # Owners that outlived the client's connection (see `_on_end`).
         self._close_owners("closed by the client")
+        # Each ends by itself once the server has closed its side (it
+        # withdrew the request) or its drain limit passed, and hands a grant
+        # that crossed the cancel to `_release_late`.
+        for conn in draining:
+            await conn.closed.wait()
+        while self._releasing:
+            await asyncio.gather(*self._releasing, return_exceptions=True)
 
     def _close_owners(self, why: str) -> None:
+        """Ends every owner's connection but those draining a late grant
+        (`Connection.drain`): each ends by itself, within the drain limit."""
         for owner in list(self._owners):
-            owner._conn.end(why, closing=True)
+            if owner._conn._late is None:
+                owner._conn.end(why, closing=True)
         self._owners.clear()
 
     async def __aenter__(self) -> "Client":
@@ -771,17 +789,22 @@ class Client:
 
     async def _release_elsewhere(self, body: "pb.RequestLock") -> None:
         """One Unlock by fence on a connection of its own, within the drain
-        limit; on failure the lease runs out on its own."""
+        limit; on failure (NotHeld: the lease ended or was released
+        meanwhile) the lease runs out on its own."""
         try:
-            conn = await asyncio.wait_for(Connection.open(self._conn._dial, 1, quiet=True), _DRAIN_LIMIT)
+            await self._unlock_on_new(body)
         except (DlockError, OSError, asyncio.TimeoutError):
-            return
+            pass
+
+    async def _unlock_on_new(self, body: "pb.RequestLock") -> None:
+        """One Unlock by fence on a connection (on a cluster, a session)
+        opened for it and closed after, each within the drain limit. Raises
+        what the connect or the Unlock failed with."""
+        conn = await asyncio.wait_for(Connection.open(self._conn._dial, 1, quiet=True), _DRAIN_LIMIT)
         try:
             await asyncio.wait_for(conn.call(pb.Unlock, body), _DRAIN_LIMIT)
-        except (DlockError, asyncio.TimeoutError):
-            pass  # NotHeld: the lease ended or was released meanwhile
         finally:
-            conn.end("a late grant released", closing=True)
+            conn.end("an unlock by fence sent", closing=True)
 
     def _done_with(self, owner: "Client") -> None:
         """`owner`'s lock is over: keeps it for the next lock that waits, or closes it."""
