@@ -245,6 +245,9 @@ class Client:
         # (`_release_late`), kept so that they are not collected mid-way and
         # so that close() waits for them.
         self._releasing: "set[asyncio.Task[None]]" = set()
+        # close() was called: no connection is opened after it but for a
+        # late grant's release, which close() waits for.
+        self._closing = False
         self._watchdog: Optional[asyncio.TimerHandle] = None
         # Connections of Watches (a parked Watch holds back the answers
         # behind it): every one open, and those idle for the next Watch.
@@ -508,6 +511,7 @@ class Client:
         grant that arrived on it, a lease too, was released by fence (on a
         connection opened for it), or once the drain limit (10 s) has
         passed."""
+        self._closing = True
         draining = [o._conn for o in self._owners if o._conn._late is not None]
         self._conn.end("closed by the client", closing=True)
         # Owners that outlived the client's connection (see `_on_end`).
@@ -692,22 +696,29 @@ class Client:
         """Sends `lock`'s Unlock on its connection (see `Lock.unlock`)."""
         body = pb.RequestLock(keys=lock.keys, fence=lock.fence)
         parent = self._parent
-        if parent is None:
-            # The claim ends as soon as the Unlock is queued: the server
-            # processes it before any request queued after it.
-            await self._conn.call(pb.Unlock, body, on_queued=lambda: self._release_claim(lock))
-            return
         try:
-            await self._conn.call(pb.Unlock, body)
-        except NotHeld:
+            if parent is None:
+                # The claim ends as soon as the Unlock is queued: the server
+                # processes it before any request queued after it.
+                await self._conn.call(pb.Unlock, body, on_queued=lambda: self._release_claim(lock))
+                return
+            try:
+                await self._conn.call(pb.Unlock, body)
+            except NotHeld:
+                parent._done_with(self)
+                raise
+            except BaseException:
+                # Cancelled or failed: whether it still holds the keys is not
+                # known, and a clean close releases them.
+                self._conn.end("not needed", closing=True)
+                raise
             parent._done_with(self)
-            raise
-        except BaseException:
-            # Cancelled or failed: whether it still holds the keys is not
-            # known, and a clean close releases them.
-            self._conn.end("not needed", closing=True)
-            raise
-        parent._done_with(self)
+        except ConnectionLost as lost:
+            # A lease outlives the connection (session) that failed the
+            # Unlock: sent again by fence elsewhere.
+            if not lock._may_be_lease():
+                raise
+            await (parent or self)._unlock_again(body, lost)
 
     # -- owners -----------------------------------------------------------
 
@@ -805,6 +816,25 @@ class Client:
             await asyncio.wait_for(conn.call(pb.Unlock, body), _DRAIN_LIMIT)
         finally:
             conn.end("an unlock by fence sent", closing=True)
+
+    async def _unlock_again(self, body: "pb.RequestLock", lost: ConnectionLost) -> None:
+        """The Unlock of a lock that may be a lease failed with `lost`: its
+        connection (on a cluster, its session) ended before the answer came,
+        perhaps before it was sent (a session that ends while it moves
+        between nodes fails what it had queued). A lease outlives the
+        session, so the Unlock is sent again by fence on a connection opened
+        for it. Returns once that released the keys; raises `NotHeld` if
+        they were not so held any more (the lease ran out, or the first
+        Unlock was applied though its answer was lost), else `lost` (no
+        server reached, or the client was closed)."""
+        if self._closing:
+            raise lost
+        try:
+            await self._unlock_on_new(body)
+        except NotHeld:
+            raise
+        except (DlockError, OSError, asyncio.TimeoutError) as e:
+            raise lost from e
 
     def _done_with(self, owner: "Client") -> None:
         """`owner`'s lock is over: keeps it for the next lock that waits, or closes it."""
