@@ -526,6 +526,29 @@ func (c *Client) unlockOnNew(body *pb.RequestLock) error {
 	return err
 }
 
+// unlockAgain sends again, by fence on a connection (on a cluster, a
+// session) opened for it, the Unlock of a lock that may be a lease, which
+// failed with lost because its connection (on a cluster, its session)
+// ended before the answer came, perhaps before it was sent: a session that
+// ends while it moves between nodes fails what it had queued, and a lease
+// outlives the session. nil once that released the keys; the ErrNotHeld
+// answer if they were not so held any more (the lease ran out, or the
+// first Unlock was applied though its answer was lost); lost if no server
+// could be reached, or the client was closed.
+func (c *Client) unlockAgain(body *pb.RequestLock, lost error) error {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return lost
+	}
+	err := c.unlockOnNew(body)
+	if err == nil || errors.Is(err, ErrNotHeld) {
+		return err
+	}
+	return lost
+}
+
 // keepAside keeps a Lock's connection of its own that holds and waits for
 // nothing for the next Lock, or closes it when enough are kept.
 func (c *Client) keepAside(ln *link) {
