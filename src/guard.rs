@@ -152,19 +152,37 @@ impl LockGuard {
 
     /// Releases the keys.
     ///
+    /// A lease outlives its connection (on a cluster, its session): if that
+    /// ends before the Unlock is answered, perhaps before it was sent (a
+    /// session that ends while it moves to a new leader), the Unlock is sent
+    /// again by fence on a new connection, within 10 s, and its outcome is
+    /// returned.
+    ///
     /// # Errors
     /// [`crate::Error::NotHeld`] if (some of) the keys were no longer held,
-    /// for example because the lease expired; connection errors.
+    /// for example because the lease expired (or, sent again, because the
+    /// first Unlock was applied after all); connection errors (a lease
+    /// whose Unlock could not be sent again then runs until it ends).
     pub async fn unlock(mut self) -> Result<()> {
         self.released = true;
         let client = self.client();
-        let result = client.unlock_fence(&self.keys, self.fence).await;
+        let mut result = client.unlock_fence(&self.keys, self.fence).await;
+        if matches!(result, Err(Error::ConnectionLost(_))) && self.may_be_lease() {
+            result = unlock_again(&client, &self.keys, self.fence, result).await;
+        }
         if self.own_connection && matches!(result, Ok(()) | Err(crate::Error::NotHeld { .. })) {
             // Holds nothing now: fit for the next lock.
             self.own_connection = false;
             client.recycle();
         }
         result
+    }
+
+    /// Whether the server may hold the keys as a lease, which outlives the
+    /// connection: taken with one, or a Renew sent.
+    fn may_be_lease(&self) -> bool {
+        let hold = self.hold.borrow();
+        hold.lease.is_some() || hold.unconfirmed.is_some() || hold.latest.is_some()
     }
 
     /// Stops managing the lock without releasing it: dropping the result
@@ -390,6 +408,38 @@ impl LockGuard {
 /// Shortest pause between attempts to take a lease over on a new
 /// connection.
 const RECOVERY_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long an Unlock sent again on a new connection may take, the
+/// connect included: the Python, Go and TypeScript clients' drain limit.
+const UNLOCK_AGAIN_LIMIT: Duration = Duration::from_secs(10);
+
+/// Sends again, by fence on a new connection (on a cluster, a new session),
+/// the Unlock of a lock that may be a lease, which failed with `lost`
+/// because its connection (session) ended before the answer came: a lease
+/// outlives the session, and would keep the key from everyone until it ran
+/// out. Ok once that released the keys; its `NotHeld` if they were not so
+/// held any more; `lost` if no server answered in time.
+async fn unlock_again(
+    client: &Client,
+    keys: &[String],
+    fence: u64,
+    lost: Result<()>,
+) -> Result<()> {
+    let again = async {
+        let fresh = client.reopen().await?;
+        let result = fresh.unlock_fence(keys.to_vec(), fence).await;
+        if matches!(result, Ok(()) | Err(Error::NotHeld { .. })) {
+            // Holds nothing: fit for a later lock.
+            fresh.recycle();
+        }
+        result
+    };
+    match tokio::time::timeout(UNLOCK_AGAIN_LIMIT, again).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e @ Error::NotHeld { .. })) => Err(e),
+        _ => lost,
+    }
+}
 
 impl Drop for LockGuard {
     fn drop(&mut self) {

@@ -244,3 +244,59 @@ func TestALeaseGrantedAsItsLockIsCancelledIsReleasedAfterTheClientsConnectionEnd
 		return err == nil && i[0].First() == nil
 	})
 }
+
+// As above, but the client is closed while the grant is on its way: Close
+// leaves the cancelled Lock's connection to read the grant, and returns
+// only once the lease was released by fence on a connection opened for it.
+func TestALeaseGrantedAsItsLockIsCancelledIsReleasedBeforeCloseReturns(t *testing.T) {
+	s := startServer(t, "")
+	ctx := testCtx(t)
+	fw := startForwarder(t, s.Addr)
+	other := connect(t, s.Addr, nil)
+	key := []string{"late-close"}
+	held, err := other.Lock(ctx, key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := func() KeyInfo {
+		i, err := other.Inspect(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i[0]
+	}
+	c := connect(t, fw.Addr, nil) // the forwarder's connection 0
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		// Tried on connection 0, then waits on connection 1.
+		_, err := c.Lock(wctx, key, &LockOptions{Lease: time.Hour})
+		errc <- err
+	}()
+	waitFor(t, "the Lock waits in line", func() bool { return info().Waiters == 1 })
+	fw.freeze()
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Granted to the waiting Lock; the grant waits in the forwarder.
+	waitFor(t, "the grant", func() bool { return info().Waiters == 0 })
+	cancel() // the Lock's connection is half-closed (the FIN waits in the forwarder too)
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled Lock: %v", err)
+	}
+	closed := make(chan struct{})
+	go func() {
+		_ = c.Close()
+		close(closed)
+	}()
+	fw.thaw()
+	select {
+	case <-closed:
+	case <-time.After(limit):
+		t.Fatal("Close did not return")
+	}
+	if h := info().First(); h != nil {
+		t.Fatalf("the late lease is still held after Close returned: %+v", h)
+	}
+}

@@ -85,6 +85,15 @@ type Client struct {
 	side     map[*link]bool
 	watchers []*link
 	idle     []*link
+	// draining holds the Locks' connections of their own given up while a
+	// grant may be on its way (asideFailed): Close waits for them to end.
+	draining map[*link]bool
+	// releases counts the Unlocks by fence of late grants under way
+	// (releaseLate): Close waits for them.
+	releases sync.WaitGroup
+	// closed: Close was called; no connection is opened after it but for
+	// a late grant's release, which Close waits for.
+	closed bool
 }
 
 // idleWatchers is how many Watch connections are kept for the next Watch.
@@ -184,7 +193,7 @@ func Connect(ctx context.Context, servers string, opts *Options) (*Client, error
 		return nil, err
 	}
 	c := &Client{l: l, d: d, margin: o.SafetyMargin, inFl: o.MaxInFlight,
-		claims: map[string]int{}, locks: map[*Lock]bool{}, side: map[*link]bool{}}
+		claims: map[string]int{}, locks: map[*Lock]bool{}, side: map[*link]bool{}, draining: map[*link]bool{}}
 	l.mu.Lock()
 	l.onEnd = c.onEnd
 	ended := l.err
@@ -221,9 +230,30 @@ func (c *Client) Err() error { return c.l.failure() }
 // server releases the locks held without a lease. Leases stop being
 // renewed and their Locks are reported lost (LostClosed); on the server
 // they run until they end or are unlocked by fence.
+//
+// A Lock given up (its ctx ended) whose grant may still be on its way is
+// the exception: Close returns only once that connection has ended and a
+// grant that arrived on it, a lease too, was released by fence (on a
+// connection opened for it), or once the drain limit (10 s) has passed.
 func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
 	c.l.close("closed by the client")
 	c.onEnd(c.l.failure(), true)
+	// Not closed: each ends by itself once the server has closed its side
+	// (it withdrew the request) or its drain limit passed, and hands a
+	// grant that crossed the cancel to releaseLate before it ends.
+	c.mu.Lock()
+	draining := make([]*link, 0, len(c.draining))
+	for ln := range c.draining {
+		draining = append(draining, ln)
+	}
+	c.mu.Unlock()
+	for _, ln := range draining {
+		<-ln.done
+	}
+	c.releases.Wait()
 	return nil
 }
 
@@ -441,8 +471,23 @@ func (c *Client) asideFailed(ctx context.Context, ln *link, err error) {
 	case ctx.Err() != nil:
 		c.mu.Lock()
 		delete(c.side, ln)
+		c.draining[ln] = true
 		c.mu.Unlock()
-		ln.drain(c.releaseLate, drainLimit)
+		ln.drain(func(keys []string, fence uint64) {
+			// Counted before the link can end (this runs as it reads the
+			// grant), so that Close, once the link has ended, waits for it.
+			c.releases.Add(1)
+			go func() {
+				defer c.releases.Done()
+				c.releaseLate(keys, fence)
+			}()
+		}, drainLimit)
+		go func() {
+			<-ln.done
+			c.mu.Lock()
+			delete(c.draining, ln)
+			c.mu.Unlock()
+		}()
 	case errors.As(err, &se) && !errors.Is(err, ErrConnectionLost):
 		c.keepAside(ln)
 	default:
@@ -456,20 +501,52 @@ func (c *Client) asideFailed(ctx context.Context, ln *link, err error) {
 // on a cluster, a session that is moving has not ended), on a connection
 // opened for the Unlock, so the lease does not keep others out until it
 // runs out. On failure (NotHeld: it ended or was released meanwhile) the
-// lease runs out on its own. Called on a goroutine of its own.
+// lease runs out on its own. Called on a goroutine of its own; Close
+// waits for it.
 func (c *Client) releaseLate(keys []string, fence uint64) {
 	body := &pb.RequestLock{Keys: keys, Fence: fence}
 	if c.l.detached(pb.RequestType_Unlock, body) {
 		return
 	}
+	_ = c.unlockOnNew(body)
+}
+
+// unlockOnNew sends one Unlock by fence on a connection (on a cluster, a
+// session) opened for it and closed after, within the drain limit, and
+// returns what the connect or the Unlock failed with.
+func (c *Client) unlockOnNew(body *pb.RequestLock) error {
 	ctx, cancel := context.WithTimeout(context.Background(), drainLimit)
 	defer cancel()
 	ln, err := openLink(ctx, c.d, 1, true)
 	if err != nil {
-		return
+		return err
 	}
-	_, _ = ln.call(ctx, pb.RequestType_Unlock, body, nil)
-	ln.close("a late grant released")
+	defer ln.close("an unlock by fence sent")
+	_, err = ln.call(ctx, pb.RequestType_Unlock, body, nil)
+	return err
+}
+
+// unlockAgain sends again, by fence on a connection (on a cluster, a
+// session) opened for it, the Unlock of a lock that may be a lease, which
+// failed with lost because its connection (on a cluster, its session)
+// ended before the answer came, perhaps before it was sent: a session that
+// ends while it moves between nodes fails what it had queued, and a lease
+// outlives the session. nil once that released the keys; the ErrNotHeld
+// answer if they were not so held any more (the lease ran out, or the
+// first Unlock was applied though its answer was lost); lost if no server
+// could be reached, or the client was closed.
+func (c *Client) unlockAgain(body *pb.RequestLock, lost error) error {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return lost
+	}
+	err := c.unlockOnNew(body)
+	if err == nil || errors.Is(err, ErrNotHeld) {
+		return err
+	}
+	return lost
 }
 
 // keepAside keeps a Lock's connection of its own that holds and waits for

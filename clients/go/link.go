@@ -144,7 +144,7 @@ type link struct {
 	err      error
 	watch    *nodeWatch
 	// draining: a Lock's connection of its own given up (drain); late is
-	// told of a grant that still arrives.
+	// told of a grant that still arrives, with mu held: it must not block.
 	draining bool
 	late     func(keys []string, fence uint64)
 	// onEnd is told once when the link ends (in a goroutine of its own).
@@ -526,7 +526,7 @@ func (l *link) onResponse(s *stream, resp *pb.Response, heard time.Time) bool {
 		if p.lockKeys != nil && resp.Status == pb.ResponseStatus_Ok && l.draining {
 			// The grant crossed the half-close: released elsewhere.
 			if l.late != nil {
-				go l.late(p.lockKeys, resp.Fence)
+				l.late(p.lockKeys, resp.Fence)
 			}
 		} else if p.lockKeys != nil && resp.Status == pb.ResponseStatus_Ok {
 			// The caller stopped waiting: release what it was granted.
@@ -577,7 +577,8 @@ func (l *link) endLocked(err error, clean bool) {
 // what is queued is written, the connection is half-closed. The server
 // then withdraws the request (on a cluster, ends the session) and closes
 // its side; a grant it sent before is still read, and late is told of it
-// (the connection cannot release it any more: a lease outlives it). After
+// (the connection cannot release it any more: a lease outlives it), before
+// the link ends and with its lock held, so late must not block. After
 // bound the connection is closed whatever happened.
 func (l *link) drain(late func(keys []string, fence uint64), bound time.Duration) {
 	l.mu.Lock()

@@ -225,6 +225,15 @@ func (l *Lock) setLost(reason LostReason, text string, cause error) {
 // out); ErrConnectionLost if the connection is gone (a lock without a
 // lease is then released already). Unlock a lost Lock too: until then a
 // Lock of its keys by this Client goes to a connection of its own.
+//
+// A lease outlives its connection (on a cluster, its session): if that
+// ends before the Unlock is answered, perhaps before it was sent (a session
+// that ends while it moves to a new leader), the Unlock is sent again by
+// fence on a connection opened for it, within 10 s. Unlock returns nil if
+// that released the keys; ErrNotHeld if they were not so held any more
+// (the lease ran out, or the first Unlock was applied after all);
+// ErrConnectionLost if no server could be reached (or the client was
+// closed): the lease then runs until it ends.
 func (l *Lock) Unlock(ctx context.Context) error {
 	l.mu.Lock()
 	if l.released {
@@ -234,6 +243,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	l.released = true
 	l.endLocked()
 	l.changedLocked()
+	mayBeLease := l.hold.lease != nil || l.hold.unconfirmed != nil || l.hold.latest != nil
 	l.mu.Unlock()
 	l.c.forget(l)
 	body := &pb.RequestLock{Keys: l.keys, Fence: l.fence}
@@ -248,6 +258,11 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	}
 	if l.own {
 		l.c.unlocked(l.ln, err)
+	}
+	if mayBeLease && errors.Is(err, ErrConnectionLost) {
+		// A lease outlives the connection (session) that failed the
+		// Unlock: sent again by fence elsewhere.
+		return l.c.unlockAgain(body, err)
 	}
 	return err
 }

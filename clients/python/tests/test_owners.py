@@ -469,6 +469,38 @@ def test_a_lease_granted_as_its_lock_is_cancelled_is_released_after_the_clients_
         proxy.close()
 
 
+def test_a_lease_granted_as_its_lock_is_cancelled_is_released_before_close_returns(server):
+    # As above, but the client is closed while the grant is on its way:
+    # close() does not end the cancelled Lock's connection, which still
+    # reads the grant, and returns only once the lease was released by
+    # fence on a connection opened for it.
+    proxy = FreezableProxy(server.addr)
+
+    async def body():
+        async with dlock.aio.connect(server.addr) as other:
+            held = await other.lock("late-close")
+            client = await dlock.aio.connect(proxy.addr)  # the proxy's connection 0
+            waiting = asyncio.ensure_future(client.lock("late-close", lease=3600))  # tried on 0, waits on 1
+            await _waiters(other, "late-close", 1)
+            proxy.freeze(settle=True)
+            await held.unlock()  # granted to the waiting Lock; the grant waits in the proxy
+            await _waiters(other, "late-close", 0)
+            waiting.cancel()
+            await asyncio.sleep(0)  # the cancel half-closes connection 1 (the FIN waits in the proxy)
+            closing = asyncio.ensure_future(client.close())
+            await asyncio.sleep(0)  # close() has ended what it ends
+            proxy.thaw()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            await asyncio.wait_for(closing, LIMIT)
+            assert (await other.inspect("late-close"))[0].fence == 0, "the late lease is released once close() returned"
+
+    try:
+        run(body())
+    finally:
+        proxy.close()
+
+
 def test_a_lock_cancelled_before_its_answer_leaves_its_key_neither_held_nor_claimed(server):
     async def body():
         async with dlock.aio.connect(server.addr) as client:

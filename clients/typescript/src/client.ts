@@ -81,6 +81,12 @@ type Body = MessageInitShape<typeof RequestLockSchema>;
  */
 const DRAIN_LIMIT = 10_000;
 
+/** Resolves when `signal` aborts (at once if it has). */
+function aborted(signal: AbortSignal): Promise<void> {
+  if (signal.aborted) return Promise.resolve();
+  return new Promise((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
+}
+
 /** The keys of a call: one key or several. */
 export type Keys = string | readonly string[];
 
@@ -178,8 +184,10 @@ export class Client implements LockOwner, AsyncDisposable {
   private readonly locks = new Set<Lock>();
   /** Connections of the client's own: waiting locks' and Watches'. */
   private readonly side = new Set<Link>();
-  /** Connections of given-up waits, half-closed and draining a late grant: close() ends them too. */
+  /** Connections of given-up waits, half-closed and draining a late grant: close() waits for them to end. */
   private readonly draining = new Set<Link>();
+  /** Unlocks by fence of late grants on connections opened for them (releaseLate): close() waits for them. */
+  private readonly releasing = new Set<Promise<void>>();
   private watchers: Link[] = [];
   private closed: Promise<void> | null = null;
 
@@ -217,6 +225,12 @@ export class Client implements LockOwner, AsyncDisposable {
    * releases the locks held without a lease. Leases stop being renewed and
    * their Locks are reported lost ("closed"); on the server they run until
    * they end or are unlocked by fence. Leaves no socket or timer behind.
+   *
+   * A Lock given up (its signal aborted) whose grant may still be on its way
+   * is the exception: the promise settles only once that connection has
+   * ended and a grant that arrived on it, a lease too, was released by
+   * fence (on a connection opened for it), or once the drain limit (10 s)
+   * has passed.
    */
   close(): Promise<void> {
     if (this.closed !== null) return this.closed;
@@ -224,11 +238,19 @@ export class Client implements LockOwner, AsyncDisposable {
     const closing = [this.link.close("closed by the client")];
     for (const s of this.side) closing.push(s.close("closed by the client"));
     this.side.clear();
-    for (const s of this.draining) closing.push(s.close("closed by the client"));
-    this.draining.clear();
+    // Not closed: each ends by itself once the server has closed its side
+    // (it withdrew the request) or its drain limit passed, and tells
+    // releaseLate of a grant that crossed the abort.
+    const drained = [...this.draining].map((s) => aborted(s.ended.signal));
     this.watchers = [];
     this.onEnd(this.link.err as Error, true);
-    this.closed = Promise.all(closing).then(() => {});
+    this.closed = (async () => {
+      await Promise.all([...closing, ...drained]);
+      // A grant read just before its connection ended is handed on in a
+      // microtask (Link.onResponse): let it reach releaseLate.
+      await new Promise((resolve) => setImmediate(resolve));
+      while (this.releasing.size > 0) await Promise.all(this.releasing);
+    })();
     return this.closed;
   }
 
@@ -407,22 +429,54 @@ export class Client implements LockOwner, AsyncDisposable {
    * Releases, by fence, a grant that reached a connection of its own given
    * up meanwhile (a lease outlives it): on the client's connection, or,
    * when that has ended (a connection of its own outlives it; on a cluster
-   * a session that is moving has not ended), on a connection opened for the
-   * Unlock, so the lease does not keep others out until it runs out. On
-   * failure (NotHeld: it ended or was released meanwhile) the lease runs
-   * out on its own.
+   * a session that is moving has not ended) or the client was closed, on a
+   * connection opened for the Unlock, so the lease does not keep others
+   * out until it runs out. On failure (NotHeld: it ended or was released
+   * meanwhile; no server reached) the lease runs out on its own. close()
+   * waits for it.
    */
   private releaseLate(keys: string[], fence: bigint): void {
     if (this.link.detached(RequestType.Unlock, { keys, fence })) return;
+    const release = this.unlockOnNew(keys, fence, true).catch(() => {});
+    this.releasing.add(release);
+    void release.then(() => this.releasing.delete(release));
+  }
+
+  /**
+   * One Unlock by fence on a connection (on a cluster, a session) opened
+   * for it and closed after, within the drain limit. afterClose: also once
+   * the client is closed (a late grant's release, which close() waits
+   * for). Throws what the connect or the Unlock failed with.
+   */
+  private async unlockOnNew(keys: string[], fence: bigint, afterClose: boolean): Promise<void> {
     const signal = AbortSignal.timeout(DRAIN_LIMIT);
-    void Link.open(this.dialer, 1, true, signal).then(
-      (ln) =>
-        ln.call(RequestType.Unlock, { keys, fence }, { signal }).then(
-          () => ln.close("a late grant released"),
-          () => ln.close("a late grant released"),
-        ),
-      () => {},
-    );
+    const ln = await Link.open(this.dialer, 1, true, signal, afterClose);
+    try {
+      await ln.call(RequestType.Unlock, { keys, fence }, { signal });
+    } finally {
+      await ln.close("an unlock by fence sent");
+    }
+  }
+
+  /**
+   * @internal The Unlock of a lock that may be a lease failed with `cause`
+   * because its connection (on a cluster, its session) ended before the
+   * answer came, perhaps before it was sent: a session that ends while it
+   * moves between nodes fails what it had queued. A lease outlives the
+   * session, so the Unlock is sent again by fence on a connection opened
+   * for it (within the drain limit): resolves once that released the keys;
+   * NotHeldError if they were not so held any more (the lease ran out, or
+   * the first Unlock was applied though its answer was lost); `cause` if no
+   * server could be reached, or the client was closed.
+   */
+  async unlockAgain(keys: string[], fence: bigint, cause: ConnectionLostError): Promise<void> {
+    if (this.closed !== null) throw cause;
+    try {
+      await this.unlockOnNew(keys, fence, false);
+    } catch (e) {
+      if (e instanceof NotHeldError) throw e;
+      throw cause;
+    }
   }
 
   /** @internal A connection of the client's own (on a cluster, with a session of its own). */

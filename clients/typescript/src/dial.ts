@@ -198,6 +198,9 @@ export class Dialer {
    * persist: keep going round the servers until the deadline (a session to
    * resume). Otherwise (a new client) stop after a round in which no node
    * answered at all, so that a dead server is reported at once.
+   *
+   * afterClose: the client's close() does not stop it (the release of a
+   * late grant, which close() waits for); `signal` must bound it then.
    */
   async establish(
     session: bigint,
@@ -206,12 +209,13 @@ export class Dialer {
     prefer = "",
     avoid = "",
     signal?: AbortSignal,
+    afterClose = false,
   ): Promise<Established> {
     let attempts: Attempt[] = [];
     let pause = FIRST_PAUSE;
     const n = this.addrs.length;
     const perNode = n > 1 ? Math.max(this.connectTimeout / n, MIN_ATTEMPT) : this.connectTimeout;
-    const stop = anySignal(signal, this.closing.signal);
+    const stop = afterClose ? anySignal(signal) : anySignal(signal, this.closing.signal);
     for (;;) {
       const queue: string[] = [];
       const quiet: string[] = [];

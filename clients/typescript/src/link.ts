@@ -176,9 +176,9 @@ export class Link implements Watched {
     this.tick();
   }
 
-  /** Connects (on a cluster: to the leader, with a new session). */
-  static async open(dialer: Dialer, maxInFlight: number, quiet: boolean, signal?: AbortSignal): Promise<Link> {
-    const est = await dialer.establish(0n, now() + dialer.connectTimeout, false, "", "", signal);
+  /** Connects (on a cluster: to the leader, with a new session). afterClose: as Dialer.establish's. */
+  static async open(dialer: Dialer, maxInFlight: number, quiet: boolean, signal?: AbortSignal, afterClose = false): Promise<Link> {
+    const est = await dialer.establish(0n, now() + dialer.connectTimeout, false, "", "", signal, afterClose);
     if (signal?.aborted) {
       est.conn.reset();
       signal.throwIfAborted();

@@ -47,6 +47,8 @@ export interface LockOwner {
   /** A connection of the client's own is not needed any more. */
   dropSide(link: Link): void;
   proclaim(keys: string[], fence: bigint, value: string | Uint8Array, link: Link): Promise<void>;
+  /** A lease's Unlock failed with `cause` as its connection (session) ended: sends it again by fence elsewhere (Client.unlockAgain). */
+  unlockAgain(keys: string[], fence: bigint, cause: ConnectionLostError): Promise<void>;
 }
 
 export class Lock implements AsyncDisposable {
@@ -236,6 +238,15 @@ export class Lock implements AsyncDisposable {
    * touched). NotHeldError if they were no longer held (the lease ran out);
    * ConnectionLostError if the connection is gone (a lock without a lease is
    * then released already). Unlocking twice does nothing.
+   *
+   * A lease outlives its connection (on a cluster, its session): if that
+   * ends before the Unlock is answered, perhaps before it was sent (a
+   * session that ends while it moves to a new leader), the Unlock is sent
+   * again by fence on a connection opened for it, within 10 s. It resolves
+   * if that released the keys; NotHeldError if they were not so held any
+   * more (the lease ran out, or the first Unlock was applied after all);
+   * ConnectionLostError if no server could be reached (or the client was
+   * closed): the lease then runs until it ends.
    */
   async unlock(): Promise<void> {
     if (this.released) return;
@@ -253,9 +264,17 @@ export class Lock implements AsyncDisposable {
     }
     try {
       await call;
+    } catch (e) {
+      if (!(e instanceof ConnectionLostError) || !this.mayBeLease()) throw e;
+      await this.owner.unlockAgain(this.keys, this.fence, e);
     } finally {
       if (this.own) this.owner.dropSide(this.link);
     }
+  }
+
+  /** Whether the server may hold the keys as a lease, which outlives the connection: taken with one, or a Renew sent. */
+  private mayBeLease(): boolean {
+    return this.hold.lease !== null || this.hold.unconfirmed !== null || this.hold.latest !== null;
   }
 
   /**

@@ -106,3 +106,30 @@ test("a lease granted as its Lock is aborted is released after the client's conn
   proxy.thaw();
   await waitFor("the late lease released", async () => (await info()).holders.length === 0);
 });
+
+test("a lease granted as its Lock is aborted is released before close() settles", async (t) => {
+  // As above, but the client is closed while the grant is on its way:
+  // close() stops new connections for the client, yet the late lease is
+  // released by fence on a connection opened for it, and close() settles
+  // only after that (as the Go and Python clients do).
+  const s = await Server.start(t);
+  const proxy = await Proxy.start(t, s.addr);
+  const other = await client(t, s.addr);
+  const key = "late-close";
+  const info = async () => (await other.inspect(key))[0];
+  const held = await other.lock(key);
+  const c = await client(t, proxy.addr);
+  const ctl = new AbortController();
+  const waiting = c.lock(key, { lease: 3_600_000, signal: ctl.signal }); // tried on 0, waits on 1
+  waiting.catch(() => {});
+  await waitFor("the Lock waits in line", async () => (await info()).waiters === 1);
+  proxy.freeze();
+  await held.unlock(); // granted to the waiting Lock; the grant waits in the proxy
+  await waitFor("the grant", async () => (await info()).waiters === 0);
+  ctl.abort(); // the Lock's connection is half-closed (the FIN waits in the proxy too)
+  await assert.rejects(within("the aborted Lock", waiting), (e: Error) => e.name === "AbortError");
+  const closing = c.close();
+  proxy.thaw();
+  await within("close()", closing);
+  assert.deepEqual((await info()).holders, [], "the late lease is released once close() has settled");
+});

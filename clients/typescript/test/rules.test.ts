@@ -210,6 +210,7 @@ function lockOn(answer: (() => Promise<unknown>) | null, lease = 0): { lock: Loc
     unclaim: () => {},
     dropSide: () => {},
     proclaim: async () => {},
+    unlockAgain: async () => {},
   };
   return { lock: new Lock(owner, link, true, ["k"], 1n, lease, fresh, true), fresh };
 }

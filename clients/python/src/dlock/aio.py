@@ -242,8 +242,12 @@ class Client:
         self._owners: "set[Client]" = set()
         self._idle: "List[Client]" = []
         # Unlocks by fence of late grants on connections opened for them
-        # (`_release_late`), kept so that they are not collected mid-way.
+        # (`_release_late`), kept so that they are not collected mid-way and
+        # so that close() waits for them.
         self._releasing: "set[asyncio.Task[None]]" = set()
+        # close() was called: no connection is opened after it but for a
+        # late grant's release, which close() waits for.
+        self._closing = False
         self._watchdog: Optional[asyncio.TimerHandle] = None
         # Connections of Watches (a parked Watch holds back the answers
         # behind it): every one open, and those idle for the next Watch.
@@ -500,14 +504,32 @@ class Client:
         """Ends the connection, and every connection the client opened for
         its locks and Watches. The server releases the locks held without a
         lease; leases stop being renewed and are reported lost at once (they
-        stay on the server until they run out or are unlocked by fence)."""
+        stay on the server until they run out or are unlocked by fence).
+
+        A Lock cancelled while its grant may still be on its way is the
+        exception: close() returns only once that connection has ended and a
+        grant that arrived on it, a lease too, was released by fence (on a
+        connection opened for it), or once the drain limit (10 s) has
+        passed."""
+        self._closing = True
+        draining = [o._conn for o in self._owners if o._conn._late is not None]
         self._conn.end("closed by the client", closing=True)
         # Owners that outlived the client's connection (see `_on_end`).
         self._close_owners("closed by the client")
+        # Each ends by itself once the server has closed its side (it
+        # withdrew the request) or its drain limit passed, and hands a grant
+        # that crossed the cancel to `_release_late`.
+        for conn in draining:
+            await conn.closed.wait()
+        while self._releasing:
+            await asyncio.gather(*self._releasing, return_exceptions=True)
 
     def _close_owners(self, why: str) -> None:
+        """Ends every owner's connection but those draining a late grant
+        (`Connection.drain`): each ends by itself, within the drain limit."""
         for owner in list(self._owners):
-            owner._conn.end(why, closing=True)
+            if owner._conn._late is None:
+                owner._conn.end(why, closing=True)
         self._owners.clear()
 
     async def __aenter__(self) -> "Client":
@@ -674,22 +696,29 @@ class Client:
         """Sends `lock`'s Unlock on its connection (see `Lock.unlock`)."""
         body = pb.RequestLock(keys=lock.keys, fence=lock.fence)
         parent = self._parent
-        if parent is None:
-            # The claim ends as soon as the Unlock is queued: the server
-            # processes it before any request queued after it.
-            await self._conn.call(pb.Unlock, body, on_queued=lambda: self._release_claim(lock))
-            return
         try:
-            await self._conn.call(pb.Unlock, body)
-        except NotHeld:
+            if parent is None:
+                # The claim ends as soon as the Unlock is queued: the server
+                # processes it before any request queued after it.
+                await self._conn.call(pb.Unlock, body, on_queued=lambda: self._release_claim(lock))
+                return
+            try:
+                await self._conn.call(pb.Unlock, body)
+            except NotHeld:
+                parent._done_with(self)
+                raise
+            except BaseException:
+                # Cancelled or failed: whether it still holds the keys is not
+                # known, and a clean close releases them.
+                self._conn.end("not needed", closing=True)
+                raise
             parent._done_with(self)
-            raise
-        except BaseException:
-            # Cancelled or failed: whether it still holds the keys is not
-            # known, and a clean close releases them.
-            self._conn.end("not needed", closing=True)
-            raise
-        parent._done_with(self)
+        except ConnectionLost as lost:
+            # A lease outlives the connection (session) that failed the
+            # Unlock: sent again by fence elsewhere.
+            if not lock._may_be_lease():
+                raise
+            await (parent or self)._unlock_again(body, lost)
 
     # -- owners -----------------------------------------------------------
 
@@ -771,17 +800,41 @@ class Client:
 
     async def _release_elsewhere(self, body: "pb.RequestLock") -> None:
         """One Unlock by fence on a connection of its own, within the drain
-        limit; on failure the lease runs out on its own."""
+        limit; on failure (NotHeld: the lease ended or was released
+        meanwhile) the lease runs out on its own."""
         try:
-            conn = await asyncio.wait_for(Connection.open(self._conn._dial, 1, quiet=True), _DRAIN_LIMIT)
+            await self._unlock_on_new(body)
         except (DlockError, OSError, asyncio.TimeoutError):
-            return
+            pass
+
+    async def _unlock_on_new(self, body: "pb.RequestLock") -> None:
+        """One Unlock by fence on a connection (on a cluster, a session)
+        opened for it and closed after, each within the drain limit. Raises
+        what the connect or the Unlock failed with."""
+        conn = await asyncio.wait_for(Connection.open(self._conn._dial, 1, quiet=True), _DRAIN_LIMIT)
         try:
             await asyncio.wait_for(conn.call(pb.Unlock, body), _DRAIN_LIMIT)
-        except (DlockError, asyncio.TimeoutError):
-            pass  # NotHeld: the lease ended or was released meanwhile
         finally:
-            conn.end("a late grant released", closing=True)
+            conn.end("an unlock by fence sent", closing=True)
+
+    async def _unlock_again(self, body: "pb.RequestLock", lost: ConnectionLost) -> None:
+        """The Unlock of a lock that may be a lease failed with `lost`: its
+        connection (on a cluster, its session) ended before the answer came,
+        perhaps before it was sent (a session that ends while it moves
+        between nodes fails what it had queued). A lease outlives the
+        session, so the Unlock is sent again by fence on a connection opened
+        for it. Returns once that released the keys; raises `NotHeld` if
+        they were not so held any more (the lease ran out, or the first
+        Unlock was applied though its answer was lost), else `lost` (no
+        server reached, or the client was closed)."""
+        if self._closing:
+            raise lost
+        try:
+            await self._unlock_on_new(body)
+        except NotHeld:
+            raise
+        except (DlockError, OSError, asyncio.TimeoutError) as e:
+            raise lost from e
 
     def _done_with(self, owner: "Client") -> None:
         """`owner`'s lock is over: keeps it for the next lock that waits, or closes it."""

@@ -107,6 +107,12 @@ class Lock:
         if self.lost_reason is not None:
             raise LockLost(self.lost_reason)
 
+    def _may_be_lease(self) -> bool:
+        """Whether the server may hold the keys as a lease, which outlives
+        the connection: taken with one, or a Renew sent."""
+        hold = self._hold
+        return hold.lease is not None or hold.unconfirmed is not None or hold.latest is not None
+
     def _safety(self) -> Tuple[int, int]:
         """The safety deadline and the margin in force, in nanoseconds
         (`rules.Hold`): the lease's, or the owner's (the connection's or
@@ -145,6 +151,15 @@ class Lock:
         Raises `NotHeld` if they were no longer held, e.g. after the lease ran
         out; `ConnectionLost` if the connection is gone (a lock without a
         lease is then already released).
+
+        A lease outlives its connection (on a cluster, its session): if that
+        ends before the Unlock is answered, perhaps before it was sent (a
+        session that ends while it moves to a new leader), the Unlock is
+        sent again by fence on a connection opened for it, within 10 s. It
+        returns if that released the keys; raises `NotHeld` if they were not
+        so held any more (the lease ran out, or the first Unlock was applied
+        after all), `ConnectionLost` if no server could be reached (or the
+        client was closed): the lease then runs until it ends.
         """
         if self._released:
             return
