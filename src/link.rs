@@ -220,7 +220,7 @@ impl Driver {
             let read = tokio::spawn(read_loop(
                 rd,
                 self.pending.clone(),
-                self.calls.clone(),
+                self.releaser(),
                 ended.clone(),
                 self.acked.clone(),
                 on_session.then(|| heard.clone()),
@@ -353,6 +353,14 @@ impl Driver {
         self.addr.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    fn releaser(&self) -> Releaser {
+        Releaser {
+            calls: self.calls.clone(),
+            dial: self.dial.clone(),
+            watches: self.watches.clone(),
+        }
+    }
+
     /// Ends the link for good: every call pending or queued fails with
     /// `reason`, and so does every later one.
     fn finish(&self, calls: Option<mpsc::Receiver<Call>>, reason: Disconnect) {
@@ -384,6 +392,14 @@ impl Driver {
 
 /// Longest wait for a clean close to be written (TLS sends a last record).
 const SHUTDOWN_LIMIT: Duration = Duration::from_secs(1);
+
+/// How long a link that nobody holds any more, closed while a Lock, an
+/// Enqueue or a Wait on it was unanswered, reads on for a grant that
+/// crossed the close; and how long that grant's release on a link opened
+/// for it may take. The server closes its side as soon as it reads the
+/// close, so this bounds only a server or path that does not. As the
+/// Python, Go and TypeScript clients.
+const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 
 /// Most calls encoded into one write.
 const MAX_BATCH: usize = 64;
@@ -471,6 +487,13 @@ async fn write_loop(
     if st.closed {
         // A clean close: a cluster node ends the session at once.
         let _ = tokio::time::timeout(SHUTDOWN_LIMIT, wr.shutdown()).await;
+        if may_be_granted(&pending) {
+            // So far only half-closed: the server withdraws what waits
+            // and closes its side, but a grant it sent before it read the
+            // close is on its way, and a lease outlives the connection.
+            // The reader reads on until then, and `deliver` releases it.
+            let _ = tokio::time::timeout(DRAIN_LIMIT, ended.cancelled()).await;
+        }
     }
     ended.cancel();
     (st, error, wr)
@@ -513,6 +536,13 @@ fn max_unanswered(limits: Option<&Limits>) -> usize {
 
 fn unanswered(pending: &PendingQueue) -> usize {
     pending.lock().unwrap_or_else(|p| p.into_inner()).len()
+}
+
+/// Whether an answer still to come may be a grant: a Lock, an Enqueue or
+/// a Wait is unanswered.
+fn may_be_granted(pending: &PendingQueue) -> bool {
+    let queue = pending.lock().unwrap_or_else(|p| p.into_inner());
+    queue.iter().any(|p| p.lock_keys.is_some())
 }
 
 /// A Ping of the writer's own.
@@ -619,7 +649,7 @@ fn encode_batch(batch: Vec<Call>, pending: &PendingQueue, st: &mut Writer, out: 
 async fn read_loop(
     rd: ReadHalf<Stream>,
     pending: PendingQueue,
-    calls: mpsc::WeakSender<Call>,
+    releaser: Releaser,
     ended: CancellationToken,
     acked: Arc<AckClock>,
     heard: Option<Arc<Mutex<Instant>>>,
@@ -685,7 +715,7 @@ async fn read_loop(
         if moves_deadline(on_session, p.kind, resp.status) {
             acked.record(p.sent);
         }
-        deliver(p, resp, &calls);
+        deliver(p, resp, &releaser);
     };
     ended.cancel();
     (reason, reader.into_inner())
@@ -712,41 +742,85 @@ fn moves_deadline(on_session: bool, kind: i32, status: i32) -> bool {
     }
 }
 
+/// Where a grant that reached nobody is released.
+struct Releaser {
+    /// The link's own queue, while a handle on it lives.
+    calls: mpsc::WeakSender<Call>,
+    /// Otherwise a link opened for the Unlock, as the link itself was.
+    dial: Arc<Dial>,
+    watches: Arc<Watches>,
+}
+
 /// Hands a response to its caller. A Lock granted to a caller that stopped
-/// waiting is released at once, so a cancelled `lock` leaks nothing.
-fn deliver(p: Pending, resp: Response, calls: &mpsc::WeakSender<Call>) {
+/// waiting is released at once, so a cancelled `lock` leaks nothing: on
+/// this link while it lives, else (it is closing: its caller, and every
+/// other handle, went) by fence on a link opened for it, since a lease
+/// outlives the connection it was granted on.
+fn deliver(p: Pending, resp: Response, releaser: &Releaser) {
     let granted_fence = (resp.status == ResponseStatus::Ok as i32).then_some(resp.fence);
     let undelivered = match p.reply {
         Some(reply) => reply.send(Ok(resp)).is_err(),
         None => false,
     };
-    if !undelivered {
+    let (Some(keys), Some(fence), true) = (p.lock_keys, granted_fence, undelivered) else {
         return;
+    };
+    let Some(calls) = releaser.calls.upgrade() else {
+        tokio::spawn(release_late(
+            releaser.dial.clone(),
+            releaser.watches.clone(),
+            keys,
+            fence,
+        ));
+        return;
+    };
+    let call = Call {
+        // Nobody reads the answer; reusing the grant's id keeps ids unique
+        // among requests in flight.
+        req: unlock_by_fence(p.id, keys, fence),
+        reply: None,
+        slot: None,
+        release: None,
+    };
+    if let Err(mpsc::error::TrySendError::Full(call)) = calls.try_send(call) {
+        tokio::spawn(async move {
+            let _ = calls.send(call).await;
+        });
     }
-    if let (Some(keys), Some(fence), Some(calls)) = (p.lock_keys, granted_fence, calls.upgrade()) {
-        let req = Request {
-            version: crate::PROTOCOL_VERSION,
-            // Nobody reads the answer; reusing the grant's id keeps ids unique
-            // among requests in flight.
-            id: p.id,
-            r#type: RequestType::Unlock as i32,
-            lock: Some(RequestLock {
-                keys,
-                fence,
-                ..RequestLock::default()
-            }),
-            ..Request::default()
-        };
+}
+
+/// Releases `keys` granted under `fence` to a link that was closing, on a
+/// link opened for the Unlock (on a cluster, with a session of its own,
+/// ended again when it closes), within [`DRAIN_LIMIT`]. Best effort: when
+/// it fails, the lease runs out on its own.
+async fn release_late(dial: Arc<Dial>, watches: Arc<Watches>, keys: Vec<String>, fence: u64) {
+    let unlock = async {
+        let link = Link::open(dial, watches).await.ok()?;
+        let (reply, answer) = oneshot::channel();
         let call = Call {
-            req,
-            reply: None,
+            req: unlock_by_fence(1, keys, fence),
+            reply: Some(reply),
             slot: None,
             release: None,
         };
-        if let Err(mpsc::error::TrySendError::Full(call)) = calls.try_send(call) {
-            tokio::spawn(async move {
-                let _ = calls.send(call).await;
-            });
-        }
+        link.calls.send(call).await.ok()?;
+        // Whatever the answer: NotHeld means the lease ended meanwhile.
+        answer.await.ok().map(drop)
+    };
+    let _ = tokio::time::timeout(DRAIN_LIMIT, unlock).await;
+}
+
+/// An Unlock of `keys` by `fence`, whichever connection holds them.
+fn unlock_by_fence(id: u64, keys: Vec<String>, fence: u64) -> Request {
+    Request {
+        version: crate::PROTOCOL_VERSION,
+        id,
+        r#type: RequestType::Unlock as i32,
+        lock: Some(RequestLock {
+            keys,
+            fence,
+            ..RequestLock::default()
+        }),
+        ..Request::default()
     }
 }

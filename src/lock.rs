@@ -19,6 +19,10 @@ impl Client {
     ///
     /// Cancel-safe: if the returned future is dropped while the request
     /// waits, its connection closes and the server withdraws the request.
+    /// A grant that crossed the close (the server granted before it read
+    /// it) is still read and released by fence, a lease too, on a
+    /// connection opened for it, within 10 s; also when the whole `Client`
+    /// is dropped.
     ///
     /// # Errors
     /// [`Error::Timeout`] with the busy keys when the wait limit passes, or

@@ -1,9 +1,11 @@
 //! The client library against a real server on 127.0.0.1:0.
 
 use dlock::{Client, ClientOptions, Error, LockOptions, Lost};
+use dlock_server::testing::proxy::FreezableProxy;
 use dlock_server::testing::TestServer;
 use dlock_server::Config;
 use std::time::Duration;
+use tokio::time::Instant;
 
 async fn client(server: &TestServer) -> Client {
     Client::connect(&server.addr_string())
@@ -403,4 +405,74 @@ async fn one_lock_takes_some_keys_exclusively_and_others_shared() {
     assert_eq!(infos[1].holders.len(), 2);
     reader.unlock().await.unwrap();
     mixed.unlock().await.unwrap();
+}
+
+/// A grant that crosses the close of its Lock's connection: `waiter`
+/// (through `proxy`) waits for `key` with an hour's lease; the proxy is
+/// frozen, the holder releases, and the server grants the lease, whose
+/// answer waits in the frozen proxy. Returns the task of the Lock, whose
+/// caller still waits.
+async fn grant_on_the_wire(
+    server: &TestServer,
+    proxy: &FreezableProxy,
+    waiter: &Client,
+    key: &'static str,
+) -> tokio::task::JoinHandle<dlock::Result<dlock::LockGuard>> {
+    let holder = client(server).await;
+    let g = holder.lock([key], LockOptions::new()).await.unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.lock([key], LockOptions::new().lease(HOUR)).await }
+    });
+    let deadline = Instant::now() + PATIENCE;
+    while holder.inspect([key]).await.unwrap()[0].waiters != 1 {
+        assert!(Instant::now() < deadline, "{key}'s Lock never arrived");
+        tokio::task::yield_now().await;
+    }
+    proxy.freeze();
+    g.unlock().await.unwrap();
+    let state = holder.inspect([key]).await.unwrap().remove(0);
+    let lease = state.first().and_then(|h| h.lease_remaining);
+    assert!(lease.is_some(), "the waiter holds {key} now: {state:?}");
+    waiting
+}
+
+/// Takes `key` with a bounded wait: the hour's lease must have been
+/// released long before it runs out.
+async fn free_soon(server: &TestServer, key: &str) {
+    let other = client(server).await;
+    match other.lock([key], LockOptions::new().wait(PATIENCE)).await {
+        Ok(g) => g.unlock().await.unwrap(),
+        Err(e) => panic!("the grant that crossed the close was lost, {key} stays held: {e}"),
+    }
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+const PATIENCE: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn a_lease_granted_as_its_lock_is_cancelled_is_released_though_the_connection_closed() {
+    let server = TestServer::start(Config::default()).await;
+    let proxy = FreezableProxy::start(server.addr).await;
+    let waiter = Client::connect(proxy.addr_string()).await.unwrap();
+    let waiting = grant_on_the_wire(&server, &proxy, &waiter, "crossed").await;
+    // The caller stops waiting: the Lock's connection closes.
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    proxy.thaw();
+    free_soon(&server, "crossed").await;
+    assert!(!waiter.is_closed());
+}
+
+#[tokio::test]
+async fn a_lease_granted_as_its_client_is_dropped_is_released() {
+    let server = TestServer::start(Config::default()).await;
+    let proxy = FreezableProxy::start(server.addr).await;
+    let waiter = Client::connect(proxy.addr_string()).await.unwrap();
+    let waiting = grant_on_the_wire(&server, &proxy, &waiter, "dropped").await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    drop(waiter);
+    proxy.thaw();
+    free_soon(&server, "dropped").await;
 }

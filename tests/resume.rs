@@ -1,16 +1,21 @@
+//! Two windows on a cluster session's connection that a fake node, driven
+//! frame by frame, hits every time.
+//!
 //! An attempt to resume a session that the client gives up on (the node
 //! did not answer in time) ends with a reset, never a clean close: a
 //! cluster node takes a clean close as the client ending its session, so
 //! a FIN after a resume the node did carry out would end the very session
 //! the client goes on trying to resume.
 //!
-//! The node here is a fake the test drives frame by frame, so the window
-//! (OpenSession received, its answer not yet back) is hit every time.
+//! A lease granted to a Lock whose caller stopped waiting, sent after the
+//! node read the close of the Lock's connection, is still read and
+//! released by fence, on a connection (and session) opened for it.
 
 mod fake_node;
 
-use dlock::{Client, ClientOptions, Event};
-use fake_node::{answer, next_session, session_opened, Probe, PATIENCE, SESSION};
+use dlock::proto::{RequestType, Response};
+use dlock::{Client, ClientOptions, Event, LockOptions};
+use fake_node::{answer, next_session, ok, read_request, session_opened, Probe, PATIENCE, SESSION};
 use std::io::ErrorKind;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -69,5 +74,78 @@ async fn a_resume_attempt_given_up_resets_its_connection_and_the_next_resumes() 
             other => panic!("expected the session resumed, got {other:?}"),
         }
     }
+    assert!(!client.is_closed());
+}
+
+#[tokio::test]
+async fn a_lease_granted_after_the_node_read_the_close_is_released_on_a_session_of_its_own() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address").to_string();
+    let mut node = fake_node::start(listener, TTL, Probe::Answer);
+    let connecting = tokio::spawn(Client::connect(addr));
+    let (mut main, open) = next_session(&mut node).await;
+    answer(&mut main, session_opened(&open, TTL)).await;
+    let client = connecting.await.expect("task").expect("connected");
+
+    let hour = LockOptions::new().lease(Duration::from_secs(3600));
+    let waiting = tokio::spawn({
+        let client = client.clone();
+        async move { client.lock(["crossed"], hour).await }
+    });
+    // The Lock goes out on a connection (and session) of its own.
+    let (mut own, open) = next_session(&mut node).await;
+    answer(&mut own, session_opened(&open, TTL)).await;
+    let lock = loop {
+        let req = tokio::time::timeout(PATIENCE, read_request(&mut own))
+            .await
+            .expect("the Lock in time")
+            .expect("the Lock");
+        match req.r#type() {
+            RequestType::Ping => answer(&mut own, ok(&req)).await,
+            RequestType::Lock => break req,
+            other => panic!("expected the Lock, got {other:?}"),
+        }
+    };
+    // The caller stops waiting: the node reads the connection's close (a
+    // Ping parked behind the Lock may come first)...
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    loop {
+        match tokio::time::timeout(PATIENCE, read_request(&mut own)).await {
+            Ok(None) => break,
+            Ok(Some(req)) => assert_eq!(req.r#type(), RequestType::Ping),
+            Err(_) => panic!("the Lock's connection is not closed"),
+        }
+    }
+    // ...after it had granted the lease, whose answer is on its way.
+    const FENCE: u64 = 7;
+    let grant = Response {
+        fence: FENCE,
+        ..ok(&lock)
+    };
+    answer(&mut own, grant).await;
+    drop(own);
+
+    let (mut release, open) = tokio::time::timeout(PATIENCE, node.sessions.recv())
+        .await
+        .expect("the grant is released: a lease would keep the key for an hour")
+        .expect("the fake node runs");
+    assert_eq!(open.session, 0, "a session of its own");
+    answer(&mut release, session_opened(&open, TTL)).await;
+    let unlock = tokio::time::timeout(PATIENCE, read_request(&mut release))
+        .await
+        .expect("the Unlock in time")
+        .expect("the Unlock");
+    assert_eq!(unlock.r#type(), RequestType::Unlock);
+    let body = unlock.lock.clone().expect("the keys");
+    assert_eq!((body.keys, body.fence), (vec!["crossed".to_owned()], FENCE));
+    assert_eq!((unlock.session, unlock.seq), (SESSION, 1));
+    answer(&mut release, ok(&unlock)).await;
+    // Then that session ends with a clean close.
+    let mut rest = [0u8; 1];
+    let end = tokio::time::timeout(PATIENCE, release.read(&mut rest))
+        .await
+        .expect("the release's connection closes");
+    assert_eq!(end.expect("a clean close, not a reset"), 0);
     assert!(!client.is_closed());
 }

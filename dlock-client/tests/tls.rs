@@ -367,3 +367,63 @@ async fn a_tls_mismatch_says_which_flag_to_change_and_exits_69() {
         stderr(&out)
     );
 }
+
+/// Over TLS too, and on a cluster (of one), a Lock given up while its
+/// lease's grant is on the wire half-closes (close_notify, then a FIN)
+/// and reads on: the grant is read and released by fence, not left to keep
+/// the key for an hour. (The library's own tests, `tests/client.rs` and
+/// `tests/resume.rs`, do this over plain TCP.)
+#[tokio::test]
+async fn a_lease_granted_as_its_lock_is_given_up_over_tls_is_released() {
+    use dlock::{Client, ClientOptions, LockOptions};
+    use dlock_server::testing::proxy::FreezableProxy;
+    use std::time::Duration;
+    const PATIENCE: Duration = Duration::from_secs(30);
+
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addr, ca_file) = tls_node(dir.path()).await;
+    let proxy = FreezableProxy::start(server.addr).await;
+    let tls = dlock::tls::client_config(Path::new(&ca_file), None).unwrap();
+    let options = || ClientOptions {
+        tls: Some(tls.clone()),
+        ..ClientOptions::default()
+    };
+    let holder = Client::connect_with(addr.as_str(), options())
+        .await
+        .unwrap();
+    let waiter = Client::connect_with(format!("localhost:{}", proxy.addr.port()), options())
+        .await
+        .unwrap();
+    let g = holder.lock(["tls"], LockOptions::new()).await.unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        let hour = LockOptions::new().lease(Duration::from_secs(3600));
+        async move { waiter.lock(["tls"], hour).await }
+    });
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while holder.inspect(["tls"]).await.unwrap()[0].waiters != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the Lock never arrived"
+        );
+        tokio::task::yield_now().await;
+    }
+    proxy.freeze();
+    g.unlock().await.unwrap();
+    let state = holder.inspect(["tls"]).await.unwrap().remove(0);
+    assert!(
+        state.first().and_then(|h| h.lease_remaining).is_some(),
+        "{state:?}"
+    );
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    drop(waiter);
+    proxy.thaw();
+    let taken = holder
+        .lock(["tls"], LockOptions::new().wait(PATIENCE))
+        .await;
+    assert!(
+        taken.is_ok(),
+        "the grant that crossed the close was lost: {taken:?}"
+    );
+}
