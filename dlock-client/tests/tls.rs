@@ -381,7 +381,7 @@ async fn a_lease_granted_as_its_lock_is_given_up_over_tls_is_released() {
     const PATIENCE: Duration = Duration::from_secs(30);
 
     let dir = tempfile::tempdir().unwrap();
-    let (server, addr, ca_file) = tls_node(dir.path()).await;
+    let (server, addr, ca_file) = tls_node(dir.path(), false).await;
     let proxy = FreezableProxy::start(server.addr).await;
     let tls = dlock::tls::client_config(Path::new(&ca_file), None).unwrap();
     let options = || ClientOptions {
