@@ -22,7 +22,7 @@ use crate::dial::{establish, write_flush, Dial};
 use crate::error::{Disconnect, Error, Result};
 use crate::event::Event;
 use crate::liveness::{silence_limit, Watches};
-use crate::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
+use crate::proto::{Request, RequestType, Response, ResponseStatus};
 use crate::rules;
 use crate::safety::AckClock;
 use crate::transport::Stream;
@@ -36,6 +36,10 @@ use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+mod release;
+
+use release::{deliver, Releaser};
 
 /// A connection as the [`crate::Client`] handles it: calls go in through
 /// `calls`; `lost` says when (and why) the link ended for good.
@@ -739,88 +743,5 @@ fn moves_deadline(on_session: bool, kind: i32, status: i32) -> bool {
     ) {
         (Ok(kind), Ok(status)) => rules::moves_deadline(on_session, kind, status),
         _ => !on_session,
-    }
-}
-
-/// Where a grant that reached nobody is released.
-struct Releaser {
-    /// The link's own queue, while a handle on it lives.
-    calls: mpsc::WeakSender<Call>,
-    /// Otherwise a link opened for the Unlock, as the link itself was.
-    dial: Arc<Dial>,
-    watches: Arc<Watches>,
-}
-
-/// Hands a response to its caller. A Lock granted to a caller that stopped
-/// waiting is released at once, so a cancelled `lock` leaks nothing: on
-/// this link while it lives, else (it is closing: its caller, and every
-/// other handle, went) by fence on a link opened for it, since a lease
-/// outlives the connection it was granted on.
-fn deliver(p: Pending, resp: Response, releaser: &Releaser) {
-    let granted_fence = (resp.status == ResponseStatus::Ok as i32).then_some(resp.fence);
-    let undelivered = match p.reply {
-        Some(reply) => reply.send(Ok(resp)).is_err(),
-        None => false,
-    };
-    let (Some(keys), Some(fence), true) = (p.lock_keys, granted_fence, undelivered) else {
-        return;
-    };
-    let Some(calls) = releaser.calls.upgrade() else {
-        tokio::spawn(release_late(
-            releaser.dial.clone(),
-            releaser.watches.clone(),
-            keys,
-            fence,
-        ));
-        return;
-    };
-    let call = Call {
-        // Nobody reads the answer; reusing the grant's id keeps ids unique
-        // among requests in flight.
-        req: unlock_by_fence(p.id, keys, fence),
-        reply: None,
-        slot: None,
-        release: None,
-    };
-    if let Err(mpsc::error::TrySendError::Full(call)) = calls.try_send(call) {
-        tokio::spawn(async move {
-            let _ = calls.send(call).await;
-        });
-    }
-}
-
-/// Releases `keys` granted under `fence` to a link that was closing, on a
-/// link opened for the Unlock (on a cluster, with a session of its own,
-/// ended again when it closes), within [`DRAIN_LIMIT`]. Best effort: when
-/// it fails, the lease runs out on its own.
-async fn release_late(dial: Arc<Dial>, watches: Arc<Watches>, keys: Vec<String>, fence: u64) {
-    let unlock = async {
-        let link = Link::open(dial, watches).await.ok()?;
-        let (reply, answer) = oneshot::channel();
-        let call = Call {
-            req: unlock_by_fence(1, keys, fence),
-            reply: Some(reply),
-            slot: None,
-            release: None,
-        };
-        link.calls.send(call).await.ok()?;
-        // Whatever the answer: NotHeld means the lease ended meanwhile.
-        answer.await.ok().map(drop)
-    };
-    let _ = tokio::time::timeout(DRAIN_LIMIT, unlock).await;
-}
-
-/// An Unlock of `keys` by `fence`, whichever connection holds them.
-fn unlock_by_fence(id: u64, keys: Vec<String>, fence: u64) -> Request {
-    Request {
-        version: crate::PROTOCOL_VERSION,
-        id,
-        r#type: RequestType::Unlock as i32,
-        lock: Some(RequestLock {
-            keys,
-            fence,
-            ..RequestLock::default()
-        }),
-        ..Request::default()
     }
 }

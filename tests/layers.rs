@@ -83,6 +83,7 @@ const CLI: Layout = Layout {
             "reconnects",
             "say",
             "signals",
+            "stdout",
             "subcommand",
         ],
     ],

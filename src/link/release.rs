@@ -1,0 +1,96 @@
+//! A grant that reached nobody, released: the caller of a Lock (an
+//! Enqueue, a Wait) stopped waiting, or every handle on the link went while
+//! it closed. A lock without a lease would end with the connection, but a
+//! lease outlives it and would keep the key from everyone until it ran
+//! out, so it is released by fence: on the link while it lives, else on a
+//! link opened for the Unlock.
+
+use super::{Call, Link, Pending, DRAIN_LIMIT};
+use crate::dial::Dial;
+use crate::liveness::Watches;
+use crate::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Where a grant that reached nobody is released.
+pub(super) struct Releaser {
+    /// The link's own queue, while a handle on it lives.
+    pub(super) calls: mpsc::WeakSender<Call>,
+    /// Otherwise a link opened for the Unlock, as the link itself was.
+    pub(super) dial: Arc<Dial>,
+    pub(super) watches: Arc<Watches>,
+}
+
+/// Hands a response to its caller. A Lock granted to a caller that stopped
+/// waiting is released at once, so a cancelled `lock` leaks nothing: on
+/// this link while it lives, else (it is closing: its caller, and every
+/// other handle, went) by fence on a link opened for it, since a lease
+/// outlives the connection it was granted on.
+pub(super) fn deliver(p: Pending, resp: Response, releaser: &Releaser) {
+    let granted_fence = (resp.status == ResponseStatus::Ok as i32).then_some(resp.fence);
+    let undelivered = match p.reply {
+        Some(reply) => reply.send(Ok(resp)).is_err(),
+        None => false,
+    };
+    let (Some(keys), Some(fence), true) = (p.lock_keys, granted_fence, undelivered) else {
+        return;
+    };
+    let Some(calls) = releaser.calls.upgrade() else {
+        tokio::spawn(release_late(
+            releaser.dial.clone(),
+            releaser.watches.clone(),
+            keys,
+            fence,
+        ));
+        return;
+    };
+    let call = Call {
+        // Nobody reads the answer; reusing the grant's id keeps ids unique
+        // among requests in flight.
+        req: unlock_by_fence(p.id, keys, fence),
+        reply: None,
+        slot: None,
+        release: None,
+    };
+    if let Err(mpsc::error::TrySendError::Full(call)) = calls.try_send(call) {
+        tokio::spawn(async move {
+            let _ = calls.send(call).await;
+        });
+    }
+}
+
+/// Releases `keys` granted under `fence` to a link that was closing, on a
+/// link opened for the Unlock (on a cluster, with a session of its own,
+/// ended again when it closes), within [`DRAIN_LIMIT`]. Best effort: when
+/// it fails, the lease runs out on its own.
+async fn release_late(dial: Arc<Dial>, watches: Arc<Watches>, keys: Vec<String>, fence: u64) {
+    let unlock = async {
+        let link = Link::open(dial, watches).await.ok()?;
+        let (reply, answer) = oneshot::channel();
+        let call = Call {
+            req: unlock_by_fence(1, keys, fence),
+            reply: Some(reply),
+            slot: None,
+            release: None,
+        };
+        link.calls.send(call).await.ok()?;
+        // Whatever the answer: NotHeld means the lease ended meanwhile.
+        answer.await.ok().map(drop)
+    };
+    let _ = tokio::time::timeout(DRAIN_LIMIT, unlock).await;
+}
+
+/// An Unlock of `keys` by `fence`, whichever connection holds them.
+fn unlock_by_fence(id: u64, keys: Vec<String>, fence: u64) -> Request {
+    Request {
+        version: crate::PROTOCOL_VERSION,
+        id,
+        r#type: RequestType::Unlock as i32,
+        lock: Some(RequestLock {
+            keys,
+            fence,
+            ..RequestLock::default()
+        }),
+        ..Request::default()
+    }
+}
