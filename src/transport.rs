@@ -129,7 +129,7 @@ pub(crate) fn tls_failure(e: &io::Error) -> Option<TlsFailure> {
     }
 }
 
-/// The error that names the fix, when `source`, from [`connect`] or the
+/// The error that names the fix, when `source`, from connecting or the
 /// first read after it, shows a TLS setup that does not match the
 /// server's; else `source` back. What the library's client and the raw
 /// one (`dlock cluster`) both tell their user.

@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -209,14 +210,16 @@ func TestACACertificateAsTheServersOwnIsRefused(t *testing.T) {
 		KeyUsage:    x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
 		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
 	}, nil, nil)
-	odd := startServer(t, "", "--tls-cert", both, "--tls-key", bothKey)
+	// dlock-server refuses such a certificate at start, so a bare TLS
+	// listener presents it.
+	odd := tlsListener(t, both, bothKey)
 	t.Setenv("DLOCK_TLS_CA", both)
-	c, err := Connect(testCtx(t), odd.Addr+","+closedPort(t), &Options{ConnectTimeout: 5 * time.Second})
+	c, err := Connect(testCtx(t), odd+","+closedPort(t), &Options{ConnectTimeout: 5 * time.Second})
 	if err == nil {
 		_ = c.Close()
 	}
 	wantTLSError(t, err, CAUsedAsServerCertificate,
-		"dlock: the server at "+odd.Addr+" presents a CA certificate as its own (",
+		"dlock: the server at "+odd+" presents a CA certificate as its own (",
 		"): make a CA and a server certificate signed by it (dlock-server cert create-ca, then create-node), give the server the node's and the clients the CA's")
 
 	certs := filepath.Join(dir, "certs")
@@ -231,6 +234,34 @@ func TestACACertificateAsTheServersOwnIsRefused(t *testing.T) {
 	if _, err := connect(t, s.Addr, nil).Ping(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A TLS listener on loopback that presents certFile and completes
+// handshakes, speaking nothing after them: its address.
+func tlsListener(t *testing.T, certFile, keyFile string) string {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{pair}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				_ = conn.(*tls.Conn).Handshake()
+				_ = conn.Close()
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // A connection closed unanswered, or refused, is no sign of TLS: no guess

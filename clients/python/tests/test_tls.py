@@ -231,11 +231,63 @@ def test_a_tls_client_at_a_plain_port_is_told_the_server_does_not_speak_tls(serv
     assert isinstance(e.value.__cause__, ssl.SSLError), repr(e.value.__cause__)
 
 
+class _TlsFront:
+    """TLS on loopback with the given certificate, each connection's bytes
+    passed on to and from a plain server at `target`: a server that presents
+    a certificate dlock-server would not take. Its threads end with the
+    process (daemon), or when either side closes."""
+
+    def __init__(self, cert: str, key: str, target: str) -> None:
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._context.load_cert_chain(cert, key)
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.addr = "127.0.0.1:%d" % self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            tls = self._context.wrap_socket(conn, server_side=True)
+        except (ssl.SSLError, OSError):
+            conn.close()  # the client refused the certificate: as it should
+            return
+        plain = socket.create_connection(self._target, timeout=LIMIT)
+        threading.Thread(target=_pass_on, args=(plain, tls), daemon=True).start()
+        _pass_on(tls, plain)
+
+
+def _pass_on(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    for s in (src, dst):
+        try:
+            s.close()
+        except OSError:
+            pass
+
+
 def test_a_ca_certificate_as_the_servers_own_is_refused(start_server, tmp_path, monkeypatch):
     # Python's ssl (OpenSSL) accepts it; rustls (the Rust client, dlock) and
     # the Go client refuse it, and so does this client, saying what to do.
+    # dlock-server refuses such a certificate at start: a TLS front with it,
+    # before a plain server, presents it.
     both, both_key = _ca_as_own_cert(tmp_path)
-    odd = start_server("--tls-cert", both, "--tls-key", both_key)
+    odd = _TlsFront(both, both_key, start_server().addr)
     monkeypatch.setenv("DLOCK_TLS_CA", both)
     with pytest.raises(ConnectError) as e:
         dlock.Client(f"{odd.addr},{_closed_port()}", connect_timeout=5).close()
