@@ -300,3 +300,62 @@ func TestALeaseGrantedAsItsLockIsCancelledIsReleasedBeforeCloseReturns(t *testin
 		t.Fatalf("the late lease is still held after Close returned: %+v", h)
 	}
 }
+
+// A lease granted to a Lock that still waits as its Client is closed (the
+// grant crosses the close) is released before Close returns: Close
+// half-closes the waiting Lock's connection and reads on, as a cancel does,
+// and the Lock fails as before, with the client's connection lost.
+func TestALeaseGrantedAsItsClientIsClosedIsReleasedBeforeCloseReturns(t *testing.T) {
+	s := startServer(t, "")
+	ctx := testCtx(t)
+	fw := startForwarder(t, s.Addr)
+	other := connect(t, s.Addr, nil)
+	key := []string{"late-close-waiting"}
+	held, err := other.Lock(ctx, key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := func() KeyInfo {
+		i, err := other.Inspect(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i[0]
+	}
+	c := connect(t, fw.Addr, nil) // the forwarder's connection 0
+	errc := make(chan error, 1)
+	go func() {
+		// Tried on connection 0, then waits on connection 1.
+		_, err := c.Lock(ctx, key, &LockOptions{Lease: time.Hour})
+		errc <- err
+	}()
+	waitFor(t, "the Lock waits in line", func() bool { return info().Waiters == 1 })
+	fw.freeze()
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Granted to the waiting Lock; the grant waits in the forwarder.
+	waitFor(t, "the grant", func() bool { return info().Waiters == 0 })
+	if g := info().First(); g == nil || g.Fence <= held.Fence() {
+		t.Fatalf("after the unlock of fence %d: %+v", held.Fence(), g)
+	}
+	closed := make(chan struct{})
+	go func() {
+		_ = c.Close() // the FIN waits in the forwarder too
+		close(closed)
+	}()
+	if err := <-errc; !errors.Is(err, ErrConnectionLost) {
+		t.Fatalf("the Lock waiting as its Client is closed: %v, want ErrConnectionLost", err)
+	}
+	fw.thaw()
+	select {
+	case <-closed:
+	case <-time.After(limit):
+		t.Fatal("Close did not return")
+	}
+	l, err := other.Lock(ctx, key, &LockOptions{Wait: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("the key after Close returned: %v (the late lease %+v is still held)", err, info().First())
+	}
+	_ = l.Unlock(ctx)
+}

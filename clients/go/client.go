@@ -231,10 +231,12 @@ func (c *Client) Err() error { return c.l.failure() }
 // renewed and their Locks are reported lost (LostClosed); on the server
 // they run until they end or are unlocked by fence.
 //
-// A Lock given up (its ctx ended) whose grant may still be on its way is
-// the exception: Close returns only once that connection has ended and a
-// grant that arrived on it, a lease too, was released by fence (on a
-// connection opened for it), or once the drain limit (10 s) has passed.
+// A Lock that waits (it fails with ErrConnectionLost), or was given up
+// (its ctx ended), whose grant may still be on its way is the exception:
+// its connection is half-closed, and Close returns only once that
+// connection has ended and a grant that arrived on it, a lease too, was
+// released by fence (on a connection opened for it), or once the drain
+// limit (10 s) has passed.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true
@@ -243,7 +245,8 @@ func (c *Client) Close() error {
 	c.onEnd(c.l.failure(), true)
 	// Not closed: each ends by itself once the server has closed its side
 	// (it withdrew the request) or its drain limit passed, and hands a
-	// grant that crossed the cancel to releaseLate before it ends.
+	// grant that crossed the cancel or the close to releaseLate before it
+	// ends.
 	c.mu.Lock()
 	draining := make([]*link, 0, len(c.draining))
 	for ln := range c.draining {
@@ -265,7 +268,20 @@ func (c *Client) onEnd(err error, closing bool) {
 		idle[s] = true
 	}
 	c.side, c.watchers, c.idle = map[*link]bool{}, nil, nil
-	if !closing {
+	var locks []*link
+	if closing {
+		// A Lock's connection of its own may have a Lock waiting, whose
+		// grant may cross the close: drained, not closed (drainAside).
+		// Marked draining here, with the client's lock held, so that
+		// Close, whichever call of onEnd takes them, waits for them.
+		for s := range side {
+			if s.forLock && !idle[s] {
+				delete(side, s)
+				c.draining[s] = true
+				locks = append(locks, s)
+			}
+		}
+	} else {
 		// A Lock's connection of its own is another owner, which lives on
 		// (and ends) by itself; the client's Close closes it. Idle ones
 		// are of no more use.
@@ -289,6 +305,9 @@ func (c *Client) onEnd(err error, closing bool) {
 	c.mu.Unlock()
 	for s := range side {
 		s.close("the client's connection ended")
+	}
+	for _, s := range locks {
+		c.drainAside(s, &ConnectionLostError{Reason: "the client's connection ended"})
 	}
 	for _, l := range lost {
 		if closing {
@@ -468,31 +487,49 @@ const drainLimit = 10 * time.Second
 func (c *Client) asideFailed(ctx context.Context, ln *link, err error) {
 	var se *ServerError
 	switch {
+	case c.isDraining(ln):
+		// Close gave it up and drains it: it ends by itself.
 	case ctx.Err() != nil:
-		c.mu.Lock()
-		delete(c.side, ln)
-		c.draining[ln] = true
-		c.mu.Unlock()
-		ln.drain(func(keys []string, fence uint64) {
-			// Counted before the link can end (this runs as it reads the
-			// grant), so that Close, once the link has ended, waits for it.
-			c.releases.Add(1)
-			go func() {
-				defer c.releases.Done()
-				c.releaseLate(keys, fence)
-			}()
-		}, drainLimit)
-		go func() {
-			<-ln.done
-			c.mu.Lock()
-			delete(c.draining, ln)
-			c.mu.Unlock()
-		}()
+		c.drainAside(ln, nil)
 	case errors.As(err, &se) && !errors.Is(err, ErrConnectionLost):
 		c.keepAside(ln)
 	default:
 		c.dropSide(ln)
 	}
+}
+
+// isDraining: ln is a Lock's connection of its own being drained.
+func (c *Client) isDraining(ln *link) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.draining[ln]
+}
+
+// drainAside half-closes a Lock's connection of its own whose request is
+// given up, reads on until the server has closed its side (or the drain
+// limit), and releases by fence a grant that crossed (releaseLate); Close
+// waits for both. fail (Close) is what a caller still waiting on it gets
+// (see link.drain).
+func (c *Client) drainAside(ln *link, fail error) {
+	c.mu.Lock()
+	delete(c.side, ln)
+	c.draining[ln] = true
+	c.mu.Unlock()
+	ln.drain(func(keys []string, fence uint64) {
+		// Counted before the link can end (this runs as it reads the
+		// grant), so that Close, once the link has ended, waits for it.
+		c.releases.Add(1)
+		go func() {
+			defer c.releases.Done()
+			c.releaseLate(keys, fence)
+		}()
+	}, drainLimit, fail)
+	go func() {
+		<-ln.done
+		c.mu.Lock()
+		delete(c.draining, ln)
+		c.mu.Unlock()
+	}()
 }
 
 // releaseLate releases, by fence, a grant that reached a Lock's connection

@@ -580,11 +580,31 @@ func (l *link) endLocked(err error, clean bool) {
 // (the connection cannot release it any more: a lease outlives it), before
 // the link ends and with its lock held, so late must not block. After
 // bound the connection is closed whatever happened.
-func (l *link) drain(late func(keys []string, fence uint64), bound time.Duration) {
+//
+// fail, when not nil (the client is closed), is the error a caller still
+// waiting for a Lock, Enqueue or Wait on the link gets at once, as a closed
+// link would give it; if none waits, nothing can cross and the link is
+// closed with fail instead.
+func (l *link) drain(late func(keys []string, fence uint64), bound time.Duration, fail error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
 		return
+	}
+	if fail != nil {
+		waiting := false
+		for _, p := range l.pend {
+			if p.lockKeys != nil && p.reply != nil && !p.answered && !p.abandoned {
+				// Its answer, a grant too, now goes to late.
+				p.abandoned = true
+				p.reply <- result{err: fail}
+				waiting = true
+			}
+		}
+		if !waiting {
+			l.endLocked(fail, true)
+			return
+		}
 	}
 	l.draining, l.late = true, late
 	if l.cur == nil {

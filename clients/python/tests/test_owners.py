@@ -532,3 +532,36 @@ def test_a_connection_of_its_own_is_kept_for_the_next_lock_that_waits(server):
                 assert (await client.stats()).connections == 2
 
     run(body())
+
+
+def test_a_lease_granted_as_its_client_is_closed_is_released_before_close_returns(server):
+    # A Lock with a lease still waits as its client is closed, and its grant
+    # crosses the close: close() half-closes the Lock's connection and reads
+    # on, as a cancel does, so the late lease is released by fence before
+    # close() returns; the Lock fails as before (ConnectionLost).
+    proxy = FreezableProxy(server.addr)
+
+    async def body():
+        async with dlock.aio.connect(server.addr) as other:
+            held = await other.lock("late-close-waiting")
+            client = await dlock.aio.connect(proxy.addr)  # the proxy's connection 0
+            waiting = asyncio.ensure_future(client.lock("late-close-waiting", lease=3600))  # tried on 0, waits on 1
+            await _waiters(other, "late-close-waiting", 1)
+            proxy.freeze(settle=True)
+            await held.unlock()  # granted to the waiting Lock; the grant waits in the proxy
+            await _waiters(other, "late-close-waiting", 0)
+            assert (await other.inspect("late-close-waiting"))[0].fence > held.fence
+            closing = asyncio.ensure_future(client.close())
+            await asyncio.sleep(0)  # close() has ended what it ends (the FIN waits in the proxy)
+            with pytest.raises(dlock.ConnectionLost):
+                await asyncio.wait_for(waiting, LIMIT)
+            proxy.thaw()
+            await asyncio.wait_for(closing, LIMIT)
+            # Timeout while the late lease holds the key.
+            lock = await other.lock("late-close-waiting", wait=5)
+            await lock.unlock()
+
+    try:
+        run(body())
+    finally:
+        proxy.close()

@@ -226,21 +226,28 @@ export class Client implements LockOwner, AsyncDisposable {
    * their Locks are reported lost ("closed"); on the server they run until
    * they end or are unlocked by fence. Leaves no socket or timer behind.
    *
-   * A Lock given up (its signal aborted) whose grant may still be on its way
-   * is the exception: the promise settles only once that connection has
-   * ended and a grant that arrived on it, a lease too, was released by
-   * fence (on a connection opened for it), or once the drain limit (10 s)
-   * has passed.
+   * A Lock that waits (it rejects with ConnectionLostError), or was given
+   * up (its signal aborted), whose grant may still be on its way is the
+   * exception: its connection is half-closed, and the promise settles only
+   * once that connection has ended and a grant that arrived on it, a lease
+   * too, was released by fence (on a connection opened for it), or once the
+   * drain limit (10 s) has passed.
    */
   close(): Promise<void> {
     if (this.closed !== null) return this.closed;
-    this.dialer.closing.abort(new ConnectionLostError("closed by the client"));
+    const why = new ConnectionLostError("closed by the client");
+    this.dialer.closing.abort(why);
     const closing = [this.link.close("closed by the client")];
-    for (const s of this.side) closing.push(s.close("closed by the client"));
+    for (const s of [...this.side]) {
+      // A Lock that waits may be granted as the server reads the close:
+      // drained as if given up, so that grant is read and released.
+      if (s.forLock && s.waiting) this.drainAside(s, why);
+      else closing.push(s.close("closed by the client"));
+    }
     this.side.clear();
     // Not closed: each ends by itself once the server has closed its side
     // (it withdrew the request) or its drain limit passed, and tells
-    // releaseLate of a grant that crossed the abort.
+    // releaseLate of a grant that crossed the abort or the close.
     const drained = [...this.draining].map((s) => aborted(s.ended.signal));
     this.watchers = [];
     this.onEnd(this.link.err as Error, true);
@@ -319,6 +326,8 @@ export class Client implements LockOwner, AsyncDisposable {
 
   /** @internal Closes a connection of the client's own cleanly (on a cluster ending its session): what it holds without a lease is released, what it waits for withdrawn. */
   dropSide(link: Link): void {
+    // One close() drains ends by itself.
+    if (this.draining.has(link)) return;
     this.side.delete(link);
     void link.close("not needed");
   }
@@ -413,8 +422,8 @@ export class Client implements LockOwner, AsyncDisposable {
     return this.granted(ln, keys, resp.fence, o, sent, null);
   }
 
-  /** @internal Gives up a connection of its own whose request was abandoned: half-closed, so the server withdraws the request, and a grant that crossed (a lease outlives the connection) is released by fence (releaseLate). */
-  drainAside(ln: Link): void {
+  /** @internal Gives up a connection of its own whose request was abandoned: half-closed, so the server withdraws the request, and a grant that crossed (a lease outlives the connection) is released by fence (releaseLate). `fail` (close()): what a caller still waiting on it is rejected with. */
+  drainAside(ln: Link, fail?: Error): void {
     this.side.delete(ln);
     this.draining.add(ln);
     const ended = ln.onEnd;
@@ -422,7 +431,7 @@ export class Client implements LockOwner, AsyncDisposable {
       this.draining.delete(ln);
       ended(err, closing);
     };
-    ln.drain((k, fence) => this.releaseLate(k, fence), DRAIN_LIMIT);
+    ln.drain((k, fence) => this.releaseLate(k, fence), DRAIN_LIMIT, fail);
   }
 
   /**

@@ -482,9 +482,21 @@ export class Link implements Watched {
    * side; a grant it sent before is still read, and `late` is told of it
    * (the connection cannot release it any more: a lease outlives it). After
    * `bound` ms the connection is closed whatever happened.
+   *
+   * `fail` (the client is closed): a caller still waiting for a Lock,
+   * Enqueue or Wait on the link is rejected with it at once, as a closed
+   * link would reject it; its answer, a grant too, then goes to `late`.
    */
-  drain(late: (keys: string[], fence: bigint) => void, bound: number): void {
+  drain(late: (keys: string[], fence: bigint) => void, bound: number, fail?: Error): void {
     if (this.err !== null) return;
+    if (fail !== undefined) {
+      for (const p of this.pend) {
+        if (this.awaited(p)) {
+          p.abandoned = true;
+          p.reject?.(fail);
+        }
+      }
+    }
     this.draining = true;
     this.late = late;
     if (this.cur === null) {
@@ -691,6 +703,15 @@ export class Link implements Watched {
       // too large to send: nothing to release then
     }
     return true;
+  }
+
+  /** Whether a caller waits for the answer to a Lock, Enqueue or Wait on the link (one whose grant may cross its close). */
+  get waiting(): boolean {
+    return this.pend.some((p) => this.awaited(p));
+  }
+
+  private awaited(p: Pending): boolean {
+    return p.lockKeys !== undefined && p.reject !== undefined && !p.answered && !p.abandoned;
   }
 
   /** Pending answers (for tests). */

@@ -133,3 +133,31 @@ test("a lease granted as its Lock is aborted is released before close() settles"
   await within("close()", closing);
   assert.deepEqual((await info()).holders, [], "the late lease is released once close() has settled");
 });
+
+test("a lease granted as its client is closed is released before close() settles", async (t) => {
+  // A Lock with a lease still waits as its client is closed, and its grant
+  // crosses the close: close() half-closes the Lock's connection and reads
+  // on, as an abort does, so the late lease is released by fence before
+  // close() settles; the Lock fails as before (ConnectionLostError).
+  const s = await Server.start(t);
+  const proxy = await Proxy.start(t, s.addr);
+  const other = await client(t, s.addr);
+  const key = "late-close-waiting";
+  const info = async () => (await other.inspect(key))[0];
+  const held = await other.lock(key);
+  const c = await client(t, proxy.addr);
+  const waiting = c.lock(key, { lease: 3_600_000 }); // tried on 0, waits on 1
+  waiting.catch(() => {});
+  await waitFor("the Lock waits in line", async () => (await info()).waiters === 1);
+  proxy.freeze();
+  await held.unlock(); // granted to the waiting Lock; the grant waits in the proxy
+  await waitFor("the grant", async () => (await info()).waiters === 0);
+  const granted = (await info()).holders[0]?.fence ?? 0n;
+  assert.ok(granted > held.fence, `after the unlock of fence ${held.fence}: ${granted}`);
+  const closing = c.close(); // the FIN waits in the proxy too
+  await assert.rejects(within("the waiting Lock", waiting), (e: Error) => e.name === "ConnectionLostError");
+  proxy.thaw();
+  await within("close()", closing);
+  const l = await other.lock(key, { wait: 5000 }); // AcquireTimeoutError while the late lease holds
+  await l.unlock();
+});

@@ -506,19 +506,21 @@ class Client:
         lease; leases stop being renewed and are reported lost at once (they
         stay on the server until they run out or are unlocked by fence).
 
-        A Lock cancelled while its grant may still be on its way is the
-        exception: close() returns only once that connection has ended and a
-        grant that arrived on it, a lease too, was released by fence (on a
-        connection opened for it), or once the drain limit (10 s) has
-        passed."""
+        A Lock that waits (it fails with ConnectionLost), or was cancelled,
+        while its grant may still be on its way is the exception: its
+        connection is half-closed, and close() returns only once that
+        connection has ended and a grant that arrived on it, a lease too, was
+        released by fence (on a connection opened for it), or once the drain
+        limit (10 s) has passed."""
         self._closing = True
-        draining = [o._conn for o in self._owners if o._conn._late is not None]
+        owners = list(self._owners)
         self._conn.end("closed by the client", closing=True)
         # Owners that outlived the client's connection (see `_on_end`).
         self._close_owners("closed by the client")
         # Each ends by itself once the server has closed its side (it
         # withdrew the request) or its drain limit passed, and hands a grant
-        # that crossed the cancel to `_release_late`.
+        # that crossed the cancel or the close to `_release_late`.
+        draining = [o._conn for o in owners if o._conn._late is not None]
         for conn in draining:
             await conn.closed.wait()
         while self._releasing:
@@ -526,9 +528,14 @@ class Client:
 
     def _close_owners(self, why: str) -> None:
         """Ends every owner's connection but those draining a late grant
-        (`Connection.drain`): each ends by itself, within the drain limit."""
+        (`Connection.drain`): each ends by itself, within the drain limit.
+        One whose Lock still waits may be granted as the server reads the
+        close: it is drained as if cancelled, so that grant is read and
+        released, and the Lock fails with ConnectionLost(why)."""
         for owner in list(self._owners):
-            if owner._conn._late is None:
+            if owner._conn.waiting:
+                owner._conn.drain(self._release_late, _DRAIN_LIMIT, fail=why)
+            elif owner._conn._late is None:
                 owner._conn.end(why, closing=True)
         self._owners.clear()
 
@@ -838,7 +845,8 @@ class Client:
 
     def _done_with(self, owner: "Client") -> None:
         """`owner`'s lock is over: keeps it for the next lock that waits, or closes it."""
-        if owner._conn.close_reason is not None:
+        if owner._conn.close_reason is not None or owner._conn._late is not None:
+            # (Draining, close() gave it up: it ends by itself.)
             return
         if (
             self._conn.close_reason is None

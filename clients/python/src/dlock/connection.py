@@ -448,7 +448,9 @@ class Connection:
         fut = p.future
         if fut is None:
             return
-        if fut.cancelled():
+        if fut.done():
+            # Cancelled, or failed by `drain` (the client was closed): the
+            # caller has gone.
             self._abandoned(p.lock_keys, resp, p.on_abandoned)
             return
         fut.set_result(resp)
@@ -481,7 +483,13 @@ class Connection:
         if then is not None:
             then(resp)
 
-    def drain(self, late: Late, bound: float) -> None:
+    @property
+    def waiting(self) -> bool:
+        """Whether a caller waits for the answer to a Lock, Enqueue or Wait
+        on this connection (one whose grant may cross its close)."""
+        return any(p.lock_keys is not None and p.future is not None and not p.future.done() for p in self._pending)
+
+    def drain(self, late: Late, bound: float, fail: Optional[str] = None) -> None:
         """Gives up this connection while a request on it waits (a Lock, a
         Wait): what is queued is written, then the writing side is closed.
         The server then withdraws the request (on a cluster, ends the
@@ -490,9 +498,18 @@ class Connection:
         lease outlives the connection. After `bound` seconds the connection
         ends whatever happened. A stream that cannot be half-closed (TLS),
         or a session between nodes, is closed at once instead: a lease
-        granted just before then runs out on its own."""
+        granted just before then runs out on its own.
+
+        `fail` (the client is closed): a caller still waiting for a Lock,
+        Enqueue or Wait here fails at once with ConnectionLost(fail), as a
+        closed connection would fail it; its answer, a grant too, then goes
+        to `late`."""
         if self.close_reason is not None or self._late is not None:
             return
+        if fail is not None:
+            for p in self._pending:
+                if p.lock_keys is not None and p.future is not None and not p.future.done():
+                    p.future.set_exception(ConnectionLost(fail))
         stream = self._stream
         transport = stream.transport if stream is not None else None
         if transport is None or not transport.can_write_eof():
