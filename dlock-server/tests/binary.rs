@@ -123,7 +123,26 @@ fn a_ca_certificate_as_the_servers_own_is_a_clear_startup_error() {
         "{stderr}"
     );
     assert!(
-        stderr.contains("the server's own certificate") && stderr.contains("create-node"),
+        stderr.contains("give --tls-cert the server's own certificate")
+            && stderr.contains("create-node"),
+        "{stderr}"
+    );
+    // The peer port's certificate too, on a node (a cluster of one).
+    let data = dir.path().join("node");
+    let stderr = refused_at_start(&[
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+        "--peer-tls-cert".as_ref(),
+        ca.as_os_str(),
+        "--peer-tls-key".as_ref(),
+        key.as_os_str(),
+        "--peer-tls-ca".as_ref(),
+        ca.as_os_str(),
+    ]);
+    assert!(
+        stderr.contains(&format!("{} is a CA certificate", ca.display()))
+            && stderr.contains("give --peer-tls-cert the server's own certificate")
+            && stderr.contains("--peer-tls-ca"),
         "{stderr}"
     );
 }

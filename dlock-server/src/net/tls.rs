@@ -92,34 +92,18 @@ fn server_config(
         None => builder.with_no_client_auth(),
     };
     let chain = dlock_proto::tls::read_certs(cert)?;
-    refuse_a_ca(cert, &chain)?;
+    crate::ops::cert::refuse_a_ca_as_own(cert, &chain, OWN_FLAGS)?;
     let config = builder
         .with_single_cert(chain, dlock_proto::tls::read_key(key)?)
         .map_err(|e| dlock_proto::tls::pair_error(e, cert, key))?;
     Ok(Arc::new(config))
 }
 
-/// Refuses a CA certificate (basicConstraints CA:TRUE) as the server's own,
-/// the first of `chain`, read from `file`: TLS clients, dlock's among them,
-/// refuse a server presenting one, so a server started with it would only
-/// fail every handshake. One self-signed certificate given as both
-/// --tls-cert and the clients' --tls-ca is the usual way to get there.
-fn refuse_a_ca(file: &Path, chain: &[rustls_pki_types::CertificateDer<'_>]) -> anyhow::Result<()> {
-    let leaf = chain
-        .first()
-        .and_then(|der| x509_parser::parse_x509_certificate(der).ok());
-    // One that does not parse is rustls's to refuse, with its own words.
-    if leaf.is_some_and(|(_, c)| c.is_ca()) {
-        anyhow::bail!(
-            "{} is a CA certificate (basicConstraints CA:TRUE), which clients refuse as a \
-             server's own: give --tls-cert the server's own certificate, signed by the CA \
-             (dlock-server cert create-node NAME --addr HOST writes NAME.pem and NAME.key), \
-             and give the CA's to the clients (--tls-ca)",
-            file.display()
-        );
-    }
-    Ok(())
-}
+/// The client port's flags, for [`crate::ops::cert::refuse_a_ca_as_own`].
+const OWN_FLAGS: crate::ops::cert::OwnFlags = crate::ops::cert::OwnFlags {
+    cert: "--tls-cert",
+    ca: "the clients (--tls-ca)",
+};
 
 /// Completes the server side of the handshake within `timeout`, or before
 /// `shutdown`. A failure is logged and counted, and ends the connection.

@@ -299,3 +299,43 @@ fn write(dir: &Path, cert: &Path, key: &Path, cert_pem: &str, key_pem: &str) -> 
     create(key, 0o600, key_pem)?;
     create(cert, 0o644, cert_pem)
 }
+
+/// Which flags name a certificate refused by [`refuse_a_ca_as_own`], and
+/// who is to be given the CA's instead.
+pub struct OwnFlags {
+    /// The flag that named the certificate (`--tls-cert`, `--peer-tls-cert`).
+    pub cert: &'static str,
+    /// Who takes the CA's certificate, with their flag.
+    pub ca: &'static str,
+}
+
+/// Refuses a CA certificate (basicConstraints CA:TRUE) as a node's own,
+/// the first of `chain`, read from `file`: TLS peers, dlock's clients and
+/// nodes among them, refuse one presented as an end entity, so a node
+/// started with it would only fail every handshake. One self-signed
+/// certificate given as both a node's and the CA is the usual way there.
+///
+/// # Errors
+/// The certificate is a CA's: the message names `file` and what to give.
+pub fn refuse_a_ca_as_own(
+    file: &Path,
+    chain: &[rustls_pki_types::CertificateDer<'_>],
+    flags: OwnFlags,
+) -> anyhow::Result<()> {
+    let leaf = chain
+        .first()
+        .and_then(|der| x509_parser::parse_x509_certificate(der).ok());
+    // One that does not parse is rustls's to refuse, with its own words.
+    if leaf.is_some_and(|(_, c)| c.is_ca()) {
+        bail!(
+            "{} is a CA certificate (basicConstraints CA:TRUE), which TLS peers refuse as a \
+             server's own: give {} the server's own certificate, signed by the CA \
+             (dlock-server cert create-node NAME --addr HOST writes NAME.pem and NAME.key), \
+             and give the CA's to {}",
+            file.display(),
+            flags.cert,
+            flags.ca
+        );
+    }
+    Ok(())
+}

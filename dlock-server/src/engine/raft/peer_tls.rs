@@ -89,6 +89,12 @@ impl PeerTls {
     }
 }
 
+/// The peer port's flags, for [`crate::ops::cert::refuse_a_ca_as_own`].
+const OWN_FLAGS: crate::ops::cert::OwnFlags = crate::ops::cert::OwnFlags {
+    cert: "--peer-tls-cert",
+    ca: "every node (--peer-tls-ca)",
+};
+
 /// The TLS protocol name (ALPN) of the peer port.
 const PEER_ALPN: &[u8] = b"dlock-peer";
 
@@ -97,6 +103,7 @@ impl Halves {
         let provider = dlock_proto::tls::provider();
         let roots = Arc::new(dlock_proto::tls::read_roots(ca)?);
         let chain = dlock_proto::tls::read_certs(cert)?;
+        crate::ops::cert::refuse_a_ca_as_own(cert, &chain, OWN_FLAGS)?;
         let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
             .build()
             .with_context(|| format!("cannot verify peers with {}", ca.display()))?;
