@@ -148,15 +148,35 @@ fn a_ca_certificate_as_the_servers_own_is_a_clear_startup_error() {
 }
 
 /// Runs the server on a loopback port with `args`, which must make it exit
-/// 1 at start; returns what it wrote on stderr.
+/// 1 at start; returns what it wrote on stderr. A server that starts
+/// instead is stopped after 30 s and fails the test, rather than hang it.
 fn refused_at_start(args: &[&std::ffi::OsStr]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("run dlock-server");
-    assert_eq!(out.status.code(), Some(1));
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for dlock-server") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("dlock-server {args:?} started instead of refusing to");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        pipe.read_to_string(&mut stderr).expect("read its stderr");
+    }
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    stderr
 }
 
 #[test]
