@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	pb "dlock/clients/go/dlockpb"
 )
 
 // checkCancelWithdraws: a Lock waiting without a deadline on a held key is
@@ -346,6 +348,79 @@ func TestALeaseGrantedAsItsClientIsClosedIsReleasedBeforeCloseReturns(t *testing
 	}()
 	if err := <-errc; !errors.Is(err, ErrConnectionLost) {
 		t.Fatalf("the Lock waiting as its Client is closed: %v, want ErrConnectionLost", err)
+	}
+	fw.thaw()
+	select {
+	case <-closed:
+	case <-time.After(limit):
+		t.Fatal("Close did not return")
+	}
+	l, err := other.Lock(ctx, key, &LockOptions{Wait: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("the key after Close returned: %v (the late lease %+v is still held)", err, info().First())
+	}
+	_ = l.Unlock(ctx)
+}
+
+// A lease granted to a Wait that still waits on the client's connection as
+// the Client is closed (the grant crosses the close) is released before
+// Close returns: Close half-closes the client's connection and reads on,
+// as it does a waiting Lock's own, and the Wait fails as before, with the
+// client's connection lost.
+func TestALeaseGrantedOnTheClientsConnectionAsItIsClosedIsReleasedBeforeCloseReturns(t *testing.T) {
+	s := startServer(t, "")
+	ctx := testCtx(t)
+	fw := startForwarder(t, s.Addr)
+	other := connect(t, s.Addr, nil)
+	key := []string{"late-close-shared"}
+	held, err := other.Lock(ctx, key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := func() KeyInfo {
+		i, err := other.Inspect(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i[0]
+	}
+	c := connect(t, fw.Addr, nil) // the forwarder's connection 0
+	_, q, err := c.Enqueue(ctx, key, &LockOptions{Lease: time.Hour})
+	if err != nil || q == nil || q.ln != c.l {
+		t.Fatalf("Enqueue: %v, %+v: want queued on the client's connection", err, q)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := q.Wait(ctx)
+		errc <- err
+	}()
+	waitFor(t, "the Wait is sent", func() bool {
+		c.l.mu.Lock()
+		defer c.l.mu.Unlock()
+		for _, p := range c.l.pend {
+			if p.kind == pb.RequestType_Wait {
+				return len(c.l.out) == 0
+			}
+		}
+		return false
+	})
+	fw.freeze()
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Granted to the queued request; the answer to its Wait waits in the
+	// forwarder.
+	waitFor(t, "the grant", func() bool { return info().Waiters == 0 })
+	if g := info().First(); g == nil || g.Fence <= held.Fence() {
+		t.Fatalf("after the unlock of fence %d: %+v", held.Fence(), g)
+	}
+	closed := make(chan struct{})
+	go func() {
+		_ = c.Close() // the FIN waits in the forwarder too
+		close(closed)
+	}()
+	if err := <-errc; !errors.Is(err, ErrConnectionLost) {
+		t.Fatalf("the Wait waiting as its Client is closed: %v, want ErrConnectionLost", err)
 	}
 	fw.thaw()
 	select {

@@ -231,18 +231,22 @@ func (c *Client) Err() error { return c.l.failure() }
 // renewed and their Locks are reported lost (LostClosed); on the server
 // they run until they end or are unlocked by fence.
 //
-// A Lock that waits (it fails with ErrConnectionLost), or was given up
-// (its ctx ended), whose grant may still be on its way is the exception:
-// its connection is half-closed, and Close returns only once that
-// connection has ended and a grant that arrived on it, a lease too, was
-// released by fence (on a connection opened for it), or once the drain
-// limit (10 s) has passed.
+// A Lock, Enqueue or Wait still waiting (it fails with ErrConnectionLost),
+// or given up (its ctx ended), whose grant may still be on its way is the
+// exception, on the client's connection as on a Lock's own: its connection
+// is half-closed, and Close returns only once that connection has ended
+// and a grant that arrived on it, a lease too, was released by fence (on a
+// connection opened for it), or once the drain limit (10 s) has passed.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
-	c.l.close("closed by the client")
-	c.onEnd(c.l.failure(), true)
+	closed := &ConnectionLostError{Reason: "closed by the client"}
+	// A request of the client's connection granted as it closes is
+	// released as a Lock's own connection's (drainAside); with none
+	// waiting the connection is simply closed.
+	c.drainAside(c.l, closed)
+	c.onEnd(closed, true)
 	// Not closed: each ends by itself once the server has closed its side
 	// (it withdrew the request) or its drain limit passed, and hands a
 	// grant that crossed the cancel or the close to releaseLate before it
@@ -262,6 +266,8 @@ func (c *Client) Close() error {
 
 func (c *Client) onEnd(err error, closing bool) {
 	c.mu.Lock()
+	// The client's connection, drained by Close, may end reset.
+	closing = closing || c.closed
 	side := c.side
 	idle := map[*link]bool{}
 	for _, s := range c.idle {
@@ -506,7 +512,8 @@ func (c *Client) isDraining(ln *link) bool {
 }
 
 // drainAside half-closes a Lock's connection of its own whose request is
-// given up, reads on until the server has closed its side (or the drain
+// given up (or the client's connection, as Close gives up what waits on
+// it), reads on until the server has closed its side (or the drain
 // limit), and releases by fence a grant that crossed (releaseLate); Close
 // waits for both. fail (Close) is what a caller still waiting on it gets
 // (see link.drain).

@@ -143,10 +143,12 @@ type link struct {
 	fresh    time.Time
 	err      error
 	watch    *nodeWatch
-	// draining: a Lock's connection of its own given up (drain); late is
-	// told of a grant that still arrives, with mu held: it must not block.
+	// draining: a Lock's connection of its own given up, or the client's
+	// closed (drain); late is told of a grant that still arrives, with mu
+	// held: it must not block. A call made meanwhile fails with gone.
 	draining bool
 	late     func(keys []string, fence uint64)
+	gone     error
 	// onEnd is told once when the link ends (in a goroutine of its own).
 	onEnd func(err error, closing bool)
 }
@@ -573,32 +575,37 @@ func (l *link) endLocked(err error, clean bool) {
 	go l.onEnd(err, clean)
 }
 
-// drain gives up a Lock's connection of its own whose Lock waits: once
-// what is queued is written, the connection is half-closed. The server
-// then withdraws the request (on a cluster, ends the session) and closes
-// its side; a grant it sent before is still read, and late is told of it
-// (the connection cannot release it any more: a lease outlives it), before
-// the link ends and with its lock held, so late must not block. After
-// bound the connection is closed whatever happened.
+// drain gives up a Lock's connection of its own whose Lock waits, or the
+// client's connection as the client is closed: once what is queued is
+// written, the connection is half-closed. The server then withdraws the
+// request (on a cluster, ends the session) and closes its side; a grant it
+// sent before is still read, and late is told of it (the connection cannot
+// release it any more: a lease outlives it), before the link ends and with
+// its lock held, so late must not block. After bound the connection is
+// closed whatever happened.
 //
-// fail, when not nil (the client is closed), is the error a caller still
-// waiting for a Lock, Enqueue or Wait on the link gets at once, as a closed
-// link would give it; if none waits, nothing can cross and the link is
-// closed with fail instead.
+// fail, when not nil (the client is closed), is the error every caller
+// still waiting on the link gets at once, as a closed link would give it,
+// and a call made later too; if no Lock, Enqueue or Wait waits, nothing
+// can cross and the link is closed with fail instead.
 func (l *link) drain(late func(keys []string, fence uint64), bound time.Duration, fail error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.err != nil {
+	if l.err != nil || l.draining {
 		return
+	}
+	gone := fail
+	if gone == nil {
+		gone = &ConnectionLostError{Reason: "withdrawn"}
 	}
 	if fail != nil {
 		waiting := false
 		for _, p := range l.pend {
-			if p.lockKeys != nil && p.reply != nil && !p.answered && !p.abandoned {
+			if p.reply != nil && !p.answered && !p.abandoned {
 				// Its answer, a grant too, now goes to late.
 				p.abandoned = true
 				p.reply <- result{err: fail}
-				waiting = true
+				waiting = waiting || p.lockKeys != nil
 			}
 		}
 		if !waiting {
@@ -606,17 +613,21 @@ func (l *link) drain(late func(keys []string, fence uint64), bound time.Duration
 			return
 		}
 	}
-	l.draining, l.late = true, late
+	l.draining, l.late, l.gone = true, late, gone
 	if l.cur == nil {
 		// The session is moving: end it cleanly instead.
-		l.endLocked(&ConnectionLostError{Reason: "withdrawn"}, true)
+		l.endLocked(gone, true)
 		return
 	}
 	select {
 	case l.cur.wake <- struct{}{}:
 	default:
 	}
-	time.AfterFunc(bound, func() { l.close("withdrawn") })
+	time.AfterFunc(bound, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.endLocked(gone, true)
+	})
 }
 
 // halfClose closes s's writing side when the link drains and nothing is
@@ -750,10 +761,14 @@ func (l *link) callWith(ctx context.Context, kind pb.RequestType, body *pb.Reque
 	}
 	p := &pending{reply: make(chan result, 1), counted: true, lockKeys: o.lockKeys, settled: o.settled}
 	l.mu.Lock()
-	if l.err != nil {
+	if l.err != nil || l.draining {
+		err := l.err
+		if err == nil {
+			err = l.gone
+		}
 		l.mu.Unlock()
 		<-l.slots
-		return nil, false, l.err
+		return nil, false, err
 	}
 	if err := l.sendLocked(kind, body, p); err != nil {
 		l.mu.Unlock()

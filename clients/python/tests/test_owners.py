@@ -565,3 +565,39 @@ def test_a_lease_granted_as_its_client_is_closed_is_released_before_close_return
         run(body())
     finally:
         proxy.close()
+
+
+def test_a_lease_granted_on_the_clients_connection_as_it_is_closed_is_released_before_close_returns(server):
+    # A Queued's wait() with a lease waits on the client's own connection as
+    # the client is closed, and its grant crosses the close: close()
+    # half-closes that connection and reads on, as it does a waiting Lock's
+    # own, so the late lease is released by fence before close() returns;
+    # the wait() fails as before (ConnectionLost).
+    proxy = FreezableProxy(server.addr)
+
+    async def body():
+        async with dlock.aio.connect(server.addr) as other:
+            held = await other.lock("late-close-shared")
+            client = await dlock.aio.connect(proxy.addr)  # the proxy's connection 0
+            queued = await client.enqueue("late-close-shared", lease=3600)
+            assert isinstance(queued, dlock.aio.Queued) and queued._client is client
+            waiting = asyncio.ensure_future(queued.wait())  # on connection 0
+            await asyncio.sleep(0)  # the Wait is written
+            proxy.freeze(settle=True)
+            await held.unlock()  # granted to the queued request; the answer to its Wait waits in the proxy
+            await _waiters(other, "late-close-shared", 0)
+            assert (await other.inspect("late-close-shared"))[0].fence > held.fence
+            closing = asyncio.ensure_future(client.close())
+            await asyncio.sleep(0)  # close() has ended what it ends (the FIN waits in the proxy)
+            with pytest.raises(dlock.ConnectionLost):
+                await asyncio.wait_for(waiting, LIMIT)
+            proxy.thaw()
+            await asyncio.wait_for(closing, LIMIT)
+            # Timeout while the late lease holds the key.
+            lock = await other.lock("late-close-shared", wait=5)
+            await lock.unlock()
+
+    try:
+        run(body())
+    finally:
+        proxy.close()

@@ -226,9 +226,10 @@ export class Client implements LockOwner, AsyncDisposable {
    * their Locks are reported lost ("closed"); on the server they run until
    * they end or are unlocked by fence. Leaves no socket or timer behind.
    *
-   * A Lock that waits (it rejects with ConnectionLostError), or was given
-   * up (its signal aborted), whose grant may still be on its way is the
-   * exception: its connection is half-closed, and the promise settles only
+   * A Lock, Enqueue or Queued's wait() still waiting (it rejects with
+   * ConnectionLostError), or given up (its signal aborted), whose grant may
+   * still be on its way is the exception, on the client's connection as on
+   * a Lock's own: its connection is half-closed, and the promise settles only
    * once that connection has ended and a grant that arrived on it, a lease
    * too, was released by fence (on a connection opened for it), or once the
    * drain limit (10 s) has passed.
@@ -237,7 +238,11 @@ export class Client implements LockOwner, AsyncDisposable {
     if (this.closed !== null) return this.closed;
     const why = new ConnectionLostError("closed by the client");
     this.dialer.closing.abort(why);
-    const closing = [this.link.close("closed by the client")];
+    const closing: Promise<void>[] = [];
+    // An Enqueue or a Wait (or a try-Lock) on the client's connection may
+    // be granted as the server reads the close: drained as a Lock's own.
+    if (this.link.waiting) this.drainAside(this.link, why);
+    else closing.push(this.link.close("closed by the client"));
     for (const s of [...this.side]) {
       // A Lock that waits may be granted as the server reads the close:
       // drained as if given up, so that grant is read and released.
@@ -250,7 +255,7 @@ export class Client implements LockOwner, AsyncDisposable {
     // releaseLate of a grant that crossed the abort or the close.
     const drained = [...this.draining].map((s) => aborted(s.ended.signal));
     this.watchers = [];
-    this.onEnd(this.link.err as Error, true);
+    this.onEnd(this.link.err ?? why, true);
     this.closed = (async () => {
       await Promise.all([...closing, ...drained]);
       // A grant read just before its connection ended is handed on in a
@@ -422,7 +427,7 @@ export class Client implements LockOwner, AsyncDisposable {
     return this.granted(ln, keys, resp.fence, o, sent, null);
   }
 
-  /** @internal Gives up a connection of its own whose request was abandoned: half-closed, so the server withdraws the request, and a grant that crossed (a lease outlives the connection) is released by fence (releaseLate). `fail` (close()): what a caller still waiting on it is rejected with. */
+  /** @internal Gives up a connection of its own whose request was abandoned (or, from close(), the client's connection): half-closed, so the server withdraws the request, and a grant that crossed (a lease outlives the connection) is released by fence (releaseLate). `fail` (close()): what a caller still waiting on it is rejected with. */
   drainAside(ln: Link, fail?: Error): void {
     this.side.delete(ln);
     this.draining.add(ln);

@@ -153,9 +153,10 @@ export class Link implements Watched {
   fresh: number;
   err: Error | null = null;
   private watch: NodeWatch | null = null;
-  /** A Lock's connection of its own given up (drain): `late` is told of a grant that still arrives. */
+  /** A Lock's connection of its own given up, or the client's closed (drain): `late` is told of a grant that still arrives, and a call made meanwhile is rejected with `gone`. */
   private draining = false;
   private late?: (keys: string[], fence: bigint) => void;
+  private gone: Error | null = null;
   /** Told once when the link ends. */
   onEnd: (err: Error, closing: boolean) => void = () => {};
   /** Aborted, with the error, when the link ends. */
@@ -476,36 +477,40 @@ export class Link implements Watched {
   }
 
   /**
-   * Gives up a Lock's connection of its own whose Lock waits: once what is
-   * written has gone, the connection is half-closed. The server then
+   * Gives up a Lock's connection of its own whose Lock waits, or the
+   * client's connection as the client is closed: once what is written has
+   * gone, the connection is half-closed. The server then
    * withdraws the request (on a cluster, ends the session) and closes its
    * side; a grant it sent before is still read, and `late` is told of it
    * (the connection cannot release it any more: a lease outlives it). After
    * `bound` ms the connection is closed whatever happened.
    *
-   * `fail` (the client is closed): a caller still waiting for a Lock,
-   * Enqueue or Wait on the link is rejected with it at once, as a closed
-   * link would reject it; its answer, a grant too, then goes to `late`.
+   * `fail` (the client is closed): every caller still waiting on the link
+   * (for a Lock, Enqueue or Wait, or any other answer) is rejected with it
+   * at once, as a closed link would reject it, and so is a call made later;
+   * an answer, a grant too, then goes to `late`.
    */
   drain(late: (keys: string[], fence: bigint) => void, bound: number, fail?: Error): void {
-    if (this.err !== null) return;
+    if (this.err !== null || this.draining) return;
+    const gone = fail ?? new ConnectionLostError("withdrawn");
     if (fail !== undefined) {
       for (const p of this.pend) {
-        if (this.awaited(p)) {
+        if (p.reject !== undefined && !p.answered && !p.abandoned) {
           p.abandoned = true;
-          p.reject?.(fail);
+          p.reject(fail);
         }
       }
     }
     this.draining = true;
     this.late = late;
+    this.gone = gone;
     if (this.cur === null) {
       // The session is moving: end it cleanly instead.
-      this.end(new ConnectionLostError("withdrawn"), true);
+      this.end(gone, true);
       return;
     }
     this.cur.end();
-    const t = setTimeout(() => this.close("withdrawn"), bound);
+    const t = setTimeout(() => this.end(gone, true), bound);
     t.unref();
   }
 
@@ -630,6 +635,7 @@ export class Link implements Watched {
    */
   async call(kind: RequestType, body: Body, o: CallOptions = {}): Promise<Response> {
     if (this.err !== null) throw this.err;
+    if (this.gone !== null) throw this.gone;
     const signal = o.signal;
     signal?.throwIfAborted();
     if (o.counted !== false) {
@@ -641,9 +647,9 @@ export class Link implements Watched {
       p.resolve = resolve;
       p.reject = reject;
     });
-    if (this.err !== null || signal?.aborted) {
+    if (this.err !== null || this.gone !== null || signal?.aborted) {
       if (p.counted) this.releaseSlot();
-      throw this.err ?? signal?.reason;
+      throw this.err ?? this.gone ?? signal?.reason;
     }
     try {
       this.send(kind, body, p);

@@ -5,7 +5,7 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import type { LockOptions } from "../src/index.js";
+import { Queued, type LockOptions } from "../src/index.js";
 import { Cluster, Proxy, Server, aborted, client, waitFor, within } from "./helpers.js";
 
 async function cancelWithdraws(t: { after(fn: () => unknown): void }, servers: string, opts: LockOptions = {}): Promise<void> {
@@ -156,6 +156,38 @@ test("a lease granted as its client is closed is released before close() settles
   assert.ok(granted > held.fence, `after the unlock of fence ${held.fence}: ${granted}`);
   const closing = c.close(); // the FIN waits in the proxy too
   await assert.rejects(within("the waiting Lock", waiting), (e: Error) => e.name === "ConnectionLostError");
+  proxy.thaw();
+  await within("close()", closing);
+  const l = await other.lock(key, { wait: 5000 }); // AcquireTimeoutError while the late lease holds
+  await l.unlock();
+});
+
+test("a lease granted on the client's connection as it is closed is released before close() settles", async (t) => {
+  // A Queued's wait() with a lease waits on the client's own connection as
+  // the client is closed, and its grant crosses the close: close()
+  // half-closes that connection and reads on, as it does a waiting Lock's
+  // own, so the late lease is released by fence before close() settles;
+  // the wait() fails as before (ConnectionLostError).
+  const s = await Server.start(t);
+  const proxy = await Proxy.start(t, s.addr);
+  const other = await client(t, s.addr);
+  const key = "late-close-shared";
+  const info = async () => (await other.inspect(key))[0];
+  const held = await other.lock(key);
+  const c = await client(t, proxy.addr); // the proxy's connection 0
+  const q = await c.enqueue(key, { lease: 3_600_000 });
+  const on = (x: unknown) => (x as { link: unknown }).link;
+  assert.ok(q instanceof Queued && on(q) === on(c), "queued on the client's connection");
+  const waiting = q.wait(); // on connection 0
+  waiting.catch(() => {});
+  await new Promise((resolve) => setImmediate(resolve)); // the Wait is written
+  proxy.freeze();
+  await held.unlock(); // granted to the queued request; the answer to its Wait waits in the proxy
+  await waitFor("the grant", async () => (await info()).waiters === 0);
+  const granted = (await info()).holders[0]?.fence ?? 0n;
+  assert.ok(granted > held.fence, `after the unlock of fence ${held.fence}: ${granted}`);
+  const closing = c.close(); // the FIN waits in the proxy too
+  await assert.rejects(within("the waiting wait()", waiting), (e: Error) => e.name === "ConnectionLostError");
   proxy.thaw();
   await within("close()", closing);
   const l = await other.lock(key, { wait: 5000 }); // AcquireTimeoutError while the late lease holds

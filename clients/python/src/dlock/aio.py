@@ -506,21 +506,30 @@ class Client:
         lease; leases stop being renewed and are reported lost at once (they
         stay on the server until they run out or are unlocked by fence).
 
-        A Lock that waits (it fails with ConnectionLost), or was cancelled,
-        while its grant may still be on its way is the exception: its
-        connection is half-closed, and close() returns only once that
+        A Lock, Enqueue or Queued.wait() that waits (it fails with
+        ConnectionLost), or was cancelled, while its grant may still be on
+        its way is the exception, on the client's connection as on a Lock's
+        own: its connection is half-closed, and close() returns only once that
         connection has ended and a grant that arrived on it, a lease too, was
         released by fence (on a connection opened for it), or once the drain
         limit (10 s) has passed."""
         self._closing = True
+        why = "closed by the client"
         owners = list(self._owners)
-        self._conn.end("closed by the client", closing=True)
+        if self._conn.waiting:
+            # An Enqueue or Wait (or a try-Lock) on this connection may be
+            # granted as the server reads the close: drained as an owner's
+            # is, and what its end does (`_on_end`) is done now.
+            self._conn.drain(self._release_late, _DRAIN_LIMIT, fail=why)
+            self._on_end(why, True)
+        else:
+            self._conn.end(why, closing=True)
         # Owners that outlived the client's connection (see `_on_end`).
-        self._close_owners("closed by the client")
+        self._close_owners(why)
         # Each ends by itself once the server has closed its side (it
         # withdrew the request) or its drain limit passed, and hands a grant
         # that crossed the cancel or the close to `_release_late`.
-        draining = [o._conn for o in owners if o._conn._late is not None]
+        draining = [c for c in [self._conn] + [o._conn for o in owners] if c._late is not None]
         for conn in draining:
             await conn.closed.wait()
         while self._releasing:
@@ -745,8 +754,8 @@ class Client:
         return _Flag()
 
     def _unclaim(self, keys: Sequence[str]) -> None:
-        if self._conn.close_reason is not None:
-            return  # the claims ended with the connection
+        if self._conn.close_reason is not None or self._closing:
+            return  # the claims ended with the connection (or close())
         claims = self._claims
         for key in keys:
             n = claims[key] - 1
@@ -798,7 +807,8 @@ class Client:
         that has ended (the owner outlives it), on a connection opened for
         the Unlock, so the lease does not keep others out until it runs out."""
         body = pb.RequestLock(keys=keys, fence=fence)
-        if self._conn.close_reason is None:
+        if self._conn.close_reason is None and self._conn._late is None:
+            # (Draining, the shared connection writes nothing more.)
             self._conn.send(pb.Unlock, body, None)
             return
         task = self._loop.create_task(self._release_elsewhere(body))

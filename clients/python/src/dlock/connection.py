@@ -184,6 +184,8 @@ class Connection:
         self.close_reason: Optional[str] = None
         # Set by `drain`: the connection is given up and writes no more.
         self._late: Optional[Late] = None
+        # Why a request sent while it drains is refused (`drain`).
+        self._gone = "withdrawn: this connection sends nothing more"
         self._pinger = self._loop.create_task(self._ping_loop())
         self._take(est.stream)
 
@@ -262,7 +264,7 @@ class Connection:
     ) -> None:
         """Queues one request; its answer goes to `future` (None: nobody waits)."""
         if self._late is not None:
-            raise ConnectionLost("withdrawn: this connection sends nothing more")
+            raise ConnectionLost(self._gone)
         req = pb.Request(version=PROTOCOL_VERSION, id=self._next_id + 1, access_token=self._dial.token, type=rtype)  # type: ignore[arg-type]
         if body is not None:
             req.lock.CopyFrom(body)
@@ -500,26 +502,29 @@ class Connection:
         or a session between nodes, is closed at once instead: a lease
         granted just before then runs out on its own.
 
-        `fail` (the client is closed): a caller still waiting for a Lock,
-        Enqueue or Wait here fails at once with ConnectionLost(fail), as a
-        closed connection would fail it; its answer, a grant too, then goes
-        to `late`."""
+        `fail` (the client is closed): every caller still waiting here (for a
+        Lock, Enqueue or Wait, or any other answer) fails at once with
+        ConnectionLost(fail), as a closed connection would fail it, and so
+        does a request made later; an answer, a grant too, then goes to
+        `late`."""
         if self.close_reason is not None or self._late is not None:
             return
+        why = "withdrawn"
         if fail is not None:
+            why = self._gone = fail
             for p in self._pending:
-                if p.lock_keys is not None and p.future is not None and not p.future.done():
+                if p.future is not None and not p.future.done():
                     p.future.set_exception(ConnectionLost(fail))
         stream = self._stream
         transport = stream.transport if stream is not None else None
         if transport is None or not transport.can_write_eof():
-            self.end("withdrawn", closing=True)
+            self.end(why, closing=True)
             return
         self._flush()
         self._late = late
         self._pinger.cancel()
         transport.write_eof()
-        self._loop.call_later(bound, lambda: self.end("withdrawn", closing=True))
+        self._loop.call_later(bound, lambda: self.end(why, closing=True))
 
     def _stream_failed(
         self,
