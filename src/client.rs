@@ -207,6 +207,37 @@ impl Client {
         }
     }
 
+    /// Lets go of this handle, as dropping it would, then waits until what
+    /// the client's connections do once nobody holds them has been done, 10 s
+    /// at most: call it before a program exits, or ends its runtime, after
+    /// giving up a wait.
+    ///
+    /// A `lock` future dropped while its Lock waited (an `enqueue` or a
+    /// [`Queued::wait`](crate::Queued::wait) too), and the connections the
+    /// last handle takes with it, end in the background: the connection is
+    /// half-closed and read on, and a grant that crossed the close, a lease
+    /// too, is released by fence on a connection opened for it. That work
+    /// is made of tasks of the tokio runtime and dies with it: a program
+    /// that exits right after giving up a wait may leave a lease granted as
+    /// it gave up holding the key, for nobody, until the lease ends. `close`
+    /// returns once every such connection of this client (whichever clone
+    /// let go of it, before this call or by it) has ended and each grant it
+    /// read was released, or after 10 s (the limit of the drain and its
+    /// release together, as in the Python, Go and TypeScript clients); it
+    /// returns at once when there is nothing to wait for.
+    ///
+    /// Only this handle goes. Other clones, the guards of locks taken with
+    /// it (each holds a `Client`) and Locks still waiting in other tasks
+    /// keep their connections: drop or abort those first, and `close` waits
+    /// for what they leave behind.
+    pub async fn close(self) {
+        let drains = self.owners.drains.clone();
+        // Counts this handle's connections among the drains, when it was
+        // the last to hold them, before the wait starts.
+        drop(self);
+        drains.finished().await;
+    }
+
     /// Whether the connection has ended.
     pub fn is_closed(&self) -> bool {
         self.inner.is_closed()

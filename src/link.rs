@@ -37,9 +37,12 @@ use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+mod drains;
 mod release;
 
+pub(crate) use drains::Drains;
 use release::{deliver, Releaser};
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 /// A connection as the [`crate::Client`] handles it: calls go in through
 /// `calls`; `lost` says when (and why) the link ended for good.
@@ -58,6 +61,24 @@ pub(crate) struct Link {
     pub(crate) acked: Arc<AckClock>,
     /// The cluster session the link acts for; 0 against a single server.
     pub(crate) session: u64,
+    /// The client's drains, and where this link's is counted once its last
+    /// handle goes (see `Drop`).
+    drains: Drains,
+    closing: Option<oneshot::Sender<TaskTrackerToken>>,
+}
+
+impl Drop for Link {
+    /// The last handle on the link went: its writer closes it, and reads on
+    /// for a grant that crossed the close if a Lock was unanswered. The
+    /// driver holds the channel's receiver until it ends, and so the token,
+    /// counted among the client's drains from now, before the writer has
+    /// even noticed.
+    fn drop(&mut self) {
+        if let Some(closing) = self.closing.take() {
+            // Fails only once the driver has ended: nothing left to count.
+            let _ = closing.send(self.drains.token());
+        }
+    }
 }
 
 impl Link {
@@ -76,7 +97,11 @@ impl Link {
     /// With one address: [`Error::Connect`], [`Error::ConnectTimeout`] or
     /// what the server answered. With several: [`Error::Unreachable`],
     /// naming every address tried and why it failed.
-    pub(crate) async fn open(dial: Arc<Dial>, watches: Arc<Watches>) -> Result<Link> {
+    pub(crate) async fn open(
+        dial: Arc<Dial>,
+        watches: Arc<Watches>,
+        drains: Drains,
+    ) -> Result<Link> {
         let deadline = Instant::now() + dial.options.connect_timeout;
         let est = establish(&dial, 0, deadline, false).await?;
         let options = &dial.options;
@@ -95,9 +120,12 @@ impl Link {
         let (calls, calls_rx) = mpsc::channel(options.max_in_flight.max(1));
         let (lost_tx, lost) = watch::channel(None);
         let addr = Arc::new(Mutex::new(est.addr.clone()));
+        let (closing, closed) = oneshot::channel();
         let driver = Driver {
             dial: dial.clone(),
             watches,
+            drains: drains.clone(),
+            _closing: closed,
             addr: addr.clone(),
             pending: Arc::new(Mutex::new(VecDeque::new())),
             calls: calls.downgrade(),
@@ -128,6 +156,8 @@ impl Link {
             session_timeout,
             acked,
             session,
+            drains,
+            closing: Some(closing),
         })
     }
 }
@@ -195,6 +225,11 @@ struct Driver {
     dial: Arc<Dial>,
     /// The probes of the nodes this client's links are on.
     watches: Arc<Watches>,
+    /// Where a release on a link opened for it is counted.
+    drains: Drains,
+    /// Holds, once the last handle on the link went, the token that counts
+    /// this driver among the client's drains until it ends.
+    _closing: oneshot::Receiver<TaskTrackerToken>,
     addr: Arc<Mutex<String>>,
     pending: PendingQueue,
     calls: mpsc::WeakSender<Call>,
@@ -362,6 +397,7 @@ impl Driver {
             calls: self.calls.clone(),
             dial: self.dial.clone(),
             watches: self.watches.clone(),
+            drains: self.drains.clone(),
         }
     }
 

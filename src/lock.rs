@@ -22,7 +22,9 @@ impl Client {
     /// A grant that crossed the close (the server granted before it read
     /// it) is still read and released by fence, a lease too, on a
     /// connection opened for it, within 10 s; also when the whole `Client`
-    /// is dropped.
+    /// is dropped. That happens in the background, on the runtime: before
+    /// a program exits after giving up a wait, [`Client::close`] waits for
+    /// it.
     ///
     /// # Errors
     /// [`Error::Timeout`] with the busy keys when the wait limit passes, or

@@ -6,7 +6,7 @@
 
 use crate::dial::Dial;
 use crate::error::{Disconnect, Error, Result};
-use crate::link::{Call, Link};
+use crate::link::{Call, Drains, Link};
 use crate::liveness::Watches;
 use crate::proto::{Request, RequestLock, RequestType, Response};
 use crate::request::check;
@@ -126,6 +126,9 @@ pub(crate) struct Owners {
     pub(crate) dial: Arc<Dial>,
     /// The probes of the nodes the connections are on (`liveness.rs`).
     watches: Arc<Watches>,
+    /// What the connections leave running once nobody holds them: what
+    /// `Client::close` waits for.
+    pub(crate) drains: Drains,
     /// Connections holding nothing, ready for the next lock.
     idle: Mutex<Vec<Arc<Conn>>>,
     /// Connections whose lock was handed over with `into_parts` without a
@@ -150,6 +153,7 @@ impl Owners {
         Owners {
             dial: Arc::new(dial),
             watches: Arc::new(Watches::default()),
+            drains: Drains::default(),
             idle: Mutex::new(Vec::new()),
             parked: Mutex::new(Vec::new()),
         }
@@ -158,7 +162,7 @@ impl Owners {
     /// Opens a new connection, to the server (or the cluster's leader) it
     /// would connect to now.
     pub(crate) async fn open(&self) -> Result<Arc<Conn>> {
-        let link = Link::open(self.dial.clone(), self.watches.clone()).await?;
+        let link = Link::open(self.dial.clone(), self.watches.clone(), self.drains.clone()).await?;
         let slots = Arc::new(Semaphore::new(self.dial.options.max_in_flight.max(1)));
         Ok(Arc::new(Conn {
             link,

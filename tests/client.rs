@@ -5,6 +5,7 @@ use dlock_server::testing::proxy::FreezableProxy;
 use dlock_server::testing::TestServer;
 use dlock_server::Config;
 use std::time::Duration;
+use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 async fn client(server: &TestServer) -> Client {
@@ -410,17 +411,18 @@ async fn one_lock_takes_some_keys_exclusively_and_others_shared() {
 /// A grant that crosses the close of its Lock's connection: `waiter`
 /// (through `proxy`) waits for `key` with an hour's lease; the proxy is
 /// frozen, the holder releases, and the server grants the lease, whose
-/// answer waits in the frozen proxy. Returns the task of the Lock, whose
-/// caller still waits.
+/// answer waits in the frozen proxy. Returns the task of the Lock (spawned
+/// on `runtime`, the waiter's), whose caller still waits.
 async fn grant_on_the_wire(
     server: &TestServer,
     proxy: &FreezableProxy,
     waiter: &Client,
+    runtime: &tokio::runtime::Handle,
     key: &'static str,
 ) -> tokio::task::JoinHandle<dlock::Result<dlock::LockGuard>> {
     let holder = client(server).await;
     let g = holder.lock([key], LockOptions::new()).await.unwrap();
-    let waiting = tokio::spawn({
+    let waiting = runtime.spawn({
         let waiter = waiter.clone();
         async move { waiter.lock([key], LockOptions::new().lease(HOUR)).await }
     });
@@ -455,7 +457,7 @@ async fn a_lease_granted_as_its_lock_is_cancelled_is_released_though_the_connect
     let server = TestServer::start(Config::default()).await;
     let proxy = FreezableProxy::start(server.addr).await;
     let waiter = Client::connect(proxy.addr_string()).await.unwrap();
-    let waiting = grant_on_the_wire(&server, &proxy, &waiter, "crossed").await;
+    let waiting = grant_on_the_wire(&server, &proxy, &waiter, &Handle::current(), "crossed").await;
     // The caller stops waiting: the Lock's connection closes.
     waiting.abort();
     assert!(waiting.await.unwrap_err().is_cancelled());
@@ -469,10 +471,43 @@ async fn a_lease_granted_as_its_client_is_dropped_is_released() {
     let server = TestServer::start(Config::default()).await;
     let proxy = FreezableProxy::start(server.addr).await;
     let waiter = Client::connect(proxy.addr_string()).await.unwrap();
-    let waiting = grant_on_the_wire(&server, &proxy, &waiter, "dropped").await;
+    let waiting = grant_on_the_wire(&server, &proxy, &waiter, &Handle::current(), "dropped").await;
     waiting.abort();
     assert!(waiting.await.unwrap_err().is_cancelled());
     drop(waiter);
     proxy.thaw();
     free_soon(&server, "dropped").await;
+}
+
+/// What the `dlock` command does when interrupted while it waits: the
+/// program ends right after giving up the wait, and its runtime with it.
+/// The waiter runs on a runtime of its own, which ends as soon as `close`
+/// returns; `close` must not return before the grant that crossed the
+/// close was released, since nothing of the waiter runs after it.
+#[tokio::test]
+async fn close_returns_once_a_lease_granted_as_its_lock_was_given_up_is_released() {
+    let server = TestServer::start(Config::default()).await;
+    let proxy = FreezableProxy::start(server.addr).await;
+    let own = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let waiter = own
+        .spawn(Client::connect(proxy.addr_string()))
+        .await
+        .unwrap()
+        .unwrap();
+    let waiting = grant_on_the_wire(&server, &proxy, &waiter, own.handle(), "closed").await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    let closing = own.spawn(waiter.close());
+    proxy.thaw();
+    closing.await.unwrap();
+    // Ends every task of the waiter's runtime, a release still under way
+    // included; a runtime is dropped where blocking is allowed.
+    tokio::task::spawn_blocking(move || drop(own))
+        .await
+        .unwrap();
+    free_soon(&server, "closed").await;
 }

@@ -81,6 +81,14 @@ pub async fn run_locked(
                 "interrupted by {} while waiting for the lock; command not run",
                 signals::name(sig)
             );
+            // The server may have granted the Lock as it was given up, and
+            // a lease outlives the connection: the library releases such a
+            // grant in the background, which must be done before dlock
+            // exits (10 s at most). A second signal does not wait.
+            tokio::select! {
+                () = client.close() => {}
+                _ = interrupt(signals) => {}
+            }
             return Ok(128 + sig as u8);
         }
     };

@@ -211,3 +211,60 @@ async fn on_lost_ignore_still_exits_75() {
     let o = wait_output(child).await;
     assert_eq!(code(&o), 75);
 }
+
+/// Interrupted while it waits with a lease, dlock gives the wait up. The
+/// server granted the lease just before (its answer held in the frozen
+/// path as SIGINT came): dlock releases it before it exits, not leaving
+/// the key held by nobody for the lease's hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_granted_as_dlock_is_interrupted_while_waiting_is_released_before_it_exits() {
+    let server = TestServer::start(Config::default()).await;
+    let proxy = FreezableProxy::start(server.addr).await;
+    let holder = client(&server.addr_string()).await;
+    let held = holder.lock(["intr"], LockOptions::new()).await.unwrap();
+    let mut child = dlock_at(
+        &proxy.addr_string(),
+        &["--lease", "1h", "-k", "intr", "-c", "true"],
+    )
+    .spawn()
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while holder.inspect(["intr"]).await.unwrap()[0].waiters != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "dlock's Lock never arrived"
+        );
+        tokio::task::yield_now().await;
+    }
+    proxy.freeze();
+    held.unlock().await.unwrap();
+    let state = holder.inspect(["intr"]).await.unwrap().remove(0);
+    assert!(
+        state.first().and_then(|h| h.lease_remaining).is_some(),
+        "dlock holds the lease now: {state:?}"
+    );
+    signal_pid(pid_of(&child), libc::SIGINT);
+    // dlock has given the wait up once it says so; only then may the
+    // grant reach it.
+    let err = child.stderr.take().expect("stderr piped");
+    let mut err = tokio::io::BufReader::new(err);
+    let mut line = String::new();
+    tokio::time::timeout(
+        PATIENCE,
+        tokio::io::AsyncBufReadExt::read_line(&mut err, &mut line),
+    )
+    .await
+    .expect("dlock says it was interrupted")
+    .unwrap();
+    assert!(line.contains("interrupted by SIGINT"), "{line}");
+    proxy.thaw();
+    let o = wait_output(child).await;
+    assert_eq!(code(&o), 130, "{line}");
+    match holder
+        .lock(["intr"], LockOptions::new().wait(PATIENCE))
+        .await
+    {
+        Ok(g) => g.unlock().await.unwrap(),
+        Err(e) => panic!("the lease granted as dlock was interrupted stays held: {e}"),
+    }
+}

@@ -5,7 +5,7 @@
 //! out, so it is released by fence: on the link while it lives, else on a
 //! link opened for the Unlock.
 
-use super::{Call, Link, Pending, DRAIN_LIMIT};
+use super::{Call, Drains, Link, Pending, DRAIN_LIMIT};
 use crate::dial::Dial;
 use crate::liveness::Watches;
 use crate::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
@@ -19,6 +19,9 @@ pub(super) struct Releaser {
     /// Otherwise a link opened for the Unlock, as the link itself was.
     pub(super) dial: Arc<Dial>,
     pub(super) watches: Arc<Watches>,
+    /// Counts that link's Unlock among the client's drains, so
+    /// `Client::close` waits for it.
+    pub(super) drains: Drains,
 }
 
 /// Hands a response to its caller. A Lock granted to a caller that stopped
@@ -36,9 +39,10 @@ pub(super) fn deliver(p: Pending, resp: Response, releaser: &Releaser) {
         return;
     };
     let Some(calls) = releaser.calls.upgrade() else {
-        tokio::spawn(release_late(
+        releaser.drains.spawn(release_late(
             releaser.dial.clone(),
             releaser.watches.clone(),
+            releaser.drains.clone(),
             keys,
             fence,
         ));
@@ -63,9 +67,15 @@ pub(super) fn deliver(p: Pending, resp: Response, releaser: &Releaser) {
 /// link opened for the Unlock (on a cluster, with a session of its own,
 /// ended again when it closes), within [`DRAIN_LIMIT`]. Best effort: when
 /// it fails, the lease runs out on its own.
-async fn release_late(dial: Arc<Dial>, watches: Arc<Watches>, keys: Vec<String>, fence: u64) {
+async fn release_late(
+    dial: Arc<Dial>,
+    watches: Arc<Watches>,
+    drains: Drains,
+    keys: Vec<String>,
+    fence: u64,
+) {
     let unlock = async {
-        let link = Link::open(dial, watches).await.ok()?;
+        let link = Link::open(dial, watches, drains).await.ok()?;
         let (reply, answer) = oneshot::channel();
         let call = Call {
             req: unlock_by_fence(1, keys, fence),
