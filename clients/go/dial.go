@@ -482,6 +482,14 @@ func (d *dialer) connect(ctx context.Context, addr string, deadline time.Time) (
 		host, _, _ := net.SplitHostPort(addr)
 		cfg.ServerName = host
 	}
+	if len(cfg.NextProtos) == 0 {
+		// Offer dlock's TLS protocol name, as the Rust client does: a
+		// client port names none and takes any client, a cluster's TLS peer
+		// port refuses it at once (no_application_protocol), by which a
+		// client given that port is told so. A configuration that names
+		// protocols of its own is left as the user made it.
+		cfg.NextProtos = []string{ClientALPN}
+	}
 	if !cfg.InsecureSkipVerify {
 		own := cfg.VerifyConnection
 		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
@@ -506,10 +514,25 @@ func (d *dialer) connect(ctx context.Context, addr string, deadline time.Time) (
 			return nil, &TLSError{Problem: ServerSpeaksNoTLS, Addr: addr, Err: err}
 		case errors.As(err, &ca):
 			return nil, &TLSError{Problem: CAUsedAsServerCertificate, Addr: addr, Err: err}
+		case isNoApplicationProtocol(err):
+			return nil, &TLSError{Problem: NotAClientPort, Addr: addr, Err: err}
 		}
 		return nil, fmt.Errorf("TLS handshake with %s failed: %w", addr, err)
 	}
 	return tc, nil
+}
+
+// ClientALPN is the TLS protocol name (ALPN) this client offers when
+// Options.TLS names none: dlock_proto::tls::CLIENT_ALPN, which the Rust
+// client offers too.
+const ClientALPN = "dlock"
+
+// isNoApplicationProtocol is whether a handshake failed on the server's
+// alert no_application_protocol (120). crypto/tls keeps its alert type
+// unexported; the alert's text is how it says so ("remote error: tls: no
+// application protocol").
+func isNoApplicationProtocol(err error) bool {
+	return strings.Contains(err.Error(), "tls: no application protocol")
 }
 
 // caAsOwnError is a server certificate with basic constraints CA:TRUE.

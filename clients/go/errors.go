@@ -258,6 +258,11 @@ const (
 	// accepts it when it is in the CA file; this client refuses it, as the
 	// other dlock clients' TLS does (unless Options.TLS skips verification).
 	CAUsedAsServerCertificate
+	// NotAClientPort: the server's TLS refused the protocol name (ALPN)
+	// "dlock" that this client offers, with the alert
+	// no_application_protocol: it is no dlock client port, most likely a
+	// cluster node's peer port (its --peer-listen), which names its own.
+	NotAClientPort
 )
 
 func (p TLSProblem) String() string {
@@ -268,6 +273,8 @@ func (p TLSProblem) String() string {
 		return "server does not speak TLS"
 	case CAUsedAsServerCertificate:
 		return "CA certificate used as the server's"
+	case NotAClientPort:
+		return "not a client port"
 	}
 	return fmt.Sprintf("TLSProblem(%d)", int(p))
 }
@@ -292,6 +299,9 @@ func (e *TLSError) Error() string {
 		return fmt.Sprintf("dlock: the server at %s does not speak TLS (%v): connect without Options.TLS (DLOCK_TLS_CA), or start dlock-server with --tls-cert and --tls-key", e.Addr, e.Err)
 	case CAUsedAsServerCertificate:
 		return fmt.Sprintf("dlock: the server at %s presents a CA certificate as its own (%v): make a CA and a server certificate signed by it (dlock-server cert create-ca, then create-node), give the server the node's and the clients the CA's", e.Addr, e.Err)
+	case NotAClientPort:
+		// The words of the Rust client's Error::NotAClientPort.
+		return fmt.Sprintf("dlock: the server at %s refuses dlock's TLS protocol name (%v): it is no dlock client port, most likely a cluster node's peer port (its --peer-listen): give a client port instead (a node's --listen)", e.Addr, e.Err)
 	}
 	return fmt.Sprintf("dlock: TLS with %s: %v: %v", e.Addr, e.Problem, e.Err)
 }

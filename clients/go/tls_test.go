@@ -314,3 +314,42 @@ func TestLooksLikeTLS(t *testing.T) {
 		}
 	}
 }
+
+// A TLS client given a cluster node's TLS peer port (--peer-listen) by
+// mistake is told so, in the Rust client's words, and not to give a
+// client certificate; not tried on the other nodes. The node's client
+// port (--listen), with the same TLS files, takes the client offering
+// "dlock". One node: the peer port's TLS answers before any election.
+func TestATLSClientAtATLSPeerPortIsToldToGiveAClientPort(t *testing.T) {
+	t.Parallel()
+	certs := filepath.Join(t.TempDir(), "certs")
+	for _, args := range [][]string{{"create-ca"}, {"create-node", "n1", "--addr", "127.0.0.1"}} {
+		cmd := exec.Command(serverBin(t), append(append([]string{"cert"}, args...), "--dir", certs)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("dlock-server cert %v: %v\n%s", args, err, out)
+		}
+	}
+	cert, key, ca := filepath.Join(certs, "n1.pem"), filepath.Join(certs, "n1.key"), filepath.Join(certs, "ca.pem")
+	c := startCluster(t, 1, "--tls-cert", cert, "--tls-key", key,
+		"--peer-tls-cert", cert, "--peer-tls-key", key, "--peer-tls-ca", ca)
+	cfg, err := TLSConfig(ca, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Connect(testCtx(t), c.peers[0]+","+closedPort(t), &Options{TLS: cfg, ConnectTimeout: 5 * time.Second})
+	wantTLSError(t, err, NotAClientPort,
+		"dlock: the server at "+c.peers[0]+" refuses dlock's TLS protocol name (",
+		"): it is no dlock client port, most likely a cluster node's peer port (its --peer-listen): give a client port instead (a node's --listen)")
+	if strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("%q speaks of certificates", err)
+	}
+
+	cl, err := Connect(testCtx(t), c.Addrs[0], &Options{TLS: cfg, ConnectTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("TLS at the client port: %v", err)
+	}
+	defer cl.Close()
+	if _, err := cl.Ping(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+}

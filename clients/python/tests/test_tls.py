@@ -403,3 +403,40 @@ def test_a_tls_record_split_across_reads_is_still_told_and_frames_still_decode()
         stream.data_received(bytes([byte]))
     assert not stream.speaks_tls and stream.gone is None and not transport.aborted
     assert [pb.Response.FromString(b).request_id for b in stream._frames] == [7, 7]
+
+
+def test_a_tls_client_at_a_tls_peer_port_is_told_to_give_a_client_port(start_cluster, tmp_path):
+    # A cluster node's TLS peer port (--peer-listen) names its own TLS
+    # protocol and refuses "dlock", which this client offers, before it asks
+    # for a client certificate: the error says so in the Rust client's
+    # words, not tried on the other node. The client port (--listen), with
+    # the same files, takes the same client. One node: the peer port's TLS
+    # answers before any election.
+    ca, cert, key = _dlock_server_certs(tmp_path)
+    cluster = start_cluster(
+        1, "--tls-cert", cert, "--tls-key", key, "--peer-tls-cert", cert, "--peer-tls-key", key, "--peer-tls-ca", ca
+    )
+    peer = cluster._peers[0]
+    want = (
+        f"the server at {peer} refuses dlock's TLS protocol name (",
+        "): it is no dlock client port, most likely a cluster node's peer port (its --peer-listen): "
+        "give a client port instead (a node's --listen)",
+    )
+    with pytest.raises(ConnectError) as e:
+        dlock.Client(f"{peer},{_closed_port()}", tls_ca=ca, connect_timeout=5)
+    _want_tls_error(e.value, "NOT_A_CLIENT_PORT", *want)
+    assert "certificate" not in str(e.value)
+    assert isinstance(e.value.__cause__, ssl.SSLError), repr(e.value.__cause__)
+    # A context of the user's is used as given: one that offers "dlock" is
+    # told the same (one that offers nothing is asked for a certificate).
+    own = ssl.create_default_context(cafile=ca)
+    own.set_alpn_protocols(["dlock"])
+
+    async def body() -> None:
+        with pytest.raises(ConnectError) as e:
+            await dlock.aio.connect(peer, ssl_context=own, connect_timeout=5)
+        _want_tls_error(e.value, "NOT_A_CLIENT_PORT", *want)
+
+    run(body())
+    with dlock.Client(cluster.addrs[0], tls_ca=ca, connect_timeout=5) as client:
+        assert client.ping() >= 0

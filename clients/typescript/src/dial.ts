@@ -15,6 +15,7 @@ import {
   ConnectionLostError,
   DlockError,
   ServerError,
+  TlsError,
   errorOf,
 } from "./errors.js";
 import type { Attempt } from "./errors.js";
@@ -74,6 +75,34 @@ export function splitAddr(addr: string): { host: string; port: number } {
     throw new DlockError(`dlock: server ${JSON.stringify(addr)} is not HOST:PORT`);
   }
   return { host, port };
+}
+
+/**
+ * The TLS protocol name (ALPN) this client offers when the TLS options name
+ * none: dlock_proto::tls::CLIENT_ALPN, which the Rust client offers too.
+ */
+export const CLIENT_ALPN = "dlock";
+
+/**
+ * Whether a handshake failed on the server's alert no_application_protocol
+ * (120): OpenSSL's code ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL, or its
+ * words where the code is another.
+ */
+function noApplicationProtocol(e: unknown): boolean {
+  const err = e as { code?: unknown; message?: unknown };
+  return (
+    err?.code === "ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL" ||
+    (typeof err?.message === "string" && /alert no application protocol|alert number 120/.test(err.message))
+  );
+}
+
+/**
+ * OpenSSL's words for a handshake's error, "ssl: tlsv1 alert no
+ * application protocol", rather than its whole line of codes and sources.
+ */
+function tlsDetail(e: unknown): string {
+  const err = e as { reason?: unknown; message?: unknown };
+  return typeof err?.reason === "string" && err.reason !== "" ? `ssl: ${err.reason}` : String(err?.message);
 }
 
 /** TLS settings: node:tls's connection options (ca, cert, key, ...). */
@@ -282,7 +311,9 @@ export class Dialer {
     try {
       conn = await this.connect(addr, deadline, signal);
     } catch (e) {
-      return { error: e as Error };
+      // A TLS setup that does not fit the server's is the same on every
+      // node: not tried elsewhere, the user has an option to change.
+      return { error: e as Error, fatal: e instanceof TlsError };
     }
     let ok = false;
     try {
@@ -374,6 +405,12 @@ export class Dialer {
       await settle(raw, "connect", deadline, signal, `connect to ${addr}`);
       if (this.tls !== null) {
         const opts: tls.ConnectionOptions = { ...this.tls, socket: raw, host };
+        // Offer dlock's TLS protocol name, as the Rust client does: a
+        // client port names none and takes any client, a cluster's TLS peer
+        // port refuses it at once (no_application_protocol), by which a
+        // client given that port is told so. Options that name protocols
+        // of their own are left as the user gave them.
+        if (opts.ALPNProtocols === undefined) opts.ALPNProtocols = [CLIENT_ALPN];
         // The server's certificate must name the host dialled; an IP
         // literal is checked against its IP names (and sent as no SNI).
         if (opts.servername === undefined && net.isIP(host) === 0) opts.servername = host;
@@ -382,6 +419,7 @@ export class Dialer {
         try {
           await settle(ts, "secureConnect", deadline, signal, `TLS handshake with ${addr}`);
         } catch (e) {
+          if (noApplicationProtocol(e)) throw new TlsError("not-a-client-port", addr, tlsDetail(e), e);
           throw new Error(`TLS handshake with ${addr} failed: ${(e as Error).message}`, { cause: e });
         }
       }

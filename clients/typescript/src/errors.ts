@@ -178,6 +178,39 @@ export class ConnectError extends DlockError {
   }
 }
 
+/** What a TlsError found. */
+export type TlsProblem =
+  /**
+   * The server's TLS refused the protocol name (ALPN) "dlock" this client
+   * offers, with the alert no_application_protocol: it is no dlock client
+   * port, most likely a cluster node's peer port (its --peer-listen), which
+   * names its own.
+   */
+  "not-a-client-port";
+
+/**
+ * A connect whose TLS setup does not fit the server's; the message says
+ * what to change. Thrown as it is, without trying the other servers (a
+ * cluster's nodes share their TLS setup): a ConnectError whose one attempt
+ * is this address. Its `cause` is node:tls's error.
+ */
+export class TlsError extends ConnectError {
+  readonly problem: TlsProblem;
+  readonly addr: string;
+  /** What the handshake found, in node:tls's words. */
+  readonly detail: string;
+  constructor(problem: TlsProblem, addr: string, detail: string, cause?: unknown) {
+    // The words of the Rust client's Error::NotAClientPort.
+    const text = `dlock: the server at ${addr} refuses dlock's TLS protocol name (${detail}): it is no dlock client port, most likely a cluster node's peer port (its --peer-listen): give a client port instead (a node's --listen)`;
+    super([{ addr, error: new Error(text) }]);
+    this.message = text;
+    if (cause !== undefined) (this as { cause?: unknown }).cause = cause;
+    this.problem = problem;
+    this.addr = addr;
+    this.detail = detail;
+  }
+}
+
 /** Why a lock can no longer be assumed held. */
 export type LostReason =
   /** The connection (session) of a lock without a lease ended: the server released it. */

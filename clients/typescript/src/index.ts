@@ -22,7 +22,7 @@ export { CLOCK_RATE_BOUND } from "./rules.js";
 export { Queued } from "./enqueue.js";
 export { Election } from "./election.js";
 export type { Leader } from "./election.js";
-export { serverList, tlsFromEnv, tlsFiles, DEFAULT_SERVER } from "./dial.js";
+export { serverList, tlsFromEnv, tlsFiles, DEFAULT_SERVER, CLIENT_ALPN } from "./dial.js";
 export type { TlsOptions } from "./dial.js";
 export { silenceLimit } from "./liveness.js";
 export { keepsSessionAlive } from "./link.js";

@@ -193,6 +193,11 @@ export class Cluster {
     return this.addrs.join(",");
   }
 
+  /** Node `i`'s peer port (--peer-listen). */
+  peerAddr(i: number): string {
+    return this.peers[i];
+  }
+
   async startNode(i: number): Promise<void> {
     const held = this.held[i];
     this.held[i] = null;

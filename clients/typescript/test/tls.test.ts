@@ -10,8 +10,9 @@ import { execFileSync, spawnSync } from "node:child_process";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { DlockError, connect, tlsFromEnv } from "../src/index.js";
-import { Server } from "./helpers.js";
+import * as net from "node:net";
+import { ConnectError, DlockError, TlsError, connect, tlsFiles, tlsFromEnv } from "../src/index.js";
+import { Cluster, SERVER_BIN, Server } from "./helpers.js";
 
 const haveOpenssl = spawnSync("openssl", ["version"]).status === 0;
 const skip = haveOpenssl ? false : "the openssl command is not installed: no certificates to test TLS with";
@@ -90,4 +91,43 @@ test("TLS: a server that requires a client certificate accepts DLOCK_TLS_CERT an
   t.after(() => c.close());
   await (await c.lock("mtls")).unlock();
   assert.throws(() => withEnv({ DLOCK_TLS_CA: ca, DLOCK_TLS_CERT: path.join(dir, "client.pem"), DLOCK_TLS_KEY: undefined }, () => tlsFromEnv()), DlockError);
+});
+
+// A TLS client given a cluster node's TLS peer port (--peer-listen) by
+// mistake: the port names its own TLS protocol and refuses "dlock", which
+// this client offers, before it asks for a client certificate. The error
+// says so in the Rust client's words, and no other node is tried; the
+// client port (--listen), with the same files, takes the same client. One
+// node: the peer port's TLS answers before any election. Certificates by
+// `dlock-server cert`.
+test("TLS: a client at a TLS peer port is told to give a client port", async (t) => {
+  const certs = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "dlock-ts-peer-tls-")), "certs");
+  t.after(() => fs.rmSync(path.dirname(certs), { recursive: true, force: true }));
+  for (const args of [["create-ca"], ["create-node", "n1", "--addr", "127.0.0.1"]]) {
+    execFileSync(SERVER_BIN, ["cert", ...args, "--dir", certs], { stdio: ["ignore", "ignore", "pipe"] });
+  }
+  const [ca, cert, key] = ["ca.pem", "n1.pem", "n1.key"].map((f) => path.join(certs, f));
+  const c = await Cluster.start(t, 1, ["--tls-cert", cert, "--tls-key", key, "--peer-tls-cert", cert, "--peer-tls-key", key, "--peer-tls-ca", ca]);
+  const peer = c.peerAddr(0);
+  // An address nothing listens on (a port just given up).
+  const closed = await new Promise<string>((resolve) => {
+    const s = net.createServer().listen(0, "127.0.0.1", () => {
+      const port = (s.address() as net.AddressInfo).port;
+      s.close(() => resolve(`127.0.0.1:${port}`));
+    });
+  });
+  await assert.rejects(connect([peer, closed], { tls: tlsFiles(ca), connectTimeout: 5000 }), (e: unknown) => {
+    assert.ok(e instanceof TlsError, `want a TlsError, got ${String(e)}`);
+    assert.ok(e instanceof ConnectError);
+    assert.equal(e.problem, "not-a-client-port");
+    assert.equal(e.addr, peer);
+    assert.equal(e.attempts.length, 1, "another node was tried");
+    assert.match(e.message, /^dlock: the server at \S+ refuses dlock's TLS protocol name \(.+\): it is no dlock client port, most likely a cluster node's peer port \(its --peer-listen\): give a client port instead \(a node's --listen\)$/);
+    assert.ok(e.message.includes(peer));
+    assert.doesNotMatch(e.message, /certificate/);
+    return true;
+  });
+  const client = await connect(c.addrs[0], { tls: tlsFiles(ca), connectTimeout: 5000 });
+  t.after(() => client.close());
+  assert.ok((await client.ping()) >= 0);
 });

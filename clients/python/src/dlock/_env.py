@@ -6,6 +6,8 @@ import os
 import ssl
 from typing import Iterable, List, Optional, Tuple, Union
 
+from . import _tls
+
 #: The server's default listen address, as in the Rust crate.
 DEFAULT_SERVER = "127.0.0.1:7436"
 
@@ -60,7 +62,11 @@ def tls_context(
     verifies the server's certificate against that CA and its name against
     the address's host, TLS 1.2 at least, with `cert` and `key` (else
     DLOCK_TLS_CERT, DLOCK_TLS_KEY) as the client's own certificate for a
-    server that asks for one (mutual TLS), as the Rust client and `dlock` do.
+    server that asks for one (mutual TLS), as the Rust client and `dlock` do;
+    it offers the TLS protocol name "dlock", by which a cluster's TLS peer
+    port, given by mistake, says what it is. A `context` given is used as it
+    is, no protocol name added: an `ssl.SSLContext` in use cannot be changed
+    safely (call `set_alpn_protocols(["dlock"])` on yours to be told).
     """
     if context is not None:
         return context
@@ -75,6 +81,7 @@ def tls_context(
         return None
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols([_tls.CLIENT_ALPN])
     if cert is not None:
         ctx.load_cert_chain(cert, key)
     return ctx

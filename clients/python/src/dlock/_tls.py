@@ -1,7 +1,8 @@
 """What a connect can tell of a TLS setup that does not fit the server's
 (mirrors `looks_like_tls` and `tls_failure` of src/transport.rs in the Rust
 library): a TLS record where a plain client expects a frame, a handshake
-that read no TLS, a server certificate that is a CA's."""
+that read no TLS, a server certificate that is a CA's, a server that
+refuses the protocol name dlock offers."""
 
 from __future__ import annotations
 
@@ -27,6 +28,22 @@ def looks_like_tls(head: bytes) -> bool:
 def not_tls(e: ssl.SSLError) -> bool:
     """Whether the handshake failed because what came back is no TLS."""
     return e.reason in _NOT_TLS_REASONS
+
+
+#: The TLS protocol name (ALPN) dlock's clients offer
+#: (dlock_proto::tls::CLIENT_ALPN): a dlock-server's client port names none
+#: and takes any client, a cluster node's TLS peer port refuses it at once.
+CLIENT_ALPN = "dlock"
+
+
+def no_application_protocol(e: ssl.SSLError) -> bool:
+    """Whether the handshake failed on the server's alert
+    no_application_protocol (120): it names no protocol the client offered.
+    OpenSSL 3 reports it as reason TLSV1_ALERT_NO_APPLICATION_PROTOCOL; a
+    Python whose table lacks that name gives only OpenSSL's words."""
+    return e.reason in ("TLSV1_ALERT_NO_APPLICATION_PROTOCOL", "NO_APPLICATION_PROTOCOL") or (
+        "alert no application protocol" in str(e) or "alert number 120" in str(e)
+    )
 
 
 def detail(e: ssl.SSLError) -> str:

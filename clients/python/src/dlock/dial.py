@@ -484,8 +484,9 @@ async def connect_stream(dial: Dial, addr: str) -> Stream:
     """A TCP (with `dial.tls`, TLS) connection to `addr`, with keepalive on.
 
     Raises `ValueError` for a malformed address, `TLSError` for a TLS
-    handshake that found no TLS at the server or a server certificate that
-    is a CA's, `ssl.SSLError`, `OSError`.
+    handshake that found no TLS at the server, a server certificate that is
+    a CA's or a server that refuses the protocol name "dlock" (a cluster's
+    peer port), `ssl.SSLError`, `OSError`.
     """
     loop = asyncio.get_running_loop()
     _, host, port = _env.parse_address(addr)
@@ -504,6 +505,8 @@ async def connect_stream(dial: Dial, addr: str) -> Stream:
     except ssl.SSLError as e:
         if _tls.not_tls(e):
             raise TLSError(TLSProblem.SERVER_SPEAKS_NO_TLS, addr, _tls.detail(e)) from e
+        if _tls.no_application_protocol(e):
+            raise TLSError(TLSProblem.NOT_A_CLIENT_PORT, addr, _tls.detail(e)) from e
         raise
     if tls is not None:
         why = _tls.ca_as_own(transport.get_extra_info("ssl_object"))

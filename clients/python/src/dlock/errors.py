@@ -56,6 +56,11 @@ class TLSProblem(enum.Enum):
     #: this client refuses it, as the other dlock clients' TLS does (unless
     #: `ssl_context` verifies nothing).
     CA_USED_AS_SERVER_CERTIFICATE = "a CA certificate used as the server's"
+    #: The server's TLS refused the protocol name (ALPN) "dlock" this client
+    #: offers, with the alert no_application_protocol: it is no dlock client
+    #: port, most likely a cluster node's peer port (its --peer-listen),
+    #: which names its own.
+    NOT_A_CLIENT_PORT = "not a dlock client port"
 
 
 class TLSError(ConnectError):
@@ -75,6 +80,13 @@ class TLSError(ConnectError):
             text = (
                 f"the server at {addr} does not speak TLS ({detail}): connect without tls_ca= (DLOCK_TLS_CA), "
                 "or start dlock-server with --tls-cert and --tls-key"
+            )
+        elif problem is TLSProblem.NOT_A_CLIENT_PORT:
+            # The words of the Rust client's Error::NotAClientPort.
+            text = (
+                f"the server at {addr} refuses dlock's TLS protocol name ({detail}): it is no dlock client port, "
+                "most likely a cluster node's peer port (its --peer-listen): give a client port instead "
+                "(a node's --listen)"
             )
         else:
             text = (
