@@ -189,60 +189,119 @@ func TestALeaseGrantedAsItsLockIsCancelledIsReleased(t *testing.T) {
 	}
 }
 
+// lateGrant is the stage of the tests below: a key that another client
+// holds, and client c, behind a forwarder the test freezes, about to wait
+// for it with an hour's lease, so that a grant the client loses is
+// unmistakable.
+type lateGrant struct {
+	t     *testing.T
+	ctx   context.Context
+	fw    *forwarder
+	other *Client
+	key   []string
+	held  *Lock
+	c     *Client // the forwarder's connection 0
+}
+
+func newLateGrant(t *testing.T, key string) *lateGrant {
+	s := startServer(t, "")
+	g := &lateGrant{t: t, ctx: testCtx(t), fw: startForwarder(t, s.Addr), key: []string{key}}
+	g.other = connect(t, s.Addr, nil)
+	held, err := g.other.Lock(g.ctx, g.key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.held = held
+	g.c = connect(t, g.fw.Addr, nil)
+	return g
+}
+
+func (g *lateGrant) info() KeyInfo {
+	i, err := g.other.Inspect(g.ctx, g.key)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return i[0]
+}
+
+// lock has c wait for the key with the lease, under ctx: tried on the
+// client's connection, then waiting on a connection of its own.
+func (g *lateGrant) lock(ctx context.Context) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		_, err := g.c.Lock(ctx, g.key, &LockOptions{Lease: time.Hour})
+		errc <- err
+	}()
+	waitFor(g.t, "the Lock waits in line", func() bool { return g.info().Waiters == 1 })
+	return errc
+}
+
+// grant freezes the forwarder and has the holder unlock: the server grants
+// the lease to c's waiting request, and the grant waits in the forwarder.
+func (g *lateGrant) grant() {
+	g.fw.freeze()
+	if err := g.held.Unlock(g.ctx); err != nil {
+		g.t.Fatal(err)
+	}
+	waitFor(g.t, "the grant", func() bool { return g.info().Waiters == 0 })
+	if h := g.info().First(); h == nil || h.Fence <= g.held.Fence() {
+		g.t.Fatalf("after the unlock of fence %d: %+v", g.held.Fence(), h)
+	}
+}
+
+// close starts c.Close (its FIN waits in the forwarder too); the channel
+// is closed when Close returns.
+func (g *lateGrant) close() <-chan struct{} {
+	closed := make(chan struct{})
+	go func() {
+		_ = g.c.Close()
+		close(closed)
+	}()
+	return closed
+}
+
+// thawUntil thaws the forwarder and waits for Close to return.
+func (g *lateGrant) thawUntil(closed <-chan struct{}) {
+	g.fw.thaw()
+	select {
+	case <-closed:
+	case <-time.After(limit):
+		g.t.Fatal("Close did not return")
+	}
+}
+
+// keyFree requires the key free, within a wait far shorter than the lease.
+func (g *lateGrant) keyFree() {
+	l, err := g.other.Lock(g.ctx, g.key, &LockOptions{Wait: 5 * time.Second})
+	if err != nil {
+		g.t.Fatalf("the key: %v (the late lease %+v is still held)", err, g.info().First())
+	}
+	_ = l.Unlock(g.ctx)
+}
+
 // A lease granted as its Lock, waiting on a connection of its own, is
 // cancelled, after the client's connection ended (the Lock's connection
 // outlives it), is released by fence on a connection opened for the Unlock:
 // the key is free long before the lease of an hour could end.
 func TestALeaseGrantedAsItsLockIsCancelledIsReleasedAfterTheClientsConnectionEnded(t *testing.T) {
-	s := startServer(t, "")
-	ctx := testCtx(t)
-	fw := startForwarder(t, s.Addr)
-	other := connect(t, s.Addr, nil)
-	key := []string{"late"}
-	held, err := other.Lock(ctx, key, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info := func() KeyInfo {
-		i, err := other.Inspect(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return i[0]
-	}
-	c := connect(t, fw.Addr, nil) // the forwarder's connection 0
-	wctx, cancel := context.WithCancel(ctx)
+	g := newLateGrant(t, "late")
+	wctx, cancel := context.WithCancel(g.ctx)
 	defer cancel()
-	errc := make(chan error, 1)
-	go func() {
-		// Tried on connection 0, then waits on connection 1.
-		_, err := c.Lock(wctx, key, &LockOptions{Lease: time.Hour})
-		errc <- err
-	}()
-	waitFor(t, "the Lock waits in line", func() bool { return info().Waiters == 1 })
-	fw.reset(0)
+	errc := g.lock(wctx)
+	g.fw.reset(0)
 	select {
-	case <-c.Done():
+	case <-g.c.Done():
 	case <-time.After(limit):
 		t.Fatal("the client's connection did not end")
 	}
-	fw.freeze()
-	if err := held.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// Granted to the waiting Lock; the grant waits in the forwarder.
-	waitFor(t, "the grant", func() bool { return info().Waiters == 0 })
-	granted := info().First()
-	if granted == nil || granted.Fence <= held.Fence() {
-		t.Fatalf("after the unlock of fence %d: %+v", held.Fence(), granted)
-	}
+	g.grant()
 	cancel() // the Lock's connection is half-closed
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the cancelled Lock: %v", err)
 	}
-	fw.thaw()
+	g.fw.thaw()
 	waitFor(t, "the late lease released", func() bool {
-		i, err := other.Inspect(ctx, key)
+		i, err := g.other.Inspect(g.ctx, g.key)
 		return err == nil && i[0].First() == nil
 	})
 }
@@ -251,54 +310,17 @@ func TestALeaseGrantedAsItsLockIsCancelledIsReleasedAfterTheClientsConnectionEnd
 // leaves the cancelled Lock's connection to read the grant, and returns
 // only once the lease was released by fence on a connection opened for it.
 func TestALeaseGrantedAsItsLockIsCancelledIsReleasedBeforeCloseReturns(t *testing.T) {
-	s := startServer(t, "")
-	ctx := testCtx(t)
-	fw := startForwarder(t, s.Addr)
-	other := connect(t, s.Addr, nil)
-	key := []string{"late-close"}
-	held, err := other.Lock(ctx, key, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info := func() KeyInfo {
-		i, err := other.Inspect(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return i[0]
-	}
-	c := connect(t, fw.Addr, nil) // the forwarder's connection 0
-	wctx, cancel := context.WithCancel(ctx)
+	g := newLateGrant(t, "late-close")
+	wctx, cancel := context.WithCancel(g.ctx)
 	defer cancel()
-	errc := make(chan error, 1)
-	go func() {
-		// Tried on connection 0, then waits on connection 1.
-		_, err := c.Lock(wctx, key, &LockOptions{Lease: time.Hour})
-		errc <- err
-	}()
-	waitFor(t, "the Lock waits in line", func() bool { return info().Waiters == 1 })
-	fw.freeze()
-	if err := held.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// Granted to the waiting Lock; the grant waits in the forwarder.
-	waitFor(t, "the grant", func() bool { return info().Waiters == 0 })
+	errc := g.lock(wctx)
+	g.grant()
 	cancel() // the Lock's connection is half-closed (the FIN waits in the forwarder too)
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the cancelled Lock: %v", err)
 	}
-	closed := make(chan struct{})
-	go func() {
-		_ = c.Close()
-		close(closed)
-	}()
-	fw.thaw()
-	select {
-	case <-closed:
-	case <-time.After(limit):
-		t.Fatal("Close did not return")
-	}
-	if h := info().First(); h != nil {
+	g.thawUntil(g.close())
+	if h := g.info().First(); h != nil {
 		t.Fatalf("the late lease is still held after Close returned: %+v", h)
 	}
 }
@@ -308,58 +330,15 @@ func TestALeaseGrantedAsItsLockIsCancelledIsReleasedBeforeCloseReturns(t *testin
 // half-closes the waiting Lock's connection and reads on, as a cancel does,
 // and the Lock fails as before, with the client's connection lost.
 func TestALeaseGrantedAsItsClientIsClosedIsReleasedBeforeCloseReturns(t *testing.T) {
-	s := startServer(t, "")
-	ctx := testCtx(t)
-	fw := startForwarder(t, s.Addr)
-	other := connect(t, s.Addr, nil)
-	key := []string{"late-close-waiting"}
-	held, err := other.Lock(ctx, key, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info := func() KeyInfo {
-		i, err := other.Inspect(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return i[0]
-	}
-	c := connect(t, fw.Addr, nil) // the forwarder's connection 0
-	errc := make(chan error, 1)
-	go func() {
-		// Tried on connection 0, then waits on connection 1.
-		_, err := c.Lock(ctx, key, &LockOptions{Lease: time.Hour})
-		errc <- err
-	}()
-	waitFor(t, "the Lock waits in line", func() bool { return info().Waiters == 1 })
-	fw.freeze()
-	if err := held.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// Granted to the waiting Lock; the grant waits in the forwarder.
-	waitFor(t, "the grant", func() bool { return info().Waiters == 0 })
-	if g := info().First(); g == nil || g.Fence <= held.Fence() {
-		t.Fatalf("after the unlock of fence %d: %+v", held.Fence(), g)
-	}
-	closed := make(chan struct{})
-	go func() {
-		_ = c.Close() // the FIN waits in the forwarder too
-		close(closed)
-	}()
+	g := newLateGrant(t, "late-close-waiting")
+	errc := g.lock(g.ctx)
+	g.grant()
+	closed := g.close()
 	if err := <-errc; !errors.Is(err, ErrConnectionLost) {
 		t.Fatalf("the Lock waiting as its Client is closed: %v, want ErrConnectionLost", err)
 	}
-	fw.thaw()
-	select {
-	case <-closed:
-	case <-time.After(limit):
-		t.Fatal("Close did not return")
-	}
-	l, err := other.Lock(ctx, key, &LockOptions{Wait: 5 * time.Second})
-	if err != nil {
-		t.Fatalf("the key after Close returned: %v (the late lease %+v is still held)", err, info().First())
-	}
-	_ = l.Unlock(ctx)
+	g.thawUntil(closed)
+	g.keyFree()
 }
 
 // A lease granted to a Wait that still waits on the client's connection as
@@ -368,30 +347,15 @@ func TestALeaseGrantedAsItsClientIsClosedIsReleasedBeforeCloseReturns(t *testing
 // as it does a waiting Lock's own, and the Wait fails as before, with the
 // client's connection lost.
 func TestALeaseGrantedOnTheClientsConnectionAsItIsClosedIsReleasedBeforeCloseReturns(t *testing.T) {
-	s := startServer(t, "")
-	ctx := testCtx(t)
-	fw := startForwarder(t, s.Addr)
-	other := connect(t, s.Addr, nil)
-	key := []string{"late-close-shared"}
-	held, err := other.Lock(ctx, key, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info := func() KeyInfo {
-		i, err := other.Inspect(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return i[0]
-	}
-	c := connect(t, fw.Addr, nil) // the forwarder's connection 0
-	_, q, err := c.Enqueue(ctx, key, &LockOptions{Lease: time.Hour})
+	g := newLateGrant(t, "late-close-shared")
+	c := g.c
+	_, q, err := c.Enqueue(g.ctx, g.key, &LockOptions{Lease: time.Hour})
 	if err != nil || q == nil || q.ln != c.l {
 		t.Fatalf("Enqueue: %v, %+v: want queued on the client's connection", err, q)
 	}
 	errc := make(chan error, 1)
 	go func() {
-		_, err := q.Wait(ctx)
+		_, err := q.Wait(g.ctx)
 		errc <- err
 	}()
 	waitFor(t, "the Wait is sent", func() bool {
@@ -404,33 +368,13 @@ func TestALeaseGrantedOnTheClientsConnectionAsItIsClosedIsReleasedBeforeCloseRet
 		}
 		return false
 	})
-	fw.freeze()
-	if err := held.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
 	// Granted to the queued request; the answer to its Wait waits in the
 	// forwarder.
-	waitFor(t, "the grant", func() bool { return info().Waiters == 0 })
-	if g := info().First(); g == nil || g.Fence <= held.Fence() {
-		t.Fatalf("after the unlock of fence %d: %+v", held.Fence(), g)
-	}
-	closed := make(chan struct{})
-	go func() {
-		_ = c.Close() // the FIN waits in the forwarder too
-		close(closed)
-	}()
+	g.grant()
+	closed := g.close()
 	if err := <-errc; !errors.Is(err, ErrConnectionLost) {
 		t.Fatalf("the Wait waiting as its Client is closed: %v, want ErrConnectionLost", err)
 	}
-	fw.thaw()
-	select {
-	case <-closed:
-	case <-time.After(limit):
-		t.Fatal("Close did not return")
-	}
-	l, err := other.Lock(ctx, key, &LockOptions{Wait: 5 * time.Second})
-	if err != nil {
-		t.Fatalf("the key after Close returned: %v (the late lease %+v is still held)", err, info().First())
-	}
-	_ = l.Unlock(ctx)
+	g.thawUntil(closed)
+	g.keyFree()
 }
