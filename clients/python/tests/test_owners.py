@@ -227,6 +227,34 @@ async def _waiters(client: dlock.aio.Client, key: str, n: int) -> None:
         await asyncio.sleep(0.005)
 
 
+async def _grant_in_proxy(proxy: FreezableProxy, other: dlock.aio.Client, held: Any, key: str) -> int:
+    """Freezes `proxy` and has `other` let go of `key`: the server grants
+    the lease waiting for it behind the proxy, and the grant waits there.
+    Returns its fence."""
+    proxy.freeze(settle=True)
+    await held.unlock()
+    await _waiters(other, key, 0)
+    granted = (await other.inspect(key))[0].fence
+    assert granted > held.fence
+    return granted
+
+
+async def _closed_with_a_grant_held(client: dlock.aio.Client, proxy: FreezableProxy, waiting: Any, key: str,
+                                    other: dlock.aio.Client) -> None:
+    """Closes `client` with a grant held in the frozen `proxy`: what waits
+    (`waiting`) fails as before (ConnectionLost), and once close() returns
+    the late lease was released, so `other` takes `key` within a wait far
+    shorter than the lease."""
+    closing = asyncio.ensure_future(client.close())
+    await asyncio.sleep(0)  # close() has ended what it ends (the FIN waits in the proxy)
+    with pytest.raises(dlock.ConnectionLost):
+        await asyncio.wait_for(waiting, LIMIT)
+    proxy.thaw()
+    await asyncio.wait_for(closing, LIMIT)
+    lock = await other.lock(key, wait=5)  # Timeout while the late lease holds the key
+    await lock.unlock()
+
+
 def test_a_second_task_of_one_client_queues_behind_the_first_in_fifo_order(server):
     async def body():
         async with dlock.aio.connect(server.addr) as client:
@@ -445,11 +473,7 @@ def test_a_lease_granted_as_its_lock_is_cancelled_is_released_after_the_clients_
                 await _waiters(other, "late", 1)
                 proxy.reset(0)
                 await asyncio.wait_for(client.closed.wait(), LIMIT)
-                proxy.freeze(settle=True)
-                await held.unlock()  # granted to the waiting Lock; the grant waits in the proxy
-                await _waiters(other, "late", 0)
-                granted = (await other.inspect("late"))[0].fence
-                assert granted > held.fence
+                granted = await _grant_in_proxy(proxy, other, held, "late")
                 waiting.cancel()
                 await asyncio.sleep(0)  # the cancel half-closes connection 1
                 proxy.thaw()
@@ -482,9 +506,7 @@ def test_a_lease_granted_as_its_lock_is_cancelled_is_released_before_close_retur
             client = await dlock.aio.connect(proxy.addr)  # the proxy's connection 0
             waiting = asyncio.ensure_future(client.lock("late-close", lease=3600))  # tried on 0, waits on 1
             await _waiters(other, "late-close", 1)
-            proxy.freeze(settle=True)
-            await held.unlock()  # granted to the waiting Lock; the grant waits in the proxy
-            await _waiters(other, "late-close", 0)
+            await _grant_in_proxy(proxy, other, held, "late-close")
             waiting.cancel()
             await asyncio.sleep(0)  # the cancel half-closes connection 1 (the FIN waits in the proxy)
             closing = asyncio.ensure_future(client.close())
@@ -547,19 +569,8 @@ def test_a_lease_granted_as_its_client_is_closed_is_released_before_close_return
             client = await dlock.aio.connect(proxy.addr)  # the proxy's connection 0
             waiting = asyncio.ensure_future(client.lock("late-close-waiting", lease=3600))  # tried on 0, waits on 1
             await _waiters(other, "late-close-waiting", 1)
-            proxy.freeze(settle=True)
-            await held.unlock()  # granted to the waiting Lock; the grant waits in the proxy
-            await _waiters(other, "late-close-waiting", 0)
-            assert (await other.inspect("late-close-waiting"))[0].fence > held.fence
-            closing = asyncio.ensure_future(client.close())
-            await asyncio.sleep(0)  # close() has ended what it ends (the FIN waits in the proxy)
-            with pytest.raises(dlock.ConnectionLost):
-                await asyncio.wait_for(waiting, LIMIT)
-            proxy.thaw()
-            await asyncio.wait_for(closing, LIMIT)
-            # Timeout while the late lease holds the key.
-            lock = await other.lock("late-close-waiting", wait=5)
-            await lock.unlock()
+            await _grant_in_proxy(proxy, other, held, "late-close-waiting")
+            await _closed_with_a_grant_held(client, proxy, waiting, "late-close-waiting", other)
 
     try:
         run(body())
@@ -583,19 +594,9 @@ def test_a_lease_granted_on_the_clients_connection_as_it_is_closed_is_released_b
             assert isinstance(queued, dlock.aio.Queued) and queued._client is client
             waiting = asyncio.ensure_future(queued.wait())  # on connection 0
             await asyncio.sleep(0)  # the Wait is written
-            proxy.freeze(settle=True)
-            await held.unlock()  # granted to the queued request; the answer to its Wait waits in the proxy
-            await _waiters(other, "late-close-shared", 0)
-            assert (await other.inspect("late-close-shared"))[0].fence > held.fence
-            closing = asyncio.ensure_future(client.close())
-            await asyncio.sleep(0)  # close() has ended what it ends (the FIN waits in the proxy)
-            with pytest.raises(dlock.ConnectionLost):
-                await asyncio.wait_for(waiting, LIMIT)
-            proxy.thaw()
-            await asyncio.wait_for(closing, LIMIT)
-            # Timeout while the late lease holds the key.
-            lock = await other.lock("late-close-shared", wait=5)
-            await lock.unlock()
+            # The answer to its Wait waits in the proxy.
+            await _grant_in_proxy(proxy, other, held, "late-close-shared")
+            await _closed_with_a_grant_held(client, proxy, waiting, "late-close-shared", other)
 
     try:
         run(body())
