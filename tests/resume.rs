@@ -84,8 +84,10 @@ async fn a_resume_attempt_given_up_resets_its_connection_and_the_next_resumes() 
     assert!(!client.is_closed());
 }
 
-#[tokio::test]
-async fn a_lease_granted_after_the_node_read_the_close_is_released_on_a_session_of_its_own() {
+/// A fake node and a client connected to it with a session: the node, the
+/// client and the client's own connection (kept open: its close would end
+/// the session).
+async fn connected() -> (fake_node::FakeNode, Client, tokio::net::TcpStream) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("address").to_string();
     let mut node = fake_node::start(listener, TTL, Probe::Answer);
@@ -93,6 +95,12 @@ async fn a_lease_granted_after_the_node_read_the_close_is_released_on_a_session_
     let (mut main, open) = next_session(&mut node).await;
     answer(&mut main, session_opened(&open, TTL)).await;
     let client = connecting.await.expect("task").expect("connected");
+    (node, client, main)
+}
+
+#[tokio::test]
+async fn a_lease_granted_after_the_node_read_the_close_is_released_on_a_session_of_its_own() {
+    let (mut node, client, _main) = connected().await;
 
     let hour = LockOptions::new().lease(Duration::from_secs(3600));
     let waiting = tokio::spawn({
@@ -159,13 +167,7 @@ async fn a_lease_granted_after_the_node_read_the_close_is_released_on_a_session_
 
 #[tokio::test]
 async fn a_leases_unlock_is_sent_again_by_fence_when_its_session_ends_while_moving() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("address").to_string();
-    let mut node = fake_node::start(listener, TTL, Probe::Answer);
-    let connecting = tokio::spawn(Client::connect(addr));
-    let (mut main, open) = next_session(&mut node).await;
-    answer(&mut main, session_opened(&open, TTL)).await;
-    let client = connecting.await.expect("task").expect("connected");
+    let (mut node, client, _main) = connected().await;
 
     // The lease, taken on a connection (a session) of its own.
     let locking = {

@@ -248,6 +248,16 @@ func tlsListener(t *testing.T, certFile, keyFile string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	serveEach(t, ln, func(conn net.Conn) {
+		_ = conn.(*tls.Conn).Handshake()
+		_ = conn.Close()
+	})
+	return ln.Addr().String()
+}
+
+// serveEach hands every connection ln accepts to serve, on a goroutine of
+// its own, until the test ends and closes ln.
+func serveEach(t *testing.T, ln net.Listener, serve func(net.Conn)) {
 	t.Cleanup(func() { _ = ln.Close() })
 	go func() {
 		for {
@@ -255,13 +265,9 @@ func tlsListener(t *testing.T, certFile, keyFile string) string {
 			if err != nil {
 				return
 			}
-			go func() {
-				_ = conn.(*tls.Conn).Handshake()
-				_ = conn.Close()
-			}()
+			go serve(conn)
 		}
 	}()
-	return ln.Addr().String()
 }
 
 // A connection closed unanswered, or refused, is no sign of TLS: no guess
@@ -271,16 +277,7 @@ func TestNoTLSGuessWhereTLSIsNotTheCause(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = conn.Close()
-		}
-	}()
+	serveEach(t, ln, func(conn net.Conn) { _ = conn.Close() })
 	t.Setenv("DLOCK_TLS_CA", "")
 	for _, addr := range []string{ln.Addr().String(), closedPort(t)} {
 		_, err := Connect(testCtx(t), addr, &Options{ConnectTimeout: 2 * time.Second})
