@@ -159,14 +159,14 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
                             text.push('\n');
                             text.push_str(&nodes_table(&nodes));
                         }
-                        crate::stdout::print(&text)?;
+                        crate::stdout::print(text)?;
                     }
                     crate::cli::Output::Json => {
                         let mut v = status_json(info);
                         if !nodes.is_empty() {
                             v["nodes"] = nodes_json(&nodes);
                         }
-                        crate::stdout::print(&format!("{v}\n"))?;
+                        crate::stdout::print(format!("{v}\n"))?;
                     }
                 }
                 return Ok(());

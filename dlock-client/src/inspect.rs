@@ -25,14 +25,14 @@ pub async fn run(args: &Args, options: ClientOptions, keys: Vec<String>) -> Resu
                 "waiting_requests": stats.waiting_requests,
             });
             out["leader"] = json!(leader);
-            crate::stdout::print(&format!("{out}\n"))?;
+            crate::stdout::print(format!("{out}\n"))?;
             return Ok(0);
         }
         let at = match client.session() {
             None => format!("server       {}", args.server),
             Some(_) => format!("leader       {}", client.addr()),
         };
-        crate::stdout::print(&format!(
+        crate::stdout::print(format!(
             "{at}\nconnections  {}\nheld keys    {}\nwaiting      {}\n",
             stats.connections, stats.held_keys, stats.waiting_requests
         ))?;
@@ -41,7 +41,7 @@ pub async fn run(args: &Args, options: ClientOptions, keys: Vec<String>) -> Resu
     let infos = client.inspect(keys).await.map_err(failed)?;
     if args.output == Output::Json {
         let v = json!({ "leader": leader, "keys": key_states(&infos) });
-        crate::stdout::print(&format!("{v}\n"))?;
+        crate::stdout::print(format!("{v}\n"))?;
         return Ok(0);
     }
     let mut text = String::new();
@@ -49,7 +49,7 @@ pub async fn run(args: &Args, options: ClientOptions, keys: Vec<String>) -> Resu
         text = format!("leader {}\n", client.addr());
     }
     text.push_str(&table(&infos));
-    crate::stdout::print(&text)?;
+    crate::stdout::print(text)?;
     Ok(0)
 }
 

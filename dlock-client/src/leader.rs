@@ -55,7 +55,7 @@ pub async fn run(l: LeaderArgs) -> Result<u8, Failure> {
     let election = Election::new(&client, args.keys[0].as_str());
     if !l.watch {
         let leader = election.leader().await.map_err(failed)?;
-        crate::stdout::print(&format!("{}\n", report(args.output, leader.as_ref())))?;
+        crate::stdout::print(format!("{}\n", report(args.output, leader.as_ref())))?;
         return Ok(if leader.is_some() {
             0
         } else {
@@ -67,7 +67,7 @@ pub async fn run(l: LeaderArgs) -> Result<u8, Failure> {
         .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot watch for SIGTERM: {e}")))?;
     loop {
         let line = report(args.output, changes.borrow_and_update().as_ref());
-        crate::stdout::print(&format!("{line}\n"))?;
+        crate::stdout::print(format!("{line}\n"))?;
         tokio::select! {
             changed = changes.changed() => {
                 if changed.is_err() {

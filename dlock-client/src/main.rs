@@ -80,7 +80,7 @@ fn command_tree() -> clap::Command {
 /// Writes generated text (completions, the man page) to stdout. A reader
 /// that stops early (`dlock --man | head`) is not an error, as for cat.
 fn print_generated(text: &[u8], what: &str) -> ExitCode {
-    match stdout::print(&String::from_utf8_lossy(text)) {
+    match stdout::print(text) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) if f.message.is_empty() => ExitCode::from(f.code),
         Err(f) => {

@@ -551,7 +551,7 @@ async fn ping(args: &Args, options: ClientOptions) -> Result<u8, Failure> {
         .await
         .map_err(|e| exit::from_client_error(e, &args.server))?;
     let ms = rtt.as_secs_f64() * 1e3;
-    crate::stdout::print(&match client.session() {
+    crate::stdout::print(match client.session() {
         None => format!("{} ok {ms:.3} ms\n", args.server),
         Some(_) => format!("{} ok {ms:.3} ms (cluster leader)\n", client.addr()),
     })?;

@@ -15,9 +15,9 @@ use std::io::Write;
 /// A quiet [`Failure`] with exit code 0 when the reader has gone: there is
 /// nobody left to report to, so the command ends. A failure with
 /// [`exit::SOFTWARE`] when the write failed otherwise.
-pub fn print(text: &str) -> Result<(), Failure> {
+pub fn print(text: impl AsRef<[u8]>) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+    match out.write_all(text.as_ref()).and_then(|()| out.flush()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Failure::new(0, "")),
         Err(e) => Err(Failure::new(
