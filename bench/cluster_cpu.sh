@@ -7,6 +7,9 @@
 # committed entries/s where the workload reports them (idle-sessions), the
 # leader's and the followers' (mean) share of one core, and per operation
 # the three nodes' CPU time (summed) and context switches (every thread).
+# With SYSCALLS=1 (needs perf and its syscalls tracepoints), also the three
+# nodes' pwrite64 and fdatasync calls per operation, counted by `perf stat`
+# over the same seconds.
 #
 # Usage: bench/cluster_cpu.sh BEFORE/dlock-server AFTER/dlock-server [ROUNDS] [SECONDS] [WORKLOAD...]
 #   e.g. bench/cluster_cpu.sh old/dlock-server new/dlock-server 2 20 idle-sessions -c 10000
@@ -43,7 +46,12 @@ PEER=(127.0.0.1:17711 127.0.0.1:17712 127.0.0.1:17713)
 MEMBERS="1=${CLIENT[0]}@${PEER[0]},2=${CLIENT[1]}@${PEER[1]},3=${CLIENT[2]}@${PEER[2]}"
 ALL=$(IFS=,; echo "${CLIENT[*]}")
 
-printf '%-6s %-7s %12s %10s %10s %17s %8s %8s\n' round build "ops/s" "entries/s" "leader %" "follower % (mean)" "us/op" "cs/op"
+SYSCALLS=${SYSCALLS:-0}
+if [[ $SYSCALLS == 1 ]]; then
+  printf '%-6s %-7s %12s %10s %10s %17s %8s %8s %10s %10s\n' round build "ops/s" "entries/s" "leader %" "follower % (mean)" "us/op" "cs/op" "pwrite/op" "fsync/op"
+else
+  printf '%-6s %-7s %12s %10s %10s %17s %8s %8s\n' round build "ops/s" "entries/s" "leader %" "follower % (mean)" "us/op" "cs/op"
+fi
 for round in $(seq "$ROUNDS"); do
   for which in before after; do
     bin=$BEFORE; [[ $which == after ]] && bin=$AFTER
@@ -74,14 +82,26 @@ print(next((m["client_addr"] for m in v["members"] if m["node_id"] == v["leader_
     # rides out.
     "$BENCH" --server "$leader" --duration 2s lock-unlock -c 4 >/dev/null 2>&1 || true
     before_cpu=$(proc_cpu_each "${PIDS[@]}") before_cs=$(proc_switches "${PIDS[@]}")
+    perf_pid=""
+    if [[ $SYSCALLS == 1 ]]; then
+      # Bounded by its own timer, a little past the load's end.
+      perf stat -x, -e syscalls:sys_enter_pwrite64,syscalls:sys_enter_fdatasync \
+        -p "$(IFS=,; echo "${PIDS[*]}")" -o "$TMP/perf" -- sleep "$SECS" 2>/dev/null &
+      perf_pid=$!
+    fi
     t0=$(date +%s.%N)
     "$BENCH" --server "$leader" --duration "${SECS}s" --json "${WORKLOAD[@]}" >"$TMP/run.json"
     t1=$(date +%s.%N)
+    calls="- -"
+    if [[ -n $perf_pid ]]; then
+      wait "$perf_pid" || true
+      calls=$(awk -F, '/pwrite64/ {p=$1} /fdatasync/ {f=$1} END {print p+0, f+0}' "$TMP/perf")
+    fi
     after_cpu=$(proc_cpu_each "${PIDS[@]}") after_cs=$(proc_switches "${PIDS[@]}")
     python3 - "$round" "$which" "$TMP/run.json" "$t0" "$t1" "$before_cpu" "$after_cpu" \
-      "${PIDS[*]}" "$lead_pid" "$((after_cs - before_cs))" <<'PY'
+      "${PIDS[*]}" "$lead_pid" "$((after_cs - before_cs))" "$calls" <<'PY'
 import json, sys
-rnd, which, path, t0, t1, b, a, pids, lead, cs = sys.argv[1:]
+rnd, which, path, t0, t1, b, a, pids, lead, cs, calls = sys.argv[1:]
 wall = float(t1) - float(t0)
 used = [(float(y) - float(x)) / wall * 100 for x, y in zip(b.split(), a.split())]
 pids = pids.split()
@@ -93,7 +113,12 @@ leader = [u for p, u in zip(pids, used) if p == lead]
 followers = [u for p, u in zip(pids, used) if p != lead]
 ops = max(r.get("ops") or 0, 1)
 cpu = sum(float(y) - float(x) for x, y in zip(b.split(), a.split()))
-print(f"{rnd:<6} {which:<7} {rate:>12.0f} {entries:>10} {leader[0]:>10.1f} {sum(followers)/len(followers):>17.1f} {cpu / ops * 1e6:>8.1f} {int(cs) / ops:>8.2f}")
+line = f"{rnd:<6} {which:<7} {rate:>12.0f} {entries:>10} {leader[0]:>10.1f} {sum(followers)/len(followers):>17.1f} {cpu / ops * 1e6:>8.1f} {int(cs) / ops:>8.2f}"
+if calls != "- -":
+    # Counted over SECS started just before the load's own SECS.
+    pw, fs = (float(c) for c in calls.split())
+    line += f" {pw / ops:>10.2f} {fs / ops:>10.2f}"
+print(line)
 PY
     stop
   done

@@ -176,12 +176,19 @@ impl Disk {
             tracing::error!(error = %e, "cannot write to the raft log");
         }
     }
+
+    /// Whether a sync mark is due and not written yet.
+    #[cfg(test)]
+    pub(crate) fn mark_due(&self) -> bool {
+        self.wal.mark_due()
+    }
 }
 
 impl Drop for Disk {
     fn drop(&mut self) {
-        // Closing: what no append carried yet is written now.
+        // Closing: what no write carried yet is written now.
         self.committed();
+        self.idle();
     }
 }
 

@@ -178,6 +178,12 @@ impl Wal {
         result
     }
 
+    /// Whether a sync mark is due and not written yet.
+    #[cfg(test)]
+    pub(crate) fn mark_due(&self) -> bool {
+        self.synced > self.marked
+    }
+
     /// Makes everything written durable.
     ///
     /// # Errors
