@@ -224,7 +224,10 @@ impl Client {
     /// let go of it, before this call or by it) has ended and each grant it
     /// read was released, or after 10 s (the limit of the drain and its
     /// release together, as in the Python, Go and TypeScript clients); it
-    /// returns at once when there is nothing to wait for.
+    /// returns at once when there is nothing to wait for. So too for a
+    /// [`LockGuard`](crate::LockGuard) of a lease dropped without
+    /// `unlock`: `close` waits for its Unlock's answer and, if its
+    /// connection had ended, for its release by fence on a new one.
     ///
     /// Only this handle goes. Other clones, the guards of locks taken with
     /// it (each holds a `Client`) and Locks still waiting in other tasks
@@ -425,11 +428,25 @@ impl Client {
         self.inner.call_releasing(kind, body, release).await
     }
 
-    /// Sends a request without waiting for its answer; used where waiting is
-    /// impossible (a guard being dropped). Best effort: on a lost connection
-    /// the server has released connection-bound locks anyway.
-    pub(crate) fn send_detached(&self, kind: RequestType, body: RequestLock) {
-        self.inner.send_detached(kind, body);
+    /// Sends the Unlock of `keys` held under `fence` without waiting for
+    /// its answer: a guard being dropped, where waiting is impossible. A
+    /// lock without a lease ends with the connection anyway, so on a lost
+    /// connection nothing more is needed. One that `may_be_lease` outlives
+    /// it: if the connection (on a cluster, its session) has ended or ends
+    /// before the answer, the Unlock is sent again by fence on a connection
+    /// opened for it, within 10 s, in a task of the current runtime that
+    /// [`Client::close`] waits for.
+    pub(crate) fn unlock_detached(&self, keys: Vec<String>, fence: u64, may_be_lease: bool) {
+        if may_be_lease {
+            self.inner.release_detached(keys, fence);
+            return;
+        }
+        let body = RequestLock {
+            keys,
+            fence,
+            ..RequestLock::default()
+        };
+        self.inner.send_detached(RequestType::Unlock, body);
     }
 
     /// An error if this client's connection has ended.

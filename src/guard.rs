@@ -33,6 +33,16 @@ pub struct LockParts {
 /// background without blocking; [`LockGuard::unlock`] releases them and
 /// reports the outcome.
 ///
+/// A lock without a lease ends with its connection, so a dropped guard
+/// whose connection has ended needs nothing more. A lease outlives it: if
+/// the lock may be one (taken with a lease, or renewed) and its connection
+/// (on a cluster, its session) has ended, or ends before the Unlock is
+/// answered, the Unlock is sent again by fence on a new connection, within
+/// 10 s, as [`LockGuard::unlock`] does. That runs in a task of the tokio
+/// runtime the guard is dropped on, which [`Client::close`] waits for
+/// before the program exits; a guard dropped outside any runtime can only
+/// send its Unlock on its own connection, and a lease it misses runs out.
+///
 /// Every guard has a *safety deadline* (see [`crate::safety`]): the latest
 /// moment the lock is certainly still held, judged from this side alone.
 /// [`LockGuard::lost`] resolves a safety margin before it unless an answer
@@ -446,13 +456,13 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
-        let body = RequestLock {
-            keys: std::mem::take(&mut self.keys),
-            fence: self.fence,
-            ..RequestLock::default()
-        };
+        // A lease outlives its connection: if that has ended (on a cluster,
+        // its session), or ends before the answer, the Unlock goes again
+        // by fence on a new connection, as `unlock` sends it again.
+        let may_be_lease = self.may_be_lease();
+        let keys = std::mem::take(&mut self.keys);
         let client = self.client.get_mut().unwrap_or_else(|p| p.into_inner());
-        client.send_detached(RequestType::Unlock, body);
+        client.unlock_detached(keys, self.fence, may_be_lease);
         if self.own_connection {
             // The Unlock goes first on the connection: a later Lock on it
             // finds the keys released.

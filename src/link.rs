@@ -65,6 +65,10 @@ pub(crate) struct Link {
     /// handle goes (see `Drop`).
     drains: Drains,
     closing: Option<oneshot::Sender<TaskTrackerToken>>,
+    /// Where a lease whose Unlock this link could not deliver is released
+    /// on a link opened for it (`release.rs`).
+    dial: Arc<Dial>,
+    watches: Arc<Watches>,
 }
 
 impl Drop for Link {
@@ -123,7 +127,7 @@ impl Link {
         let (closing, closed) = oneshot::channel();
         let driver = Driver {
             dial: dial.clone(),
-            watches,
+            watches: watches.clone(),
             drains: drains.clone(),
             _closing: closed,
             addr: addr.clone(),
@@ -158,6 +162,8 @@ impl Link {
             session,
             drains,
             closing: Some(closing),
+            dial,
+            watches,
         })
     }
 }

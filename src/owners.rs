@@ -64,7 +64,8 @@ impl Conn {
 
     /// Sends a request without waiting for its answer; used where waiting is
     /// impossible (a guard being dropped). Best effort: on a lost connection
-    /// the server has released connection-bound locks anyway.
+    /// the server has released connection-bound locks anyway (a lease's
+    /// Unlock goes through [`Conn::release_detached`] instead).
     pub(crate) fn send_detached(&self, kind: RequestType, body: RequestLock) {
         if self.is_closed() {
             return;
@@ -83,6 +84,15 @@ impl Conn {
                 });
             }
         }
+    }
+
+    /// Sends the Unlock of `keys` held under `fence` by a lock that may be
+    /// a lease without waiting for its answer (a guard being dropped), and
+    /// sends it again by fence on a connection opened for it if this one
+    /// ended before the answer: a lease outlives its connection.
+    pub(crate) fn release_detached(&self, keys: Vec<String>, fence: u64) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.link.release_detached(id, keys, fence);
     }
 
     fn request(&self, kind: RequestType, body: RequestLock) -> Request {

@@ -445,7 +445,7 @@ async fn free_soon(server: &TestServer, key: &str) {
     let other = client(server).await;
     match other.lock([key], LockOptions::new().wait(PATIENCE)).await {
         Ok(g) => g.unlock().await.unwrap(),
-        Err(e) => panic!("the grant that crossed the close was lost, {key} stays held: {e}"),
+        Err(e) => panic!("the hour's lease was not released, {key} stays held: {e}"),
     }
 }
 
@@ -510,4 +510,73 @@ async fn close_returns_once_a_lease_granted_as_its_lock_was_given_up_is_released
         .await
         .unwrap();
     free_soon(&server, "closed").await;
+}
+
+/// Cuts the connection of `guard` (taken through `proxy`) and waits until
+/// the guard's side has seen it end; then lets new connections through
+/// again, the one a release by fence needs. The server keeps a lease.
+async fn cut_off(guard: &dlock::LockGuard, proxy: &FreezableProxy) {
+    proxy.sever();
+    tokio::time::timeout(PATIENCE, guard.client().closed())
+        .await
+        .expect("the guard's connection ends");
+    proxy.heal();
+}
+
+#[tokio::test]
+async fn a_dropped_lease_guard_whose_connection_ended_is_released_by_fence() {
+    let server = TestServer::start(Config::default()).await;
+    let proxy = FreezableProxy::start(server.addr).await;
+    let holder = Client::connect(proxy.addr_string()).await.unwrap();
+    let guard = holder
+        .lock(["cut"], LockOptions::new().lease(HOUR))
+        .await
+        .unwrap();
+    cut_off(&guard, &proxy).await;
+    // Its Unlock has no connection to go on; the lease would run an hour.
+    drop(guard);
+    free_soon(&server, "cut").await;
+}
+
+/// As a program that drops a lease's guard whose connection ended and
+/// exits: the holder runs on a runtime of its own, which ends as soon as
+/// `close` returns, so the release must be done by then.
+#[tokio::test]
+async fn close_returns_once_a_dropped_lease_guard_is_released_by_fence() {
+    let server = TestServer::start(Config::default()).await;
+    let proxy = FreezableProxy::start(server.addr).await;
+    let own = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let holder = own
+        .spawn(Client::connect(proxy.addr_string()))
+        .await
+        .unwrap()
+        .unwrap();
+    let guard = own
+        .spawn({
+            let holder = holder.clone();
+            async move { holder.lock(["exit"], LockOptions::new().lease(HOUR)).await }
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    cut_off(&guard, &proxy).await;
+    own.spawn(async move {
+        drop(guard);
+        holder.close().await;
+    })
+    .await
+    .unwrap();
+    tokio::task::spawn_blocking(move || drop(own))
+        .await
+        .unwrap();
+    // Nothing of the holder runs any more.
+    let other = client(&server).await;
+    match other.lock(["exit"], LockOptions::new().no_wait()).await {
+        Ok(g) => g.unlock().await.unwrap(),
+        Err(e) => panic!("close returned before the dropped lease was released: {e}"),
+    }
 }

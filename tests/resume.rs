@@ -14,7 +14,8 @@
 //! A lease outlives its session: its Unlock, which the session could not
 //! have answered because the session ended while it moved between nodes,
 //! is sent again by fence on a new connection, and `unlock` reports that it
-//! went through.
+//! went through; the Unlock of a dropped guard is sent again in the same
+//! way, and `Client::close` waits for it.
 
 mod fake_node;
 
@@ -215,6 +216,67 @@ async fn a_leases_unlock_is_sent_again_by_fence_when_its_session_ends_while_movi
     );
     answer(&mut again, ok(&unlock)).await;
     unlocking.await.expect("task").expect("the lease released");
+}
+
+#[tokio::test]
+async fn a_dropped_lease_guards_unlock_is_sent_again_by_fence_when_its_session_ends_while_moving() {
+    let (mut node, client, _main) = connected().await;
+
+    let locking = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .lock(
+                    "dropped",
+                    LockOptions::new().lease(Duration::from_secs(3600)),
+                )
+                .await
+        })
+    };
+    let (mut own, open) = next_session(&mut node).await;
+    answer(&mut own, session_opened(&open, TTL)).await;
+    let lock = read_request(&mut own).await.expect("the Lock");
+    assert_eq!(lock.r#type(), RequestType::Lock);
+    answer(&mut own, granted(&lock)).await;
+    let guard = locking.await.expect("task").expect("locked");
+
+    // The path breaks; the guard is dropped while its session moves, and
+    // the node tried says the session has ended: the Unlock queued on it
+    // is never sent.
+    socket2::SockRef::from(&own)
+        .set_linger(Some(Duration::ZERO))
+        .expect("linger 0");
+    drop(own);
+    let (mut resume, open) = next_session(&mut node).await;
+    assert_eq!(open.session, SESSION, "a resume of the session");
+    drop(guard);
+    let mut closing = tokio::spawn(client.close());
+    answer(&mut resume, unknown_session(&open)).await;
+
+    // The Unlock comes again, by fence, on a new session, and close waits
+    // for it.
+    let (mut again, open) = tokio::select! {
+        s = next_session(&mut node) => s,
+        r = &mut closing => panic!("close returned without sending the Unlock again: {r:?}"),
+    };
+    assert_eq!(open.session, 0, "a new session");
+    answer(&mut again, session_opened(&open, TTL)).await;
+    let unlock = tokio::select! {
+        r = read_request(&mut again) => r.expect("the Unlock"),
+        r = &mut closing => panic!("close returned before the Unlock was sent again: {r:?}"),
+    };
+    assert_eq!(unlock.r#type(), RequestType::Unlock);
+    let body = unlock.lock.clone().unwrap_or_default();
+    assert_eq!(
+        (body.keys.as_slice(), body.fence),
+        (&["dropped".to_string()][..], LEASE_FENCE)
+    );
+    assert!(!closing.is_finished(), "close returned before the answer");
+    answer(&mut again, ok(&unlock)).await;
+    tokio::time::timeout(PATIENCE, closing)
+        .await
+        .expect("close returns once the lease is released")
+        .expect("task");
 }
 
 fn granted(req: &Request) -> Response {

@@ -2,8 +2,10 @@
 //! a link whose last handle went (its half-close and, with a Lock, an
 //! Enqueue or a Wait unanswered, the reading on for a grant that crossed
 //! it, in `write_loop`), and the release of such a grant on a link opened
-//! for it (`release.rs`). They are tasks of the runtime and die with it, so
-//! a program that exits right after giving up a wait would lose a lease
+//! for it (`release.rs`); and the Unlock of a lease whose guard was
+//! dropped, until it is answered or, its link ended first, sent again on a
+//! link opened for it. They are tasks of the runtime and die with it, so a
+//! program that exits right after giving up a wait would lose a lease
 //! granted as it gave up; [`Drains::finished`] is what `Client::close`
 //! waits for instead.
 

@@ -1,9 +1,10 @@
 //! A grant that reached nobody, released: the caller of a Lock (an
 //! Enqueue, a Wait) stopped waiting, or every handle on the link went while
-//! it closed. A lock without a lease would end with the connection, but a
-//! lease outlives it and would keep the key from everyone until it ran
-//! out, so it is released by fence: on the link while it lives, else on a
-//! link opened for the Unlock.
+//! it closed; or a lease whose guard was dropped, and whose Unlock its link
+//! could not deliver. A lock without a lease would end with the connection,
+//! but a lease outlives it and would keep the key from everyone until it
+//! ran out, so it is released by fence: on the link while it lives, else on
+//! a link opened for the Unlock.
 
 use super::{Call, Drains, Link, Pending, DRAIN_LIMIT};
 use crate::dial::Dial;
@@ -11,6 +12,70 @@ use crate::liveness::Watches;
 use crate::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
+
+impl Link {
+    /// Sends, as request `id`, the Unlock of `keys` held under `fence` by a
+    /// lock that may be a lease, without waiting for its answer: a guard
+    /// being dropped. If the link has ended, or ends before the answer
+    /// comes (on a cluster, its session ended), the Unlock may never have
+    /// been applied, so it is sent again by fence on a link opened for it,
+    /// as a grant that reached nobody is released. That runs in a task of
+    /// the current runtime counted among the client's drains, so
+    /// `Client::close` waits for it; the task keeps this link open until
+    /// the answer, or a clean close of its last handle would cut the
+    /// answer off and cost a needless second Unlock.
+    pub(crate) fn release_detached(&self, id: u64, keys: Vec<String>, fence: u64) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            // Dropped outside any runtime (a plain thread, or after the
+            // runtime ended): no task can be started here to wait for the
+            // answer or to open a link, and the runtime the link runs on
+            // (if it still runs) cannot be reached from here. Only the
+            // Unlock on this link is tried; a lease it misses runs out.
+            let _ = self.calls.try_send(Call {
+                req: unlock_by_fence(id, keys, fence),
+                reply: None,
+                slot: None,
+                release: None,
+            });
+            return;
+        }
+        let (reply, answer) = oneshot::channel();
+        let call = Call {
+            req: unlock_by_fence(id, keys.clone(), fence),
+            reply: Some(reply),
+            slot: None,
+            release: None,
+        };
+        // Queued before the caller hands the connection on: a later Lock
+        // on it finds the keys released. A link that has ended drops the
+        // call, and with it the reply: straight to the release.
+        let unsent = match self.calls.try_send(call) {
+            Err(mpsc::error::TrySendError::Full(call)) => Some(call),
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => None,
+        };
+        let calls = self.calls.clone();
+        let (dial, watches, drains) =
+            (self.dial.clone(), self.watches.clone(), self.drains.clone());
+        self.drains.spawn(async move {
+            let answered = async {
+                if let Some(call) = unsent {
+                    calls.send(call).await.ok()?;
+                }
+                answer.await.ok()
+            };
+            // Any answer means the server had the Unlock (`NotHeld`: the
+            // lease had run out). None within the limit (a frozen path) is
+            // taken as lost: released again by fence, the worst is a
+            // second answer `NotHeld`.
+            let answered = tokio::time::timeout(DRAIN_LIMIT, answered).await;
+            drop(calls);
+            if let Ok(Some(Ok(_))) = answered {
+                return;
+            }
+            release_late(dial, watches, drains, keys, fence).await;
+        });
+    }
+}
 
 /// Where a grant that reached nobody is released.
 pub(super) struct Releaser {
