@@ -138,6 +138,10 @@ fn serve(config: Config) -> anyhow::Result<()> {
         1 => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
+        0 if config.data_dir.is_some() => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cluster_workers())
+            .enable_all()
+            .build(),
         0 => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build(),
@@ -153,6 +157,18 @@ fn serve(config: Config) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {}", config.listen))?;
         dlock_server::run(listener, config, shutdown_signal()).await
     })
+}
+
+/// Worker threads for the client connections of a node with a data
+/// directory (a cluster node, or a durable single server, which is a
+/// cluster of one): one per core but one, the core its consensus thread
+/// takes (`engine/raft/own_thread.rs`), and never fewer than one. One
+/// worker more than cores left only woke its idle sibling to take each task
+/// just scheduled (BENCHMARKS.md, "client workers one per core but one").
+fn cluster_workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get().saturating_sub(1))
+        .max(1)
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -134,7 +134,8 @@ pub struct Config {
     #[arg(long, env = "DLOCK_SHUTDOWN_TIMEOUT", default_value = "5s", value_parser = dlock_proto::duration::parse_positive)]
     pub shutdown_timeout: Duration,
 
-    /// Worker threads; 0 = one per CPU core. With 1 the server runs on a
+    /// Worker threads; 0 = one per CPU core (with --data-dir, one per core
+    /// but one, which the node's consensus thread takes). With 1 the server runs on a
     /// single thread: no cross-thread wake-ups, and a release hands its key
     /// to the next waiter before answering the releaser, which makes lock
     /// hand-offs on a contended key about 30% faster (see BENCHMARKS.md).
