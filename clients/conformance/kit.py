@@ -249,8 +249,13 @@ class Client:
 
     def release(self) -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write("release\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write("release\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            # It exited already (a loss it reported, a crash): a failed
+            # check like any other, not the kit's traceback.
+            raise Failed(f"the client exited ({self.proc.wait()}) before it was told to release") from None
         line = self.next_line("released")
         if line != "released":
             raise Failed(f"expected 'released', got {line!r}")
