@@ -205,16 +205,22 @@ mod tests {
             CommittedSlot::default(),
             None,
         ));
-        inline.write(vote(1), Box::new(|_| {}), None).expect("vote 1");
+        inline
+            .write(vote(1), Box::new(|_| {}), None)
+            .expect("vote 1");
         assert!(inline.mark_due(), "no write of its own right after a sync");
         tokio::time::sleep(MARK_WAIT / 2).await;
-        inline.write(vote(2), Box::new(|_| {}), None).expect("vote 2");
+        inline
+            .write(vote(2), Box::new(|_| {}), None)
+            .expect("vote 2");
         assert!(inline.mark_due(), "vote 2's sync is not vouched for yet");
         // The wait vote 1 started (one at a time) marks vote 2's sync.
         tokio::time::sleep(MARK_WAIT / 2 + Duration::from_millis(1)).await;
         assert!(!inline.mark_due(), "left alone, the log gets its mark");
         // A write after that wait ended starts a wait of its own.
-        inline.write(vote(3), Box::new(|_| {}), None).expect("vote 3");
+        inline
+            .write(vote(3), Box::new(|_| {}), None)
+            .expect("vote 3");
         assert!(inline.mark_due());
         tokio::time::sleep(MARK_WAIT + Duration::from_millis(1)).await;
         assert!(!inline.mark_due(), "vote 3's sync is marked too");
