@@ -37,8 +37,8 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 /// Names the protocol and its version in every hello.
 pub(crate) const PROTOCOL: &str = "dlock-peer/1";
 /// Largest hello frame: a cluster id, two numbers and the initial list
-/// (hundreds of members). Older nodes take 4 KiB, so a hello with a list
-/// of more than about 40 members does not reach them.
+/// (hundreds of members). Older nodes take 4 KiB, which a hello whose
+/// list is longer than about 4,000 bytes does not reach.
 pub(crate) const HELLO_MAX_FRAME: usize = 64 << 10;
 /// Largest frame after the hello. One entry holds about a megabyte of keys
 /// and values at most (`batcher`'s limit, plus one command), far below
