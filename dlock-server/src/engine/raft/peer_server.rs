@@ -6,8 +6,9 @@
 //! the wrong port, a node with another cluster id, a hello meant for
 //! another node id, a node bootstrapped with another `--initial-cluster`
 //! list, see `initial_list`) closes that connection with one log line
-//! (paced, for the list); nothing else changes. A dlock client is told first, in its own protocol, that this is
-//! a peer port and where the client port is, with or without TLS on it
+//! (paced, for the list); nothing else changes. A dlock client is told
+//! first, in its own protocol, that this is a peer port and where the
+//! client port is, with or without TLS on it
 //! (see [`PeerServer::client_answer`]). The number of connections is
 //! capped, and a connection must say hello within [`wire::HELLO_TIMEOUT`],
 //! so idle sockets cannot pile up.
