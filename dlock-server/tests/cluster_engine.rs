@@ -645,6 +645,13 @@ async fn garbage_and_strangers_at_the_peer_port_are_refused_and_the_cluster_keep
     let follower = &nodes[(at + 1) % 3];
     let addr = h.peer_addr(follower.id);
     let follower_id = follower.id;
+    // What every node bootstrapped with, in canonical form (sorted by id).
+    let list = h
+        .members(&[1, 2, 3])
+        .iter()
+        .map(|(id, m)| format!("{id}={}@{}", m.client_addr, m.peer_addr))
+        .collect::<Vec<_>>()
+        .join(",");
 
     let strangers = tokio::task::spawn_blocking(move || {
         let connect = || {
@@ -687,7 +694,32 @@ async fn garbage_and_strangers_at_the_peer_port_are_refused_and_the_cluster_keep
         s.write_all(&frame(hello.as_bytes())).expect("write");
         let reply = read_frame(&mut s).expect("a refusal");
         assert!(String::from_utf8_lossy(&reply).contains("Refused"));
-        // Welcomed, then garbage instead of a request.
+        // Bootstrapped with another --initial-cluster list: told why, with
+        // both lists, then closed.
+        let mut s = connect();
+        let hello = format!(
+            r#"{{"protocol":"dlock-peer/1","cluster_id":"{CLUSTER_ID}","from":9,"to":{follower_id},"initial_cluster":"9=c@p"}}"#
+        );
+        s.write_all(&frame(hello.as_bytes())).expect("write");
+        let reply = read_frame(&mut s).expect("a refusal");
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.contains("Refused"), "{reply}");
+        assert!(
+            reply.contains("node 9 was first started with --initial-cluster 9=c@p"),
+            "{reply}"
+        );
+        assert!(reply.contains(&format!("with {list}")), "{reply}");
+        assert!(closed(&mut s), "closed after the refusal");
+        // The same list: welcomed.
+        let mut s = connect();
+        let hello = format!(
+            r#"{{"protocol":"dlock-peer/1","cluster_id":"{CLUSTER_ID}","from":9,"to":{follower_id},"initial_cluster":"{list}"}}"#
+        );
+        s.write_all(&frame(hello.as_bytes())).expect("write");
+        let reply = read_frame(&mut s).expect("a welcome");
+        assert_eq!(reply, b"\"Welcome\"");
+        // No list (a node that joined, or of an older version): not
+        // checked, welcomed; then garbage instead of a request.
         let mut s = connect();
         let hello = format!(
             r#"{{"protocol":"dlock-peer/1","cluster_id":"{CLUSTER_ID}","from":9,"to":{follower_id}}}"#

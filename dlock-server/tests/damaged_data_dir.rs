@@ -192,6 +192,87 @@ async fn a_member_first_started_after_the_others_formed_the_cluster_bootstraps()
     assert!(!nodes.any_panicked(), "a node's log says it panicked");
 }
 
+/// Initial nodes given different `--initial-cluster` lists (here node 3,
+/// with a stale address for node 2) would each write their own first
+/// membership at the same log position, which openraft takes for the same
+/// log: node 3 would follow the others' leader under a membership of its
+/// own, or lead beside it. Each records its list and says it in its peer
+/// hello, so nodes 1 and 2 form their cluster and serve, and node 3 is
+/// refused by both and never joins, with an error on both sides that
+/// names both lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_given_another_initial_list_never_joins_the_others_cluster() {
+    let mut nodes = NodeProcesses::prepare(
+        env!("CARGO_BIN_EXE_dlock-server"),
+        3,
+        &["--heartbeat", "100ms", "--election-timeout", "1s"],
+    );
+    let right = nodes.members_list();
+    // Nobody listens there: released at once, below the ephemeral range.
+    let stale = dlock_server::testing::ports::reserve().0;
+    let wrong = right.replace(&format!("@{}", nodes.peer_addr(1)), &format!("@{stale}"));
+    assert_ne!(right, wrong);
+    nodes.initial_cluster(2, &wrong);
+    nodes.start_all();
+
+    let first_two = format!("{},{}", nodes.addr(0), nodes.addr(1));
+    let c = Client::connect(first_two.as_str())
+        .await
+        .expect("a leader of nodes 1 and 2");
+    let g = c.lock("served", LockOptions::new()).await.expect("lock");
+    let leader = nodes.index_of(&c.addr()).expect("the client's node");
+    assert_ne!(leader, 2);
+
+    // Until both sides said why, with both lists: node 3's when the
+    // leader's replication dials it, the leader's from the same refusal.
+    let says = "every initial node must be given the same --initial-cluster list";
+    let said = |i: usize| {
+        let log = nodes.recent_log(i).into_iter();
+        log.filter(|l| l.contains("ERROR"))
+            .find(|l| l.contains(says))
+    };
+    let deadline = Instant::now() + common::PATIENCE;
+    let (on_3, on_leader) = loop {
+        // Without the check, node 3 follows the leader at once: it must
+        // never know of one (nor lead: nodes 1 and 2 refuse its votes).
+        let three = common::nodes::status(&nodes, 2)
+            .await
+            .expect("node 3 answers");
+        assert_eq!(three.leader_id, 0, "node 3 joined a cluster: {three:?}");
+        let view = common::nodes::status(&nodes, leader)
+            .await
+            .expect("the leader answers");
+        let of_3 = view
+            .members
+            .iter()
+            .find(|m| m.node_id == 3)
+            .expect("node 3 listed");
+        assert_eq!(
+            of_3.matched_index, 0,
+            "node 3 acknowledged entries: {view:?}"
+        );
+        if let (Some(a), Some(b)) = (said(2), said(leader)) {
+            break (a, b);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no refusal logged: node 3 {:#?}, leader {:#?}",
+            nodes.recent_log(2),
+            nodes.recent_log(leader)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for line in [&on_3, &on_leader] {
+        assert!(line.contains(&wrong) && line.contains(&right), "{line}");
+        assert!(line.contains("empty their data directories"), "{line}");
+    }
+    // The list each bootstrapped with is on disk, for later starts.
+    let recorded = std::fs::read_to_string(nodes.data_dir(2).join("identity")).expect("read");
+    assert!(recorded.contains(&wrong), "{recorded}");
+    g.unlock().await.expect("nodes 1 and 2 still serve");
+    assert!(!nodes.any_panicked(), "a node's log says it panicked");
+}
+
 /// A data directory records whose it is (its `identity` file): a node
 /// started on another node's directory, a single server's durable directory
 /// used as a cluster node's, or a cluster node's as a single server's, is

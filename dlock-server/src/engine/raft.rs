@@ -16,6 +16,7 @@
 //! | this file | the handle [`Cluster`]: proposing, reads, status, shutdown |
 //! | `start` | starting a node: data directory, openraft, first-start init |
 //! | `identity` | which node of which cluster a data directory belongs to; a mismatch refused at start |
+//! | `initial_list` | the `--initial-cluster` list a node bootstrapped with; peers bootstrapped with another refused at the hello |
 //! | `own_thread` | openraft, the peer port and the batcher on one thread of their own |
 //! | `membership` | adding and removing nodes |
 //! | `quorum` | whether a leader stands: a majority heard lately (CheckQuorum) |
@@ -102,6 +103,7 @@ mod error;
 mod from_config;
 mod identity;
 mod ids;
+mod initial_list;
 mod leader_clock;
 mod log;
 mod machine;

@@ -43,6 +43,8 @@ struct Node {
     routes: Vec<(u64, SocketAddr)>,
     /// Flags this node alone gets.
     own: Vec<String>,
+    /// The `--initial-cluster` this node is given, when not every node's.
+    list: Option<String>,
     /// The client address the membership names, when not `client`: a
     /// proxy between clients and this node.
     advertised: Option<SocketAddr>,
@@ -119,6 +121,7 @@ impl NodeProcesses {
                     dir: dirs.path().join(format!("node{id}")),
                     routes: Vec::new(),
                     own: Vec::new(),
+                    list: None,
                     advertised: None,
                     joiner: false,
                     child: None,
@@ -181,6 +184,7 @@ impl NodeProcesses {
             dir: self.dirs.path().join(format!("node{id}")),
             routes: Vec::new(),
             own: Vec::new(),
+            list: None,
             advertised: None,
             joiner: true,
             child: None,
@@ -198,6 +202,18 @@ impl NodeProcesses {
     /// (re)start on: a fault only one node has, such as a skewed clock.
     pub fn node_flags(&mut self, i: usize, flags: &[&str]) {
         self.nodes[i].own = flags.iter().map(|s| (*s).to_owned()).collect();
+    }
+
+    /// Gives node `i` `list` as its `--initial-cluster` instead of the one
+    /// every node gets: a node of a mistyped or stale configuration.
+    pub fn initial_cluster(&mut self, i: usize, list: &str) {
+        self.nodes[i].list = Some(list.to_owned());
+    }
+
+    /// `--initial-cluster` as every node gets it (see
+    /// [`NodeProcesses::initial_cluster`] for one that differs).
+    pub fn members_list(&self) -> String {
+        self.members()
     }
 
     /// Starts every node that is not running, and waits until each listens.
@@ -303,7 +319,7 @@ impl NodeProcesses {
             .arg("--peer-listen")
             .arg(n.peer.to_string())
             .arg("--initial-cluster")
-            .arg(&members)
+            .arg(n.list.as_ref().unwrap_or(&members))
             // A node added at run time says it joins a running cluster,
             // unless the test says otherwise.
             .args(

@@ -20,6 +20,13 @@
 //! no identity of the cluster itself (random, agreed at bootstrap): two
 //! clusters started with the same flags look alike here.
 //!
+//! A node that bootstrapped a cluster (a fresh directory, `--initial-cluster`
+//! and state `new`) also records the list it was given, in canonical form
+//! (`initial_list`): its peers compare it with their own at every
+//! connection. Later starts keep it whatever their flags say (the first
+//! membership is in the log by then); a node that joined, or whose
+//! directory predates the record, has none.
+//!
 //! A directory of an older version has no file: its first start on this
 //! version writes one from the flags (there is nothing to check them
 //! against), with the role only if the flags state one. A backup prepared
@@ -44,7 +51,8 @@ const TEMP: &str = "identity.tmp";
 const FORMAT: u32 = 1;
 /// A larger file is not one this version wrote: refused as damaged rather
 /// than read whole.
-const MAX_BYTES: u64 = 4096;
+/// Most of it is the initial list: 64 KiB is hundreds of members.
+const MAX_BYTES: u64 = 64 << 10;
 
 /// What a data directory was made for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +77,18 @@ pub(crate) struct Identity {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     node_id: Option<u64>,
     cluster_id: String,
+    /// The `--initial-cluster` list this node bootstrapped with, canonical
+    /// (`initial_list::canonical`). `None`: it joined a running cluster,
+    /// started without a list, or the directory predates the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    initial_cluster: Option<String>,
+}
+
+impl Identity {
+    /// The `--initial-cluster` list this node bootstrapped with, if known.
+    pub(crate) fn initial_cluster(&self) -> Option<&str> {
+        self.initial_cluster.as_deref()
+    }
 }
 
 /// Who this start's flags say the node is.
@@ -82,6 +102,9 @@ pub(crate) struct Claim {
     /// node joins; `None` otherwise (a restart needs no list, so they say
     /// nothing either way).
     pub(crate) role: Option<Role>,
+    /// The list a fresh directory bootstraps with: `--initial-cluster` in
+    /// canonical form with state `new`; `None` with `existing` or no list.
+    pub(crate) initial_cluster: Option<String>,
 }
 
 impl Claim {
@@ -93,17 +116,20 @@ impl Claim {
             role: Some(self.role.unwrap_or(Role::SingleServer)),
             node_id: Some(self.node_id),
             cluster_id: self.cluster_id.clone(),
+            initial_cluster: self.initial_cluster.clone(),
         }
     }
 
     /// The identity a directory of an older version gets at its first
-    /// start on this one: the flags as they are.
+    /// start on this one: the flags as they are, but no initial list (what
+    /// it bootstrapped with is not known).
     pub(crate) fn for_unstamped(&self) -> Identity {
         Identity {
             format: FORMAT,
             role: self.role,
             node_id: Some(self.node_id),
             cluster_id: self.cluster_id.clone(),
+            initial_cluster: None,
         }
     }
 }
@@ -198,11 +224,18 @@ pub(crate) fn for_restore(found: &Identity) -> Identity {
 
 /// What a later start writes over `found`, if anything: a prepared backup
 /// gets this node's id, a directory of unknown role the one the flags
-/// state. Call after [`check`].
-pub(crate) fn completed(found: &Identity, claim: &Claim) -> Option<Identity> {
+/// state. The initial list is kept, unless the directory is still `fresh`
+/// (nothing in its log: a start stopped before it bootstrapped), where it
+/// is the list this start bootstraps with. Call after [`check`].
+pub(crate) fn completed(found: &Identity, claim: &Claim, fresh: bool) -> Option<Identity> {
+    let initial_cluster = match fresh {
+        true => claim.initial_cluster.clone(),
+        false => found.initial_cluster.clone(),
+    };
     let done = Identity {
         node_id: Some(claim.node_id),
         role: found.role.or(claim.role),
+        initial_cluster,
         ..found.clone()
     };
     (done != *found).then_some(done)
@@ -280,6 +313,15 @@ mod tests {
             node_id,
             cluster_id: "dlock".into(),
             role,
+            initial_cluster: None,
+        }
+    }
+
+    /// A node of the list `list` started with state `new`.
+    fn bootstrapping(node_id: u64, list: &str) -> Claim {
+        Claim {
+            initial_cluster: Some(list.into()),
+            ..claim(node_id, Some(Role::ClusterNode))
         }
     }
 
@@ -294,7 +336,7 @@ mod tests {
         check(dir.path(), &found, &c).expect("its own flags");
         // A restart needs no list: no role stated is no mismatch.
         check(dir.path(), &found, &claim(2, None)).expect("a restart without a list");
-        assert_eq!(completed(&found, &c), None);
+        assert_eq!(completed(&found, &c, false), None);
         assert!(!dir.path().join(TEMP).exists());
     }
 
@@ -325,9 +367,53 @@ mod tests {
         let backup = for_restore(&claim(2, Some(Role::ClusterNode)).for_fresh());
         let node3 = claim(3, None);
         check(dir, &backup, &node3).expect("any node of the cluster");
-        let done = completed(&backup, &node3).expect("its id filled in");
+        let done = completed(&backup, &node3, false).expect("its id filled in");
         assert_eq!(done.node_id, Some(3));
         assert_eq!(done.role, Some(Role::ClusterNode));
+    }
+
+    #[test]
+    fn a_file_without_the_initial_list_decodes_as_not_known() {
+        let file = Path::new("/d/identity");
+        let old = br#"{"format":1,"role":"cluster_node","node_id":2,"cluster_id":"dlock"}"#;
+        let found = decode(file, old).expect("a file of an older version");
+        assert_eq!(found.initial_cluster(), None);
+        assert_eq!(found, claim(2, Some(Role::ClusterNode)).for_unstamped());
+        // Still format 1, and without the field when there is no list: an
+        // older version reads what this one writes.
+        let written = serde_json::to_vec(&found).expect("encode");
+        assert_eq!(&written[..], &old[..]);
+    }
+
+    #[test]
+    fn the_initial_list_is_recorded_at_a_bootstrap_and_kept_after() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let list = "1=a@b,2=c@d";
+        write(dir.path(), &bootstrapping(2, list).for_fresh()).expect("write");
+        let found = read(dir.path()).expect("read").expect("written");
+        assert_eq!(found.initial_cluster(), Some(list));
+        assert_eq!(found.format, 1);
+        // A later start's flags say another list, or none: the record stays.
+        check(dir.path(), &found, &bootstrapping(2, "1=a@b,2=c@e")).expect("a restart");
+        assert_eq!(completed(&found, &bootstrapping(2, "1=x@y"), false), None);
+        assert_eq!(completed(&found, &claim(2, None), false), None);
+        // A backup keeps it, for every node it is restored on.
+        let backup = for_restore(&found);
+        let done = completed(&backup, &claim(3, None), false).expect("its id filled in");
+        assert_eq!(done.initial_cluster(), Some(list));
+        // A start stopped before it bootstrapped: the next one's list goes in.
+        let again = completed(&found, &bootstrapping(2, "1=a@b,2=c@e"), true).expect("rewritten");
+        assert_eq!(again.initial_cluster(), Some("1=a@b,2=c@e"));
+    }
+
+    #[test]
+    fn a_node_that_joins_or_starts_without_a_list_records_none() {
+        // start.rs says no list for `existing`; a cluster of one has none.
+        let joining = claim(4, Some(Role::ClusterNode));
+        assert_eq!(joining.for_fresh().initial_cluster(), None);
+        assert_eq!(claim(1, None).for_fresh().initial_cluster(), None);
+        let encoded = serde_json::to_string(&joining.for_fresh()).expect("encode");
+        assert!(!encoded.contains("initial_cluster"), "{encoded}");
     }
 
     #[test]

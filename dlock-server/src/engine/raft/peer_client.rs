@@ -10,6 +10,7 @@
 //! idle, so an RPC that fails on one is tried once more on a fresh one
 //! (Raft RPCs are safe to repeat).
 
+use super::initial_list::{self, Paced};
 use super::peer_tls::{self, PeerTls};
 use super::reachability::Reachability;
 use super::types::{Member, NodeId, TypeConfig};
@@ -53,14 +54,21 @@ pub(crate) struct Network {
     routes: Arc<BTreeMap<NodeId, String>>,
     /// Which peers the RPCs reach.
     reach: Reachability,
+    /// The `--initial-cluster` list this node bootstrapped with, said in
+    /// every hello.
+    initial_cluster: Option<Arc<str>>,
+    /// When a peer's refusal of that list was last logged.
+    list_refusals: Paced,
 }
 
 impl Network {
-    /// The network of node `local` in cluster `cluster_id`, over `tls`
-    /// when given, dialling `routes` instead of the named nodes' addresses.
+    /// The network of node `local` in cluster `cluster_id`, bootstrapped
+    /// with `initial_cluster`, over `tls` when given, dialling `routes`
+    /// instead of the named nodes' addresses.
     pub(crate) fn new(
         local: NodeId,
         cluster_id: &str,
+        initial_cluster: Option<&str>,
         tls: Option<PeerTls>,
         routes: BTreeMap<NodeId, String>,
     ) -> Network {
@@ -71,6 +79,8 @@ impl Network {
             tls,
             routes: Arc::new(routes),
             reach: Reachability::default(),
+            initial_cluster: initial_cluster.map(Arc::from),
+            list_refusals: Paced::default(),
         }
     }
 
@@ -173,6 +183,7 @@ impl PeerClient {
             from: self.net.local,
             to: self.target,
             binary: true,
+            initial_cluster: self.net.initial_cluster.as_deref().map(str::to_owned),
         };
         wire::send(&mut conn, Format::Json, &hello).await?;
         // An older node answers Welcome: it reads only JSON.
@@ -270,16 +281,33 @@ impl PeerClient {
                 RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(0))
             }
             ExchangeError::Wire(e @ WireError::Refused(_)) => {
-                // A configuration error (wrong cluster id or address), not
-                // a passing fault: say so at warn. openraft's backoff paces
-                // the retries, and so this line.
-                tracing::warn!(target_node = self.target, addr = %self.addr, error = %e, "peer refused this node");
+                self.log_refusal(&e);
                 RPCError::Unreachable(Unreachable::new(&e))
             }
             ExchangeError::Wire(e @ WireError::Io(_)) => {
                 RPCError::Unreachable(Unreachable::new(&e))
             }
             ExchangeError::Wire(e) => RPCError::Network(NetworkError::new(&e)),
+        }
+    }
+
+    /// Logs the target's refusal of this node's hello (`e`).
+    fn log_refusal(&self, e: &WireError) {
+        match e {
+            // The cluster's safety is at stake: an error, and the same
+            // words as the other side's, paced (openraft redials every few
+            // hundred milliseconds).
+            WireError::Refused(why) if initial_list::is_refusal(why) => {
+                if self.net.list_refusals.due(self.target) {
+                    tracing::error!(target_node = self.target, addr = %self.addr, "peer refused this node: {why}; said again once a minute while it refuses");
+                }
+            }
+            // A configuration error (wrong cluster id or address), not a
+            // passing fault: say so at warn. openraft's backoff paces the
+            // retries, and so this line.
+            e => {
+                tracing::warn!(target_node = self.target, addr = %self.addr, error = %e, "peer refused this node")
+            }
         }
     }
 
@@ -299,7 +327,12 @@ impl PeerClient {
             Ok(Reply::Standing(s)) => Ok(s),
             Ok(other) => Err(format!("answered with {other:?}")),
             Err(ExchangeError::Timeout) => Err(format!("no answer within {ttl:?}")),
-            Err(ExchangeError::Wire(e)) => Err(e.to_string()),
+            Err(ExchangeError::Wire(e)) => {
+                if matches!(&e, WireError::Refused(why) if initial_list::is_refusal(why)) {
+                    self.log_refusal(&e);
+                }
+                Err(e.to_string())
+            }
         }
     }
 }

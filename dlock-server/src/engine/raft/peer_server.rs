@@ -4,13 +4,16 @@
 //! Whatever arrives that is not a well-formed hello from a node of this
 //! cluster (garbage, an oversized first frame, a dlock client that dialled
 //! the wrong port, a node with another cluster id, a hello meant for
-//! another node id) closes that connection with one log line; nothing else
-//! changes. A dlock client is told first, in its own protocol, that this is
-//! a peer port and where the client port is, with or without TLS on it
+//! another node id, a node bootstrapped with another `--initial-cluster`
+//! list, see `initial_list`) closes that connection with one log line
+//! (paced, for the list); nothing else changes. A dlock client is told
+//! first, in its own protocol, that this is a peer port and where the
+//! client port is, with or without TLS on it
 //! (see [`PeerServer::client_answer`]). The number of connections is
 //! capped, and a connection must say hello within [`wire::HELLO_TIMEOUT`],
 //! so idle sockets cannot pile up.
 
+use super::initial_list::{self, Paced};
 use super::peer_tls::{self, PeerTls};
 use super::types::{NodeId, Raft};
 use super::wire::{
@@ -42,6 +45,10 @@ pub(crate) struct PeerServer {
     pub(crate) cluster_id: Arc<str>,
     /// Mutual TLS, when the peer port has it.
     pub(crate) tls: Option<PeerTls>,
+    /// The `--initial-cluster` list this node bootstrapped with, if known.
+    pub(crate) initial_cluster: Option<Arc<str>>,
+    /// When a peer's hello with another list was last logged.
+    pub(crate) list_refusals: Paced,
 }
 
 impl PeerServer {
@@ -197,7 +204,8 @@ impl PeerServer {
     async fn serve(&self, mut conn: PeerFrames, addr: SocketAddr) {
         let (from, format) = match self.welcome(&mut conn).await {
             Ok(welcomed) => welcomed,
-            Err(why) => {
+            Err(Refusal::Logged) => return,
+            Err(Refusal::Other(why)) => {
                 tracing::warn!(peer = %addr, reason = %why, "peer connection refused");
                 return;
             }
@@ -218,11 +226,11 @@ impl PeerServer {
 
     /// Reads and checks the hello; returns the peer's node id and the
     /// format of the messages that follow.
-    async fn welcome(&self, conn: &mut PeerFrames) -> Result<(NodeId, Format), String> {
+    async fn welcome(&self, conn: &mut PeerFrames) -> Result<(NodeId, Format), Refusal> {
         let hello: Hello =
             match tokio::time::timeout(wire::HELLO_TIMEOUT, wire::recv_raw(conn)).await {
                 Err(_) => return Err("no hello in time".into()),
-                Ok(Err(e)) => return Err(format!("bad first frame: {e}")),
+                Ok(Err(e)) => return Err(format!("bad first frame: {e}").into()),
                 Ok(Ok(frame)) => match super::encoding::decode(&frame) {
                     Ok(h) => h,
                     // Every dlock node, old or new, says its hello in JSON: a
@@ -239,13 +247,15 @@ impl PeerServer {
                         return Err(format!(
                         "first frame is not a peer hello (it starts with byte {b:#04x}, which no \
                          dlock hello does): a client or another program at the peer port?"
-                    ));
+                    )
+                        .into());
                     }
                     Err(e) => {
                         return Err(format!(
                         "first frame is not a peer hello ({e}): a client or another program at \
                          the peer port?"
-                    ))
+                    )
+                        .into())
                     }
                 },
             };
@@ -270,7 +280,23 @@ impl PeerServer {
         if let Some(why) = refusal {
             // Best effort: the dialler logs the reason too.
             let _ = wire::send(conn, Format::Json, &HelloReply::Refused(why.clone())).await;
-            return Err(why);
+            return Err(why.into());
+        }
+        if let Some(why) = initial_list::refusal(
+            hello.from,
+            hello.initial_cluster.as_deref(),
+            self.local,
+            self.initial_cluster.as_deref(),
+        ) {
+            if self.list_refusals.due(hello.from) {
+                tracing::error!(
+                    node = hello.from,
+                    "peer connection refused: {why}; said again once a minute while it dials"
+                );
+            }
+            // Best effort: the dialler logs the reason too.
+            let _ = wire::send(conn, Format::Json, &HelloReply::Refused(why)).await;
+            return Err(Refusal::Logged);
         }
         let (reply, format) = match hello.binary {
             true => (HelloReply::WelcomeBinary, Format::Binary),
@@ -325,6 +351,26 @@ impl PeerServer {
             };
             wire::send(conn, format, &reply).await?;
         }
+    }
+}
+
+/// Why a hello was refused.
+enum Refusal {
+    /// Already logged (the initial list's, paced).
+    Logged,
+    /// For the caller to log.
+    Other(String),
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Refusal {
+        Refusal::Other(why)
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(why: &str) -> Refusal {
+        Refusal::Other(why.to_owned())
     }
 }
 

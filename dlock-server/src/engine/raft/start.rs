@@ -3,6 +3,7 @@
 //! on a fatal error.
 
 use super::identity::{self, Claim, Identity};
+use super::initial_list;
 use super::leader_clock::LeaderClock;
 use super::log::{LogStore, WrittenBy};
 use super::machine::StateMachine;
@@ -159,6 +160,7 @@ fn claim(cfg: &ClusterConfig) -> Claim {
         node_id: cfg.node_id,
         cluster_id: cfg.cluster_id.clone(),
         role: (cfg.join_existing || others).then_some(identity::Role::ClusterNode),
+        initial_cluster: initial_list::bootstrapped_with(&cfg.initial_members, cfg.join_existing),
     }
 }
 
@@ -291,9 +293,25 @@ impl Cluster {
         }
         .validate()
         .context("invalid cluster timing")?;
+        let new_stamp = match &stamp {
+            None if fresh => Some(claim.for_fresh()),
+            None => {
+                tracing::info!(node = cfg.node_id, cluster_id = %cfg.cluster_id, data_dir = %dir.display(), "data directory of an older version: its identity file is written from the flags (there is nothing to check them against)");
+                Some(claim.for_unstamped())
+            }
+            Some(found) => identity::completed(found, &claim, fresh),
+        };
+        // The list this node bootstraps with now, or did at its first
+        // start: said in every hello, from the standing asks on.
+        let initial_cluster: Option<Arc<str>> = new_stamp
+            .as_ref()
+            .or(stamp.as_ref())
+            .and_then(Identity::initial_cluster)
+            .map(Arc::from);
         let network = Network::new(
             cfg.node_id,
             &cfg.cluster_id,
+            initial_cluster.as_deref(),
             cfg.peer_tls.clone(),
             cfg.peer_routes.clone(),
         );
@@ -304,14 +322,6 @@ impl Cluster {
         // Only once the start is allowed, and before openraft writes
         // anything: a refused start leaves a fresh directory unstamped, for
         // the corrected flags to stamp.
-        let new_stamp = match &stamp {
-            None if fresh => Some(claim.for_fresh()),
-            None => {
-                tracing::info!(node = cfg.node_id, cluster_id = %cfg.cluster_id, data_dir = %dir.display(), "data directory of an older version: its identity file is written from the flags (there is nothing to check them against)");
-                Some(claim.for_unstamped())
-            }
-            Some(found) => identity::completed(found, &claim),
-        };
         if let Some(stamp) = new_stamp {
             let dir = dir.clone();
             tokio::task::spawn_blocking(move || identity::write(&dir, &stamp))
@@ -391,6 +401,8 @@ impl Cluster {
             local: cfg.node_id,
             cluster_id: cfg.cluster_id.as_str().into(),
             tls: cfg.peer_tls.clone(),
+            initial_cluster,
+            list_refusals: initial_list::Paced::default(),
         };
         cluster.critical(
             "the peer port",

@@ -2,8 +2,9 @@
 //!
 //! A frame is a 4-byte big-endian length and that many bytes, as in the
 //! client protocol. A connection opens with the dialling node's [`Hello`]
-//! (protocol name, cluster id, its own id and the id it means to reach, and
-//! whether it reads MessagePack), answered by a [`HelloReply`]; after a
+//! (protocol name, cluster id, its own id and the id it means to reach,
+//! whether it reads MessagePack, and the `--initial-cluster` list it
+//! bootstrapped with), answered by a [`HelloReply`]; after a
 //! welcome it carries [`Request`] / [`Reply`] pairs, one at a time. The
 //! hello and its reply are JSON, which every version reads; the messages
 //! after them are MessagePack when both ends said so ([`Format`]), else
@@ -35,8 +36,10 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 /// Names the protocol and its version in every hello.
 pub(crate) const PROTOCOL: &str = "dlock-peer/1";
-/// Largest hello frame: a cluster id and two numbers.
-pub(crate) const HELLO_MAX_FRAME: usize = 4 << 10;
+/// Largest hello frame: a cluster id, two numbers and the initial list
+/// (hundreds of members). Older nodes take 4 KiB, which a hello whose
+/// list is longer than about 4,000 bytes does not reach.
+pub(crate) const HELLO_MAX_FRAME: usize = 64 << 10;
 /// Largest frame after the hello. One entry holds about a megabyte of keys
 /// and values at most (`batcher`'s limit, plus one command), far below
 /// it; an append request of many entries that would be larger is refused
@@ -68,6 +71,12 @@ pub(crate) struct Hello {
     /// nodes, which read only JSON.
     #[serde(default)]
     pub(crate) binary: bool,
+    /// The `--initial-cluster` list the dialler bootstrapped with, canonical
+    /// (`initial_list`); must equal the listener's when both know theirs.
+    /// Absent from a node that joined, whose directory predates the
+    /// record, or of an older version (which ignores the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) initial_cluster: Option<String>,
 }
 
 /// How the messages after the hello are written on one connection.

@@ -1,0 +1,161 @@
+//! The `--initial-cluster` list a node bootstrapped with, and the peer
+//! hello's check that nodes bootstrapped with different lists never talk.
+//!
+//! Every initial node writes its list as the first membership entry, at
+//! the same log position. Given different lists (a typo, a stale
+//! template), the nodes' logs still look alike to openraft, and their
+//! majorities may overlap: two leaders, two holders of one lock. So each
+//! node records the list in its data directory's identity file at its
+//! first start (`identity`), says it in every hello, and refuses a peer
+//! whose hello names another; like etcd, which derives a cluster id from
+//! the initial members and refuses peers whose id differs.
+//!
+//! Only nodes that bootstrapped with a list are checked: one added later
+//! (`--initial-cluster-state existing`), or whose directory predates the
+//! record, says none, and is neither checked nor checks.
+//!
+//! openraft dials again every few hundred milliseconds, so both sides log
+//! a refusal once, then at most once a minute per peer ([`Paced`]).
+
+use super::types::{Member, NodeId};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How often a refusal of one peer is logged again.
+const REPEAT: Duration = Duration::from_secs(60);
+
+/// Words every list refusal carries, for the dialler to tell it from other
+/// refusals (it arrives as text, which older nodes read too).
+const SAME_LIST: &str = "every initial node must be given the same --initial-cluster list";
+
+/// `members` as `ID=CLIENT@PEER,...`, sorted by id: what goes into the
+/// first membership, so two nodes that would write the same one record
+/// the same text whatever order or spacing their flags had.
+pub(crate) fn canonical(members: &BTreeMap<NodeId, Member>) -> String {
+    members
+        .iter()
+        .map(|(id, m)| format!("{id}={}@{}", m.client_addr, m.peer_addr))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The list a node records when its directory is fresh: `members`
+/// (`--initial-cluster`) in canonical form, which it bootstraps with;
+/// `None` when it `joins` a running cluster (`--initial-cluster-state
+/// existing`) or was given no list.
+pub(crate) fn bootstrapped_with(members: &BTreeMap<NodeId, Member>, joins: bool) -> Option<String> {
+    (!joins && !members.is_empty()).then(|| canonical(members))
+}
+
+/// Why node `local`, bootstrapped with `ours`, refuses node `from`,
+/// bootstrapped with `theirs`; `None` when the lists agree or either is
+/// not known.
+pub(crate) fn refusal(
+    from: NodeId,
+    theirs: Option<&str>,
+    local: NodeId,
+    ours: Option<&str>,
+) -> Option<String> {
+    let (theirs, ours) = (theirs?, ours?);
+    (theirs != ours).then(|| {
+        format!(
+            "node {from} was first started with --initial-cluster {theirs}, node {local} with \
+             {ours}: {SAME_LIST}, or two leaders may be elected. Stop the nodes whose list is \
+             wrong, empty their data directories, and start them again with the right list \
+             (docs/CLUSTER.md, \"Whose a data directory is\")"
+        )
+    })
+}
+
+/// Whether `why`, a peer's refusal, is [`refusal`]'s.
+pub(crate) fn is_refusal(why: &str) -> bool {
+    why.contains(SAME_LIST)
+}
+
+/// When each peer's refusal was last logged.
+#[derive(Clone, Default)]
+pub(crate) struct Paced(Arc<Mutex<BTreeMap<NodeId, Instant>>>);
+
+impl Paced {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<NodeId, Instant>> {
+        // Plain instants, valid whatever a panicking holder did.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a refusal of `peer` is to be logged now: the first, and then
+    /// one a [`REPEAT`].
+    pub(crate) fn due(&self, peer: NodeId) -> bool {
+        let now = Instant::now();
+        let mut last = self.lock();
+        match last.get(&peer) {
+            Some(&at) if now.duration_since(at) < REPEAT => false,
+            _ => {
+                last.insert(peer, now);
+                true
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(client: &str, peer: &str) -> Member {
+        Member {
+            client_addr: client.into(),
+            peer_addr: peer.into(),
+        }
+    }
+
+    #[test]
+    fn the_canonical_list_is_sorted_by_id() {
+        let members = BTreeMap::from([
+            (2, member("127.0.0.1:2", "127.0.0.1:12")),
+            (1, member("127.0.0.1:1", "127.0.0.1:11")),
+        ]);
+        assert_eq!(
+            canonical(&members),
+            "1=127.0.0.1:1@127.0.0.1:11,2=127.0.0.1:2@127.0.0.1:12"
+        );
+    }
+
+    #[test]
+    fn a_node_records_a_list_only_when_it_bootstraps_with_one() {
+        let members = BTreeMap::from([(1, member("a", "b"))]);
+        assert_eq!(bootstrapped_with(&members, false).as_deref(), Some("1=a@b"));
+        assert_eq!(bootstrapped_with(&members, true), None, "existing");
+        assert_eq!(bootstrapped_with(&BTreeMap::new(), false), None);
+    }
+
+    #[test]
+    fn only_two_known_lists_that_differ_are_refused() {
+        let (a, b) = ("1=a@b,2=c@d", "1=a@b,2=c@e");
+        assert_eq!(refusal(3, Some(a), 1, Some(a)), None);
+        assert_eq!(refusal(3, None, 1, Some(a)), None);
+        assert_eq!(refusal(3, Some(a), 1, None), None);
+        let why = refusal(3, Some(b), 1, Some(a)).expect("refused");
+        assert!(
+            why.contains("node 3 was first started with --initial-cluster 1=a@b,2=c@e"),
+            "{why}"
+        );
+        assert!(why.contains("node 1 with 1=a@b,2=c@d"), "{why}");
+        assert!(why.contains("empty their data directories"), "{why}");
+        assert!(is_refusal(&why));
+        assert!(!is_refusal("cluster id \"x\" from node 3"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_logged_once_then_once_a_minute_per_peer() {
+        let paced = Paced::default();
+        assert!(paced.due(3));
+        assert!(!paced.due(3));
+        assert!(paced.due(4), "another peer is its own");
+        tokio::time::advance(REPEAT / 2).await;
+        assert!(!paced.due(3));
+        tokio::time::advance(REPEAT / 2).await;
+        assert!(paced.due(3));
+    }
+}
