@@ -69,6 +69,20 @@ pub(crate) fn refusal(
     })
 }
 
+/// What to tell the operator when a later start's `--initial-cluster`
+/// (`flag`, canonical) differs from the list this node bootstrapped with
+/// (`recorded`): the flag is ignored once the directory holds data, but a
+/// config template that says it will give the wrong list to the next node
+/// started fresh from it. `None` when they agree or either is not known.
+pub(crate) fn ignored_flag(recorded: Option<&str>, flag: Option<&str>) -> Option<String> {
+    let (recorded, flag) = (recorded?, flag?);
+    (recorded != flag).then(|| {
+        format!(
+            "--initial-cluster {flag} differs from the list this node was first started with,              {recorded}: the flag is ignored (the membership is read from the data directory),              but a node started fresh with it would refuse, and be refused by, this cluster's              nodes. Give every node the list the cluster was bootstrapped with, or leave the              flag out on restarts (docs/CLUSTER.md, \"Whose a data directory is\")"
+        )
+    })
+}
+
 /// Whether `why`, a peer's refusal, is [`refusal`]'s.
 pub(crate) fn is_refusal(why: &str) -> bool {
     why.contains(SAME_LIST)
@@ -101,6 +115,18 @@ impl Paced {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_later_start_with_another_list_is_told_its_flag_is_ignored() {
+        let warned = super::ignored_flag(Some("1=a@b,2=c@d"), Some("1=a@b,2=c@e"))
+            .expect("another list is worth a warning");
+        assert!(warned.contains("1=a@b,2=c@d") && warned.contains("1=a@b,2=c@e"));
+        assert!(warned.contains("ignored"), "{warned}");
+        assert_eq!(super::ignored_flag(Some("1=a@b"), Some("1=a@b")), None);
+        // Joined with `existing`, from an older version, or no flag given.
+        assert_eq!(super::ignored_flag(None, Some("1=a@b")), None);
+        assert_eq!(super::ignored_flag(Some("1=a@b"), None), None);
+    }
+
     use super::*;
 
     fn member(client: &str, peer: &str) -> Member {

@@ -299,7 +299,15 @@ impl Cluster {
                 tracing::info!(node = cfg.node_id, cluster_id = %cfg.cluster_id, data_dir = %dir.display(), "data directory of an older version: its identity file is written from the flags (there is nothing to check them against)");
                 Some(claim.for_unstamped())
             }
-            Some(found) => identity::completed(found, &claim, fresh),
+            Some(found) => {
+                if !fresh {
+                    let flag = claim.initial_cluster.as_deref();
+                    if let Some(why) = initial_list::ignored_flag(found.initial_cluster(), flag) {
+                        tracing::warn!(node = cfg.node_id, "{why}");
+                    }
+                }
+                identity::completed(found, &claim, fresh)
+            }
         };
         // The list this node bootstraps with now, or did at its first
         // start: said in every hello, from the standing asks on.
