@@ -488,28 +488,40 @@ async fn a_lease_granted_as_its_client_is_dropped_is_released() {
 async fn close_returns_once_a_lease_granted_as_its_lock_was_given_up_is_released() {
     let server = TestServer::start(Config::default()).await;
     let proxy = FreezableProxy::start(server.addr).await;
-    let own = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let waiter = own
-        .spawn(Client::connect(proxy.addr_string()))
-        .await
-        .unwrap()
-        .unwrap();
+    let (own, waiter) = on_a_runtime_of_its_own(&proxy).await;
     let waiting = grant_on_the_wire(&server, &proxy, &waiter, own.handle(), "closed").await;
     waiting.abort();
     assert!(waiting.await.unwrap_err().is_cancelled());
     let closing = own.spawn(waiter.close());
     proxy.thaw();
     closing.await.unwrap();
-    // Ends every task of the waiter's runtime, a release still under way
-    // included; a runtime is dropped where blocking is allowed.
+    end(own).await;
+    free_soon(&server, "closed").await;
+}
+
+/// A client connected through `proxy` on a runtime of its own, as a
+/// program's: dropping that runtime ([`end`]) ends every task the client
+/// left, as the program's exit would.
+async fn on_a_runtime_of_its_own(proxy: &FreezableProxy) -> (tokio::runtime::Runtime, Client) {
+    let own = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = own
+        .spawn(Client::connect(proxy.addr_string()))
+        .await
+        .unwrap()
+        .unwrap();
+    (own, client)
+}
+
+/// Ends every task of `own`, a release still under way included; a
+/// runtime is dropped where blocking is allowed.
+async fn end(own: tokio::runtime::Runtime) {
     tokio::task::spawn_blocking(move || drop(own))
         .await
         .unwrap();
-    free_soon(&server, "closed").await;
 }
 
 /// Cuts the connection of `guard` (taken through `proxy`) and waits until
@@ -545,16 +557,7 @@ async fn a_dropped_lease_guard_whose_connection_ended_is_released_by_fence() {
 async fn close_returns_once_a_dropped_lease_guard_is_released_by_fence() {
     let server = TestServer::start(Config::default()).await;
     let proxy = FreezableProxy::start(server.addr).await;
-    let own = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let holder = own
-        .spawn(Client::connect(proxy.addr_string()))
-        .await
-        .unwrap()
-        .unwrap();
+    let (own, holder) = on_a_runtime_of_its_own(&proxy).await;
     let guard = own
         .spawn({
             let holder = holder.clone();
@@ -570,9 +573,7 @@ async fn close_returns_once_a_dropped_lease_guard_is_released_by_fence() {
     })
     .await
     .unwrap();
-    tokio::task::spawn_blocking(move || drop(own))
-        .await
-        .unwrap();
+    end(own).await;
     // Nothing of the holder runs any more.
     let other = client(&server).await;
     match other.lock(["exit"], LockOptions::new().no_wait()).await {

@@ -170,33 +170,10 @@ async fn a_lease_granted_after_the_node_read_the_close_is_released_on_a_session_
 async fn a_leases_unlock_is_sent_again_by_fence_when_its_session_ends_while_moving() {
     let (mut node, client, _main) = connected().await;
 
-    // The lease, taken on a connection (a session) of its own.
-    let locking = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            client
-                .lock(
-                    "moving",
-                    LockOptions::new().lease(Duration::from_secs(3600)),
-                )
-                .await
-        })
-    };
-    let (mut own, open) = next_session(&mut node).await;
-    answer(&mut own, session_opened(&open, TTL)).await;
-    let lock = read_request(&mut own).await.expect("the Lock");
-    assert_eq!(lock.r#type(), RequestType::Lock);
-    answer(&mut own, granted(&lock)).await;
-    let guard = locking.await.expect("task").expect("locked");
-
     // The path breaks: the session moves, and the node it tries says the
     // session has ended (its TTL ran out, or it was closed).
-    socket2::SockRef::from(&own)
-        .set_linger(Some(Duration::ZERO))
-        .expect("linger 0");
-    drop(own);
-    let (mut resume, open) = next_session(&mut node).await;
-    assert_eq!(open.session, SESSION, "a resume of the session");
+    let (guard, mut resume, open) =
+        a_lease_then_its_session_moves(&mut node, &client, "moving").await;
     let mut unlocking = tokio::spawn(guard.unlock());
     answer(&mut resume, unknown_session(&open)).await;
 
@@ -222,33 +199,11 @@ async fn a_leases_unlock_is_sent_again_by_fence_when_its_session_ends_while_movi
 async fn a_dropped_lease_guards_unlock_is_sent_again_by_fence_when_its_session_ends_while_moving() {
     let (mut node, client, _main) = connected().await;
 
-    let locking = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            client
-                .lock(
-                    "dropped",
-                    LockOptions::new().lease(Duration::from_secs(3600)),
-                )
-                .await
-        })
-    };
-    let (mut own, open) = next_session(&mut node).await;
-    answer(&mut own, session_opened(&open, TTL)).await;
-    let lock = read_request(&mut own).await.expect("the Lock");
-    assert_eq!(lock.r#type(), RequestType::Lock);
-    answer(&mut own, granted(&lock)).await;
-    let guard = locking.await.expect("task").expect("locked");
-
     // The path breaks; the guard is dropped while its session moves, and
     // the node tried says the session has ended: the Unlock queued on it
     // is never sent.
-    socket2::SockRef::from(&own)
-        .set_linger(Some(Duration::ZERO))
-        .expect("linger 0");
-    drop(own);
-    let (mut resume, open) = next_session(&mut node).await;
-    assert_eq!(open.session, SESSION, "a resume of the session");
+    let (guard, mut resume, open) =
+        a_lease_then_its_session_moves(&mut node, &client, "dropped").await;
     drop(guard);
     let mut closing = tokio::spawn(client.close());
     answer(&mut resume, unknown_session(&open)).await;
@@ -277,6 +232,38 @@ async fn a_dropped_lease_guards_unlock_is_sent_again_by_fence_when_its_session_e
         .await
         .expect("close returns once the lease is released")
         .expect("task");
+}
+
+/// A lease on `key`, taken on a connection (a session) of its own, whose
+/// path then breaks: its guard, and the client's resume of that session,
+/// not answered yet.
+async fn a_lease_then_its_session_moves(
+    node: &mut fake_node::FakeNode,
+    client: &Client,
+    key: &str,
+) -> (dlock::LockGuard, tokio::net::TcpStream, Request) {
+    let locking = {
+        let client = client.clone();
+        let key = key.to_string();
+        tokio::spawn(async move {
+            client
+                .lock(key, LockOptions::new().lease(Duration::from_secs(3600)))
+                .await
+        })
+    };
+    let (mut own, open) = next_session(node).await;
+    answer(&mut own, session_opened(&open, TTL)).await;
+    let lock = read_request(&mut own).await.expect("the Lock");
+    assert_eq!(lock.r#type(), RequestType::Lock);
+    answer(&mut own, granted(&lock)).await;
+    let guard = locking.await.expect("task").expect("locked");
+    socket2::SockRef::from(&own)
+        .set_linger(Some(Duration::ZERO))
+        .expect("linger 0");
+    drop(own);
+    let (resume, open) = next_session(node).await;
+    assert_eq!(open.session, SESSION, "a resume of the session");
+    (guard, resume, open)
 }
 
 fn granted(req: &Request) -> Response {
