@@ -10,14 +10,17 @@ use tracing_subscriber::EnvFilter;
 
 /// openraft logs every election step and vote at info: an operator wants
 /// dlock's own lines and openraft's warnings. Its replication streams log
-/// an error for every failed RPC to a peer that is down (two lines each
-/// half second): the peer client reports a peer that stops answering
-/// itself, once, then once a minute, and when it is back
-/// (`engine/raft/reachability.rs`). What else that module logs is hidden
-/// too: a storage error while replicating stops the node, which logs the
-/// cause itself; a snapshot that cannot be sent is retried (set
-/// `--log-level info,openraft=warn` to see every line).
-const DEFAULT_LOG_FILTER: &str = "info,openraft=warn,openraft::replication=off";
+/// an error for every failed RPC to a peer that is down or refuses this
+/// node (two lines each half second), and its leader a warning for each
+/// (`replication_handler`): the peer client reports a peer that stops
+/// answering itself, once, then once a minute, and when it is back
+/// (`engine/raft/reachability.rs`), and a refusal once a minute
+/// (`engine/raft/paced.rs`). What else those modules log is hidden too: a
+/// storage error while replicating stops the node, which logs the cause
+/// itself; a snapshot that cannot be sent is retried (set `--log-level
+/// info,openraft=warn` to see every line).
+const DEFAULT_LOG_FILTER: &str =
+    "info,openraft=warn,openraft::replication=off,openraft::engine::handler::replication_handler=error";
 
 /// The dlock lock server.
 ///

@@ -97,6 +97,10 @@ fn a_data_dir_that_is_a_file_is_a_clear_startup_error() {
     std::fs::write(&file, "").unwrap();
     let stderr = refused_at_start(&["--data-dir".as_ref(), file.as_os_str()]);
     assert!(stderr.contains("is a file, not a directory"), "{stderr}");
+    assert!(
+        stderr.contains("give --data-dir a directory (it is created if missing)"),
+        "{stderr}"
+    );
 }
 
 /// A CA certificate (`dlock-server cert create-ca`'s ca.pem) given as the

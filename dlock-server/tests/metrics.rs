@@ -8,9 +8,11 @@ mod common;
 use common::process::Process;
 use common::{status, TestClient, PATIENCE};
 use dlock::proto::{RequestType, ResponseStatus};
+use dlock_server::testing::nodes::NodeProcesses;
 use prometheus_parse::{Sample, Scrape, Value};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -41,7 +43,11 @@ async fn scrape(addr: SocketAddr) -> Scrape {
 }
 
 fn metrics_addr(server: &mut Process) -> SocketAddr {
-    let line = server.wait_for_log("serving metrics");
+    addr_in(&server.wait_for_log("serving metrics"))
+}
+
+/// The address of a "serving metrics" log line.
+fn addr_in(line: &str) -> SocketAddr {
     let rest = line.split("addr=").nth(1).expect("addr field");
     rest.split_whitespace()
         .next()
@@ -326,6 +332,89 @@ async fn a_cluster_node_reports_its_raft_state_and_is_ready_once_it_leads() {
         ),
         1.0
     );
+}
+
+/// Node `i`'s metrics address, once it serves them.
+async fn metrics_of(nodes: &NodeProcesses, i: usize) -> SocketAddr {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let log = nodes.recent_log(i);
+        if let Some(line) = log.iter().find(|l| l.contains("serving metrics")) {
+            return addr_in(line);
+        }
+        assert!(Instant::now() < deadline, "node {i} never served metrics");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A node started with another `--cluster-id` beside a cluster is refused
+/// at every dial, both ways, for as long as both run (openraft dials again
+/// every few hundred milliseconds). Each side counts every refusal and logs
+/// a peer's refusal once (then once a minute): logged at each dial, one
+/// wrong flag wrote a dozen lines a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_of_another_cluster_is_counted_at_every_refusal_and_logged_once() {
+    let mut nodes = NodeProcesses::prepare(
+        dlock_server::testing::nodes::server_binary(),
+        3,
+        &[
+            "--heartbeat",
+            "100ms",
+            "--election-timeout",
+            "1s",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    nodes.node_flags(2, &["--cluster-id", "another"]);
+    nodes.start_all();
+    let odd = metrics_of(&nodes, 2).await;
+    let (first, second) = (metrics_of(&nodes, 0).await, metrics_of(&nodes, 1).await);
+    // Until the odd node refused many dials and was refused many times.
+    const MANY: f64 = 10.0;
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let s = scrape(odd).await;
+        let refused = value(&s, "dlock_raft_peer_refusals_total", &[("by", "this_node")]);
+        let refused_by = value(&s, "dlock_raft_peer_refusals_total", &[("by", "peer")]);
+        if refused >= MANY && refused_by >= MANY {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "refused {refused}, refused by peers {refused_by}: {:#?}",
+            nodes.recent_log(2)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The others: each refused the odd one's votes; the leader's
+    // replication was refused by it.
+    let mut refused_by = 0.0;
+    for http in [first, second] {
+        let s = scrape(http).await;
+        assert!(value(&s, "dlock_raft_peer_refusals_total", &[("by", "this_node")]) >= 1.0);
+        refused_by += value(&s, "dlock_raft_peer_refusals_total", &[("by", "peer")]);
+    }
+    assert!(refused_by >= 1.0, "the leader was never refused");
+    // Each node says it once per peer and side: the odd one of its
+    // refusal of each of the two others and of theirs of it; each other
+    // of the odd one's. openraft's leader warns of every failed
+    // replication RPC: hidden by default, the paced lines say it.
+    for (i, most) in [(0, 2), (1, 2), (2, 4)] {
+        let log = nodes.recent_log(i);
+        let said: Vec<&String> = log
+            .iter()
+            .filter(|l| l.contains("dlock_server::engine::raft::peer_") && l.contains("cluster id"))
+            .collect();
+        assert!(!said.is_empty(), "node {i} said nothing: {log:#?}");
+        assert!(said.len() <= most, "node {i}: {said:#?}");
+        for l in &said {
+            assert!(l.contains("once a minute"), "{l}");
+        }
+        let unpaced = log.iter().find(|l| l.contains("update progress error"));
+        assert!(unpaced.is_none(), "node {i}: {unpaced:?}");
+    }
+    assert!(!nodes.any_panicked(), "a node's log says it panicked");
 }
 
 /// A cluster of one with its data in `dir`, once it leads, and its

@@ -109,6 +109,7 @@ mod log;
 mod machine;
 mod membership;
 mod own_thread;
+mod paced;
 mod peer_client;
 mod peer_server;
 mod peer_tls;

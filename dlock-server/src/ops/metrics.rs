@@ -252,6 +252,8 @@ static LOG_FSYNC: Histogram<{ RAFT_BOUNDS.len() }> = Histogram::new();
 static COMMIT: Histogram<{ RAFT_BOUNDS.len() }> = Histogram::new();
 static SNAPSHOT: Histogram<{ SNAPSHOT_BOUNDS.len() }> = Histogram::new();
 static LEADER_CHANGES: AtomicU64 = AtomicU64::new(0);
+/// Peer hellos refused: by this node, and of this node by a peer.
+static PEER_REFUSALS: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
 
 // Counts that change once per connection or per timer batch, never per
 // request: one atomic each is cheap enough.
@@ -335,6 +337,12 @@ pub fn snapshot_built(d: Duration) {
 /// This node learned of a new leader (itself included).
 pub fn leader_changed() {
     LEADER_CHANGES.fetch_add(1, Relaxed);
+}
+
+/// A peer's hello was refused: by this node (`by_this_node`), or this
+/// node's by the peer. Counted at every dial, where the log line is paced.
+pub fn peer_refused(by_this_node: bool) {
+    PEER_REFUSALS[usize::from(!by_this_node)].fetch_add(1, Relaxed);
 }
 
 fn total(f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
@@ -749,6 +757,15 @@ fn raft_gauges(e: &mut DescriptorEncoder, s: &RaftGauges) -> Result<(), std::fmt
         "Times this node learned of a new leader (itself included).",
         LEADER_CHANGES.load(Relaxed),
     )?;
+    counter(
+        e,
+        "dlock_raft_peer_refusals",
+        "Peer connections refused at their hello (another --cluster-id or --initial-cluster, or an address that reached the wrong node), by which side refused.",
+        [
+            ([("by", "this_node")], PEER_REFUSALS[0].load(Relaxed)),
+            ([("by", "peer")], PEER_REFUSALS[1].load(Relaxed)),
+        ],
+    )?;
     histogram(
         e,
         "dlock_raft_log_fsync_seconds",
@@ -857,6 +874,7 @@ mod tests {
             "dlock_received_bytes_total",
             "dlock_sent_bytes_total",
             "dlock_raft_leader_changes_total",
+            "dlock_raft_peer_refusals_total",
         ] {
             assert_eq!(
                 types.get(counter).map(String::as_str),

@@ -14,17 +14,11 @@
 //! (`--initial-cluster-state existing`), or whose directory predates the
 //! record, says none, and is neither checked nor checks.
 //!
-//! openraft dials again every few hundred milliseconds, so both sides log
-//! a refusal once, then at most once a minute per peer ([`Paced`]).
+//! Both sides log a refusal paced (`paced`): openraft dials again every
+//! few hundred milliseconds.
 
 use super::types::{Member, NodeId};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
-use tokio::time::Instant;
-
-/// How often a refusal of one peer is logged again.
-const REPEAT: Duration = Duration::from_secs(60);
 
 /// Words every list refusal carries, for the dialler to tell it from other
 /// refusals (it arrives as text, which older nodes read too).
@@ -78,7 +72,11 @@ pub(crate) fn ignored_flag(recorded: Option<&str>, flag: Option<&str>) -> Option
     let (recorded, flag) = (recorded?, flag?);
     (recorded != flag).then(|| {
         format!(
-            "--initial-cluster {flag} differs from the list this node was first started with,              {recorded}: the flag is ignored (the membership is read from the data directory),              but a node started fresh with it would refuse, and be refused by, this cluster's              nodes. Give every node the list the cluster was bootstrapped with, or leave the              flag out on restarts (docs/CLUSTER.md, \"Whose a data directory is\")"
+            "--initial-cluster {flag} differs from the list this node was first started with, \
+             {recorded}: the flag is ignored (the membership is read from the data directory), \
+             but a node started fresh with it would refuse, and be refused by, this cluster's \
+             nodes. Give every node the list the cluster was bootstrapped with, or leave the \
+             flag out on restarts (docs/CLUSTER.md, \"Whose a data directory is\")"
         )
     })
 }
@@ -86,31 +84,6 @@ pub(crate) fn ignored_flag(recorded: Option<&str>, flag: Option<&str>) -> Option
 /// Whether `why`, a peer's refusal, is [`refusal`]'s.
 pub(crate) fn is_refusal(why: &str) -> bool {
     why.contains(SAME_LIST)
-}
-
-/// When each peer's refusal was last logged.
-#[derive(Clone, Default)]
-pub(crate) struct Paced(Arc<Mutex<BTreeMap<NodeId, Instant>>>);
-
-impl Paced {
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<NodeId, Instant>> {
-        // Plain instants, valid whatever a panicking holder did.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Whether a refusal of `peer` is to be logged now: the first, and then
-    /// one a [`REPEAT`].
-    pub(crate) fn due(&self, peer: NodeId) -> bool {
-        let now = Instant::now();
-        let mut last = self.lock();
-        match last.get(&peer) {
-            Some(&at) if now.duration_since(at) < REPEAT => false,
-            _ => {
-                last.insert(peer, now);
-                true
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -121,6 +94,7 @@ mod tests {
             .expect("another list is worth a warning");
         assert!(warned.contains("1=a@b,2=c@d") && warned.contains("1=a@b,2=c@e"));
         assert!(warned.contains("ignored"), "{warned}");
+        assert!(!warned.contains("  "), "one line of words: {warned}");
         assert_eq!(super::ignored_flag(Some("1=a@b"), Some("1=a@b")), None);
         // Joined with `existing`, from an older version, or no flag given.
         assert_eq!(super::ignored_flag(None, Some("1=a@b")), None);
@@ -169,19 +143,8 @@ mod tests {
         );
         assert!(why.contains("node 1 with 1=a@b,2=c@d"), "{why}");
         assert!(why.contains("empty their data directories"), "{why}");
+        assert!(!why.contains("  "), "one line of words: {why}");
         assert!(is_refusal(&why));
         assert!(!is_refusal("cluster id \"x\" from node 3"));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_refusal_is_logged_once_then_once_a_minute_per_peer() {
-        let paced = Paced::default();
-        assert!(paced.due(3));
-        assert!(!paced.due(3));
-        assert!(paced.due(4), "another peer is its own");
-        tokio::time::advance(REPEAT / 2).await;
-        assert!(!paced.due(3));
-        tokio::time::advance(REPEAT / 2).await;
-        assert!(paced.due(3));
     }
 }

@@ -10,7 +10,8 @@
 //! idle, so an RPC that fails on one is tried once more on a fresh one
 //! (Raft RPCs are safe to repeat).
 
-use super::initial_list::{self, Paced};
+use super::initial_list;
+use super::paced::Paced;
 use super::peer_tls::{self, PeerTls};
 use super::reachability::Reachability;
 use super::types::{Member, NodeId, TypeConfig};
@@ -57,8 +58,8 @@ pub(crate) struct Network {
     /// The `--initial-cluster` list this node bootstrapped with, said in
     /// every hello.
     initial_cluster: Option<Arc<str>>,
-    /// When a peer's refusal of that list was last logged.
-    list_refusals: Paced,
+    /// When each peer's refusal of this node's hello was last logged.
+    refusals: Paced,
 }
 
 impl Network {
@@ -80,7 +81,7 @@ impl Network {
             routes: Arc::new(routes),
             reach: Reachability::default(),
             initial_cluster: initial_cluster.map(Arc::from),
-            list_refusals: Paced::default(),
+            refusals: Paced::default(),
         }
     }
 
@@ -291,23 +292,22 @@ impl PeerClient {
         }
     }
 
-    /// Logs the target's refusal of this node's hello (`e`).
+    /// Logs the target's refusal of this node's hello (`e`), paced:
+    /// openraft dials again every few hundred milliseconds.
     fn log_refusal(&self, e: &WireError) {
-        match e {
-            // The cluster's safety is at stake: an error, and the same
-            // words as the other side's, paced (openraft redials every few
-            // hundred milliseconds).
-            WireError::Refused(why) if initial_list::is_refusal(why) => {
-                if self.net.list_refusals.due(self.target) {
-                    tracing::error!(target_node = self.target, addr = %self.addr, "peer refused this node: {why}; said again once a minute while it refuses");
-                }
-            }
-            // A configuration error (wrong cluster id or address), not a
-            // passing fault: say so at warn. openraft's backoff paces the
-            // retries, and so this line.
-            e => {
-                tracing::warn!(target_node = self.target, addr = %self.addr, error = %e, "peer refused this node")
-            }
+        let WireError::Refused(why) = e else {
+            return;
+        };
+        crate::ops::metrics::peer_refused(false);
+        if !self.net.refusals.due(self.target) {
+            return;
+        }
+        // Another list puts the cluster's safety at stake; the rest (a wrong
+        // cluster id or address) only keep this node out.
+        if initial_list::is_refusal(why) {
+            tracing::error!(target_node = self.target, addr = %self.addr, "peer refused this node: {why}; said again once a minute while it refuses");
+        } else {
+            tracing::warn!(target_node = self.target, addr = %self.addr, "peer refused this node: {why}; said again once a minute while it refuses");
         }
     }
 
@@ -328,9 +328,7 @@ impl PeerClient {
             Ok(other) => Err(format!("answered with {other:?}")),
             Err(ExchangeError::Timeout) => Err(format!("no answer within {ttl:?}")),
             Err(ExchangeError::Wire(e)) => {
-                if matches!(&e, WireError::Refused(why) if initial_list::is_refusal(why)) {
-                    self.log_refusal(&e);
-                }
+                self.log_refusal(&e);
                 Err(e.to_string())
             }
         }

@@ -13,7 +13,8 @@
 //! capped, and a connection must say hello within [`wire::HELLO_TIMEOUT`],
 //! so idle sockets cannot pile up.
 
-use super::initial_list::{self, Paced};
+use super::initial_list;
+use super::paced::Paced;
 use super::peer_tls::{self, PeerTls};
 use super::types::{NodeId, Raft};
 use super::wire::{
@@ -47,8 +48,8 @@ pub(crate) struct PeerServer {
     pub(crate) tls: Option<PeerTls>,
     /// The `--initial-cluster` list this node bootstrapped with, if known.
     pub(crate) initial_cluster: Option<Arc<str>>,
-    /// When a peer's hello with another list was last logged.
-    pub(crate) list_refusals: Paced,
+    /// When a peer's refused hello was last logged.
+    pub(crate) refusals: Paced,
 }
 
 impl PeerServer {
@@ -261,8 +262,8 @@ impl PeerServer {
             };
         let refusal = if hello.protocol != PROTOCOL {
             Some(format!(
-                "protocol {:?}, expected {PROTOCOL:?}",
-                hello.protocol
+                "protocol {:?} from node {}, expected {PROTOCOL:?}",
+                hello.protocol, hello.from
             ))
         } else if *hello.cluster_id != *self.cluster_id {
             Some(format!(
@@ -275,24 +276,29 @@ impl PeerServer {
                 hello.from, hello.to, self.local
             ))
         } else {
-            None
+            initial_list::refusal(
+                hello.from,
+                hello.initial_cluster.as_deref(),
+                self.local,
+                self.initial_cluster.as_deref(),
+            )
         };
         if let Some(why) = refusal {
-            // Best effort: the dialler logs the reason too.
-            let _ = wire::send(conn, Format::Json, &HelloReply::Refused(why.clone())).await;
-            return Err(why.into());
-        }
-        if let Some(why) = initial_list::refusal(
-            hello.from,
-            hello.initial_cluster.as_deref(),
-            self.local,
-            self.initial_cluster.as_deref(),
-        ) {
-            if self.list_refusals.due(hello.from) {
-                tracing::error!(
-                    node = hello.from,
-                    "peer connection refused: {why}; said again once a minute while it dials"
-                );
+            crate::ops::metrics::peer_refused(true);
+            if self.refusals.due(hello.from) {
+                // Another list puts the cluster's safety at stake; the rest
+                // only keep a node out.
+                if initial_list::is_refusal(&why) {
+                    tracing::error!(
+                        node = hello.from,
+                        "peer connection refused: {why}; said again once a minute while it dials"
+                    );
+                } else {
+                    tracing::warn!(
+                        node = hello.from,
+                        "peer connection refused: {why}; said again once a minute while it dials"
+                    );
+                }
             }
             // Best effort: the dialler logs the reason too.
             let _ = wire::send(conn, Format::Json, &HelloReply::Refused(why)).await;

@@ -53,7 +53,8 @@ fn open_data_dir(
     // Said plainly: creating it would fail with "File exists".
     if dir.exists() && !dir.is_dir() {
         anyhow::bail!(
-            "the data directory {} is a file, not a directory: give --data-dir a directory              (it is created if missing)",
+            "the data directory {} is a file, not a directory: give --data-dir a directory \
+             (it is created if missing)",
             dir.display()
         );
     }
@@ -410,7 +411,7 @@ impl Cluster {
             cluster_id: cfg.cluster_id.as_str().into(),
             tls: cfg.peer_tls.clone(),
             initial_cluster,
-            list_refusals: initial_list::Paced::default(),
+            refusals: super::paced::Paced::default(),
         };
         cluster.critical(
             "the peer port",

@@ -1,0 +1,61 @@
+//! Pacing of the log lines about a peer that refuses this node, or that
+//! this node refuses, at the peer hello.
+//!
+//! A refusal is a configuration error (another `--cluster-id`, another
+//! `--initial-cluster` list, a peer address that reaches the wrong node),
+//! and it does not pass by itself: openraft dials again every few hundred
+//! milliseconds for as long as the nodes run. Logged at each dial, one
+//! wrong flag would write a dozen lines a second on each side and bury
+//! everything else. So each side logs a peer's refusal once, then at most
+//! once a minute per peer, saying so in the line.
+
+use super::types::NodeId;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How often a refusal of one peer is logged again.
+const REPEAT: Duration = Duration::from_secs(60);
+
+/// When each peer's refusal was last logged.
+#[derive(Clone, Default)]
+pub(crate) struct Paced(Arc<Mutex<BTreeMap<NodeId, Instant>>>);
+
+impl Paced {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<NodeId, Instant>> {
+        // Plain instants, valid whatever a panicking holder did.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a refusal of `peer` is to be logged now: the first, and then
+    /// one a [`REPEAT`].
+    pub(crate) fn due(&self, peer: NodeId) -> bool {
+        let now = Instant::now();
+        let mut last = self.lock();
+        match last.get(&peer) {
+            Some(&at) if now.duration_since(at) < REPEAT => false,
+            _ => {
+                last.insert(peer, now);
+                true
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_logged_once_then_once_a_minute_per_peer() {
+        let paced = Paced::default();
+        assert!(paced.due(3));
+        assert!(!paced.due(3));
+        assert!(paced.due(4), "another peer is its own");
+        tokio::time::advance(REPEAT / 2).await;
+        assert!(!paced.due(3));
+        tokio::time::advance(REPEAT / 2).await;
+        assert!(paced.due(3));
+    }
+}
