@@ -4,23 +4,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use dlock_server::ops::cert::Cert;
 use dlock_server::ops::local_cluster::LocalCluster;
-use dlock_server::{Config, LogFormat};
-use std::io::IsTerminal;
-use tracing_subscriber::EnvFilter;
-
-/// openraft logs every election step and vote at info: an operator wants
-/// dlock's own lines and openraft's warnings. Its replication streams log
-/// an error for every failed RPC to a peer that is down or refuses this
-/// node (two lines each half second), and its leader a warning for each
-/// (`replication_handler`): the peer client reports a peer that stops
-/// answering itself, once, then once a minute, and when it is back
-/// (`engine/raft/reachability.rs`), and a refusal once a minute
-/// (`engine/raft/paced.rs`). What else those modules log is hidden too: a
-/// storage error while replicating stops the node, which logs the cause
-/// itself; a snapshot that cannot be sent is retried (set `--log-level
-/// info,openraft=warn` to see every line).
-const DEFAULT_LOG_FILTER: &str =
-    "info,openraft=warn,openraft::replication=off,openraft::engine::handler::replication_handler=error";
+use dlock_server::ops::logging;
+use dlock_server::Config;
 
 /// The dlock lock server.
 ///
@@ -71,33 +56,14 @@ fn main() -> std::process::ExitCode {
         };
     }
     let config = cli.config;
-    let filter = match &config.log_level {
-        Some(level) => EnvFilter::try_new(level),
-        None => {
-            EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new(DEFAULT_LOG_FILTER))
-        }
-    };
-    let filter = match filter {
+    let filter = match logging::filter(config.log_level.as_deref()) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("dlock-server: invalid log filter: {e}");
             return std::process::ExitCode::from(2);
         }
     };
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match config.log_format {
-        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-        // Fields at the top level and only the innermost span (a
-        // connection's peer): flat objects are what log collectors index.
-        LogFormat::Json => logs
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
-            .init(),
-    }
+    logging::init(filter, config.log_format);
     if config.restore_backup {
         return restore(&config);
     }

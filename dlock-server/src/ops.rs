@@ -11,6 +11,7 @@ pub mod cert;
 pub mod config;
 pub mod limit_log;
 pub mod local_cluster;
+pub mod logging;
 pub mod metrics;
 pub mod metrics_http;
 pub mod ports;

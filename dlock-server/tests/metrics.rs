@@ -417,6 +417,62 @@ async fn a_peer_of_another_cluster_is_counted_at_every_refusal_and_logged_once()
     assert!(!nodes.any_panicked(), "a node's log says it panicked");
 }
 
+/// A node cut off from its peers stands again and again. openraft logs
+/// an error for every peer at every election ("while requesting vote"),
+/// about five lines a second for as long as the partition lasts; the
+/// server writes each of openraft's warning and error lines once a minute
+/// at most (reachability.rs reports each peer that does not answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_its_peers_does_not_repeat_openrafts_errors_at_each_election() {
+    let mut nodes = NodeProcesses::prepare(
+        dlock_server::testing::nodes::server_binary(),
+        1,
+        &[
+            "--heartbeat",
+            "50ms",
+            "--election-timeout",
+            "100ms",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    // Two more members where nobody listens (ports released at once, below
+    // the ephemeral range): node 1 alone of three.
+    let nobody = || dlock_server::testing::ports::reserve().0;
+    let list = format!(
+        "{},2={}@{},3={}@{}",
+        nodes.members_list(),
+        nobody(),
+        nobody(),
+        nobody(),
+        nobody()
+    );
+    nodes.initial_cluster(0, &list);
+    nodes.start_all();
+    let http = metrics_of(&nodes, 0).await;
+    const ELECTIONS: f64 = 8.0;
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let term = value(&scrape(http).await, "dlock_raft_term", &[]);
+        if term >= ELECTIONS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "stood {term} times");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = nodes.recent_log(0);
+    let said = log
+        .iter()
+        .filter(|l| l.contains("while requesting vote"))
+        .count();
+    assert_eq!(said, 1, "{log:#?}");
+    assert!(
+        log.iter().any(|l| l.contains("peer does not answer")),
+        "{log:#?}"
+    );
+    assert!(!nodes.any_panicked(), "a node's log says it panicked");
+}
+
 /// A cluster of one with its data in `dir`, once it leads, and its
 /// metrics address.
 async fn ready_cluster_of_one(dir: &std::path::Path) -> (Process, SocketAddr) {
