@@ -192,6 +192,17 @@ async fn a_member_first_started_after_the_others_formed_the_cluster_bootstraps()
     assert!(!nodes.any_panicked(), "a node's log says it panicked");
 }
 
+/// `--initial-cluster` as every node gets it, and one with a stale peer
+/// address for node 2 (nobody listens there: released at once, below the
+/// ephemeral range).
+fn right_and_wrong_lists(nodes: &NodeProcesses) -> (String, String) {
+    let right = nodes.members_list();
+    let stale = dlock_server::testing::ports::reserve().0;
+    let wrong = right.replace(&format!("@{}", nodes.peer_addr(1)), &format!("@{stale}"));
+    assert_ne!(right, wrong);
+    (right, wrong)
+}
+
 /// Initial nodes given different `--initial-cluster` lists (here node 3,
 /// with a stale address for node 2) would each write their own first
 /// membership at the same log position, which openraft takes for the same
@@ -199,7 +210,9 @@ async fn a_member_first_started_after_the_others_formed_the_cluster_bootstraps()
 /// own, or lead beside it. Each records its list and says it in its peer
 /// hello, so nodes 1 and 2 form their cluster and serve, and node 3 is
 /// refused by both and never joins, with an error on both sides that
-/// names both lists.
+/// names both lists. Node 3 starts first, so that no leader exists when it
+/// asks the others (a first start of all the nodes: it cannot tell yet
+/// which side is wrong, and starts).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_given_another_initial_list_never_joins_the_others_cluster() {
     let mut nodes = NodeProcesses::prepare(
@@ -207,12 +220,9 @@ async fn a_node_given_another_initial_list_never_joins_the_others_cluster() {
         3,
         &["--heartbeat", "100ms", "--election-timeout", "1s"],
     );
-    let right = nodes.members_list();
-    // Nobody listens there: released at once, below the ephemeral range.
-    let stale = dlock_server::testing::ports::reserve().0;
-    let wrong = right.replace(&format!("@{}", nodes.peer_addr(1)), &format!("@{stale}"));
-    assert_ne!(right, wrong);
+    let (right, wrong) = right_and_wrong_lists(&nodes);
     nodes.initial_cluster(2, &wrong);
+    nodes.restart(2);
     nodes.start_all();
 
     let first_two = format!("{},{}", nodes.addr(0), nodes.addr(1));
@@ -270,6 +280,56 @@ async fn a_node_given_another_initial_list_never_joins_the_others_cluster() {
     let recorded = std::fs::read_to_string(nodes.data_dir(2).join("identity")).expect("read");
     assert!(recorded.contains(&wrong), "{recorded}");
     g.unlock().await.expect("nodes 1 and 2 still serve");
+    assert!(!nodes.any_panicked(), "a node's log says it panicked");
+}
+
+/// A fresh node whose flags disagree with a running cluster's (another
+/// `--initial-cluster` list, another `--cluster-id`) is refused by its
+/// members, which say they know a leader: the fresh node is the wrong one.
+/// It does not start (sitting apart, refused at every dial, it would only
+/// log), its data directory is left empty, and with the right flags it
+/// starts and joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_node_a_running_cluster_refuses_does_not_start_until_its_flags_are_right() {
+    let mut nodes = NodeProcesses::prepare(
+        env!("CARGO_BIN_EXE_dlock-server"),
+        3,
+        &["--heartbeat", "100ms", "--election-timeout", "1s"],
+    );
+    nodes.restart(0);
+    nodes.restart(1);
+    let first_two = format!("{},{}", nodes.addr(0), nodes.addr(1));
+    let c = Client::connect(first_two.as_str())
+        .await
+        .expect("a leader of nodes 1 and 2");
+    let g = c.lock("served", LockOptions::new()).await.expect("lock");
+    let dir = nodes.data_dir(2).to_path_buf();
+    let (right, wrong) = right_and_wrong_lists(&nodes);
+
+    nodes.initial_cluster(2, &wrong);
+    let why = nodes
+        .try_restart(2)
+        .expect_err("a node with another list must not start");
+    assert!(why.contains(&wrong) && why.contains(&right), "{why}");
+    assert!(why.contains("is a member of a running cluster"), "{why}");
+    assert!(why.contains("Node 3 does not start"), "{why}");
+    assert!(why.contains(&dir.display().to_string()), "{why}");
+    let stamp = dir.join("identity");
+    assert!(!stamp.exists(), "the directory is left as fresh");
+
+    nodes.initial_cluster(2, &right);
+    nodes.node_flags(2, &["--cluster-id", "another"]);
+    let why = nodes
+        .try_restart(2)
+        .expect_err("a node with another cluster id must not start");
+    assert!(why.contains("cluster id \"another\""), "{why}");
+    assert!(why.contains("is a member of a running cluster"), "{why}");
+    assert!(!stamp.exists(), "the directory is left as fresh");
+
+    nodes.node_flags(2, &[]);
+    nodes.restart(2);
+    await_caught_up(&nodes, 2).await;
+    g.unlock().await.expect("the cluster still serves");
     assert!(!nodes.any_panicked(), "a node's log says it panicked");
 }
 

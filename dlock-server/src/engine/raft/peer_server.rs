@@ -16,6 +16,7 @@
 use super::initial_list;
 use super::paced::Paced;
 use super::peer_tls::{self, PeerTls};
+use super::standing;
 use super::types::{NodeId, Raft};
 use super::wire::{
     self, Format, Hello, HelloReply, PeerFrames, Reply, Request, Standing, WireError, PROTOCOL,
@@ -284,6 +285,12 @@ impl PeerServer {
             )
         };
         if let Some(why) = refusal {
+            // A fresh dialler refused by a running cluster is the node
+            // that is wrong, and stops (`standing`).
+            let why = match self.running_cluster() {
+                Some((leader, term)) => standing::refused_by_a_running_cluster(&why, leader, term),
+                None => why,
+            };
             crate::ops::metrics::peer_refused(true);
             if self.refusals.due(hello.from) {
                 // Another list puts the cluster's safety at stake; the rest
@@ -381,6 +388,14 @@ impl From<&str> for Refusal {
 }
 
 impl PeerServer {
+    /// The leader this node knows and its term: `None` while it knows
+    /// none (at a first start, before the first election).
+    fn running_cluster(&self) -> Option<(NodeId, u64)> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        m.current_leader.map(|leader| (leader, m.current_term))
+    }
+
     /// What this node knows of node `of`'s place in its cluster.
     fn standing(&self, of: NodeId) -> Standing {
         let m = self.raft.metrics().borrow().clone();

@@ -19,6 +19,14 @@
 //! `dlock cluster add`. A member that cannot be asked (down, older, still
 //! starting) says nothing either way: at a first start of all the nodes
 //! together none of them can answer yet, and they bootstrap as before.
+//!
+//! A member that refuses this node's hello (another `--cluster-id`, another
+//! `--initial-cluster` list, an address that reaches another node) while it
+//! knows a leader says so in its refusal: then a cluster runs whose nodes
+//! agree with each other and not with this one, so this node's flags are
+//! the wrong ones ([`Finding::Refused`]). It does not start, and its data
+//! directory stays empty for a start with the right flags. Had it started,
+//! it would sit apart, refused at every dial.
 
 use super::peer_client::Network;
 use super::types::{Member, NodeId};
@@ -51,6 +59,23 @@ pub(crate) enum Finding {
         /// Its term.
         term: u64,
     },
+    /// A member of a running cluster refused this node's hello: their
+    /// flags disagree (see the module documentation).
+    Refused {
+        /// The member that refused.
+        by: NodeId,
+        /// Its reason, naming both sides' values.
+        why: String,
+    },
+}
+
+/// Words a refusal carries when the refusing node knows a leader, for a
+/// fresh dialler to tell it from a refusal at a first start.
+const RUNNING: &str = "is a member of a running cluster";
+
+/// A hello refusal (`why`) from a node that knows `leader` in `term`.
+pub(crate) fn refused_by_a_running_cluster(why: &str, leader: NodeId, term: u64) -> String {
+    format!("{why}; the refusing node {RUNNING} (leader: node {leader}, term {term})")
 }
 
 impl std::fmt::Display for Finding {
@@ -67,6 +92,7 @@ impl std::fmt::Display for Finding {
                 "a cluster is running (leader: node {leader}, term {term}) and this node is not (or \
                  no longer) one of its members"
             ),
+            Finding::Refused { by, why } => write!(f, "node {by} refused this node: {why}"),
         }
     }
 }
@@ -83,11 +109,14 @@ pub(crate) async fn ask_the_cluster(
         .iter()
         .filter(|(id, _)| **id != me)
         .map(|(id, m)| ask(network, *id, m.peer_addr.clone()));
-    let answers: Vec<(NodeId, Standing)> = futures_util::future::join_all(asks)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
+    let mut answers: Vec<(NodeId, Standing)> = Vec::new();
+    for (id, said) in futures_util::future::join_all(asks).await {
+        match said {
+            Said::Standing(s) => answers.push((id, s)),
+            Said::Refused(why) => return Some(Finding::Refused { by: id, why }),
+            Said::Nothing => {}
+        }
+    }
     let mut leaders: Vec<(NodeId, Standing)> = Vec::new();
     for (_, s) in &answers {
         if s.leading {
@@ -97,8 +126,10 @@ pub(crate) async fn ask_the_cluster(
         if let Some((leader, addr)) = &s.leader {
             let asked = answers.iter().chain(&leaders).any(|(a, _)| a == leader);
             if !asked && *leader != me {
-                if let Some(answer) = ask(network, *leader, addr.clone()).await {
-                    leaders.push(answer);
+                match ask(network, *leader, addr.clone()).await {
+                    (id, Said::Standing(s)) => leaders.push((id, s)),
+                    (by, Said::Refused(why)) => return Some(Finding::Refused { by, why }),
+                    (_, Said::Nothing) => {}
                 }
             }
         }
@@ -121,12 +152,35 @@ fn finding(leader: NodeId, s: &Standing) -> Option<Finding> {
     })
 }
 
-async fn ask(network: &Network, id: NodeId, peer_addr: String) -> Option<(NodeId, Standing)> {
+/// What one member said when asked.
+enum Said {
+    Standing(Standing),
+    /// It refused this node's hello, and knows a leader: the refusal.
+    Refused(String),
+    /// Nothing to go by: down, older, still starting, or refused while it
+    /// knows no leader (every node's first start).
+    Nothing,
+}
+
+async fn ask(network: &Network, id: NodeId, peer_addr: String) -> (NodeId, Said) {
     match network.client(id, &peer_addr).standing(ASK_LIMIT).await {
-        Ok(s) => Some((id, s)),
+        Ok(s) => (id, Said::Standing(s)),
+        Err(why) if why.contains(RUNNING) => (id, Said::Refused(why)),
         Err(why) => {
             tracing::debug!(node = id, addr = %peer_addr, reason = %why, "cannot ask before bootstrapping");
-            None
+            (id, Said::Nothing)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_refusal_from_a_running_cluster_says_so_and_is_told_apart() {
+        let why = super::refused_by_a_running_cluster("cluster id \"a\" from node 3", 2, 7);
+        assert!(why.starts_with("cluster id \"a\" from node 3; "), "{why}");
+        assert!(why.ends_with("(leader: node 2, term 7)"), "{why}");
+        assert!(why.contains(super::RUNNING));
+        assert!(!"cluster id \"a\" from node 3".contains(super::RUNNING));
     }
 }

@@ -166,9 +166,10 @@ fn claim(cfg: &ClusterConfig) -> Claim {
 }
 
 /// Stops a node with an empty data directory from starting where it
-/// would harm a running cluster (see `standing.rs`): a member that lost its
-/// data, a bootstrap beside a cluster that runs without this node, or a node
-/// outside `--initial-cluster` not told that it joins.
+/// would harm a running cluster, or only sit apart from it (see
+/// `standing.rs`): a member that lost its data, a bootstrap beside a cluster
+/// that runs without this node, a node outside `--initial-cluster` not told
+/// that it joins, or one whose flags a running cluster's members refuse.
 async fn refuse_a_start_that_would_harm(
     cfg: &ClusterConfig,
     network: &Network,
@@ -204,6 +205,13 @@ async fn refuse_a_start_that_would_harm(
                 dir.display()
             )
         }
+        Some(found @ standing::Finding::Refused { .. }) => anyhow::bail!(
+            "{found}. Node {id} does not start: its flags disagree with a running cluster's, so it \
+             would sit apart, refused at every dial. Its data directory {} is left empty: correct \
+             the flag the refusal names (--cluster-id, --initial-cluster, or a peer address in it) \
+             to the running cluster's and start it again",
+            dir.display()
+        ),
         Some(standing::Finding::NotAMember { .. }) => tracing::info!(
             node = id,
             "fresh node joining a running cluster: waiting to be added (dlock cluster add)"
