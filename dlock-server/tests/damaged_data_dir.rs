@@ -288,7 +288,8 @@ async fn a_node_given_another_initial_list_never_joins_the_others_cluster() {
 /// members, which say they know a leader: the fresh node is the wrong one.
 /// It does not start (sitting apart, refused at every dial, it would only
 /// log), its data directory is left empty, and with the right flags it
-/// starts and joins.
+/// starts and joins. Restarted later with the wrong list, it starts (the
+/// list is read from its directory then) and warns that the flag differs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_node_a_running_cluster_refuses_does_not_start_until_its_flags_are_right() {
     let mut nodes = NodeProcesses::prepare(
@@ -328,6 +329,31 @@ async fn a_fresh_node_a_running_cluster_refuses_does_not_start_until_its_flags_a
 
     nodes.node_flags(2, &[]);
     nodes.restart(2);
+    await_caught_up(&nodes, 2).await;
+
+    // Once it holds data the list is read from its directory: a later
+    // start with the wrong one starts, and warns that the flag is ignored
+    // (a template that says it would give it to the next fresh node).
+    nodes.kill(2);
+    nodes.initial_cluster(2, &wrong);
+    nodes.restart(2);
+    let says = "differs from the list this node was first started with";
+    let deadline = Instant::now() + common::PATIENCE;
+    let warned = loop {
+        if let Some(l) = nodes.recent_log(2).into_iter().find(|l| l.contains(says)) {
+            break l;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no warning: {:#?}",
+            nodes.recent_log(2)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        warned.contains(&wrong) && warned.contains(&right),
+        "{warned}"
+    );
     await_caught_up(&nodes, 2).await;
     g.unlock().await.expect("the cluster still serves");
     assert!(!nodes.any_panicked(), "a node's log says it panicked");

@@ -367,6 +367,9 @@ async fn a_peer_of_another_cluster_is_counted_at_every_refusal_and_logged_once()
         ],
     );
     nodes.node_flags(2, &["--cluster-id", "another"]);
+    // Started first, so that no leader exists when it asks the others
+    // before bootstrapping: refused by a running cluster, it would exit.
+    nodes.restart(2);
     nodes.start_all();
     let odd = metrics_of(&nodes, 2).await;
     let (first, second) = (metrics_of(&nodes, 0).await, metrics_of(&nodes, 1).await);
