@@ -273,8 +273,11 @@ impl PeerServer {
             ))
         } else if hello.to != self.local {
             Some(format!(
-                "node {} dialled node {} but reached node {}",
-                hello.from, hello.to, self.local
+                "node {} dialled node {} {} {}",
+                hello.from,
+                hello.to,
+                standing::REACHED_ANOTHER,
+                self.local
             ))
         } else {
             initial_list::refusal(

@@ -26,7 +26,10 @@
 //! agree with each other and not with this one, so this node's flags are
 //! the wrong ones ([`Finding::Refused`]). It does not start, and its data
 //! directory stays empty for a start with the right flags. Had it started,
-//! it would sit apart, refused at every dial.
+//! it would sit apart, refused at every dial. Except for a node that joins
+//! (`--initial-cluster-state existing`) and dialled an address that now
+//! reaches another node: its list only says where to ask, and may be older
+//! than the cluster's membership, which it learns once added.
 
 use super::peer_client::Network;
 use super::types::{Member, NodeId};
@@ -73,6 +76,10 @@ pub(crate) enum Finding {
 /// fresh dialler to tell it from a refusal at a first start.
 const RUNNING: &str = "is a member of a running cluster";
 
+/// Words of the refusal of a hello that reached another node than the
+/// one dialled.
+pub(crate) const REACHED_ANOTHER: &str = "but reached node";
+
 /// A hello refusal (`why`) from a node that knows `leader` in `term`.
 pub(crate) fn refused_by_a_running_cluster(why: &str, leader: NodeId, term: u64) -> String {
     format!("{why}; the refusing node {RUNNING} (leader: node {leader}, term {term})")
@@ -104,11 +111,13 @@ pub(crate) async fn ask_the_cluster(
     network: &Network,
     me: NodeId,
     members: &BTreeMap<NodeId, Member>,
+    joins: bool,
 ) -> Option<Finding> {
+    let ask_node = |id: NodeId, addr: String| ask(network, id, addr, joins);
     let asks = members
         .iter()
         .filter(|(id, _)| **id != me)
-        .map(|(id, m)| ask(network, *id, m.peer_addr.clone()));
+        .map(|(id, m)| ask_node(*id, m.peer_addr.clone()));
     let mut answers: Vec<(NodeId, Standing)> = Vec::new();
     for (id, said) in futures_util::future::join_all(asks).await {
         match said {
@@ -126,7 +135,7 @@ pub(crate) async fn ask_the_cluster(
         if let Some((leader, addr)) = &s.leader {
             let asked = answers.iter().chain(&leaders).any(|(a, _)| a == leader);
             if !asked && *leader != me {
-                match ask(network, *leader, addr.clone()).await {
+                match ask_node(*leader, addr.clone()).await {
                     (id, Said::Standing(s)) => leaders.push((id, s)),
                     (by, Said::Refused(why)) => return Some(Finding::Refused { by, why }),
                     (_, Said::Nothing) => {}
@@ -162,15 +171,23 @@ enum Said {
     Nothing,
 }
 
-async fn ask(network: &Network, id: NodeId, peer_addr: String) -> (NodeId, Said) {
+/// Asks node `id` at `peer_addr`; `joins`: this node joins a running
+/// cluster (see the module documentation).
+async fn ask(network: &Network, id: NodeId, peer_addr: String, joins: bool) -> (NodeId, Said) {
     match network.client(id, &peer_addr).standing(ASK_LIMIT).await {
         Ok(s) => (id, Said::Standing(s)),
-        Err(why) if why.contains(RUNNING) => (id, Said::Refused(why)),
+        Err(why) if says_this_node_is_wrong(&why, joins) => (id, Said::Refused(why)),
         Err(why) => {
             tracing::debug!(node = id, addr = %peer_addr, reason = %why, "cannot ask before bootstrapping");
             (id, Said::Nothing)
         }
     }
+}
+
+/// Whether a failed ask's error (`why`) is a refusal that shows this
+/// node's flags are the wrong ones.
+fn says_this_node_is_wrong(why: &str, joins: bool) -> bool {
+    why.contains(RUNNING) && !(joins && why.contains(REACHED_ANOTHER))
 }
 
 #[cfg(test)]
@@ -182,5 +199,25 @@ mod tests {
         assert!(why.ends_with("(leader: node 2, term 7)"), "{why}");
         assert!(why.contains(super::RUNNING));
         assert!(!"cluster id \"a\" from node 3".contains(super::RUNNING));
+        assert!(super::says_this_node_is_wrong(&why, false));
+        assert!(
+            super::says_this_node_is_wrong(&why, true),
+            "a joiner's cluster id"
+        );
+        assert!(!super::says_this_node_is_wrong(
+            "cluster id \"a\" from node 3",
+            false
+        ));
+    }
+
+    #[test]
+    fn a_joiner_whose_hint_reaches_another_node_of_the_cluster_goes_on() {
+        let why = format!("node 4 dialled node 2 {} 1", super::REACHED_ANOTHER);
+        let why = super::refused_by_a_running_cluster(&why, 1, 3);
+        assert!(
+            super::says_this_node_is_wrong(&why, false),
+            "a bootstrapping node's list"
+        );
+        assert!(!super::says_this_node_is_wrong(&why, true));
     }
 }

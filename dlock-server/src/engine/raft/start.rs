@@ -190,7 +190,7 @@ async fn refuse_a_start_that_would_harm(
     }
     // Before openraft runs and the peer port serves, so the leader's record
     // of what this node acknowledged is still as it was.
-    match standing::ask_the_cluster(network, id, &cfg.initial_members).await {
+    match standing::ask_the_cluster(network, id, &cfg.initial_members, cfg.join_existing).await {
         Some(found @ standing::Finding::LostItsLog { .. }) => anyhow::bail!(
             "{found}. Data directory: {}. Do not start a node under id {id} again: remove it \
              (dlock cluster remove {id}), then add a node with a new id and an empty data \
