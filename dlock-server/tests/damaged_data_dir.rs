@@ -164,6 +164,21 @@ async fn cluster_change(
     c.call(&req).await.expect("an answer")
 }
 
+/// Starts nodes 1 and 2 of three, node 3 not yet: a client of the cluster
+/// they form.
+async fn only_the_first_two_started(nodes: &mut NodeProcesses) -> Client {
+    nodes.restart(0);
+    nodes.restart(1);
+    let first_two = format!("{},{}", nodes.addr(0), nodes.addr(1));
+    let deadline = Instant::now() + common::PATIENCE;
+    loop {
+        match Client::connect(first_two.as_str()).await {
+            Ok(c) => return c,
+            Err(e) => assert!(Instant::now() < deadline, "no leader of two: {e}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_first_started_after_the_others_formed_the_cluster_bootstraps() {
     let mut nodes = NodeProcesses::prepare(
@@ -171,16 +186,7 @@ async fn a_member_first_started_after_the_others_formed_the_cluster_bootstraps()
         3,
         &["--heartbeat", "100ms", "--election-timeout", "1s"],
     );
-    nodes.restart(0);
-    nodes.restart(1);
-    let first_two = format!("{},{}", nodes.addr(0), nodes.addr(1));
-    let deadline = Instant::now() + common::PATIENCE;
-    let c = loop {
-        match Client::connect(first_two.as_str()).await {
-            Ok(c) => break c,
-            Err(e) => assert!(Instant::now() < deadline, "no leader of two: {e}"),
-        }
-    };
+    let c = only_the_first_two_started(&mut nodes).await;
     let g = c.lock("early", LockOptions::new()).await.expect("lock");
     // Its first start, late: the leader has nothing from it, so it is new.
     nodes.restart(2);
@@ -297,12 +303,7 @@ async fn a_fresh_node_a_running_cluster_refuses_does_not_start_until_its_flags_a
         3,
         &["--heartbeat", "100ms", "--election-timeout", "1s"],
     );
-    nodes.restart(0);
-    nodes.restart(1);
-    let first_two = format!("{},{}", nodes.addr(0), nodes.addr(1));
-    let c = Client::connect(first_two.as_str())
-        .await
-        .expect("a leader of nodes 1 and 2");
+    let c = only_the_first_two_started(&mut nodes).await;
     let g = c.lock("served", LockOptions::new()).await.expect("lock");
     let dir = nodes.data_dir(2).to_path_buf();
     let (right, wrong) = right_and_wrong_lists(&nodes);
