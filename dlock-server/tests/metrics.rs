@@ -413,6 +413,7 @@ async fn a_peer_of_another_cluster_is_counted_at_every_refusal_and_logged_once()
         assert!(said.len() <= most, "node {i}: {said:#?}");
         for l in &said {
             assert!(l.contains("once a minute"), "{l}");
+            assert!(l.contains("the same --cluster-id"), "says what to do: {l}");
         }
         let unpaced = log.iter().find(|l| l.contains("update progress error"));
         assert!(unpaced.is_none(), "node {i}: {unpaced:?}");

@@ -263,21 +263,31 @@ impl PeerServer {
             };
         let refusal = if hello.protocol != PROTOCOL {
             Some(format!(
-                "protocol {:?} from node {}, expected {PROTOCOL:?}",
+                "protocol {:?} from node {}, this node speaks {PROTOCOL:?}: these two versions of \
+                 dlock-server cannot be nodes of one cluster; run versions that speak the same \
+                 peer protocol on every node",
                 hello.protocol, hello.from
             ))
         } else if *hello.cluster_id != *self.cluster_id {
             Some(format!(
-                "cluster id {:?} from node {}, this node is in {:?}",
-                hello.cluster_id, hello.from, self.cluster_id
+                "cluster id {:?} from node {}, this node is in {:?}: give every node of one \
+                 cluster the same --cluster-id (or node {} was given a peer address of another \
+                 cluster's node)",
+                hello.cluster_id, hello.from, self.cluster_id, hello.from
             ))
         } else if hello.to != self.local {
             Some(format!(
-                "node {} dialled node {} {} {}",
+                "node {} dialled node {} {} {}: the peer address node {} has for node {} is \
+                 node {}'s; correct it in node {}'s --initial-cluster (a running cluster's \
+                 addresses: dlock cluster status)",
                 hello.from,
                 hello.to,
                 standing::REACHED_ANOTHER,
-                self.local
+                self.local,
+                hello.from,
+                hello.to,
+                self.local,
+                hello.from
             ))
         } else {
             initial_list::refusal(
