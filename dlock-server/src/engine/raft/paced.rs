@@ -18,6 +18,11 @@ use tokio::time::Instant;
 /// How often a refusal of one peer is logged again.
 const REPEAT: Duration = Duration::from_secs(60);
 
+/// Most peers remembered at once. A hello names its sender, so anything
+/// that reaches the peer port can claim a new id at every dial: past this
+/// many within a [`REPEAT`], refusals are counted (metrics) but not logged.
+const MOST_PEERS: usize = 1024;
+
 /// When each peer's refusal was last logged.
 #[derive(Clone, Default)]
 pub(crate) struct Paced(Arc<Mutex<BTreeMap<NodeId, Instant>>>);
@@ -35,7 +40,17 @@ impl Paced {
         let mut last = self.lock();
         match last.get(&peer) {
             Some(&at) if now.duration_since(at) < REPEAT => false,
-            _ => {
+            Some(_) => {
+                last.insert(peer, now);
+                true
+            }
+            None => {
+                if last.len() >= MOST_PEERS {
+                    last.retain(|_, at| now.duration_since(*at) < REPEAT);
+                    if last.len() >= MOST_PEERS {
+                        return false;
+                    }
+                }
                 last.insert(peer, now);
                 true
             }
@@ -57,5 +72,17 @@ mod tests {
         assert!(!paced.due(3));
         tokio::time::advance(REPEAT / 2).await;
         assert!(paced.due(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hellos_claiming_ever_new_ids_cannot_grow_it_past_its_bound() {
+        let paced = Paced::default();
+        let most = MOST_PEERS as u64;
+        assert!((0..most).all(|id| paced.due(id)));
+        assert!(!paced.due(most), "full: not logged");
+        assert_eq!(paced.lock().len(), MOST_PEERS);
+        tokio::time::advance(REPEAT).await;
+        assert!(paced.due(most), "the expired ones make room");
+        assert_eq!(paced.lock().len(), 1);
     }
 }
