@@ -40,7 +40,7 @@ pub const DEFAULT_FILTER: &str =
 /// How often a line from one place in openraft's code is written again.
 const REPEAT: Duration = Duration::from_secs(60);
 
-/// Passes openraft's warnings and errors once a [`REPEAT`] per callsite,
+/// Passes openraft's warnings and errors once a minute per callsite,
 /// and everything else.
 #[derive(Default)]
 pub struct PacedDependency {
