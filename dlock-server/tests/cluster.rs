@@ -685,6 +685,64 @@ async fn a_node_is_added_and_another_removed_while_locks_are_served() {
     assert_eq!(status(&r), ResponseStatus::InvalidArgument, "{r:?}");
 }
 
+/// ClusterAdd of node `node_id` at these addresses, as typed.
+async fn add_at(c: &mut TestClient, node_id: u64, client: &str, peer: &str) -> Response {
+    let mut req = c.request(RequestType::ClusterAdd, &[]);
+    req.cluster = Some(dlock::proto::RequestCluster {
+        node_id,
+        client_addr: client.to_owned(),
+        peer_addr: peer.to_owned(),
+    });
+    c.call(req).await
+}
+
+/// A node added where nothing answers (a typo, a node not started) is not
+/// made a voter: counted in every majority, a fourth voter that does not
+/// exist left a cluster of three with one node down without a majority.
+/// Addresses that are no addresses, or a member's, are refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_added_where_nothing_answers_is_not_made_a_voter() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::new(3);
+    let l = cluster.leader(None).await;
+    let mut a = cluster.conn(l).await;
+    let s = open(&mut a).await;
+    let (client, peer) = (cluster.nodes.addr(l), cluster.nodes.peer_addr(l));
+    for (c, p) in [
+        ("foo".to_owned(), "bar".to_owned()),
+        ("127.0.0.1:0".to_owned(), peer.to_string()),
+        (client.to_string(), "127.0.0.1:1".to_owned()),
+        ("127.0.0.1:1".to_owned(), peer.to_string()),
+    ] {
+        let r = add_at(&mut a, 4, &c, &p).await;
+        assert_eq!(
+            status(&r),
+            ResponseStatus::InvalidArgument,
+            "{c} {p}: {r:?}"
+        );
+    }
+
+    // Nobody listens at these: released at once, below the ephemeral range.
+    let nobody = || dlock_server::testing::ports::reserve().0.to_string();
+    let r = add_at(&mut a, 4, &nobody(), &nobody()).await;
+    assert_eq!(status(&r), ResponseStatus::Unavailable, "{r:?}");
+    assert!(r.error_text.contains("has not answered"), "{r:?}");
+    assert!(r.error_text.contains("dlock cluster remove 4"), "{r:?}");
+    let r = call(&mut a, RequestType::ClusterStatus, &[], 0).await;
+    let info = r.cluster.expect("a status");
+    let four = info
+        .members
+        .iter()
+        .find(|m| m.node_id == 4)
+        .expect("node 4");
+    assert!(!four.voter, "made a voter: {info:?}");
+
+    // Still three voters: with a follower down, two of them are a majority.
+    let follower = (0..3).find(|&i| i != l).expect("a follower");
+    cluster.kill(follower);
+    must_lock(&mut a, "served", s, Duration::ZERO).await;
+}
+
 /// `req` numbered `seq` in its session, the client holding every answer
 /// numbered up to `done`.
 fn numbered(mut req: Request, seq: u64, done: u64) -> Request {

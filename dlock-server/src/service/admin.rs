@@ -22,6 +22,22 @@ impl Service {
                 if args.client_addr.is_empty() || args.peer_addr.is_empty() {
                     return Err(reply::add_needs_addresses());
                 }
+                for addr in [&args.client_addr, &args.peer_addr] {
+                    if !is_host_and_port(addr) {
+                        return Err(reply::not_an_address(addr));
+                    }
+                }
+                // A typo that names a member's address would make the new
+                // voter that member, counted twice in every majority.
+                let taken = cluster.status().members.into_iter().find(|m| {
+                    m.id != args.node_id
+                        && [&m.client_addr, &m.peer_addr]
+                            .iter()
+                            .any(|a| **a == args.client_addr || **a == args.peer_addr)
+                });
+                if let Some(m) = taken {
+                    return Err(reply::address_taken(m.id));
+                }
                 let member = Member {
                     client_addr: args.client_addr,
                     peer_addr: args.peer_addr,
@@ -39,6 +55,16 @@ impl Service {
         r.cluster = Some(Box::new(cluster_info(&cluster.status())));
         Ok(Answer::Now(r))
     }
+}
+
+/// Whether `addr` is `HOST:PORT` (a name or an address, `[v6]:PORT`
+/// included) with a port from 1 to 65535: what a node dials.
+fn is_host_and_port(addr: &str) -> bool {
+    addr.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty()
+            && !host.chars().any(char::is_whitespace)
+            && port.parse::<u16>().is_ok_and(|p| p != 0)
+    })
 }
 
 /// The wire form of a node's view of the cluster.
@@ -68,5 +94,18 @@ fn cluster_info(s: &ClusterStatus) -> ClusterInfo {
             })
             .collect(),
         version: crate::VERSION.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_added_node_needs_a_host_and_a_port() {
+        for good in ["127.0.0.1:7436", "db1.example:7437", "[::1]:7437"] {
+            assert!(super::is_host_and_port(good), "{good}");
+        }
+        for bad in ["foo", "foo:", ":7437", "h:0", "h:70000", "h:x", "a b:1", ""] {
+            assert!(!super::is_host_and_port(bad), "{bad}");
+        }
     }
 }

@@ -562,6 +562,25 @@ pub fn add_needs_addresses() -> Refusal {
     )
 }
 
+/// A ClusterAdd naming `addr`, which is not `HOST:PORT`.
+pub fn not_an_address(addr: &str) -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidArgument,
+        format!("{addr:?} is not an address a node can be dialled at: give HOST:PORT"),
+    )
+}
+
+/// A ClusterAdd naming an address member `node_id` has.
+pub fn address_taken(node_id: u64) -> Refusal {
+    Refusal::new(
+        ResponseStatus::InvalidArgument,
+        format!(
+            "node {node_id} is at that address already: give the new node's own client and peer \
+             addresses (dlock cluster status lists the members')"
+        ),
+    )
+}
+
 /// A ClusterRemove of `node_id`, which is not a member.
 pub fn not_a_member(node_id: u64) -> Refusal {
     Refusal::new(

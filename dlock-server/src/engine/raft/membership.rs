@@ -4,23 +4,75 @@ use super::types::{Member, NodeId};
 use super::{Cluster, ClusterError, MEMBERSHIP_TIMEOUT};
 use openraft::ChangeMembers;
 use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// How long a node being added has to answer the leader at all, before
+/// it is left a learner: a node that runs answers within a heartbeat or
+/// two, and a mistyped address or a node not started never does.
+const FIRST_ANSWER: Duration = Duration::from_secs(10);
 
 impl Cluster {
     /// Adds node `id` at `member`'s addresses: first as a learner, waiting
-    /// until it has caught up with the log, then as a voter. The node must
-    /// be running with a fresh data directory and the same cluster id.
+    /// until it has answered and caught up with the log up to the entry that
+    /// made it a learner, then as a voter. The node must be running with a
+    /// fresh data directory and the same cluster id.
     ///
     /// # Errors
     /// [`ClusterError::NotLeader`] off the leader;
-    /// [`ClusterError::Unavailable`] when the node did not catch up within
-    /// [`MEMBERSHIP_TIMEOUT`] (it stays a learner; removing it undoes that);
-    /// [`ClusterError::Refused`] when another membership change is running.
+    /// [`ClusterError::Refused`] when the node did not answer within
+    /// [`FIRST_ANSWER`], or another membership change is running;
+    /// [`ClusterError::Unavailable`] when it did not catch up within
+    /// [`MEMBERSHIP_TIMEOUT`]. Either way it stays a learner, which
+    /// removing it undoes, and which adding it again picks up.
     pub async fn add_node(&self, id: u64, member: Member) -> Result<(), ClusterError> {
         self.leading_term()?;
-        let learner = self.inner.raft.add_learner(id, member, true);
-        self.bounded(MEMBERSHIP_TIMEOUT, learner)
+        let peer_addr = member.peer_addr.clone();
+        let learner = self.inner.raft.add_learner(id, member, false);
+        let added = self
+            .bounded(MEMBERSHIP_TIMEOUT, learner)
             .await?
             .map_err(|e| self.write_error(e))?;
+        // Not openraft's own wait (`add_learner` blocking): it counts a
+        // learner as caught up when its lag is under
+        // `replication_lag_threshold` (5,000 entries), which a node that
+        // never answered also is while the log is short; made a voter, a
+        // node that does not exist costs the cluster its majority.
+        let matched = |m: &openraft::RaftMetrics<NodeId, Member>| {
+            m.replication
+                .as_ref()
+                .and_then(|r| r.get(&id).copied().flatten())
+                .map(|l| l.index)
+        };
+        let answered = self
+            .inner
+            .raft
+            .wait(Some(FIRST_ANSWER))
+            .metrics(|m| matched(m).is_some(), "the new node's first answer")
+            .await;
+        if answered.is_err() {
+            return Err(ClusterError::Refused(format!(
+                "node {id} has not answered at its peer address {peer_addr} within {FIRST_ANSWER:?}, \
+                 so it is not made a voter: start it there (an empty data directory, \
+                 --initial-cluster-state existing, this cluster's --cluster-id) and run the add \
+                 again, or undo it with `dlock cluster remove {id}` (it is a learner meanwhile)"
+            )));
+        }
+        let caught_up = self
+            .inner
+            .raft
+            .wait(Some(MEMBERSHIP_TIMEOUT))
+            .metrics(
+                |m| matched(m) >= Some(added.log_id.index),
+                "the new node caught up",
+            )
+            .await;
+        if caught_up.is_err() {
+            return Err(ClusterError::Unavailable(format!(
+                "node {id} answers but has not caught up with the log within \
+                 {MEMBERSHIP_TIMEOUT:?}, so it is not made a voter: run the add again once it has \
+                 (`dlock cluster status` shows its lag), or undo it with `dlock cluster remove {id}`"
+            )));
+        }
         tracing::info!(node = id, "new node caught up; making it a voter");
         self.change(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
             .await?;
@@ -34,11 +86,7 @@ impl Cluster {
             .wait(Some(MEMBERSHIP_TIMEOUT))
             .metrics(
                 |m| {
-                    let matched = m
-                        .replication
-                        .as_ref()
-                        .and_then(|r| r.get(&id).copied().flatten())
-                        .map(|l| l.index);
+                    let matched = matched(m);
                     matched.is_some() && matched >= last
                 },
                 "the new voter's replication reported",
