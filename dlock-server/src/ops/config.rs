@@ -57,7 +57,14 @@ pub struct Config {
 
     /// File that keeps fencing tokens increasing even if the wall clock steps
     /// back across a restart. Without it tokens are derived from the clock.
-    #[arg(long, env = "DLOCK_FENCE_FILE", value_name = "PATH")]
+    /// In-memory server only: with --data-dir the fences are kept in the
+    /// data directory (and start from 1 in a new one).
+    #[arg(
+        long,
+        env = "DLOCK_FENCE_FILE",
+        value_name = "PATH",
+        conflicts_with = "data_dir"
+    )]
     pub fence_file: Option<PathBuf>,
 
     /// Largest request frame body, in bytes.
@@ -644,6 +651,15 @@ mod tests {
         };
         assert_eq!(floor(FENCE_FLOOR_MAX).ok(), Some(Some(FENCE_FLOOR_MAX)));
         assert!(floor(FENCE_FLOOR_MAX + 1).is_err());
+    }
+
+    #[test]
+    fn a_fence_file_is_refused_beside_a_data_dir_which_keeps_the_fences() {
+        let parse = |args: &[&str]| Config::try_parse_from([&["s"], args].concat());
+        assert!(parse(&["--fence-file", "f"]).is_ok());
+        let both = parse(&["--fence-file", "f", "--data-dir", "d"]);
+        let e = both.expect_err("ignored before");
+        assert!(e.to_string().contains("--data-dir"), "{e}");
     }
 
     #[test]
