@@ -90,6 +90,32 @@ fn unusable_token_file_is_a_clear_startup_error() {
     assert!(!stderr.contains("s3cret"), "{stderr}");
 }
 
+/// A mistyped level was read as a target to log at every level, and
+/// nothing else: the server ran without a single line.
+#[test]
+fn a_mistyped_log_level_is_a_clear_startup_error() {
+    // 2: a usage error, as for any flag that does not parse.
+    let stderr = exits_at_start(&["--log-level".as_ref(), "inof".as_ref()], 2);
+    assert!(stderr.contains("\"inof\" is not a level"), "{stderr}");
+}
+
+/// Said in the flags' own words, not openraft's field names.
+#[test]
+fn a_heartbeat_not_below_the_election_timeout_is_a_clear_startup_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let stderr = refused_at_start(&[
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+        "--heartbeat".as_ref(),
+        "1s".as_ref(),
+        "--election-timeout".as_ref(),
+        "200ms".as_ref(),
+    ]);
+    let says = "--heartbeat (1s) must be shorter than --election-timeout (200ms)";
+    assert!(stderr.contains(says), "{stderr}");
+}
+
 #[test]
 fn a_data_dir_that_is_a_file_is_a_clear_startup_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -155,6 +181,11 @@ fn a_ca_certificate_as_the_servers_own_is_a_clear_startup_error() {
 /// 1 at start; returns what it wrote on stderr. A server that starts
 /// instead is stopped after 30 s and fails the test, rather than hang it.
 fn refused_at_start(args: &[&std::ffi::OsStr]) -> String {
+    exits_at_start(args, 1)
+}
+
+/// [`refused_at_start`] with exit status `code`.
+fn exits_at_start(args: &[&std::ffi::OsStr], code: i32) -> String {
     use std::io::Read;
     let mut child = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
         .args(["--listen", "127.0.0.1:0"])
@@ -179,7 +210,7 @@ fn refused_at_start(args: &[&std::ffi::OsStr]) -> String {
     if let Some(mut pipe) = child.stderr.take() {
         pipe.read_to_string(&mut stderr).expect("read its stderr");
     }
-    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(status.code(), Some(code), "{stderr}");
     stderr
 }
 

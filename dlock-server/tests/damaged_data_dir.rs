@@ -315,6 +315,7 @@ async fn a_fresh_node_a_running_cluster_refuses_does_not_start_until_its_flags_a
     assert!(why.contains(&wrong) && why.contains(&right), "{why}");
     assert!(why.contains("is a member of a running cluster"), "{why}");
     assert!(why.contains("Node 3 does not start"), "{why}");
+    assert!(!why.contains("refused: refused"), "{why}");
     assert!(why.contains(&dir.display().to_string()), "{why}");
     let stamp = dir.join("identity");
     assert!(!stamp.exists(), "the directory is left as fresh");

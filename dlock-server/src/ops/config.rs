@@ -146,7 +146,7 @@ pub struct Config {
     /// single thread: no cross-thread wake-ups, and a release hands its key
     /// to the next waiter before answering the releaser, which makes lock
     /// hand-offs on a contended key about 30% faster (see BENCHMARKS.md).
-    #[arg(long, env = "DLOCK_THREADS", default_value_t = 0)]
+    #[arg(long, env = "DLOCK_THREADS", default_value_t = 0, value_parser = threads)]
     pub threads: usize,
 
     /// Serve Prometheus metrics (/metrics) and health probes (/healthz,
@@ -481,6 +481,23 @@ impl Config {
     }
 }
 
+/// The most worker threads `--threads` may ask for: well past any core
+/// count, and below where spawning them exhausts the process's limits.
+const MOST_THREADS: usize = 1024;
+
+/// `--threads`: 0 (one per core) up to [`MOST_THREADS`].
+fn threads(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of threads"))?;
+    if n > MOST_THREADS {
+        return Err(format!(
+            "{n} threads is more than {MOST_THREADS}; 0 (the default) runs one per core"
+        ));
+    }
+    Ok(n)
+}
+
 fn positive(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),
@@ -651,6 +668,15 @@ mod tests {
         };
         assert_eq!(floor(FENCE_FLOOR_MAX).ok(), Some(Some(FENCE_FLOOR_MAX)));
         assert!(floor(FENCE_FLOOR_MAX + 1).is_err());
+    }
+
+    #[test]
+    fn threads_are_bounded() {
+        let parse = |n: &str| Config::try_parse_from(["s", "--threads", n]).map(|c| c.threads);
+        assert_eq!(parse("0").ok(), Some(0));
+        assert_eq!(parse("1024").ok(), Some(1024));
+        assert!(parse("1025").is_err());
+        assert!(parse("100000").is_err());
     }
 
     #[test]

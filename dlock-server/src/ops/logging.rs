@@ -89,13 +89,35 @@ impl<S> Filter<S> for PacedDependency {
 /// [`DEFAULT_FILTER`].
 ///
 /// # Errors
-/// The filter given does not parse.
+/// The filter given does not parse, or one of its directives is a lone word
+/// that is not a level.
 pub fn filter(level: Option<&str>) -> Result<EnvFilter, String> {
-    let parsed = match level {
-        Some(level) => EnvFilter::try_new(level),
-        None => EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new(DEFAULT_FILTER)),
+    let env = std::env::var(EnvFilter::DEFAULT_ENV).ok();
+    let given = level.or(env.as_deref().filter(|v| !v.trim().is_empty()));
+    let Some(given) = given else {
+        return EnvFilter::try_new(DEFAULT_FILTER).map_err(|e| e.to_string());
     };
-    parsed.map_err(|e| e.to_string())
+    if let Some(word) = lone_non_level(given) {
+        return Err(format!(
+            "{word:?} is not a level (error, warn, info, debug, trace, off); a filter is a \
+             level, TARGET=LEVEL, or several of them separated by commas, e.g. \
+             info,dlock_server=debug"
+        ));
+    }
+    EnvFilter::try_new(given).map_err(|e| e.to_string())
+}
+
+/// The first directive of `filter` that is a single word other than a
+/// level. The filter's own syntax reads one as a target to log at every
+/// level, and nothing else: a mistyped level (`inof`) would silence the
+/// whole log without a word.
+fn lone_non_level(filter: &str) -> Option<&str> {
+    const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+    filter.split(',').map(str::trim).find(|d| {
+        !d.is_empty()
+            && !d.contains(['=', '['])
+            && !LEVELS.iter().any(|l| l.eq_ignore_ascii_case(d))
+    })
 }
 
 /// Logs to standard error in `format` through `filter`, openraft's
@@ -156,6 +178,24 @@ mod tests {
             FieldSet::new(&["message"], Identifier(site)),
             Kind::EVENT,
         )
+    }
+
+    #[test]
+    fn a_mistyped_level_is_refused_not_read_as_a_target() {
+        assert_eq!(lone_non_level("inof"), Some("inof"));
+        assert_eq!(lone_non_level("info,bogus"), Some("bogus"));
+        for fine in [
+            "info",
+            "WARN",
+            "debug,openraft=warn",
+            "dlock_server=trace",
+            " info , off",
+        ] {
+            assert_eq!(lone_non_level(fine), None, "{fine}");
+        }
+        assert!(filter(Some("inof")).is_err());
+        assert!(filter(Some("dlock_server=bogus")).is_err());
+        assert!(filter(Some("info,openraft=warn")).is_ok());
     }
 
     #[test]

@@ -58,6 +58,16 @@ pub async fn start(
         .clone()
         .context("a cluster node needs --data-dir")?;
     check_request_fits_a_record(config)?;
+    // Said in the flags' own words: openraft's check names its fields.
+    if config.heartbeat >= config.election_timeout {
+        bail!(
+            "--heartbeat ({}) must be shorter than --election-timeout ({}): a follower that hears \
+             no heartbeat within its timeout stands for election (the defaults are 100ms and \
+             200ms)",
+            humantime::format_duration(config.heartbeat),
+            humantime::format_duration(config.election_timeout)
+        );
+    }
     #[cfg(feature = "testing")]
     if let Some(seed) = config.test_volatile_disk {
         let lies = super::storage::use_volatile_disk(seed);

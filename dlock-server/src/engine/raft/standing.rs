@@ -176,7 +176,11 @@ enum Said {
 async fn ask(network: &Network, id: NodeId, peer_addr: String, joins: bool) -> (NodeId, Said) {
     match network.client(id, &peer_addr).standing(ASK_LIMIT).await {
         Ok(s) => (id, Said::Standing(s)),
-        Err(why) if says_this_node_is_wrong(&why, joins) => (id, Said::Refused(why)),
+        Err(why) if says_this_node_is_wrong(&why, joins) => {
+            // Said after "node N refused this node: ".
+            let why = why.strip_prefix("refused: ").unwrap_or(&why).to_owned();
+            (id, Said::Refused(why))
+        }
         Err(why) => {
             tracing::debug!(node = id, addr = %peer_addr, reason = %why, "cannot ask before bootstrapping");
             (id, Said::Nothing)
