@@ -116,6 +116,29 @@ fn a_heartbeat_not_below_the_election_timeout_is_a_clear_startup_error() {
     assert!(stderr.contains(says), "{stderr}");
 }
 
+/// A node whose own ports differ from its entry in `--initial-cluster`
+/// bootstrapped anyway: the others dialled a port where it did not listen,
+/// and the cluster never formed.
+#[test]
+fn a_node_listed_at_other_ports_than_it_listens_on_does_not_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let stderr = refused_at_start(&[
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+        "--peer-listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--initial-cluster".as_ref(),
+        "1=127.0.0.1:1@127.0.0.1:2,2=127.0.0.1:3@127.0.0.1:4".as_ref(),
+    ]);
+    let says = "node 1 is listed in --initial-cluster with peer address 127.0.0.1:2";
+    assert!(stderr.contains(says), "{stderr}");
+    assert!(
+        !data.join("identity").exists(),
+        "the directory is left fresh"
+    );
+}
+
 #[test]
 fn a_data_dir_that_is_a_file_is_a_clear_startup_error() {
     let dir = tempfile::tempdir().unwrap();

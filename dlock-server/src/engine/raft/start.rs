@@ -165,6 +165,39 @@ fn claim(cfg: &ClusterConfig) -> Claim {
     }
 }
 
+/// Why node `id`, listed in `--initial-cluster` at `listed`, cannot be
+/// reached there given where it listens (`me`: `--listen` and
+/// `--peer-listen`, or what `--advertise-*` says): a port that differs. The
+/// others would dial a port where it does not listen, and the cluster
+/// would never form.
+fn listed_elsewhere(id: u64, listed: &Member, me: &Member) -> Option<String> {
+    let port = |addr: &str| addr.rsplit_once(':').map(|(_, p)| p.to_owned());
+    let differs = |a: &str, b: &str| port(a) != port(b);
+    let (what, flag, at, is) = if differs(&listed.peer_addr, &me.peer_addr) {
+        (
+            "peer",
+            "--peer-listen (or --advertise-peer)",
+            &listed.peer_addr,
+            &me.peer_addr,
+        )
+    } else if differs(&listed.client_addr, &me.client_addr) {
+        (
+            "client",
+            "--listen (or --advertise-client)",
+            &listed.client_addr,
+            &me.client_addr,
+        )
+    } else {
+        return None;
+    };
+    Some(format!(
+        "node {id} is listed in --initial-cluster with {what} address {at}, but its {flag} is \
+         {is}: the other nodes and the clients would go to a port where it does not listen, and \
+         the cluster would not form. Make this node's entry in --initial-cluster and its {flag} \
+         name the same port"
+    ))
+}
+
 /// Stops a node with an empty data directory from starting where it
 /// would harm a running cluster, or only sit apart from it (see
 /// `standing.rs`): a member that lost its data, a bootstrap beside a cluster
@@ -334,6 +367,15 @@ impl Cluster {
         );
         let reach = network.reachability();
         if fresh {
+            if let Some(listed) = cfg.initial_members.get(&cfg.node_id) {
+                let me = Member {
+                    client_addr: cfg.client_addr.clone(),
+                    peer_addr: cfg.peer_addr.clone(),
+                };
+                if let Some(why) = listed_elsewhere(cfg.node_id, listed, &me) {
+                    anyhow::bail!("{why}. (Data directory {}: left empty.)", dir.display());
+                }
+            }
             refuse_a_start_that_would_harm(&cfg, &network, &dir).await?;
         }
         // Only once the start is allowed, and before openraft writes
@@ -365,9 +407,10 @@ impl Cluster {
                 Some(BTreeMap::from([(cfg.node_id, me)]))
             } else if let Some(listed) = cfg.initial_members.get(&cfg.node_id) {
                 // As given, whatever this node's own addresses: every
-                // initial node must write the same first entry.
+                // initial node must write the same first entry. A host
+                // may differ (a name, 0.0.0.0 bound); a port may not.
                 if *listed != me {
-                    tracing::warn!(node = cfg.node_id, listed = %listed, configured = %me, "this node's addresses in the initial members differ from its own; the list wins");
+                    tracing::info!(node = cfg.node_id, listed = %listed, configured = %me, "this node's hosts in --initial-cluster differ from its own (a name, or an address bound as 0.0.0.0): the others dial the listed ones");
                 }
                 Some(cfg.initial_members.clone())
             } else {
@@ -492,5 +535,35 @@ impl Cluster {
             }
         }
         self.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(client: &str, peer: &str) -> Member {
+        Member {
+            client_addr: client.into(),
+            peer_addr: peer.into(),
+        }
+    }
+
+    #[test]
+    fn a_listed_host_may_differ_from_the_bound_one_but_not_a_port() {
+        let listed = at("db1:7436", "db1:7437");
+        assert_eq!(
+            listed_elsewhere(1, &listed, &at("0.0.0.0:7436", "0.0.0.0:7437")),
+            None
+        );
+        let why = listed_elsewhere(1, &listed, &at("0.0.0.0:7436", "0.0.0.0:7447"))
+            .expect("another peer port");
+        assert!(
+            why.contains("peer address db1:7437") && why.contains("0.0.0.0:7447"),
+            "{why}"
+        );
+        let why = listed_elsewhere(1, &listed, &at("0.0.0.0:7446", "0.0.0.0:7437"))
+            .expect("another client port");
+        assert!(why.contains("--listen"), "{why}");
     }
 }
