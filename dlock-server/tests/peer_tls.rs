@@ -221,3 +221,68 @@ async fn sighup_rotates_the_peer_certificates_and_the_cluster_keeps_serving() {
     guard.unlock().await.expect("unlock");
     assert!(!nodes.any_panicked());
 }
+
+/// A plain-TCP hello to the TLS peer port at `addr`, from `from` (an
+/// address of the loopback network), until the node closes it.
+async fn plain_hello_from(from: std::net::IpAddr, addr: std::net::SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(std::net::SocketAddr::new(from, 0))
+        .expect("bind a loopback address");
+    let mut plain = socket
+        .connect(addr)
+        .await
+        .expect("connect to the peer port");
+    let hello = br#"{"protocol":"dlock-peer/1","cluster_id":"dlock","from":9,"to":1}"#;
+    let mut frame = (hello.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(hello);
+    plain.write_all(&frame).await.expect("write");
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(common::PATIENCE, plain.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the node never closed the connection");
+}
+
+/// A node with other `--peer-tls-*` files (or none) dials several times a
+/// second, for as long as it runs: the refusal was logged at every dial
+/// (about three lines a second on each node it dialled). It is logged once,
+/// then once a minute per address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_without_the_clusters_tls_is_logged_once_not_at_every_dial() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "cluster");
+    let (cert, key) = ca.issue_for(
+        "node",
+        &["127.0.0.1"],
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+    );
+    let nodes = tls_cluster(&cert, &key, &ca.ca_file());
+    let peer_port = nodes.peer_addr(0);
+    let (dialler, marker) = ([127, 0, 0, 1].into(), [127, 0, 0, 2].into());
+    for _ in 0..5 {
+        plain_hello_from(dialler, peer_port).await;
+    }
+    // Another address's refusal is logged after every one of those.
+    plain_hello_from(marker, peer_port).await;
+    let refused = |from: &str| {
+        let log = nodes.recent_log(0);
+        log.iter()
+            .filter(|l| {
+                l.contains("peer connection refused") && l.contains(&format!("peer={from}:"))
+            })
+            .count()
+    };
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    while refused("127.0.0.2") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:#?}",
+            nodes.recent_log(0)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(refused("127.0.0.1"), 1, "{:#?}", nodes.recent_log(0));
+    assert!(!nodes.any_panicked());
+}

@@ -7,7 +7,9 @@
 //! milliseconds for as long as the nodes run. Logged at each dial, one
 //! wrong flag would write a dozen lines a second on each side and bury
 //! everything else. So each side logs a peer's refusal once, then at most
-//! once a minute per peer, saying so in the line.
+//! once a minute per peer, saying so in the line. The same holds for what
+//! fails before a hello names a peer (a TLS handshake, a stranger's first
+//! frame), paced by the address it came from.
 
 use super::types::NodeId;
 use std::collections::BTreeMap;
@@ -23,19 +25,26 @@ const REPEAT: Duration = Duration::from_secs(60);
 /// many within a [`REPEAT`], refusals are counted (metrics) but not logged.
 const MOST_PEERS: usize = 1024;
 
-/// When each peer's refusal was last logged.
-#[derive(Clone, Default)]
-pub(crate) struct Paced(Arc<Mutex<BTreeMap<NodeId, Instant>>>);
+/// When each peer's refusal was last logged: peers by node id, or (before
+/// a hello names one: a failed TLS handshake, a stranger) by address.
+#[derive(Clone)]
+pub(crate) struct Paced<K = NodeId>(Arc<Mutex<BTreeMap<K, Instant>>>);
 
-impl Paced {
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<NodeId, Instant>> {
+impl<K> Default for Paced<K> {
+    fn default() -> Self {
+        Paced(Arc::default())
+    }
+}
+
+impl<K: Ord> Paced<K> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<K, Instant>> {
         // Plain instants, valid whatever a panicking holder did.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether a refusal of `peer` is to be logged now: the first, and then
     /// one a [`REPEAT`].
-    pub(crate) fn due(&self, peer: NodeId) -> bool {
+    pub(crate) fn due(&self, peer: K) -> bool {
         let now = Instant::now();
         let mut last = self.lock();
         match last.get(&peer) {

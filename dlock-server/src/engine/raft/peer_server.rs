@@ -23,7 +23,7 @@ use super::wire::{
 };
 use openraft::raft::InstallSnapshotRequest;
 use openraft::ServerState;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -51,6 +51,10 @@ pub(crate) struct PeerServer {
     pub(crate) initial_cluster: Option<Arc<str>>,
     /// When a peer's refused hello was last logged.
     pub(crate) refusals: Paced,
+    /// When a connection that failed before its hello (TLS, a stranger's
+    /// first frame) was last logged, by the address it came from: a node
+    /// with the wrong TLS files dials again several times a second.
+    pub(crate) strangers: Paced<IpAddr>,
 }
 
 impl PeerServer {
@@ -133,7 +137,9 @@ impl PeerServer {
                 match tokio::time::timeout_at(deadline, tls.accept(tcp)).await {
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {
-                        tracing::warn!(peer = %addr, error = %e, "peer TLS handshake failed");
+                        if self.strangers.due(addr.ip()) {
+                            tracing::warn!(peer = %addr, error = %e, "peer TLS handshake failed (a node with other --peer-tls-* files?); said again once a minute while this address tries");
+                        }
                         return;
                     }
                     Err(_) => {
@@ -160,9 +166,11 @@ impl PeerServer {
                 let _ = wire::send_raw(&mut conn, answer).await;
                 "a dlock client without TLS at the peer port (told where the client port is)"
             }
-            None => "no TLS handshake",
+            None => "no TLS handshake (a node without --peer-tls-* files?)",
         };
-        tracing::warn!(peer = %addr, reason, "peer connection refused");
+        if self.strangers.due(addr.ip()) {
+            tracing::warn!(peer = %addr, reason, "peer connection refused; said again once a minute while this address tries");
+        }
     }
 
     /// When `frame`, the first a connection sent, is a dlock client's
@@ -208,7 +216,9 @@ impl PeerServer {
             Ok(welcomed) => welcomed,
             Err(Refusal::Logged) => return,
             Err(Refusal::Other(why)) => {
-                tracing::warn!(peer = %addr, reason = %why, "peer connection refused");
+                if self.strangers.due(addr.ip()) {
+                    tracing::warn!(peer = %addr, reason = %why, "peer connection refused; said again once a minute while this address tries");
+                }
                 return;
             }
         };

@@ -463,6 +463,7 @@ impl Cluster {
             tls: cfg.peer_tls.clone(),
             initial_cluster,
             refusals: super::paced::Paced::default(),
+            strangers: super::paced::Paced::default(),
         };
         cluster.critical(
             "the peer port",
