@@ -113,11 +113,11 @@ pub struct Config {
     pub max_held_keys: usize,
 
     /// Longest lease a Lock or Renew may ask for.
-    #[arg(long, env = "DLOCK_MAX_LEASE", default_value = "30days", value_parser = dlock_proto::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_MAX_LEASE", default_value = "30days", value_parser = max_lease)]
     pub max_lease: Duration,
 
     /// Close a connection that sends no complete request for this long.
-    #[arg(long, env = "DLOCK_IDLE_TIMEOUT", default_value = "60s", value_parser = dlock_proto::duration::parse_positive)]
+    #[arg(long, env = "DLOCK_IDLE_TIMEOUT", default_value = "60s", value_parser = idle_timeout)]
     pub idle_timeout: Duration,
 
     /// Close a connection whose responses cannot be written for this long
@@ -538,15 +538,36 @@ fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     }
 }
 
-fn session_ttl(s: &str) -> Result<Duration, String> {
-    let ttl = dlock_proto::duration::parse_positive(s)?;
-    if ttl < MIN_SESSION_TTL {
+/// A duration of at least `least`: below, the flag would make the server
+/// useless, and quietly (every lock lost, every connection dropped).
+fn at_least(s: &str, least: Duration, why: &str) -> Result<Duration, String> {
+    let d = dlock_proto::duration::parse_positive(s)?;
+    if d < least {
         return Err(format!(
-            "must be at least {}",
-            humantime::format_duration(MIN_SESSION_TTL)
+            "must be at least {}: {why}",
+            humantime::format_duration(least)
         ));
     }
-    Ok(ttl)
+    Ok(d)
+}
+
+/// `--idle-timeout`: a client pings within it, so it must leave a round
+/// trip and a scheduler's delay to spare.
+fn idle_timeout(s: &str) -> Result<Duration, String> {
+    let why = "a client must get a request through within it, or its connection is closed";
+    at_least(s, Duration::from_millis(100), why)
+}
+
+/// `--max-lease`: a client renews a lease well before it ends, and gives
+/// up a quarter of it as a safety margin.
+fn max_lease(s: &str) -> Result<Duration, String> {
+    let why = "a shorter lease ends before a client could renew it";
+    at_least(s, Duration::from_secs(1), why)
+}
+
+fn session_ttl(s: &str) -> Result<Duration, String> {
+    let why = "a session is kept alive by a commit every third of its TTL";
+    at_least(s, MIN_SESSION_TTL, why)
 }
 
 /// Frames must fit a request with a few keys, and their length must fit
@@ -668,6 +689,19 @@ mod tests {
         };
         assert_eq!(floor(FENCE_FLOOR_MAX).ok(), Some(Some(FENCE_FLOOR_MAX)));
         assert!(floor(FENCE_FLOOR_MAX + 1).is_err());
+    }
+
+    #[test]
+    fn timeouts_too_short_to_serve_are_refused() {
+        let parse = |args: &[&str]| Config::try_parse_from([&["s"], args].concat());
+        for (flag, low, least) in [
+            ("--idle-timeout", "1ms", "100ms"),
+            ("--max-lease", "999ms", "1s"),
+        ] {
+            let e = parse(&[flag, low]).expect_err(low).to_string();
+            assert!(e.contains("must be at least"), "{e}");
+            assert!(parse(&[flag, least]).is_ok(), "{flag} {least}");
+        }
     }
 
     #[test]
