@@ -1,9 +1,11 @@
 //! `--on-queued CMD`: a shell command run once when the lock request is in
 //! line (not when it is granted at once), before dlock waits for the grant.
 //!
-//! It runs to its end before the wait: the request keeps its place in line
-//! meanwhile, and a grant that comes in between is collected at once, so a
-//! slow hook delays COMMAND but never loses the lock. Its exit status only
+//! It runs to its end before COMMAND: the request keeps its place in line
+//! meanwhile, and a grant that comes in between waits for it, so a slow
+//! hook delays COMMAND but never loses the lock. If the request gives up
+//! first (its `-w` runs out), dlock says so at once and the hook is killed.
+//! Its exit status only
 //! gets a line on stderr: a failed notification is no reason to skip the
 //! job. It gets no stdin (COMMAND may need it), shares dlock's stdout and
 //! stderr, and is killed if dlock is interrupted while it runs.

@@ -512,8 +512,24 @@ async fn enqueue_then_wait(
                 );
                 describe_holders(client, keys, "waiting for").await;
             }
-            crate::hook::on_queued(hook, keys, q.place()).await;
-            q.wait().await
+            // The wait runs beside the hook: the wait limit (-w) counts
+            // from the Enqueue, and a request that runs out meanwhile is
+            // reported then, the hook killed, not once a slow hook ends.
+            // A grant that comes first waits for the hook, which runs
+            // before COMMAND.
+            let place = q.place();
+            let hook = crate::hook::on_queued(hook, keys, place);
+            let waited = q.wait();
+            tokio::pin!(hook, waited);
+            tokio::select! {
+                () = &mut hook => waited.await,
+                outcome = &mut waited => {
+                    if outcome.is_ok() {
+                        hook.await;
+                    }
+                    outcome
+                }
+            }
         }
     }
 }

@@ -683,6 +683,37 @@ async fn on_queued_runs_once_when_the_request_waits_and_before_the_command() {
     assert_eq!(stdout(&out), "cmd\n", "the command after the hook, once");
 }
 
+/// `-w` counts from the Enqueue, hook or no hook: the request that runs
+/// out while a slow hook runs is reported then (the hook killed), not when
+/// the hook ends, which overran the wait by the hook's whole length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_queued_does_not_hold_a_wait_past_its_limit() {
+    let server = TestServer::start(Config::default()).await;
+    let c = client(&server).await;
+    let _holder = c.lock(["oq-w"], LockOptions::new()).await.unwrap();
+    let child = dlock(
+        &server,
+        &[
+            "-v",
+            "-w",
+            "300ms",
+            "--on-queued",
+            "exec sleep 600",
+            "-k",
+            "oq-w",
+            "--",
+            "echo",
+            "cmd",
+        ],
+    )
+    .spawn()
+    .expect("spawn dlock");
+    let out = wait_output(child).await;
+    assert_eq!(code(&out), 1, "busy: {}", stderr(&out));
+    assert!(stderr(&out).contains("lock busy: oq-w"), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "", "no command");
+}
+
 #[tokio::test]
 async fn on_queued_does_not_run_when_the_lock_is_granted_at_once() {
     let server = TestServer::start(Config::default()).await;
