@@ -47,11 +47,11 @@ fn issue(
     ca: &CertifiedIssuer<'static, KeyPair>,
     name: &str,
     host: &str,
-    usage: ExtendedKeyUsagePurpose,
+    usages: &[ExtendedKeyUsagePurpose],
 ) -> (String, String) {
     let mut params = CertificateParams::new(vec![host.to_owned()]).unwrap();
     params.distinguished_name.push(DnType::CommonName, host);
-    params.extended_key_usages = vec![usage];
+    params.extended_key_usages = usages.to_vec();
     let key = KeyPair::generate().unwrap();
     let cert = params.signed_by(&key, ca).unwrap();
     let (c, k) = (
@@ -80,7 +80,7 @@ fn ca_and_server_cert(dir: &Path) -> (CertifiedIssuer<'static, KeyPair>, String,
         &ca,
         "server",
         "localhost",
-        ExtendedKeyUsagePurpose::ServerAuth,
+        &[ExtendedKeyUsagePurpose::ServerAuth],
     );
     (ca, ca_file, cert, key)
 }
@@ -98,7 +98,7 @@ async fn dlock_runs_a_command_over_mutual_tls_and_fails_without_the_ca() {
         &ca,
         "client",
         "cron.example",
-        ExtendedKeyUsagePurpose::ClientAuth,
+        &[ExtendedKeyUsagePurpose::ClientAuth],
     );
     let server = TestServer::start(flags(&[
         "--tls-cert",
@@ -157,7 +157,7 @@ async fn dlock_runs_a_command_over_mutual_tls_and_fails_without_the_ca() {
         &other_ca,
         "client",
         "cron.example",
-        ExtendedKeyUsagePurpose::ClientAuth,
+        &[ExtendedKeyUsagePurpose::ClientAuth],
     );
     let out = run_at(
         &addr,
@@ -211,12 +211,17 @@ fn flags(args: &[&str]) -> dlock_server::Config {
 /// A cluster of one that speaks TLS only, its data in `dir`: the server,
 /// the address its certificate names, and the CA file that trusts it.
 async fn tls_node(dir: &Path, peer_tls: bool) -> (TestServer, String, String) {
-    let (_, ca_file, cert, key) = ca_and_server_cert(dir);
+    let (ca, ca_file, cert, key) = ca_and_server_cert(dir);
     let data = path(dir.join("node1"));
     let mut args = vec!["--tls-cert", &cert, "--tls-key", &key, "--data-dir", &data];
+    // A node's peer certificate serves and dials.
+    let both = [
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let (pcert, pkey) = issue(dir, &ca, "peer", "localhost", &both);
     if peer_tls {
-        // The same certificate: a node of one never dials a peer.
-        args.extend(["--peer-tls-cert", &cert, "--peer-tls-key", &key]);
+        args.extend(["--peer-tls-cert", &pcert, "--peer-tls-key", &pkey]);
         args.extend(["--peer-tls-ca", &ca_file]);
     }
     let server = TestServer::start(flags(&args)).await;

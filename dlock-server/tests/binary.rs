@@ -152,6 +152,47 @@ fn a_data_dir_that_is_a_file_is_a_clear_startup_error() {
     );
 }
 
+/// A client's certificate (`dlock-server cert create-client`'s) given as
+/// the server's own, or as a node's on the peer port: it started, and
+/// every client then refused it at the handshake.
+#[test]
+fn a_client_certificate_as_the_servers_own_is_a_clear_startup_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [&["create-ca"][..], &["create-client", "alice"]] {
+        let made = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+            .arg("cert")
+            .args(args)
+            .arg("--dir")
+            .arg(dir.path())
+            .output()
+            .expect("run dlock-server cert");
+        assert!(made.status.success(), "{made:?}");
+    }
+    let (cert, key) = (dir.path().join("alice.pem"), dir.path().join("alice.key"));
+    let stderr = refused_at_start(&[
+        "--tls-cert".as_ref(),
+        cert.as_os_str(),
+        "--tls-key".as_ref(),
+        key.as_os_str(),
+    ]);
+    let says = format!("{} does not allow server authentication", cert.display());
+    assert!(stderr.contains(&says), "{stderr}");
+    assert!(stderr.contains("create-node"), "{stderr}");
+    let data = dir.path().join("data");
+    let ca = dir.path().join("ca.pem");
+    let stderr = refused_at_start(&[
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+        "--peer-tls-cert".as_ref(),
+        cert.as_os_str(),
+        "--peer-tls-key".as_ref(),
+        key.as_os_str(),
+        "--peer-tls-ca".as_ref(),
+        ca.as_os_str(),
+    ]);
+    assert!(stderr.contains(&says), "{stderr}");
+}
+
 /// A CA certificate (`dlock-server cert create-ca`'s ca.pem) given as the
 /// server's own: refused at start, naming the file and what to give
 /// instead, rather than a server whose every TLS handshake fails.

@@ -93,6 +93,7 @@ fn server_config(
     };
     let chain = dlock_proto::tls::read_certs(cert)?;
     crate::ops::cert::refuse_a_ca_as_own(cert, &chain, OWN_FLAGS)?;
+    crate::ops::cert::refuse_the_wrong_usage(cert, &chain, OWN_FLAGS, false)?;
     let config = builder
         .with_single_cert(chain, dlock_proto::tls::read_key(key)?)
         .map_err(|e| dlock_proto::tls::pair_error(e, cert, key))?;

@@ -302,11 +302,61 @@ fn write(dir: &Path, cert: &Path, key: &Path, cert_pem: &str, key_pem: &str) -> 
 
 /// Which flags name a certificate refused by [`refuse_a_ca_as_own`], and
 /// who is to be given the CA's instead.
+#[derive(Clone, Copy)]
 pub struct OwnFlags {
     /// The flag that named the certificate (`--tls-cert`, `--peer-tls-cert`).
     pub cert: &'static str,
     /// Who takes the CA's certificate, with their flag.
     pub ca: &'static str,
+}
+
+/// Refuses a certificate whose extended key usage does not allow what a
+/// node does with it, read from `file` (the first of `chain`): serving
+/// (server authentication), and on the peer port (`dials_too`) dialling
+/// too (client authentication). A client's certificate given as a
+/// server's (`dlock-server cert create-client`'s) started, and then every
+/// client refused it at the handshake. A certificate without the
+/// extension allows every use.
+///
+/// # Errors
+/// The certificate lacks a use: the message names `file`, the use, and
+/// what to give instead.
+pub fn refuse_the_wrong_usage(
+    file: &Path,
+    chain: &[rustls_pki_types::CertificateDer<'_>],
+    flags: OwnFlags,
+    dials_too: bool,
+) -> anyhow::Result<()> {
+    let Some(leaf) = chain
+        .first()
+        .and_then(|der| x509_parser::parse_x509_certificate(der).ok())
+    else {
+        // rustls's to refuse, with its own words.
+        return Ok(());
+    };
+    let Ok(Some(usage)) = leaf.1.extended_key_usage() else {
+        return Ok(());
+    };
+    let usage = usage.value;
+    let lacks = if usage.any {
+        None
+    } else if !usage.server_auth {
+        Some("server authentication")
+    } else if dials_too && !usage.client_auth {
+        Some("client authentication, which a node needs to dial its peers")
+    } else {
+        None
+    };
+    if let Some(lacks) = lacks {
+        bail!(
+            "{} does not allow {lacks} (its extended key usage): give {} a node's certificate \
+             (dlock-server cert create-node NAME --addr HOST writes NAME.pem and NAME.key, for \
+             both uses); a certificate made with create-client is a client's",
+            file.display(),
+            flags.cert,
+        );
+    }
+    Ok(())
 }
 
 /// Refuses a CA certificate (basicConstraints CA:TRUE) as a node's own,

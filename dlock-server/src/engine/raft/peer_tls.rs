@@ -104,6 +104,7 @@ impl Halves {
         let roots = Arc::new(dlock_proto::tls::read_roots(ca)?);
         let chain = dlock_proto::tls::read_certs(cert)?;
         crate::ops::cert::refuse_a_ca_as_own(cert, &chain, OWN_FLAGS)?;
+        crate::ops::cert::refuse_the_wrong_usage(cert, &chain, OWN_FLAGS, true)?;
         let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
             .build()
             .with_context(|| format!("cannot verify peers with {}", ca.display()))?;
