@@ -103,17 +103,32 @@ pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
             UNAVAILABLE,
             format!("cannot connect to {server}: no answer within {timeout:?} (check the address and the network)"),
         ),
-        Error::Unreachable { attempts } => Failure::new(
-            UNAVAILABLE,
-            format!(
-                "cannot reach any of {server}: {} (are the dlock-server nodes running?)",
-                attempts
+        Error::Unreachable { attempts } => {
+            // Nodes that answered without knowing a leader run: asking
+            // whether they do would send the operator the wrong way.
+            let leaderless = !attempts.is_empty()
+                && attempts
                     .iter()
-                    .map(|(a, why)| format!("{a}: {why}"))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ),
-        ),
+                    .all(|(_, why)| why.contains("no leader is known"));
+            let hint = if leaderless {
+                "the nodes answer, but none knows a leader: a cluster elects one only while a \
+                 majority of its nodes run and reach each other (dlock cluster status shows which \
+                 do not)"
+            } else {
+                "are the dlock-server nodes running?"
+            };
+            Failure::new(
+                UNAVAILABLE,
+                format!(
+                    "cannot reach any of {server}: {} ({hint})",
+                    attempts
+                        .iter()
+                        .map(|(a, why)| format!("{a}: {why}"))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
+            )
+        }
         Error::ConnectionLost(lost) => Failure::new(UNAVAILABLE, format!("connection to {server} lost: {}", with_cause(lost.reason(), &lost))),
         Error::AccessDenied(text) => Failure::new(NO_PERMISSION, access_denied(server, &text)),
         other => Failure::new(SOFTWARE, other.to_string()),
@@ -168,6 +183,25 @@ mod tests {
         code.split(|c: char| !c.is_ascii_digit())
             .filter_map(|n| n.parse().ok())
             .collect()
+    }
+
+    #[test]
+    fn nodes_that_answer_without_a_leader_are_not_said_to_be_down() {
+        let unreachable = |why: &str| dlock::Error::Unreachable {
+            attempts: vec![("h:1".into(), why.into()), ("h:2".into(), why.into())],
+        };
+        let f = from_client_error(
+            unreachable("not the leader, and no leader is known yet"),
+            "h:1,h:2",
+        );
+        assert!(f.message.contains("none knows a leader"), "{}", f.message);
+        assert!(!f.message.contains("running?"), "{}", f.message);
+        let f = from_client_error(unreachable("Connection refused (os error 111)"), "h:1,h:2");
+        assert!(
+            f.message.contains("are the dlock-server nodes running?"),
+            "{}",
+            f.message
+        );
     }
 
     #[test]
