@@ -176,7 +176,7 @@ pub struct Config {
     pub data_dir: Option<PathBuf>,
 
     /// This node's id in the cluster: unique, never reused.
-    #[arg(long, env = "DLOCK_NODE_ID", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_NODE_ID", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..), requires = "data_dir", help_heading = "Cluster")]
     pub node_id: u64,
 
     /// Address the other nodes connect to (the peer port). Needed when the
@@ -186,6 +186,7 @@ pub struct Config {
         long,
         env = "DLOCK_PEER_LISTEN",
         value_name = "ADDR",
+        requires = "data_dir",
         value_parser = listen_addr,
         help_heading = "Cluster"
     )]
@@ -197,6 +198,7 @@ pub struct Config {
         long,
         env = "DLOCK_ADVERTISE_CLIENT",
         value_name = "ADDR",
+        requires = "data_dir",
         help_heading = "Cluster"
     )]
     pub advertise_client: Option<String>,
@@ -205,7 +207,7 @@ pub struct Config {
     /// certificate chain (PEM, leaf first), which must name the host of its
     /// peer address (an IP or DNS subject alternative name). Every node of
     /// the cluster needs --peer-tls-cert, --peer-tls-key and --peer-tls-ca.
-    #[arg(long, env = "DLOCK_PEER_TLS_CERT", value_name = "PATH", requires_all = ["peer_tls_key", "peer_tls_ca"], help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_PEER_TLS_CERT", value_name = "PATH", requires_all = ["peer_tls_key", "peer_tls_ca", "data_dir"], help_heading = "Cluster")]
     pub peer_tls_cert: Option<PathBuf>,
 
     /// Private key (PEM) of --peer-tls-cert.
@@ -234,6 +236,7 @@ pub struct Config {
         long,
         env = "DLOCK_ADVERTISE_PEER",
         value_name = "ADDR",
+        requires = "data_dir",
         help_heading = "Cluster"
     )]
     pub advertise_peer: Option<String>,
@@ -241,7 +244,7 @@ pub struct Config {
     /// The members on first start, as ID=CLIENT_ADDR@PEER_ADDR,... (every
     /// initial node gets the same list). Read from the data directory on
     /// later starts, and ignored then.
-    #[arg(long, env = "DLOCK_INITIAL_CLUSTER", value_name = "LIST", value_parser = parse_members, help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_INITIAL_CLUSTER", value_name = "LIST", value_parser = parse_members, requires = "data_dir", help_heading = "Cluster")]
     pub initial_cluster: Option<Members>,
 
     /// With an empty data directory: `new` bootstraps the --initial-cluster
@@ -250,7 +253,7 @@ pub struct Config {
     /// vote); `existing` joins a running cluster instead, waiting for its
     /// leader (a node added with `dlock cluster add`). Ignored once the
     /// directory holds data.
-    #[arg(long, env = "DLOCK_INITIAL_CLUSTER_STATE", value_enum, default_value_t = InitialClusterState::New, help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_INITIAL_CLUSTER_STATE", value_enum, default_value_t = InitialClusterState::New, requires = "data_dir", help_heading = "Cluster")]
     pub initial_cluster_state: InitialClusterState,
 
     /// For fault-injection tests only: dial node ID at ADDR instead of the
@@ -639,6 +642,8 @@ mod tests {
     fn initial_cluster_lists_parse_and_bad_ones_are_refused() {
         let c = Config::parse_from([
             "s",
+            "--data-dir",
+            "d",
             "--initial-cluster",
             "1=127.0.0.1:7001@127.0.0.1:8001, 2=127.0.0.1:7002@127.0.0.1:8002",
         ]);
@@ -650,7 +655,7 @@ mod tests {
         );
         for bad in ["", "1=a", "x=a@b", "0=a@b", "1=a@b,1=c@d", "1=@b"] {
             assert!(
-                Config::try_parse_from(["s", "--initial-cluster", bad]).is_err(),
+                Config::try_parse_from(["s", "--data-dir", "d", "--initial-cluster", bad]).is_err(),
                 "{bad:?} accepted"
             );
         }
@@ -659,7 +664,7 @@ mod tests {
     #[test]
     fn a_listen_address_is_an_ip_and_a_port_and_a_bad_one_says_which_part_is_wrong() {
         let parse = |flag: &str, value: &str| {
-            Config::try_parse_from(["s", flag, value])
+            Config::try_parse_from(["s", "--data-dir", "d", flag, value])
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         };
@@ -701,6 +706,27 @@ mod tests {
             let e = parse(&[flag, low]).expect_err(low).to_string();
             assert!(e.contains("must be at least"), "{e}");
             assert!(parse(&[flag, least]).is_ok(), "{flag} {least}");
+        }
+    }
+
+    #[test]
+    fn cluster_flags_without_a_data_dir_are_refused_not_ignored() {
+        let parse = |args: &[&str]| Config::try_parse_from([&["s"], args].concat());
+        assert!(parse(&[]).is_ok(), "the defaults need nothing");
+        for args in [
+            &["--node-id", "5"][..],
+            &["--peer-listen", "127.0.0.1:7437"],
+            &["--initial-cluster", "1=127.0.0.1:1@127.0.0.1:2"],
+            &["--initial-cluster-state", "existing"],
+            &["--advertise-client", "h:1"],
+            &["--advertise-peer", "h:2"],
+        ] {
+            let e = parse(args).expect_err(args[0]).to_string();
+            assert!(e.contains("--data-dir"), "{args:?}: {e}");
+            assert!(
+                parse(&[args, &["--data-dir", "d"]].concat()).is_ok(),
+                "{args:?}"
+            );
         }
     }
 
