@@ -20,7 +20,7 @@ impl Cluster {
     /// # Errors
     /// [`ClusterError::NotLeader`] off the leader;
     /// [`ClusterError::Refused`] when the node did not answer within
-    /// [`FIRST_ANSWER`], or another membership change is running;
+    /// 10 s (`FIRST_ANSWER`), or another membership change is running;
     /// [`ClusterError::Unavailable`] when it did not catch up within
     /// [`MEMBERSHIP_TIMEOUT`]. Either way it stays a learner, which
     /// removing it undoes, and which adding it again picks up.
