@@ -267,7 +267,7 @@ pub(crate) fn check(dir: &Path, found: &Identity, claim: &Claim) -> anyhow::Resu
              vote per node. Give this node its own data directory (--data-dir; an empty one for a \
              new node), or, if this directory is the right one, start it with --node-id {id}. \
              A copy of another node's directory (a backup) must first be prepared with \
-             --restore-backup. ({} records whose the directory is; see docs/CLUSTER.md, \"Whose \
+             --restore-backup. ({} records whose directory it is; see docs/CLUSTER.md, \"Whose \
              a data directory is\".)",
             dir.display(),
             found.cluster_id,
@@ -296,7 +296,7 @@ pub(crate) fn check(dir: &Path, found: &Identity, claim: &Claim) -> anyhow::Resu
              cluster's. Give this node its own data directory (an empty one for a new node). If \
              this single server was since grown into a cluster (dlock cluster add), start it \
              without --initial-cluster and --initial-cluster-state: a node reads its membership \
-             from its data directory. ({} records whose the directory is.)",
+             from its data directory. ({} records whose directory it is.)",
             dir.display(),
             file.display()
         );

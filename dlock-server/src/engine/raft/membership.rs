@@ -9,7 +9,7 @@ use std::time::Duration;
 /// How long a node being added has to answer the leader at all, before
 /// it is left a learner: a node that runs answers within a heartbeat or
 /// two, and a mistyped address or a node not started never does.
-const FIRST_ANSWER: Duration = Duration::from_secs(10);
+const FIRST_ANSWER: Duration = Duration::from_secs(5);
 
 impl Cluster {
     /// Adds node `id` at `member`'s addresses: first as a learner, waiting
@@ -20,7 +20,7 @@ impl Cluster {
     /// # Errors
     /// [`ClusterError::NotLeader`] off the leader;
     /// [`ClusterError::Refused`] when the node did not answer within
-    /// 10 s (`FIRST_ANSWER`), or another membership change is running;
+    /// 5 s (`FIRST_ANSWER`), or another membership change is running;
     /// [`ClusterError::Unavailable`] when it did not catch up within
     /// [`MEMBERSHIP_TIMEOUT`]. Either way it stays a learner, which
     /// removing it undoes, and which adding it again picks up.

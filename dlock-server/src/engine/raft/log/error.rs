@@ -8,8 +8,10 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DiskError {
     /// A read, write or sync failed, or the writer thread has stopped.
+    /// Its text is said here, not also as the source: a chain printed with
+    /// `{:#}` said it twice.
     #[error("raft log: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// The files do not hold what this version wrote: cut short, changed,
     /// partly deleted, or written by a newer version.
     #[error("the raft log is damaged: {0}")]
@@ -27,6 +29,28 @@ pub(crate) enum DiskError {
     Redb(#[source] Box<redb::Error>),
 }
 
+impl From<std::io::Error> for DiskError {
+    fn from(e: std::io::Error) -> DiskError {
+        DiskError::Io(e)
+    }
+}
+
 pub(super) fn redb<E: Into<redb::Error>>(e: E) -> DiskError {
     DiskError::Redb(Box::new(e.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_io_error_is_said_once_in_a_chain() {
+        let e = super::DiskError::from(std::io::Error::other("Permission denied"));
+        let chain = format!(
+            "{:#}",
+            anyhow::Error::new(e).context("cannot open the raft log")
+        );
+        assert_eq!(
+            chain,
+            "cannot open the raft log: raft log: Permission denied"
+        );
+    }
 }
