@@ -35,12 +35,10 @@ fn tls_cluster(cert: &Path, key: &Path, ca: &Path) -> NodeProcesses {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_whose_peers_speak_tls_elects_serves_and_fails_over() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new(dir.path(), "cluster");
-    // One certificate for every node: they all listen on 127.0.0.1. It is
-    // used both to accept peers and to dial them.
+/// A CA in `dir` and one certificate it signed for every node: they all
+/// listen on 127.0.0.1. It is used both to accept peers and to dial them.
+fn ca_and_node_cert(dir: &Path) -> (Ca, std::path::PathBuf, std::path::PathBuf) {
+    let ca = Ca::new(dir, "cluster");
     let (cert, key) = ca.issue_for(
         "node",
         &["127.0.0.1"],
@@ -49,6 +47,13 @@ async fn a_cluster_whose_peers_speak_tls_elects_serves_and_fails_over() {
             ExtendedKeyUsagePurpose::ClientAuth,
         ],
     );
+    (ca, cert, key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_whose_peers_speak_tls_elects_serves_and_fails_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = ca_and_node_cert(dir.path());
     let mut nodes = tls_cluster(&cert, &key, &ca.ca_file());
     // A leader (elected over TLS) commits a lock on a majority.
     let c = Client::connect(nodes.servers()).await.expect("a leader");
@@ -249,15 +254,7 @@ async fn plain_hello_from(from: std::net::IpAddr, addr: std::net::SocketAddr) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_without_the_clusters_tls_is_logged_once_not_at_every_dial() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new(dir.path(), "cluster");
-    let (cert, key) = ca.issue_for(
-        "node",
-        &["127.0.0.1"],
-        vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ],
-    );
+    let (ca, cert, key) = ca_and_node_cert(dir.path());
     let nodes = tls_cluster(&cert, &key, &ca.ca_file());
     let peer_port = nodes.peer_addr(0);
     let (dialler, marker) = ([127, 0, 0, 1].into(), [127, 0, 0, 2].into());
