@@ -92,18 +92,18 @@ fn server_config(
         None => builder.with_no_client_auth(),
     };
     let chain = dlock_proto::tls::read_certs(cert)?;
-    crate::ops::cert::refuse_a_ca_as_own(cert, &chain, OWN_FLAGS)?;
-    crate::ops::cert::refuse_the_wrong_usage(cert, &chain, OWN_FLAGS, false)?;
+    crate::ops::cert::refuse_unfit_as_own(cert, &chain, OWN_FLAGS)?;
     let config = builder
         .with_single_cert(chain, dlock_proto::tls::read_key(key)?)
         .map_err(|e| dlock_proto::tls::pair_error(e, cert, key))?;
     Ok(Arc::new(config))
 }
 
-/// The client port's flags, for [`crate::ops::cert::refuse_a_ca_as_own`].
+/// The client port's flags, for [`crate::ops::cert::refuse_unfit_as_own`].
 const OWN_FLAGS: crate::ops::cert::OwnFlags = crate::ops::cert::OwnFlags {
     cert: "--tls-cert",
     ca: "the clients (--tls-ca)",
+    dials: false,
 };
 
 /// Completes the server side of the handshake within `timeout`, or before

@@ -300,41 +300,58 @@ fn write(dir: &Path, cert: &Path, key: &Path, cert_pem: &str, key_pem: &str) -> 
     create(cert, 0o644, cert_pem)
 }
 
-/// Which flags name a certificate refused by [`refuse_a_ca_as_own`], and
-/// who is to be given the CA's instead.
-#[derive(Clone, Copy)]
+/// The port a node's own certificate is for, as [`refuse_unfit_as_own`]
+/// names it: which flag gave the certificate, who is to be given the CA's,
+/// and whether the node also dials with it.
 pub struct OwnFlags {
     /// The flag that named the certificate (`--tls-cert`, `--peer-tls-cert`).
     pub cert: &'static str,
     /// Who takes the CA's certificate, with their flag.
     pub ca: &'static str,
+    /// Whether the certificate is also presented when dialling (the peer
+    /// port: a node dials its peers with it).
+    pub dials: bool,
 }
 
-/// Refuses a certificate whose extended key usage does not allow what a
-/// node does with it, read from `file` (the first of `chain`): serving
-/// (server authentication), and on the peer port (`dials_too`) dialling
-/// too (client authentication). A client's certificate given as a
-/// server's (`dlock-server cert create-client`'s) started, and then every
-/// client refused it at the handshake. A certificate without the
-/// extension allows every use.
+/// Refuses, as a node's own certificate, the first of `chain` (read from
+/// `file`) where TLS peers would refuse it at every handshake, so a node
+/// started with it would serve nobody:
+/// - a CA certificate (basicConstraints CA:TRUE), which peers, dlock's
+///   clients and nodes among them, refuse as an end entity. (One
+///   self-signed certificate given as both a node's and the CA is the
+///   usual way there.)
+/// - one whose extended key usage does not allow serving (server
+///   authentication) or, where the node dials too, client authentication:
+///   a client's certificate (`dlock-server cert create-client`'s) given as
+///   a server's. One without the extension allows every use.
+///
+/// A certificate that does not parse is rustls's to refuse, in its words.
 ///
 /// # Errors
-/// The certificate lacks a use: the message names `file`, the use, and
-/// what to give instead.
-pub fn refuse_the_wrong_usage(
+/// The message names `file`, what is wrong, and what to give instead.
+pub fn refuse_unfit_as_own(
     file: &Path,
     chain: &[rustls_pki_types::CertificateDer<'_>],
     flags: OwnFlags,
-    dials_too: bool,
 ) -> anyhow::Result<()> {
-    let Some(leaf) = chain
+    let Some((_, leaf)) = chain
         .first()
         .and_then(|der| x509_parser::parse_x509_certificate(der).ok())
     else {
-        // rustls's to refuse, with its own words.
         return Ok(());
     };
-    let Ok(Some(usage)) = leaf.1.extended_key_usage() else {
+    if leaf.is_ca() {
+        bail!(
+            "{} is a CA certificate (basicConstraints CA:TRUE), which TLS peers refuse as a \
+             server's own: give {} the server's own certificate, signed by the CA \
+             (dlock-server cert create-node NAME --addr HOST writes NAME.pem and NAME.key), \
+             and give the CA's to {}",
+            file.display(),
+            flags.cert,
+            flags.ca
+        );
+    }
+    let Ok(Some(usage)) = leaf.extended_key_usage() else {
         return Ok(());
     };
     let usage = usage.value;
@@ -342,7 +359,7 @@ pub fn refuse_the_wrong_usage(
         None
     } else if !usage.server_auth {
         Some("server authentication")
-    } else if dials_too && !usage.client_auth {
+    } else if flags.dials && !usage.client_auth {
         Some("client authentication, which a node needs to dial its peers")
     } else {
         None
@@ -354,37 +371,6 @@ pub fn refuse_the_wrong_usage(
              both uses); a certificate made with create-client is a client's",
             file.display(),
             flags.cert,
-        );
-    }
-    Ok(())
-}
-
-/// Refuses a CA certificate (basicConstraints CA:TRUE) as a node's own,
-/// the first of `chain`, read from `file`: TLS peers, dlock's clients and
-/// nodes among them, refuse one presented as an end entity, so a node
-/// started with it would only fail every handshake. One self-signed
-/// certificate given as both a node's and the CA is the usual way there.
-///
-/// # Errors
-/// The certificate is a CA's: the message names `file` and what to give.
-pub fn refuse_a_ca_as_own(
-    file: &Path,
-    chain: &[rustls_pki_types::CertificateDer<'_>],
-    flags: OwnFlags,
-) -> anyhow::Result<()> {
-    let leaf = chain
-        .first()
-        .and_then(|der| x509_parser::parse_x509_certificate(der).ok());
-    // One that does not parse is rustls's to refuse, with its own words.
-    if leaf.is_some_and(|(_, c)| c.is_ca()) {
-        bail!(
-            "{} is a CA certificate (basicConstraints CA:TRUE), which TLS peers refuse as a \
-             server's own: give {} the server's own certificate, signed by the CA \
-             (dlock-server cert create-node NAME --addr HOST writes NAME.pem and NAME.key), \
-             and give the CA's to {}",
-            file.display(),
-            flags.cert,
-            flags.ca
         );
     }
     Ok(())

@@ -89,10 +89,11 @@ impl PeerTls {
     }
 }
 
-/// The peer port's flags, for [`crate::ops::cert::refuse_a_ca_as_own`].
+/// The peer port's flags, for [`crate::ops::cert::refuse_unfit_as_own`].
 const OWN_FLAGS: crate::ops::cert::OwnFlags = crate::ops::cert::OwnFlags {
     cert: "--peer-tls-cert",
     ca: "every node (--peer-tls-ca)",
+    dials: true,
 };
 
 /// The TLS protocol name (ALPN) of the peer port.
@@ -103,8 +104,7 @@ impl Halves {
         let provider = dlock_proto::tls::provider();
         let roots = Arc::new(dlock_proto::tls::read_roots(ca)?);
         let chain = dlock_proto::tls::read_certs(cert)?;
-        crate::ops::cert::refuse_a_ca_as_own(cert, &chain, OWN_FLAGS)?;
-        crate::ops::cert::refuse_the_wrong_usage(cert, &chain, OWN_FLAGS, true)?;
+        crate::ops::cert::refuse_unfit_as_own(cert, &chain, OWN_FLAGS)?;
         let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
             .build()
             .with_context(|| format!("cannot verify peers with {}", ca.display()))?;
