@@ -125,26 +125,28 @@ impl PeerServer {
                     }
                     // A handshake, or a close the handshake will see.
                     Ok(Ok(_)) => {}
-                    Ok(Err(e)) => {
-                        tracing::warn!(peer = %addr, error = %e, "peer connection failed");
-                        return;
-                    }
+                    Ok(Err(e)) => return self.stranger(addr, "peer connection failed", &e),
                     Err(_) => {
-                        tracing::warn!(peer = %addr, "peer TLS handshake timed out");
-                        return;
+                        return self.stranger(
+                            addr,
+                            "peer TLS handshake timed out",
+                            &"no handshake in time",
+                        )
                     }
                 }
                 match tokio::time::timeout_at(deadline, tls.accept(tcp)).await {
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {
-                        if self.strangers.due(addr.ip()) {
-                            tracing::warn!(peer = %addr, error = %e, "peer TLS handshake failed (a node with other --peer-tls-* files?); said again once a minute while this address tries");
-                        }
-                        return;
+                        let what =
+                            "peer TLS handshake failed (a node with other --peer-tls-* files?)";
+                        return self.stranger(addr, what, &e);
                     }
                     Err(_) => {
-                        tracing::warn!(peer = %addr, "peer TLS handshake timed out");
-                        return;
+                        return self.stranger(
+                            addr,
+                            "peer TLS handshake timed out",
+                            &"no handshake in time",
+                        )
                     }
                 }
             }
@@ -168,8 +170,16 @@ impl PeerServer {
             }
             None => "no TLS handshake (a node without --peer-tls-* files?)",
         };
+        self.stranger(addr, "peer connection refused", &reason);
+    }
+
+    /// Logs what ended a connection from `addr` before a hello named its
+    /// node (`what`, because of `why`), once a minute per address: a node
+    /// with the wrong TLS files, or none, dials again several times a
+    /// second for as long as it runs.
+    fn stranger(&self, addr: SocketAddr, what: &str, why: &dyn std::fmt::Display) {
         if self.strangers.due(addr.ip()) {
-            tracing::warn!(peer = %addr, reason, "peer connection refused; said again once a minute while this address tries");
+            tracing::warn!(peer = %addr, reason = %why, "{what}; said again once a minute while this address tries");
         }
     }
 
@@ -216,10 +226,7 @@ impl PeerServer {
             Ok(welcomed) => welcomed,
             Err(Refusal::Logged) => return,
             Err(Refusal::Other(why)) => {
-                if self.strangers.due(addr.ip()) {
-                    tracing::warn!(peer = %addr, reason = %why, "peer connection refused; said again once a minute while this address tries");
-                }
-                return;
+                return self.stranger(addr, "peer connection refused", &why)
             }
         };
         wire::established(&mut conn);

@@ -165,6 +165,15 @@ fn claim(cfg: &ClusterConfig) -> Claim {
     }
 }
 
+/// This node's addresses as the others reach it: `--listen` and
+/// `--peer-listen`, or what `--advertise-*` says.
+fn own_member(cfg: &ClusterConfig) -> Member {
+    Member {
+        client_addr: cfg.client_addr.clone(),
+        peer_addr: cfg.peer_addr.clone(),
+    }
+}
+
 /// Why node `id`, listed in `--initial-cluster` at `listed`, cannot be
 /// reached there given where it listens (`me`: `--listen` and
 /// `--peer-listen`, or what `--advertise-*` says): a port that differs. The
@@ -202,13 +211,19 @@ fn listed_elsewhere(id: u64, listed: &Member, me: &Member) -> Option<String> {
 /// would harm a running cluster, or only sit apart from it (see
 /// `standing.rs`): a member that lost its data, a bootstrap beside a cluster
 /// that runs without this node, a node outside `--initial-cluster` not told
-/// that it joins, or one whose flags a running cluster's members refuse.
+/// that it joins, one listed there at other ports than it listens on, or
+/// one whose flags a running cluster's members refuse.
 async fn refuse_a_start_that_would_harm(
     cfg: &ClusterConfig,
     network: &Network,
     dir: &Path,
 ) -> anyhow::Result<()> {
     let id = cfg.node_id;
+    if let Some(listed) = cfg.initial_members.get(&id) {
+        if let Some(why) = listed_elsewhere(id, listed, &own_member(cfg)) {
+            anyhow::bail!("{why}. (Data directory {}: left empty.)", dir.display());
+        }
+    }
     let listed = cfg.initial_members.contains_key(&id);
     if !cfg.join_existing && !cfg.initial_members.is_empty() && !listed {
         anyhow::bail!(
@@ -367,15 +382,6 @@ impl Cluster {
         );
         let reach = network.reachability();
         if fresh {
-            if let Some(listed) = cfg.initial_members.get(&cfg.node_id) {
-                let me = Member {
-                    client_addr: cfg.client_addr.clone(),
-                    peer_addr: cfg.peer_addr.clone(),
-                };
-                if let Some(why) = listed_elsewhere(cfg.node_id, listed, &me) {
-                    anyhow::bail!("{why}. (Data directory {}: left empty.)", dir.display());
-                }
-            }
             refuse_a_start_that_would_harm(&cfg, &network, &dir).await?;
         }
         // Only once the start is allowed, and before openraft writes
@@ -392,10 +398,7 @@ impl Cluster {
             .context("cannot start the consensus engine")?;
 
         if fresh {
-            let me = Member {
-                client_addr: cfg.client_addr.clone(),
-                peer_addr: cfg.peer_addr.clone(),
-            };
+            let me = own_member(&cfg);
             let members = if cfg.join_existing {
                 tracing::info!(
                     node = cfg.node_id,
