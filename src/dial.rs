@@ -189,7 +189,7 @@ pub(crate) async fn establish(
                     answered = true;
                     let text = match &leader {
                         Some(l) => format!("not the leader (the leader is {l})"),
-                        None => "not the leader, and no leader is known yet".to_owned(),
+                        None => crate::error::NO_LEADER_KNOWN.to_owned(),
                     };
                     attempts.push((addr, Error::Protocol(text)));
                     if let Some(l) = leader {

@@ -128,7 +128,19 @@ pub enum Error {
     Lost(crate::safety::Lost),
 }
 
+/// What a node that is not the leader and knows none says, as an
+/// [`Error::Unreachable`] attempt records it.
+pub(crate) const NO_LEADER_KNOWN: &str = "not the leader, and no leader is known yet";
+
 impl Error {
+    /// Whether every node tried answered but none knew a leader: the nodes
+    /// run, and the cluster has no majority that elects one (as opposed to
+    /// nodes that do not answer at all).
+    pub fn only_leaderless_nodes_answered(&self) -> bool {
+        matches!(self, Error::Unreachable { attempts }
+            if !attempts.is_empty() && attempts.iter().all(|(_, why)| why == NO_LEADER_KNOWN))
+    }
+
     /// The status the server answered with, for errors that come from one.
     pub fn status(&self) -> Option<ResponseStatus> {
         match self {
@@ -167,6 +179,20 @@ mod tests {
             lost.io_error().map(io::Error::kind),
             Some(io::ErrorKind::BrokenPipe)
         );
+    }
+
+    #[test]
+    fn nodes_that_all_answered_without_a_leader_are_told_from_nodes_down() {
+        let tried = |whys: &[&str]| Error::Unreachable {
+            attempts: whys
+                .iter()
+                .enumerate()
+                .map(|(i, why)| (format!("h:{i}"), (*why).to_owned()))
+                .collect(),
+        };
+        assert!(tried(&[NO_LEADER_KNOWN, NO_LEADER_KNOWN]).only_leaderless_nodes_answered());
+        assert!(!tried(&[NO_LEADER_KNOWN, "Connection refused"]).only_leaderless_nodes_answered());
+        assert!(!tried(&[]).only_leaderless_nodes_answered());
     }
 
     #[test]

@@ -103,14 +103,10 @@ pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
             UNAVAILABLE,
             format!("cannot connect to {server}: no answer within {timeout:?} (check the address and the network)"),
         ),
-        Error::Unreachable { attempts } => {
+        ref e @ Error::Unreachable { ref attempts } => {
             // Nodes that answered without knowing a leader run: asking
             // whether they do would send the operator the wrong way.
-            let leaderless = !attempts.is_empty()
-                && attempts
-                    .iter()
-                    .all(|(_, why)| why.contains("no leader is known"));
-            let hint = if leaderless {
+            let hint = if e.only_leaderless_nodes_answered() {
                 "the nodes answer, but none knows a leader: a cluster elects one only while a \
                  majority of its nodes run and reach each other (dlock cluster status shows which \
                  do not)"
