@@ -9,6 +9,11 @@ use dlock::codec::encode_frame;
 use dlock::proto::{Request, RequestLock, RequestType};
 use proptest::prelude::*;
 
+/// fuzz/fuzz_targets/session.rs calls the harness with libFuzzer's input and
+/// nothing else; CI does not compile that crate (it has its own dependency
+/// tree), so its one assumption is kept here.
+const _FUZZ_TARGET_CALLS: fn(&[u8]) = dlock_server::fuzzing::session;
+
 /// A step of a script, before encoding.
 #[derive(Debug, Clone)]
 // A test's script of a few hundred steps: boxing would only add noise.
