@@ -73,6 +73,27 @@ async fn fencing_tokens_increase_after_sigkill() {
     }
 }
 
+/// Two servers given one fence file would both start from its ceiling and
+/// hand out the same tokens.
+#[tokio::test]
+async fn a_second_server_on_a_fence_file_in_use_does_not_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fence");
+    let args = ["--fence-file", file.to_str().unwrap()];
+    let mut first = Process::start(&args);
+    let stderr = refused_at_start(&["--fence-file".as_ref(), file.as_os_str()]);
+    assert!(stderr.contains("in use by another dlock-server"), "{stderr}");
+    assert!(stderr.contains("own --fence-file"), "{stderr}");
+    // The first still serves, its file untouched by the refused start.
+    let mut c = TestClient::connect(first.addr).await;
+    c.must_lock(&["x"]).await;
+    first.child.kill().expect("SIGKILL");
+    first.child.wait().expect("reap");
+    // Its lock died with it: the next server starts.
+    let next = Process::start(&args);
+    TestClient::connect(next.addr).await.must_lock(&["x"]).await;
+}
+
 #[test]
 fn unusable_token_file_is_a_clear_startup_error() {
     let stderr = refused_at_start(&["--token-file".as_ref(), "/nonexistent/tokens".as_ref()]);

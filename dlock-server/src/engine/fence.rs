@@ -12,6 +12,10 @@
 //! back. The ceiling is reserved [`RESERVE`] tokens ahead and extended when
 //! half of that is used, so the file is written at start and then once per
 //! two billion grants.
+//!
+//! A server holds an exclusive lock (`flock`) on `<fence file>.lock` while it
+//! runs: two servers given one fence file would start from the same ceiling
+//! and issue the same tokens, so the second is refused.
 
 use anyhow::{bail, Context};
 use std::io::Write;
@@ -108,6 +112,39 @@ pub async fn run_keeper(db: impl FenceSource, mut file: FenceFile, shutdown: Can
 pub struct FenceFile {
     path: PathBuf,
     ceiling: u64,
+    /// Held open, and so locked, for as long as the file is this server's.
+    _lock: Option<std::fs::File>,
+}
+
+/// `path` with `suffix` appended to its file name: `fence` gives
+/// `fence.lock`, and `fence.txt` gives `fence.txt.lock`, so two fence files
+/// never share a lock or a temporary file.
+fn beside(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(suffix);
+    path.with_file_name(name)
+}
+
+/// Takes the lock that makes `path` this server's alone.
+fn lock(path: &Path) -> anyhow::Result<std::fs::File> {
+    let lock_path = beside(path, ".lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("cannot create {}", lock_path.display()))?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(file),
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => bail!(
+            "fence file {} is in use by another dlock-server (it holds {}); two servers \
+             sharing a fence file would issue the same tokens: give each its own --fence-file",
+            path.display(),
+            lock_path.display()
+        ),
+        Err(e) => Err(std::io::Error::from(e))
+            .with_context(|| format!("cannot lock {}", lock_path.display())),
+    }
 }
 
 /// Wall-clock nanoseconds since the Unix epoch; 0 for a clock set before it.
@@ -127,6 +164,7 @@ pub fn start(path: Option<&Path>, now: SystemTime) -> anyhow::Result<(u64, Optio
     let Some(path) = path else {
         return Ok((clock, None));
     };
+    let held = lock(path)?;
     let stored = match std::fs::read_to_string(path) {
         Ok(text) => match text.trim().parse::<u64>() {
             Ok(v) => v,
@@ -153,6 +191,7 @@ pub fn start(path: Option<&Path>, now: SystemTime) -> anyhow::Result<(u64, Optio
     let mut file = FenceFile {
         path: path.to_path_buf(),
         ceiling: 0,
+        _lock: Some(held),
     };
     file.reserve(first)
         .with_context(|| format!("cannot write fence file {}", path.display()))?;
@@ -178,7 +217,7 @@ impl FenceFile {
     /// The file or its directory cannot be written or synced.
     pub fn reserve(&mut self, next: u64) -> std::io::Result<()> {
         let ceiling = next.saturating_add(RESERVE);
-        let tmp = self.path.with_extension("tmp");
+        let tmp = beside(&self.path, ".tmp");
         {
             let mut f = std::fs::File::create(&tmp)?;
             writeln!(f, "{ceiling}")?;
@@ -212,14 +251,14 @@ mod tests {
         let path = dir.path().join("fence");
         let t1 = SystemTime::UNIX_EPOCH + Duration::from_secs(2_000);
         let (first, file) = start(Some(&path), t1).unwrap();
-        let file = file.unwrap();
-        assert!(file.ceiling() > first);
+        let ceiling = file.unwrap().ceiling();
+        assert!(ceiling > first);
         // Issue many tokens, then restart with the clock an hour earlier.
         let issued_last = first + 1_000_000;
         let t0 = t1 - Duration::from_secs(3_600);
         let (again, _) = start(Some(&path), t0).unwrap();
         assert!(again > issued_last);
-        assert!(again >= file.ceiling());
+        assert!(again >= ceiling);
     }
 
     #[test]
@@ -240,11 +279,26 @@ mod tests {
     }
 
     #[test]
+    fn a_fence_file_in_use_refuses_a_second_server_until_the_first_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fence.txt");
+        let (_, first) = start(Some(&path), SystemTime::now()).unwrap();
+        let err = start(Some(&path), SystemTime::now()).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("in use by another dlock-server"), "{text}");
+        assert!(text.contains("fence.txt.lock"), "{text}");
+        drop(first);
+        let (_, again) = start(Some(&path), SystemTime::now()).unwrap();
+        assert!(again.is_some());
+    }
+
+    #[test]
     fn refill_point_is_half_way() {
         let dir = tempfile::tempdir().unwrap();
         let mut f = FenceFile {
             path: dir.path().join("fence"),
             ceiling: 0,
+            _lock: None,
         };
         f.reserve(10).unwrap();
         assert_eq!(f.ceiling(), 10 + RESERVE);

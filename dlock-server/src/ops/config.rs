@@ -57,6 +57,7 @@ pub struct Config {
 
     /// File that keeps fencing tokens increasing even if the wall clock steps
     /// back across a restart. Without it tokens are derived from the clock.
+    /// One server per file: a second is refused while PATH.lock is held.
     /// In-memory server only: with --data-dir the fences are kept in the
     /// data directory (and start from 1 in a new one).
     #[arg(
