@@ -82,7 +82,10 @@ async fn a_second_server_on_a_fence_file_in_use_does_not_start() {
     let args = ["--fence-file", file.to_str().unwrap()];
     let mut first = Process::start(&args);
     let stderr = refused_at_start(&["--fence-file".as_ref(), file.as_os_str()]);
-    assert!(stderr.contains("in use by another dlock-server"), "{stderr}");
+    assert!(
+        stderr.contains("in use by another dlock-server"),
+        "{stderr}"
+    );
     assert!(stderr.contains("own --fence-file"), "{stderr}");
     // The first still serves, its file untouched by the refused start.
     let mut c = TestClient::connect(first.addr).await;

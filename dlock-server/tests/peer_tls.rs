@@ -2,7 +2,8 @@
 //! (replication, votes) runs over TLS elect a leader, serve, and elect a
 //! new one when it is killed; a peer that speaks plain TCP, or presents no
 //! certificate of the cluster's CA, gets no welcome; SIGHUP rotates the
-//! certificates while the cluster serves.
+//! certificates while the cluster serves; a TLS peer at a plain peer port
+//! is named as such.
 
 mod common;
 
@@ -281,5 +282,30 @@ async fn a_peer_without_the_clusters_tls_is_logged_once_not_at_every_dial() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert_eq!(refused("127.0.0.1"), 1, "{:#?}", nodes.recent_log(0));
+    assert!(!nodes.any_panicked());
+}
+
+/// A node with `--peer-tls-*` files dialling one without them: the plain
+/// node read the TLS record's header as a frame length and logged "bad first
+/// frame: frame size too big", which did not say that TLS was the mismatch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_handshake_at_a_plain_peer_port_is_logged_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = ca_and_node_cert(dir.path());
+    let nodes = NodeProcesses::start(env!("CARGO_BIN_EXE_dlock-server"), 1, &[]);
+    assert!(!handshake(nodes.peer_addr(0), &ca.ca_file(), &cert, &key).await);
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    loop {
+        let log = nodes.recent_log(0);
+        if log.iter().any(|l| {
+            l.contains("peer connection refused")
+                && l.contains("a TLS handshake at a peer port without TLS")
+                && l.contains("same peer TLS setting")
+        }) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{log:#?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert!(!nodes.any_panicked());
 }

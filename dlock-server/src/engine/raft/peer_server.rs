@@ -249,6 +249,14 @@ impl PeerServer {
         let hello: Hello =
             match tokio::time::timeout(wire::HELLO_TIMEOUT, wire::recv_raw(conn)).await {
                 Err(_) => return Err("no hello in time".into()),
+                // A TLS record's length field reads as a frame far over the
+                // hello's limit, and the codec leaves those bytes unread.
+                Ok(Err(_)) if conn.read_buffer().starts_with(&[TLS_HANDSHAKE, 0x03]) => {
+                    return Err("a TLS handshake at a peer port without TLS: a node with \
+                                --peer-tls-* files dialled a node without them; give every \
+                                node of the cluster the same peer TLS setting"
+                        .into())
+                }
                 Ok(Err(e)) => return Err(format!("bad first frame: {e}").into()),
                 Ok(Ok(frame)) => match super::encoding::decode(&frame) {
                     Ok(h) => h,

@@ -155,7 +155,25 @@ impl PeerTls {
             )
         })?;
         let connector = self.halves().connector;
-        let tls = connector.connect(name, tcp).await?;
+        let tls = connector.connect(name, tcp).await.map_err(|e| {
+            // A plain peer port reads the handshake as an oversized frame
+            // and closes (with the rest unread, so a reset): all this side
+            // sees is the close.
+            if matches!(
+                e.kind(),
+                io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+            ) {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "TLS handshake cut off ({e}): does the node at {addr} have no \
+                         --peer-tls-* files? give every node the same peer TLS setting"
+                    ),
+                )
+            } else {
+                e
+            }
+        })?;
         Ok(Either::Right(Box::new(TlsStream::Client(tls))))
     }
 }
@@ -168,4 +186,52 @@ pub(crate) type PeerStream = Either<TcpStream, Box<TlsStream<TcpStream>>>;
 /// A peer connection without TLS.
 pub(crate) fn plain(tcp: TcpStream) -> PeerStream {
     Either::Left(tcp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Args, FromArgMatches};
+    use tokio::io::AsyncReadExt;
+
+    /// `dlock-server cert ARGS`, as an operator runs it.
+    fn cert(args: &[&str]) {
+        let command = crate::ops::cert::Cert::augment_args(clap::Command::new("cert"));
+        let matches = command
+            .try_get_matches_from(std::iter::once("cert").chain(args.iter().copied()))
+            .expect("cert arguments");
+        crate::ops::cert::Cert::from_arg_matches(&matches)
+            .expect("cert arguments")
+            .run()
+            .expect("certificates written");
+    }
+
+    /// A node with peer TLS dialling a node without it saw only a closed
+    /// connection.
+    #[tokio::test]
+    async fn a_handshake_cut_off_by_a_plain_peer_port_says_what_to_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("certs");
+        let d = d.to_str().unwrap();
+        cert(&["create-ca", "--dir", d]);
+        cert(&["create-node", "n", "--addr", "127.0.0.1", "--dir", d]);
+        let path = |f: &str| Path::new(d).join(f);
+        let tls = PeerTls::from_files(&path("n.pem"), &path("n.key"), &path("ca.pem")).unwrap();
+        // A plain peer port: reads the handshake as a frame too long and
+        // closes the connection.
+        let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = plain.local_addr().unwrap().to_string();
+        let closer = tokio::spawn(async move {
+            let (mut s, _) = plain.accept().await.unwrap();
+            let mut head = [0u8; 4];
+            s.read_exact(&mut head).await.unwrap();
+            head
+        });
+        let tcp = TcpStream::connect(&addr).await.unwrap();
+        let err = tls.connect(&addr, tcp).await.map(|_| ()).unwrap_err();
+        assert_eq!(closer.await.unwrap()[0], 0x16, "a handshake record");
+        let text = err.to_string();
+        assert!(text.contains("TLS handshake cut off"), "{text}");
+        assert!(text.contains("--peer-tls-*"), "{text}");
+    }
 }
