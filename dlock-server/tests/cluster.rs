@@ -657,9 +657,19 @@ async fn a_node_is_added_and_another_removed_while_locks_are_served() {
     let gone = (0..3).find(|&i| i != l).expect("a follower");
     let r = about_node(&mut a, RequestType::ClusterRemove, &cluster, gone).await;
     assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
-    cluster.kill(gone);
     let third = must_lock(&mut a, "after", s, Duration::ZERO).await;
     assert!(third > second);
+    // The removed node, which hears from no leader now, stops by itself,
+    // saying why, and exits zero: a supervisor must not start it again.
+    let exit = cluster.nodes.wait_for_exit(gone, PATIENCE);
+    let log = cluster.nodes.recent_log(gone);
+    assert_eq!(exit.and_then(|e| e.code()), Some(0), "{log:#?}");
+    assert!(
+        log.iter()
+            .any(|l| l.contains("was removed from the cluster")
+                && l.contains("add it as a new node with a new id")),
+        "{log:#?}"
+    );
     let mut new_node = cluster.conn(fourth).await;
     let deadline = Instant::now() + PATIENCE;
     loop {

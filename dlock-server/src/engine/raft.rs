@@ -115,6 +115,7 @@ mod peer_server;
 mod peer_tls;
 mod quorum;
 mod reachability;
+mod removal;
 mod restore;
 mod snapshot_file;
 mod standing;
@@ -278,6 +279,9 @@ struct Inner {
     failure: std::sync::OnceLock<String>,
     /// Cancelled by [`Cluster::fail`]: tells the supervisor to stop the node.
     failed: CancellationToken,
+    /// Why the node stopped because it was removed from the cluster: set
+    /// once, before `failed` is cancelled for it.
+    removed: std::sync::OnceLock<String>,
     /// Whether this node stands as the leader: openraft says it leads and a
     /// majority acknowledged it lately (`quorum`).
     standing: quorum::Standing,
@@ -640,6 +644,22 @@ impl Cluster {
     /// for.
     pub fn failure(&self) -> Option<String> {
         self.inner.failure.get().cloned()
+    }
+
+    /// Why the node stopped because it was removed from the cluster
+    /// (`removal.rs`): the server then exits zero, as asked, not as failed.
+    pub fn removed(&self) -> Option<String> {
+        self.inner.removed.get().cloned()
+    }
+
+    /// Stops the node because it was removed from the cluster (`why`).
+    fn leave(&self, why: String) {
+        if self.inner.stop.is_cancelled() {
+            return;
+        }
+        tracing::warn!(node = self.inner.id, "{why}");
+        let _ = self.inner.removed.set(why);
+        self.inner.failed.cancel();
     }
 
     /// Stops the node because `why` leaves it unable to serve; the first

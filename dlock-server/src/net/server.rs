@@ -40,7 +40,8 @@ const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 /// (a storage error) or the expiry task ended. The process should then
 /// exit non-zero, so that a supervisor (systemd's `Restart=on-failure`)
 /// starts it again; a node that stays up answering "shutting down" helps
-/// nobody, and two such nodes leave a cluster without a leader.
+/// nobody, and two such nodes leave a cluster without a leader. A cluster
+/// node removed from its cluster drains and returns `Ok`, as at shutdown.
 pub async fn run(
     listener: TcpListener,
     config: Config,
@@ -78,6 +79,14 @@ pub async fn run(
         () = server.accept_until(shutdown) => None,
         failed = failed => Some(failed),
     };
+    // A node removed from the cluster stops as if asked to: a supervisor
+    // must not start it again.
+    let removed = cluster.as_ref().and_then(|c| c.removed());
+    let failure = failure.filter(|_| removed.is_none());
+    if removed.is_some() {
+        server.health.set_accepting(false);
+        tracing::warn!("this node was removed from the cluster; draining, then exiting");
+    }
     let failure = failure.map(|(why, expiry_ended)| {
         if expiry_ended {
             // Awaited to its end: there is nothing left to stop.

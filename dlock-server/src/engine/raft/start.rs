@@ -452,6 +452,7 @@ impl Cluster {
                 stopped,
                 failure: std::sync::OnceLock::new(),
                 failed: CancellationToken::new(),
+                removed: std::sync::OnceLock::new(),
                 standing,
                 stepped_aside,
                 reach,
@@ -477,6 +478,20 @@ impl Cluster {
             batcher::run(cluster.clone(), queued, stop.clone()),
         );
         cluster.critical("the quorum watch", watch);
+        {
+            let cluster = cluster.clone();
+            let watch = super::removal::watch(
+                raft.clone(),
+                cfg.node_id,
+                super::removal::grace(cfg.election_timeout.1),
+                stop.clone(),
+            );
+            tasks.spawn(async move {
+                if let Some(why) = watch.await {
+                    cluster.leave(why);
+                }
+            });
+        }
         // Not tracked: it calls shutdown, which waits for the tracked tasks.
         tokio::spawn(cluster.clone().supervise(shutdown));
         tracing::info!(node = cfg.node_id, data_dir = %dir.display(), fresh, "cluster node started");
