@@ -503,7 +503,7 @@ fn nodes_table(nodes: &[NodeView]) -> String {
         .map(|n| match &n.view {
             Ok(c) => [
                 n.id.to_string(),
-                c.role.to_lowercase(),
+                role_word(&c.role, false),
                 c.term.to_string(),
                 c.last_applied_index.to_string(),
                 match c.version.as_str() {
@@ -531,7 +531,7 @@ fn nodes_json(nodes: &[NodeView]) -> serde_json::Value {
             Ok(c) => serde_json::json!({
                 "node_id": n.id,
                 "client_addr": n.addr,
-                "role": c.role.to_lowercase(),
+                "role": role_word(&c.role, true),
                 "term": c.term,
                 "last_applied_index": c.last_applied_index,
                 "version": (!c.version.is_empty()).then_some(c.version.as_str()),
@@ -541,9 +541,29 @@ fn nodes_json(nodes: &[NodeView]) -> serde_json::Value {
         .collect()
 }
 
+/// `role` from a ClusterInfo, as shown: lower case, and a leader that
+/// stepped aside (no majority heard lately) in words.
+pub(crate) fn role_word(role: &str, json: bool) -> String {
+    if role.eq_ignore_ascii_case("steppedaside") {
+        return if json {
+            "stepped_aside"
+        } else {
+            "stepped aside"
+        }
+        .into();
+    }
+    role.to_lowercase()
+}
+
 /// The role `info`'s node gives member `m`.
-fn member_role(info: &ClusterInfo, m: &dlock::proto::ClusterMember) -> &'static str {
-    if m.node_id == info.leader_id {
+fn member_role(info: &ClusterInfo, m: &dlock::proto::ClusterMember, json: bool) -> &'static str {
+    if m.node_id == info.node_id && info.role.eq_ignore_ascii_case("steppedaside") {
+        if json {
+            "stepped_aside"
+        } else {
+            "stepped aside"
+        }
+    } else if m.node_id == info.leader_id {
         "leader"
     } else if m.voter {
         "follower"
@@ -560,7 +580,7 @@ fn unreachable_for(m: &dlock::proto::ClusterMember) -> Option<std::time::Duratio
 /// The ROLE column: the role, and "unreachable for 12s" for a member the
 /// answering node cannot reach.
 fn role_text(info: &ClusterInfo, m: &dlock::proto::ClusterMember) -> String {
-    let role = member_role(info, m);
+    let role = member_role(info, m, false);
     match unreachable_for(m) {
         Some(d) => format!(
             "{role}, unreachable for {}",
@@ -581,7 +601,7 @@ fn status_json(info: &ClusterInfo) -> serde_json::Value {
             let known = |v: u64| m.replication_known.then_some(v);
             serde_json::json!({
                 "node_id": m.node_id,
-                "role": member_role(info, m),
+                "role": member_role(info, m, true),
                 "client_addr": m.client_addr,
                 "peer_addr": m.peer_addr,
                 "voter": m.voter,
@@ -593,7 +613,7 @@ fn status_json(info: &ClusterInfo) -> serde_json::Value {
         .collect();
     serde_json::json!({
         "node_id": info.node_id,
-        "role": info.role.to_lowercase(),
+        "role": role_word(&info.role, true),
         "term": info.term,
         "leader_id": (info.leader_id != 0).then_some(info.leader_id),
         "last_log_index": info.last_log_index,
@@ -609,7 +629,7 @@ fn status_table(info: &ClusterInfo) -> String {
     let mut out = format!(
         "node {} is {} in term {}; leader {}; last log {}, committed {}, applied {}\nversion {}\n",
         info.node_id,
-        info.role.to_lowercase(),
+        role_word(&info.role, false),
         info.term,
         match info.leader_id {
             0 => "unknown".to_string(),
@@ -705,5 +725,37 @@ mod tests {
         assert_eq!(at, addr);
         assert!(knows_no_leader(&r), "{r:?}");
         assert_eq!(asked.load(Ordering::SeqCst), 1, "asked once");
+    }
+
+    /// A leader that stepped aside is shown as such, in words in the table
+    /// and as one token in JSON, and no member is called leader.
+    #[test]
+    fn a_leader_that_stepped_aside_is_shown_as_one() {
+        let member = |node_id| dlock::proto::ClusterMember {
+            node_id,
+            voter: true,
+            ..Default::default()
+        };
+        let info = ClusterInfo {
+            node_id: 1,
+            role: "SteppedAside".into(),
+            term: 3,
+            members: vec![member(1), member(2)],
+            ..Default::default()
+        };
+        let table = status_table(&info);
+        assert!(
+            table.starts_with("node 1 is stepped aside in term 3; leader unknown"),
+            "{table}"
+        );
+        assert!(table.contains("1   stepped aside"), "{table}");
+        assert!(
+            !table.lines().skip(2).any(|l| l.contains("leader")),
+            "{table}"
+        );
+        let json = status_json(&info);
+        assert_eq!(json["role"], "stepped_aside");
+        assert_eq!(json["members"][0]["role"], "stepped_aside");
+        assert_eq!(json["members"][1]["role"], "follower");
     }
 }

@@ -410,6 +410,23 @@ async fn a_leader_cut_off_from_the_others_grants_nothing() {
         );
     }
 
+    // Its own status says what its answers do: openraft still counts it
+    // leader, but it stepped aside and names no leader (it called itself
+    // leader, naming itself, while /readyz said there was none).
+    let mut view = cluster.conn(l).await;
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let r = call(&mut view, RequestType::ClusterStatus, &[], 0).await;
+        let info = r.cluster.expect("a status");
+        if info.role == "SteppedAside" {
+            assert_eq!(info.leader_id, 0, "{info:?}");
+            break;
+        }
+        assert_eq!(info.role, "Leader", "until it steps aside: {info:?}");
+        assert!(Instant::now() < deadline, "never stepped aside: {info:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     // Healed, the old leader learns the new term and steps down: the log
     // entry it could not commit is gone, the new holder keeps the key, the
     // lease taken before the cut is still held under its fence.

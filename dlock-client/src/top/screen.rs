@@ -3,7 +3,7 @@
 //! the tables out, so no column width is computed here.
 
 use super::sample::Sample;
-use crate::cluster::NodeView;
+use crate::cluster::{role_word, NodeView};
 use dlock::duration::human;
 use dlock::KeyState;
 use ratatui::layout::{Constraint, Layout};
@@ -94,7 +94,7 @@ fn nodes_table(s: &Sample) -> Table<'static> {
         Ok(c) => Row::new([
             n.id.to_string(),
             n.addr.clone(),
-            c.role.to_lowercase(),
+            role_word(&c.role, false),
             c.term.to_string(),
             c.last_applied_index.to_string(),
             lag(n.id),

@@ -510,9 +510,16 @@ impl Cluster {
         let committed = self.inner.committed.load(Ordering::Relaxed).checked_sub(1);
         let mut status =
             ClusterStatus::from_metrics(&self.inner.raft.metrics().borrow(), committed);
+        // It refuses requests as a node without a leader, and names none:
+        // say the same here, or status and /metrics call a leader the node
+        // whose /readyz and answers say there is none.
+        if status.role == Role::Leader && !*self.inner.standing.borrow() {
+            status.role = Role::SteppedAside;
+            status.leader = None;
+        }
         // Only a leader talks to every member all the time; a follower's
         // last word with a peer may be hours old.
-        if status.role == Role::Leader {
+        if matches!(status.role, Role::Leader | Role::SteppedAside) {
             for m in &mut status.members {
                 if m.id != self.inner.id {
                     m.unreachable_for = self.inner.reach.down_for(m.id);

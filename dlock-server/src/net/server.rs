@@ -410,7 +410,7 @@ async fn snapshot_on_sigusr1(cluster: Option<raft::Cluster>, shutdown: Cancellat
 fn raft_gauges(s: &ClusterStatus) -> RaftGauges {
     RaftGauges {
         term: s.term,
-        role: format!("{:?}", s.role).to_lowercase(),
+        role: s.role.label().to_owned(),
         leader_known: s.leader.is_some(),
         committed_index: s.committed_index.unwrap_or(0),
         applied_index: s.last_applied_index.unwrap_or(0),

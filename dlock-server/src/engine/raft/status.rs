@@ -17,6 +17,24 @@ pub enum Role {
     Learner,
     /// The engine has stopped.
     Stopped,
+    /// Leader in openraft's eyes, but no majority has acknowledged it lately
+    /// (or it is stopping): it refuses requests as a node without a leader
+    /// and names none (`quorum.rs`).
+    SteppedAside,
+}
+
+impl Role {
+    /// The role as a metric label: `leader`, `stepped_aside`, ...
+    pub fn label(self) -> &'static str {
+        match self {
+            Role::Leader => "leader",
+            Role::Candidate => "candidate",
+            Role::Follower => "follower",
+            Role::Learner => "learner",
+            Role::Stopped => "stopped",
+            Role::SteppedAside => "stepped_aside",
+        }
+    }
 }
 
 /// One member, as this node sees it.
