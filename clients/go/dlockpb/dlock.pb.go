@@ -501,7 +501,9 @@ type ClusterInfo struct {
 
 	// The node that answered.
 	NodeId uint64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	// Leader, Candidate, Follower, Learner or Stopped.
+	// Leader, Candidate, Follower, Learner, Stopped or SteppedAside (a
+	// leader that no majority acknowledged lately, or that is stopping: it
+	// refuses requests and names no leader, leader_id 0).
 	Role string `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
 	Term uint64 `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
 	// 0 when no leader is known.

@@ -147,7 +147,9 @@ export type ClusterInfo = Message<"dlock.ClusterInfo"> & {
   nodeId: bigint;
 
   /**
-   * Leader, Candidate, Follower, Learner or Stopped.
+   * Leader, Candidate, Follower, Learner, Stopped or SteppedAside (a
+   * leader that no majority acknowledged lately, or that is stopping: it
+   * refuses requests and names no leader, leader_id 0).
    *
    * @generated from field: string role = 2;
    */
