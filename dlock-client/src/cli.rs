@@ -211,8 +211,9 @@ pub struct Args {
     #[arg(long, conflicts_with_all = ["command", "command_args", "ping"])]
     pub inspect: bool,
 
-    /// How --inspect and `dlock leader` print: text for people, or json
-    /// for scripts (one object; with `dlock leader --watch`, one per line).
+    /// How --inspect, --ping and `dlock leader` print: text for people, or
+    /// json for scripts (one object; with `dlock leader --watch`, one per
+    /// line).
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Text, value_name = "FORMAT")]
     pub output: Output,
 

@@ -567,9 +567,19 @@ async fn ping(args: &Args, options: ClientOptions) -> Result<u8, Failure> {
         .await
         .map_err(|e| exit::from_client_error(e, &args.server))?;
     let ms = rtt.as_secs_f64() * 1e3;
-    crate::stdout::print(match client.session() {
-        None => format!("{} ok {ms:.3} ms\n", args.server),
-        Some(_) => format!("{} ok {ms:.3} ms (cluster leader)\n", client.addr()),
+    let leader = client.session().is_some();
+    let addr = if leader {
+        client.addr()
+    } else {
+        args.server.clone()
+    };
+    crate::stdout::print(match args.output {
+        crate::cli::Output::Json => format!(
+            "{}\n",
+            serde_json::json!({ "server": addr, "ok": true, "rtt_ms": ms, "cluster_leader": leader })
+        ),
+        crate::cli::Output::Text if leader => format!("{addr} ok {ms:.3} ms (cluster leader)\n"),
+        crate::cli::Output::Text => format!("{addr} ok {ms:.3} ms\n"),
     })?;
     Ok(0)
 }

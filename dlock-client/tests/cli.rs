@@ -453,6 +453,12 @@ async fn ping_and_inspect() {
     let o = run(&server, &["--ping"]).await;
     assert_eq!(code(&o), 0);
     assert!(stdout(&o).contains(" ok "));
+    let o = run(&server, &["--ping", "-o", "json"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON object");
+    assert_eq!(v["ok"], true, "{v}");
+    assert!(v["rtt_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{v}");
+    assert_eq!(v["cluster_leader"], false, "{v}");
     let holder = client(&server).await;
     let g = holder.lock(["shown"], LockOptions::new()).await.unwrap();
     let o = run(&server, &["--inspect", "-k", "shown", "-k", "free"]).await;
