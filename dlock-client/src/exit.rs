@@ -79,6 +79,7 @@ impl Failure {
 
 /// Maps a library error to an exit code and a one-line explanation.
 pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
+    use dlock::proto::ResponseStatus;
     use dlock::Error;
     match e {
         // The hint only where it can be the cause: nothing listens there.
@@ -127,6 +128,17 @@ pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
         }
         Error::ConnectionLost(lost) => Failure::new(UNAVAILABLE, format!("connection to {server} lost: {}", with_cause(lost.reason(), &lost))),
         Error::AccessDenied(text) => Failure::new(NO_PERMISSION, access_denied(server, &text)),
+        // What the user typed, refused by the server (a key dlock's own
+        // check did not see, as in --inspect): a usage error, as when that
+        // check refuses it.
+        Error::Server {
+            status:
+                status @ (ResponseStatus::TooManyKeys
+                | ResponseStatus::InvalidKey
+                | ResponseStatus::NoKeys
+                | ResponseStatus::InvalidArgument),
+            text,
+        } => Failure::new(USAGE, format!("{server} refused it ({status:?}): {text}")),
         other => Failure::new(SOFTWARE, other.to_string()),
     }
 }

@@ -453,6 +453,9 @@ async fn ping_and_inspect() {
     let o = run(&server, &["--ping"]).await;
     assert_eq!(code(&o), 0);
     assert!(stdout(&o).contains(" ok "));
+    // An empty key: refused as a usage error, as on the lock path.
+    let o = run(&server, &["--inspect", "-k", ""]).await;
+    assert_eq!(code(&o), 64, "{}", stderr(&o));
     let o = run(&server, &["--ping", "-o", "json"]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON object");
