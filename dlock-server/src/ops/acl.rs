@@ -369,7 +369,26 @@ impl Access {
 fn read(path: &Path) -> anyhow::Result<Acl> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read token file {}", path.display()))?;
-    Acl::parse(&text).map_err(|e| anyhow!("token file {}: {e:#}", path.display()))
+    let acl = Acl::parse(&text).map_err(|e| anyhow!("token file {}: {e:#}", path.display()))?;
+    if let Some(why) = std::fs::metadata(path).ok().and_then(|m| exposed(&m)) {
+        tracing::warn!(file = %path.display(), "the token file {why}: anyone on this machine who can log in can take any identity in it; make it mode 0600 (or 0640 with the server's group)");
+    }
+    Ok(acl)
+}
+
+/// How the token file's mode exposes its tokens, if it does: readable or
+/// writable by every user, or writable by its group. Group-readable is
+/// what the packaged unit uses (0640, group dlock).
+fn exposed(meta: &std::fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = meta.permissions().mode() & 0o777;
+    let what = match (mode & 0o004 != 0, mode & 0o022 != 0) {
+        (false, false) => return None,
+        (true, false) => "is readable by every user",
+        (false, true) => "can be changed by other users",
+        (true, true) => "is readable and can be changed by other users",
+    };
+    Some(format!("{what} (mode {mode:04o})"))
 }
 
 #[cfg(test)]
@@ -384,6 +403,28 @@ mod tests {
     }
 
     const FILE: &str = "# ops\n  alpha  \n\nbeta\ntoken jobs s3cret\n    lock jobs/*\n\tinspect *\nidentity build.example\n    lock ci/one\n";
+
+    #[test]
+    fn a_token_file_others_can_read_or_change_is_named_as_such() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, FILE).unwrap();
+        let with_mode = |mode| {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            exposed(&std::fs::metadata(&path).unwrap())
+        };
+        assert_eq!(with_mode(0o600), None);
+        assert_eq!(with_mode(0o640), None, "the packaged unit's mode");
+        let why = with_mode(0o644).expect("world-readable");
+        assert!(
+            why.contains("readable by every user") && why.contains("0644"),
+            "{why}"
+        );
+        assert!(with_mode(0o660)
+            .expect("group-writable")
+            .contains("changed"));
+    }
 
     #[test]
     fn bare_tokens_have_every_right_and_named_ones_their_rules() {
