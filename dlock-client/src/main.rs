@@ -108,6 +108,10 @@ fn parse_args<T: Parser>(
     args: impl IntoIterator<Item = std::ffi::OsString>,
 ) -> Result<T, ExitCode> {
     T::try_parse_from(args).map_err(|e| {
+        if let Some(said) = no_such_flag(&e) {
+            say!("{said}");
+            return ExitCode::from(exit::USAGE);
+        }
         let _ = e.print();
         match e.kind() {
             clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
@@ -116,6 +120,23 @@ fn parse_args<T: Parser>(
             _ => ExitCode::from(exit::USAGE),
         }
     })
+}
+
+/// What to say instead of clap's advice for a flag dlock has on purpose
+/// not: clap suggested `-- --token`, which would run `--token` as the
+/// command.
+fn no_such_flag(e: &clap::Error) -> Option<&'static str> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    (arg == "--token" || arg.starts_with("--token=")).then_some(
+        "dlock has no --token: a token on the command line is shown to every user of \
+         the machine (ps); set DLOCK_TOKEN, or give --token-file PATH",
+    )
 }
 
 /// Runs `work` on a single-threaded runtime (dlock waits on one server and

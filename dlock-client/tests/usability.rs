@@ -17,6 +17,28 @@ async fn malformed_server_addresses_are_usage_errors() {
     }
 }
 
+/// clap's advice for an unknown --token was `-- --token`, which would
+/// run `--token` as the command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_on_the_command_line_is_refused_saying_where_it_goes() {
+    for args in [
+        &["--token", "s3cret", "-k", "a", "--", "true"][..],
+        &["--token=s3cret", "--ping"],
+    ] {
+        let o = run_at("127.0.0.1:1", args).await;
+        assert_eq!(code(&o), 64, "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("DLOCK_TOKEN") && err.contains("--token-file"),
+            "{err}"
+        );
+        assert!(
+            !err.contains("-- --token") && !err.contains("s3cret"),
+            "{err}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_file_skips_comments_and_the_command_does_not_see_the_token() {
     let dir = tempfile::tempdir().unwrap();
