@@ -68,17 +68,17 @@ pub struct Common {
 pub enum Workload {
     /// N connections, one Ping in flight each.
     Ping {
-        #[arg(short = 'c', long, default_value_t = 50)]
+        #[arg(short = 'c', long, default_value_t = 50, value_parser = at_least_one)]
         connections: usize,
     },
     /// N connections, each locking and unlocking its own key (2 round trips per op).
     LockUnlock {
-        #[arg(short = 'c', long, default_value_t = 50)]
+        #[arg(short = 'c', long, default_value_t = 50, value_parser = at_least_one)]
         connections: usize,
     },
     /// Connections with DEPTH requests in flight each.
     Pipeline {
-        #[arg(short = 'c', long, default_value_t = 1)]
+        #[arg(short = 'c', long, default_value_t = 1, value_parser = at_least_one)]
         connections: usize,
         #[arg(long, default_value_t = 256)]
         depth: usize,
@@ -88,12 +88,12 @@ pub enum Workload {
     },
     /// N clients on one key: handoffs/s, handoff latency, FIFO check.
     Contended {
-        #[arg(short = 'c', long, default_value_t = 32)]
+        #[arg(short = 'c', long, default_value_t = 32, value_parser = at_least_one)]
         connections: usize,
     },
     /// N connections locking K random keys of a pool of P; checks exclusivity.
     Multikey {
-        #[arg(short = 'c', long, default_value_t = 32)]
+        #[arg(short = 'c', long, default_value_t = 32, value_parser = at_least_one)]
         connections: usize,
         #[arg(long, default_value_t = 8)]
         keys: usize,
@@ -104,7 +104,7 @@ pub enum Workload {
     /// their key shared (or all under a semaphore of --limit); checks that
     /// no writer shares a key and no semaphore overfills.
     Shared {
-        #[arg(short = 'c', long, default_value_t = 32)]
+        #[arg(short = 'c', long, default_value_t = 32, value_parser = at_least_one)]
         connections: usize,
         /// Percent of the locks that read (shared); the rest write.
         #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(0..=100))]
@@ -125,7 +125,7 @@ pub enum Workload {
     Hold {
         #[arg(long, default_value_t = 1_000_000)]
         count: u64,
-        #[arg(short = 'c', long, default_value_t = 4)]
+        #[arg(short = 'c', long, default_value_t = 4, value_parser = at_least_one)]
         connections: usize,
         #[arg(long, default_value_t = 128)]
         depth: usize,
@@ -154,7 +154,7 @@ pub enum Workload {
     /// and then only Ping, every --every; reports the log entries the
     /// leader commits per second, and Pings per entry.
     IdleSessions {
-        #[arg(short = 'c', long, default_value_t = 1000)]
+        #[arg(short = 'c', long, default_value_t = 1000, value_parser = at_least_one)]
         connections: usize,
         /// A client library's heartbeat: a quarter of the session TTL.
         #[arg(long, default_value = "2.5s", value_parser = dlock::duration::parse_positive)]
@@ -165,7 +165,7 @@ pub enum Workload {
     /// --every (SIGUSR1), then a follower asked the same
     /// (bench/snapshot_stall.sh holds 1M leases first).
     SnapshotStall {
-        #[arg(short = 'c', long, default_value_t = 16)]
+        #[arg(short = 'c', long, default_value_t = 16, value_parser = at_least_one)]
         connections: usize,
         /// The leader's process id.
         #[arg(long)]
@@ -195,7 +195,7 @@ pub enum Workload {
     },
     /// Connect, lock, disconnect, repeatedly.
     Churn {
-        #[arg(short = 'c', long, default_value_t = 8)]
+        #[arg(short = 'c', long, default_value_t = 8, value_parser = at_least_one)]
         connections: usize,
     },
     /// etcd's v3 lock as a reference: N clients, each with a session lease,
@@ -203,7 +203,7 @@ pub enum Workload {
     /// etcd; --server is not used).
     #[cfg(feature = "etcd")]
     EtcdLock {
-        #[arg(short = 'c', long, default_value_t = 32)]
+        #[arg(short = 'c', long, default_value_t = 32, value_parser = at_least_one)]
         connections: usize,
         /// etcd client URLs, comma-separated (give the leader's alone to
         /// spare requests a follower's hop).
@@ -238,4 +238,26 @@ fn duration(s: &str) -> Result<Duration, String> {
         return Err("must be at most 1h".into());
     }
     Ok(d)
+}
+
+/// A client count: none would measure nothing (and divide by zero), and
+/// the load stays bounded.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) if n > 100_000 => Err("must be at most 100000".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_count_of_zero_is_refused() {
+        assert!(Cli::try_parse_from(["dlock-bench", "contended", "-c", "0"]).is_err());
+        assert!(Cli::try_parse_from(["dlock-bench", "contended", "-c", "2"]).is_ok());
+    }
 }

@@ -72,19 +72,30 @@ where
 {
     let handles: Vec<_> = (0..n).map(|i| tokio::spawn(worker(i))).collect();
     let mut total = Recorder::default();
+    // Each different reason once, with how many workers it stopped: fifty
+    // workers that cannot connect said the same line fifty times.
+    let mut reasons: Vec<(String, usize)> = Vec::new();
     for h in handles {
-        match h.await {
+        let why = match h.await {
             Ok((rec, result)) => {
                 total.merge(&rec);
-                if let Err(e) = result {
-                    total.errors += 1;
-                    eprintln!("dlock-bench: worker stopped: {e}");
+                match result {
+                    Ok(()) => continue,
+                    Err(e) => format!("worker stopped: {e}"),
                 }
             }
-            Err(e) => {
-                total.errors += 1;
-                eprintln!("dlock-bench: worker panicked: {e}");
-            }
+            Err(e) => format!("worker panicked: {e}"),
+        };
+        total.errors += 1;
+        match reasons.iter_mut().find(|(r, _)| *r == why) {
+            Some((_, count)) => *count += 1,
+            None => reasons.push((why, 1)),
+        }
+    }
+    for (why, count) in reasons {
+        match count {
+            1 => eprintln!("dlock-bench: {why}"),
+            n => eprintln!("dlock-bench: {why} ({n} workers)"),
         }
     }
     total
