@@ -276,3 +276,42 @@ fn ports_in_use_or_nodes_that_all_fail_end_the_command_with_an_error() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(!said.contains("export DLOCK_SERVER"), "{said}");
 }
+
+/// A second local-cluster on a folder in use started nodes on data
+/// directories in use, which failed, and wrote into the running nodes'
+/// logs; a file given as the folder got "File exists".
+#[test]
+fn a_folder_in_use_or_a_file_is_refused_before_any_node_starts() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster");
+    std::fs::create_dir(&cluster).unwrap();
+    // Held as a running local-cluster holds it.
+    let held = std::fs::File::create(cluster.join("local-cluster.lock")).unwrap();
+    // SAFETY: flock on an open descriptor has no memory-safety preconditions.
+    assert_eq!(
+        unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    let run = |folder: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+            .args(["local-cluster", "--port", "0", "--dir"])
+            .arg(folder)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run(&cluster);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("in use by another local-cluster"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&cluster).unwrap().collect();
+    assert_eq!(left.len(), 1, "nothing but the lock: {left:?}");
+
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let out = run(&file);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("is a file, not a folder"), "{err}");
+}

@@ -101,8 +101,21 @@ impl LocalCluster {
         let exe = std::env::current_exe().context("cannot find this program's path")?;
         let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
         let mut int = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+        if self.dir.exists() && !self.dir.is_dir() {
+            anyhow::bail!(
+                "--dir {} is a file, not a folder: give a folder (made if missing)",
+                self.dir.display()
+            );
+        }
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("cannot create {}", self.dir.display()))?;
+        let _in_use = self.take_folder()?;
+        if self.nodes == 2 {
+            tell!(
+                "dlock-server: warning: 2 nodes survive no failure, as 1 does (a majority of 2 \
+                 is both); 3 survive one"
+            );
+        }
         let ports = self.ports()?;
         let members = ports
             .iter()
@@ -190,6 +203,29 @@ impl LocalCluster {
         running.stop().await;
         say(&["dlock-server: every node stopped".to_string()]);
         Ok(())
+    }
+
+    /// Holds the folder for this run: a second local-cluster on it would
+    /// start nodes on data directories in use, which fail, and write into
+    /// the running nodes' logs.
+    fn take_folder(&self) -> anyhow::Result<std::fs::File> {
+        let path = self.dir.join("local-cluster.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(file),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => anyhow::bail!(
+                "{} is in use by another local-cluster: stop that one (Ctrl-C where it runs), \
+                 or give --dir another folder",
+                self.dir.display()
+            ),
+            Err(e) => Err(std::io::Error::from(e))
+                .with_context(|| format!("cannot lock {}", path.display())),
+        }
     }
 
     /// Where the user finds why a node stopped.
