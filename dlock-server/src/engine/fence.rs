@@ -112,8 +112,9 @@ pub async fn run_keeper(db: impl FenceSource, mut file: FenceFile, shutdown: Can
 pub struct FenceFile {
     path: PathBuf,
     ceiling: u64,
-    /// Held open, and so locked, for as long as the file is this server's.
-    _lock: Option<std::fs::File>,
+    /// Held open, and so locked, for as long as the file is this server's
+    /// (shared with the server, which keeps it until it has drained).
+    lock: Option<std::sync::Arc<std::fs::File>>,
 }
 
 /// `path` with `suffix` appended to its file name: `fence` gives
@@ -191,7 +192,7 @@ pub fn start(path: Option<&Path>, now: SystemTime) -> anyhow::Result<(u64, Optio
     let mut file = FenceFile {
         path: path.to_path_buf(),
         ceiling: 0,
-        _lock: Some(held),
+        lock: Some(std::sync::Arc::new(held)),
     };
     file.reserve(first)
         .with_context(|| format!("cannot write fence file {}", path.display()))?;
@@ -202,6 +203,12 @@ impl FenceFile {
     /// The stored ceiling: every token issued so far is below it.
     pub fn ceiling(&self) -> u64 {
         self.ceiling
+    }
+
+    /// The lock that makes the file this server's: whoever keeps a clone
+    /// keeps the file from a second server, after the keeper has stopped.
+    pub fn lock(&self) -> Option<std::sync::Arc<std::fs::File>> {
+        self.lock.clone()
     }
 
     /// The token from which [`FenceFile::reserve`] should be called again.
@@ -224,9 +231,13 @@ impl FenceFile {
             f.sync_all()?;
         }
         std::fs::rename(&tmp, &self.path)?;
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
+        // The rename is durable once its directory is synced: for a bare
+        // file name, the working directory.
+        let dir = match self.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(dir)?.sync_all()?;
         self.ceiling = ceiling;
         Ok(())
     }
@@ -298,7 +309,7 @@ mod tests {
         let mut f = FenceFile {
             path: dir.path().join("fence"),
             ceiling: 0,
-            _lock: None,
+            lock: None,
         };
         f.reserve(10).unwrap();
         assert_eq!(f.ceiling(), 10 + RESERVE);

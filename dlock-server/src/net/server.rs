@@ -79,6 +79,11 @@ pub async fn run(
         () = server.accept_until(shutdown) => None,
         failed = failed => Some(failed),
     };
+    if let Some((_, true)) = &failure {
+        // The expiry task was awaited to its end: there is nothing left to
+        // stop, and its handle must not be awaited again.
+        expiry = None;
+    }
     // A node removed from the cluster stops as if asked to: a supervisor
     // must not start it again.
     let removed = cluster.as_ref().and_then(|c| c.removed());
@@ -87,11 +92,7 @@ pub async fn run(
         server.health.set_accepting(false);
         tracing::warn!("this node was removed from the cluster; draining, then exiting");
     }
-    let failure = failure.map(|(why, expiry_ended)| {
-        if expiry_ended {
-            // Awaited to its end: there is nothing left to stop.
-            expiry = None;
-        }
+    let failure = failure.map(|(why, _)| {
         // Before anything else: a probe must not find this node ready
         // while it drains.
         server.health.set_accepting(false);
@@ -125,6 +126,9 @@ struct Server {
     metrics: Option<metrics_http::MetricsServer>,
     /// Stops the expiry task, and its handle (gone once awaited).
     expiry: (CancellationToken, Option<tokio::task::JoinHandle<()>>),
+    /// The fence file's lock, kept until the server has drained: the
+    /// keeper task, which owns the file, stops when draining starts.
+    _fence_lock: Option<Arc<std::fs::File>>,
 }
 
 impl Server {
@@ -155,6 +159,7 @@ impl Server {
         // steps aside as it starts draining; the next leader expires them.)
         let expiry_stop = CancellationToken::new();
         let expiry = tokio::spawn(service.clone().run_expiry(expiry_stop.clone()));
+        let fence_lock = fence_file.as_ref().and_then(fence::FenceFile::lock);
         if let (Engine::Local(local), Some(file)) = (service.engine(), fence_file) {
             tracker.spawn(fence::run_keeper(local.clone(), file, cancel.clone()));
         }
@@ -197,6 +202,7 @@ impl Server {
             health,
             metrics,
             expiry: (expiry_stop, Some(expiry)),
+            _fence_lock: fence_lock,
         };
         // Before the line that tells tests (and operators) the server is up:
         // a probe right after it must find the server ready. The listener is

@@ -718,7 +718,7 @@ fn raft_gauges(e: &mut DescriptorEncoder, s: &RaftGauges) -> Result<(), std::fmt
     )?;
     let mut family = e.encode_descriptor(
         "dlock_raft_role",
-        "1 for this node's Raft role (leader, follower, candidate, learner, stopped).",
+        "1 for this node's Raft role (leader, follower, candidate, learner, stopped, stepped_aside: a leader without a majority lately).",
         None,
         MetricType::Gauge,
     )?;

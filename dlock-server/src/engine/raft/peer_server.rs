@@ -55,6 +55,8 @@ pub(crate) struct PeerServer {
     /// first frame) was last logged, by the address it came from: a node
     /// with the wrong TLS files dials again several times a second.
     pub(crate) strangers: Paced<IpAddr>,
+    /// Whether this node stands as the leader (`quorum.rs`).
+    pub(crate) standing: super::quorum::Standing,
 }
 
 impl PeerServer {
@@ -444,6 +446,9 @@ impl PeerServer {
                 .map(|node| (id, node.peer_addr.clone()))
         });
         let leading = m.state == ServerState::Leader;
+        let committed =
+            m.membership_config.log_id().map(|l| l.index) <= m.last_applied.map(|l| l.index);
+        let stands = leading && *self.standing.borrow() && committed;
         let acknowledged = match (&m.replication, leading) {
             (Some(r), true) => r.get(&of).copied().flatten().map(|l| l.index),
             _ => None,
@@ -453,6 +458,7 @@ impl PeerServer {
             leader,
             acknowledged,
             leading,
+            stands,
             member: membership.get_node(&of).is_some(),
         }
     }

@@ -1,67 +1,72 @@
 //! A node removed from the cluster stops, saying so, as an etcd member does.
 //!
-//! openraft 0.9 stops replicating to a removed voter once the change is
-//! committed, so the node never sees the final membership: it keeps the
-//! joint one (which names it on the old side only), hears no leader, and
+//! openraft 0.9 stops replicating to a removed voter once the change that
+//! removes it is appended, so the node never learns of it: it keeps the
+//! joint membership (or an older one, if it was down), hears no leader, and
 //! stands for election again and again, with terms that only climb. The
 //! others turn those votes down while their leader's lease lasts, but the
 //! node itself answered `dlock cluster status` as a candidate and logged
 //! nothing: its operator could not tell it had been removed. A leader that
-//! removed itself steps down with the final membership, which leaves it out.
+//! removed itself sat as a learner, naming itself leader.
 //!
-//! So a node whose committed membership leaves it out, and that no other
-//! leader replicates to, stops once that has lasted [`grace`]: the process
-//! exits zero, so a supervisor's `Restart=on-failure` does not start it
-//! again. A restart finds the same membership in its log and stops the same
-//! way. A node being removed is still led, and so left running, for as long
-//! as the change takes. A learner removed is not noticed: it was never in a
-//! joint membership, and nothing tells it.
+//! Its own log cannot settle it: a joint membership that names the node on
+//! its old side only is committed before the change completes, and if the
+//! leader is lost between the two steps it stays in force, with the node
+//! counted in the old side's majority. So a node that has been part of a
+//! cluster and heard from no other leader for [`grace`] asks its members
+//! over the peer port; it stops only when a leader that stands (a majority
+//! acknowledged it lately, `quorum.rs`) answers that its membership lacks
+//! the node. The process then exits zero, so a supervisor's
+//! `Restart=on-failure` does not start it again; a restart asks again and
+//! stops the same way. A node cut off from the others finds no leader to
+//! ask, and asks again after another grace. A learner removed is not
+//! noticed: it keeps counting the leader whose vote it last saw as its
+//! leader, and nothing tells it otherwise.
 
-use super::types::{LogId, NodeId, Raft, StoredMembership};
+use super::peer_client::Network;
+use super::types::{Member, NodeId, Raft};
+use super::wire::Standing;
 use openraft::ServerState;
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// How long a node must be left out, and unled, before it stops: two
-/// elections' worth, so that a leader elected while the change was under
-/// way (which replicates to every node of the joint membership) has time
-/// to show itself.
+/// How long each member gets to answer.
+const ASK_LIMIT: Duration = Duration::from_secs(2);
+
+/// How long a node must go unled before it asks whether it is still a
+/// member: twice the longest election timeout (an election normally ends
+/// within one), at least a second.
 pub(crate) fn grace(election_timeout_max: Duration) -> Duration {
     election_timeout_max
         .saturating_mul(2)
         .max(Duration::from_secs(1))
 }
 
-/// Whether the membership `m`, applied at this node up to `applied`,
-/// leaves node `me` out: it is committed, and `me` is neither a voter of
-/// its last configuration (the new side of a joint one) nor a learner.
-/// An uninitialised node (a joiner not yet added) has no membership and is
-/// not left out.
-pub(crate) fn left_out(me: NodeId, m: &StoredMembership, applied: Option<&LogId>) -> bool {
-    let Some(at) = m.log_id() else {
-        return false;
-    };
-    if applied.is_none_or(|a| a.index < at.index) {
-        return false;
-    }
-    let membership = m.membership();
-    let in_last = membership
-        .get_joint_config()
-        .last()
-        .is_some_and(|voters| voters.contains(&me));
-    !in_last && !membership.learner_ids().any(|l| l == me)
+/// The leader, and its term, whose answer says the asking node is no
+/// member: of the answers from leaders that stand, the one of the highest
+/// term (a deposed leader may not know it yet). `None` when no standing
+/// leader answered, or the latest counts the node a member.
+pub(crate) fn removed_by(answers: &[(NodeId, Standing)]) -> Option<(NodeId, u64)> {
+    answers
+        .iter()
+        .filter(|(_, s)| s.leading && s.stands)
+        .max_by_key(|(_, s)| s.term)
+        .filter(|(_, s)| !s.member)
+        .map(|(id, s)| (*id, s.term))
 }
 
 /// Watches node `me` of `raft` until `stop`; returns why it must stop once
-/// it has been left out and unled for `grace`, or `None` at `stop`.
+/// a standing leader says it is no member, or `None` at `stop`.
 pub(crate) async fn watch(
     raft: Raft,
+    network: Network,
     me: NodeId,
     grace: Duration,
     stop: CancellationToken,
 ) -> Option<String> {
-    // A few readings per grace period: the membership and the leader change
+    // A few readings per grace period: the role and the leader change
     // rarely, and this keeps the watcher off openraft's per-turn metrics.
     let mut tick = tokio::time::interval(grace / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -71,80 +76,91 @@ pub(crate) async fn watch(
             _ = stop.cancelled() => return None,
             _ = tick.tick() => {}
         }
-        let (out, at) = {
+        let members = {
             let metrics = raft.metrics();
             let m = metrics.borrow();
             let led = m.state == ServerState::Leader || m.current_leader.is_some_and(|l| l != me);
-            let out = !led && left_out(me, &m.membership_config, m.last_applied.as_ref());
-            (out, m.membership_config.log_id().map(|l| l.index))
+            // A joiner not yet added has no membership: it waits, unled.
+            let member_once = m.membership_config.log_id().is_some();
+            (!led && member_once).then(|| {
+                m.membership_config
+                    .membership()
+                    .nodes()
+                    .filter(|(id, _)| **id != me)
+                    .map(|(id, node)| (*id, node.clone()))
+                    .collect::<BTreeMap<NodeId, Member>>()
+            })
         };
-        if !out {
+        let Some(members) = members else {
             since = None;
             continue;
-        }
+        };
         let first = *since.get_or_insert_with(Instant::now);
-        if first.elapsed() >= grace {
+        if first.elapsed() < grace {
+            continue;
+        }
+        let asks = members.iter().map(|(id, m)| {
+            let client = network.client(*id, &m.peer_addr);
+            async move { (*id, client.standing(ASK_LIMIT).await) }
+        });
+        let answers: Vec<(NodeId, Standing)> = tokio::select! {
+            _ = stop.cancelled() => return None,
+            all = futures_util::future::join_all(asks) => all
+                .into_iter()
+                .filter_map(|(id, said)| said.ok().map(|s| (id, s)))
+                .collect(),
+        };
+        if let Some((leader, term)) = removed_by(&answers) {
             return Some(format!(
-                "node {me} was removed from the cluster (the membership committed at log index \
-                 {} leaves it out) and no leader has replicated to it for {}: it stops. Its \
-                 data directory can be deleted; to bring this machine back, add it as a new \
-                 node with a new id (dlock cluster add)",
-                at.unwrap_or_default(),
-                humantime::format_duration(grace)
+                "node {me} is no member of the cluster: its leader, node {leader} (term {term}), \
+                 says so; it was removed (dlock cluster remove), and it stops. Its data directory \
+                 can be deleted; to bring this machine back, add it as a new node with a new id \
+                 (dlock cluster add)"
             ));
         }
+        // Asked again after another grace, not at every tick.
+        since = Some(Instant::now());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::raft::types::Member;
-    use openraft::{CommittedLeaderId, Membership};
-    use std::collections::{BTreeMap, BTreeSet};
 
-    fn member() -> Member {
-        Member {
-            client_addr: "127.0.0.1:1".into(),
-            peer_addr: "127.0.0.1:2".into(),
+    fn said(term: u64, leading: bool, stands: bool, member: bool) -> Standing {
+        Standing {
+            term,
+            leader: None,
+            acknowledged: None,
+            leading,
+            stands,
+            member,
         }
     }
 
-    fn log_id(index: u64) -> LogId {
-        LogId::new(CommittedLeaderId::new(1, 1), index)
-    }
-
-    /// Voters in `configs` (one: uniform; two: joint), learners beside.
-    fn at(index: u64, configs: &[&[NodeId]], learners: &[NodeId]) -> StoredMembership {
-        let configs: Vec<BTreeSet<NodeId>> = configs
-            .iter()
-            .map(|c| c.iter().copied().collect())
-            .collect();
-        let nodes: BTreeMap<NodeId, Member> = configs
-            .iter()
-            .flatten()
-            .chain(learners)
-            .map(|&id| (id, member()))
-            .collect();
-        StoredMembership::new(Some(log_id(index)), Membership::new(configs, nodes))
-    }
-
     #[test]
-    fn a_node_is_left_out_only_by_a_committed_membership_without_it() {
-        let applied = log_id(4);
-        let a = Some(&applied);
-        // Removing 3: the joint membership names it on the old side only.
-        assert!(left_out(3, &at(3, &[&[1, 2, 3], &[1, 2]], &[]), a));
-        // The final one, as a leader that removed itself has it.
-        assert!(left_out(3, &at(4, &[&[1, 2]], &[]), a));
-        // Not yet committed here.
-        assert!(!left_out(3, &at(5, &[&[1, 2]], &[]), a));
-        assert!(!left_out(3, &at(3, &[&[1, 2]], &[]), None));
-        // A member, a voter being added, a learner.
-        assert!(!left_out(3, &at(3, &[&[1, 2, 3]], &[]), a));
-        assert!(!left_out(3, &at(3, &[&[1, 2], &[1, 2, 3]], &[]), a));
-        assert!(!left_out(3, &at(3, &[&[1, 2]], &[3]), a));
-        // A joiner not yet added has no membership.
-        assert!(!left_out(3, &StoredMembership::default(), a));
+    fn only_the_latest_standing_leader_can_say_a_node_is_no_member() {
+        // The leader that stands says so.
+        assert_eq!(removed_by(&[(1, said(3, true, true, false))]), Some((1, 3)));
+        // A member, as in a joint membership that names the node on its
+        // old side only.
+        assert_eq!(removed_by(&[(1, said(3, true, true, true))]), None);
+        // A leader cut off from its majority, a follower, an older node
+        // that does not say whether it stands: not enough.
+        assert_eq!(removed_by(&[(1, said(3, true, false, false))]), None);
+        assert_eq!(removed_by(&[(1, said(3, false, false, false))]), None);
+        // A deposed leader of an older term that still stands in its own
+        // eyes is outweighed by the newer one.
+        let two = [
+            (1, said(3, true, true, false)),
+            (2, said(4, true, true, true)),
+        ];
+        assert_eq!(removed_by(&two), None);
+        let two = [
+            (1, said(4, true, true, false)),
+            (2, said(3, true, true, true)),
+        ];
+        assert_eq!(removed_by(&two), Some((1, 4)));
+        assert_eq!(removed_by(&[]), None);
     }
 }

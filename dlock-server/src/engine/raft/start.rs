@@ -381,6 +381,7 @@ impl Cluster {
             cfg.peer_routes.clone(),
         );
         let reach = network.reachability();
+        let removal_network = network.clone();
         if fresh {
             refuse_a_start_that_would_harm(&cfg, &network, &dir).await?;
         }
@@ -468,6 +469,7 @@ impl Cluster {
             initial_cluster,
             refusals: super::paced::Paced::default(),
             strangers: super::paced::Paced::default(),
+            standing: cluster.inner.standing.clone(),
         };
         cluster.critical(
             "the peer port",
@@ -482,6 +484,7 @@ impl Cluster {
             let cluster = cluster.clone();
             let watch = super::removal::watch(
                 raft.clone(),
+                removal_network,
                 cfg.node_id,
                 super::removal::grace(cfg.election_timeout.1),
                 stop.clone(),

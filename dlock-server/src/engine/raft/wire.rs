@@ -138,6 +138,12 @@ pub(crate) struct Standing {
     pub(crate) acknowledged: Option<u64>,
     /// The answering node leads.
     pub(crate) leading: bool,
+    /// The answering node leads with a majority behind it lately
+    /// (`quorum.rs`), and its membership is committed: what it says of
+    /// membership is the cluster's. False from a node older than the
+    /// field, which is then not taken at its word (`removal.rs`).
+    #[serde(default)]
+    pub(crate) stands: bool,
     /// The dialler is in the membership the answering node knows.
     pub(crate) member: bool,
 }
