@@ -1,9 +1,11 @@
 //! Log lines for server limits being reached, at most one per limit per
 //! second. A client that retries against a full server would otherwise turn
-//! the log into a per-request one; the line after a quiet second says how
-//! many hits it stood for.
+//! the log into a per-request one. The first hit is said at once; the hits
+//! held back after it are counted in a line a second later, whether or not
+//! more come (before, they waited for the next hit, which could be the next
+//! burst hours later).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// One limit's throttle. A `static`, so the request path needs no extra
@@ -16,6 +18,8 @@ pub struct LimitLog {
     last: AtomicU64,
     /// Hits since the last line written, that line's own included.
     hits: AtomicU64,
+    /// Whether a line for held-back hits is due (a task will write it).
+    due: AtomicBool,
 }
 
 /// `--max-connections`: a client turned away at accept.
@@ -31,18 +35,15 @@ impl LimitLog {
             limit,
             last: AtomicU64::new(0),
             hits: AtomicU64::new(0),
+            due: AtomicBool::new(false),
         }
     }
 
     /// Records a hit of the limit, whose configured value is `max`, and logs
     /// it unless a line for this limit was written within the current second.
-    pub fn hit(&self, max: usize) {
+    pub fn hit(&'static self, max: usize) {
         self.hits.fetch_add(1, Ordering::Relaxed);
-        // Wall-clock seconds are enough to pace a log; a clock step only
-        // lets one extra line through or holds one back.
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let now = unix_second();
         let last = self.last.load(Ordering::Relaxed);
         if now != last
             && self
@@ -52,8 +53,41 @@ impl LimitLog {
         {
             let hits = self.hits.swap(0, Ordering::Relaxed);
             tracing::warn!(limit = self.limit, max, hits, "limit reached");
+            return;
+        }
+        // Held back: said a second from now, once, by a task.
+        if self.due.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    self.say_held_back(max);
+                });
+            }
+            // No runtime (a unit test): the next hit says them.
+            Err(_) => self.due.store(false, Ordering::Relaxed),
         }
     }
+
+    /// Writes the line for the hits held back since the last one, if any.
+    fn say_held_back(&self, max: usize) {
+        self.due.store(false, Ordering::Relaxed);
+        let hits = self.hits.swap(0, Ordering::Relaxed);
+        if hits > 0 {
+            self.last.store(unix_second(), Ordering::Relaxed);
+            tracing::warn!(limit = self.limit, max, hits, "limit reached");
+        }
+    }
+}
+
+/// Wall-clock seconds are enough to pace a log; a clock step only lets one
+/// extra line through or holds one back.
+fn unix_second() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]
@@ -62,13 +96,30 @@ mod tests {
 
     #[test]
     fn a_burst_of_hits_makes_one_line_that_counts_them_later() {
-        let l = LimitLog::new("test");
+        static L: LimitLog = LimitLog::new("test");
         for _ in 0..1000 {
-            l.hit(5);
+            L.hit(5);
         }
         // The first hit wrote a line (hits reset to 0); the rest wait for
         // the next second's line, unless a second boundary fell in between.
-        assert!(l.hits.load(Ordering::Relaxed) <= 999);
-        assert_ne!(l.last.load(Ordering::Relaxed), 0);
+        assert!(L.hits.load(Ordering::Relaxed) <= 999);
+        assert_ne!(L.last.load(Ordering::Relaxed), 0);
+    }
+
+    /// The hits after the first of a burst were said only with the next
+    /// hit, which could be the next burst.
+    #[tokio::test(start_paused = true)]
+    async fn the_hits_held_back_are_said_a_second_later_without_another_hit() {
+        static L: LimitLog = LimitLog::new("test");
+        L.last.store(unix_second(), Ordering::Relaxed);
+        for _ in 0..99 {
+            L.hit(5);
+        }
+        assert_eq!(L.hits.load(Ordering::Relaxed), 99, "held back");
+        assert!(L.due.load(Ordering::Relaxed));
+        tokio::time::sleep(std::time::Duration::from_millis(1_001)).await;
+        tokio::task::yield_now().await;
+        assert_eq!(L.hits.load(Ordering::Relaxed), 0, "said");
+        assert!(!L.due.load(Ordering::Relaxed));
     }
 }
