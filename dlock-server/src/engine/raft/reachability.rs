@@ -5,9 +5,12 @@
 //! openraft logs every failed RPC to a peer that is down (an error line each
 //! half second for as long as it is down); the server's default log filter
 //! leaves those out, and this module says instead, at the default level:
-//! once when a peer stops answering, then at most once a minute while it
-//! stays down (with how many attempts failed), and once when it answers
-//! again. Only the leader talks to every peer all the time, so its view is
+//! once when a peer has not answered for [`QUIET`], then at most once a
+//! minute while it stays down (with how many attempts failed), and once
+//! when it answers again. A peer that answers again within [`QUIET`] is not
+//! mentioned: nodes started together refuse each other's first dials for a
+//! moment, which said "does not answer" and "answers again (down for 0s)"
+//! at every start. Only the leader talks to every peer all the time, so its view is
 //! the one that says how long a member has been unreachable.
 
 use super::types::NodeId;
@@ -19,6 +22,9 @@ use tokio::time::Instant;
 /// How often a peer that stays down is reported again.
 const REPEAT: Duration = Duration::from_secs(60);
 
+/// How long a peer must fail before it is reported down.
+const QUIET: Duration = Duration::from_secs(2);
+
 #[derive(Default)]
 struct Peer {
     /// When RPCs to it started failing; `None` while it answers.
@@ -26,6 +32,7 @@ struct Peer {
     /// Failed attempts since it went down, and since the last report.
     failed: u64,
     failed_since_report: u64,
+    /// When it was last reported down; `None` until it is.
     last_report: Option<Instant>,
 }
 
@@ -37,6 +44,8 @@ pub(crate) struct Reachability(Arc<Mutex<BTreeMap<NodeId, Peer>>>);
 enum Say {
     Nothing,
     Down {
+        for_: Duration,
+        failed: u64,
         error: String,
     },
     StillDown {
@@ -64,6 +73,12 @@ impl Reachability {
                 return;
             };
             match p.down_since.take() {
+                // Never reported down: a moment's refusal, said nowhere.
+                Some(_) if p.last_report.is_none() => {
+                    p.failed = 0;
+                    p.failed_since_report = 0;
+                    Say::Nothing
+                }
                 Some(since) => {
                     let failed = std::mem::take(&mut p.failed);
                     p.failed_since_report = 0;
@@ -92,9 +107,14 @@ impl Reachability {
             match (p.down_since, p.last_report) {
                 (None, _) => {
                     p.down_since = Some(now);
+                    Say::Nothing
+                }
+                (Some(since), None) if now.duration_since(since) >= QUIET => {
                     p.last_report = Some(now);
                     p.failed_since_report = 0;
                     Say::Down {
+                        for_: now.duration_since(since),
+                        failed: p.failed,
                         error: error.to_string(),
                     }
                 }
@@ -110,8 +130,12 @@ impl Reachability {
             }
         };
         match say {
-            Say::Down { error } => {
-                tracing::warn!(peer, addr, %error, "peer does not answer; reported again once a minute while it stays so");
+            Say::Down {
+                for_,
+                failed,
+                error,
+            } => {
+                tracing::warn!(peer, addr, down_for = %humantime::format_duration(round(for_)), failed, %error, "peer does not answer; reported again once a minute while it stays so");
             }
             Say::StillDown {
                 for_,
@@ -154,8 +178,16 @@ mod tests {
         let reach = Reachability::default();
         let err = "connection refused";
         reach.failed(2, "a", &err);
+        assert_eq!(lines_of(&reach, 2).0, None, "not at the first failure");
+        for _ in 0..3 {
+            tokio::time::advance(Duration::from_millis(500)).await;
+            reach.failed(2, "a", &err);
+        }
+        assert_eq!(lines_of(&reach, 2).0, None, "nor within QUIET");
+        tokio::time::advance(Duration::from_millis(500)).await;
+        reach.failed(2, "a", &err);
         let (first, _) = lines_of(&reach, 2);
-        assert!(first.is_some(), "reported when it goes");
+        assert!(first.is_some(), "reported once down for QUIET");
         // openraft's retries every half second say nothing more for a minute.
         for _ in 0..119 {
             tokio::time::advance(Duration::from_millis(500)).await;
@@ -166,10 +198,10 @@ mod tests {
         reach.failed(2, "a", &err);
         let (again, failed) = lines_of(&reach, 2);
         assert!(again > first, "reported again after a minute");
-        assert_eq!(failed, 121);
+        assert_eq!(failed, 125);
         assert_eq!(
             reach.down_for(2).map(|d| d.as_secs()),
-            Some(60),
+            Some(62),
             "down since the first failure"
         );
         reach.answered(2, "a");
@@ -180,6 +212,12 @@ mod tests {
             (None, 0),
             "back: the next outage starts afresh"
         );
+        // Refused for a moment, as at a start: nothing said either way.
+        reach.failed(2, "a", &err);
+        tokio::time::advance(Duration::from_millis(500)).await;
+        reach.failed(2, "a", &err);
+        reach.answered(2, "a");
+        assert_eq!(lines_of(&reach, 2), (None, 0));
         // A peer that never failed is never tracked.
         reach.answered(3, "b");
         assert_eq!(reach.down_for(3), None);
