@@ -214,6 +214,27 @@ async fn status_is_the_leaders_view_names_a_dead_member_unreachable_and_is_exact
 
     // A node added: right after the add, its lag is what it is, 0.
     nodes.restart(dead);
+    // Once the restarted node follows again: until the leader's messages
+    // reach it (the leader dials a peer that was down less often), it may
+    // stand for election, and an add under way when the leader changes
+    // fails.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let v = status_json(&nodes.servers()).await;
+        let back = v["members"].as_array().is_some_and(|ms| {
+            ms.iter().any(|m| {
+                m["node_id"] == dead_id && m["unreachable_for_secs"].is_null() && m["lag"] == 0
+            })
+        });
+        if back {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {dead_id} never followed again: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let joiner = nodes.add_joiner();
     nodes.restart(joiner);
     let (client, peer) = (
