@@ -696,6 +696,14 @@ async fn a_node_is_added_and_another_removed_while_locks_are_served() {
         "{:#?}",
         cluster.nodes.recent_log(gone)
     );
+    // Its id is not given to a node again: started with its data, the old
+    // one would answer for the new one.
+    let r = about_node(&mut a, RequestType::ClusterAdd, &cluster, gone).await;
+    assert_ne!(status(&r), ResponseStatus::Ok, "{r:?}");
+    assert!(
+        r.error_text.contains("add this node with a new id"),
+        "{r:?}"
+    );
     let mut new_node = cluster.conn(fourth).await;
     let deadline = Instant::now() + PATIENCE;
     loop {

@@ -16,16 +16,18 @@
 
 use super::snapshot_file::{Found, SnapshotData, SnapshotFile};
 use super::types::{
-    Entry, LogId, NodeId, Outputs, SnapshotMeta, Stamped, StoredMembership, TypeConfig,
+    Entry, LogId, Member, NodeId, Outputs, SnapshotMeta, Stamped, StoredMembership, TypeConfig,
 };
 use super::ApplySink;
 use crate::engine::alarm::Armed;
 use crate::table::{self, LockTable, TableLimits, Time};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
-    EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, StorageError, StorageIOError,
+    EntryPayload, ErrorSubject, ErrorVerb, Membership, RaftSnapshotBuilder, StorageError,
+    StorageIOError,
 };
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::io::{BufReader, Read, Seek};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -40,6 +42,10 @@ pub(crate) struct Applied {
     pub(crate) last_applied: Option<LogId>,
     /// The latest membership applied.
     pub(crate) membership: StoredMembership,
+    /// Nodes that were voters and have been removed: their ids are never
+    /// given to a node again (a removed node started again with its data
+    /// would act as the new one; see `Cluster::add_node`).
+    pub(crate) retired: BTreeSet<NodeId>,
     /// The latest command time applied: the table's clock.
     pub(crate) at: Time,
     /// The deadline the timer task sleeps until, to know when a newly
@@ -91,6 +97,9 @@ impl MachineHandle {
 struct Image {
     table: table::LoadedSnapshot,
     at: Time,
+    /// Absent from snapshots of older versions: none known then.
+    #[serde(default)]
+    retired: BTreeSet<NodeId>,
 }
 
 /// openraft's state machine: the table plus its snapshot file.
@@ -126,12 +135,35 @@ struct ImageView<'a> {
     last_applied: Option<LogId>,
     membership: &'a StoredMembership,
     at: Time,
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    retired: &'a BTreeSet<NodeId>,
+}
+
+/// What a snapshot's data holds besides its metadata, read as it is
+/// decoded.
+struct Decoded {
+    table: LockTable,
+    at: Time,
+    retired: BTreeSet<NodeId>,
 }
 
 /// The table a snapshot's data holds, read as it is decoded.
-fn decode(data: impl Read) -> Result<(LockTable, Time), SnapshotError> {
+fn decode(data: impl Read) -> Result<Decoded, SnapshotError> {
     let image: Image = super::encoding::decode_from(BufReader::with_capacity(1 << 20, data))?;
-    Ok((LockTable::restore_loaded(image.table)?, image.at))
+    Ok(Decoded {
+        table: LockTable::restore_loaded(image.table)?,
+        at: image.at,
+        retired: image.retired,
+    })
+}
+
+/// The voters of `before` that `after` leaves out altogether.
+fn removed_voters(before: &StoredMembership, after: &Membership<NodeId, Member>) -> Vec<NodeId> {
+    before
+        .membership()
+        .voter_ids()
+        .filter(|id| after.get_node(id).is_none())
+        .collect()
 }
 
 fn snapshot_io(
@@ -226,11 +258,12 @@ impl StateMachine {
     ) -> Result<StateMachine, SnapshotError> {
         let applied = match found {
             Some(found) => {
-                let (table, at) = decode(found.reader())?;
+                let Decoded { table, at, retired } = decode(found.reader())?;
                 Applied {
                     table,
                     last_applied: found.meta.last_log_id,
                     membership: found.meta.last_membership,
+                    retired,
                     at,
                     timer_at: Armed::default(),
                 }
@@ -243,6 +276,7 @@ impl StateMachine {
                 },
                 last_applied: None,
                 membership: StoredMembership::default(),
+                retired: BTreeSet::new(),
                 at: Time::ZERO,
                 timer_at: Armed::default(),
             },
@@ -297,6 +331,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 match entry.payload {
                     EntryPayload::Blank => Vec::new(),
                     EntryPayload::Membership(m) => {
+                        let gone = removed_voters(&st.membership, &m);
+                        st.retired.extend(gone);
                         st.membership = StoredMembership::new(Some(entry.log_id), m);
                         Vec::new()
                     }
@@ -357,18 +393,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let owned_meta = meta.clone();
         // Decoding a large table and fsyncing the file are blocking work.
         // The data is decoded (and so checked) before it replaces the file.
-        let (table, at) = blocking(Some(meta), ErrorVerb::Write, move || {
+        let Decoded { table, at, retired } = blocking(Some(meta), ErrorVerb::Write, move || {
             let mut received = received;
-            let (table, at) = decode(&received)?;
+            let decoded = decode(&received)?;
             received.seek(std::io::SeekFrom::Start(0))?;
             let mut writer = file.create(&owned_meta)?;
             std::io::copy(&mut received, writer.data())?;
             writer.commit()?;
-            Ok::<_, SnapshotError>((table, at))
+            Ok::<_, SnapshotError>(decoded)
         })
         .await?;
         let mut st = self.shared.lock();
         st.table = table;
+        st.retired = retired;
         st.last_applied = meta.last_log_id;
         st.membership = meta.last_membership.clone();
         self.shared.advance(&mut st, at);
@@ -414,7 +451,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
         // `table::FrozenTable`), and applying waits only that long. Here,
         // not on the encoding thread, so the lock is never held by a thread
         // of low priority.
-        let (frozen, meta, membership, at, paused) = {
+        let (frozen, meta, membership, at, retired, paused) = {
             let st = self.shared.lock();
             let locked = std::time::Instant::now();
             let frozen = st.table.freeze();
@@ -429,7 +466,8 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
                 snapshot_id: id,
             };
             let (membership, at) = (st.membership.clone(), st.at);
-            (frozen, meta, membership, at, locked.elapsed())
+            let retired = st.retired.clone();
+            (frozen, meta, membership, at, retired, locked.elapsed())
         };
         let file = self.file.clone();
         // Encoded into the file while applying goes on (docs/CLUSTER.md
@@ -443,6 +481,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
                 last_applied: meta.last_log_id,
                 membership: &membership,
                 at,
+                retired: &retired,
             };
             super::encoding::encode_to(writer.data(), &image)?;
             // The chunks only it still holds are freed here, off the lock.
@@ -466,5 +505,47 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
             meta,
             snapshot: Box::new(data),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::CommittedLeaderId;
+    use std::collections::BTreeMap;
+
+    fn membership(configs: &[&[NodeId]], learners: &[NodeId]) -> Membership<NodeId, Member> {
+        let configs: Vec<BTreeSet<NodeId>> = configs
+            .iter()
+            .map(|c| c.iter().copied().collect())
+            .collect();
+        let nodes: BTreeMap<NodeId, Member> = configs
+            .iter()
+            .flatten()
+            .chain(learners)
+            .map(|&id| (id, Member::default()))
+            .collect();
+        Membership::new(configs, nodes)
+    }
+
+    fn stored(m: Membership<NodeId, Member>) -> StoredMembership {
+        StoredMembership::new(Some(LogId::new(CommittedLeaderId::new(1, 1), 1)), m)
+    }
+
+    #[test]
+    fn only_a_voter_left_out_altogether_is_retired() {
+        let three = stored(membership(&[&[1, 2, 3]], &[4]));
+        // Into the joint membership: 3 is still on its old side.
+        let joint = membership(&[&[1, 2, 3], &[1, 2]], &[4]);
+        assert!(removed_voters(&three, &joint).is_empty());
+        // Out of it: 3 is gone.
+        let two = membership(&[&[1, 2]], &[4]);
+        assert_eq!(removed_voters(&stored(joint), &two), vec![3]);
+        // A learner removed (an add that did not finish) may come again.
+        let no_learner = membership(&[&[1, 2, 3]], &[]);
+        assert!(removed_voters(&three, &no_learner).is_empty());
+        // A voter made a learner is still a node of the cluster.
+        let demoted = membership(&[&[1, 2]], &[3]);
+        assert!(removed_voters(&three, &demoted).is_empty());
     }
 }

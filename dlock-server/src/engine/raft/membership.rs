@@ -20,12 +20,22 @@ impl Cluster {
     /// # Errors
     /// [`ClusterError::NotLeader`] off the leader;
     /// [`ClusterError::Refused`] when the node did not answer within
-    /// 5 s (`FIRST_ANSWER`), or another membership change is running;
+    /// 5 s (`FIRST_ANSWER`), another membership change is running, or `id`
+    /// is a removed voter's;
     /// [`ClusterError::Unavailable`] when it did not catch up within
     /// [`MEMBERSHIP_TIMEOUT`]. Either way it stays a learner, which
     /// removing it undoes, and which adding it again picks up.
     pub async fn add_node(&self, id: u64, member: Member) -> Result<(), ClusterError> {
         self.leading_term()?;
+        // A removed voter started again with its data would answer as the
+        // new node of that id: two nodes with one id, one vote each.
+        if self.inner.machine.lock().retired.contains(&id) {
+            return Err(ClusterError::Refused(format!(
+                "node {id} was a voter of this cluster and was removed; an id is never given to \
+                 another node (the old one, started again with its data, would answer for it): \
+                 add this node with a new id"
+            )));
+        }
         let peer_addr = member.peer_addr.clone();
         let learner = self.inner.raft.add_learner(id, member, false);
         let added = self
