@@ -139,7 +139,7 @@ pub(crate) fn tls_failure(e: &io::Error) -> Option<TlsFailure> {
 pub fn tls_setup_error(addr: &str, source: io::Error) -> Result<crate::Error, io::Error> {
     use crate::Error;
     let Some(failure) = tls_failure(&source) else {
-        return Err(source);
+        return Err(with_certificate_hint(addr, source));
     };
     let addr = addr.to_string();
     Ok(match failure {
@@ -149,6 +149,37 @@ pub fn tls_setup_error(addr: &str, source: io::Error) -> Result<crate::Error, io
         TlsFailure::ClientCertRefused => Error::ClientCertificateRefused { addr, source },
         TlsFailure::NotAClientPort => Error::NotAClientPort { addr, source },
     })
+}
+
+/// `e` with what to change when it is the server's certificate that this
+/// client does not accept: rustls names the check that failed
+/// (`UnknownIssuer`), not the flag that decides it.
+fn with_certificate_hint(addr: &str, e: io::Error) -> io::Error {
+    use rustls::CertificateError as C;
+    let Some(rustls::Error::InvalidCertificate(cert)) =
+        e.get_ref().and_then(|r| r.downcast_ref::<rustls::Error>())
+    else {
+        return e;
+    };
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let hint = match cert {
+        C::UnknownIssuer | C::BadSignature => "the server's certificate is not signed by the CA \
+             this client trusts: give --tls-ca (DLOCK_TLS_CA) the CA file that signed it, the \
+             ca.pem of `dlock-server cert`"
+            .to_string(),
+        C::NotValidForName | C::NotValidForNameContext { .. } => format!(
+            "the server's certificate does not name {host}: dial a name or address it holds, or \
+             give the server a certificate for {host} (dlock-server cert create-node NAME --addr \
+             {host})"
+        ),
+        C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. } => {
+            "the server's certificate is not valid now (expired, or the clocks disagree): renew \
+             it (dlock-server cert create-node) and send the server SIGHUP"
+                .to_string()
+        }
+        _ => return e,
+    };
+    io::Error::new(e.kind(), format!("{e} ({hint})"))
 }
 
 /// Whether the first bytes a plain connection read are a TLS record (an

@@ -95,10 +95,18 @@ async fn no_ca_a_wrong_ca_or_a_wrong_name_is_refused() {
     let e = refused(&addr, trusting(&stranger)).await;
     assert!(matches!(e, Error::Connect { .. }), "{e}");
     assert!(format!("{e}").contains("UnknownIssuer"), "{e}");
+    assert!(
+        format!("{e}").contains("give --tls-ca"),
+        "what to change: {e}"
+    );
 
     // The right CA, but the certificate names localhost, not 127.0.0.1.
     let e = refused(&format!("127.0.0.1:{port}"), trusting(&ca)).await;
     assert!(format!("{e}").contains("not valid for name"), "{e}");
+    assert!(
+        format!("{e}").contains("does not name 127.0.0.1"),
+        "what to change: {e}"
+    );
     server.stop().await.unwrap();
 }
 
