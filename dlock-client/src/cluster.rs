@@ -33,6 +33,7 @@ enum Action {
     /// and --initial-cluster-state existing.
     Add {
         /// The new node's --node-id.
+        #[arg(value_parser = node_id)]
         id: u64,
         /// Its client address (--listen / --advertise-client).
         client_addr: String,
@@ -42,8 +43,18 @@ enum Action {
     /// Remove node ID from the cluster.
     Remove {
         /// The node's id.
+        #[arg(value_parser = node_id)]
         id: u64,
     },
+}
+
+/// A node id as the server's --node-id takes it: 0 is no node's.
+fn node_id(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("node ids start at 1".into()),
+        Ok(id) => Ok(id),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// A membership change may wait for a new node to catch up.

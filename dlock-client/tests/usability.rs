@@ -17,6 +17,18 @@ async fn malformed_server_addresses_are_usage_errors() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_id_0_is_a_usage_error_saying_where_ids_start() {
+    for args in [
+        &["cluster", "remove", "0"][..],
+        &["cluster", "add", "0", "h:1", "h:2"],
+    ] {
+        let o = run_at("127.0.0.1:1", args).await;
+        assert_eq!(code(&o), 64, "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("node ids start at 1"), "{}", stderr(&o));
+    }
+}
+
 /// clap's advice for an unknown --token was `-- --token`, which would
 /// run `--token` as the command.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

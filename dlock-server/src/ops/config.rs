@@ -177,7 +177,7 @@ pub struct Config {
     pub data_dir: Option<PathBuf>,
 
     /// This node's id in the cluster: unique, never reused.
-    #[arg(long, env = "DLOCK_NODE_ID", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..), requires = "data_dir", help_heading = "Cluster")]
+    #[arg(long, env = "DLOCK_NODE_ID", default_value_t = 1, value_parser = node_id, requires = "data_dir", help_heading = "Cluster")]
     pub node_id: u64,
 
     /// Address the other nodes connect to (the peer port). Needed when the
@@ -584,6 +584,15 @@ fn frame_size(s: &str) -> Result<usize, String> {
     Ok(n)
 }
 
+/// A node id: 0 is no node's (openraft and the wire use it for "none").
+fn node_id(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("node ids start at 1".into()),
+        Ok(id) => Ok(id),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -738,6 +747,14 @@ mod tests {
         assert_eq!(parse("1024").ok(), Some(1024));
         assert!(parse("1025").is_err());
         assert!(parse("100000").is_err());
+    }
+
+    #[test]
+    fn node_id_0_is_refused_saying_where_ids_start() {
+        let parse = |args: &[&str]| Config::try_parse_from([&["s"], args].concat());
+        let e = parse(&["--data-dir", "d", "--node-id", "0"]).unwrap_err();
+        assert!(e.to_string().contains("node ids start at 1"), "{e}");
+        assert!(parse(&["--data-dir", "d", "--node-id", "7"]).is_ok());
     }
 
     #[test]
