@@ -89,12 +89,6 @@ pub async fn start(
             (*id, member)
         })
         .collect();
-    if !members.is_empty() && !members.contains_key(&config.node_id) {
-        tracing::info!(
-            node_id = config.node_id,
-            "not in --initial-cluster: waiting to be added by the leader"
-        );
-    }
     let peer_listen = match config.peer_listen {
         Some(a) => a,
         None if members.len() <= 1 => SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
