@@ -292,6 +292,14 @@ fn add_rule(id: &mut Identity, line: &str) -> anyhow::Result<()> {
         (Some("admin"), None, None) => id.admin = true,
         (Some("lock"), Some(p), None) => id.lock.push(Pattern::parse(p)?),
         (Some("inspect"), Some(p), None) => id.inspect.push(Pattern::parse(p)?),
+        (Some(rule @ ("lock" | "inspect")), None, None) => bail!(
+            "rule \"{rule}\" needs the keys it covers: \"{rule} PATTERN\", as in \"{rule} jobs/*\" \
+             (\"{rule} *\" for every key)"
+        ),
+        (Some(rule @ ("lock" | "inspect")), Some(_), Some(_)) => bail!(
+            "rule {line:?} names more than one pattern: give each its own line, \"{rule} PATTERN\""
+        ),
+        (Some("admin"), Some(_), _) => bail!("rule {line:?}: \"admin\" takes no pattern"),
         _ => bail!(
             "unknown rule {line:?}; rules are \"lock PATTERN\", \"inspect PATTERN\" and \"admin\""
         ),
@@ -472,6 +480,9 @@ mod tests {
             ("token jobs\n", "line 1"),
             ("token a x\n    lock j*bs/*\n", "line 2"),
             ("token a x\n    delete *\n", "unknown rule"),
+            ("token a x\n    lock\n", "\"lock PATTERN\", as in"),
+            ("token a x\n    inspect a/* b/*\n", "more than one pattern"),
+            ("token a x\n    admin *\n", "takes no pattern"),
             ("identity a\nidentity a\n", "twice"),
             // A rule under a bare token, or under a mistyped header, is no
             // token of its own with every right.
