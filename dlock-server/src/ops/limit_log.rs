@@ -43,6 +43,11 @@ impl LimitLog {
     /// it unless a line for this limit was written within the current second.
     pub fn hit(&'static self, max: usize) {
         self.hits.fetch_add(1, Ordering::Relaxed);
+        // A line for held-back hits is due within the second: it will count
+        // this one too (a line of its own now would make two that second).
+        if self.due.load(Ordering::Relaxed) {
+            return;
+        }
         let now = unix_second();
         let last = self.last.load(Ordering::Relaxed);
         if now != last
@@ -115,7 +120,9 @@ mod tests {
         for _ in 0..99 {
             L.hit(5);
         }
-        assert_eq!(L.hits.load(Ordering::Relaxed), 99, "held back");
+        // All held back, or all but one if the wall clock's second turned
+        // after `last` was set (that one was said at once).
+        assert!(L.hits.load(Ordering::Relaxed) >= 98, "held back");
         assert!(L.due.load(Ordering::Relaxed));
         tokio::time::sleep(std::time::Duration::from_millis(1_001)).await;
         tokio::task::yield_now().await;

@@ -405,7 +405,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         .await?;
         let mut st = self.shared.lock();
         st.table = table;
-        st.retired = retired;
+        // Added to, not replaced: a snapshot of an older leader has none,
+        // and the ids only ever grow along one log.
+        st.retired.extend(retired);
         st.last_applied = meta.last_log_id;
         st.membership = meta.last_membership.clone();
         self.shared.advance(&mut st, at);

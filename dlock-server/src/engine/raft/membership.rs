@@ -28,7 +28,18 @@ impl Cluster {
     pub async fn add_node(&self, id: u64, member: Member) -> Result<(), ClusterError> {
         self.leading_term()?;
         // A removed voter started again with its data would answer as the
-        // new node of that id: two nodes with one id, one vote each.
+        // new node of that id: two nodes with one id, one vote each. Once
+        // the latest membership is applied: a new leader may not have
+        // applied the removal its predecessor committed yet.
+        let membership = |m: &openraft::RaftMetrics<NodeId, Member>| {
+            m.membership_config.log_id().map(|l| l.index) <= m.last_applied.map(|l| l.index)
+        };
+        self.inner
+            .raft
+            .wait(Some(FIRST_ANSWER))
+            .metrics(membership, "the latest membership applied")
+            .await
+            .map_err(|e| ClusterError::Unavailable(format!("{e}")))?;
         if self.inner.machine.lock().retired.contains(&id) {
             return Err(ClusterError::Refused(format!(
                 "node {id} was a voter of this cluster and was removed; an id is never given to \

@@ -14,7 +14,8 @@
 //! leader is lost between the two steps it stays in force, with the node
 //! counted in the old side's majority. So a node that has been part of a
 //! cluster and heard from no other leader for [`grace`] asks its members
-//! over the peer port; it stops only when a leader that stands (a majority
+//! over the peer port (and the leader they name, which may have joined
+//! since this node last heard of the membership); it stops only when a leader that stands (a majority
 //! acknowledged it lately, `quorum.rs`) answers that its membership lacks
 //! the node. The process then exits zero, so a supervisor's
 //! `Restart=on-failure` does not start it again; a restart asks again and
@@ -99,17 +100,17 @@ pub(crate) async fn watch(
         if first.elapsed() < grace {
             continue;
         }
-        let asks = members.iter().map(|(id, m)| {
-            let client = network.client(*id, &m.peer_addr);
-            async move { (*id, client.standing(ASK_LIMIT).await) }
-        });
-        let answers: Vec<(NodeId, Standing)> = tokio::select! {
-            _ = stop.cancelled() => return None,
-            all = futures_util::future::join_all(asks) => all
-                .into_iter()
-                .filter_map(|(id, said)| said.ok().map(|s| (id, s)))
-                .collect(),
-        };
+        let asked: Vec<(NodeId, String)> = members
+            .iter()
+            .map(|(id, m)| (*id, m.peer_addr.clone()))
+            .collect();
+        let mut answers = ask_all(&network, &asked, &stop).await?;
+        // The leader may be a node added after this one's membership (it
+        // was down meanwhile): ask the leaders the others name, once.
+        let named = not_asked_leaders(&answers, &asked, me);
+        if removed_by(&answers).is_none() && !named.is_empty() {
+            answers.extend(ask_all(&network, &named, &stop).await?);
+        }
         if let Some((leader, term)) = removed_by(&answers) {
             return Some(format!(
                 "node {me} is no member of the cluster: its leader, node {leader} (term {term}), \
@@ -121,6 +122,44 @@ pub(crate) async fn watch(
         // Asked again after another grace, not at every tick.
         since = Some(Instant::now());
     }
+}
+
+/// Asks each of `nodes` (id, peer address) what it knows of this node, at
+/// once; the answers that came, or `None` at `stop`.
+async fn ask_all(
+    network: &Network,
+    nodes: &[(NodeId, String)],
+    stop: &CancellationToken,
+) -> Option<Vec<(NodeId, Standing)>> {
+    let asks = nodes.iter().map(|(id, addr)| {
+        let client = network.client(*id, addr);
+        async move { (*id, client.standing(ASK_LIMIT).await) }
+    });
+    tokio::select! {
+        _ = stop.cancelled() => None,
+        all = futures_util::future::join_all(asks) => Some(
+            all.into_iter()
+                .filter_map(|(id, said)| said.ok().map(|s| (id, s)))
+                .collect(),
+        ),
+    }
+}
+
+/// The leaders `answers` name that are not among `asked` (nor `me`).
+fn not_asked_leaders(
+    answers: &[(NodeId, Standing)],
+    asked: &[(NodeId, String)],
+    me: NodeId,
+) -> Vec<(NodeId, String)> {
+    let mut named: Vec<(NodeId, String)> = Vec::new();
+    for (id, addr) in answers.iter().filter_map(|(_, s)| s.leader.clone()) {
+        let known =
+            id == me || asked.iter().any(|(a, _)| *a == id) || named.iter().any(|(n, _)| *n == id);
+        if !known {
+            named.push((id, addr));
+        }
+    }
+    named
 }
 
 #[cfg(test)]
@@ -162,5 +201,24 @@ mod tests {
         ];
         assert_eq!(removed_by(&two), Some((1, 4)));
         assert_eq!(removed_by(&[]), None);
+    }
+
+    #[test]
+    fn a_leader_the_others_name_is_asked_once_unless_asked_already() {
+        let naming = |leader: NodeId| Standing {
+            leader: Some((leader, format!("h:{leader}"))),
+            ..said(3, false, false, true)
+        };
+        let asked = [(1, "h:1".to_string()), (2, "h:2".to_string())];
+        let answers = [(1, naming(5)), (2, naming(5))];
+        assert_eq!(
+            not_asked_leaders(&answers, &asked, 3),
+            vec![(5, "h:5".into())]
+        );
+        let answers = [(1, naming(2)), (2, naming(3))];
+        assert!(
+            not_asked_leaders(&answers, &asked, 3).is_empty(),
+            "asked, or me"
+        );
     }
 }
