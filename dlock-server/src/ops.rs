@@ -9,6 +9,7 @@ pub mod acl;
 pub mod ask;
 pub mod cert;
 pub mod config;
+pub mod file_lock;
 pub mod limit_log;
 pub mod local_cluster;
 pub mod logging;

@@ -129,23 +129,18 @@ fn beside(path: &Path, suffix: &str) -> PathBuf {
 /// Takes the lock that makes `path` this server's alone.
 fn lock(path: &Path) -> anyhow::Result<std::fs::File> {
     let lock_path = beside(path, ".lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .with_context(|| format!("cannot create {}", lock_path.display()))?;
-    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(file),
-        Err(e) if e == rustix::io::Errno::WOULDBLOCK => bail!(
-            "fence file {} is in use by another dlock-server (it holds {}); two servers \
-             sharing a fence file would issue the same tokens: give each its own --fence-file",
-            path.display(),
-            lock_path.display()
-        ),
-        Err(e) => Err(std::io::Error::from(e))
-            .with_context(|| format!("cannot lock {}", lock_path.display())),
-    }
+    crate::ops::file_lock::exclusive(&lock_path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            anyhow::anyhow!(
+                "fence file {} is in use by another dlock-server (it holds {}); two servers \
+                 sharing a fence file would issue the same tokens: give each its own --fence-file",
+                path.display(),
+                lock_path.display()
+            )
+        } else {
+            anyhow::Error::new(e).context(format!("cannot lock {}", lock_path.display()))
+        }
+    })
 }
 
 /// Wall-clock nanoseconds since the Unix epoch; 0 for a clock set before it.

@@ -210,22 +210,17 @@ impl LocalCluster {
     /// the running nodes' logs.
     fn take_folder(&self) -> anyhow::Result<std::fs::File> {
         let path = self.dir.join("local-cluster.lock");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("cannot create {}", path.display()))?;
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(file),
-            Err(e) if e == rustix::io::Errno::WOULDBLOCK => anyhow::bail!(
-                "{} is in use by another local-cluster: stop that one (Ctrl-C where it runs), \
-                 or give --dir another folder",
-                self.dir.display()
-            ),
-            Err(e) => Err(std::io::Error::from(e))
-                .with_context(|| format!("cannot lock {}", path.display())),
-        }
+        super::file_lock::exclusive(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                anyhow::anyhow!(
+                    "{} is in use by another local-cluster: stop that one (Ctrl-C where it \
+                     runs), or give --dir another folder",
+                    self.dir.display()
+                )
+            } else {
+                anyhow::Error::new(e).context(format!("cannot lock {}", path.display()))
+            }
+        })
     }
 
     /// Where the user finds why a node stopped.

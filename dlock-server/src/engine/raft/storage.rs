@@ -239,15 +239,7 @@ impl Storage {
         match self {
             #[cfg(feature = "testing")]
             Storage::Volatile(_) => Storage::Real.lock(path),
-            Storage::Real => {
-                let file = OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(path)?;
-                rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
-                Ok(StorageLock::Real(file))
-            }
+            Storage::Real => crate::ops::file_lock::exclusive(path).map(StorageLock::Real),
             #[cfg(test)]
             Storage::Sim(d) => d.lock(path).map(StorageLock::Sim),
         }
