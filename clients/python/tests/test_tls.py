@@ -79,13 +79,13 @@ def test_no_ca_a_wrong_ca_and_a_wrong_name_are_refused_promptly(tls_server, star
     with pytest.raises(ConnectError, match="tls_ca"):
         dlock.Client(server.addr, connect_timeout=2)
     other = _ca_file(tmp_path, trustme.CA(), "other")
-    with pytest.raises(ConnectError, match="TLS"):
+    with pytest.raises(ConnectError, match="give tls_ca"):
         dlock.Client(server.addr, tls_ca=other, connect_timeout=2)
     # A certificate for another name, signed by the CA the client trusts.
     ca = trustme.CA()
     cert, key = _server_files(tmp_path, ca, "dlock.example")
     misnamed = start_server("--tls-cert", cert, "--tls-key", key)
-    with pytest.raises(ConnectError, match="TLS"):
+    with pytest.raises(ConnectError, match="does not name 127.0.0.1"):
         dlock.Client(misnamed.addr, tls_ca=_ca_file(tmp_path, ca, "ca2"), connect_timeout=2)
     assert time.monotonic() - started < 15
 

@@ -56,6 +56,40 @@ def detail(e: ssl.SSLError) -> str:
     return f"ssl: {text or e.reason or type(e).__name__}"
 
 
+#: OpenSSL's verify codes of a server certificate no trusted CA signed.
+_UNTRUSTED = frozenset({2, 7, 18, 19, 20, 21})
+#: ... of one that names another host or address.
+_MISNAMED = frozenset({62, 64})
+#: ... of one not valid now.
+_NOT_NOW = frozenset({9, 10})
+
+
+def certificate_hint(e: ssl.SSLError, addr: str) -> str:
+    """What to change when the handshake failed on the server's certificate,
+    as " (...)" to follow OpenSSL's words, else "" (mirrors
+    `with_certificate_hint` of src/transport.rs)."""
+    if not isinstance(e, ssl.SSLCertVerificationError):
+        return ""
+    host = addr.rsplit(":", 1)[0].strip("[]")
+    if e.verify_code in _UNTRUSTED:
+        return (
+            " (the server's certificate is not signed by the CA this client trusts: give tls_ca "
+            "(DLOCK_TLS_CA) the CA file that signed it, the ca.pem of `dlock-server cert`)"
+        )
+    if e.verify_code in _MISNAMED:
+        return (
+            f" (the server's certificate does not name {host}: dial a name or address it holds, "
+            f"or give the server a certificate for {host} "
+            f"(dlock-server cert create-node NAME --addr {host}))"
+        )
+    if e.verify_code in _NOT_NOW:
+        return (
+            " (the server's certificate is not valid now (expired, or the clocks disagree): "
+            "renew it (dlock-server cert create-node) and send the server SIGHUP)"
+        )
+    return ""
+
+
 def ca_as_own(ssl_object: Optional[ssl.SSLObject]) -> Optional[str]:
     """Why the server's certificate must be refused as a CA's (its basic
     constraints say CA:TRUE), else None. OpenSSL accepts such a

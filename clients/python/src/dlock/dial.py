@@ -414,7 +414,8 @@ async def _try_node(dial: Dial, addr: str, session: int, stage: List[str]) -> Es
         # node: not tried elsewhere, the user has an option to change.
         raise _NodeError("fatal", str(e), e) from None
     except ssl.SSLError as e:
-        raise _NodeError("failed", f"TLS handshake failed: {e.reason or e}", e) from None
+        hint = _tls.certificate_hint(e, addr)
+        raise _NodeError("failed", f"TLS handshake failed: {e.reason or e}{hint}", e) from None
     except OSError as e:
         raise _NodeError("failed", _os_reason(e), e) from None
     transport = stream.transport
