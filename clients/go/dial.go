@@ -517,9 +517,35 @@ func (d *dialer) connect(ctx context.Context, addr string, deadline time.Time) (
 		case isNoApplicationProtocol(err):
 			return nil, &TLSError{Problem: NotAClientPort, Addr: addr, Err: err}
 		}
-		return nil, fmt.Errorf("TLS handshake with %s failed: %w", addr, err)
+		return nil, fmt.Errorf("TLS handshake with %s failed: %w%s", addr, err, certificateHint(addr, err))
 	}
 	return tc, nil
+}
+
+// certificateHint is what to change when the handshake failed on the
+// server's certificate, as " (...)" after crypto/x509's words, else ""
+// (as with_certificate_hint of src/transport.rs in the Rust client).
+func certificateHint(addr string, err error) string {
+	host := addr
+	if h, _, e := net.SplitHostPort(addr); e == nil {
+		host = h
+	}
+	var unknown x509.UnknownAuthorityError
+	var misnamed x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	switch {
+	case errors.As(err, &unknown):
+		return " (the server's certificate is not signed by the CA this client trusts: give " +
+			"Options.TLS (DLOCK_TLS_CA) the CA file that signed it, the ca.pem of `dlock-server cert`)"
+	case errors.As(err, &misnamed):
+		return fmt.Sprintf(" (the server's certificate does not name %s: dial a name or address it "+
+			"holds, or give the server a certificate for %s (dlock-server cert create-node NAME --addr %s))",
+			host, host, host)
+	case errors.As(err, &invalid) && invalid.Reason == x509.Expired:
+		return " (the server's certificate is not valid now (expired, or the clocks disagree): " +
+			"renew it (dlock-server cert create-node) and send the server SIGHUP)"
+	}
+	return ""
 }
 
 // ClientALPN is the TLS protocol name (ALPN) this client offers when

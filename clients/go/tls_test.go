@@ -196,6 +196,34 @@ func TestATLSClientAtAPlainPortIsToldTheServerDoesNotSpeakTLS(t *testing.T) {
 		"): connect without Options.TLS (DLOCK_TLS_CA), or start dlock-server with --tls-cert and --tls-key")
 }
 
+// A server certificate of another CA, or for another address, is refused
+// saying what to change (crypto/x509 names only the check that failed).
+func TestAServerCertificateOfAnotherCAOrAddressSaysWhatToChange(t *testing.T) {
+	dir := t.TempDir()
+	_, ca, caKey := caCert(t, dir)
+	cert, key := serverCert(t, dir, ca, caKey)
+	s := startServer(t, "", "--tls-cert", cert, "--tls-key", key)
+	otherPath, _, _ := caCert(t, t.TempDir())
+	other, err := TLSConfig(otherPath, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Connect(testCtx(t), s.Addr, &Options{TLS: other, ConnectTimeout: 5 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "give Options.TLS (DLOCK_TLS_CA) the CA file that signed it") {
+		t.Fatalf("another CA: %v", err)
+	}
+	right, err := TLSConfig(filepath.Join(dir, "ca.pem"), "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The certificate names 127.0.0.1; dialled as localhost.
+	_, port, _ := net.SplitHostPort(s.Addr)
+	_, err = Connect(testCtx(t), "localhost:"+port, &Options{TLS: right, ConnectTimeout: 5 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "does not name localhost") {
+		t.Fatalf("another name: %v", err)
+	}
+}
+
 // One self-signed CA certificate as both the server's certificate and the
 // client's CA: crypto/tls accepts it, rustls (the Rust client, dlock)
 // refuses it; so does this client, saying what to do. The certificates
