@@ -420,7 +420,7 @@ export class Dialer {
           await settle(ts, "secureConnect", deadline, signal, `TLS handshake with ${addr}`);
         } catch (e) {
           if (noApplicationProtocol(e)) throw new TlsError("not-a-client-port", addr, tlsDetail(e), e);
-          throw new Error(`TLS handshake with ${addr} failed: ${(e as Error).message}`, { cause: e });
+          throw new Error(`TLS handshake with ${addr} failed: ${(e as Error).message}${certificateHint(e, host)}`, { cause: e });
         }
       }
     } catch (e) {
@@ -434,6 +434,36 @@ export class Dialer {
     }
     return new FrameConn(socket, raw);
   }
+}
+
+/** OpenSSL's codes, as Node gives them, of a server certificate no trusted CA signed. */
+const UNTRUSTED = new Set([
+  "UNABLE_TO_VERIFY_LEAF_SIGNATURE",
+  "UNABLE_TO_GET_ISSUER_CERT",
+  "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+  "SELF_SIGNED_CERT_IN_CHAIN",
+  "DEPTH_ZERO_SELF_SIGNED_CERT",
+  "CERT_SIGNATURE_FAILURE",
+]);
+
+/**
+ * What to change when the handshake failed on the server's certificate, as
+ * " (...)" after Node's words, else "" (as with_certificate_hint of
+ * src/transport.rs in the Rust client).
+ */
+function certificateHint(e: unknown, host: string): string {
+  const code = (e as { code?: unknown }).code;
+  if (typeof code !== "string") return "";
+  if (UNTRUSTED.has(code)) {
+    return " (the server's certificate is not signed by the CA this client trusts: give tls.ca (DLOCK_TLS_CA) the CA file that signed it, the ca.pem of `dlock-server cert`)";
+  }
+  if (code === "ERR_TLS_CERT_ALTNAME_INVALID") {
+    return ` (the server's certificate does not name ${host}: dial a name or address it holds, or give the server a certificate for ${host} (dlock-server cert create-node NAME --addr ${host}))`;
+  }
+  if (code === "CERT_HAS_EXPIRED" || code === "CERT_NOT_YET_VALID") {
+    return " (the server's certificate is not valid now (expired, or the clocks disagree): renew it (dlock-server cert create-node) and send the server SIGHUP)";
+  }
+  return "";
 }
 
 /** A deadline that passed while waiting for a node. */

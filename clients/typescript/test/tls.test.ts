@@ -67,10 +67,10 @@ test("TLS: the server's certificate is checked against DLOCK_TLS_CA and the host
   // Plain TCP to a TLS server: the error says what to set.
   await assert.rejects(connect(s.addr, { tls: null, connectTimeout: 3000 }), (e: Error) => e instanceof DlockError && /DLOCK_TLS_CA/.test(e.message));
   // A CA that did not sign the server's certificate.
-  await assert.rejects(connect(s.addr, { tls: { ca: fs.readFileSync(path.join(dir, "client.pem")) }, connectTimeout: 3000 }), /TLS handshake/);
+  await assert.rejects(connect(s.addr, { tls: { ca: fs.readFileSync(path.join(dir, "client.pem")) }, connectTimeout: 3000 }), /TLS handshake.*give tls\.ca \(DLOCK_TLS_CA\) the CA file that signed it/);
   // The host dialled must be named: the certificate names 127.0.0.1, not "localhost".
   const port = s.addr.split(":")[1];
-  await assert.rejects(connect(`localhost:${port}`, { tls, connectTimeout: 3000 }), /TLS handshake|ECONNREFUSED/);
+  await assert.rejects(connect(`localhost:${port}`, { tls, connectTimeout: 3000 }), /does not name localhost|ECONNREFUSED/);
 });
 
 test("TLS: a server that requires a client certificate accepts DLOCK_TLS_CERT and DLOCK_TLS_KEY", { skip }, async (t) => {
