@@ -177,25 +177,27 @@ mod tests {
     async fn a_peer_that_stays_down_is_reported_once_then_once_a_minute_then_when_back() {
         let reach = Reachability::default();
         let err = "connection refused";
+        // `n` more failures, half a second apart, as openraft retries.
+        let retries = |n: u32| {
+            let reach = reach.clone();
+            async move {
+                for _ in 0..n {
+                    tokio::time::advance(Duration::from_millis(500)).await;
+                    reach.failed(2, "a", &err);
+                }
+            }
+        };
         reach.failed(2, "a", &err);
         assert_eq!(lines_of(&reach, 2).0, None, "not at the first failure");
-        for _ in 0..3 {
-            tokio::time::advance(Duration::from_millis(500)).await;
-            reach.failed(2, "a", &err);
-        }
+        retries(3).await;
         assert_eq!(lines_of(&reach, 2).0, None, "nor within QUIET");
-        tokio::time::advance(Duration::from_millis(500)).await;
-        reach.failed(2, "a", &err);
+        retries(1).await;
         let (first, _) = lines_of(&reach, 2);
         assert!(first.is_some(), "reported once down for QUIET");
-        // openraft's retries every half second say nothing more for a minute.
-        for _ in 0..119 {
-            tokio::time::advance(Duration::from_millis(500)).await;
-            reach.failed(2, "a", &err);
-        }
+        // The retries say nothing more for a minute.
+        retries(119).await;
         assert_eq!(lines_of(&reach, 2).0, first, "quiet within the minute");
-        tokio::time::advance(Duration::from_millis(500)).await;
-        reach.failed(2, "a", &err);
+        retries(1).await;
         let (again, failed) = lines_of(&reach, 2);
         assert!(again > first, "reported again after a minute");
         assert_eq!(failed, 125);

@@ -25,10 +25,9 @@
 //! leader, and nothing tells it otherwise.
 
 use super::peer_client::Network;
-use super::types::{Member, NodeId, Raft};
+use super::types::{NodeId, Raft};
 use super::wire::Standing;
 use openraft::ServerState;
-use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -77,32 +76,30 @@ pub(crate) async fn watch(
             _ = stop.cancelled() => return None,
             _ = tick.tick() => {}
         }
-        let members = {
+        let unled = {
             let metrics = raft.metrics();
             let m = metrics.borrow();
             let led = m.state == ServerState::Leader || m.current_leader.is_some_and(|l| l != me);
             // A joiner not yet added has no membership: it waits, unled.
-            let member_once = m.membership_config.log_id().is_some();
-            (!led && member_once).then(|| {
-                m.membership_config
-                    .membership()
-                    .nodes()
-                    .filter(|(id, _)| **id != me)
-                    .map(|(id, node)| (*id, node.clone()))
-                    .collect::<BTreeMap<NodeId, Member>>()
-            })
+            !led && m.membership_config.log_id().is_some()
         };
-        let Some(members) = members else {
+        if !unled {
             since = None;
             continue;
-        };
+        }
         let first = *since.get_or_insert_with(Instant::now);
         if first.elapsed() < grace {
             continue;
         }
-        let asked: Vec<(NodeId, String)> = members
-            .iter()
-            .map(|(id, m)| (*id, m.peer_addr.clone()))
+        // Read only when asking, not at every tick of the grace.
+        let asked: Vec<(NodeId, String)> = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .filter(|(id, _)| **id != me)
+            .map(|(id, node)| (*id, node.peer_addr.clone()))
             .collect();
         let mut answers = ask_all(&network, &asked, &stop).await?;
         // The leader may be a node added after this one's membership (it
