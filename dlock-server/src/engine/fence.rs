@@ -15,7 +15,10 @@
 //!
 //! A server holds an exclusive lock (`flock`) on `<fence file>.lock` while it
 //! runs: two servers given one fence file would start from the same ceiling
-//! and issue the same tokens, so the second is refused.
+//! and issue the same tokens, so the second is refused. The path is
+//! resolved first (symbolic links, `..`), so two spellings of one file are
+//! one file, and a fence file that is a symbolic link has its target
+//! rewritten, not the link replaced by a file of its own.
 
 use anyhow::{bail, Context};
 use std::io::Write;
@@ -143,6 +146,42 @@ fn lock(path: &Path) -> anyhow::Result<std::fs::File> {
     })
 }
 
+/// The file `path` names, as one spelling: its target if it is a symbolic
+/// link, and otherwise its folder's real path and its name. Two servers given
+/// `f` and `./x/../f`, or a link to `f`, must find one lock.
+fn resolve(path: &Path) -> anyhow::Result<PathBuf> {
+    match std::fs::canonicalize(path) {
+        Ok(real) if real.is_dir() => bail!(
+            "fence file {} is a folder: give a file's path, such as /var/lib/dlock/fence",
+            path.display()
+        ),
+        Ok(real) => return Ok(real),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot read fence file {}", path.display()))
+        }
+    }
+    // Not there yet (or a link to nothing): its folder must be.
+    let Some(name) = path.file_name() else {
+        bail!(
+            "fence file {} names no file: give a file's path, such as /var/lib/dlock/fence",
+            path.display()
+        );
+    };
+    let folder = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let real = std::fs::canonicalize(folder).with_context(|| {
+        format!(
+            "cannot use fence file {}: its folder {} is not there (make it first)",
+            path.display(),
+            folder.display()
+        )
+    })?;
+    Ok(real.join(name))
+}
+
 /// Wall-clock nanoseconds since the Unix epoch; 0 for a clock set before it.
 pub fn unix_nanos(now: SystemTime) -> u64 {
     now.duration_since(SystemTime::UNIX_EPOCH)
@@ -157,9 +196,11 @@ pub fn unix_nanos(now: SystemTime) -> u64 {
 /// The fence file cannot be read, does not hold a number, or cannot be written.
 pub fn start(path: Option<&Path>, now: SystemTime) -> anyhow::Result<(u64, Option<FenceFile>)> {
     let clock = unix_nanos(now).max(1);
-    let Some(path) = path else {
+    let Some(given) = path else {
         return Ok((clock, None));
     };
+    let resolved = resolve(given)?;
+    let path = resolved.as_path();
     let held = lock(path)?;
     let stored = match std::fs::read_to_string(path) {
         Ok(text) => match text.trim().parse::<u64>() {
@@ -296,6 +337,50 @@ mod tests {
         drop(first);
         let (_, again) = start(Some(&path), SystemTime::now()).unwrap();
         assert!(again.is_some());
+    }
+
+    #[test]
+    fn two_spellings_of_one_fence_file_are_one_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let path = dir.path().join("fence");
+        let (_, first) = start(Some(&path), SystemTime::now()).unwrap();
+        let first = first.unwrap();
+        let roundabout = dir.path().join("sub").join("..").join("fence");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        for other in [&roundabout, &link] {
+            let err = start(Some(other), SystemTime::now()).unwrap_err();
+            let text = format!("{err:#}");
+            assert!(text.contains("in use by another dlock-server"), "{text}");
+        }
+        drop(first);
+        // Through the link the target is rewritten; the link stays a link.
+        let (_, through_link) = start(Some(&link), SystemTime::now()).unwrap();
+        let ceiling = through_link.unwrap().ceiling();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let stored: u64 = std::fs::read_to_string(&path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(stored, ceiling);
+    }
+
+    #[test]
+    fn a_fence_file_in_a_missing_folder_or_naming_no_file_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nowhere").join("fence");
+        let err = start(Some(&missing), SystemTime::now()).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("is not there (make it first)"), "{text}");
+        let err = start(Some(dir.path()), SystemTime::now()).unwrap_err();
+        assert!(format!("{err:#}").contains("is a folder"), "{err:#}");
+        let err = start(Some(&missing.join("..")), SystemTime::now()).unwrap_err();
+        assert!(format!("{err:#}").contains("names no file"), "{err:#}");
     }
 
     #[test]
