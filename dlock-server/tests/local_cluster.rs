@@ -232,7 +232,8 @@ async fn sigkill_of_the_command_leaves_no_node_behind() {
 
 /// A second local cluster on the ports of one that runs (here, a port
 /// some other program holds) is refused before any node starts, rather
-/// than printing the other cluster's addresses as its own; nodes that all
+/// than printing the other cluster's addresses as its own, and leaves no
+/// empty folder behind; nodes that all
 /// fail to start (data directories that cannot be made) end the command
 /// with an error instead of leaving it waiting with nothing running.
 #[test]
@@ -257,6 +258,8 @@ fn ports_in_use_or_nodes_that_all_fail_end_the_command_with_an_error() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+    // The folder it made for the run is not left behind, empty.
+    assert!(!dir.path().join("cluster").exists());
 
     // Each node's data directory is a file: every node exits at once.
     let cluster = dir.path().join("broken");

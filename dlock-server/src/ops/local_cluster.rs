@@ -107,16 +107,29 @@ impl LocalCluster {
                 self.dir.display()
             );
         }
+        let made = !self.dir.exists();
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("cannot create {}", self.dir.display()))?;
-        let _in_use = self.take_folder()?;
+        let ready = self
+            .take_folder()
+            .and_then(|held| Ok((held, self.ports()?)));
+        let (_in_use, ports) = match ready {
+            Ok(ready) => ready,
+            Err(e) => {
+                // Refused before any node started: a folder this run made
+                // holds only its lock file, and would be left behind empty.
+                if made {
+                    let _ = std::fs::remove_dir_all(&self.dir);
+                }
+                return Err(e);
+            }
+        };
         if self.nodes == 2 {
             tell!(
                 "dlock-server: warning: 2 nodes survive no failure, as 1 does (a majority of 2 \
                  is both); 3 survive one"
             );
         }
-        let ports = self.ports()?;
         let members = ports
             .iter()
             .enumerate()
