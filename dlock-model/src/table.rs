@@ -3,7 +3,7 @@
 //!
 //! The checker must hash, compare and clone every state it meets, and the
 //! table is none of those cheaply, so a [`Table`] keeps the table's
-//! snapshot written down (JSON): equal tables give equal snapshots (the
+//! snapshot written down (MessagePack): equal tables give equal snapshots (the
 //! table's determinism contract), so equal bytes are equal tables. Each
 //! step that touches the table restores it, applies the commands and
 //! writes it down again.
@@ -63,7 +63,7 @@ impl Table {
     /// table's snapshot, not an input error.
     pub fn read(&self) -> LockTable {
         let snapshot: Snapshot =
-            serde_json::from_slice(&self.encoded).expect("a written table snapshot reads back");
+            rmp_serde::from_slice(&self.encoded).expect("a written table snapshot reads back");
         LockTable::restore(snapshot).expect("a table's own snapshot restores")
     }
 
@@ -71,9 +71,9 @@ impl Table {
     ///
     /// # Panics
     ///
-    /// If the snapshot cannot be written as JSON, which its types rule out.
+    /// If the snapshot cannot be written, which its types rule out.
     pub fn write(table: &LockTable) -> Table {
-        let encoded = serde_json::to_vec(&table.snapshot()).expect("a table snapshot encodes");
+        let encoded = rmp_serde::to_vec_named(&table.snapshot()).expect("a table snapshot encodes");
         Table {
             encoded: encoded.into(),
             due: table.next_deadline(),
