@@ -4,8 +4,10 @@ pub use crate::disconnect::Disconnect;
 use crate::proto::ResponseStatus;
 use std::time::Duration;
 
-/// What can go wrong talking to a dlock server.
+/// What can go wrong talking to a dlock server. New kinds may be added in a minor release, so a `match`
+/// needs a `_` arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The TCP connection could not be made.
     #[error("cannot connect to {addr}: {source}")]

@@ -22,8 +22,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio_util::codec::Decoder;
 
-/// What can go wrong reading a response.
+/// What can go wrong reading a response. New kinds may be added in a minor release, so a `match`
+/// needs a `_` arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RawError {
     /// Reading or writing the socket failed.
     #[error("connection failed")]

@@ -42,8 +42,10 @@ pub fn margin(configured: Duration, window: Duration) -> Duration {
     crate::rules::margin(configured, window)
 }
 
-/// Why a lock can no longer be assumed held.
+/// Why a lock can no longer be assumed held. New kinds may be added in a minor release, so a `match`
+/// needs a `_` arm.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum Lost {
     /// The connection ended. A lock without a lease was released by the
     /// server; a lease still runs until its deadline (see
