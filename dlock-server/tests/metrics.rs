@@ -417,6 +417,9 @@ async fn a_peer_of_another_cluster_is_counted_at_every_refusal_and_logged_once()
         }
         let unpaced = log.iter().find(|l| l.contains("update progress error"));
         assert!(unpaced.is_none(), "node {i}: {unpaced:?}");
+        // A peer that refuses answers: only the refusal's own line says so.
+        let not_answering = log.iter().find(|l| l.contains("does not answer"));
+        assert!(not_answering.is_none(), "node {i}: {not_answering:?}");
     }
     assert!(!nodes.any_panicked(), "a node's log says it panicked");
 }

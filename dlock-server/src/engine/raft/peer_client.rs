@@ -258,7 +258,11 @@ impl PeerClient {
                     tracing::debug!(target_node = self.target, error = %e, "pooled peer connection failed; dialling again");
                 }
                 Ok(Err(e)) => {
-                    self.net.reach.failed(self.target, &self.addr, &e);
+                    if matches!(e, WireError::Refused(_)) {
+                        self.net.reach.refused(self.target, &self.addr, &e);
+                    } else {
+                        self.net.reach.failed(self.target, &self.addr, &e);
+                    }
                     return Err(ExchangeError::Wire(e));
                 }
             }

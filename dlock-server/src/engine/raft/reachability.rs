@@ -98,6 +98,18 @@ impl Reachability {
 
     /// An RPC to `peer` failed with `error` (unreachable, reset, timed out).
     pub(crate) fn failed(&self, peer: NodeId, addr: &str, error: &dyn std::fmt::Display) {
+        self.note_failure(peer, addr, error, true);
+    }
+
+    /// `peer` refused this node's hello (another cluster, another version):
+    /// counted as down for `dlock cluster status`, but not said here, since
+    /// the refusal is logged on its own with what to correct (`paced.rs`),
+    /// and "does not answer" would be wrong.
+    pub(crate) fn refused(&self, peer: NodeId, addr: &str, error: &dyn std::fmt::Display) {
+        self.note_failure(peer, addr, error, false);
+    }
+
+    fn note_failure(&self, peer: NodeId, addr: &str, error: &dyn std::fmt::Display, say: bool) {
         let now = Instant::now();
         let say = {
             let mut peers = self.lock();
@@ -105,6 +117,11 @@ impl Reachability {
             p.failed += 1;
             p.failed_since_report += 1;
             match (p.down_since, p.last_report) {
+                (None, _) if !say => {
+                    p.down_since = Some(now);
+                    Say::Nothing
+                }
+                _ if !say => Say::Nothing,
                 (None, _) => {
                     p.down_since = Some(now);
                     Say::Nothing
