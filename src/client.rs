@@ -78,7 +78,8 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::Connect`] or [`Error::ConnectTimeout`] for one address;
-    /// [`Error::Unreachable`] naming every address tried for several.
+    /// [`Error::Unreachable`] naming every address tried for several;
+    /// [`Error::NotOneCluster`] when one of several is a single server.
     pub async fn connect(servers: impl Into<Servers>) -> Result<Client> {
         Self::connect_with(servers, ClientOptions::default()).await
     }

@@ -309,6 +309,11 @@ async fn try_node(
         },
     })?;
     if !limits.is_some_and(|l| l.resumable_sessions) {
+        if session == 0 && dial.servers.addrs().len() > 1 {
+            return Err(NodeError::Fatal(Error::NotOneCluster {
+                addr: addr.to_owned(),
+            }));
+        }
         if session != 0 {
             return Err(NodeError::Failed {
                 error: Error::Protocol("not a cluster node: it cannot resume a session".into()),

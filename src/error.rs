@@ -118,6 +118,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// Several addresses were given, and the one that answered is a single
+    /// server, not a node of a cluster. The addresses of a list must be one
+    /// cluster's nodes: single servers share no locks, so a client that
+    /// moved to the next one when the first was down would lock on a
+    /// server the others do not use.
+    #[error("{addr} is a single server, not a cluster node: several addresses must be the nodes of one cluster, since single servers share no locks (give this server's address alone)")]
+    NotOneCluster {
+        /// The single server's address.
+        addr: String,
+    },
     /// The connection is gone; locks bound to it are released by the server.
     /// Its [`source`](std::error::Error::source) is the I/O or decoding
     /// error that ended it, if one did.

@@ -166,6 +166,34 @@ async fn errors_are_typed() {
     }
 }
 
+/// Two single servers share no locks: given as a list, the client moved to
+/// the second when the first was down and locked there, beside a holder
+/// of the same key on the first. A list must name one cluster's nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_that_leads_to_a_single_server_is_refused() {
+    let first = TestServer::start(Config::default()).await;
+    let second = TestServer::start(Config::default()).await;
+    let down = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down_addr = down.local_addr().unwrap().to_string();
+    drop(down);
+    for list in [
+        format!("{down_addr},{}", second.addr_string()),
+        format!("{},{}", first.addr_string(), second.addr_string()),
+    ] {
+        match Client::connect(list.as_str()).await {
+            Err(e @ Error::NotOneCluster { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains("is a single server"), "{text}");
+                assert!(text.contains("alone"), "{text}");
+            }
+            other => panic!("{list}: expected NotOneCluster, got {other:?}"),
+        }
+    }
+    // One address is a single server's, as always.
+    let alone = client(&second).await;
+    alone.ping().await.unwrap();
+}
+
 #[tokio::test]
 async fn cancelled_lock_call_leaks_no_lock() {
     let server = TestServer::start(Config::default()).await;

@@ -126,6 +126,8 @@ pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
                 ),
             )
         }
+        // A list of servers that is no cluster: the user's to correct.
+        e @ Error::NotOneCluster { .. } => Failure::new(USAGE, e.to_string()),
         Error::ConnectionLost(lost) => Failure::new(UNAVAILABLE, format!("connection to {server} lost: {}", with_cause(lost.reason(), &lost))),
         Error::AccessDenied(text) => Failure::new(NO_PERMISSION, access_denied(server, &text)),
         // What the user typed, refused by the server (a key dlock's own

@@ -284,16 +284,36 @@ async fn a_session_cut_off_longer_than_its_ttl_loses_its_locks() {
     taken.unlock().await.expect("unlock");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_address_first_is_skipped_and_all_dead_names_each() {
-    let server = TestServer::start(dlock_server::Config::default()).await;
-    let live = server.addr_string();
+    let _one = ONE_AT_A_TIME.lock().await;
+    // A list names a cluster's nodes (a single server in one is refused:
+    // tests/client.rs); a cluster of one will do.
+    let nodes = NodeProcesses::start(server_binary(), 1, NODE_FLAGS);
+    let live = nodes.addr(0).to_string();
     let dead = dead_addr();
     let list = format!("{dead},{live}");
+    // Until the node has elected itself.
+    let deadline = Instant::now() + PATIENCE;
+    let c = loop {
+        match Client::connect(list.as_str()).await {
+            Ok(c) => break c,
+            Err(e) => assert!(Instant::now() < deadline, "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(c.addr(), live);
     let o = run_at(&list, &["-n", "-k", "k", "--", "true"]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let c = Client::connect(list.as_str()).await.expect("connect");
-    assert_eq!(c.addr(), live);
+    // A single server at the end of the list is refused, as a usage error.
+    let single = TestServer::start(dlock_server::Config::default()).await;
+    let o = run_at(
+        &format!("{dead},{}", single.addr_string()),
+        &["-n", "-k", "k", "--", "true"],
+    )
+    .await;
+    assert_eq!(code(&o), 64, "{}", stderr(&o));
+    assert!(stderr(&o).contains("is a single server"), "{}", stderr(&o));
     // A node that accepts connections but never answers (paused) does not
     // use up the connect timeout the next node needs.
     let hung = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
