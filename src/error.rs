@@ -55,6 +55,9 @@ pub enum Error {
         keys: Vec<String>,
     },
     /// The server refused the request: bad input, a limit, shutting down.
+    /// With [`ResponseStatus::FrameTooLarge`], the client refused to send a
+    /// request over the server's frame limit (the server would have closed
+    /// the connection).
     #[error("server answered {status:?}: {text}")]
     Server {
         /// The status.

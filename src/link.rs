@@ -71,6 +71,22 @@ pub(crate) struct Link {
     watches: Arc<Watches>,
 }
 
+impl Link {
+    /// The largest request body a caller may build, and the server's frame
+    /// limit it comes from: the limit less what the writer adds to every
+    /// request (the token, and on a session its number and sequence
+    /// numbers). `None` for a server that does not say (older than Hello).
+    /// A frame over the limit makes the server close the connection, with
+    /// every other call on it: such a request must not be sent.
+    pub(crate) fn request_room(&self) -> Option<(usize, usize)> {
+        let max = self.limits?.max_frame;
+        // A tag and a length of up to 5 bytes for the token; a tag and up
+        // to 10 bytes for each of session, seq and seq_done.
+        let added = self.dial.token().len() + 6 + 3 * 11;
+        Some((max.saturating_sub(added), max))
+    }
+}
+
 impl Drop for Link {
     /// The last handle on the link went: its writer closes it, and reads on
     /// for a grant that crossed the close if a Lock was unanswered. The

@@ -8,7 +8,7 @@ use crate::dial::Dial;
 use crate::error::{Disconnect, Error, Result};
 use crate::link::{Call, Drains, Link};
 use crate::liveness::Watches;
-use crate::proto::{Request, RequestLock, RequestType, Response};
+use crate::proto::{Request, RequestLock, RequestType, Response, ResponseStatus};
 use crate::request::check;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,6 +46,18 @@ impl Conn {
             .await
             .map_err(|_| self.lost_error())?;
         let req = self.request(kind, body);
+        if let Some((room, max)) = self.link.request_room() {
+            let len = prost::Message::encoded_len(&req);
+            if len > room {
+                return Err(Error::Server {
+                    status: ResponseStatus::FrameTooLarge,
+                    text: format!(
+                        "not sent: the request would be about {len} bytes, over the server's \
+                         frame limit of {max} bytes (its --max-frame); use fewer or shorter keys"
+                    ),
+                });
+            }
+        }
         let (tx, rx) = oneshot::channel();
         let call = Call {
             req,

@@ -194,6 +194,38 @@ async fn a_list_that_leads_to_a_single_server_is_refused() {
     alone.ping().await.unwrap();
 }
 
+/// Keys within the key limits can still make a frame over the server's
+/// --max-frame, which the server answers by closing the connection: every
+/// other call on it failed too. The client refuses to send it instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_the_servers_frame_limit_is_refused_before_it_is_sent() {
+    let server = TestServer::start(Config {
+        max_frame: 1024,
+        ..Config::default()
+    })
+    .await;
+    let c = client(&server).await;
+    let held = c.lock(["small"], LockOptions::new()).await.unwrap();
+    let keys: Vec<String> = (0..20)
+        .map(|i| format!("{i:02}{}", "x".repeat(60)))
+        .collect();
+    match c.lock(keys, LockOptions::new()).await {
+        Err(e @ Error::Server { .. }) => {
+            assert_eq!(
+                e.status(),
+                Some(dlock::proto::ResponseStatus::FrameTooLarge)
+            );
+            let text = e.to_string();
+            assert!(text.contains("not sent") && text.contains("1024"), "{text}");
+        }
+        other => panic!("expected FrameTooLarge, got {other:?}"),
+    }
+    // The connection, and the lock on it, are unharmed.
+    assert!(!held.is_lost());
+    c.ping().await.unwrap();
+    held.unlock().await.unwrap();
+}
+
 #[tokio::test]
 async fn cancelled_lock_call_leaks_no_lock() {
     let server = TestServer::start(Config::default()).await;

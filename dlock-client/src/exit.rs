@@ -130,6 +130,12 @@ pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
         e @ Error::NotOneCluster { .. } => Failure::new(USAGE, e.to_string()),
         Error::ConnectionLost(lost) => Failure::new(UNAVAILABLE, format!("connection to {server} lost: {}", with_cause(lost.reason(), &lost))),
         Error::AccessDenied(text) => Failure::new(NO_PERMISSION, access_denied(server, &text)),
+        // Refused by the client library before sending: the keys given
+        // make a request larger than the server takes.
+        Error::Server {
+            status: ResponseStatus::FrameTooLarge,
+            text,
+        } => Failure::new(USAGE, format!("too large for {server}: {text}")),
         // What the user typed, refused by the server (a key dlock's own
         // check did not see, as in --inspect): a usage error, as when that
         // check refuses it.
