@@ -81,6 +81,8 @@ pub struct Config {
     pub max_key_len: usize,
 
     /// Most client connections at once; further clients get LimitReached.
+    /// A client of the Rust library holds one, plus one per lock held (a
+    /// `dlock` run holding a lock counts two).
     #[arg(long, env = "DLOCK_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = positive)]
     pub max_connections: usize,
 
