@@ -96,6 +96,45 @@ async fn a_local_cluster_serves_through_a_leader_kill_and_stops_on_ctrl_c() {
     for n in &listed {
         assert!(!signal(n.pid, 0), "node at {} still runs", n.addr);
     }
+
+    // The folder's cluster runs on its own ports and size only: its nodes
+    // dial each other at the peer addresses of their membership. Another
+    // size or port is refused before any node starts (it waited 30 s for
+    // a leader, or listed nodes that had exited).
+    let again = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dlock-server"))
+            .arg("local-cluster")
+            .args(args)
+            .arg("--dir")
+            .arg(dir.path().join("cluster"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let first_port = servers
+        .split(',')
+        .next()
+        .and_then(|a| a.rsplit(':').next())
+        .unwrap()
+        .to_owned();
+    let out = again(&["-n", "5", "--port", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("holds a cluster of 3 nodes: give -n 3"),
+        "{err}"
+    );
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other = taken.local_addr().unwrap().port().to_string();
+    let out = again(&["--port", &other]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "listens on port {first_port}: give --port {first_port}"
+        )),
+        "{err}"
+    );
 }
 
 /// Node processes whose command line names `dir` (the cluster's folder),

@@ -26,7 +26,8 @@ pub struct LocalCluster {
 
     /// Folder of the nodes' data directories and logs (node1/, node1.log,
     /// ...). A folder from an earlier run starts that cluster again, with
-    /// its locks and sessions.
+    /// its locks and sessions, on its ports (listed in
+    /// local-cluster.ports) and with its number of nodes.
     #[arg(
         long,
         env = "DLOCK_LOCAL_CLUSTER_DIR",
@@ -38,6 +39,48 @@ pub struct LocalCluster {
     /// clients and one above that for its peers. 0 picks free ports.
     #[arg(long, env = "DLOCK_LOCAL_CLUSTER_PORT", default_value_t = 7436)]
     pub port: u16,
+}
+
+/// The file in the folder that lists each node's id, client and peer
+/// address, one line each.
+const LAYOUT: &str = "local-cluster.ports";
+
+/// The nodes' addresses from the layout file's `text`, in id order.
+fn parse_layout(text: &str) -> anyhow::Result<Vec<(SocketAddr, SocketAddr)>> {
+    let mut ports = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let [id, client, peer] = w[..] else {
+            anyhow::bail!("line {line:?} is not 'ID CLIENT PEER'");
+        };
+        if id.parse::<usize>().ok() != Some(ports.len() + 1) {
+            anyhow::bail!("line {line:?}: node ids must run 1, 2, 3, ...");
+        }
+        let addr = |a: &str| {
+            a.parse::<SocketAddr>()
+                .with_context(|| format!("line {line:?}: {a:?} is no address"))
+        };
+        ports.push((addr(client)?, addr(peer)?));
+    }
+    if ports.is_empty() {
+        anyhow::bail!("it lists no node");
+    }
+    Ok(ports)
+}
+
+/// Refuses, before any node starts, ports that something else holds
+/// (most often a local cluster already running): the readiness check would
+/// otherwise find that other cluster and print its addresses as this one's.
+fn all_free(ports: &[(SocketAddr, SocketAddr)], or: &str) -> anyhow::Result<()> {
+    for &addr in ports.iter().flat_map(|(c, p)| [c, p]) {
+        std::net::TcpListener::bind(addr).with_context(|| {
+            format!(
+                "cannot listen on {addr} (is another local cluster or dlock-server running?): \
+                 stop it, {or}"
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// How long a node gets to exit after SIGTERM before it is killed.
@@ -112,7 +155,7 @@ impl LocalCluster {
             .with_context(|| format!("cannot create {}", self.dir.display()))?;
         let ready = self
             .take_folder()
-            .and_then(|held| Ok((held, self.ports()?)));
+            .and_then(|held| Ok((held, self.layout()?)));
         let (_in_use, ports) = match ready {
             Ok(ready) => ready,
             Err(e) => {
@@ -176,19 +219,28 @@ impl LocalCluster {
         // Every node gone first (a data directory in use, a port taken
         // since it was checked) is said at once, not after READY_LIMIT.
         let ready = tokio::select! {
-            ready = until_ready(&servers) => ready,
+            ready = until_ready(&servers) => ready.map(|()| true),
             () = running.every_node_exited() => {
                 anyhow::bail!("every node exited: {}", self.see_logs())
             }
-            _ = int.recv() => None,
-            _ = term.recv() => None,
+            _ = int.recv() => Some(false),
+            _ = term.recv() => Some(false),
         };
-        if ready.is_none() {
-            running.stop().await;
-            anyhow::bail!(
-                "no leader was elected within {READY_LIMIT:?}: {}",
-                self.see_logs()
-            );
+        match ready {
+            Some(true) => {}
+            // Stopped before a leader was elected: as any stop.
+            Some(false) => {
+                running.stop().await;
+                say(&["dlock-server: every node stopped".to_string()]);
+                return Ok(());
+            }
+            None => {
+                running.stop().await;
+                anyhow::bail!(
+                    "no leader was elected within {READY_LIMIT:?}: {}",
+                    self.see_logs()
+                );
+            }
         }
         if !say(&[
             format!("export DLOCK_SERVER={servers}"),
@@ -241,6 +293,57 @@ impl LocalCluster {
         format!("see the nodes' logs in {}", self.dir.display())
     }
 
+    /// Each node's client and peer address: the folder's own, for a
+    /// cluster started in it before, or new ones, written down for the next
+    /// run. A cluster's nodes find each other at the peer addresses in
+    /// their membership, so a folder's cluster can only run on its ports.
+    fn layout(&self) -> anyhow::Result<Vec<(SocketAddr, SocketAddr)>> {
+        let path = self.dir.join(LAYOUT);
+        let stored = match std::fs::read_to_string(&path) {
+            Ok(text) => Some(parse_layout(&text).with_context(|| {
+                format!(
+                    "{} is damaged: remove the folder, or fix the file",
+                    path.display()
+                )
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        if let Some(ports) = stored {
+            let dir = self.dir.display();
+            let n = ports.len();
+            if n as u64 != self.nodes {
+                anyhow::bail!(
+                    "{dir} holds a cluster of {n} nodes: give -n {n}, or another --dir for a \
+                     cluster of {}",
+                    self.nodes
+                );
+            }
+            let first = ports.first().map_or(0, |(c, _)| c.port());
+            if self.port != 0 && self.port != first {
+                anyhow::bail!(
+                    "{dir} holds a cluster whose node 1 listens on port {first}: give --port \
+                     {first} (or --port 0, which takes the folder's ports), or another --dir"
+                );
+            }
+            all_free(&ports, "the folder's cluster needs them")?;
+            return Ok(ports);
+        }
+        let ports = self.ports()?;
+        // A folder of an earlier version holds nodes but no list: its ports
+        // are unknown, and the nodes say so if these differ.
+        if !self.dir.join("node1").exists() {
+            let text: String = ports
+                .iter()
+                .enumerate()
+                .map(|(i, (c, p))| format!("{} {c} {p}\n", i + 1))
+                .collect();
+            std::fs::write(&path, text)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        Ok(ports)
+    }
+
     /// Each node's client and peer address.
     fn ports(&self) -> anyhow::Result<Vec<(SocketAddr, SocketAddr)>> {
         let loopback = |port: u16| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
@@ -258,18 +361,7 @@ impl LocalCluster {
                     }
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            // Before any node starts: a port in use (most often by a local
-            // cluster already running) would otherwise let the readiness
-            // check find that other cluster and print its addresses as
-            // this one's.
-            for &addr in ports.iter().flat_map(|(c, p)| [c, p]) {
-                std::net::TcpListener::bind(addr).with_context(|| {
-                    format!(
-                        "cannot listen on {addr} (is another local cluster or dlock-server \
-                         running?): stop it, or give --port 0 to pick free ports"
-                    )
-                })?;
-            }
+            all_free(&ports, "or give --port 0 to pick free ports")?;
             return Ok(ports);
         }
         // Below the ephemeral range, where no outgoing connection is given
