@@ -1,13 +1,17 @@
 //! From flags to a connected client, shared by every subcommand that talks
 //! to a server (the main path, `cluster`, `elect`, `leader`, `top`): the
-//! client's options (timeouts, access token, TLS) and the connect whose
-//! failure becomes an exit code.
+//! client's options (timeouts, access token, TLS), the connect whose
+//! failure becomes an exit code, and the patient connect of a form that
+//! outlives a server's restart (`elect`, `leader --watch`).
 
 use crate::cli::Args;
 use crate::exit::{self, Failure};
+use crate::say;
 use dlock::{Client, ClientOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The client's options from the command line: timeouts, token, TLS.
 ///
@@ -81,6 +85,73 @@ pub async fn connect(server: &str, options: ClientOptions) -> Result<Client, Fai
     Client::connect_with(server, options)
         .await
         .map_err(|e| exit::from_client_error(e, server))
+}
+
+/// First pause before trying again to reach a server that was lost: a
+/// restart takes from a fraction of a second to several.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+
+/// Longest pause between tries: a server back after a long outage is
+/// found within this, and a host that waits for it costs it little.
+const RETRY_MAX: Duration = Duration::from_secs(4);
+
+/// Connects again after the server was lost, for a form that must outlive
+/// a restart or a failover (`dlock elect` campaigning again, `dlock leader
+/// --watch`). While the server cannot be reached ([`Failure::transient`])
+/// it tries again, after a pause that doubles from 100 ms to 4 s, saying
+/// so on stderr once, and once more when the server answers again. Never
+/// ends on its own while the server stays away: the caller selects it
+/// against its signals.
+///
+/// # Errors
+/// A failure that trying again cannot mend (access denied, TLS), at once.
+pub async fn reconnect(server: &str, options: &ClientOptions) -> Result<Client, Failure> {
+    let started = Instant::now();
+    let mut pause = RETRY_FIRST;
+    let mut said = false;
+    loop {
+        match Client::connect_with(server, options.clone()).await {
+            Ok(client) => {
+                if said {
+                    say!(
+                        "{server} answers again, after {:.1}s",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+                return Ok(client);
+            }
+            Err(e) => {
+                // The library's words, not the exit message: its hint to
+                // check the address is wrong for a server that was there.
+                let text = e.to_string();
+                let failure = exit::from_client_error(e, server);
+                if !failure.transient {
+                    return Err(failure);
+                }
+                if !said {
+                    say!("{text}; trying again until it answers");
+                    said = true;
+                }
+            }
+        }
+        tokio::time::sleep(jittered(pause)).await;
+        pause = (pause * 2).min(RETRY_MAX);
+    }
+}
+
+/// A pause between half of `pause` and `pause`: every dlock of a fleet
+/// notices a server's restart at the same moment, and should not all
+/// arrive at the same moment when it is back.
+fn jittered(pause: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    // std's per-process random hash keys: random enough to spread dlocks
+    // out, without a dependency.
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let half = pause / 2;
+    let spread = u64::try_from((pause - half).as_nanos()).unwrap_or(u64::MAX);
+    half + Duration::from_nanos(random % spread.saturating_add(1))
 }
 
 /// The options of a form that only talks to the server (`dlock cluster`,

@@ -23,6 +23,12 @@ dlock stops a command whose lock is lost (--on-lost, --grace), and dlock
 campaigns again. When COMMAND exits on its own, dlock resigns and exits with
 its code.
 
+A server that cannot be reached when dlock starts ends it (69). Once it was
+reached, a server that goes away (a restart, a cluster without a leader) is
+waited for: dlock tries again after a pause doubling from 100 ms to 4 s,
+says so once, and campaigns again when the server answers. A refusal that
+trying again cannot mend (access denied, TLS) still ends it.
+
 Examples:
   # Run the scheduler on one machine of the fleet; another takes over when it
   # goes away:
@@ -77,26 +83,46 @@ pub async fn run(e: ElectArgs) -> Result<u8, Failure> {
         ));
     }
     let mut signals = crate::run::install_signals()?;
+    // The first connect fails at once: a server never reached is most
+    // likely a wrong address or one not started, which the user must see.
+    // Once reached, a server away is an outage to wait out.
+    let mut client = crate::connect::connect(&args.server, options.clone()).await?;
     loop {
         if args.verbose {
             say!("campaigning for {} as {id:?}", crate::say::keys(&keys));
         }
-        let code = crate::run::run_locked(
+        let campaign = crate::run::run_locked(
             args,
             options.clone(),
+            client,
             &keys,
             &argv,
             id.as_bytes(),
             &mut signals,
         )
-        .await?;
-        if code != exit::LOCK_LOST || e.once {
-            return Ok(code);
+        .await;
+        match campaign {
+            Ok(code) if code != exit::LOCK_LOST || e.once => return Ok(code),
+            Ok(_) => say!(
+                "leadership of {} lost; campaigning again",
+                crate::say::keys(&keys)
+            ),
+            // Lost while waiting in line (the server restarts, a cluster
+            // without a leader): this dlock never led, so not even --once
+            // ends here.
+            Err(f) if f.transient => say!("{}; campaigning again", f.message),
+            Err(f) => return Err(f),
         }
-        say!(
-            "leadership of {} lost; campaigning again",
-            crate::say::keys(&keys)
-        );
+        client = tokio::select! {
+            c = crate::connect::reconnect(&args.server, &options) => c?,
+            sig = crate::run::interrupt(&mut signals) => {
+                say!(
+                    "interrupted by {} while waiting for the server; command not run",
+                    crate::signals::name(sig)
+                );
+                return Ok(128 + sig as u8);
+            }
+        };
     }
 }
 

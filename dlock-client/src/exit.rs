@@ -65,6 +65,12 @@ pub struct Failure {
     /// One line naming the problem and, where there is one, the fix. Empty
     /// when nothing should be printed (a busy lock without `-v`).
     pub message: String,
+    /// Whether the server could not be reached or was lost (nothing
+    /// listens, no answer, no cluster leader, the connection ended, the
+    /// server is stopping): the same request may succeed later as it is.
+    /// `dlock elect` and `dlock leader --watch` wait and try again; every
+    /// other failure needs the user (a flag, a token, a key) and ends them.
+    pub transient: bool,
 }
 
 impl Failure {
@@ -73,12 +79,65 @@ impl Failure {
         Failure {
             code,
             message: message.into(),
+            transient: false,
         }
     }
 }
 
 /// Maps a library error to an exit code and a one-line explanation.
 pub fn from_client_error(e: dlock::Error, server: &str) -> Failure {
+    let transient = is_transient(&e);
+    Failure {
+        transient,
+        ..failure_of(e, server)
+    }
+}
+
+/// Whether `e` says the server is away for now rather than that something
+/// must change: see [`Failure::transient`]. A TLS or access error is not,
+/// even where it breaks a connection: trying again would find it again.
+fn is_transient(e: &dlock::Error) -> bool {
+    use dlock::proto::ResponseStatus;
+    use dlock::{Disconnect, Error};
+    match e {
+        Error::Connect { source, .. } => {
+            use std::io::ErrorKind::{
+                BrokenPipe, ConnectionAborted, ConnectionReset, NotConnected, TimedOut,
+                UnexpectedEof,
+            };
+            // Not InvalidData: that is how a TLS handshake fails.
+            nobody_listens(source)
+                || matches!(
+                    source.kind(),
+                    ConnectionReset
+                        | ConnectionAborted
+                        | BrokenPipe
+                        | NotConnected
+                        | TimedOut
+                        | UnexpectedEof
+                )
+        }
+        // On a cluster: every node down, or none knows a leader yet. A TLS
+        // setup that does not fit the first node answers at once, as its
+        // own error, not as one of these.
+        Error::ConnectTimeout { .. } | Error::Unreachable { .. } => true,
+        // A server that broke the protocol would break it again.
+        Error::ConnectionLost(lost) => !matches!(
+            lost,
+            Disconnect::FrameTooLarge { .. }
+                | Disconnect::Undecodable(_)
+                | Disconnect::UnexpectedAnswer { .. }
+        ),
+        Error::Server { status, .. } => matches!(
+            status,
+            ResponseStatus::ShuttingDown | ResponseStatus::Unavailable | ResponseStatus::NotLeader
+        ),
+        _ => false,
+    }
+}
+
+/// [`from_client_error`]'s code and message.
+fn failure_of(e: dlock::Error, server: &str) -> Failure {
     use dlock::proto::ResponseStatus;
     use dlock::Error;
     match e {
@@ -218,6 +277,56 @@ mod tests {
             "{}",
             f.message
         );
+    }
+
+    #[test]
+    fn only_a_server_away_is_worth_waiting_for() {
+        use dlock::proto::ResponseStatus;
+        use dlock::{Disconnect, Error};
+        use std::io::{Error as Io, ErrorKind};
+        let connect = |kind| Error::Connect {
+            addr: "h:1".into(),
+            source: Io::new(kind, "x"),
+        };
+        let server = |status| Error::Server {
+            status,
+            text: String::new(),
+        };
+        let away = [
+            connect(ErrorKind::ConnectionRefused),
+            connect(ErrorKind::ConnectionReset),
+            Error::ConnectTimeout {
+                addr: "h:1".into(),
+                timeout: std::time::Duration::from_secs(5),
+            },
+            Error::Unreachable {
+                attempts: vec![(
+                    "h:1".into(),
+                    "not the leader, and no leader is known yet".into(),
+                )],
+            },
+            Error::ConnectionLost(Disconnect::Closed),
+            Error::ConnectionLost(Disconnect::TurnedAway("shutting down".into())),
+            server(ResponseStatus::ShuttingDown),
+        ];
+        for e in away {
+            let text = e.to_string();
+            assert!(from_client_error(e, "h:1").transient, "{text}");
+        }
+        let refused = [
+            Error::AccessDenied("access token missing or not accepted".into()),
+            server(ResponseStatus::InvalidKey),
+            server(ResponseStatus::InvalidArgument),
+            Error::ServerSpeaksTls,
+            // A TLS handshake that fails (an untrusted certificate).
+            connect(ErrorKind::InvalidData),
+            Error::ConnectionLost(Disconnect::UnexpectedAnswer { request_id: 3 }),
+        ];
+        for e in refused {
+            let text = e.to_string();
+            let f = from_client_error(e, "h:1");
+            assert!(!f.transient, "{text}");
+        }
     }
 
     #[test]

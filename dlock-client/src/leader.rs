@@ -4,8 +4,9 @@
 
 use crate::cli::Args;
 use crate::exit::{self, Failure};
+use crate::say;
 use clap::Parser;
-use dlock::{Election, Leader};
+use dlock::{Client, ClientOptions, Election, Leader};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 const AFTER_HELP: &str = "\
@@ -14,13 +15,16 @@ Output, one line per state:
   no leader
 ID is the leader's --id (dlock elect), printed as text, or as 0x-hex when it
 is not printable. With --watch, a line for the current state, then one for
-every change (a new leader, a new ID), until SIGINT or SIGTERM.
+every change (a new leader, a new ID), until SIGINT or SIGTERM. When the
+connection is lost (a server restarts), --watch says so on stderr, connects
+again (trying after a pause doubling from 100 ms to 4 s) and goes on, with a
+line for the state it finds if that differs from the last one printed.
 
 Exit codes:
   0    a leader was printed; with --watch, interrupted
   1    there is no leader (change with -E)
   64   usage error
-  69   cannot reach the server, or the connection was lost
+  69   cannot reach the server, or (without --watch) the connection was lost
   70   the server refused the request
   77   access denied";
 
@@ -50,7 +54,9 @@ pub async fn run(l: LeaderArgs) -> Result<u8, Failure> {
         ));
     }
     let options = crate::connect::client_options(args)?;
-    let client = crate::connect::connect(&args.server, options).await?;
+    // The first connect fails at once (a wrong address, a server not
+    // started); once following, a lost server is waited for.
+    let client = crate::connect::connect(&args.server, options.clone()).await?;
     let failed = |e| exit::from_client_error(e, &args.server);
     let election = Election::new(&client, args.keys[0].as_str());
     if !l.watch {
@@ -62,24 +68,71 @@ pub async fn run(l: LeaderArgs) -> Result<u8, Failure> {
             args.conflict_exit_code
         });
     }
-    let mut changes = election.observe().await.map_err(failed)?;
+    watch(args, &options, client).await
+}
+
+/// `--watch`: follows the leader through `client`, and after a lost
+/// connection through a new one, until SIGINT or SIGTERM.
+async fn watch(args: &Args, options: &ClientOptions, client: Client) -> Result<u8, Failure> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot watch for SIGTERM: {e}")))?;
+    let mut client = client;
+    let mut last = None;
+    loop {
+        let lost = tokio::select! {
+            lost = follow(args, &client, &mut last) => lost?,
+            _ = tokio::signal::ctrl_c() => return Ok(0),
+            _ = term.recv() => return Ok(0),
+        };
+        say!("{}; reconnecting", lost.message);
+        client = tokio::select! {
+            c = crate::connect::reconnect(&args.server, options) => c?,
+            _ = tokio::signal::ctrl_c() => return Ok(0),
+            _ = term.recv() => return Ok(0),
+        };
+    }
+}
+
+/// Prints the state, then every change, through `client` until its
+/// connection is lost: returns why, for the caller to reconnect. A state
+/// the same as `last`, the line printed before, is not printed again (the
+/// state found on a new connection, when nothing changed meanwhile).
+///
+/// # Errors
+/// A failure that reconnecting cannot mend, or stdout gone.
+async fn follow(
+    args: &Args,
+    client: &Client,
+    last: &mut Option<String>,
+) -> Result<Failure, Failure> {
+    // Why following ended: to reconnect after, or to end dlock with.
+    let lost = |e: dlock::Error| match exit::from_client_error(e, &args.server) {
+        f if f.transient => Ok(f),
+        f => Err(f),
+    };
+    let election = Election::new(client, args.keys[0].as_str());
+    let mut changes = match election.observe().await {
+        Ok(changes) => changes,
+        Err(e) => return lost(e),
+    };
     loop {
         let line = report(args.output, changes.borrow_and_update().as_ref());
-        crate::stdout::print(format!("{line}\n"))?;
+        if last.as_ref() != Some(&line) {
+            crate::stdout::print(format!("{line}\n"))?;
+            *last = Some(line);
+        }
         tokio::select! {
             changed = changes.changed() => {
                 if changed.is_err() {
                     break;
                 }
             }
-            _ = tokio::signal::ctrl_c() => return Ok(0),
-            _ = term.recv() => return Ok(0),
-            reason = client.closed() => {
-                return Err(Failure::new(exit::UNAVAILABLE, format!("connection lost: {reason}")));
-            }
+            reason = client.closed() => return lost(reason.into()),
         }
+    }
+    // The observer ends only with its connection.
+    if client.is_closed() {
+        return lost(client.closed().await.into());
     }
     Err(Failure::new(
         exit::UNAVAILABLE,

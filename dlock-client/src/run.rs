@@ -28,7 +28,9 @@ pub async fn run(args: Args) -> Result<u8, Failure> {
     }
     let argv = command_line(&args, &keys)?;
     let mut signals = install_signals()?;
-    run_locked(&args, options, &keys, &argv, &[], &mut signals).await
+    // Kept open until dlock ends, as the connection it first made.
+    let client = crate::connect::connect(&args.server, options.clone()).await?;
+    run_locked(&args, options, client, &keys, &argv, &[], &mut signals).await
 }
 
 /// The signal handlers of a run: installed before anything waits, and
@@ -55,12 +57,14 @@ pub fn command_line(args: &Args, keys: &[String]) -> Result<Vec<String>, Failure
     Ok(argv)
 }
 
-/// dlock's main path: wait for the lock, run COMMAND under it while
-/// keeping the lock, then release it and give COMMAND's exit code.
-/// `value` goes with the hold (`dlock elect`'s identity); empty for none.
+/// dlock's main path: wait for the lock through `client`, run COMMAND
+/// under it while keeping the lock, then release it and give COMMAND's
+/// exit code. `value` goes with the hold (`dlock elect`'s identity); empty
+/// for none.
 pub async fn run_locked(
     args: &Args,
     options: ClientOptions,
+    client: Client,
     keys: &[String],
     argv: &[String],
     value: &[u8],
@@ -68,8 +72,6 @@ pub async fn run_locked(
 ) -> Result<u8, Failure> {
     // As `install_signals` decided.
     let own_group = !std::io::stdin().is_terminal();
-    // Kept open until dlock ends, as the connection it first made.
-    let client = crate::connect::connect(&args.server, options.clone()).await?;
     if args.verbose {
         report_reconnects(&client);
     }
@@ -201,7 +203,7 @@ async fn conclude(
 
 /// The next signal that ends a wait for the lock; job-control signals are
 /// not among them (there is no command to stop yet).
-async fn interrupt(signals: &mut Signals) -> i32 {
+pub async fn interrupt(signals: &mut Signals) -> i32 {
     loop {
         let sig = signals.recv().await;
         if sig != libc::SIGTSTP && sig != libc::SIGCONT {

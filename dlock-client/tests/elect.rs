@@ -2,15 +2,19 @@
 //! only while its dlock leads, the next campaigner's command starts only
 //! once the first dlock is killed, a lost leadership stops the command and
 //! campaigns again (or exits 75 with --once), and `dlock leader` prints the
-//! leader, or every change with --watch.
+//! leader, or every change with --watch; both outlive a restart of their
+//! server.
 
 mod common;
 
 use common::{client, code, dlock_at, pid_of, run_at, signal_pid, stdout, wait_output, PATIENCE};
 use dlock_server::testing::TestServer;
 use dlock_server::Config;
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout};
+use std::net::SocketAddr;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStderr, ChildStdout};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 /// The child's stdout, line by line (one reader for its whole life, so no
 /// buffered line is lost between reads).
@@ -18,12 +22,86 @@ fn stdout_lines(child: &mut Child) -> Lines<BufReader<ChildStdout>> {
     BufReader::new(child.stdout.take().expect("stdout piped")).lines()
 }
 
-async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
+/// The child's stderr, line by line, as [`stdout_lines`].
+fn stderr_lines(child: &mut Child) -> Lines<BufReader<ChildStderr>> {
+    BufReader::new(child.stderr.take().expect("stderr piped")).lines()
+}
+
+async fn next_line<R: AsyncBufRead + Unpin>(lines: &mut Lines<R>) -> String {
     tokio::time::timeout(PATIENCE, lines.next_line())
         .await
         .expect("a line in time")
         .expect("read stdout")
         .expect("a line, not the end")
+}
+
+/// Reads `lines` (a dlock's stderr) up to the first that contains `what`;
+/// fails, with what it read, when dlock ends first.
+async fn line_containing<R: AsyncBufRead + Unpin>(lines: &mut Lines<R>, what: &str) -> String {
+    let mut seen = Vec::new();
+    let found = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = lines.next_line().await.expect("read stderr") {
+            if line.contains(what) {
+                return Some(line);
+            }
+            seen.push(line);
+        }
+        None
+    })
+    .await;
+    match found {
+        Ok(Some(line)) => line,
+        Ok(None) => panic!("dlock ended before saying {what:?}; it said: {seen:#?}"),
+        Err(_) => panic!("dlock did not say {what:?} in time; it said: {seen:#?}"),
+    }
+}
+
+/// The fencing token in a line of [`LEAD`].
+fn fence_of(line: &str) -> u64 {
+    line.strip_prefix("leading ")
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("not a line of LEAD: {line:?}"))
+}
+
+/// A single in-memory server on `addr`, which the test chose so that the
+/// server can be stopped and started again there, as a restart is.
+struct Server {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+impl Server {
+    async fn start(addr: SocketAddr) -> Server {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .expect("bind the server's port");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            dlock_server::run(listener, Config::default(), async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("the server runs");
+        });
+        Server { stop, task }
+    }
+
+    /// Stops it as SIGTERM does; its port is free again on return.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(PATIENCE, self.task)
+            .await
+            .expect("the server stops in time")
+            .expect("the server did not panic");
+    }
+}
+
+/// A port for [`Server`]: below the ephemeral range, so that no connection
+/// of another test is given it while the server is down.
+fn restartable_addr() -> SocketAddr {
+    let (addr, held) = dlock_server::testing::ports::reserve();
+    drop(held);
+    addr
 }
 
 /// A command that says it leads, with its fencing token, then runs until
@@ -172,4 +250,95 @@ async fn leader_watch_prints_every_change_until_interrupted() {
     assert_eq!(code(&o), 64);
     let o = run_at(&addr, &["elect", "-k", "a", "-k", "b", "--", "true"]).await;
     assert_eq!(code(&o), 64);
+}
+
+#[tokio::test]
+async fn elect_waits_out_a_restart_of_its_server_and_campaigns_again() {
+    let port = restartable_addr();
+    let server = Server::start(port).await;
+    let addr = port.to_string();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spawn = |id: &str| {
+        dlock_at(&addr, &["elect", "-k", "svc", "--id", id, "-c", LEAD])
+            .env("MARK", dir.path().join(id))
+            .spawn()
+            .expect("dlock elect runs")
+    };
+    // a leads, b waits in line behind it.
+    let mut a = spawn("a");
+    let (mut a_out, mut a_err) = (stdout_lines(&mut a), stderr_lines(&mut a));
+    let first = fence_of(&next_line(&mut a_out).await);
+    let mut b = spawn("b");
+    let (mut b_out, mut b_err) = (stdout_lines(&mut b), stderr_lines(&mut b));
+    let probe = client(&addr).await;
+    tokio::time::timeout(PATIENCE, async {
+        while probe.inspect(["svc"]).await.expect("inspect")[0].waiters != 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("b queues");
+    drop(probe);
+
+    // The server goes away: the leader loses its leadership, the waiter
+    // its place, and both wait for the server instead of exiting.
+    server.stop().await;
+    line_containing(&mut a_err, "trying again until it answers").await;
+    line_containing(&mut b_err, "trying again until it answers").await;
+
+    // Back at the same address: both campaign again and one leads.
+    let server = Server::start(port).await;
+    let (leader, mut other, mut other_out) = tokio::select! {
+        line = next_line(&mut a_out) => {
+            assert!(fence_of(&line) > first, "{line}");
+            (a, b, b_out)
+        }
+        line = next_line(&mut b_out) => {
+            assert!(fence_of(&line) > first, "{line}");
+            (b, a, a_out)
+        }
+    };
+    // When it goes, the other leads: both really are in the election.
+    signal_pid(pid_of(&leader), libc::SIGTERM);
+    assert_eq!(code(&wait_output(leader).await), 143);
+    let line = next_line(&mut other_out).await;
+    assert!(fence_of(&line) > first, "{line}");
+    signal_pid(pid_of(&other), libc::SIGTERM);
+    let status = tokio::time::timeout(PATIENCE, other.wait())
+        .await
+        .expect("dlock ends in time")
+        .expect("dlock's status");
+    assert_eq!(status.code(), Some(143));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn leader_watch_reconnects_after_a_restart_of_its_server_and_goes_on() {
+    let port = restartable_addr();
+    let server = Server::start(port).await;
+    let addr = port.to_string();
+    let mut w = dlock_at(&addr, &["leader", "--watch", "-k", "svc"])
+        .spawn()
+        .expect("dlock leader runs");
+    let (mut seen, mut said) = (stdout_lines(&mut w), stderr_lines(&mut w));
+    assert_eq!(next_line(&mut seen).await, "no leader");
+
+    server.stop().await;
+    line_containing(&mut said, "reconnecting").await;
+    line_containing(&mut said, "trying again until it answers").await;
+    let server = Server::start(port).await;
+    line_containing(&mut said, "answers again").await;
+
+    // Still no leader: no line for it again; the next is the next change.
+    let holder = client(&addr).await;
+    let guard = holder
+        .lock_with_value("svc", dlock::LockOptions::default(), "web-2")
+        .await
+        .expect("lock");
+    let line = next_line(&mut seen).await;
+    assert!(line.starts_with("leader web-2 fence "), "{line}");
+    signal_pid(pid_of(&w), libc::SIGINT);
+    assert_eq!(code(&wait_output(w).await), 0);
+    drop(guard);
+    server.stop().await;
 }
