@@ -217,8 +217,10 @@ impl Election {
     /// `None`) and changes with every new leader or proclaimed value,
     /// pushed by the server through Watch (one outstanding at a time,
     /// sent again after its limit or an error; against a cluster, also to
-    /// a new leader node). A change and its reversal between two answers
-    /// may be seen as none. The task stops when every receiver is dropped.
+    /// a new leader node). A server that refuses Watch (its
+    /// `--max-watchers` reached, or 0) is read instead, every 5 s at most.
+    /// A change and its reversal between two answers may be seen as none.
+    /// The task stops when every receiver is dropped.
     ///
     /// # Errors
     /// The first read of the leader failed.
@@ -253,8 +255,18 @@ impl Election {
                         }
                         // Doubling up to a bound: a server that keeps
                         // refusing (WatchLimit, no Watch at all) is not
-                        // polled.
+                        // hammered, but read at that pace, so the receiver
+                        // does not keep a state that is long gone.
                         pause.grow();
+                        let read = tokio::select! {
+                            _ = tx.closed() => return,
+                            r = this.leader() => r,
+                        };
+                        if let Ok(now) = read {
+                            if !Leader::same(&tx.borrow(), &now) {
+                                tx.send_replace(now);
+                            }
+                        }
                     }
                 }
             }

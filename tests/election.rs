@@ -27,6 +27,29 @@ fn value_of(l: &Option<Leader>) -> Option<&[u8]> {
     l.as_ref().map(|l| l.value.as_slice())
 }
 
+/// A server that refuses Watch (here, Watch turned off) left an observer
+/// on the state it first read, for ever, without a word: `dlock leader
+/// --watch` printed "no leader" while another led.
+#[tokio::test]
+async fn an_observer_of_a_server_that_refuses_watch_reads_the_state_instead() {
+    let server = TestServer::start(Config {
+        max_watchers: 0,
+        ..Config::default()
+    })
+    .await;
+    let addr = server.addr_string();
+    let (a, o) = (
+        Client::connect(&addr).await.unwrap(),
+        Client::connect(&addr).await.unwrap(),
+    );
+    let mut seen = Election::new(&o, "svc").observe().await.unwrap();
+    assert_eq!(*seen.borrow(), None, "nobody leads yet");
+    let lead = Election::new(&a, "svc").campaign("a").await.unwrap();
+    assert_eq!(value_of(&next(&mut seen).await), Some(&b"a"[..]));
+    lead.resign().await.unwrap();
+    assert_eq!(next(&mut seen).await, None);
+}
+
 #[tokio::test]
 async fn one_leader_at_a_time_and_observers_see_each_change_in_order() {
     let server = TestServer::start(Config::default()).await;
