@@ -11,7 +11,12 @@
 //! exists (its pid, negated for its process group), and [`DONE`] when COMMAND
 //! has ended. The guardian SIGKILLs the
 //! target when the pipe closes without [`DONE`] (dlock died) or when the last
-//! time passes without a newer one (dlock stalled).
+//! time passes without a newer one (dlock stalled). Before it kills, it
+//! writes [`KILLED`] on a second pipe, its stdout, so a dlock that is alive
+//! when COMMAND ends knows why and exits 75, not with COMMAND's 137.
+//!
+//! The `--on-queued` command gets a guardian of its own (`hook.rs`), with no
+//! deadline: only dlock's death makes it kill the hook's process group.
 //!
 //! What remains impossible: a process that left COMMAND's group on purpose
 //! (setsid, setpgid) is beyond reach, and a guardian that is itself killed or
@@ -19,24 +24,32 @@
 
 use crate::guardian_message::{message, parse, DEADLINE, DONE, MESSAGE, TARGET};
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// First argument that makes `dlock` run as a guardian.
+/// First argument that makes `dlock` run as a guardian; the second names
+/// what it guards, for its message.
 pub const ARG: &str = "__dlock_guardian";
 
-/// dlock's end of the pipe to its guardian.
+/// What the guardian writes to dlock just before it kills the target.
+const KILLED: u8 = b'K';
+
+/// dlock's end of the pipes to its guardian.
 pub struct Guardian {
     pipe: std::process::ChildStdin,
+    /// The guardian's stdout: [`KILLED`] arrives on it.
+    back: std::process::ChildStdout,
     /// Not waited for: a stopped guardian must not hold dlock's exit up.
     child: std::process::Child,
 }
 
 impl Guardian {
-    /// Starts a guardian. `None` if it cannot be started: dlock then runs
-    /// without it and says so.
-    pub fn start() -> Option<Guardian> {
+    /// Starts a guardian for `what` ("the command", as its message says
+    /// when it kills). `None` if it cannot be started: dlock then runs
+    /// without it.
+    pub fn start(what: &str) -> Option<Guardian> {
         let exe = if cfg!(target_os = "linux") {
             // The running binary even if it was replaced on disk meanwhile.
             std::path::PathBuf::from("/proc/self/exe")
@@ -45,19 +58,31 @@ impl Guardian {
         };
         let mut cmd = std::process::Command::new(exe);
         cmd.arg(ARG)
+            .arg(what)
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         // Out of the terminal's reach: Ctrl-C or Ctrl-Z must not stop it.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd.spawn().ok()?;
         let pipe = child.stdin.take()?;
+        let back = child.stdout.take()?;
         // A stopped guardian must not stop dlock: once the pipe is full,
-        // updates are dropped instead of blocking (9-byte writes are atomic).
-        if let Ok(flags) = rustix::fs::fcntl_getfl(&pipe) {
-            let _ = rustix::fs::fcntl_setfl(&pipe, flags | rustix::fs::OFlags::NONBLOCK);
+        // updates are dropped instead of blocking (9-byte writes are atomic);
+        // and reading what it said must not wait for it to say anything.
+        for fd in [pipe.as_fd(), back.as_fd()] {
+            if let Ok(flags) = rustix::fs::fcntl_getfl(fd) {
+                let _ = rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK);
+            }
         }
-        Some(Guardian { pipe, child })
+        Some(Guardian { pipe, back, child })
+    }
+
+    /// Whether the guardian has killed its target. Certain once the target
+    /// is seen dead: the guardian says so before it kills.
+    pub fn killed(&mut self) -> bool {
+        let mut said = [0u8; 1];
+        matches!(std::io::Read::read(&mut self.back, &mut said), Ok(1) if said[0] == KILLED)
     }
 
     /// The pipe to the guardian, for COMMAND to name itself as the target
@@ -110,9 +135,17 @@ pub fn run() -> ExitCode {
     let mut pipe = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(0) };
     let why = watch.run(&mut pipe);
     if let (Some(why), Some(target)) = (why, watch.target) {
+        // Said first, so it is there to read when dlock sees the target
+        // dead. Nobody may read it (dlock died): Rust ignores SIGPIPE, and
+        // the error is no reason not to kill.
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(&[KILLED]).and_then(|()| out.flush());
         // A negative target is the command's process group.
         crate::signals::kill(target, libc::SIGKILL);
-        crate::say!("guardian: {why}; killed the command (SIGKILL)");
+        let what = std::env::args()
+            .nth(2)
+            .unwrap_or_else(|| "the command".into());
+        crate::say!("guardian: {why}; killed {what} (SIGKILL)");
     }
     ExitCode::SUCCESS
 }

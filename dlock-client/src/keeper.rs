@@ -51,6 +51,11 @@ impl Keeper {
         self.guardian.as_ref().map(Guardian::fd)
     }
 
+    /// Whether the guardian killed COMMAND (asked once COMMAND has ended).
+    pub fn guardian_killed(&mut self) -> bool {
+        self.guardian.as_mut().is_some_and(Guardian::killed)
+    }
+
     /// Ends the watch: the guardian is told COMMAND has ended, and the lock
     /// is given back for the final release.
     pub fn into_guard(self) -> LockGuard {

@@ -156,7 +156,7 @@ async fn wait_for_lock(
 fn start_keeper(args: &Args, guard: LockGuard) -> Result<Keeper, Failure> {
     let enforce = args.on_lost != OnLost::Ignore;
     // Started before COMMAND, so no moment of COMMAND's life is unguarded.
-    let guardian = Guardian::start();
+    let guardian = Guardian::start("the command");
     if guardian.is_none() {
         say!("warning: cannot start the guardian: if dlock dies, processes the command started are not stopped");
     }
@@ -186,6 +186,8 @@ async fn conclude(
         .status
         .map_err(|e| Failure::new(exit::SOFTWARE, format!("lost track of the command: {e}")))?;
 
+    // Killed by the guardian but not lost: dlock was only too slow to move
+    // the guardian's deadline, and the lock may well still be held.
     if outcome.lost.is_none() {
         release(args, options, guard, acquired).await;
     } else {
@@ -195,7 +197,7 @@ async fn conclude(
     if outcome.max_time_hit {
         return Ok(exit::MAX_TIME);
     }
-    if outcome.lost.is_some() {
+    if outcome.lost.is_some() || outcome.guardian_killed {
         return Ok(exit::LOCK_LOST);
     }
     Ok(exit_code(status))
@@ -264,6 +266,8 @@ struct Outcome {
     status: std::io::Result<std::process::ExitStatus>,
     lost: Option<Lost>,
     max_time_hit: bool,
+    /// The guardian killed COMMAND: its deadline passed before dlock moved it.
+    guardian_killed: bool,
 }
 
 /// Waits for the command while forwarding signals, keeping the lock (and
@@ -348,10 +352,19 @@ async fn supervise(
         say!("lock on {keys} lost while the command ran: {reason}");
         lost = Some(reason);
     }
+    // Or the guardian killed it, its deadline passed before dlock (paused,
+    // or slow to renew) moved it: the lock was given up, as documented for
+    // 75, though the server may not have let it go.
+    drop(guard);
+    let guardian_killed = lost.is_none() && keeper.guardian_killed();
+    if guardian_killed {
+        say!("lock on {keys} given up while the command ran: its guardian killed the command, as dlock had not renewed the deadline in time");
+    }
     Outcome {
         status,
         lost,
         max_time_hit,
+        guardian_killed,
     }
 }
 

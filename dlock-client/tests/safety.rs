@@ -97,6 +97,70 @@ async fn a_paused_dlock_cannot_leave_its_command_running() {
     second.unlock().await.unwrap();
 }
 
+/// The guardian of the dlock `parent`, once it runs.
+async fn guardian_of(parent: i32) -> i32 {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let found = std::fs::read_dir("/proc").ok().and_then(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+                .find(|pid| {
+                    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                    let stat =
+                        std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                    let ppid = stat
+                        .rfind(')')
+                        .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+                        .and_then(|p| p.parse::<i32>().ok());
+                    ppid == Some(parent)
+                        && cmdline.split(|&b| b == 0).any(|a| a == b"__dlock_guardian")
+                })
+        });
+        if let Some(pid) = found {
+            return pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dlock {parent} has no guardian"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A guardian whose deadline passes while dlock is alive and the lock
+/// still held (dlock too slow to move it on, as with a lease of 10ms) kills
+/// COMMAND: dlock exits 75, COMMAND stopped for the lock's sake, not with
+/// COMMAND's 137, and still releases the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_its_guardian_killed_ends_dlock_with_75() {
+    let server = TestServer::start(Config::default()).await;
+    let mut child = dlock_at(&server.addr_string(), &["-k", "gk", "-c", STUBBORN])
+        .spawn()
+        .unwrap();
+    let pid: i32 = lines(&mut child, 1).await[0].parse().unwrap();
+    let guardian = guardian_of(pid_of(&child)).await;
+    // A stale deadline, as a slow dlock leaves it, written on the guardian's
+    // own pipe from dlock (a tag, then CLOCK_MONOTONIC ns big-endian: 1 is
+    // long past).
+    let mut message = [0u8; 9];
+    message[0] = b'D';
+    message[1..].copy_from_slice(&1u64.to_be_bytes());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/{guardian}/fd/0"))
+        .and_then(|mut pipe| std::io::Write::write_all(&mut pipe, &message))
+        .expect("write to the guardian's pipe");
+    let o = wait_output(child).await;
+    assert!(is_dead(pid));
+    assert_eq!(code(&o), 75, "{}", stderr(&o));
+    assert!(stderr(&o).contains("guardian"), "{}", stderr(&o));
+    let c = client(&server.addr_string()).await;
+    assert!(
+        c.inspect(["gk"]).await.unwrap()[0].holders.is_empty(),
+        "released: {}",
+        stderr(&o)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_dlock_kills_the_command_and_its_group() {
     let server = TestServer::start(Config::default()).await;
