@@ -50,42 +50,7 @@ impl Child {
         if own_group {
             cmd.process_group(0);
         }
-        #[cfg(target_os = "linux")]
-        {
-            let parent = rustix::process::getpid().as_raw_nonzero().get();
-            // SAFETY: in the child only prctl and getppid run, both
-            // async-signal-safe, and no memory is touched.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    // dlock died between fork and prctl: the signal will
-                    // never come, so do not start.
-                    if libc::getppid() != parent {
-                        return Err(std::io::Error::other("dlock exited"));
-                    }
-                    Ok(())
-                });
-            }
-        }
-        if let Some(fd) = guardian {
-            // SAFETY: in the child only getpid, signal and write(2) of a
-            // stack buffer run, all async-signal-safe; `fd` is the open pipe
-            // to the guardian, inherited across fork and closed by exec.
-            // A guardian that is gone must not kill COMMAND by SIGPIPE (std
-            // has reset it to the default here): ignored for the write,
-            // restored before exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let msg = crate::guardian_message::target_message(libc::getpid(), own_group);
-                    libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-                    libc::write(fd, msg.as_ptr().cast(), msg.len());
-                    libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-                    Ok(())
-                });
-            }
-        }
+        die_with_dlock(&mut cmd, guardian, own_group);
         let child = cmd.spawn().map_err(|e| {
             let code = match e.kind() {
                 std::io::ErrorKind::NotFound => exit::NOT_FOUND,
@@ -141,6 +106,54 @@ impl Child {
     /// Only if the operating system cannot report the child's status.
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
         self.child.wait().await
+    }
+}
+
+/// Makes `cmd` die with dlock: SIGKILLed when dlock dies
+/// (`PR_SET_PDEATHSIG` on Linux; dlock runs on one thread, so the parent
+/// thread the signal follows lives as long as dlock), and named, between fork
+/// and exec, to the guardian on `guardian` as its target, its process group
+/// with it if `own_group`.
+pub(crate) fn die_with_dlock(
+    cmd: &mut Command,
+    guardian: Option<std::os::fd::RawFd>,
+    own_group: bool,
+) {
+    #[cfg(target_os = "linux")]
+    {
+        let parent = rustix::process::getpid().as_raw_nonzero().get();
+        // SAFETY: in the child only prctl and getppid run, both
+        // async-signal-safe, and no memory is touched.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // dlock died between fork and prctl: the signal will
+                // never come, so do not start.
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::other("dlock exited"));
+                }
+                Ok(())
+            });
+        }
+    }
+    if let Some(fd) = guardian {
+        // SAFETY: in the child only getpid, signal and write(2) of a
+        // stack buffer run, all async-signal-safe; `fd` is the open pipe
+        // to the guardian, inherited across fork and closed by exec.
+        // A guardian that is gone must not kill COMMAND by SIGPIPE (std
+        // has reset it to the default here): ignored for the write,
+        // restored before exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let msg = crate::guardian_message::target_message(libc::getpid(), own_group);
+                libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+                libc::write(fd, msg.as_ptr().cast(), msg.len());
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                Ok(())
+            });
+        }
     }
 }
 

@@ -152,7 +152,8 @@ pub struct Args {
     /// busy; not when the lock is granted at once), then wait for the lock.
     /// CMD runs to its end before the wait, with DLOCK_KEYS and DLOCK_PLACE
     /// (requests ahead of this one) set; the request keeps its place
-    /// meanwhile. A failing CMD is reported, and dlock still waits.
+    /// meanwhile. A failing CMD is reported, and dlock still waits. If dlock
+    /// stops waiting first (-w, a signal), CMD and what it started are killed.
     #[arg(long, value_name = "CMD", conflicts_with = "nonblock")]
     pub on_queued: Option<String>,
 
@@ -162,7 +163,8 @@ pub struct Args {
 
     /// Take the lock as a lease of this length, renewed while the command
     /// runs, so a short network drop of this machine does not lose it.
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse_positive)]
+    /// At least 100ms.
+    #[arg(long, value_name = "DURATION", value_parser = lease)]
     pub lease: Option<Duration>,
 
     /// Keep the lock at least this long from when it was taken, even if the
@@ -276,6 +278,35 @@ pub fn server_address(s: &str) -> Result<String, String> {
     }
 }
 
+/// The shortest `--lease` dlock takes: below it, dlock's own machinery
+/// uses up the lease, not the network. A lease L shorter than 8 s gets a
+/// safety margin of L/4 (`dlock::safety::margin`): dlock renews at L/3 and
+/// gives the lock up as in jeopardy at 3L/4 unless the renewal was
+/// answered, which leaves 5L/12 for dlock, the server and dlock again to
+/// run; and the guardian kills COMMAND at 15L/16 unless dlock, which tells
+/// it the moved deadline every L/8 but never more often than every 10 ms,
+/// has done so by then. At 100ms that is about 40 ms for the renewal (after
+/// dlock started the guardian and COMMAND, if the lease was granted at once)
+/// and 60 ms, six ticks, for the guardian to hear of it. At 20ms the tick
+/// alone outlasts the guardian's 12 ms, and the guardian killed COMMAND
+/// nearly every time. A stall of the whole machine longer than 5L/12 still
+/// loses any lease; that is what the margin and exit 75 are for.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+
+/// Reads `--lease`: a duration of at least [`MIN_LEASE`].
+fn lease(s: &str) -> Result<Duration, String> {
+    let d = duration::parse_positive(s)?;
+    if d < MIN_LEASE {
+        return Err(format!(
+            "{} is too short to be renewed safely: dlock renews a lease at a third of its \
+             length and gives it up a quarter before its end; the minimum is {}",
+            duration::format(d),
+            duration::format(MIN_LEASE)
+        ));
+    }
+    Ok(d)
+}
+
 /// Reaction to a lost lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnLost {
@@ -332,6 +363,17 @@ mod tests {
 
     fn argv(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_lease_too_short_to_renew_is_refused_with_the_minimum() {
+        let e = Args::try_parse_from(["dlock", "--lease", "10ms", "-k", "k", "--", "true"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("too short") && e.contains("100ms"), "{e}");
+        let a =
+            Args::try_parse_from(["dlock", "--lease", "100ms", "-k", "k", "--", "true"]).unwrap();
+        assert_eq!(a.lease, Some(MIN_LEASE));
     }
 
     #[test]

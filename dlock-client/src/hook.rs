@@ -3,31 +3,96 @@
 //!
 //! It runs to its end before COMMAND: the request keeps its place in line
 //! meanwhile, and a grant that comes in between waits for it, so a slow
-//! hook delays COMMAND but never loses the lock. If the request gives up
-//! first (its `-w` runs out), dlock says so at once and the hook is killed.
-//! Its exit status only
+//! hook delays COMMAND but never loses the lock. Its exit status only
 //! gets a line on stderr: a failed notification is no reason to skip the
-//! job. It gets no stdin (COMMAND may need it), shares dlock's stdout and
-//! stderr, and is killed if dlock is interrupted while it runs.
+//! job. It gets no stdin (COMMAND may need it) and shares dlock's stdout and
+//! stderr.
+//!
+//! It runs in a process group of its own, and whenever dlock stops waiting
+//! for it (the request gave up as its `-w` ran out, a signal, any error),
+//! the whole group is SIGKILLed, so a `sh -c 'a; sleep 10'` leaves no
+//! `sleep` behind. SIGKILL, not SIGTERM and a grace: dlock is giving up and
+//! exits at once, and a notification has nothing to clean up that a job
+//! would. If dlock itself is killed, the shell dies with it
+//! (`PR_SET_PDEATHSIG`) and a guardian of its own kills the rest of the
+//! group. What the hook started and left running after it ended is not
+//! killed, as for COMMAND.
 
+use crate::child::die_with_dlock;
+use crate::guardian::Guardian;
+use crate::signals::kill;
 use std::process::Stdio;
 use tokio::process::Command;
 
 /// Runs `sh -c script` with `DLOCK_KEYS` and `DLOCK_PLACE` (requests ahead
-/// of this one) in its environment, and waits for it.
+/// of this one) in its environment, and waits for it. Dropping the future
+/// kills the hook's process group.
 pub async fn on_queued(script: &str, keys: &[String], place: u32) {
-    let mut cmd = Command::new("sh");
-    cmd.arg("-c")
-        .arg(script)
-        .env("DLOCK_KEYS", keys.join(","))
-        .env("DLOCK_PLACE", place.to_string())
-        // The token is dlock's, not the hook's.
-        .env_remove("DLOCK_TOKEN")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    match cmd.status().await {
+    let mut hook = match Hook::spawn(script, keys, place) {
+        Ok(h) => h,
+        Err(e) => {
+            crate::say!("--on-queued command not run: {e}; waiting for the lock anyway");
+            return;
+        }
+    };
+    let status = hook.child.wait().await;
+    // Reaped: its pid, and so its group's id, may be reused from here on.
+    hook.running = false;
+    match status {
         Ok(s) if s.success() => {}
         Ok(s) => crate::say!("--on-queued command failed ({s}); waiting for the lock anyway"),
-        Err(e) => crate::say!("--on-queued command not run: {e}; waiting for the lock anyway"),
+        Err(e) => {
+            crate::say!("lost track of the --on-queued command: {e}; waiting for the lock anyway")
+        }
+    }
+}
+
+/// A running hook, killed with its group when dropped before it ended.
+struct Hook {
+    child: tokio::process::Child,
+    /// Its process group's id (the shell's pid).
+    group: i32,
+    /// Not yet reaped: the group id is still ours to signal.
+    running: bool,
+    /// Kills the group if dlock dies; told it may exit once the hook ended
+    /// or was killed.
+    guardian: Option<Guardian>,
+}
+
+impl Hook {
+    fn spawn(script: &str, keys: &[String], place: u32) -> std::io::Result<Hook> {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(script)
+            .env("DLOCK_KEYS", keys.join(","))
+            .env("DLOCK_PLACE", place.to_string())
+            // The token is dlock's, not the hook's.
+            .env_remove("DLOCK_TOKEN")
+            .stdin(Stdio::null())
+            .process_group(0);
+        // Only when there is something to guard: one more process per hook.
+        let guardian = Guardian::start("the --on-queued command");
+        die_with_dlock(&mut cmd, guardian.as_ref().map(Guardian::fd), true);
+        let child = cmd.spawn()?;
+        // Only a reaped child has no id, and this one is not waited for yet.
+        let group = child.id().and_then(|p| i32::try_from(p).ok());
+        Ok(Hook {
+            child,
+            group: group.unwrap_or(0),
+            running: group.is_some(),
+            guardian,
+        })
+    }
+}
+
+impl Drop for Hook {
+    fn drop(&mut self) {
+        if self.running {
+            // The shell is unreaped, so the group id is still this group's.
+            kill(-self.group, libc::SIGKILL);
+        }
+        if let Some(g) = self.guardian.take() {
+            g.done();
+        }
     }
 }

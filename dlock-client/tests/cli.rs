@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{code, stderr, stdout, wait_output, PATIENCE};
+use common::{await_all_dead, code, lines, stderr, stdout, wait_output, PATIENCE};
 use dlock::{Client, LockOptions};
 use dlock_server::testing::TestServer;
 use dlock_server::Config;
@@ -721,6 +721,127 @@ async fn on_queued_does_not_hold_a_wait_past_its_limit() {
     assert_eq!(code(&out), 1, "busy: {}", stderr(&out));
     assert!(stderr(&out).contains("lock busy: oq-w"), "{}", stderr(&out));
     assert_eq!(stdout(&out), "", "no command");
+}
+
+/// dlock waiting on `key` (held by someone else) with `extra` flags and a
+/// hook that starts a background `sleep` and waits for it: dlock, and the
+/// pids of the `sleep` and of the hook's shell, once the hook runs.
+async fn queued_with_hook(server: &TestServer, extra: &[&str], key: &str) -> (Child, Vec<i32>) {
+    let mut args = extra.to_vec();
+    args.extend([
+        "--on-queued",
+        "sleep 600 & echo $!; echo $$; wait",
+        "-k",
+        key,
+        "--",
+        "echo",
+        "cmd",
+    ]);
+    let mut child = dlock(server, &args).spawn().expect("spawn dlock");
+    let pids = lines(&mut child, 2)
+        .await
+        .iter()
+        .map(|l| l.parse().expect("a pid"))
+        .collect();
+    (child, pids)
+}
+
+/// Killing the hook's shell alone left what it started running, reparented
+/// to init: the hook's whole process group goes when the wait runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_queued_hook_and_what_it_started_are_killed_when_the_wait_runs_out() {
+    let server = TestServer::start(Config::default()).await;
+    let c = client(&server).await;
+    let _holder = c.lock(["oq-g"], LockOptions::new()).await.unwrap();
+    let (child, pids) = queued_with_hook(&server, &["-w", "1500ms"], "oq-g").await;
+    let out = wait_output(child).await;
+    assert_eq!(code(&out), 1, "busy: {}", stderr(&out));
+    await_all_dead(&pids).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_queued_hook_and_what_it_started_are_killed_when_dlock_is_interrupted() {
+    let server = TestServer::start(Config::default()).await;
+    let c = client(&server).await;
+    let _holder = c.lock(["oq-i"], LockOptions::new()).await.unwrap();
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        let (child, pids) = queued_with_hook(&server, &[], "oq-i").await;
+        signal(&child, sig);
+        let out = wait_output(child).await;
+        assert_eq!(code(&out), 128 + sig, "{}", stderr(&out));
+        await_all_dead(&pids).await;
+    }
+}
+
+/// dlock SIGKILLed cannot clean up: the hook's shell dies with it
+/// (PR_SET_PDEATHSIG), the rest of its group by the hook's guardian.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_queued_hook_and_what_it_started_are_killed_when_dlock_is_killed() {
+    let server = TestServer::start(Config::default()).await;
+    let c = client(&server).await;
+    let _holder = c.lock(["oq-k"], LockOptions::new()).await.unwrap();
+    let (mut child, pids) = queued_with_hook(&server, &[], "oq-k").await;
+    signal(&child, libc::SIGKILL);
+    let _ = child.wait().await;
+    await_all_dead(&pids).await;
+}
+
+/// The README: COMMAND starts once both the grant and the hook are done; a
+/// grant while the hook runs does not kill it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_while_the_hook_runs_waits_for_the_hook() {
+    let server = TestServer::start(Config::default()).await;
+    let c = client(&server).await;
+    let holder = c.lock(["oq-h"], LockOptions::new()).await.unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let go = dir.path().join("go");
+    let mut child = dlock(
+        &server,
+        &[
+            "--on-queued",
+            "echo hook; until [ -e \"$GO\" ]; do sleep 0.01; done; echo hook done",
+            "-k",
+            "oq-h",
+            "--",
+            "echo",
+            "cmd",
+        ],
+    )
+    .env("GO", &go)
+    .spawn()
+    .expect("spawn dlock");
+    assert_eq!(await_line(&mut child, "hook").await, "hook\n");
+    holder.unlock().await.unwrap();
+    // Granted to dlock, whose hook still runs.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let info = c.inspect(["oq-h"]).await.unwrap().remove(0);
+        if !info.holders.is_empty() && info.waiters == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never granted to dlock");
+        tokio::task::yield_now().await;
+    }
+    std::fs::write(&go, "").expect("write go");
+    let out = wait_output(child).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "hook done\ncmd\n");
+}
+
+/// Below the minimum the lease was lost to scheduling, the guardian
+/// killing COMMAND (137) or dlock finding it in jeopardy (75), run after run.
+#[tokio::test]
+async fn a_lease_too_short_to_renew_is_refused_with_the_minimum() {
+    let server = TestServer::start(Config::default()).await;
+    let out = run(&server, &["--lease", "10ms", "-k", "short", "--", "true"]).await;
+    assert_eq!(code(&out), 64, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("minimum is 100ms"),
+        "{}",
+        stderr(&out)
+    );
+    let c = client(&server).await;
+    assert!(c.inspect(["short"]).await.unwrap()[0].holders.is_empty());
 }
 
 #[tokio::test]
