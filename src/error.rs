@@ -19,7 +19,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The TCP connection was not made within the connect timeout.
-    #[error("cannot connect to {addr}: no answer within {timeout:?}")]
+    #[error("cannot connect to {addr}: no answer within {:.1}s", .timeout.as_secs_f64())]
     ConnectTimeout {
         /// The address tried.
         addr: String,

@@ -191,9 +191,11 @@ pub async fn run(args: ClusterArgs) -> Result<(), Failure> {
             Ok(ResponseStatus::AccessDenied) => {
                 return Err(Failure::new(exit::NO_PERMISSION, refusal(&server, &r)));
             }
+            // Asking a single server about a cluster: the user's mistake
+            // of address or command, not a server that cannot be reached.
             Ok(ResponseStatus::InvalidType) => {
                 return Err(Failure::new(
-                    exit::UNAVAILABLE,
+                    exit::USAGE,
                     // The server's text says it already ("this server is
                     // not a cluster node (...)"); an older one may send none.
                     if r.error_text.is_empty() {

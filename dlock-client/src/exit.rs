@@ -161,7 +161,7 @@ fn failure_of(e: dlock::Error, server: &str) -> Failure {
         }
         Error::ConnectTimeout { timeout, .. } => Failure::new(
             UNAVAILABLE,
-            format!("cannot connect to {server}: no answer within {timeout:?} (check the address and the network)"),
+            format!("cannot connect to {server}: no answer within {:.1}s (check the address and the network)", timeout.as_secs_f64()),
         ),
         ref e @ Error::Unreachable { ref attempts } => {
             // Nodes that answered without knowing a leader run: asking

@@ -122,7 +122,8 @@ async fn status_shows_the_members_and_bad_requests_say_why() {
 async fn a_plain_server_is_not_a_cluster() {
     let server = TestServer::start(Config::default()).await;
     let o = run_at(&server.addr_string(), &["cluster", "status"]).await;
-    assert_eq!(code(&o), 69);
+    // The server answered: a usage error, not one that cannot be reached.
+    assert_eq!(code(&o), 64);
     let err = stderr(&o);
     // Said once, with what makes a node one.
     assert_eq!(err.matches("not a cluster node").count(), 1, "{err}");
