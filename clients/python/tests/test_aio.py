@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
 
+import dlock
 import dlock.aio
 from dlock import ConnectionLost, LockLost, NotHeld, Timeout
 from conftest import run
@@ -355,6 +357,28 @@ def test_a_list_of_servers_none_of_which_answers_names_each_and_why(monkeypatch)
     assert [addr for addr, _ in e.value.attempts] == ["127.0.0.1:1", "127.0.0.1:2"]
     assert all("refused" in why.lower() for _, why in e.value.attempts), e.value.attempts
     assert "127.0.0.1:1: " in str(e.value) and "127.0.0.1:2: " in str(e.value)
+
+
+def test_a_list_that_leads_to_a_single_server_is_refused(start_server):
+    # Two single servers share no locks: given as a list, the client moved
+    # to the second when the first was down and locked there, beside a
+    # holder of the same key on the first. A list must name one cluster's
+    # nodes (src/dial.rs of the Rust client does the same).
+    first, second = start_server(), start_server()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        down = "127.0.0.1:%d" % s.getsockname()[1]  # bound, not listening: refused
+        for servers in ([down, second.addr], f"{first.addr},{second.addr}"):
+            with pytest.raises(dlock.NotOneCluster) as e:
+                run(dlock.aio.connect(servers))
+            assert e.value.addr in (first.addr, second.addr)
+            text = str(e.value)
+            assert f"{e.value.addr} is a single server" in text and "alone" in text, text
+            with pytest.raises(dlock.NotOneCluster):
+                dlock.Client(servers)
+    # One address is a single server's, as always.
+    with dlock.Client(second.addr) as alone:
+        assert alone.ping() >= 0
 
 
 def test_a_malformed_server_in_a_list_is_named(monkeypatch):

@@ -191,7 +191,8 @@ def connect(
 
     Raises `ConnectError` if no server answers in time (given several, it
     names each address and why it failed), `AccessDenied` if the server
-    refuses the token, `ValueError` for a malformed address.
+    refuses the token, `NotOneCluster` if one of several addresses is a
+    single server's, `ValueError` for a malformed address.
     """
 
     async def close(client: Client, failed: bool) -> None:

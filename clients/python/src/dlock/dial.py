@@ -30,6 +30,7 @@ from .errors import (
     ConnectError,
     ConnectionLost,
     DlockError,
+    NotOneCluster,
     ProtocolError,
     Status,
     TLSError,
@@ -305,7 +306,8 @@ async def establish(
 
     Raises `ConnectError` naming every address tried and why it failed (with
     one address: that attempt's own error, `AccessDenied` or `ServerError`
-    included), `AccessDenied`, or `SessionEnded`.
+    included), `AccessDenied`, `NotOneCluster` (one of several servers is a
+    single server), or `SessionEnded`.
     """
     loop = asyncio.get_running_loop()
     attempts: List[Tuple[str, str, BaseException]] = []
@@ -445,6 +447,13 @@ async def _try_node(dial: Dial, addr: str, session: int, stage: List[str]) -> Es
             kind = "fatal" if isinstance(err, AccessDenied) else "failed"
             raise _NodeError(kind, str(err), err)
         if not limits.resumable_sessions:
+            # Several addresses must be one cluster's nodes: a single server
+            # among them shares no locks with the rest, and a client that
+            # fell back to it from a node that is down would lock beside a
+            # holder of the same key there. (Resuming, it is just a node
+            # that cannot serve, below.)
+            if not session and len(dial.addrs) > 1:
+                raise _NodeError("fatal", f"{addr} is a single server", NotOneCluster(addr))
             if session:
                 raise _NodeError("failed", "not a cluster node: it cannot resume a session", answered=True)
             return Established(stream, addr, limits, 0, limits.session_timeout, hello_sent)

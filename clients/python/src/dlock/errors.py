@@ -102,6 +102,23 @@ class TLSError(ConnectError):
         self.detail = detail
 
 
+class NotOneCluster(DlockError):
+    """Several servers were given, and the one that answered is a single
+    server, not a node of a cluster (its Hello limits do not say
+    `resumable_sessions`). A list must name one cluster's nodes: single
+    servers share no locks, so a client that moved on to the next when the
+    first was down would lock beside a holder of the same key on the first.
+    Raised at once, without trying the other servers; `addr` is the single
+    server's address. (The Rust client's `Error::NotOneCluster`.)"""
+
+    def __init__(self, addr: str) -> None:
+        super().__init__(
+            f"{addr} is a single server, not a cluster node: several addresses must be the nodes of one cluster, "
+            "since single servers share no locks (give this server's address alone)"
+        )
+        self.addr = addr
+
+
 class ConnectionLost(DlockError):
     """The connection ended; locks held without a lease were released by the server."""
 

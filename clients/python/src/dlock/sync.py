@@ -46,7 +46,7 @@ class Client:
     comma-separated; else 127.0.0.1:7436) with the token DLOCK_TOKEN; the
     arguments are those of `dlock.aio.connect` (`server` may be a list).
     `on_event` is called on the client's own thread. Raises `ConnectError`,
-    `AccessDenied` or `ValueError` like it. Use as a context manager, or call
+    `AccessDenied`, `NotOneCluster` or `ValueError` like it. Use as a context manager, or call
     `close()`.
     """
 
