@@ -159,7 +159,9 @@ func (cl *claim) release() {
 // session there.
 //
 // The error is a *ConnectError naming each address tried and why it
-// failed; errors.Is(err, ErrAccessDenied) for a refused token.
+// failed; errors.Is(err, ErrAccessDenied) for a refused token. Given
+// several servers, one that is a single server is a *NotOneClusterError
+// (ErrNotOneCluster): a list must name one cluster's nodes.
 func Connect(ctx context.Context, servers string, opts *Options) (*Client, error) {
 	var o Options
 	if opts != nil {

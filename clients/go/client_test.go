@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -397,5 +398,37 @@ func TestConnectErrorsNameTheAddress(t *testing.T) {
 	var ce *ConnectError
 	if !errors.As(err, &ce) || ce.Attempts[0].Addr != addr || !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("connect to nothing: %v", err)
+	}
+}
+
+// Two single servers share no locks: given as a list, the client moved to
+// the second when the first was down and locked there, beside a holder of
+// the same key on the first. A list must name one cluster's nodes (as the
+// Rust client's src/dial.rs has it).
+func TestAListThatLeadsToASingleServerIsRefused(t *testing.T) {
+	first, second := startServer(t, ""), startServer(t, "")
+	ln := reservePort(t)
+	down := ln.Addr().String()
+	_ = ln.Close()
+	for _, list := range []string{down + "," + second.Addr, first.Addr + "," + second.Addr} {
+		c, err := Connect(testCtx(t), list, &Options{ConnectTimeout: 5 * time.Second})
+		if err == nil {
+			_ = c.Close()
+		}
+		var nc *NotOneClusterError
+		if !errors.As(err, &nc) || !errors.Is(err, ErrNotOneCluster) {
+			t.Fatalf("%s: want a NotOneClusterError, got %v", list, err)
+		}
+		if want := "dlock: " + nc.Addr + " is a single server"; !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "alone") {
+			t.Fatalf("%s: %v", list, err)
+		}
+		if nc.Addr != first.Addr && nc.Addr != second.Addr {
+			t.Fatalf("%s: names %s", list, nc.Addr)
+		}
+	}
+	// One address is a single server's, as always.
+	alone := connect(t, second.Addr, nil)
+	if _, err := alone.Ping(testCtx(t)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -420,6 +420,14 @@ func (d *dialer) tryNode(ctx context.Context, addr string, session uint64, limit
 		return nil, &nodeError{err: e, fatal: resp.Status == pb.ResponseStatus_AccessDenied}
 	}
 	if !limits.ResumableSessions {
+		// Several addresses must be one cluster's nodes: a single server
+		// among them shares no locks with the rest, and a client that fell
+		// back to it from a node that is down would lock beside a holder of
+		// the same key there. (Resuming, it is just a node that cannot
+		// serve, below.)
+		if session == 0 && len(d.addrs) > 1 {
+			return nil, &nodeError{err: &NotOneClusterError{Addr: addr}, fatal: true}
+		}
 		if session != 0 {
 			return nil, &nodeError{err: fmt.Errorf("%s is not a cluster node: it cannot resume a session", addr), answered: true}
 		}

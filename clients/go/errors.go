@@ -34,6 +34,9 @@ var (
 	// ErrTLSMismatch: the client's TLS setup does not fit the server's
 	// (see TLSError).
 	ErrTLSMismatch = errors.New("dlock: TLS setup does not match the server's")
+	// ErrNotOneCluster: several servers were given and one is a single
+	// server, not a cluster node (see NotOneClusterError).
+	ErrNotOneCluster = errors.New("dlock: several servers that are not one cluster")
 )
 
 // ServerError is a request the server refused: its status, its explanation
@@ -314,3 +317,22 @@ func (e *TLSError) Is(target error) bool {
 
 // Unwrap gives what the handshake found.
 func (e *TLSError) Unwrap() error { return e.Err }
+
+// NotOneClusterError is a connect given several servers whose node that
+// answered is a single server, not a node of a cluster (its Hello limits do
+// not say ResumableSessions). A list must name one cluster's nodes: single
+// servers share no locks, so a client that moved on to the next when the
+// first was down would lock beside a holder of the same key on the first.
+// Connect returns it at once, without trying the other servers. It matches
+// ErrNotOneCluster; the Rust client's Error::NotOneCluster.
+type NotOneClusterError struct {
+	// Addr is the single server's address.
+	Addr string
+}
+
+func (e *NotOneClusterError) Error() string {
+	return fmt.Sprintf("dlock: %s is a single server, not a cluster node: several addresses must be the nodes of one cluster, since single servers share no locks (give this server's address alone)", e.Addr)
+}
+
+// Is makes errors.Is(err, ErrNotOneCluster) work.
+func (e *NotOneClusterError) Is(target error) bool { return target == ErrNotOneCluster }
