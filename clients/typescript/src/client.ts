@@ -132,7 +132,8 @@ function busy(e: unknown): unknown {
  *
  * Throws a ConnectError naming each address tried and why it failed (with
  * one server, a refusal's own ServerError: AccessDeniedError for a refused
- * token, LimitReachedError).
+ * token, LimitReachedError), or a NotOneClusterError when one of several
+ * servers is a single server.
  */
 export async function connect(servers?: string | string[], opts: ConnectOptions = {}): Promise<Client> {
   const addrs = serverList(servers);

@@ -14,6 +14,7 @@ import {
   ConnectError,
   ConnectionLostError,
   DlockError,
+  NotOneClusterError,
   ServerError,
   TlsError,
   errorOf,
@@ -345,6 +346,14 @@ export class Dialer {
         return { error: e, fatal: e instanceof AccessDeniedError };
       }
       if (!limits.resumableSessions) {
+        // Several addresses must be one cluster's nodes: a single server
+        // among them shares no locks with the rest, and a client that fell
+        // back to it from a node that is down would lock beside a holder of
+        // the same key there. (Resuming, it is just a node that cannot
+        // serve, below.)
+        if (session === 0n && this.addrs.length > 1) {
+          return { error: new NotOneClusterError(addr), fatal: true };
+        }
         if (session !== 0n) {
           return { error: new Error(`${addr} is not a cluster node: it cannot resume a session`), answered: true };
         }

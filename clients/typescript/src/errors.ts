@@ -6,8 +6,9 @@
 // status, the server's error_text, which names the key, limit or option at
 // fault, and the keys the answer lists. A broken connection (on a cluster: a
 // session that ended) is a ConnectionLostError, a connect that found no
-// server a ConnectError naming every address tried, a lock that can no
-// longer be assumed held a LockLostError.
+// server a ConnectError naming every address tried, a list of servers that
+// is no cluster a NotOneClusterError, a lock that can no longer be assumed
+// held a LockLostError.
 
 import { RequestType, ResponseStatus } from "./gen/dlock_pb.js";
 import type { Response } from "./gen/dlock_pb.js";
@@ -208,6 +209,26 @@ export class TlsError extends ConnectError {
     this.problem = problem;
     this.addr = addr;
     this.detail = detail;
+  }
+}
+
+/**
+ * Several servers were given, and the one that answered is a single
+ * server, not a node of a cluster (its Hello limits do not say
+ * resumableSessions). A list must name one cluster's nodes: single servers
+ * share no locks, so a client that moved on to the next when the first was
+ * down would lock beside a holder of the same key on the first. Thrown at
+ * once, without trying the other servers. The Rust client's
+ * Error::NotOneCluster, in its words.
+ */
+export class NotOneClusterError extends DlockError {
+  /** The single server's address. */
+  readonly addr: string;
+  constructor(addr: string) {
+    super(
+      `dlock: ${addr} is a single server, not a cluster node: several addresses must be the nodes of one cluster, since single servers share no locks (give this server's address alone)`,
+    );
+    this.addr = addr;
   }
 }
 

@@ -6,6 +6,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
+import * as net from "node:net";
 import {
   AcquireTimeoutError,
   BusyError,
@@ -15,6 +16,7 @@ import {
   FrameTooLargeError,
   LockLostError,
   NotHeldError,
+  NotOneClusterError,
   connect,
   serverList,
 } from "../src/index.js";
@@ -278,4 +280,30 @@ test("DLOCK_TOKEN is sent when no token is given", async (t) => {
   }
   t.after(() => c.close());
   await (await c.lock("t")).unlock();
+});
+
+test("a list that leads to a single server is refused", async (t) => {
+  // Two single servers share no locks: given as a list, the client moved to the second when the first
+  // was down and locked there, beside a holder of the same key on the first. A list must name one
+  // cluster's nodes (as the Rust client's src/dial.rs has it).
+  const first = await Server.start(t);
+  const second = await Server.start(t);
+  const gone = net.createServer();
+  await new Promise<void>((resolve) => gone.listen(0, "127.0.0.1", () => resolve()));
+  const down = `127.0.0.1:${(gone.address() as net.AddressInfo).port}`;
+  await new Promise<void>((resolve) => gone.close(() => resolve()));
+  for (const list of [[down, second.addr], `${first.addr},${second.addr}`]) {
+    await assert.rejects(
+      connect(list, { connectTimeout: 5000 }),
+      (e: unknown) => {
+        assert.ok(e instanceof NotOneClusterError && e instanceof DlockError, `${list}: ${String(e)}`);
+        assert.ok([first.addr, second.addr].includes(e.addr), e.message);
+        assert.ok(e.message.startsWith(`dlock: ${e.addr} is a single server`) && e.message.includes("alone"), e.message);
+        return true;
+      },
+    );
+  }
+  // One address is a single server's, as always.
+  const alone = await client(t, second.addr);
+  await alone.ping();
 });
