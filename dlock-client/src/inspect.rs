@@ -129,6 +129,17 @@ fn key_states(infos: &[KeyState]) -> Value {
         .collect()
 }
 
+/// A lease's time left: tenths of a second under a minute, where they
+/// matter, whole seconds in the largest units above ("2h 5m 3s", not
+/// "7503.0s").
+fn lease_left(left: std::time::Duration) -> String {
+    if left < std::time::Duration::from_secs(60) {
+        format!("{:.1}s", left.as_secs_f64())
+    } else {
+        humantime::format_duration(std::time::Duration::from_secs(left.as_secs())).to_string()
+    }
+}
+
 /// One row: the holder's address, fence, lease and value, if held. A value
 /// is shown as text when it is printable UTF-8, else in hex.
 fn row(key: String, state: String, holder: Option<&Holder>, waiters: String) -> [String; 7] {
@@ -139,9 +150,7 @@ fn row(key: String, state: String, holder: Option<&Holder>, waiters: String) -> 
     let addr = h
         .holder_addr
         .map_or_else(|| "(disconnected)".to_string(), |a| a.to_string());
-    let lease = h
-        .lease_remaining
-        .map_or_else(none, |l| format!("{:.1}s", l.as_secs_f64()));
+    let lease = h.lease_remaining.map_or_else(none, lease_left);
     let value = match h.value.as_slice() {
         [] => none(),
         v => crate::leader::printable(v),
@@ -249,6 +258,15 @@ mod tests {
             .iter()
             .skip(1)
             .all(|l| l.starts_with("\"pool\"") && l.contains("2.5s")));
+    }
+
+    #[test]
+    fn a_long_lease_is_shown_in_large_units() {
+        use std::time::Duration;
+        assert_eq!(lease_left(Duration::from_millis(2_540)), "2.5s");
+        assert_eq!(lease_left(Duration::from_secs(7_200)), "2h");
+        assert_eq!(lease_left(Duration::from_millis(7_503_900)), "2h 5m 3s");
+        assert_eq!(lease_left(Duration::from_secs(2_592_000)), "30days");
     }
 
     #[test]
