@@ -197,14 +197,17 @@ pub fn validate_keys(config: &Config, keys: &[String]) -> Result<(), Refusal> {
     if let Some(i) = keys.iter().position(|k| k.is_empty()) {
         return Err(Refusal::new(
             ResponseStatus::InvalidKey,
-            format!("key #{i} is empty"),
+            // Counted from 1, as a person counts the keys they gave.
+            format!("key {} of {} is empty", i + 1, keys.len()),
         ));
     }
     if let Some(i) = keys.iter().position(|k| k.len() > config.max_key_len) {
         return Err(Refusal::new(
             ResponseStatus::InvalidKey,
             format!(
-                "key #{i} is {} bytes long; the limit is {}",
+                "key {} of {} is {} bytes long; the limit is {}",
+                i + 1,
+                keys.len(),
                 keys[i].len(),
                 config.max_key_len
             ),
