@@ -103,7 +103,18 @@ fn restore(config: &Config) -> std::process::ExitCode {
 }
 
 fn serve(config: Config) -> anyhow::Result<()> {
-    let runtime = match config.threads {
+    let runtime = exit_if_threads_fail(config.threads, || build_runtime(&config))
+        .context("cannot start the runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        dlock_server::run(listener, config, shutdown_signal()).await
+    })
+}
+
+fn build_runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
+    match config.threads {
         1 => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
@@ -119,13 +130,56 @@ fn serve(config: Config) -> anyhow::Result<()> {
             .enable_all()
             .build(),
     }
-    .context("cannot start the runtime")?;
-    runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", config.listen))?;
-        dlock_server::run(listener, config, shutdown_signal()).await
-    })
+}
+
+/// Runs `build` (the runtime's construction) with a panic on this thread
+/// turned into one line naming the cause and an immediate exit 1.
+///
+/// tokio's `Builder::build` returns an error for what it checks, but it
+/// starts the worker threads through its blocking pool, which panics
+/// ("OS can't spawn worker thread") when the OS refuses one: a thread or
+/// memory limit (ulimit -u, ulimit -v, systemd's TasksMax) below
+/// `--threads`. Catching that panic does not help: unwinding out of
+/// `build` drops the half-built runtime's blocking pool, which waits for
+/// the workers already started, and they wait for a shutdown that no
+/// runtime will ever send, so the process hangs, not listening, and a
+/// supervisor's restart-on-failure never fires. A panic hook runs before
+/// any unwinding, so exiting from it is the one prompt way out. It is
+/// scoped to this thread and to the construction: later, a panic in a task
+/// is tokio's to isolate (on this thread too, with `--threads 1`), and a
+/// worker thread that panics aborts the process by itself.
+fn exit_if_threads_fail<T>(threads: usize, build: impl FnOnce() -> T) -> T {
+    let builder = std::thread::current().id();
+    let previous = std::sync::Arc::new(std::panic::take_hook());
+    {
+        let previous = previous.clone();
+        std::panic::set_hook(Box::new(move |info| {
+            if std::thread::current().id() != builder {
+                return previous(info);
+            }
+            let p = info.payload();
+            let why = p
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            let asked = if threads == 0 {
+                "worker threads".to_owned()
+            } else {
+                format!("{threads} worker threads (--threads {threads})")
+            };
+            eprintln!(
+                "dlock-server: cannot start the runtime's {asked}: {why}. Give fewer \
+                 --threads, or raise the limits on threads and memory (ulimit -u, ulimit -v, \
+                 systemd's TasksMax and MemoryMax)"
+            );
+            std::process::exit(1);
+        }));
+    }
+    let built = build();
+    drop(std::panic::take_hook());
+    std::panic::set_hook(Box::new(move |info| previous(info)));
+    built
 }
 
 /// Worker threads for the client connections of a node with a data

@@ -274,14 +274,31 @@ fn refused_at_start(args: &[&std::ffi::OsStr]) -> String {
 
 /// [`refused_at_start`] with exit status `code`.
 fn exits_at_start(args: &[&std::ffi::OsStr], code: i32) -> String {
+    exits_at_start_within(args, code, None)
+}
+
+/// [`exits_at_start`] with the server's address space limited to
+/// `address_space` bytes (RLIMIT_AS, soft and hard), when given.
+fn exits_at_start_within(
+    args: &[&std::ffi::OsStr],
+    code: i32,
+    address_space: Option<u64>,
+) -> String {
     use std::io::Read;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
-        .args(["--listen", "127.0.0.1:0"])
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock-server"));
+    cmd.args(["--listen", "127.0.0.1:0"])
         .args(args)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run dlock-server");
+        .stderr(std::process::Stdio::piped());
+    if let Some(bytes) = address_space {
+        // SAFETY: rlimit::setrlimit is one setrlimit(2) call, which is
+        // async-signal-safe; it allocates nothing, also on error.
+        unsafe {
+            cmd.pre_exec(move || rlimit::setrlimit(rlimit::Resource::AS, bytes, bytes));
+        }
+    }
+    let mut child = cmd.spawn().expect("run dlock-server");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait for dlock-server") {
@@ -300,6 +317,27 @@ fn exits_at_start(args: &[&std::ffi::OsStr], code: i32) -> String {
     }
     assert_eq!(status.code(), Some(code), "{stderr}");
     stderr
+}
+
+/// Under systemd, `Restart=on-failure` restarts a server that exits, never
+/// one that hangs: a server whose worker threads the OS refuses (here an
+/// address space of 400 MB, too small for 1024 thread stacks of 2 MiB)
+/// says so in one line and exits 1, rather than panic and then wait for
+/// ever, not listening.
+#[test]
+fn a_server_that_cannot_start_its_threads_says_so_and_exits() {
+    let stderr = exits_at_start_within(
+        &["--threads".as_ref(), "1024".as_ref()],
+        1,
+        Some(400_000 * 1024),
+    );
+    assert!(
+        stderr.contains("OS can't spawn worker thread")
+            && stderr.contains("--threads 1024")
+            && stderr.contains("fewer --threads")
+            && !stderr.contains("panicked"),
+        "{stderr}"
+    );
 }
 
 #[test]
