@@ -115,6 +115,20 @@ async fn status_shows_the_members_and_bad_requests_say_why() {
     );
     let o = run_at(&addr, &["cluster", "add", "2"]).await;
     assert_eq!(code(&o), 64, "missing addresses are a usage error");
+    // Started without --peer-listen, its peer port is the kernel's choice,
+    // another at every restart: no node is added to it until it has one.
+    let o = run_at(
+        &addr,
+        &["cluster", "add", "2", "127.0.0.1:1", "127.0.0.1:2"],
+    )
+    .await;
+    assert_eq!(code(&o), 69, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("started without --peer-listen")
+            && stderr(&o).contains("Restart node 1 with --peer-listen ADDR"),
+        "{}",
+        stderr(&o)
+    );
     server.stop().await.expect("clean stop");
 }
 

@@ -319,6 +319,27 @@ fn exits_at_start_within(
     stderr
 }
 
+/// A node that joins a running cluster is dialled at the peer address its
+/// add names: one the kernel chose (no --peer-listen) would change at its
+/// next start.
+#[test]
+fn a_node_that_joins_needs_a_peer_listen() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("node2");
+    let stderr = refused_at_start(&[
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+        "--node-id".as_ref(),
+        "2".as_ref(),
+        "--initial-cluster-state".as_ref(),
+        "existing".as_ref(),
+    ]);
+    assert!(
+        stderr.contains("needs --peer-listen") && stderr.contains("--initial-cluster-state"),
+        "{stderr}"
+    );
+}
+
 /// Under systemd, `Restart=on-failure` restarts a server that exits, never
 /// one that hangs: a server whose worker threads the OS refuses (here an
 /// address space of 400 MB, too small for 1024 thread stacks of 2 MiB)

@@ -787,6 +787,80 @@ async fn a_node_added_where_nothing_answers_is_not_made_a_voter() {
     must_lock(&mut a, "served", s, Duration::ZERO).await;
 }
 
+/// Node `id`'s peer address in `c`'s node's ClusterStatus.
+async fn recorded_peer(c: &mut TestClient, id: u64) -> Option<String> {
+    let r = call(c, RequestType::ClusterStatus, &[], 0).await;
+    let info = r.cluster.expect("a status");
+    info.members
+        .into_iter()
+        .find(|m| m.node_id == id)
+        .map(|m| m.peer_addr)
+}
+
+/// A durable single server started without --peer-listen listens for
+/// peers on a port the kernel chose, another at every start: a node added
+/// to it dialled the old port after its restart, and the restarted node
+/// stood for election for ever, unheard. The add is refused, saying to
+/// restart it with --peer-listen; restarted so, it records that address,
+/// the add goes through, and the cluster survives the first node's
+/// restart. Started without --peer-listen again, it refuses to start and
+/// names the port to give.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_server_on_a_kernel_chosen_peer_port_is_grown_only_once_it_has_a_fixed_one() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let flags = ["--heartbeat", "100ms", "--election-timeout", "1s"];
+    let mut nodes = NodeProcesses::prepare(env!("CARGO_BIN_EXE_dlock-server"), 1, &flags);
+    nodes.single_server(0, false);
+    nodes.start_all();
+    let second = nodes.add_joiner();
+    nodes.restart(second);
+    let mut cluster = Cluster { nodes };
+    let first_id = cluster.nodes.id(0);
+    assert_eq!(cluster.leader(Some(second)).await, 0);
+    let mut a = cluster.conn(0).await;
+    let kernels = recorded_peer(&mut a, first_id).await.expect("node 1");
+    let r = about_node(&mut a, RequestType::ClusterAdd, &cluster, second).await;
+    assert_eq!(status(&r), ResponseStatus::Unavailable, "{r:?}");
+    assert!(
+        r.error_text.contains("started without --peer-listen")
+            && r.error_text.contains(&kernels)
+            && r.error_text.contains("Restart node 1 with --peer-listen"),
+        "{r:?}"
+    );
+    let r = call(&mut a, RequestType::ClusterStatus, &[], 0).await;
+    assert_eq!(r.cluster.expect("a status").members.len(), 1, "added");
+
+    cluster.kill(0);
+    cluster.nodes.single_server(0, true);
+    cluster.start(0);
+    let fixed = cluster.nodes.peer_addr(0).to_string();
+    let mut a = cluster.conn(0).await;
+    let deadline = Instant::now() + PATIENCE;
+    while recorded_peer(&mut a, first_id).await.as_deref() != Some(fixed.as_str()) {
+        assert!(
+            Instant::now() < deadline,
+            "node 1 never recorded its peer address {fixed}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = about_node(&mut a, RequestType::ClusterAdd, &cluster, second).await;
+    assert_eq!(status(&r), ResponseStatus::Ok, "{r:?}");
+
+    // Reached at its recorded port after a restart: the two elect a leader
+    // that serves.
+    cluster.kill(0);
+    cluster.start(0);
+    let l = cluster.leader(None).await;
+    let mut c = cluster.conn(l).await;
+    let s = open(&mut c).await;
+    must_lock(&mut c, "k", s, Duration::ZERO).await;
+
+    cluster.kill(0);
+    cluster.nodes.single_server(0, false);
+    let why = cluster.nodes.try_restart(0).expect_err("refused to start");
+    assert!(why.contains(&format!("--peer-listen {fixed}")), "{why}");
+}
+
 /// `req` numbered `seq` in its session, the client holding every answer
 /// numbered up to `done`.
 fn numbered(mut req: Request, seq: u64, done: u64) -> Request {

@@ -116,6 +116,7 @@ impl Harness {
             data_dir: spec.dir.clone(),
             client_addr: spec.member.client_addr.clone(),
             peer_addr: spec.member.peer_addr.clone(),
+            ephemeral_peer_port: false,
             // A node outside the initial members is one added at run time.
             join_existing: !initial.is_empty() && !initial.contains_key(&id),
             initial_members: initial,

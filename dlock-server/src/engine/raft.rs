@@ -208,6 +208,11 @@ pub struct ClusterConfig {
     pub client_addr: String,
     /// Advertised to peers.
     pub peer_addr: String,
+    /// The peer port is one the kernel chose at this start (no
+    /// `--peer-listen`: a cluster of one): it changes at every restart, so
+    /// no other node could reach this one for long, and no node is added
+    /// while it leads (see `membership.rs`).
+    pub ephemeral_peer_port: bool,
     /// Used only when `data_dir` is fresh: see the module documentation.
     /// Empty, or only this node, makes a cluster of one.
     pub initial_members: BTreeMap<u64, Member>,
@@ -292,6 +297,8 @@ struct Inner {
     /// Serialises [`Cluster::shutdown`] calls.
     shutting_down: tokio::sync::Mutex<()>,
     tasks: TaskTracker,
+    /// [`ClusterConfig::ephemeral_peer_port`].
+    ephemeral_peer_port: bool,
 }
 
 impl Cluster {

@@ -51,6 +51,10 @@ struct Node {
     /// Added after the cluster was formed: not in `--initial-cluster`, so
     /// it waits to be added by the leader (ClusterAdd).
     joiner: bool,
+    /// Started as a durable single server: no `--initial-cluster`, and
+    /// `--peer-listen` only when `Some(true)` (see
+    /// [`NodeProcesses::single_server`]).
+    single: Option<bool>,
     child: Option<Child>,
     /// The node's latest log lines, for a test that checks what it said.
     log: Arc<Mutex<VecDeque<String>>>,
@@ -124,6 +128,7 @@ impl NodeProcesses {
                     list: None,
                     advertised: None,
                     joiner: false,
+                    single: None,
                     child: None,
                     log: Arc::default(),
                 }
@@ -162,7 +167,7 @@ impl NodeProcesses {
     fn members(&self) -> String {
         self.nodes
             .iter()
-            .filter(|n| !n.joiner)
+            .filter(|n| !n.joiner && n.single.is_none())
             .map(|n| format!("{}={}@{}", n.id, n.advertised.unwrap_or(n.client), n.peer))
             .collect::<Vec<_>>()
             .join(",")
@@ -187,6 +192,7 @@ impl NodeProcesses {
             list: None,
             advertised: None,
             joiner: true,
+            single: None,
             child: None,
             log: Arc::default(),
         });
@@ -202,6 +208,15 @@ impl NodeProcesses {
     /// (re)start on: a fault only one node has, such as a skewed clock.
     pub fn node_flags(&mut self, i: usize, flags: &[&str]) {
         self.nodes[i].own = flags.iter().map(|s| (*s).to_owned()).collect();
+    }
+
+    /// Starts node `i`, from its next (re)start on, as a durable single
+    /// server: `--data-dir` without `--initial-cluster` (a cluster of one,
+    /// which `dlock cluster add` grows), with `--peer-listen` on its peer
+    /// address if `peer_listen`, else on a port the kernel chooses at each
+    /// start. The other nodes' `--initial-cluster` leaves it out.
+    pub fn single_server(&mut self, i: usize, peer_listen: bool) {
+        self.nodes[i].single = Some(peer_listen);
     }
 
     /// Gives node `i` `list` as its `--initial-cluster` instead of the one
@@ -309,6 +324,7 @@ impl NodeProcesses {
         self.nodes[i].reserved = None;
         let members = self.members();
         let n = &self.nodes[i];
+        let list = n.list.as_ref().unwrap_or(&members);
         let mut cmd = Command::new(&self.bin);
         cmd.arg("--listen")
             .arg(n.client.to_string())
@@ -316,10 +332,20 @@ impl NodeProcesses {
             .arg(&n.dir)
             .arg("--node-id")
             .arg(n.id.to_string())
-            .arg("--peer-listen")
-            .arg(n.peer.to_string())
-            .arg("--initial-cluster")
-            .arg(n.list.as_ref().unwrap_or(&members))
+            .args(
+                (n.single != Some(false))
+                    .then(|| ["--peer-listen".to_owned(), n.peer.to_string()])
+                    .into_iter()
+                    .flatten(),
+            )
+            // None for a single server, or for a joiner when every other
+            // node is one.
+            .args(
+                (n.single.is_none() && !list.is_empty())
+                    .then(|| ["--initial-cluster", list.as_str()])
+                    .into_iter()
+                    .flatten(),
+            )
             // A node added at run time says it joins a running cluster,
             // unless the test says otherwise.
             .args(

@@ -91,6 +91,13 @@ pub async fn start(
         .collect();
     let peer_listen = match config.peer_listen {
         Some(a) => a,
+        // A node that joins is dialled by the others at the address its
+        // add names: one the kernel chose would change at its next start.
+        None if config.initial_cluster_state == InitialClusterState::Existing => bail!(
+            "a node that joins a running cluster (--initial-cluster-state existing) needs \
+             --peer-listen: the other nodes reach it at that address, which `dlock cluster add` \
+             names"
+        ),
         None if members.len() <= 1 => SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
         None => bail!("a cluster of several nodes needs --peer-listen"),
     };
@@ -111,6 +118,7 @@ pub async fn start(
         data_dir,
         client_addr: client,
         peer_addr,
+        ephemeral_peer_port: config.peer_listen.is_none(),
         initial_members: members,
         join_existing: config.initial_cluster_state == InitialClusterState::Existing,
         heartbeat: config.heartbeat,

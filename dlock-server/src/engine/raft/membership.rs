@@ -3,7 +3,7 @@
 use super::types::{Member, NodeId};
 use super::{Cluster, ClusterError, MEMBERSHIP_TIMEOUT};
 use openraft::ChangeMembers;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 /// How long a node being added has to answer the leader at all, before
@@ -27,6 +27,9 @@ impl Cluster {
     /// removing it undoes, and which adding it again picks up.
     pub async fn add_node(&self, id: u64, member: Member) -> Result<(), ClusterError> {
         self.leading_term()?;
+        if self.inner.ephemeral_peer_port {
+            return Err(ClusterError::Refused(self.on_an_ephemeral_port()));
+        }
         // A removed voter started again with its data would answer as the
         // new node of that id: two nodes with one id, one vote each. Once
         // the latest membership is applied: a new leader may not have
@@ -117,6 +120,49 @@ impl Cluster {
             tracing::warn!(node = id, error = %e, "the new voter has not answered since it was made one");
         }
         Ok(())
+    }
+
+    /// Why no node is added while this leader listens for peers on a port
+    /// the kernel chose at its start (no `--peer-listen`): the new node
+    /// would dial it at that port, which changes at its next restart, and
+    /// the cluster could then no longer elect it or hear from it.
+    fn on_an_ephemeral_port(&self) -> String {
+        let id = self.inner.id;
+        let at = self
+            .status()
+            .members
+            .into_iter()
+            .find(|m| m.id == id)
+            .map(|m| format!(" ({})", m.peer_addr))
+            .unwrap_or_default();
+        format!(
+            "node {id}, the leader, was started without --peer-listen, so it listens for peers on \
+             a port the kernel chose at its start{at}, which changes at every restart: a node \
+             added now could not reach it after one. Restart node {id} with --peer-listen ADDR \
+             (a fixed address the new nodes can reach; its data is kept, and it records ADDR as \
+             its peer address once it leads again), then run the add again"
+        )
+    }
+
+    /// Records `me` as this node's addresses in the membership, once it
+    /// leads (see `own_addresses_to_record` in `start.rs`).
+    pub(super) async fn record_own_addresses(&self, me: Member) {
+        let id = self.inner.id;
+        let mut server = self.inner.raft.server_metrics();
+        loop {
+            if server.borrow_and_update().current_leader == Some(id) {
+                break;
+            }
+            tokio::select! {
+                r = server.changed() => if r.is_err() { return },
+                () = self.inner.stop.cancelled() => return,
+            }
+        }
+        let change = ChangeMembers::SetNodes(BTreeMap::from([(id, me.clone())]));
+        match self.change(change).await {
+            Ok(()) => tracing::info!(node = id, client = %me.client_addr, peer = %me.peer_addr, "recorded this node's new addresses in the membership"),
+            Err(e) => tracing::warn!(node = id, error = %e, "cannot record this node's new addresses in the membership; they are recorded at its next start"),
+        }
     }
 
     /// Removes node `id` from the cluster (voter or learner). Removing the

@@ -207,6 +207,72 @@ fn listed_elsewhere(id: u64, listed: &Member, me: &Member) -> Option<String> {
     ))
 }
 
+/// Why this node, started without `--peer-listen` (on a peer port the
+/// kernel chose), must not start from a data directory whose membership
+/// `m` has other voters, or has it as a learner: the leader dials it at its
+/// recorded peer address, where nothing listens now, and it would stand for
+/// election for ever unheard (a cluster of one grown with `dlock cluster
+/// add` by a version that allowed it). `None` when it may start.
+fn unreachable_on_an_ephemeral_port(
+    cfg: &ClusterConfig,
+    m: &openraft::Membership<u64, Member>,
+) -> Option<String> {
+    let id = cfg.node_id;
+    let recorded = m.get_node(&id)?;
+    let voters: Vec<u64> = m.voter_ids().collect();
+    if !cfg.ephemeral_peer_port || voters == [id] {
+        return None;
+    }
+    let others: Vec<String> = m
+        .nodes()
+        .map(|(n, _)| *n)
+        .filter(|&n| n != id)
+        .map(|n| n.to_string())
+        .collect();
+    Some(format!(
+        "node {id} is a member of a cluster with node(s) {}, which reach it at its recorded peer \
+         address {}, but it was started without --peer-listen, on a peer port the kernel chose \
+         ({}), where they cannot reach it: start it with --peer-listen {} (the port it is \
+         recorded at)",
+        others.join(", "),
+        recorded.peer_addr,
+        cfg.peer_addr,
+        recorded.peer_addr
+    ))
+}
+
+/// This node's addresses to record in the membership `m` in place of the
+/// recorded ones, when it is the only voter there and listens on other
+/// ports than recorded: a cluster of one restarted with another
+/// `--peer-listen` (or first with one, after starting on a port the kernel
+/// chose), or another `--listen`. Nobody dials the only voter, so its
+/// record can change freely, and must, before a node added later dials
+/// the old one. A field whose port is the same keeps its recorded host (a
+/// name, where `me` may say 0.0.0.0).
+fn own_addresses_to_record(
+    id: u64,
+    m: &openraft::Membership<u64, Member>,
+    me: &Member,
+) -> Option<Member> {
+    let recorded = m.get_node(&id)?;
+    if m.voter_ids().ne([id]) {
+        return None;
+    }
+    let port = |addr: &str| addr.rsplit_once(':').map(|(_, p)| p.to_owned());
+    let pick = |old: &String, new: &String| {
+        if port(old) == port(new) {
+            old.clone()
+        } else {
+            new.clone()
+        }
+    };
+    let now = Member {
+        client_addr: pick(&recorded.client_addr, &me.client_addr),
+        peer_addr: pick(&recorded.peer_addr, &me.peer_addr),
+    };
+    (now != *recorded).then_some(now)
+}
+
 /// Stops a node with an empty data directory from starting where it
 /// would harm a running cluster, or only sit apart from it (see
 /// `standing.rs`): a member that lost its data, a bootstrap beside a cluster
@@ -324,7 +390,7 @@ impl Cluster {
         let claim = claim(&cfg);
         // Reading and decoding a large snapshot takes a while: off the
         // runtime's threads.
-        let (log, mut state_machine, fresh, stamp) = {
+        let (mut log, mut state_machine, fresh, stamp) = {
             let (dir, claim) = (dir.clone(), claim.clone());
             let (limits, first_fence, sessions) = (cfg.limits, cfg.first_fence, cfg.sessions);
             tokio::task::spawn_blocking(move || {
@@ -333,6 +399,26 @@ impl Cluster {
             .await
             .context("opening the data directory")??
         };
+        // The membership as openraft reads it at start (a fresh directory
+        // has none yet).
+        let stored = if fresh {
+            None
+        } else {
+            let state = openraft::StorageHelper::new(&mut log, &mut state_machine)
+                .get_membership()
+                .await
+                .context("cannot read the membership from the data directory")?;
+            Some(state.effective().membership().clone())
+        };
+        if let Some(why) = stored
+            .as_ref()
+            .and_then(|m| unreachable_on_an_ephemeral_port(&cfg, m))
+        {
+            anyhow::bail!("{why}");
+        }
+        let to_record = stored
+            .as_ref()
+            .and_then(|m| own_addresses_to_record(cfg.node_id, m, &own_member(&cfg)));
         state_machine.pace_snapshot_writes(cfg.snapshot_write_rate);
         let machine = state_machine.shared();
         let committed = log.committed_index();
@@ -459,6 +545,7 @@ impl Cluster {
                 reach,
                 shutting_down: tokio::sync::Mutex::new(()),
                 tasks: tasks.clone(),
+                ephemeral_peer_port: cfg.ephemeral_peer_port,
             }),
         };
         let server = PeerServer {
@@ -494,6 +581,10 @@ impl Cluster {
                     cluster.leave(why);
                 }
             });
+        }
+        if let Some(me) = to_record {
+            let cluster = cluster.clone();
+            tasks.spawn(async move { cluster.record_own_addresses(me).await });
         }
         // Not tracked: it calls shutdown, which waits for the tracked tasks.
         tokio::spawn(cluster.clone().supervise(shutdown));
