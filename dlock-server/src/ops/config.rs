@@ -149,6 +149,8 @@ pub struct Config {
     /// single thread: no cross-thread wake-ups, and a release hands its key
     /// to the next waiter before answering the releaser, which makes lock
     /// hand-offs on a contended key about 30% faster (see BENCHMARKS.md).
+    /// Each thread reserves a 2 MiB stack: a server that cannot start them
+    /// (a thread or memory limit) says so and exits 1.
     #[arg(long, env = "DLOCK_THREADS", default_value_t = 0, value_parser = threads)]
     pub threads: usize,
 
@@ -183,8 +185,9 @@ pub struct Config {
     pub node_id: u64,
 
     /// Address the other nodes connect to (the peer port). Needed when the
-    /// cluster has more than one node; a cluster of one listens on an
-    /// ephemeral loopback port.
+    /// cluster has more than one node, by a node that joins one, and before
+    /// `dlock cluster add` grows a cluster of one: without it, a cluster of
+    /// one listens on a loopback port the kernel chooses at each start.
     #[arg(
         long,
         env = "DLOCK_PEER_LISTEN",
