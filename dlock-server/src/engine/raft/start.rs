@@ -663,6 +663,36 @@ mod tests {
     }
 
     #[test]
+    fn the_only_voter_records_a_moved_port_and_keeps_a_host_whose_port_stayed() {
+        use std::collections::BTreeSet;
+        let alone = openraft::Membership::new(
+            vec![BTreeSet::from([1])],
+            BTreeMap::from([(1, at("db1:7436", "127.0.0.1:39181"))]),
+        );
+        assert_eq!(
+            own_addresses_to_record(1, &alone, &at("0.0.0.0:7436", "0.0.0.0:7437")),
+            Some(at("db1:7436", "0.0.0.0:7437"))
+        );
+        assert_eq!(
+            own_addresses_to_record(1, &alone, &at("0.0.0.0:7436", "0.0.0.0:39181")),
+            None
+        );
+        // With another voter, it is dialled at the recorded address: the
+        // record stays.
+        let two = openraft::Membership::new(
+            vec![BTreeSet::from([1, 2])],
+            BTreeMap::from([
+                (1, at("db1:7436", "127.0.0.1:39181")),
+                (2, at("db2:7436", "db2:7437")),
+            ]),
+        );
+        assert_eq!(
+            own_addresses_to_record(1, &two, &at("db1:7436", "db1:7437")),
+            None
+        );
+    }
+
+    #[test]
     fn a_listed_host_may_differ_from_the_bound_one_but_not_a_port() {
         let listed = at("db1:7436", "db1:7437");
         assert_eq!(
