@@ -342,7 +342,7 @@ impl NodeProcesses {
             // node is one.
             .args(
                 (n.single.is_none() && !list.is_empty())
-                    .then(|| ["--initial-cluster", list.as_str()])
+                    .then_some(["--initial-cluster", list.as_str()])
                     .into_iter()
                     .flatten(),
             )
