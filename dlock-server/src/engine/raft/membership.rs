@@ -160,8 +160,12 @@ impl Cluster {
         }
         let change = ChangeMembers::SetNodes(BTreeMap::from([(id, me.clone())]));
         match self.change(change).await {
-            Ok(()) => tracing::info!(node = id, client = %me.client_addr, peer = %me.peer_addr, "recorded this node's new addresses in the membership"),
-            Err(e) => tracing::warn!(node = id, error = %e, "cannot record this node's new addresses in the membership; they are recorded at its next start"),
+            Ok(()) => {
+                tracing::info!(node = id, client = %me.client_addr, peer = %me.peer_addr, "recorded this node's new addresses in the membership")
+            }
+            Err(e) => {
+                tracing::warn!(node = id, error = %e, "cannot record this node's new addresses in the membership; they are recorded at its next start")
+            }
         }
     }
 
