@@ -47,6 +47,15 @@ impl Conn {
             .map_err(|_| self.lost_error())?;
         let req = self.request(kind, body);
         if let Some((room, max)) = self.link.request_room() {
+            // What takes a lock leaves room for the fencing token that its
+            // Renew and Unlock add (a tag and up to 10 bytes), which are
+            // then never refused: refusing those would give up a lock that
+            // is held. A Wait names a ticket the Enqueue was checked with.
+            let room = match kind {
+                RequestType::Lock | RequestType::Enqueue => room.saturating_sub(11),
+                RequestType::Renew | RequestType::Unlock | RequestType::Wait => usize::MAX,
+                _ => room,
+            };
             let len = prost::Message::encoded_len(&req);
             if len > room {
                 return Err(Error::Server {

@@ -224,6 +224,26 @@ async fn a_request_over_the_servers_frame_limit_is_refused_before_it_is_sent() {
     assert!(!held.is_lost());
     c.ping().await.unwrap();
     held.unlock().await.unwrap();
+
+    // The largest lock the check lets through: its Renew and Unlock carry
+    // a fencing token the Lock did not, and must not be refused (that
+    // would give up a lock that is held, and keep its lease on the server).
+    let mut len = 1000;
+    let mut guard = loop {
+        let key = "k".repeat(len);
+        match c
+            .lock([key], LockOptions::new().lease(Duration::from_secs(30)))
+            .await
+        {
+            Ok(g) => break g,
+            Err(e) if e.status() == Some(dlock::proto::ResponseStatus::FrameTooLarge) => {
+                len -= 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    guard.renew(Duration::from_secs(30)).await.unwrap();
+    guard.unlock().await.unwrap();
 }
 
 #[tokio::test]
