@@ -142,6 +142,35 @@ pub async fn reconnect(server: &str, options: &ClientOptions) -> Result<Client, 
 /// A pause between half of `pause` and `pause`: every dlock of a fleet
 /// notices a server's restart at the same moment, and should not all
 /// arrive at the same moment when it is back.
+/// How long a loop of [`reconnect`]s must go without a failure for its
+/// next one to count as a first.
+const GOOD_SPELL: Duration = Duration::from_secs(10);
+
+/// Paces a loop that reconnects after each failure: a connect may succeed
+/// while what follows fails at once (a node that is not the leader yet, a
+/// server still stopping), and the loop must not spin on it. A failure
+/// within [`GOOD_SPELL`] of the last waits, the wait doubling from 100 ms
+/// to 4 s; one after a good spell goes at once.
+#[derive(Debug, Default)]
+pub struct Pacer {
+    pause: Duration,
+    last: Option<Instant>,
+}
+
+impl Pacer {
+    /// Waits as the failure just met calls for.
+    pub async fn failed(&mut self) {
+        let soon = self.last.is_some_and(|t| t.elapsed() < GOOD_SPELL);
+        if soon {
+            self.pause = (self.pause * 2).clamp(RETRY_FIRST, RETRY_MAX);
+            tokio::time::sleep(jittered(self.pause)).await;
+        } else {
+            self.pause = Duration::ZERO;
+        }
+        self.last = Some(Instant::now());
+    }
+}
+
 fn jittered(pause: Duration) -> Duration {
     use std::hash::{BuildHasher, Hasher};
     // std's per-process random hash keys: random enough to spread dlocks
@@ -222,5 +251,36 @@ impl Connection {
             )?,
             ..dlock::ClientOptions::default()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How long `pacer.failed()` waited.
+    async fn waited(pacer: &mut Pacer) -> Duration {
+        let before = Instant::now();
+        pacer.failed().await;
+        before.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_in_a_row_wait_longer_and_a_good_spell_starts_over() {
+        let mut pacer = Pacer::default();
+        // The first failure goes at once; the next ones wait, longer each
+        // time, up to the most.
+        assert_eq!(waited(&mut pacer).await, Duration::ZERO);
+        let mut last = Duration::ZERO;
+        for _ in 0..8 {
+            let w = waited(&mut pacer).await;
+            assert!(w >= RETRY_FIRST / 2 && w <= RETRY_MAX, "{w:?}");
+            assert!(w >= last / 2, "{w:?} after {last:?}");
+            last = w;
+        }
+        assert!(last >= RETRY_MAX / 2, "{last:?}");
+        // After a good spell, at once again.
+        tokio::time::sleep(GOOD_SPELL).await;
+        assert_eq!(waited(&mut pacer).await, Duration::ZERO);
     }
 }

@@ -87,6 +87,7 @@ pub async fn run(e: ElectArgs) -> Result<u8, Failure> {
     // likely a wrong address or one not started, which the user must see.
     // Once reached, a server away is an outage to wait out.
     let mut client = crate::connect::connect(&args.server, options.clone()).await?;
+    let mut pacer = crate::connect::Pacer::default();
     loop {
         if args.verbose {
             say!("campaigning for {} as {id:?}", crate::say::keys(&keys));
@@ -101,20 +102,34 @@ pub async fn run(e: ElectArgs) -> Result<u8, Failure> {
             &mut signals,
         )
         .await;
-        match campaign {
+        // A leadership lost campaigns again at once; a campaign that
+        // failed before it led is paced (it may fail again at once).
+        let paced = match campaign {
             Ok(code) if code != exit::LOCK_LOST || e.once => return Ok(code),
-            Ok(_) => say!(
-                "leadership of {} lost; campaigning again",
-                crate::say::keys(&keys)
-            ),
+            Ok(_) => {
+                say!(
+                    "leadership of {} lost; campaigning again",
+                    crate::say::keys(&keys)
+                );
+                false
+            }
             // Lost while waiting in line (the server restarts, a cluster
             // without a leader): this dlock never led, so not even --once
             // ends here.
-            Err(f) if f.transient => say!("{}; campaigning again", f.message),
+            Err(f) if f.transient => {
+                say!("{}; campaigning again", f.message);
+                true
+            }
             Err(f) => return Err(f),
-        }
+        };
+        let again = async {
+            if paced {
+                pacer.failed().await;
+            }
+            crate::connect::reconnect(&args.server, &options).await
+        };
         client = tokio::select! {
-            c = crate::connect::reconnect(&args.server, &options) => c?,
+            c = again => c?,
             sig = crate::run::interrupt(&mut signals) => {
                 say!(
                     "interrupted by {} while waiting for the server; command not run",

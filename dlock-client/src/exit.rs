@@ -100,22 +100,17 @@ fn is_transient(e: &dlock::Error) -> bool {
     use dlock::proto::ResponseStatus;
     use dlock::{Disconnect, Error};
     match e {
+        // Anything but what the user must change: a TLS handshake that
+        // fails (InvalidData), an address that cannot be one, a
+        // permission. A name that does not resolve is an outage of the
+        // name service (a restarted pod's name is gone for a moment), and
+        // the same name did resolve before.
         Error::Connect { source, .. } => {
-            use std::io::ErrorKind::{
-                BrokenPipe, ConnectionAborted, ConnectionReset, NotConnected, TimedOut,
-                UnexpectedEof,
-            };
-            // Not InvalidData: that is how a TLS handshake fails.
-            nobody_listens(source)
-                || matches!(
-                    source.kind(),
-                    ConnectionReset
-                        | ConnectionAborted
-                        | BrokenPipe
-                        | NotConnected
-                        | TimedOut
-                        | UnexpectedEof
-                )
+            use std::io::ErrorKind::{InvalidData, InvalidInput, PermissionDenied, Unsupported};
+            !matches!(
+                source.kind(),
+                InvalidData | InvalidInput | PermissionDenied | Unsupported
+            )
         }
         // On a cluster: every node down, or none knows a leader yet. A TLS
         // setup that does not fit the first node answers at once, as its
@@ -128,9 +123,14 @@ fn is_transient(e: &dlock::Error) -> bool {
                 | Disconnect::Undecodable(_)
                 | Disconnect::UnexpectedAnswer { .. }
         ),
+        // LimitReached: a server at --max-connections turns new
+        // connections away, as a fleet reconnecting after a restart finds.
         Error::Server { status, .. } => matches!(
             status,
-            ResponseStatus::ShuttingDown | ResponseStatus::Unavailable | ResponseStatus::NotLeader
+            ResponseStatus::ShuttingDown
+                | ResponseStatus::Unavailable
+                | ResponseStatus::NotLeader
+                | ResponseStatus::LimitReached
         ),
         _ => false,
     }
@@ -308,6 +308,9 @@ mod tests {
             Error::ConnectionLost(Disconnect::Closed),
             Error::ConnectionLost(Disconnect::TurnedAway("shutting down".into())),
             server(ResponseStatus::ShuttingDown),
+            // At --max-connections; a name that does not resolve for now.
+            server(ResponseStatus::LimitReached),
+            connect(ErrorKind::Other),
         ];
         for e in away {
             let text = e.to_string();
@@ -321,6 +324,9 @@ mod tests {
             // A TLS handshake that fails (an untrusted certificate).
             connect(ErrorKind::InvalidData),
             Error::ConnectionLost(Disconnect::UnexpectedAnswer { request_id: 3 }),
+            connect(ErrorKind::InvalidInput),
+            Error::NotOneCluster { addr: "h:1".into() },
+            server(ResponseStatus::FrameTooLarge),
         ];
         for e in refused {
             let text = e.to_string();

@@ -78,6 +78,7 @@ async fn watch(args: &Args, options: &ClientOptions, client: Client) -> Result<u
         .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot watch for SIGTERM: {e}")))?;
     let mut client = client;
     let mut last = None;
+    let mut pacer = crate::connect::Pacer::default();
     loop {
         let lost = tokio::select! {
             lost = follow(args, &client, &mut last) => lost?,
@@ -85,8 +86,12 @@ async fn watch(args: &Args, options: &ClientOptions, client: Client) -> Result<u
             _ = term.recv() => return Ok(0),
         };
         say!("{}; reconnecting", lost.message);
+        let again = async {
+            pacer.failed().await;
+            crate::connect::reconnect(&args.server, options).await
+        };
         client = tokio::select! {
-            c = crate::connect::reconnect(&args.server, options) => c?,
+            c = again => c?,
             _ = tokio::signal::ctrl_c() => return Ok(0),
             _ = term.recv() => return Ok(0),
         };

@@ -165,10 +165,15 @@ fn start_keeper(args: &Args, guard: LockGuard) -> Result<Keeper, Failure> {
         // A deadline already past leaves COMMAND's first steps unguarded:
         // do not start it.
         let _ = keeper.into_guard().into_parts();
-        return Err(Failure::new(
-            exit::LOCK_LOST,
-            "the lock was lost before the command could start",
-        ));
+        // Nothing ran: `dlock elect` campaigns again, as after any loss
+        // before it led.
+        return Err(Failure {
+            transient: true,
+            ..Failure::new(
+                exit::LOCK_LOST,
+                "the lock was lost before the command could start",
+            )
+        });
     }
     Ok(keeper)
 }
