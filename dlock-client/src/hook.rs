@@ -8,10 +8,15 @@
 //! job. It gets no stdin (COMMAND may need it) and shares dlock's stdout and
 //! stderr.
 //!
-//! It runs in a process group of its own, and whenever dlock stops waiting
-//! for it (the request gave up as its `-w` ran out, a signal, any error),
-//! the whole group is SIGKILLed, so a `sh -c 'a; sleep 10'` leaves no
-//! `sleep` behind. SIGKILL, not SIGTERM and a grace: dlock is giving up and
+//! Off a terminal (cron, scripts) it runs in a process group of its own,
+//! and whenever dlock stops waiting for it (the request gave up as its `-w`
+//! ran out, a signal, any error), the whole group is SIGKILLed, so a
+//! `sh -c 'a; sleep 10'` leaves no `sleep` behind. On a terminal it stays in
+//! dlock's group, as COMMAND does: in a group of its own it would be a
+//! background job, stopped for good (SIGTTIN, SIGTTOU) by a prompt on the
+//! terminal or a write under `stty tostop`, while dlock, granted the lock,
+//! waited for it. There only the shell is killed; Ctrl-C reaches the whole
+//! foreground group anyway. SIGKILL, not SIGTERM and a grace: dlock is giving up and
 //! exits at once, and a notification has nothing to clean up that a job
 //! would. If dlock itself is killed, the shell dies with it
 //! (`PR_SET_PDEATHSIG`) and a guardian of its own kills the rest of the
@@ -50,8 +55,9 @@ pub async fn on_queued(script: &str, keys: &[String], place: u32) {
 /// A running hook, killed with its group when dropped before it ended.
 struct Hook {
     child: tokio::process::Child,
-    /// Its process group's id (the shell's pid).
-    group: i32,
+    /// What to kill: its process group (the shell's pid, negated), or on a
+    /// terminal the shell alone (its pid).
+    target: i32,
     /// Not yet reaped: the group id is still ours to signal.
     running: bool,
     /// Kills the group if dlock dies; told it may exit once the hook ended
@@ -61,6 +67,7 @@ struct Hook {
 
 impl Hook {
     fn spawn(script: &str, keys: &[String], place: u32) -> std::io::Result<Hook> {
+        let own_group = !std::io::IsTerminal::is_terminal(&std::io::stdin());
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(script)
@@ -68,18 +75,22 @@ impl Hook {
             .env("DLOCK_PLACE", place.to_string())
             // The token is dlock's, not the hook's.
             .env_remove("DLOCK_TOKEN")
-            .stdin(Stdio::null())
-            .process_group(0);
+            .stdin(Stdio::null());
+        if own_group {
+            cmd.process_group(0);
+        }
         // Only when there is something to guard: one more process per hook.
         let guardian = Guardian::start("the --on-queued command");
-        die_with_dlock(&mut cmd, guardian.as_ref().map(Guardian::fd), true);
+        die_with_dlock(&mut cmd, guardian.as_ref().map(Guardian::fd), own_group);
         let child = cmd.spawn()?;
         // Only a reaped child has no id, and this one is not waited for yet.
-        let group = child.id().and_then(|p| i32::try_from(p).ok());
+        let pid = child.id().and_then(|p| i32::try_from(p).ok());
         Ok(Hook {
             child,
-            group: group.unwrap_or(0),
-            running: group.is_some(),
+            // The group's id is the shell's pid; in dlock's group, only the
+            // shell is signalled.
+            target: pid.map_or(0, |p| if own_group { -p } else { p }),
+            running: pid.is_some(),
             guardian,
         })
     }
@@ -87,9 +98,9 @@ impl Hook {
 
 impl Drop for Hook {
     fn drop(&mut self) {
-        if self.running {
-            // The shell is unreaped, so the group id is still this group's.
-            kill(-self.group, libc::SIGKILL);
+        if self.running && self.target != 0 {
+            // The shell is unreaped, so its pid (and group id) is still its.
+            kill(self.target, libc::SIGKILL);
         }
         if let Some(g) = self.guardian.take() {
             g.done();
