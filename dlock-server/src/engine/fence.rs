@@ -161,18 +161,27 @@ fn resolve(path: &Path) -> anyhow::Result<PathBuf> {
             return Err(e).with_context(|| format!("cannot read fence file {}", path.display()))
         }
     }
-    // Not there yet (or a link to nothing): its folder must be.
+    // Not there yet, or a link to a file not there yet: the file it will
+    // be (so that the link and its target find one lock), whose folder
+    // must be.
+    let parent = |p: &Path| match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let target = match std::fs::read_link(path) {
+        // A relative target is relative to the link's folder.
+        Ok(target) => parent(path).join(target),
+        Err(_) => path.to_path_buf(),
+    };
+    let path = target.as_path();
     let Some(name) = path.file_name() else {
         bail!(
             "fence file {} names no file: give a file's path, such as /var/lib/dlock/fence",
             path.display()
         );
     };
-    let folder = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let real = std::fs::canonicalize(folder).with_context(|| {
+    let folder = parent(path);
+    let real = std::fs::canonicalize(&folder).with_context(|| {
         format!(
             "cannot use fence file {}: its folder {} is not there (make it first)",
             path.display(),
@@ -355,6 +364,19 @@ mod tests {
             assert!(text.contains("in use by another dlock-server"), "{text}");
         }
         drop(first);
+        // A link to a fence file not made yet finds the same lock as the
+        // file's own path.
+        let ahead = dir.path().join("ahead");
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink("ahead", &dangling).unwrap();
+        let (_, by_link) = start(Some(&dangling), SystemTime::now()).unwrap();
+        let err = start(Some(&ahead), SystemTime::now()).unwrap_err();
+        assert!(format!("{err:#}").contains("in use by another dlock-server"));
+        drop(by_link);
+        assert!(std::fs::symlink_metadata(&dangling)
+            .unwrap()
+            .file_type()
+            .is_symlink());
         // Through the link the target is rewritten; the link stays a link.
         let (_, through_link) = start(Some(&link), SystemTime::now()).unwrap();
         let ceiling = through_link.unwrap().ceiling();
