@@ -18,18 +18,26 @@ fn signal(pid: i32, sig: i32) -> bool {
     unsafe { libc::kill(pid, sig) == 0 }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_local_cluster_serves_through_a_leader_kill_and_stops_on_ctrl_c() {
-    let dir = tempfile::tempdir().unwrap();
+/// The lines after the export line, still to be read.
+type Rest = std::io::Lines<BufReader<std::process::ChildStdout>>;
+
+/// Starts `local-cluster` with `args` on `folder` and reads what it prints
+/// up to its export line: the nodes listed and the servers to export.
+async fn start(
+    folder: &std::path::Path,
+    args: &[&str],
+) -> (std::process::Child, Vec<Listed>, String, Rest) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock-server"))
-        .args(["local-cluster", "--port", "0", "--dir"])
-        .arg(dir.path().join("cluster"))
+        .arg("local-cluster")
+        .args(args)
+        .arg("--dir")
+        .arg(folder)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let stdout = cmd.stdout.take().unwrap();
-    let (listed, servers, mut rest) = tokio::task::spawn_blocking(move || {
+    let (listed, servers, rest) = tokio::task::spawn_blocking(move || {
         let mut lines = BufReader::new(stdout).lines();
         let mut listed = Vec::new();
         for line in lines.by_ref() {
@@ -50,6 +58,27 @@ async fn a_local_cluster_serves_through_a_leader_kill_and_stops_on_ctrl_c() {
     })
     .await
     .unwrap();
+    (cmd, listed, servers, rest)
+}
+
+/// Stops `cmd` with SIGINT and returns what it printed after the export
+/// line, once it exited 0.
+async fn stop(cmd: std::process::Child, rest: Rest) -> Vec<String> {
+    let mut cmd = cmd;
+    assert!(signal(cmd.id() as i32, libc::SIGINT));
+    let status = tokio::task::spawn_blocking(move || cmd.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status}");
+    rest.map_while(Result::ok).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_cluster_serves_through_a_leader_kill_and_stops_on_ctrl_c() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("cluster");
+    let (cmd, listed, servers, rest) = start(&folder, &["--port", "0"]).await;
     assert_eq!(listed.len(), 3);
     let addrs: Vec<&str> = listed.iter().map(|n| n.addr.as_str()).collect();
     assert_eq!(servers, addrs.join(","));
@@ -81,13 +110,7 @@ async fn a_local_cluster_serves_through_a_leader_kill_and_stops_on_ctrl_c() {
     g.unlock().await.unwrap();
     drop(c);
 
-    assert!(signal(cmd.id() as i32, libc::SIGINT));
-    let status = tokio::task::spawn_blocking(move || cmd.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success(), "{status}");
-    let said: Vec<String> = rest.by_ref().map_while(Result::ok).collect();
+    let said = stop(cmd, rest).await;
     assert!(
         said.iter().any(|l| l.contains("every node stopped")),
         "{said:?}"
@@ -131,10 +154,16 @@ async fn a_local_cluster_serves_through_a_leader_kill_and_stops_on_ctrl_c() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains(&format!(
-            "listens on port {first_port}: give --port {first_port}"
+            "listens on port {first_port}, not {other}: give --port {first_port}"
         )),
         "{err}"
     );
+    // Without -n and --port (whose defaults, 3 and 7436, are not this
+    // folder's) it starts the folder's cluster on the folder's ports.
+    let (cmd, listed, again_servers, rest) = start(&folder, &[]).await;
+    assert_eq!(listed.len(), 3);
+    assert_eq!(again_servers, servers);
+    stop(cmd, rest).await;
 }
 
 /// Node processes whose command line names `dir` (the cluster's folder),

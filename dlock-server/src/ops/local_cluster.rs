@@ -20,9 +20,10 @@ use tokio::task::JoinSet;
 /// Options of `dlock-server local-cluster`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LocalCluster {
-    /// How many nodes: 3 survives one failure, 5 two.
-    #[arg(short = 'n', long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=9))]
-    pub nodes: u64,
+    /// How many nodes: 3 survives one failure, 5 two [default: 3, or the
+    /// folder's cluster's].
+    #[arg(short = 'n', long, value_parser = clap::value_parser!(u64).range(1..=9))]
+    pub nodes: Option<u64>,
 
     /// Folder of the nodes' data directories and logs (node1/, node1.log,
     /// ...). A folder from an earlier run starts that cluster again, with
@@ -36,9 +37,10 @@ pub struct LocalCluster {
     pub dir: PathBuf,
 
     /// Client port of node 1; node N listens on it plus 10 × (N - 1) for
-    /// clients and one above that for its peers. 0 picks free ports.
-    #[arg(long, env = "DLOCK_LOCAL_CLUSTER_PORT", default_value_t = 7436)]
-    pub port: u16,
+    /// clients and one above that for its peers. 0 picks free ports
+    /// [default: 7436, or the folder's cluster's].
+    #[arg(long, env = "DLOCK_LOCAL_CLUSTER_PORT")]
+    pub port: Option<u16>,
 }
 
 /// The file in the folder that lists each node's id, client and peer
@@ -153,11 +155,11 @@ impl LocalCluster {
         let made = !self.dir.exists();
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("cannot create {}", self.dir.display()))?;
-        let ready = self
-            .take_folder()
-            .and_then(|held| Ok((held, self.layout()?)));
-        let (_in_use, ports) = match ready {
-            Ok(ready) => ready,
+        // Not taken: another run made the folder at the same moment and
+        // holds it, and it is not this run's to remove.
+        let _in_use = self.take_folder()?;
+        let ports = match self.layout() {
+            Ok(ports) => ports,
             Err(e) => {
                 // Refused before any node started: a folder this run made
                 // holds only its lock file, and would be left behind empty.
@@ -167,7 +169,7 @@ impl LocalCluster {
                 return Err(e);
             }
         };
-        if self.nodes == 2 {
+        if ports.len() == 2 {
             tell!(
                 "dlock-server: warning: 2 nodes survive no failure, as 1 does (a majority of 2 \
                  is both); 3 survive one"
@@ -312,18 +314,17 @@ impl LocalCluster {
         if let Some(ports) = stored {
             let dir = self.dir.display();
             let n = ports.len();
-            if n as u64 != self.nodes {
+            if let Some(given) = self.nodes.filter(|&g| g != n as u64) {
                 anyhow::bail!(
-                    "{dir} holds a cluster of {n} nodes: give -n {n}, or another --dir for a \
-                     cluster of {}",
-                    self.nodes
+                    "{dir} holds a cluster of {n} nodes: give -n {n} (or no -n), or another \
+                     --dir for a cluster of {given}"
                 );
             }
             let first = ports.first().map_or(0, |(c, _)| c.port());
-            if self.port != 0 && self.port != first {
+            if let Some(given) = self.port.filter(|&p| p != 0 && p != first) {
                 anyhow::bail!(
-                    "{dir} holds a cluster whose node 1 listens on port {first}: give --port \
-                     {first} (or --port 0, which takes the folder's ports), or another --dir"
+                    "{dir} holds a cluster whose node 1 listens on port {first}, not \
+                     {given}: give --port {first} (or no --port), or another --dir"
                 );
             }
             all_free(&ports, "the folder's cluster needs them")?;
@@ -347,15 +348,16 @@ impl LocalCluster {
     /// Each node's client and peer address.
     fn ports(&self) -> anyhow::Result<Vec<(SocketAddr, SocketAddr)>> {
         let loopback = |port: u16| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        if self.port != 0 {
-            let ports = (0..self.nodes)
+        let (nodes, port) = (self.nodes.unwrap_or(3), self.port.unwrap_or(7436));
+        if port != 0 {
+            let ports = (0..nodes)
                 .map(|i| {
-                    let client = u64::from(self.port) + 10 * i;
+                    let client = u64::from(port) + 10 * i;
                     match (u16::try_from(client), u16::try_from(client + 1)) {
                         (Ok(c), Ok(p)) => Ok((loopback(c), loopback(p))),
                         _ => anyhow::bail!(
                             "--port {} leaves no room for node {}'s ports",
-                            self.port,
+                            port,
                             i + 1
                         ),
                     }
@@ -367,7 +369,7 @@ impl LocalCluster {
         // Below the ephemeral range, where no outgoing connection is given
         // one in the moment between choosing and binding (`ports.rs`); held
         // together until all are chosen, so no two are the same.
-        let held = (0..self.nodes * 2)
+        let held = (0..nodes * 2)
             .map(|_| super::ports::reserve())
             .collect::<Result<Vec<_>, _>>()
             .context("cannot find free loopback ports")?;
