@@ -57,6 +57,19 @@ async fn line_containing<R: AsyncBufRead + Unpin>(lines: &mut Lines<R>, what: &s
 }
 
 /// The fencing token in a line of [`LEAD`].
+/// Resolves once the server at `addr` has a request waiting in line for
+/// `svc`: the second campaigner queued.
+async fn until_one_waits(addr: &str) {
+    let probe = client(addr).await;
+    tokio::time::timeout(PATIENCE, async {
+        while probe.inspect(["svc"]).await.expect("inspect")[0].waiters != 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("b queues");
+}
+
 fn fence_of(line: &str) -> u64 {
     line.strip_prefix("leading ")
         .and_then(|f| f.parse().ok())
@@ -128,14 +141,7 @@ async fn the_second_campaigner_runs_its_command_only_once_the_first_is_killed() 
         .expect("dlock elect runs");
     let mut b_out = stdout_lines(&mut b);
     // b waits in line: its command has not run.
-    let probe = client(&addr).await;
-    tokio::time::timeout(PATIENCE, async {
-        while probe.inspect(["svc"]).await.expect("inspect")[0].waiters != 1 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("b queues");
+    until_one_waits(&addr).await;
     assert!(!mark_b.exists(), "b's command ran while a led");
     let o = run_at(&addr, &["leader", "-k", "svc"]).await;
     assert_eq!(code(&o), 0);
@@ -270,15 +276,7 @@ async fn elect_waits_out_a_restart_of_its_server_and_campaigns_again() {
     let first = fence_of(&next_line(&mut a_out).await);
     let mut b = spawn("b");
     let (mut b_out, mut b_err) = (stdout_lines(&mut b), stderr_lines(&mut b));
-    let probe = client(&addr).await;
-    tokio::time::timeout(PATIENCE, async {
-        while probe.inspect(["svc"]).await.expect("inspect")[0].waiters != 1 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("b queues");
-    drop(probe);
+    until_one_waits(&addr).await;
 
     // The server goes away: the leader loses its leadership, the waiter
     // its place, and both wait for the server instead of exiting.

@@ -127,12 +127,17 @@ pub async fn with_background_child(server: &str, key: &str, stdin: Stdio) -> (Ch
     .stdin(stdin)
     .spawn()
     .expect("dlock runs");
-    let pids = lines(&mut child, 2)
+    let pids = pids(&mut child, 2).await;
+    (child, pids)
+}
+
+/// The next `n` lines of `child`'s stdout, each a pid.
+pub async fn pids(child: &mut Child, n: usize) -> Vec<i32> {
+    lines(child, n)
         .await
         .iter()
         .map(|l| l.parse().expect("a pid"))
-        .collect();
-    (child, pids)
+        .collect()
 }
 pub mod screen;
 
