@@ -43,13 +43,24 @@ pub fn install_signals() -> Result<Signals, Failure> {
 
 /// The command to run, once there are keys to lock and a command.
 pub fn command_line(args: &Args, keys: &[String]) -> Result<Vec<String>, Failure> {
+    let argv = args.argv();
     if keys.is_empty() {
+        // `dlock --lease 5s elect -k K -- cmd`: the subcommand came after
+        // an option of the lock form, which took it for COMMAND.
+        if let Some(sub) = argv.first().filter(|w| crate::subcommand::is_name(w)) {
+            return Err(Failure::new(
+                exit::USAGE,
+                format!(
+                    "`{sub}` is a subcommand: name it before its options \
+                     (dlock {sub} [OPTIONS] ...; see dlock {sub} --help)"
+                ),
+            ));
+        }
         return Err(Failure::new(
             exit::USAGE,
             "no key given: use -k KEY or --auto-key (see --help)",
         ));
     }
-    let argv = args.argv();
     if argv.is_empty() {
         return Err(no_command(args));
     }

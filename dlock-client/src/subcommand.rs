@@ -77,6 +77,12 @@ fn joined(s: &str, o: &str) -> bool {
     }
 }
 
+/// Whether `word` names a subcommand: for the hint when one came after a
+/// lock-form option and so was read as COMMAND.
+pub fn is_name(word: &str) -> bool {
+    name(OsStr::new(word)).is_some()
+}
+
 fn name(a: &OsStr) -> Option<Sub> {
     match a.to_str()? {
         "cluster" => Some(Sub::Cluster),

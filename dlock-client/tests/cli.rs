@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{await_all_dead, code, lines, stderr, stdout, wait_output, PATIENCE};
+use common::{await_all_dead, code, pids, stderr, stdout, wait_output, PATIENCE};
 use dlock::{Client, LockOptions};
 use dlock_server::testing::TestServer;
 use dlock_server::Config;
@@ -738,11 +738,7 @@ async fn queued_with_hook(server: &TestServer, extra: &[&str], key: &str) -> (Ch
         "cmd",
     ]);
     let mut child = dlock(server, &args).spawn().expect("spawn dlock");
-    let pids = lines(&mut child, 2)
-        .await
-        .iter()
-        .map(|l| l.parse().expect("a pid"))
-        .collect();
+    let pids = pids(&mut child, 2).await;
     (child, pids)
 }
 
@@ -869,4 +865,22 @@ async fn on_queued_does_not_run_when_the_lock_is_granted_at_once() {
     )
     .await;
     assert_eq!(code(&out), 64, "{}", stderr(&out));
+}
+
+/// A subcommand after an option of the lock form was read as COMMAND, and
+/// dlock said "no key given" though `-k` followed; it names the mistake,
+/// before connecting.
+#[tokio::test]
+async fn a_subcommand_after_a_lock_option_is_named_as_the_mistake() {
+    let o = common::run_at(
+        "127.0.0.1:1",
+        &["--lease", "5s", "elect", "-k", "e", "--", "true"],
+    )
+    .await;
+    assert_eq!(code(&o), 64, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("`elect` is a subcommand: name it before its options"),
+        "{}",
+        stderr(&o)
+    );
 }
