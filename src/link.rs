@@ -82,7 +82,14 @@ impl Link {
         let max = self.limits?.max_frame;
         // A tag and a length of up to 5 bytes for the token; a tag and up
         // to 10 bytes for each of session, seq and seq_done.
-        let added = self.dial.token().len() + 6 + 3 * 11;
+        // Read in place: this runs for every call, and token() copies.
+        let token = self
+            .dial
+            .options
+            .access_token
+            .as_deref()
+            .map_or(0, str::len);
+        let added = token + 6 + 3 * 11;
         Some((max.saturating_sub(added), max))
     }
 }
